@@ -1,0 +1,30 @@
+"""Build the native codec extension; all other metadata lives in pyproject.toml."""
+
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+DEBUG = os.environ.get("FASTOIP_DEBUG") == "1"
+
+extensions = [
+    Extension(
+        "fastoip._codec",
+        ["src/fastoip/_codec.pyx"],
+        extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
+    )
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        annotate=os.environ.get("FASTOIP_ANNOTATE") == "1",
+        compiler_directives={
+            "boundscheck": DEBUG,
+            "wraparound": False,
+            "initializedcheck": DEBUG,
+            "cdivision": True,
+        },
+    )
+)

@@ -1,0 +1,1 @@
+"""Backends execute a model on already-validated, already-batched numpy inputs."""

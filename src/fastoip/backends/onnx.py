@@ -1,0 +1,178 @@
+"""ONNX Runtime backend: one ``InferenceSession`` per model instance.
+
+Rules:
+- ``run`` is called from executor threads; ORT releases the GIL while it
+  computes, so instances on different threads really run in parallel.
+- Inputs arrive as numpy arrays that may be read-only views on wire bytes; ORT
+  reads them in place (no copy on CPU).
+- The CUDA execution provider is used first when onnxruntime-gpu finds a GPU
+  and the config's instance_group does not ask for KIND_CPU; otherwise CPU.
+- BYTES tensors: ORT's Python API only takes ``str`` elements and encodes them
+  as UTF-8.  Elements that are valid UTF-8 are decoded (so string models see
+  the text the client meant); when a tensor holds bytes that are not UTF-8 the
+  whole request travels as latin-1, which maps every byte to one code point
+  and back, so arbitrary bytes survive an identity bit-exact.  String outputs
+  are encoded back with the same codec.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..datatypes import ORT_TYPE_TO_V2
+from ..errors import InternalError, InvalidArgument
+from ..repository.config import DiscoveredTensor
+
+log = logging.getLogger("fastoip.onnx")
+
+BF16_ONNX_ELEMENT_TYPE = 16
+
+
+def _ort():  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
+    import onnxruntime
+
+    return onnxruntime
+
+
+def available_providers() -> list[str]:
+    """ORT's providers on this machine (CUDA only with onnxruntime-gpu and a driver)."""
+    return list(_ort().get_available_providers())
+
+
+def cuda_available() -> bool:
+    return "CUDAExecutionProvider" in available_providers()
+
+
+class OnnxBackend:
+    """One ORT session: the unit that ``instance_group { count }`` multiplies."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        use_gpu: bool,
+        intra_op_threads: int = 1,
+        inter_op_threads: int = 1,
+        device_id: int = 0,
+    ) -> None:
+        ort = _ort()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = inter_op_threads
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning worker threads burn the CPU the frontend needs between requests.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers: list = ["CPUExecutionProvider"]
+        if use_gpu and cuda_available():
+            providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(model_path), options, providers=providers)
+        except Exception as exc:  # ORT raises several unrelated exception types
+            raise InvalidArgument(f"onnxruntime could not load {model_path}: {exc}") from None
+        self.providers = self.session.get_providers()
+        self.on_gpu = self.providers[0] == "CUDAExecutionProvider"
+        self.input_types = {i.name: ORT_TYPE_TO_V2.get(i.type, i.type) for i in self.session.get_inputs()}
+        self.output_types = {o.name: ORT_TYPE_TO_V2.get(o.type, o.type) for o in self.session.get_outputs()}
+        self._has_bf16 = "BF16" in self.input_types.values() or "BF16" in self.output_types.values()
+
+    def discover(self) -> tuple[list[DiscoveredTensor], list[DiscoveredTensor]]:
+        """The model's inputs and outputs, for config auto-complete."""
+
+        def tensors(items) -> list[DiscoveredTensor]:  # type: ignore[no-untyped-def]
+            found = []
+            for item in items:
+                datatype = ORT_TYPE_TO_V2.get(item.type)
+                if datatype is None:
+                    raise InvalidArgument(f"tensor '{item.name}' has type {item.type}, which V2 cannot carry")
+                shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in (item.shape or ()))
+                found.append(DiscoveredTensor(item.name, datatype, shape))
+            return found
+
+        return tensors(self.session.get_inputs()), tensors(self.session.get_outputs())
+
+    def run(self, feeds: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        """Execute once; outputs in ``output_names`` order."""
+        text_codec: Optional[str] = None
+        ort_feeds: dict = {}
+        for name, array in feeds.items():
+            if array.dtype == object:
+                array, text_codec = _strings_for_ort(array, text_codec)
+            ort_feeds[name] = array
+        try:
+            if self._has_bf16:
+                outputs = self._run_with_ort_values(ort_feeds, output_names)
+            else:
+                outputs = self.session.run(list(output_names), ort_feeds)
+        except Exception as exc:
+            raise InternalError(f"onnxruntime failed: {exc}") from None
+        for index, out in enumerate(outputs):
+            if out.dtype == object:
+                outputs[index] = _bytes_from_ort(out, text_codec or "utf-8")
+        return outputs
+
+    def _run_with_ort_values(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
+        ort = _ort()
+        values = {}
+        for name, array in feeds.items():
+            if self.input_types.get(name) == "BF16":
+                values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(array), BF16_ONNX_ELEMENT_TYPE
+                )
+            else:
+                values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        results = self.session.run_with_ort_values(list(output_names), values)
+        outputs = []
+        for name, value in zip(output_names, results):
+            if self.output_types.get(name) == "BF16":
+                outputs.append(_bf16_bits(value))
+            else:
+                outputs.append(value.numpy())
+        return outputs
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]
+
+
+def _bf16_bits(value) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The raw bits of a bfloat16 OrtValue as uint16 (copy through the OrtValue's buffer)."""
+    shape = tuple(value.shape())
+    count = int(np.prod(shape)) if shape else 1
+    raw = np.ctypeslib.as_array(
+        (np.ctypeslib.ctypes.c_uint16 * count).from_address(value.data_ptr())
+    )
+    return raw.copy().reshape(shape)  # copy: the OrtValue owns the memory and goes away
+
+
+def _strings_for_ort(array: np.ndarray, codec: Optional[str]) -> tuple[np.ndarray, str]:
+    """Object array of bytes -> object array of str that ORT accepts (see module rules)."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    if codec is None or codec == "utf-8":
+        try:
+            for i, element in enumerate(flat):
+                out[i] = element.decode("utf-8") if isinstance(element, bytes) else str(element)
+            return out.reshape(array.shape), "utf-8"
+        except UnicodeDecodeError:
+            pass
+    for i, element in enumerate(flat):
+        out[i] = element.decode("latin-1") if isinstance(element, bytes) else str(element)
+    return out.reshape(array.shape), "latin-1"
+
+
+def _bytes_from_ort(array: np.ndarray, codec: str) -> np.ndarray:
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    for i, element in enumerate(flat):
+        out[i] = element.encode(codec) if isinstance(element, str) else bytes(element)
+    return out.reshape(array.shape)
+
+
+def default_intra_op_threads() -> int:
+    """One thread an instance unless FASTOIP_ORT_THREADS says otherwise."""
+    return int(os.environ.get("FASTOIP_ORT_THREADS", "1"))

@@ -1,0 +1,79 @@
+"""``fastoip serve | demo-repository``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import __version__
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"FASTOIP_{name}", default)
+
+
+def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
+    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
+    p.add_argument("--model-repository", type=Path, default=os.environ.get("FASTOIP_MODEL_REPOSITORY"),
+                   help="Triton-style repository; default: the built-in demo repository")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
+    p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
+    p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "64")),
+                   help="gRPC handler threads (bounds concurrent calls)")
+    p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
+    p.add_argument("--strict-readiness", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
+                   help="server ready only when every model is ready (default true)")
+    p.add_argument("--shutdown-grace", type=float, default=0.0,
+                   help="seconds between readiness going false and listeners closing")
+    p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
+    p.add_argument("--default-max-batch-size", type=int, default=int(_env("DEFAULT_MAX_BATCH_SIZE", "64")),
+                   help="max_batch_size for batchable models without a config")
+    p.add_argument("--ort-threads", type=int, default=int(_env("ORT_THREADS", "1")),
+                   help="onnxruntime intra-op threads per instance")
+    p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="fastoip", description="Open Inference Protocol server")
+    parser.add_argument("--version", action="version", version=f"fastoip {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
+    demo.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        from .repository import RepositoryOptions
+        from .server.app import ServeOptions, serve
+
+        options = ServeOptions(
+            model_repository=args.model_repository,
+            host=args.host,
+            grpc_port=args.grpc_port,
+            grpc_workers=args.grpc_workers,
+            max_message_size=args.grpc_max_message_size,
+            strict_readiness=args.strict_readiness,
+            shutdown_grace=args.shutdown_grace,
+            exit_timeout=args.exit_timeout,
+            log_level=args.log_level,
+            repository=RepositoryOptions(
+                default_max_batch_size=args.default_max_batch_size,
+                intra_op_threads=args.ort_threads,
+                use_gpu=not args.cpu_only,
+            ),
+        )
+        return serve(options)
+    if args.command == "demo-repository":
+        from .demo import write_repository
+
+        print(write_repository(args.out))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

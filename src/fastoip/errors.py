@@ -1,0 +1,83 @@
+"""One error family for the whole server.
+
+Every failure the server reports to a client is an :class:`InferenceError`
+subclass.  Each class knows its gRPC status name and its HTTP status, following
+Triton's mapping (``GrpcStatusUtil::CodeToStatus`` and ``HttpCodeFromError``):
+frontends never decide a status themselves, they read it from the error.
+"""
+
+from __future__ import annotations
+
+
+class InferenceError(Exception):
+    """Base of every error that is reported to a client."""
+
+    grpc_code: str = "UNKNOWN"
+    http_status: int = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(InferenceError):
+    """The request is malformed or does not match the model (INVALID_ARGUMENT / 400)."""
+
+    grpc_code = "INVALID_ARGUMENT"
+    http_status = 400
+
+
+class CodecError(InvalidArgument):
+    """Wire bytes that do not parse: truncated, out of bounds, inconsistent sizes."""
+
+
+class NotFound(InferenceError):
+    """Unknown model, version or shared-memory region (NOT_FOUND / 404)."""
+
+    grpc_code = "NOT_FOUND"
+    http_status = 404
+
+
+class Unavailable(InferenceError):
+    """Not ready, queue full, queue timeout, shutting down (UNAVAILABLE / 503)."""
+
+    grpc_code = "UNAVAILABLE"
+    http_status = 503
+
+
+class Unsupported(InferenceError):
+    """A feature this server does not implement (UNIMPLEMENTED / 501)."""
+
+    grpc_code = "UNIMPLEMENTED"
+    http_status = 501
+
+
+class AlreadyExists(InferenceError):
+    """A shared-memory region or similar name is already taken (ALREADY_EXISTS / 400)."""
+
+    grpc_code = "ALREADY_EXISTS"
+    http_status = 400
+
+
+class Cancelled(InferenceError):
+    """The client went away or cancelled before the request ran (CANCELLED / 400)."""
+
+    grpc_code = "CANCELLED"
+    http_status = 400
+
+
+class DeadlineExceeded(InferenceError):
+    """The client's deadline passed before the request ran."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+    http_status = 504
+
+
+class InternalError(InferenceError):
+    """A bug or a backend failure (INTERNAL / 500)."""
+
+    grpc_code = "INTERNAL"
+    http_status = 500

@@ -1,0 +1,118 @@
+"""Per model-version statistics, the numbers behind Triton's ModelStatistics.
+
+Rules:
+- Counters only grow; durations are cumulative nanoseconds, as Triton reports them.
+- A request is counted once, as success or failure, with its whole duration
+  (queue + compute).  Executions are counted per batch, with per-batch-size
+  compute time split into input, infer and output.
+- Updates come from many threads: each update takes one lock for a handful of
+  integer additions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Duration:
+    """A count and a cumulative duration in nanoseconds."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass
+class BatchStats:
+    """Compute time of executions of one batch size."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class ModelStatistics:
+    """Statistics of one loaded model version."""
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        self.lock = threading.Lock()
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.batches: dict[int, BatchStats] = {}
+
+    def record_execution(
+        self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One backend execution of ``batch_size`` items made of ``request_count`` requests."""
+        with self.lock:
+            self.execution_count += 1
+            self.inference_count += batch_size
+            self.last_inference_ms = int(time.time() * 1000)
+            # Triton counts compute durations once per request, not per batch.
+            self.compute_input.add(input_ns * request_count, request_count)
+            self.compute_infer.add(infer_ns * request_count, request_count)
+            self.compute_output.add(output_ns * request_count, request_count)
+            stats = self.batches.get(batch_size)
+            if stats is None:
+                stats = self.batches[batch_size] = BatchStats()
+            stats.compute_input.add(input_ns)
+            stats.compute_infer.add(infer_ns)
+            stats.compute_output.add(output_ns)
+
+    def record_request(self, ok: bool, total_ns: int, queue_ns: int = 0) -> None:
+        """One request finished (successfully or not) after ``total_ns``."""
+        with self.lock:
+            if ok:
+                self.success.add(total_ns)
+                self.queue.add(queue_ns)
+            else:
+                self.fail.add(total_ns)
+
+    def snapshot(self) -> dict:
+        """A plain-dict copy in Triton's ModelStatistics JSON shape."""
+        with self.lock:
+
+            def dur(d: Duration) -> dict:
+                return {"count": d.count, "ns": d.ns}
+
+            return {
+                "name": self.name,
+                "version": self.version,
+                "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": {
+                    "success": dur(self.success),
+                    "fail": dur(self.fail),
+                    "queue": dur(self.queue),
+                    "compute_input": dur(self.compute_input),
+                    "compute_infer": dur(self.compute_infer),
+                    "compute_output": dur(self.compute_output),
+                    "cache_hit": {"count": 0, "ns": 0},
+                    "cache_miss": {"count": 0, "ns": 0},
+                },
+                "batch_stats": [
+                    {
+                        "batch_size": size,
+                        "compute_input": dur(b.compute_input),
+                        "compute_infer": dur(b.compute_infer),
+                        "compute_output": dur(b.compute_output),
+                    }
+                    for size, b in sorted(self.batches.items())
+                ],
+            }

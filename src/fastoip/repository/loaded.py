@@ -1,0 +1,146 @@
+"""A loaded model version: config, backend instances, scheduler, statistics.
+
+Rules:
+- ``prepare`` turns an InferRequest into a Job or raises InvalidArgument with a
+  message that names the model, the tensor, what was expected and what came.
+  Nothing invalid ever reaches a scheduler.
+- A LoadedModel is immutable once ready; model control swaps whole objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Optional
+
+from .._proto import model_config_pb2 as mc
+from ..errors import InvalidArgument, Unsupported
+from ..metrics import ModelStatistics
+from ..scheduling.buffers import BufferPool
+from ..scheduling.job import Job
+from ..types import InferRequest
+from .config import ModelSpec, model_spec
+
+log = logging.getLogger("fastoip.repository")
+
+
+class LoadedModel:
+    """One version of one model, ready to serve."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        path: Path,
+        config: mc.ModelConfig,
+        backends: list,
+        executor: Executor,
+        scheduler_factory,  # type: ignore[no-untyped-def]
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.version_str = str(version)
+        self.path = path
+        self.config = config
+        self.spec: ModelSpec = model_spec(config)
+        self.backends = backends
+        self.stats = ModelStatistics(name, self.version_str)
+        self.buffers = BufferPool()
+        self.scheduler = scheduler_factory(self, executor)
+
+    # -- the infer path -------------------------------------------------
+    def prepare(self, request: InferRequest) -> Job:
+        """Validate ``request`` against the config and make a Job of it."""
+        spec = self.spec
+        feeds = {}
+        batch_size: Optional[int] = None
+        shapes = []
+        for tensor in request.inputs:
+            expected = spec.input_by_name.get(tensor.name)
+            if expected is None:
+                raise InvalidArgument(
+                    f"unexpected inference input '{tensor.name}' for model '{self.name}'; "
+                    f"expected inputs: {', '.join(t.name for t in spec.inputs)}"
+                )
+            if tensor.name in feeds:
+                raise InvalidArgument(f"input '{tensor.name}' given more than once for model '{self.name}'")
+            if tensor.datatype != expected.datatype:
+                raise InvalidArgument(
+                    f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                    f"but model '{self.name}' expects '{expected.datatype}'"
+                )
+            shape = tuple(tensor.shape)
+            if not _shape_matches(shape, expected.shape):
+                raise InvalidArgument(
+                    f"unexpected shape for input '{tensor.name}' for model '{self.name}'. "
+                    f"Expected {list(expected.shape)}, got {list(shape)}"
+                    + (
+                        " (the model batches: the first dimension is the batch size)"
+                        if spec.batching and len(shape) == len(expected.shape) - 1
+                        else ""
+                    )
+                )
+            if spec.batching:
+                if batch_size is None:
+                    batch_size = shape[0]
+                elif shape[0] != batch_size:
+                    raise InvalidArgument(
+                        f"input '{tensor.name}' has batch size {shape[0]} but other inputs have {batch_size}"
+                    )
+            if tensor.data is None:
+                raise InvalidArgument(f"input '{tensor.name}' has no data")
+            feeds[tensor.name] = tensor.data
+            shapes.append(shape[1:] if spec.batching else shape)
+        for expected in spec.inputs:
+            if expected.name not in feeds and not expected.optional:
+                raise InvalidArgument(
+                    f"expected {len(spec.inputs)} inputs but got {len(feeds)} inputs for model '{self.name}': "
+                    f"missing input '{expected.name}'"
+                )
+        if spec.batching:
+            assert batch_size is not None or not feeds
+            batch_size = batch_size or 0
+            if batch_size < 1 or batch_size > spec.max_batch_size:
+                raise InvalidArgument(
+                    f"inference request batch-size must be <= {spec.max_batch_size} and >= 1 for "
+                    f"'{self.name}', got {batch_size}"
+                )
+        else:
+            batch_size = 1
+        if request.outputs:
+            output_names = []
+            for wanted in request.outputs:
+                if wanted.name not in spec.output_by_name:
+                    raise InvalidArgument(
+                        f"unexpected inference output '{wanted.name}' for model '{self.name}'; "
+                        f"outputs: {', '.join(t.name for t in spec.outputs)}"
+                    )
+                if "classification" in wanted.parameters:
+                    raise Unsupported(f"output '{wanted.name}': the classification extension is not supported")
+                output_names.append(wanted.name)
+        else:
+            output_names = [t.name for t in spec.outputs]
+        signature = (tuple(zip(feeds, shapes)), tuple(output_names))
+        return Job(request, feeds, batch_size, output_names, signature)
+
+    # -- metadata -----------------------------------------------------------
+    def tensor_metadata(self) -> tuple[list[dict], list[dict]]:
+        def entries(specs) -> list[dict]:  # type: ignore[no-untyped-def]
+            return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]
+
+        return entries(self.spec.inputs), entries(self.spec.outputs)
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        for backend in self.backends:
+            backend.close()
+
+
+def _shape_matches(shape: tuple, expected: tuple) -> bool:
+    if len(shape) != len(expected):
+        return False
+    for got, want in zip(shape, expected):
+        if want != -1 and got != want:
+            return False
+    return True

@@ -1,0 +1,262 @@
+"""The model repository: ``<root>/<model>/<version>/model.onnx`` + optional ``config.pbtxt``.
+
+Rules:
+- A model is a directory; its versions are the numeric subdirectories that
+  hold the model file.  ``version_policy`` picks which versions are served
+  (default: the newest one).  An empty requested version means the newest
+  ready version.
+- Loading builds complete new LoadedModel objects and then swaps them in
+  with one assignment: requests never see a half-loaded model, and a reload
+  keeps serving the old versions until the new ones are ready.  A failed load
+  keeps whatever was serving and records the reason.
+- A model that fails to load is UNAVAILABLE with its reason; the server still starts.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .._proto import model_config_pb2 as mc
+from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
+from .config import ONNX_PLATFORM, complete_config, parameter, read_config_file
+from .loaded import LoadedModel
+
+log = logging.getLogger("fastoip.repository")
+
+
+class ModelState(str, enum.Enum):
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass
+class RepositoryOptions:
+    """Server-wide defaults for models whose config leaves things out."""
+
+    default_max_batch_size: int = 64
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    use_gpu: bool = True
+    #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
+    default_batching: Optional[dict] = None
+
+
+@dataclass
+class ModelRecord:
+    """Everything the repository knows about one model name."""
+
+    name: str
+    state: ModelState = ModelState.UNAVAILABLE
+    reason: str = ""
+    versions: dict[int, LoadedModel] = field(default_factory=dict)
+    #: Highest version first: what an empty requested version resolves to.
+    newest: Optional[LoadedModel] = None
+
+
+class ModelRepository:
+    """Loads models from a directory and hands out the loaded versions."""
+
+    def __init__(self, root: Path, executor: Executor, options: Optional[RepositoryOptions] = None) -> None:
+        self.root = Path(root)
+        self.executor = executor
+        self.options = options or RepositoryOptions()
+        self._records: dict[str, ModelRecord] = {}
+        self._load_lock = threading.Lock()
+
+    # -- discovery --------------------------------------------------------
+    def model_names(self) -> list[str]:
+        """Model directories in the repository, sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    # -- lookups on the infer path --------------------------------------------
+    def get(self, name: str, version: str = "") -> LoadedModel:
+        """The loaded version to serve; NotFound / Unavailable with a reason otherwise."""
+        record = self._records.get(name)
+        if record is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if not version:
+            model = record.newest
+            if model is None:
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' has no available versions"
+                    + (f" ({record.reason})" if record.reason else "")
+                )
+            return model
+        try:
+            number = int(version)
+        except ValueError:
+            raise InvalidArgument(f"model '{name}': version '{version}' is not a number") from None
+        model = record.versions.get(number)
+        if model is None:
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return model
+
+    def record(self, name: str) -> Optional[ModelRecord]:
+        return self._records.get(name)
+
+    def records(self) -> list[ModelRecord]:
+        return [self._records[name] for name in sorted(self._records)]
+
+    def all_ready(self) -> bool:
+        """Every model the repository tried to load is ready (Triton's strict readiness)."""
+        return all(r.state == ModelState.READY for r in self._records.values())
+
+    # -- load / unload ------------------------------------------------------------
+    def load_all(self) -> None:
+        for name in self.model_names():
+            try:
+                self.load(name)
+            except InferenceError as exc:
+                log.error("model '%s' failed to load: %s", name, exc)
+
+    def load(self, name: str, config_override: Optional[mc.ModelConfig] = None) -> None:
+        """Load (or reload) every version the policy selects; swap in when all are ready."""
+        with self._load_lock:
+            model_dir = self.root / name
+            record = self._records.get(name)
+            if record is None:
+                record = self._records[name] = ModelRecord(name)
+            if not model_dir.is_dir():
+                record.reason = f"model directory '{model_dir}' does not exist"
+                if not record.versions:
+                    record.state = ModelState.UNAVAILABLE
+                raise NotFound(f"failed to load '{name}': {record.reason}")
+            previous_state = record.state
+            if not record.versions:
+                record.state = ModelState.LOADING
+            try:
+                loaded = self._load_versions(name, model_dir, config_override)
+            except InferenceError as exc:
+                record.reason = str(exc)
+                record.state = previous_state if record.versions else ModelState.UNAVAILABLE
+                raise
+            except Exception as exc:  # a bug or an unexpected backend error: still keep serving
+                record.reason = f"{type(exc).__name__}: {exc}"
+                record.state = previous_state if record.versions else ModelState.UNAVAILABLE
+                raise InvalidArgument(f"failed to load '{name}': {record.reason}") from exc
+            old = record.versions
+            record.versions = loaded
+            record.newest = loaded[max(loaded)]
+            record.state = ModelState.READY
+            record.reason = ""
+            for version, model in old.items():
+                if loaded.get(version) is not model:
+                    self._retire(model)
+            log.info("model '%s' ready, versions %s", name, sorted(loaded))
+
+    def unload(self, name: str) -> None:
+        """Stop serving ``name``; requests in flight finish first."""
+        with self._load_lock:
+            record = self._records.get(name)
+            if record is None:
+                raise NotFound(f"failed to unload '{name}': model is not known")
+            old = record.versions
+            record.versions = {}
+            record.newest = None
+            record.state = ModelState.UNAVAILABLE
+            record.reason = "unloaded"
+            for model in old.values():
+                self._retire(model)
+
+    def close(self) -> None:
+        for name in list(self._records):
+            record = self._records[name]
+            for model in record.versions.values():
+                self._retire(model)
+            record.versions = {}
+            record.newest = None
+            record.state = ModelState.UNAVAILABLE
+
+    def _retire(self, model: LoadedModel) -> None:
+        model.close()
+
+    # -- building versions ---------------------------------------------------------
+    def _load_versions(
+        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
+    ) -> dict[int, LoadedModel]:
+        if config_override is not None:
+            base = config_override
+        elif (model_dir / "config.pbtxt").is_file():
+            base = read_config_file(model_dir / "config.pbtxt")
+        else:
+            base = mc.ModelConfig()
+        filename = base.default_model_filename or "model.onnx"
+        available = sorted(
+            int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
+        )
+        if not available:
+            raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
+        selected = _select_versions(base, available, name)
+        loaded: dict[int, LoadedModel] = {}
+        for version in selected:
+            loaded[version] = self._load_version(name, version, model_dir / str(version) / filename, base)
+        return loaded
+
+    def _load_version(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
+        platform = base.platform or ("" if base.backend else ONNX_PLATFORM)
+        if platform not in ("", ONNX_PLATFORM) or base.backend not in ("", "onnxruntime"):
+            raise InvalidArgument(
+                f"model '{name}': platform '{base.platform}' / backend '{base.backend}' is not supported "
+                f"(supported: {ONNX_PLATFORM})"
+            )
+        from ..backends.onnx import OnnxBackend
+
+        options = self.options
+        intra = int(parameter(base, "intra_op_thread_count", "0") or 0) or options.intra_op_threads
+        inter = int(parameter(base, "inter_op_thread_count", "0") or 0) or options.inter_op_threads
+        wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
+        use_gpu = options.use_gpu and not wants_cpu
+
+        def make_backend() -> OnnxBackend:
+            return OnnxBackend(path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter)
+
+        first = make_backend()
+        inputs, outputs = first.discover()
+        config = complete_config(base, name, inputs, outputs, options.default_max_batch_size)
+        if (
+            options.default_batching is not None
+            and config.max_batch_size > 0
+            and not config.HasField("dynamic_batching")
+            and not config.HasField("sequence_batching")
+        ):
+            config.dynamic_batching.SetInParent()
+            for key, value in options.default_batching.items():
+                setattr(config.dynamic_batching, key, value)
+        count = sum(group.count for group in config.instance_group) or 1
+        backends = [first] + [make_backend() for _ in range(count - 1)]
+        return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
+
+
+def _scheduler_for(config: mc.ModelConfig):  # type: ignore[no-untyped-def]
+    if config.HasField("dynamic_batching"):
+        from ..scheduling.batcher import DynamicBatcher
+
+        return DynamicBatcher
+    from ..scheduling.direct import DirectScheduler
+
+    return DirectScheduler
+
+
+def _select_versions(config: mc.ModelConfig, available: list[int], name: str) -> list[int]:
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice") if config.HasField("version_policy") else None
+    if choice == "all":
+        return available
+    if choice == "specific":
+        wanted = list(policy.specific.versions)
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise Unavailable(f"model '{name}': version_policy asks for versions {missing}, which do not exist")
+        return sorted(wanted)
+    count = policy.latest.num_versions if choice == "latest" and policy.latest.num_versions > 0 else 1
+    return available[-count:]

@@ -1,0 +1,61 @@
+"""Reusable batch input buffers, so a busy model allocates nothing per batch.
+
+Rules:
+- A lease is taken for one execution and given back after it; buffers are
+  kept per (input name, dtype) and grow to the largest batch seen.
+- On the CUDA EP, buffers are page-locked (pinned) host memory so the
+  host-to-device copy is a DMA; elsewhere plain numpy memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+
+class Lease:
+    """A buffer on loan, viewed with the shape of one batch."""
+
+    __slots__ = ("key", "storage", "view")
+
+    def __init__(self, key: tuple, storage: np.ndarray, view: np.ndarray) -> None:
+        self.key = key
+        self.storage = storage
+        self.view = view
+
+
+Allocator = Callable[[int], np.ndarray]
+
+
+def host_allocator(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+class BufferPool:
+    """Free buffers per (input, dtype); thread-safe."""
+
+    def __init__(self, allocator: Optional[Allocator] = None) -> None:
+        self._allocate = allocator or host_allocator
+        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.allocations = 0
+
+    def take(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Lease:
+        key = (name, dtype.str)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        storage = None
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                storage = free.pop()
+        if storage is None or storage.nbytes < nbytes:
+            self.allocations += 1
+            storage = self._allocate(max(nbytes, 64))
+        view = storage[:nbytes].view(dtype).reshape(shape)
+        return Lease(key, storage, view)
+
+    def give_back(self, lease: Lease) -> None:
+        with self._lock:
+            self._free.setdefault(lease.key, []).append(lease.storage)

@@ -1,0 +1,52 @@
+"""The direct scheduler: every request runs on its own, on the first free instance.
+
+Blocking callers run the model on their own thread (no hand-off at all);
+asynchronous callers are run on the core's executor.
+"""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING
+
+from .execute import run_jobs
+from .job import Job
+
+if TYPE_CHECKING:
+    from ..repository.loaded import LoadedModel
+
+
+class DirectScheduler:
+    """No queue of its own: ``instance_group { count }`` bounds concurrent executions."""
+
+    #: Requests never wait in a queue here, so there is nothing to cancel.
+    queues = False
+
+    def __init__(self, model: "LoadedModel", executor: Executor) -> None:
+        self.model = model
+        self._executor = executor
+        self._instances: "queue.SimpleQueue" = queue.SimpleQueue()
+        for backend in model.backends:
+            self._instances.put(backend)
+
+    def run(self, job: Job) -> None:
+        """Run ``job`` on the calling thread (blocking until an instance is free)."""
+        backend = self._instances.get()
+        try:
+            run_jobs(self.model, backend, (job,))
+        finally:
+            self._instances.put(backend)
+
+    def submit(self, job: Job) -> None:
+        """Run ``job`` on an executor thread; the job's ``on_done`` reports the result."""
+        try:
+            self._executor.submit(self.run, job)
+        except RuntimeError as exc:  # executor shut down
+            job.fail(exc)
+
+    def pending(self) -> int:
+        return 0
+
+    def stop(self) -> None:
+        """Nothing queued here; executions in flight finish on their threads."""

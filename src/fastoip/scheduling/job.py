@@ -1,0 +1,125 @@
+"""A request on its way through a scheduler, and how its caller waits for it.
+
+Rules:
+- A job is finished exactly once, with a response or an error; later calls
+  are ignored (a cancelled job may race with its execution).
+- Blocking callers wait on a plain lock (the cheapest wake-up there is);
+  asynchronous callers pass ``on_done``, which runs on the thread that
+  finished the job and must not block.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
+from ..types import InferRequest, InferResponse
+
+
+class Job:
+    """A validated request plus what the scheduler needs to run it."""
+
+    __slots__ = (
+        "request",
+        "feeds",
+        "batch_size",
+        "output_names",
+        "signature",
+        "arrival_ns",
+        "deadline_ns",
+        "timeout_ns",
+        "priority",
+        "response",
+        "error",
+        "queue_ns",
+        "cancelled",
+        "_done",
+        "_claim",
+        "_on_done",
+    )
+
+    def __init__(
+        self,
+        request: InferRequest,
+        feeds: dict[str, np.ndarray],
+        batch_size: int,
+        output_names: list[str],
+        signature: tuple,
+    ) -> None:
+        self.request = request
+        self.feeds = feeds
+        #: Items along dim 0 (1 for models that do not batch).
+        self.batch_size = batch_size
+        self.output_names = output_names
+        #: Jobs batch together only when their signatures are equal (non-batch shapes, outputs).
+        self.signature = signature
+        self.arrival_ns = time.monotonic_ns()
+        #: Absolute monotonic deadline from the client (gRPC deadline), or 0.
+        self.deadline_ns = 0
+        #: Queue timeout from policy or the request's ``timeout`` parameter, or 0.
+        self.timeout_ns = 0
+        self.priority = 0
+        self.response: Optional[InferResponse] = None
+        self.error: Optional[InferenceError] = None
+        self.queue_ns = 0
+        self.cancelled = False
+        self._done = threading.Lock()
+        self._done.acquire()
+        # Whoever acquires _claim first finishes the job (atomic under races).
+        self._claim = threading.Lock()
+        self._on_done: Optional[Callable[["Job"], None]] = None
+
+    def on_done(self, callback: Callable[["Job"], None]) -> None:
+        """Call ``callback(job)`` when the job finishes (at once if it already has)."""
+        self._on_done = callback
+        if self.finished and not self._done.locked():
+            callback(self)
+
+    def finish(self, response: InferResponse) -> None:
+        if not self._claim.acquire(False):
+            return
+        self.response = response
+        self._complete()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._claim.acquire(False):
+            return
+        if not isinstance(error, InferenceError):
+            error = InternalError(f"{type(error).__name__}: {error}")
+        self.error = error
+        self._complete()
+
+    def cancel(self) -> None:
+        """The client went away: never run this job; finish it as cancelled."""
+        self.cancelled = True
+        self.fail(Cancelled("request cancelled by the client"))
+
+    def expired(self, now_ns: int) -> bool:
+        """True when the client's deadline has passed (the job must not run)."""
+        if self.deadline_ns and now_ns >= self.deadline_ns:
+            self.fail(DeadlineExceeded("deadline exceeded before the request could run"))
+            return True
+        return False
+
+    @property
+    def finished(self) -> bool:
+        return self._claim.locked()
+
+    def _complete(self) -> None:
+        self._done.release()
+        callback = self._on_done
+        if callback is not None:
+            callback(self)
+
+    def wait(self) -> InferResponse:
+        """Block until finished; the response, or raise the error."""
+        self._done.acquire()
+        self._done.release()
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None
+        return self.response

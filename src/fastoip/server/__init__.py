@@ -1,0 +1,1 @@
+"""Frontends (gRPC, HTTP) and the app that wires them to the Core."""

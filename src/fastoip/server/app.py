@@ -1,0 +1,116 @@
+"""The server process: Core + frontends, signals and draining.
+
+Shutdown happens in stages (SIGTERM or SIGINT): readiness goes false, an
+optional grace delay lets load balancers notice, the listeners stop taking new
+calls, calls in flight finish within the exit timeout, then models unload.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..core import Core
+from ..repository import RepositoryOptions
+from .grpc import INT32_MAX, create_server
+
+log = logging.getLogger("fastoip")
+
+
+@dataclass
+class ServeOptions:
+    """Everything ``fastoip serve`` can be told."""
+
+    model_repository: Optional[Path] = None
+    host: str = "127.0.0.1"
+    grpc_port: int = 8001
+    grpc_workers: int = 64
+    max_message_size: int = INT32_MAX
+    http_host: Optional[str] = None
+    http_port: int = 8000
+    strict_readiness: bool = True
+    shutdown_grace: float = 0.0
+    exit_timeout: float = 30.0
+    worker_threads: int = 16
+    log_level: str = "INFO"
+    repository: RepositoryOptions = field(default_factory=RepositoryOptions)
+
+
+class Server:
+    """A running fastoip: start(), then wait() until a signal or stop()."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        root = options.model_repository
+        if root is None:
+            from ..demo import default_repository
+
+            root = default_repository()
+        self.core = Core(
+            root,
+            options.repository,
+            worker_threads=options.worker_threads,
+            strict_readiness=options.strict_readiness,
+        )
+        self._stop = threading.Event()
+        self.grpc_server = None
+        self.grpc_port = 0
+
+    def start(self) -> None:
+        options = self.options
+        log.info("model repository: %s", self.core.repository.root)
+        self.core.load_models()
+        self.grpc_server, self.grpc_port = create_server(
+            self.core,
+            options.host,
+            options.grpc_port,
+            workers=options.grpc_workers,
+            max_message_size=options.max_message_size,
+        )
+        self.grpc_server.start()
+        # Tests and scripts read this line to learn the bound port.
+        print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait(self) -> None:
+        self._stop.wait()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        options = self.options
+        log.info("shutting down: readiness false")
+        self.core.begin_shutdown()
+        if options.shutdown_grace > 0:
+            time.sleep(options.shutdown_grace)
+        if self.grpc_server is not None:
+            # Refuses new calls at once; calls in flight get up to exit_timeout.
+            self.grpc_server.stop(grace=options.exit_timeout).wait()
+        self.core.close()
+        print("fastoip: stopped", flush=True)
+
+
+def serve(options: ServeOptions) -> int:
+    logging.basicConfig(
+        level=getattr(logging, options.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    server = Server(options)
+
+    def on_signal(signum, frame):  # type: ignore[no-untyped-def]
+        log.info("signal %s received", signal.Signals(signum).name)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    server.wait()
+    return 0

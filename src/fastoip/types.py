@@ -1,0 +1,153 @@
+"""The core's vocabulary: requests and responses as plain slotted objects.
+
+Rules:
+- Nothing here knows about gRPC, HTTP or protobuf.  Frontends and the codec
+  build these objects; the core, schedulers and backends only read them.
+- Tensor data is always a numpy array.  For requests decoded from the wire it is
+  a read-only *view* on the received bytes (no copy); BYTES tensors are object
+  arrays of ``bytes``; BF16 tensors are ``uint16`` arrays of raw bits.
+- Parameters are ``dict[str, bool | int | float | str]``.  A value that travels
+  as protobuf ``uint64_param`` is a :class:`UInt64` so it is written back the
+  same way (Triton's ``priority`` is one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import numpy as np
+
+
+class UInt64(int):
+    """An int that is encoded as ``uint64_param`` on the wire."""
+
+    __slots__ = ()
+
+
+ParameterValue = Union[bool, int, float, str]
+Parameters = dict[str, ParameterValue]
+
+
+class InferInput:
+    """One input tensor of a request."""
+
+    __slots__ = ("name", "datatype", "shape", "data", "parameters")
+
+    def __init__(
+        self,
+        name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        data: Optional[np.ndarray],
+        parameters: Optional[Parameters] = None,
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        #: None only while the data still lives elsewhere (a shared-memory region).
+        self.data = data
+        self.parameters = parameters if parameters is not None else {}
+
+    def __repr__(self) -> str:
+        return f"InferInput({self.name!r}, {self.datatype}, {list(self.shape)})"
+
+
+class RequestedOutput:
+    """An output the client asked for by name, with its parameters."""
+
+    __slots__ = ("name", "parameters")
+
+    def __init__(self, name: str, parameters: Optional[Parameters] = None) -> None:
+        self.name = name
+        self.parameters = parameters if parameters is not None else {}
+
+    def __repr__(self) -> str:
+        return f"RequestedOutput({self.name!r})"
+
+
+class InferRequest:
+    """An inference request as every frontend hands it to the core."""
+
+    __slots__ = ("model_name", "model_version", "id", "parameters", "inputs", "outputs")
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str = "",
+        id: str = "",
+        parameters: Optional[Parameters] = None,
+        inputs: Optional[list[InferInput]] = None,
+        outputs: Optional[list[RequestedOutput]] = None,
+    ) -> None:
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.parameters = parameters if parameters is not None else {}
+        self.inputs = inputs if inputs is not None else []
+        #: Empty means "every output of the model".
+        self.outputs = outputs if outputs is not None else []
+
+    def __repr__(self) -> str:
+        return (
+            f"InferRequest({self.model_name!r}, version={self.model_version!r}, id={self.id!r}, "
+            f"inputs={self.inputs!r}, outputs={self.outputs!r})"
+        )
+
+
+class InferOutput:
+    """One output tensor of a response."""
+
+    __slots__ = ("name", "datatype", "shape", "data", "parameters")
+
+    def __init__(
+        self,
+        name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        data: Optional[np.ndarray],
+        parameters: Optional[Parameters] = None,
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        #: None when the output was written into a shared-memory region instead.
+        self.data = data
+        self.parameters = parameters if parameters is not None else {}
+
+    def __repr__(self) -> str:
+        return f"InferOutput({self.name!r}, {self.datatype}, {list(self.shape)})"
+
+
+class InferResponse:
+    """The result of one request."""
+
+    __slots__ = ("model_name", "model_version", "id", "parameters", "outputs")
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str = "",
+        id: str = "",
+        parameters: Optional[Parameters] = None,
+        outputs: Optional[list[InferOutput]] = None,
+    ) -> None:
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.parameters = parameters if parameters is not None else {}
+        self.outputs = outputs if outputs is not None else []
+
+    def output(self, name: str) -> InferOutput:
+        """The output called ``name``; KeyError if absent."""
+        for out in self.outputs:
+            if out.name == name:
+                return out
+        raise KeyError(name)
+
+    def __repr__(self) -> str:
+        return f"InferResponse({self.model_name!r}, id={self.id!r}, outputs={self.outputs!r})"
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """The slots of a request/response object as a dict (for logs and tests)."""
+    return {name: getattr(obj, name) for name in obj.__slots__}

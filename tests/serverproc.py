@@ -1,0 +1,104 @@
+"""Start and stop real ``fastoip serve`` processes on ephemeral loopback ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+LISTEN_LINE = re.compile(r"fastoip: (grpc|http) listening on ([\d.]+):(\d+)")
+
+
+class ServerProcess:
+    """A fastoip server in its own process; ports are read from its stdout."""
+
+    def __init__(self, repository: Optional[Path], *extra: str, http: bool = False, env: Optional[dict] = None) -> None:
+        args = [sys.executable, "-m", "fastoip.cli", "serve", "--host", "127.0.0.1", "--grpc-port", "0"]
+        if repository is not None:
+            args += ["--model-repository", str(repository)]
+        if http:
+            args += ["--http-port", "0"]
+        args += list(extra)
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.proc: Optional[subprocess.Popen] = None
+        self.grpc_port = 0
+        self.http_port = 0
+        self.lines: list[str] = []
+        self._want_http = http
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def start(self, timeout: float = 60.0) -> "ServerProcess":
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                match = LISTEN_LINE.search(line)
+                if match:
+                    if match.group(1) == "grpc":
+                        self.grpc_port = int(match.group(3))
+                    else:
+                        self.http_port = int(match.group(3))
+                    if self.grpc_port and (self.http_port or not self._want_http):
+                        ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout) or not self.grpc_port:
+            self.stop()
+            raise RuntimeError("server did not start:\n" + "".join(self.lines))
+        return self
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> Optional[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
