@@ -22,8 +22,7 @@ class ServerProcess:
         args = [sys.executable, "-m", "fastoip.cli", "serve", "--host", "127.0.0.1", "--grpc-port", "0"]
         if repository is not None:
             args += ["--model-repository", str(repository)]
-        if http:
-            args += ["--http-port", "0"]
+        args += ["--http-port", "0" if http else "-1"]
         args += list(extra)
         self.args = args
         self.env = {**os.environ, **(env or {})}

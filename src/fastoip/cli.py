@@ -23,6 +23,12 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "64")),
                    help="gRPC handler threads (bounds concurrent calls)")
+    p.add_argument("--http-host", default=os.environ.get("FASTOIP_HTTP_HOST"),
+                   help="HTTP bind address (default: --host)")
+    p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),
+                   help="0 picks a free port, -1 turns HTTP off")
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
+                   help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--strict-readiness", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
                    help="server ready only when every model is ready (default true)")
@@ -38,10 +44,16 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from .bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="fastoip", description="Open Inference Protocol server")
     parser.add_argument("--version", action="version", version=f"fastoip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
     args = parser.parse_args(argv)
@@ -55,6 +67,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             host=args.host,
             grpc_port=args.grpc_port,
             grpc_workers=args.grpc_workers,
+            http_host=args.http_host,
+            http_port=args.http_port,
+            http_max_body_size=args.http_max_input_size,
             max_message_size=args.grpc_max_message_size,
             strict_readiness=args.strict_readiness,
             shutdown_grace=args.shutdown_grace,

@@ -33,7 +33,9 @@ class ServeOptions:
     grpc_workers: int = 64
     max_message_size: int = INT32_MAX
     http_host: Optional[str] = None
+    #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
+    http_max_body_size: int = 64 * 1024 * 1024
     strict_readiness: bool = True
     shutdown_grace: float = 0.0
     exit_timeout: float = 30.0
@@ -61,6 +63,8 @@ class Server:
         self._stop = threading.Event()
         self.grpc_server = None
         self.grpc_port = 0
+        self.http_server = None
+        self.http_port = 0
 
     def start(self) -> None:
         options = self.options
@@ -74,8 +78,17 @@ class Server:
             max_message_size=options.max_message_size,
         )
         self.grpc_server.start()
-        # Tests and scripts read this line to learn the bound port.
+        # Tests and scripts read these lines to learn the bound ports.
         print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
+        if options.http_port >= 0:
+            from .http import HttpServer
+
+            http_host = options.http_host or options.host
+            self.http_server = HttpServer(
+                self.core, http_host, options.http_port, max_body_size=options.http_max_body_size
+            )
+            self.http_port = self.http_server.start()
+            print(f"fastoip: http listening on {http_host}:{self.http_port}", flush=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -90,9 +103,14 @@ class Server:
         self.core.begin_shutdown()
         if options.shutdown_grace > 0:
             time.sleep(options.shutdown_grace)
+        stopped = []
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
-            self.grpc_server.stop(grace=options.exit_timeout).wait()
+            stopped.append(self.grpc_server.stop(grace=options.exit_timeout))
+        if self.http_server is not None:
+            self.http_server.stop(options.exit_timeout)
+        for event in stopped:
+            event.wait()
         self.core.close()
         print("fastoip: stopped", flush=True)
 

@@ -1,0 +1,86 @@
+"""Small ONNX models for tests, built with the onnx helper API (nothing downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from onnx import TensorProto, helper
+
+#: V2 datatype -> ONNX element type, for the datatype round-trip models.
+V2_TO_ONNX = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+    "BF16": TensorProto.BFLOAT16,
+}
+
+
+def identity_model_bytes(elem_type: int, dims: list, name: str = "identity", batch: bool = True) -> bytes:
+    """INPUT0 -> Identity -> OUTPUT0 with the given element type and dims."""
+    shape = (["batch"] if batch else []) + list(dims)
+    inp = helper.make_tensor_value_info("INPUT0", elem_type, shape)
+    out = helper.make_tensor_value_info("OUTPUT0", elem_type, shape)
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], name, [inp], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def write_model(root: Path, name: str, data: bytes, version: int = 1, config: Optional[str] = None) -> Path:
+    """Write ``<root>/<name>/<version>/model.onnx`` (+ config.pbtxt) and return the model dir."""
+    version_dir = root / name / str(version)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (version_dir / "model.onnx").write_bytes(data)
+    if config is not None:
+        (root / name / "config.pbtxt").write_text(config)
+    return root / name
+
+
+def write_datatype_repository(root: Path) -> dict[str, str]:
+    """One identity model per V2 datatype, named ``identity_<datatype>``; returns datatype -> model name."""
+    names = {}
+    for datatype, elem_type in V2_TO_ONNX.items():
+        name = f"identity_{datatype.lower()}"
+        write_model(root, name, identity_model_bytes(elem_type, ["n"] if datatype == "BYTES" else [4], name))
+        names[datatype] = name
+    return names
+
+
+def slow_model_bytes(rows: int = 256, layers: int = 4) -> bytes:
+    """INPUT0 FP32 [batch, 1] -> OUTPUT0 FP32 [batch, 1]; each item costs ``layers`` 1024x1024 matmuls on ``rows`` rows.
+
+    Used to keep an instance busy long enough to observe queueing (tens of ms an item).
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    weight = numpy_helper.from_array(np.full((1024, 1024), 1e-3, dtype=np.float32), "W")
+    shape = numpy_helper.from_array(np.array([1, rows, 1024], dtype=np.int64), "SHAPE")
+    axes = numpy_helper.from_array(np.array([1, 2], dtype=np.int64), "AXES")
+    nodes = [
+        helper.make_node("Unsqueeze", ["INPUT0", "ONE"], ["x3"]),
+        helper.make_node("Expand", ["x3", "SHAPE"], ["h0"]),
+    ]
+    one = numpy_helper.from_array(np.array([2], dtype=np.int64), "ONE")
+    for index in range(layers):
+        nodes.append(helper.make_node("MatMul", [f"h{index}", "W"], [f"h{index + 1}"]))
+    nodes.append(helper.make_node("ReduceSum", [f"h{layers}", "AXES"], ["s"], keepdims=0))
+    nodes.append(helper.make_node("Unsqueeze", ["s", "ONE_B"], ["OUTPUT0"]))
+    one_b = numpy_helper.from_array(np.array([1], dtype=np.int64), "ONE_B")
+    inp = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 1])
+    out = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 1])
+    graph = helper.make_graph(nodes, "slow", [inp], [out], initializer=[weight, shape, axes, one, one_b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()

@@ -1,0 +1,175 @@
+"""The dynamic batcher end to end: correctness under concurrency, batching, queue policy, priority, cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+from tritonclient.utils import InferenceServerException
+
+from fastoip import _codec
+from fastoip.types import InferInput, InferRequest
+from models import slow_model_bytes, write_model
+from serverproc import ServerProcess
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def stats_of(client: tg.InferenceServerClient, model: str) -> dict:
+    """Counters of the model's newest version (protobuf JSON leaves zero values out)."""
+    stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    success = stats.get("inference_stats", {}).get("success", {})
+    return {
+        "requests": int(success.get("count", 0)),
+        "executions": int(stats.get("execution_count", 0)),
+        "inferences": int(stats.get("inference_count", 0)),
+        "batch_sizes": [int(b["batch_size"]) for b in stats.get("batch_stats", [])],
+    }
+
+
+def test_500_concurrent_requests_each_get_their_own_result(server: ServerProcess, demo_repo: Path) -> None:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(demo_repo / "mlp" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    client = tg.InferenceServerClient(server.grpc_url)
+    before = stats_of(client, "mlp")
+    rng = np.random.default_rng(11)
+    count = 500
+    inputs = [rng.standard_normal((int(rng.integers(1, 9)), 256)).astype(np.float32) for _ in range(count)]
+    for index, x in enumerate(inputs):
+        x[:, 0] = index  # unique data per request
+    channel = grpc.insecure_channel(server.grpc_url)
+    call = channel.unary_unary(INFER)
+    payloads = [
+        _codec.encode_infer_request(
+            InferRequest("mlp", id=str(i), inputs=[InferInput("INPUT0", "FP32", x.shape, x)])
+        )
+        for i, x in enumerate(inputs)
+    ]
+    futures = [call.future(p, timeout=120) for p in payloads]  # all 500 in flight at once
+    responses = [_codec.decode_infer_response(f.result()) for f in futures]
+    expected = [session.run(None, {"INPUT0": x})[0] for x in inputs]
+    for i, (response, want) in enumerate(zip(responses, expected)):
+        assert response.id == str(i)
+        got = response.outputs[0].data
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    after = stats_of(client, "mlp")
+    requests = after["requests"] - before["requests"]
+    executions = after["executions"] - before["executions"]
+    inferences = after["inferences"] - before["inferences"]
+    assert requests == count
+    assert inferences == sum(x.shape[0] for x in inputs)
+    assert executions < requests, f"no batching: {executions} executions for {requests} requests"
+    assert max(after["batch_sizes"]) > 8
+
+
+@pytest.fixture()
+def slow_repo(tmp_path: Path) -> Path:
+    data = slow_model_bytes(rows=1024, layers=8)  # ~0.1 s an item on one core
+    write_model(tmp_path, "slow_queue", data, config=(
+        'max_batch_size: 8\n'
+        'dynamic_batching { default_queue_policy { max_queue_size: 2 } }\n'
+    ))
+    write_model(tmp_path, "slow_timeout", data, config=(
+        'max_batch_size: 1\n'
+        'dynamic_batching { default_queue_policy { default_timeout_microseconds: 20000 allow_timeout_override: true } }\n'
+    ))
+    write_model(tmp_path, "slow_priority", data, config=(
+        'max_batch_size: 1\n'
+        'dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n'
+    ))
+    write_model(tmp_path, "slow_cancel", data, config='max_batch_size: 1\ndynamic_batching { }\n')
+    return tmp_path
+
+
+def one(x: float) -> list[tg.InferInput]:
+    inp = tg.InferInput("INPUT0", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.array([[x]], np.float32))
+    return [inp]
+
+
+def test_queue_full_timeout_priority_and_cancel(slow_repo: Path) -> None:
+    with ServerProcess(slow_repo) as proc:
+        client = tg.InferenceServerClient(proc.grpc_url)
+
+        # Queue full: one running, two waiting, the rest refused.
+        with ThreadPoolExecutor(12) as pool:
+            def attempt(i: int) -> str:
+                try:
+                    client.infer("slow_queue", one(i))
+                    return "ok"
+                except InferenceServerException as exc:
+                    return f"{exc.status()} {exc.message()}"
+
+            outcomes = list(pool.map(attempt, range(12)))
+        refused = [o for o in outcomes if o != "ok"]
+        assert refused, outcomes
+        assert all(o == "StatusCode.UNAVAILABLE Exceeds maximum queue size" for o in refused), refused
+        assert outcomes.count("ok") >= 3
+
+        # Timeout from the policy (20 ms) while the instance is busy, and overridden per request.
+        busy = threading.Thread(target=lambda: client.infer("slow_timeout", one(0)))
+        busy.start()
+        time.sleep(0.01)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("slow_timeout", one(1))
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+        assert "Request timeout expired" in err.value.message()
+        busy.join()
+        busy = threading.Thread(target=lambda: client.infer("slow_timeout", one(0)))
+        busy.start()
+        time.sleep(0.01)
+        client.infer("slow_timeout", one(2), timeout=30_000_000)  # 30 s in µs: waits and succeeds
+        busy.join()
+
+        # Priority: level 1 overtakes level 2 in the queue.
+        finished: list[str] = []
+        lock = threading.Lock()
+
+        def run(name: str, priority: int) -> None:
+            client.infer("slow_priority", one(0), priority=priority)
+            with lock:
+                finished.append(name)
+
+        blocker = threading.Thread(target=run, args=("blocker", 2))
+        blocker.start()
+        time.sleep(0.02)
+        low = [threading.Thread(target=run, args=(f"low{i}", 2)) for i in range(3)]
+        for thread in low:
+            thread.start()
+        time.sleep(0.02)
+        high = threading.Thread(target=run, args=("high", 1))
+        high.start()
+        for thread in [blocker, *low, high]:
+            thread.join()
+        assert finished[0] == "blocker"
+        assert finished[1] == "high", finished
+
+        # Cancellation and client deadlines: the request leaves the queue and never runs.
+        before = stats_of(client, "slow_cancel")
+        call = grpc.insecure_channel(proc.grpc_url).unary_unary(INFER)
+        payload = _codec.encode_infer_request(
+            InferRequest("slow_cancel", inputs=[InferInput("INPUT0", "FP32", (1, 1), np.ones((1, 1), np.float32))])
+        )
+        running = call.future(payload, timeout=30)
+        time.sleep(0.01)
+        cancelled = call.future(payload, timeout=30)
+        expired = call.future(payload, timeout=0.05)
+        time.sleep(0.005)
+        cancelled.cancel()
+        running.result()
+        with pytest.raises(grpc.RpcError) as err:
+            expired.result()
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(0.3)
+        after = stats_of(client, "slow_cancel")
+        ran = after["inferences"] - before["inferences"]
+        assert ran == 1, f"{ran} executions: a cancelled or expired request ran"
+        client.infer("slow_cancel", one(5))  # still serving
