@@ -62,7 +62,7 @@ class Core:
 
     # -- health -----------------------------------------------------------
     def server_live(self) -> bool:
-        return True
+        return self.repository.all_alive()
 
     def server_ready(self) -> bool:
         if self.shutting_down:
@@ -73,10 +73,10 @@ class Core:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            self.repository.get(name, version)
+            model = self.repository.get(name, version)
         except InferenceError:
             return False
-        return not self.shutting_down
+        return not self.shutting_down and model.is_ready()
 
     # -- metadata -----------------------------------------------------------
     def server_metadata(self) -> dict:

@@ -18,15 +18,15 @@ Rules:
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .._proto import model_config_pb2 as mc
 from ..datatypes import ORT_TYPE_TO_V2
 from ..errors import InternalError, InvalidArgument
-from ..repository.config import DiscoveredTensor
+from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
 
 log = logging.getLogger("fastoip.onnx")
 
@@ -173,6 +173,27 @@ def _bytes_from_ort(array: np.ndarray, codec: str) -> np.ndarray:
     return out.reshape(array.shape)
 
 
-def default_intra_op_threads() -> int:
-    """One thread an instance unless FASTOIP_ORT_THREADS says otherwise."""
-    return int(os.environ.get("FASTOIP_ORT_THREADS", "1"))
+class OnnxKind:
+    """The ``onnxruntime`` backend kind (platform ``onnxruntime_onnx``)."""
+
+    name = "onnxruntime"
+    platforms = (ONNX_PLATFORM,)
+    default_filename = "model.onnx"
+
+    def load(self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options) -> tuple:  # type: ignore[no-untyped-def]
+        intra = int(parameter(base, "intra_op_thread_count", "0") or 0) or options.intra_op_threads
+        inter = int(parameter(base, "inter_op_thread_count", "0") or 0) or options.inter_op_threads
+        wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
+        use_gpu = options.use_gpu and not wants_cpu
+
+        def make_backend() -> OnnxBackend:
+            return OnnxBackend(path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter)
+
+        first = make_backend()
+        inputs, outputs = first.discover()
+        config = complete_config(base, model_name, inputs, outputs, options.default_max_batch_size)
+        count = sum(group.count for group in config.instance_group) or 1
+        return config, [first] + [make_backend() for _ in range(count - 1)]
+
+
+KIND = OnnxKind()

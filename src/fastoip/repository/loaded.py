@@ -131,10 +131,21 @@ class LoadedModel:
 
         return entries(self.spec.inputs), entries(self.spec.outputs)
 
+    # -- health hooks (backends may define is_ready / is_alive) -------------------
+    def is_ready(self) -> bool:
+        return all(getattr(b, "is_ready", _true)() for b in self.backends)
+
+    def is_alive(self) -> bool:
+        return all(getattr(b, "is_alive", _true)() for b in self.backends)
+
     def close(self) -> None:
         self.scheduler.stop()
         for backend in self.backends:
             backend.close()
+
+
+def _true() -> bool:
+    return True
 
 
 def _shape_matches(shape: tuple, expected: tuple) -> bool:

@@ -24,7 +24,8 @@ from typing import Optional
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
-from .config import ONNX_PLATFORM, complete_config, parameter, read_config_file
+from ..backends import BackendKind, kind_for
+from .config import read_config_file
 from .loaded import LoadedModel
 
 log = logging.getLogger("fastoip.repository")
@@ -109,7 +110,13 @@ class ModelRepository:
 
     def all_ready(self) -> bool:
         """Every model the repository tried to load is ready (Triton's strict readiness)."""
-        return all(r.state == ModelState.READY for r in self._records.values())
+        return all(
+            r.state == ModelState.READY and all(m.is_ready() for m in r.versions.values())
+            for r in self._records.values()
+        )
+
+    def all_alive(self) -> bool:
+        return all(m.is_alive() for r in self._records.values() for m in r.versions.values())
 
     # -- load / unload ------------------------------------------------------------
     def load_all(self) -> None:
@@ -190,7 +197,8 @@ class ModelRepository:
             base = read_config_file(model_dir / "config.pbtxt")
         else:
             base = mc.ModelConfig()
-        filename = base.default_model_filename or "model.onnx"
+        kind = kind_for(base, model_dir)
+        filename = base.default_model_filename or kind.default_filename
         available = sorted(
             int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
         )
@@ -199,30 +207,14 @@ class ModelRepository:
         selected = _select_versions(base, available, name)
         loaded: dict[int, LoadedModel] = {}
         for version in selected:
-            loaded[version] = self._load_version(name, version, model_dir / str(version) / filename, base)
+            loaded[version] = self._load_version(name, version, model_dir / str(version) / filename, base, kind)
         return loaded
 
-    def _load_version(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
-        platform = base.platform or ("" if base.backend else ONNX_PLATFORM)
-        if platform not in ("", ONNX_PLATFORM) or base.backend not in ("", "onnxruntime"):
-            raise InvalidArgument(
-                f"model '{name}': platform '{base.platform}' / backend '{base.backend}' is not supported "
-                f"(supported: {ONNX_PLATFORM})"
-            )
-        from ..backends.onnx import OnnxBackend
-
+    def _load_version(
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind
+    ) -> LoadedModel:
         options = self.options
-        intra = int(parameter(base, "intra_op_thread_count", "0") or 0) or options.intra_op_threads
-        inter = int(parameter(base, "inter_op_thread_count", "0") or 0) or options.inter_op_threads
-        wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
-        use_gpu = options.use_gpu and not wants_cpu
-
-        def make_backend() -> OnnxBackend:
-            return OnnxBackend(path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter)
-
-        first = make_backend()
-        inputs, outputs = first.discover()
-        config = complete_config(base, name, inputs, outputs, options.default_max_batch_size)
+        config, backends = kind.load(name, version, path, base, options)
         if (
             options.default_batching is not None
             and config.max_batch_size > 0
@@ -232,8 +224,6 @@ class ModelRepository:
             config.dynamic_batching.SetInParent()
             for key, value in options.default_batching.items():
                 setattr(config.dynamic_batching, key, value)
-        count = sum(group.count for group in config.instance_group) or 1
-        backends = [first] + [make_backend() for _ in range(count - 1)]
         return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
 
 
