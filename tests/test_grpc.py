@@ -221,28 +221,6 @@ def test_stub_statistics_and_index(stub: pb_grpc.GRPCInferenceServiceStub, clien
     assert all(m.state == "READY" for m in index)
 
 
-@pytest.mark.parametrize(
-    "rpc, request_type",
-    [
-        ("ModelStreamInfer", None),
-        ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest),
-        ("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest),
-        ("TraceSetting", pb.TraceSettingRequest),
-        ("LogSettings", pb.LogSettingsRequest),
-    ],
-)
-def test_unbuilt_rpcs_answer_unimplemented(stub, client, rpc: str, request_type) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(grpc.RpcError) as err:
-        if request_type is None:
-            list(getattr(stub, rpc)(iter([pb.ModelInferRequest(model_name="simple")])))
-        else:
-            getattr(stub, rpc)(request_type())
-    if err.value.code() != grpc.StatusCode.UNIMPLEMENTED:
-        pytest.skip(f"{rpc} is implemented now ({err.value.code()})")
-    assert "not implemented" in err.value.details()
-    assert_simple_works(client)
-
-
 def test_grpc_health_service(server: ServerProcess) -> None:
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.grpc_url))
     serving = health_pb2.HealthCheckResponse.SERVING

@@ -32,6 +32,13 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--strict-readiness", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
                    help="server ready only when every model is ready (default true)")
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
+                   default=_env("MODEL_CONTROL_MODE", "none"),
+                   help="Triton's meaning: none loads everything once; poll reloads changed models; "
+                        "explicit loads only --load-model and what the repository API asks for")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="with explicit mode: a model to load at start-up (repeatable; '*' for all)")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
     p.add_argument("--shutdown-grace", type=float, default=0.0,
                    help="seconds between readiness going false and listeners closing")
     p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
@@ -72,6 +79,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             http_max_body_size=args.http_max_input_size,
             max_message_size=args.grpc_max_message_size,
             strict_readiness=args.strict_readiness,
+            model_control_mode=args.model_control_mode,
+            load_models=args.load_model,
+            poll_interval=args.repository_poll_secs,
             shutdown_grace=args.shutdown_grace,
             exit_timeout=args.exit_timeout,
             log_level=args.log_level,

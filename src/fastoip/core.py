@@ -20,10 +20,13 @@ from typing import Callable, Optional
 
 from . import __version__
 from ._proto import model_config_pb2 as mc
-from .errors import InferenceError, NotFound, Unavailable
+from .errors import InferenceError, NotFound, Unavailable, Unsupported
 from .repository import ModelRepository, ModelState, RepositoryOptions
+from .repository.config import config_from_json
 from .repository.loaded import LoadedModel
 from .scheduling.job import Job
+from .settings import LogSettings, TraceSettings
+from .shared_memory import SharedMemoryRegistry, uses_region
 from .types import InferRequest, InferResponse
 
 log = logging.getLogger("fastoip.core")
@@ -37,6 +40,9 @@ EXTENSIONS = (
     "parameters",
     "model_repository",
     "schedule_policy",
+    "system_shared_memory",
+    "trace",
+    "logging",
 )
 
 
@@ -50,15 +56,46 @@ class Core:
         *,
         worker_threads: int = 16,
         strict_readiness: bool = True,
+        model_control_mode: str = "none",
+        startup_models: Optional[list[str]] = None,
+        poll_interval: float = 15.0,
     ) -> None:
+        if model_control_mode not in ("none", "poll", "explicit"):
+            raise ValueError(f"model control mode must be none, poll or explicit, not '{model_control_mode}'")
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
         self.repository = ModelRepository(repository_root, self.executor, options)
         self.strict_readiness = strict_readiness
+        self.model_control_mode = model_control_mode
+        self.startup_models = list(startup_models or [])
+        self.poll_interval = poll_interval
+        self.poller = None
         self.shutting_down = False
         self.extensions = list(EXTENSIONS)
+        self.shared_memory = SharedMemoryRegistry()
+        self.log_settings = LogSettings()
+        self.trace_settings = TraceSettings()
 
     def load_models(self) -> None:
+        """Load what the model control mode says to load at start-up."""
+        if self.model_control_mode == "explicit":
+            if "*" in self.startup_models:
+                self.repository.load_all()
+            else:
+                for name in self.startup_models:
+                    try:
+                        self.repository.load(name)
+                    except InferenceError as exc:
+                        log.error("model '%s' failed to load: %s", name, exc)
+            return
+        if self.startup_models:
+            raise ValueError("--load-model is only valid with --model-control-mode explicit")
         self.repository.load_all()
+        if self.model_control_mode == "poll":
+            from .repository.poller import RepositoryPoller
+
+            self.poller = RepositoryPoller(self.repository, self.poll_interval)
+            self.poller.remember_current()
+            self.poller.start()
 
     # -- health -----------------------------------------------------------
     def server_live(self) -> bool:
@@ -104,8 +141,14 @@ class Core:
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.repository.get(request.model_name, request.model_version)
+        for tensor in request.inputs:
+            if tensor.data is None and uses_region(tensor.parameters):
+                tensor.data = self.shared_memory.input_view(
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters
+                )
         job = model.prepare(request)
         job.deadline_ns = deadline_ns
+        model.enter()
         return model, job
 
     def infer(
@@ -121,26 +164,79 @@ class Core:
         try:
             model.scheduler.run(job)
             response = job.wait()
+            if request.outputs:
+                self._write_shared_memory_outputs(request, response)
         except InferenceError:
             model.stats.record_request(False, time.monotonic_ns() - job.arrival_ns)
             raise
+        finally:
+            model.leave()
         model.stats.record_request(True, time.monotonic_ns() - job.arrival_ns, job.queue_ns)
+        if self.trace_settings.active:
+            self._trace(model, job)
         return response
 
-    def submit(self, request: InferRequest, on_done: Callable[[Job], None], deadline_ns: int = 0) -> Job:
-        """Start ``request`` without blocking; ``on_done(job)`` runs on a worker thread."""
+    def _trace(self, model: LoadedModel, job: Job) -> None:
+        self.trace_settings.record(
+            model.name,
+            model.version_str,
+            job.request.id,
+            [
+                ("REQUEST_START", job.arrival_ns),
+                ("QUEUE_START", job.arrival_ns),
+                ("COMPUTE_START", job.compute_start_ns),
+                ("COMPUTE_END", job.compute_end_ns),
+                ("REQUEST_END", time.monotonic_ns()),
+            ],
+        )
+
+    def submit(
+        self,
+        request: InferRequest,
+        on_done: Callable[[Job], None],
+        deadline_ns: int = 0,
+        run_here: bool = False,
+    ) -> Job:
+        """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
+
+        ``run_here``: when the model has no queue (direct scheduler), execute on
+        the calling thread instead of handing off to a worker (for callers that
+        are a dedicated reader thread, like a gRPC stream).
+        """
         model, job = self.prepare(request, deadline_ns)
         stats = model.stats
 
         def done(finished: Job) -> None:
+            if finished.error is None and request.outputs:
+                try:
+                    self._write_shared_memory_outputs(request, finished.response)  # type: ignore[arg-type]
+                except InferenceError as exc:
+                    finished.error, finished.response = exc, None
+            model.leave()
             stats.record_request(
                 finished.error is None, time.monotonic_ns() - finished.arrival_ns, finished.queue_ns
             )
+            if finished.error is None and self.trace_settings.active:
+                self._trace(model, finished)
             on_done(finished)
 
         job.on_done(done)
-        model.scheduler.submit(job)
+        if run_here and not model.scheduler.queues:
+            model.scheduler.run(job)
+        else:
+            model.scheduler.submit(job)
         return job
+
+    def _write_shared_memory_outputs(self, request: InferRequest, response: InferResponse) -> None:
+        """Copy outputs the client asked to receive in shared memory into their regions."""
+        wanted = {o.name: o.parameters for o in request.outputs if uses_region(o.parameters)}
+        if not wanted:
+            return
+        for output in response.outputs:
+            parameters = wanted.get(output.name)
+            if parameters is not None and output.data is not None:
+                self.shared_memory.write_output(output.name, output.data, output.datatype, parameters)
+                output.data = None  # an empty raw_output_contents entry, as Triton sends
 
     async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
         """``infer`` for asyncio frontends: the event loop never blocks."""
@@ -186,19 +282,48 @@ class Core:
                     index.append({"name": name, "version": "", "state": "", "reason": ""})
                 continue
             if record.versions:
+                # reason: why the latest load failed, while older versions keep serving
                 for version in sorted(record.versions):
-                    index.append({"name": name, "version": str(version), "state": record.state.value, "reason": ""})
+                    index.append(
+                        {"name": name, "version": str(version), "state": record.state.value, "reason": record.reason}
+                    )
             elif not ready_only:
                 index.append({"name": name, "version": "", "state": record.state.value, "reason": record.reason})
         if ready_only:
             index = [entry for entry in index if entry["state"] == ModelState.READY.value]
         return index
 
-    def load_model(self, name: str, config_override: Optional[mc.ModelConfig] = None) -> None:
-        self.repository.load(name, config_override)
+    def load_model(self, name: str, parameters: Optional[dict] = None) -> None:
+        """Load or reload ``name`` (explicit mode); the old versions serve until the new ones are ready.
+
+        ``parameters`` are the load request's: ``config`` (a ModelConfig as JSON)
+        overrides config.pbtxt; ``file:`` uploads are not supported.
+        """
+        self._check_explicit("load")
+        override = None
+        for key, value in (parameters or {}).items():
+            if key.startswith("file:"):
+                raise Unsupported(
+                    f"load '{name}': model files in the request ('{key}') are not supported; "
+                    "put the files in the model repository"
+                )
+            if key == "config":
+                override = config_from_json(name, value)
+        self.repository.load(name, override)
 
     def unload_model(self, name: str) -> None:
+        """Stop serving ``name`` (explicit mode); requests in flight finish first."""
+        self._check_explicit("unload")
         self.repository.unload(name)
+
+    def _check_explicit(self, action: str) -> None:
+        if self.model_control_mode == "poll":
+            raise Unavailable(f"explicit model {action} is not allowed if polling is enabled")
+        if self.model_control_mode == "none":
+            raise Unavailable(
+                f"explicit model {action} is not allowed in model control mode 'none' "
+                "(start the server with --model-control-mode explicit)"
+            )
 
     # -- lifecycle -----------------------------------------------------------------
     def begin_shutdown(self) -> None:
@@ -206,5 +331,7 @@ class Core:
         self.shutting_down = True
 
     def close(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
         self.repository.close()
         self.executor.shutdown(wait=True, cancel_futures=False)

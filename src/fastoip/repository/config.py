@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
@@ -193,3 +193,15 @@ def parameter(config: mc.ModelConfig, key: str, default: str = "") -> str:
     if key in config.parameters:
         return config.parameters[key].string_value
     return default
+
+
+def config_from_json(model: str, text: object) -> mc.ModelConfig:
+    """A ModelConfig from the JSON of a load request's ``config`` parameter (Triton's override)."""
+    if type(text) is not str:
+        raise InvalidArgument(f"load '{model}': the 'config' parameter must be a string holding JSON")
+    config = mc.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as exc:
+        raise InvalidArgument(f"load '{model}': failed to parse the 'config' parameter: {exc}") from None
+    return config

@@ -10,6 +10,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Optional
@@ -47,6 +48,8 @@ class LoadedModel:
         self.backends = backends
         self.stats = ModelStatistics(name, self.version_str)
         self.buffers = BufferPool()
+        self._in_flight = 0
+        self._drained = threading.Condition(threading.Lock())
         self.scheduler = scheduler_factory(self, executor)
 
     # -- the infer path -------------------------------------------------
@@ -138,7 +141,26 @@ class LoadedModel:
     def is_alive(self) -> bool:
         return all(getattr(b, "is_alive", _true)() for b in self.backends)
 
-    def close(self) -> None:
+    # -- in-flight accounting: unload waits for requests that already started ----------
+    def enter(self) -> None:
+        with self._drained:
+            self._in_flight += 1
+
+    def leave(self) -> None:
+        with self._drained:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._drained.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no request is using this model (True) or ``timeout`` passes (False)."""
+        with self._drained:
+            return self._drained.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish what is in flight (up to ``timeout``), then release the instances."""
+        if not self.wait_idle(timeout):
+            log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self._in_flight)
         self.scheduler.stop()
         for backend in self.backends:
             backend.close()

@@ -41,6 +41,7 @@ def run_jobs(  # type: ignore[no-untyped-def]
         return
     for job in live:
         job.queue_ns = start_ns - job.arrival_ns
+        job.compute_start_ns = start_ns
     first = live[0]
     try:
         if len(live) == 1:
@@ -52,6 +53,8 @@ def run_jobs(  # type: ignore[no-untyped-def]
         input_done_ns = time.monotonic_ns()
         outputs = backend.run(feeds, first.output_names)
         infer_done_ns = time.monotonic_ns()
+        for job in live:
+            job.compute_end_ns = infer_done_ns
         if before_finish is not None:
             before_finish()
         if len(live) == 1:

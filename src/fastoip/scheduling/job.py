@@ -36,6 +36,8 @@ class Job:
         "response",
         "error",
         "queue_ns",
+        "compute_start_ns",
+        "compute_end_ns",
         "cancelled",
         "_done",
         "_claim",
@@ -66,6 +68,8 @@ class Job:
         self.response: Optional[InferResponse] = None
         self.error: Optional[InferenceError] = None
         self.queue_ns = 0
+        self.compute_start_ns = 0
+        self.compute_end_ns = 0
         self.cancelled = False
         self._done = threading.Lock()
         self._done.acquire()

@@ -37,6 +37,9 @@ class ServeOptions:
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
     strict_readiness: bool = True
+    model_control_mode: str = "none"
+    load_models: list = field(default_factory=list)
+    poll_interval: float = 15.0
     shutdown_grace: float = 0.0
     exit_timeout: float = 30.0
     worker_threads: int = 16
@@ -59,6 +62,9 @@ class Server:
             options.repository,
             worker_threads=options.worker_threads,
             strict_readiness=options.strict_readiness,
+            model_control_mode=options.model_control_mode,
+            startup_models=options.load_models,
+            poll_interval=options.poll_interval,
         )
         self._stop = threading.Event()
         self.grpc_server = None

@@ -15,6 +15,8 @@ Rules:
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -25,9 +27,9 @@ from .. import _codec
 from .._proto import grpc_service_pb2 as pb
 from .._proto import health_pb2
 from ..core import Core
-from ..errors import CodecError, InferenceError
+from ..errors import CodecError, InferenceError, Unavailable, Unsupported
 from ..scheduling.job import Job
-from ..types import InferRequest
+from ..types import InferRequest, InferResponse
 
 log = logging.getLogger("fastoip.grpc")
 
@@ -78,7 +80,62 @@ class GrpcFrontend:
             abort(context, exc)
 
     def ModelStreamInfer(self, requests, context):  # type: ignore[no-untyped-def]
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer is not implemented yet")
+        """Bidirectional stream: many requests in flight, responses as they finish.
+
+        A reader thread takes requests off the stream and starts them; this
+        handler's thread encodes and yields each finished job.  An error on one
+        request becomes that response's ``error_message``; the stream goes on.
+        When the call ends (client cancelled, stream stopped) queued requests
+        are cancelled.
+        """
+        finished: "queue.SimpleQueue" = queue.SimpleQueue()
+        in_flight: set = set()
+        started = [0]
+        core = self.core
+
+        def on_done(job: Job) -> None:
+            finished.put(job)
+
+        def cancel_all() -> None:
+            for job in list(in_flight):
+                job.cancel()
+
+        context.add_callback(cancel_all)
+
+        def read() -> None:
+            try:
+                for request in requests:
+                    started[0] += 1
+                    if type(request) is DecodeFailure:
+                        finished.put(_codec.encode_stream_response(None, f"malformed ModelInferRequest: {request.message}"))
+                        continue
+                    try:
+                        job = core.submit(request, on_done, run_here=True)
+                        in_flight.add(job)
+                    except InferenceError as exc:
+                        finished.put(_codec.encode_stream_response(_error_echo(request), exc.message))
+            except Exception:  # the call ended (cancelled or broken): stop reading
+                pass
+            finished.put(_END)
+
+        reader = threading.Thread(target=read, name="fastoip-stream-reader", daemon=True)
+        reader.start()
+        answered = 0
+        total = None
+        while total is None or answered < total:
+            item = finished.get()
+            if item is _END:
+                total = started[0]
+                continue
+            answered += 1
+            if isinstance(item, bytes):
+                yield item
+                continue
+            in_flight.discard(item)
+            if item.error is not None:
+                yield _codec.encode_stream_response(_error_echo(item.request), item.error.message)
+            else:
+                yield _codec.encode_stream_response(item.response)
 
     # -- health and metadata -----------------------------------------------------
     def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:  # type: ignore[no-untyped-def]
@@ -135,23 +192,70 @@ class GrpcFrontend:
         )
 
     def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context):  # type: ignore[no-untyped-def]
-        override = None
-        if "config" in request.parameters:
-            from google.protobuf import json_format
-
-            from .._proto import model_config_pb2
-
-            override = model_config_pb2.ModelConfig()
-            try:
-                json_format.Parse(request.parameters["config"].string_value, override)
-            except json_format.ParseError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"failed to parse 'config' parameter: {exc}")
-        self.core.load_model(request.model_name, override)
+        parameters = {
+            key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for key, value in request.parameters.items()
+        }
+        self.core.load_model(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
     def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):  # type: ignore[no-untyped-def]
         self.core.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ----------------------------------------------------------------------
+    def SystemSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    def SystemSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
+        self.core.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
+        self.core.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def _cuda_shared_memory(self, request, context):  # type: ignore[no-untyped-def]
+        raise cuda_shared_memory_error()
+
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _cuda_shared_memory
+
+    # -- trace and log settings ------------------------------------------------------------------
+    def TraceSetting(self, request, context):  # type: ignore[no-untyped-def]
+        changes = {key: list(value.value) for key, value in request.settings.items()}
+        if changes:
+            values = self.core.trace_settings.update(changes, request.model_name)
+        else:
+            if request.model_name:
+                self.core.repository.get(request.model_name)  # NOT_FOUND for unknown models
+            values = self.core.trace_settings.get(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in values.items():
+            response.settings[key].value.extend(value)
+        return response
+
+    def LogSettings(self, request, context):  # type: ignore[no-untyped-def]
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            if choice is not None:
+                changes[key] = getattr(value, choice)
+        values = self.core.log_settings.update(changes)
+        response = pb.LogSettingsResponse()
+        for key, value in values.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
+        return response
 
     # -- not implemented yet: answered honestly ------------------------------------------
     def _unimplemented(self, name: str) -> Callable:
@@ -170,6 +274,24 @@ class GrpcFrontend:
                 return status(status=status.SERVICE_UNKNOWN)
             ok = self.core.server_ready() if request.service == SERVICE else self.core.model_ready(request.service)
         return status(status=status.SERVING if ok else status.NOT_SERVING)
+
+
+_END = object()
+
+
+def _error_echo(request: "InferRequest | None") -> "InferResponse | None":
+    """The response shell Triton sends with a stream error: model name and request id."""
+    if request is None or type(request) is DecodeFailure:
+        return None
+    return InferResponse(request.model_name, request.model_version, request.id)
+
+
+def cuda_shared_memory_error() -> InferenceError:
+    from ..backends.onnx import cuda_available
+
+    if not cuda_available():
+        return Unavailable("CUDA shared memory needs a GPU and onnxruntime-gpu; neither is available on this server")
+    return Unsupported("CUDA shared memory is not implemented by fastoip yet")
 
 
 def _wrap(method: Callable) -> Callable:

@@ -1,0 +1,424 @@
+"""HTTP/REST inference bodies: V2 JSON and Triton's binary tensor extension <-> core types.
+
+Rules:
+- Sans-I/O: bytes in, an InferRequest out; an InferResponse in, bytes out.
+  No sockets and no asyncio here; ``http.py`` does the I/O.
+- Body layout (Triton's ``binary_tensor_data`` extension): with the header
+  ``Inference-Header-Content-Length: N`` the first N bytes are the JSON
+  request and the rest holds, in input order, the tensors of the inputs whose
+  parameters carry ``binary_data_size``.  Without the header the whole body is
+  JSON.  ``Inference-Header-Content-Length: 0`` is a raw request: the body is
+  the one input tensor and nothing else (:func:`decode_raw_request`).
+- Zero copy in: numeric binary inputs are ``np.frombuffer`` views on the body.
+  One copy out: each output's bytes are copied once, when the response body is
+  joined (BYTES outputs are framed first, which is their one re-encoding).
+- Numeric JSON data goes through numpy in bulk (``np.asarray`` then one
+  ``astype``), never an element loop; numeric JSON outputs are written by
+  orjson straight from the array.  BYTES elements are strings in JSON, so they
+  are encoded and decoded one by one (UTF-8): there is no bulk form of that.
+- FP16 and BF16 have no JSON form (as in Triton): binary only, both ways.
+- A BYTES output asked for as JSON whose bytes are not UTF-8 is an error (400,
+  naming the output and the element), not a silent switch to binary: a
+  JSON-only client could not read a binary body.  Ask for it with
+  ``binary_data: true``.
+- Which outputs are binary: an output's own ``binary_data`` parameter, else the
+  request's ``binary_data_output``, else JSON.  Raw requests get binary outputs.
+- Every error is an :class:`InvalidArgument` that names the input or output,
+  what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import orjson
+
+from .. import _codec
+from ..datatypes import NUMPY_DTYPES
+from ..errors import CodecError, InvalidArgument, Unsupported
+from ..types import InferInput, InferRequest, InferResponse, RequestedOutput
+
+JSON_CONTENT_TYPE = b"application/json"
+BINARY_CONTENT_TYPE = b"application/octet-stream"
+
+#: Datatypes that only travel as binary data.
+BINARY_ONLY = frozenset(("FP16", "BF16"))
+
+#: numpy kinds (of the array numpy infers from JSON values) each datatype accepts.
+_JSON_KINDS = {"BOOL": "b", "FP32": "iuf", "FP64": "iuf"}
+_JSON_KIND_WORDS = {"b": "true/false", "iu": "integers", "iuf": "numbers"}
+_VALUE_WORDS = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
+
+
+class OutputFormat:
+    """Which outputs of one request go back as binary data."""
+
+    __slots__ = ("default_binary", "per_output")
+
+    def __init__(self, default_binary: bool = False, per_output: Optional[dict[str, bool]] = None) -> None:
+        self.default_binary = default_binary
+        self.per_output = per_output or {}
+
+    def is_binary(self, name: str) -> bool:
+        return self.per_output.get(name, self.default_binary)
+
+
+# --------------------------------------------------------------------------- #
+# Requests                                                                    #
+# --------------------------------------------------------------------------- #
+
+
+def decode_infer_request(
+    model_name: str, model_version: str, body: bytes, header_length: Optional[int]
+) -> tuple[InferRequest, OutputFormat]:
+    """A JSON (+ binary tensors) request body as an InferRequest and its output format.
+
+    ``header_length`` is the parsed ``Inference-Header-Content-Length`` (None:
+    the whole body is JSON); the caller has checked ``0 < header_length <= len(body)``.
+    """
+    json_end = len(body) if header_length is None else header_length
+    doc = _parse_json(body if header_length is None else memoryview(body)[:json_end])
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise InvalidArgument(f"'id' must be a string, got {_json_type(request_id)}")
+    parameters = _parameters(doc.get("parameters"), "the request")
+    default_binary = _bool_parameter(parameters.pop("binary_data_output", False), "binary_data_output")
+    inputs = _decode_inputs(doc.get("inputs"), body, json_end, has_binary=header_length is not None)
+    outputs, per_output = _decode_outputs(doc.get("outputs"))
+    request = InferRequest(model_name, model_version, request_id, parameters, inputs, outputs)
+    return request, OutputFormat(default_binary, per_output)
+
+
+def decode_raw_request(
+    model_name: str, model_version: str, body: bytes, metadata: dict, batching: bool
+) -> tuple[InferRequest, OutputFormat]:
+    """A raw binary request (``Inference-Header-Content-Length: 0``): the body is the model's one input.
+
+    Name, datatype and dims come from the model metadata; a batching model gets
+    a batch of one.  One variable (-1) dim is derived from the byte count;
+    more than one, or a variable BYTES tensor, cannot be and is an error.
+    """
+    specs = metadata["inputs"]
+    if len(specs) != 1:
+        raise InvalidArgument(
+            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; "
+            f"model '{model_name}' has {len(specs)}: {', '.join(s['name'] for s in specs)}"
+        )
+    spec = specs[0]
+    name, datatype = spec["name"], spec["datatype"]
+    dims = list(spec["shape"][1:] if batching else spec["shape"])
+    where = f"raw binary request for model '{model_name}': input '{name}' ({datatype} {dims})"
+    variable = [index for index, dim in enumerate(dims) if dim < 0]
+    if datatype == "BYTES":
+        if variable:
+            raise InvalidArgument(
+                f"{where} has variable dims, and the element count of a BYTES tensor cannot be derived "
+                "from its byte count; send a JSON header with the shape"
+            )
+        array = _bytes_tensor(body, 0, len(body), math.prod(dims), f"{where}:")
+    else:
+        dtype = NUMPY_DTYPES[datatype]
+        fixed_bytes = math.prod(dim for dim in dims if dim >= 0) * dtype.itemsize
+        if len(variable) > 1:
+            raise InvalidArgument(f"{where} has more than one variable dim; send a JSON header with the shape")
+        if variable:
+            if fixed_bytes == 0 or len(body) % fixed_bytes:
+                raise InvalidArgument(f"{where}: {len(body)} bytes is not a whole number of {fixed_bytes}-byte rows")
+            dims[variable[0]] = len(body) // fixed_bytes
+        elif len(body) != fixed_bytes:
+            raise InvalidArgument(f"{where} needs {fixed_bytes} bytes, the body has {len(body)}")
+        array = np.frombuffer(body, dtype)
+    shape = [1, *dims] if batching else dims
+    tensor = InferInput(name, datatype, tuple(shape), array.reshape(shape))
+    return InferRequest(model_name, model_version, "", {}, [tensor], []), OutputFormat(default_binary=True)
+
+
+def _parse_json(data: Any) -> dict:
+    if not len(data):
+        raise InvalidArgument("the inference request has an empty JSON header")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"malformed JSON in the inference request: {exc}") from None
+    if type(doc) is not dict:
+        raise InvalidArgument(f"the inference request must be a JSON object, got {_json_type(doc)}")
+    return doc
+
+
+def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> list[InferInput]:
+    """The request's inputs; binary ones are taken from ``body`` in order, starting at ``offset``."""
+    if type(items) is not list:
+        raise InvalidArgument(f"'inputs' must be a list of input objects, got {_json_type(items)}")
+    inputs = []
+    for index, item in enumerate(items):
+        if type(item) is not dict:
+            raise InvalidArgument(f"input #{index} must be an object, got {_json_type(item)}")
+        name = item.get("name")
+        if type(name) is not str:
+            raise InvalidArgument(f"input #{index}: 'name' must be a string, got {_json_type(name)}")
+        datatype = item.get("datatype")
+        if datatype not in NUMPY_DTYPES:
+            raise InvalidArgument(
+                f"input '{name}': unknown datatype {orjson.dumps(datatype).decode()}; "
+                f"expected one of {', '.join(NUMPY_DTYPES)}"
+            )
+        shape = _shape(item.get("shape"), name)
+        parameters = _parameters(item.get("parameters"), f"input '{name}'")
+        if "shared_memory_region" in parameters:
+            raise Unsupported(f"input '{name}': shared memory is not implemented by fastoip's HTTP endpoint yet")
+        size = parameters.pop("binary_data_size", None)
+        if size is not None:
+            if "data" in item:
+                raise InvalidArgument(f"input '{name}' has both 'data' and a 'binary_data_size' parameter")
+            if type(size) is not int or size < 0:
+                raise InvalidArgument(
+                    f"input '{name}': 'binary_data_size' must be a non-negative integer, got {_short(size)}"
+                )
+            if size and not has_binary:
+                raise InvalidArgument(
+                    f"input '{name}' has binary_data_size {size}, but the request has no "
+                    "Inference-Header-Content-Length header saying where the JSON ends and binary data begins"
+                )
+            if offset + size > len(body):
+                raise InvalidArgument(
+                    f"input '{name}': binary_data_size is {size} but only {len(body) - offset} bytes "
+                    "of binary data remain in the request body"
+                )
+            array = _binary_tensor(body, offset, size, datatype, shape, name)
+            offset += size
+        elif "data" in item:
+            array = _json_tensor(item["data"], datatype, shape, name)
+        else:
+            raise InvalidArgument(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
+        inputs.append(InferInput(name, datatype, tuple(shape), array, parameters))
+    if offset != len(body):
+        raise InvalidArgument(
+            f"{len(body) - offset} bytes of binary data follow the JSON header that no input claims "
+            "(the inputs' binary_data_size values add up to less than the body)"
+        )
+    return inputs
+
+
+def _shape(value: Any, name: str) -> list[int]:
+    if type(value) is not list or any(type(dim) is not int or dim < 0 for dim in value):
+        raise InvalidArgument(f"input '{name}': 'shape' must be a list of non-negative integers, got {_short(value)}")
+    return value
+
+
+def _binary_tensor(body: bytes, offset: int, size: int, datatype: str, shape: list[int], name: str) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _bytes_tensor(body, offset, size, count, f"input '{name}':").reshape(shape)
+    dtype = NUMPY_DTYPES[datatype]
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise InvalidArgument(
+            f"input '{name}': {datatype} {shape} needs {expected} bytes of binary data, "
+            f"but its binary_data_size is {size}"
+        )
+    # A read-only view on the request body: no copy.
+    return np.frombuffer(body, dtype, count, offset).reshape(shape)
+
+
+def _bytes_tensor(body: bytes, offset: int, size: int, count: int, where: str) -> np.ndarray:
+    try:
+        return _codec.deserialize_bytes_tensor(memoryview(body)[offset : offset + size], count)
+    except CodecError as exc:
+        raise CodecError(f"{where} {exc} (BYTES binary data is a 4-byte little-endian length per element)") from None
+
+
+def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
+    if datatype in BINARY_ONLY:
+        raise InvalidArgument(
+            f"input '{name}': {datatype} data cannot travel as JSON; send it as binary data "
+            "(parameters.binary_data_size and Inference-Header-Content-Length)"
+        )
+    if type(data) is not list:
+        raise InvalidArgument(f"input '{name}': 'data' must be a list, got {_json_type(data)}")
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _json_bytes(data, count, name).reshape(shape)
+    try:
+        values = np.asarray(data)  # numpy infers int64 / uint64 / float64 / bool / str from the JSON values
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgument(
+            f"input '{name}': 'data' is not a rectangular array of {datatype} values: {exc}"
+        ) from None
+    if values.size != count:
+        raise InvalidArgument(f"input '{name}': shape {shape} needs {count} elements, but 'data' has {values.size}")
+    dtype = NUMPY_DTYPES[datatype]
+    if count and dtype.kind in "iu" and values.dtype.kind == "f":
+        # numpy reads a mix of int64-only and uint64-only integers as float64: read the data
+        # again as the target type (exact, and numpy raises on out-of-range integers), then
+        # make sure no value was a fraction.
+        try:
+            exact = np.asarray(data, dtype=dtype)
+        except (OverflowError, ValueError, TypeError):
+            info = np.iinfo(dtype)
+            raise InvalidArgument(f"input '{name}': {datatype} values must lie in [{info.min}, {info.max}]") from None
+        if not np.array_equal(exact.astype(np.float64), values):
+            raise InvalidArgument(f"input '{name}': {datatype} data must be integers, got non-integer numbers")
+        return exact.reshape(shape)
+    if count:
+        allowed = _JSON_KINDS.get(datatype, "iu")
+        if values.dtype.kind not in allowed:
+            got = _VALUE_WORDS.get(values.dtype.kind, "mixed or non-numeric values")
+            raise InvalidArgument(f"input '{name}': {datatype} data must be {_JSON_KIND_WORDS[allowed]}, got {got}")
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            low, high = values.min(), values.max()
+            if low < info.min or high > info.max:
+                raise InvalidArgument(
+                    f"input '{name}': {datatype} values must lie in [{info.min}, {info.max}], got a value of "
+                    f"{low if low < info.min else high}"
+                )
+    return values.astype(dtype, copy=False).reshape(shape)
+
+
+def _json_bytes(data: list, count: int, name: str) -> np.ndarray:
+    values = np.asarray(data, dtype=object).reshape(-1)
+    if values.size != count:
+        raise InvalidArgument(f"input '{name}': its shape needs {count} elements, but 'data' has {values.size}")
+    elements = values.tolist()
+    try:
+        encoded = [element.encode("utf-8") for element in elements]
+    except AttributeError:
+        bad = next(i for i, element in enumerate(elements) if type(element) is not str)
+        raise InvalidArgument(
+            f"input '{name}': BYTES data must be strings, element {bad} is {_json_type(elements[bad])}"
+        ) from None
+    array = np.empty(count, dtype=object)
+    array[:] = encoded
+    return array
+
+
+def _decode_outputs(items: Any) -> tuple[list[RequestedOutput], dict[str, bool]]:
+    if items is None:
+        return [], {}
+    if type(items) is not list:
+        raise InvalidArgument(f"'outputs' must be a list of output objects, got {_json_type(items)}")
+    outputs, per_output = [], {}
+    for index, item in enumerate(items):
+        if type(item) is not dict or type(item.get("name")) is not str:
+            raise InvalidArgument(f"output #{index} must be an object with a string 'name', got {_short(item)}")
+        name = item["name"]
+        parameters = _parameters(item.get("parameters"), f"output '{name}'")
+        if "shared_memory_region" in parameters:
+            raise Unsupported(f"output '{name}': shared memory is not implemented by fastoip's HTTP endpoint yet")
+        if "binary_data" in parameters:
+            per_output[name] = _bool_parameter(parameters.pop("binary_data"), f"output '{name}': binary_data")
+        outputs.append(RequestedOutput(name, parameters))
+    return outputs, per_output
+
+
+def _parameters(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise InvalidArgument(f"{where}: 'parameters' must be an object, got {_json_type(value)}")
+    for key, item in value.items():
+        if type(item) not in (str, int, float, bool):
+            raise InvalidArgument(
+                f"{where}: parameter '{key}' must be a string, number or boolean, got {_json_type(item)}"
+            )
+    return dict(value)
+
+
+def _bool_parameter(value: Any, name: str) -> bool:
+    if type(value) is not bool:
+        raise InvalidArgument(f"parameter '{name}' must be true or false, got {_short(value)}")
+    return value
+
+
+# --------------------------------------------------------------------------- #
+# Responses                                                                   #
+# --------------------------------------------------------------------------- #
+
+
+def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> tuple[bytes, Optional[int], bytes]:
+    """``(content_type, json_header_length or None, body)`` for an InferResponse.
+
+    The JSON length is None when every output is JSON (the body is plain JSON).
+    """
+    outputs = []
+    blobs: list[Any] = []
+    for out in response.outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+        parameters = dict(out.parameters) if out.parameters else {}
+        if out.data is None:
+            pass  # written to a shared-memory region: no data in the body
+        elif output_format.is_binary(out.name):
+            blob = _binary_output(out.datatype, out.data)
+            parameters["binary_data_size"] = len(blob)
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_output(out.name, out.datatype, out.data)
+        if parameters:
+            entry["parameters"] = parameters
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return JSON_CONTENT_TYPE, None, header
+    # The one copy of each output: into the response body.
+    return BINARY_CONTENT_TYPE, len(header), b"".join([header, *blobs])
+
+
+def _binary_output(datatype: str, data: np.ndarray) -> Any:
+    if datatype == "BYTES":
+        return _codec.serialize_bytes_tensor(data)
+    # A byte view of the array (no copy unless the array is not contiguous).
+    return memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
+
+
+def _json_output(name: str, datatype: str, data: np.ndarray) -> Any:
+    if datatype in BINARY_ONLY:
+        raise InvalidArgument(
+            f"output '{name}' is {datatype}, which has no JSON form; request it as binary data "
+            "(output parameter binary_data: true, or request parameter binary_data_output: true)"
+        )
+    if datatype == "BYTES":
+        elements = data.reshape(-1).tolist()
+        try:
+            return [e.decode("utf-8") if type(e) is bytes else e for e in elements]
+        except UnicodeDecodeError:
+            bad = next(i for i, e in enumerate(elements) if type(e) is bytes and not _is_utf8(e))
+            raise InvalidArgument(
+                f"output '{name}' element {bad} is not valid UTF-8, so it cannot be sent as a JSON string; "
+                "request the output as binary data (binary_data: true)"
+            ) from None
+    # orjson writes numpy arrays itself (OPT_SERIALIZE_NUMPY): no Python objects per element.
+    return np.ascontiguousarray(data).reshape(-1)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- #
+# Messages                                                                    #
+# --------------------------------------------------------------------------- #
+
+
+_JSON_TYPE_WORDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+                    dict: "an object", type(None): "null"}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPE_WORDS.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = orjson.dumps(value, default=repr).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
