@@ -173,3 +173,20 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path) -> None:
         ran = after["inferences"] - before["inferences"]
         assert ran == 1, f"{ran} executions: a cancelled or expired request ran"
         client.infer("slow_cancel", one(5))  # still serving
+
+
+def test_server_wide_default_batcher_for_models_without_config(tmp_path: Path) -> None:
+    from models import identity_model_bytes
+
+    write_model(tmp_path, "plain", identity_model_bytes(1, [4], "plain"))
+    write_model(tmp_path, "unbatched", identity_model_bytes(1, [4], "unbatched"), config="max_batch_size: 8\n")
+    args = ("--default-dynamic-batching", "--default-max-queue-delay-microseconds", "250")
+    with ServerProcess(tmp_path, *args) as proc:
+        client = tg.InferenceServerClient(proc.grpc_url)
+        config = client.get_model_config("plain", as_json=True)["config"]
+        assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "250"
+        # An explicit config with no scheduling block also gets the server default.
+        assert "dynamic_batching" in client.get_model_config("unbatched", as_json=True)["config"]
+        inp = tg.InferInput("INPUT0", [2, 4], "FP32")
+        inp.set_data_from_numpy(np.ones((2, 4), np.float32))
+        np.testing.assert_array_equal(client.infer("plain", [inp]).as_numpy("OUTPUT0"), np.ones((2, 4), np.float32))

@@ -44,6 +44,12 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
     p.add_argument("--default-max-batch-size", type=int, default=int(_env("DEFAULT_MAX_BATCH_SIZE", "64")),
                    help="max_batch_size for batchable models without a config")
+    p.add_argument("--default-dynamic-batching", action="store_true",
+                   default=_env("DEFAULT_DYNAMIC_BATCHING", "0") in ("1", "true", "yes"),
+                   help="give batchable models whose config has no scheduling block a dynamic batcher")
+    p.add_argument("--default-max-queue-delay-microseconds", type=int,
+                   default=int(_env("DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS", "0")),
+                   help="max_queue_delay_microseconds of that default batcher")
     p.add_argument("--ort-threads", type=int, default=int(_env("ORT_THREADS", "1")),
                    help="onnxruntime intra-op threads per instance")
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
@@ -88,6 +94,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             repository=RepositoryOptions(
                 default_max_batch_size=args.default_max_batch_size,
                 intra_op_threads=args.ort_threads,
+                default_batching=(
+                    {"max_queue_delay_microseconds": args.default_max_queue_delay_microseconds}
+                    if args.default_dynamic_batching
+                    else None
+                ),
                 use_gpu=not args.cpu_only,
             ),
         )
