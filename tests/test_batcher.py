@@ -81,11 +81,12 @@ def slow_repo(tmp_path: Path) -> Path:
         'max_batch_size: 1\n'
         'dynamic_batching { default_queue_policy { default_timeout_microseconds: 20000 allow_timeout_override: true } }\n'
     ))
-    write_model(tmp_path, "slow_priority", data, config=(
+    write_model(tmp_path, "slow_priority", slow_model_bytes(rows=1024, layers=32), config=(
         'max_batch_size: 1\n'
         'dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n'
     ))
-    write_model(tmp_path, "slow_cancel", data, config='max_batch_size: 1\ndynamic_batching { }\n')
+    # ~0.6 s an item: the queued requests are cancelled long before the instance is free, even on a busy machine.
+    write_model(tmp_path, "slow_cancel", slow_model_bytes(rows=1024, layers=48), config='max_batch_size: 1\ndynamic_batching { }\n')
     return tmp_path
 
 

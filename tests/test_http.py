@@ -581,36 +581,6 @@ def test_unknown_path_is_404(client: Client) -> None:
     assert_simple_works(client)
 
 
-@pytest.mark.parametrize(
-    "method,path",
-    [
-        ("GET", "/v2/systemsharedmemory/status"),
-        ("POST", "/v2/systemsharedmemory/region/r0/register"),
-        ("POST", "/v2/cudasharedmemory/region/r0/unregister"),
-        ("GET", "/v2/trace/setting"),
-        ("POST", "/v2/models/simple/trace/setting"),
-        ("GET", "/v2/logging"),
-    ],
-)
-def test_not_implemented_extensions_are_501(client: Client, method: str, path: str) -> None:
-    status, message = error_of(client.json(method, path, {} if method == "POST" else None))
-    assert status == 501 and "not implemented" in message
-    assert_simple_works(client)
-
-
-def test_shared_memory_input_parameter_is_501(client: Client) -> None:
-    request = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
-                           "parameters": {"shared_memory_region": "r0", "shared_memory_byte_size": 64}}]}
-    status, message = error_of(client.json("POST", "/v2/models/identity_fp32/infer", request))
-    assert status == 501 and "shared memory" in message
-    assert_simple_works(client)
-
-
-# --------------------------------------------------------------------------- #
-# Body size limit                                                             #
-# --------------------------------------------------------------------------- #
-
-
 def test_body_over_limit_is_413(small_server: ServerProcess) -> None:
     client = Client(small_server.http_port)
     try:

@@ -21,6 +21,13 @@ Rules:
   executor: zlib releases the GIL, the loop keeps serving.
 - Server metadata lists ``binary_tensor_data`` once this frontend exists
   (Triton's name for the binary extension it implements).
+- Shared memory, trace and log settings use Triton's paths and JSON forms, so
+  tritonclient.http works unchanged: region status is a list of
+  ``{"name", "key", "offset", "byte_size"}``; trace settings answer
+  ``trace_level`` as a list and every other setting as one string, and take
+  a string, a list of strings or null (clear) per setting; log settings are
+  plain JSON values (null: left as is).  CUDA shared memory answers what the
+  gRPC frontend answers (``cuda_shared_memory_error``: 503 without a GPU).
 - The server runs in its own thread with its own uvloop: ``start()`` returns
   once the socket listens; ``stop()`` closes the listener, lets requests in
   flight finish within the timeout, then joins the thread.
@@ -43,8 +50,10 @@ from google.protobuf import json_format
 
 from .._proto import model_config_pb2
 from ..core import Core
-from ..errors import InferenceError, InvalidArgument, NotFound, Unsupported
+from ..errors import InferenceError, InvalidArgument, NotFound
 from . import http_infer
+from .http_infer import _short as _short_json
+from .grpc import cuda_shared_memory_error
 
 log = logging.getLogger("fastoip.http")
 
@@ -116,7 +125,9 @@ MODEL_PATH = re.compile(
     r"(?:/(?P<action>ready|infer|config|stats|trace/setting))?"
 )
 REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)")
-SHARED_MEMORY_PATH = re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/region/[^/]+)?/(?:status|register|unregister)")
+SHARED_MEMORY_PATH = re.compile(
+    r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)"
+)
 
 
 class HttpFrontend:
@@ -125,15 +136,14 @@ class HttpFrontend:
     def __init__(self, core: Core, max_body_size: int) -> None:
         self.core = core
         self.max_body_size = max_body_size
-        not_implemented = self.not_implemented
         self.fixed_paths: dict[str, dict[str, Handler]] = {
             "/v2": {"GET": self.server_metadata},
             "/v2/health/live": {"GET": self.server_live},
             "/v2/health/ready": {"GET": self.server_ready},
             "/v2/models/stats": {"GET": self.all_model_stats},
             "/v2/repository/index": {"POST": self.repository_index},
-            "/v2/trace/setting": {"GET": not_implemented, "POST": not_implemented},
-            "/v2/logging": {"GET": not_implemented, "POST": not_implemented},
+            "/v2/trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
+            "/v2/logging": {"GET": self.get_log_settings, "POST": self.update_log_settings},
         }
         # Keyed by the MODEL_PATH "action" group (None: the model itself).
         self.model_paths: dict[Optional[str], dict[str, Handler]] = {
@@ -142,13 +152,22 @@ class HttpFrontend:
             "infer": {"POST": self.infer},
             "config": {"GET": self.model_config},
             "stats": {"GET": self.model_stats},
-            "trace/setting": {"GET": not_implemented, "POST": not_implemented},
+            "trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
         }
         self.repository_paths: dict[str, dict[str, Handler]] = {
             "load": {"POST": self.load_model},
             "unload": {"POST": self.unload_model},
         }
-        self.shared_memory_paths: dict[str, Handler] = {"GET": not_implemented, "POST": not_implemented}
+        # Keyed by the SHARED_MEMORY_PATH ("kind", "action") groups.
+        cuda = self.cuda_shared_memory
+        self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {
+            ("system", "status"): {"GET": self.system_shared_memory_status},
+            ("system", "register"): {"POST": self.register_system_shared_memory},
+            ("system", "unregister"): {"POST": self.unregister_system_shared_memory},
+            ("cuda", "status"): {"GET": cuda},
+            ("cuda", "register"): {"POST": cuda},
+            ("cuda", "unregister"): {"POST": cuda},
+        }
 
     # -- ASGI ------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -182,8 +201,9 @@ class HttpFrontend:
             elif (match := REPOSITORY_PATH.fullmatch(path)) is not None:
                 methods = self.repository_paths[match["action"]]
                 args = (match["model"],)
-            elif SHARED_MEMORY_PATH.fullmatch(path):
-                methods = self.shared_memory_paths
+            elif (match := SHARED_MEMORY_PATH.fullmatch(path)) is not None:
+                methods = self.shared_memory_paths[match["kind"], match["action"]]
+                args = (match["region"] or "",)
             else:
                 raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2)")
         handler = methods.get(method)
@@ -261,10 +281,67 @@ class HttpFrontend:
         await loop.run_in_executor(None, self.core.unload_model, model)
         return EMPTY_OK
 
-    async def not_implemented(self, request: Request, *args: str) -> Response:
-        path = request.path
-        what = "shared memory" if "sharedmemory" in path else "trace settings" if "/trace/" in path else "log settings"
-        raise Unsupported(f"{what} ({request.method} {path}) is not implemented by fastoip's HTTP endpoint")
+    # -- shared memory -------------------------------------------------------------------------
+    async def system_shared_memory_status(self, request: Request, region: str) -> Response:
+        return json_response(self.core.shared_memory.status(region))
+
+    async def register_system_shared_memory(self, request: Request, region: str) -> Response:
+        if not region:
+            raise InvalidArgument(
+                "registering system shared memory needs a region name: "
+                "POST /v2/systemsharedmemory/region/<name>/register"
+            )
+        what = f"register request for system shared memory region '{region}'"
+        doc = _optional_json_object(await self.read_body(request), what)
+        key = doc.get("key")
+        if type(key) is not str or not key:
+            raise InvalidArgument(f"the {what} needs 'key', the shared memory key (a string), got {_short_json(key)}")
+        offset = doc.get("offset", 0)
+        if type(offset) is not int or offset < 0:
+            raise InvalidArgument(f"the {what} needs 'offset' as a non-negative integer, got {_short_json(offset)}")
+        byte_size = doc.get("byte_size")
+        if type(byte_size) is not int or byte_size <= 0:
+            raise InvalidArgument(f"the {what} needs 'byte_size' as a positive integer, got {_short_json(byte_size)}")
+        self.core.shared_memory.register(region, key, offset, byte_size)
+        return EMPTY_OK
+
+    async def unregister_system_shared_memory(self, request: Request, region: str) -> Response:
+        await self.read_body(request)  # tritonclient sends an empty body; nothing in it is used
+        self.core.shared_memory.unregister(region)
+        return EMPTY_OK
+
+    async def cuda_shared_memory(self, request: Request, region: str) -> Response:
+        raise cuda_shared_memory_error()
+
+    # -- trace and log settings ---------------------------------------------------------------------
+    async def get_trace_settings(self, request: Request, model: str = "", version: str = "") -> Response:
+        if model:
+            self.core.repository.get(model)  # 404 for an unknown model
+        return json_response(_trace_settings_json(self.core.trace_settings.get(model)))
+
+    async def update_trace_settings(self, request: Request, model: str = "", version: str = "") -> Response:
+        doc = _optional_json_object(await self.read_body(request), "trace setting request")
+        if model:
+            self.core.repository.get(model)  # 404 for an unknown model
+        changes: dict[str, Optional[list[str]]] = {}
+        for key, value in doc.items():
+            if value is None or type(value) is str:
+                changes[key] = value if value is None else [value]
+            elif type(value) is list and all(type(item) is str for item in value):
+                changes[key] = value
+            else:
+                raise InvalidArgument(
+                    f"trace setting '{key}' must be a string, a list of strings or null, got {_short_json(value)}"
+                )
+        return json_response(_trace_settings_json(self.core.trace_settings.update(changes, model)))
+
+    async def get_log_settings(self, request: Request) -> Response:
+        return json_response(self.core.log_settings.update({}))
+
+    async def update_log_settings(self, request: Request) -> Response:
+        doc = _optional_json_object(await self.read_body(request), "log setting request")
+        changes = {key: value for key, value in doc.items() if value is not None}  # Triton skips nulls
+        return json_response(self.core.log_settings.update(changes))
 
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: Request, model: str, version: str) -> Response:
@@ -406,6 +483,14 @@ def _optional_json_object(body: bytes, what: str) -> dict:
     if type(doc) is not dict:
         raise InvalidArgument(f"the {what} must be a JSON object")
     return doc
+
+
+def _trace_settings_json(values: dict[str, list[str]]) -> dict[str, Any]:
+    """Triton's HTTP form: ``trace_level`` is a list, every other setting one string."""
+    return {
+        key: value if key == "trace_level" else (value[0] if len(value) == 1 else value)
+        for key, value in values.items()
+    }
 
 
 def _parameters_of(doc: dict, what: str) -> dict:

@@ -23,6 +23,14 @@ Rules:
   ``binary_data: true``.
 - Which outputs are binary: an output's own ``binary_data`` parameter, else the
   request's ``binary_data_output``, else JSON.  Raw requests get binary outputs.
+- System shared memory (Triton's ``shared_memory_region``,
+  ``shared_memory_offset``, ``shared_memory_byte_size`` parameters): an input
+  in a region becomes an ``InferInput`` with ``data=None`` and those
+  parameters, which the Core resolves into a zero-copy view of the region; it
+  has no ``data`` and no binary part.  An output asked for in a region is
+  written there by the Core and comes back as Triton sends it: name, datatype
+  and shape, no ``data``, no ``binary_data_size``, no binary part.  Only the
+  parameters' types are checked here; the Core checks them against the region.
 - Every error is an :class:`InvalidArgument` that names the input or output,
   what was expected and what came.
 """
@@ -37,7 +45,8 @@ import orjson
 
 from .. import _codec
 from ..datatypes import NUMPY_DTYPES
-from ..errors import CodecError, InvalidArgument, Unsupported
+from ..errors import CodecError, InvalidArgument
+from ..shared_memory import BYTE_SIZE, OFFSET, REGION
 from ..types import InferInput, InferRequest, InferResponse, RequestedOutput
 
 JSON_CONTENT_TYPE = b"application/json"
@@ -166,8 +175,16 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
             )
         shape = _shape(item.get("shape"), name)
         parameters = _parameters(item.get("parameters"), f"input '{name}'")
-        if "shared_memory_region" in parameters:
-            raise Unsupported(f"input '{name}': shared memory is not implemented by fastoip's HTTP endpoint yet")
+        if REGION in parameters:
+            if "data" in item or "binary_data_size" in parameters:
+                raise InvalidArgument(
+                    f"input '{name}' has a '{REGION}' parameter and also "
+                    f"{'data' if 'data' in item else 'a binary_data_size parameter'}; "
+                    "its data comes from one place only"
+                )
+            _check_shared_memory(parameters, f"input '{name}'")
+            inputs.append(InferInput(name, datatype, tuple(shape), None, parameters))  # the Core maps the region
+            continue
         size = parameters.pop("binary_data_size", None)
         if size is not None:
             if "data" in item:
@@ -305,8 +322,8 @@ def _decode_outputs(items: Any) -> tuple[list[RequestedOutput], dict[str, bool]]
             raise InvalidArgument(f"output #{index} must be an object with a string 'name', got {_short(item)}")
         name = item["name"]
         parameters = _parameters(item.get("parameters"), f"output '{name}'")
-        if "shared_memory_region" in parameters:
-            raise Unsupported(f"output '{name}': shared memory is not implemented by fastoip's HTTP endpoint yet")
+        if REGION in parameters:
+            _check_shared_memory(parameters, f"output '{name}'")
         if "binary_data" in parameters:
             per_output[name] = _bool_parameter(parameters.pop("binary_data"), f"output '{name}': binary_data")
         outputs.append(RequestedOutput(name, parameters))
@@ -324,6 +341,19 @@ def _parameters(value: Any, where: str) -> dict:
                 f"{where}: parameter '{key}' must be a string, number or boolean, got {_json_type(item)}"
             )
     return dict(value)
+
+
+def _check_shared_memory(parameters: dict, where: str) -> None:
+    """The shared-memory parameters' JSON types: a region name and non-negative integers."""
+    region = parameters[REGION]
+    if type(region) is not str or not region:
+        raise InvalidArgument(f"{where}: '{REGION}' must be a region name (a non-empty string), got {_short(region)}")
+    for key in (OFFSET, BYTE_SIZE):
+        value = parameters.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            raise InvalidArgument(
+                f"{where}: '{key}' must be a non-negative integer, got {_short(value)} (region '{region}')"
+            )
 
 
 def _bool_parameter(value: Any, name: str) -> bool:
@@ -348,7 +378,7 @@ def encode_infer_response(response: InferResponse, output_format: OutputFormat) 
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
         parameters = dict(out.parameters) if out.parameters else {}
         if out.data is None:
-            pass  # written to a shared-memory region: no data in the body
+            pass  # written to a shared-memory region: no data and no binary part, as Triton answers
         elif output_format.is_binary(out.name):
             blob = _binary_output(out.datatype, out.data)
             parameters["binary_data_size"] = len(blob)
