@@ -13,7 +13,8 @@ cache folder once and serves it.  Models:
   dynamic batcher.
 
 Model bytes are deterministic, so the same version of fastoip always serves
-the same models (and the peers lab in ``benchmarks/`` builds identical ones).
+the same models; the graphs and weights are the same as those of the peers lab
+that ``benchmarks/`` uses (only the producer name differs).
 """
 
 from __future__ import annotations

@@ -59,14 +59,21 @@ class ModelStatistics:
         self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         """One backend execution of ``batch_size`` items made of ``request_count`` requests."""
+        now_ms = int(time.time() * 1000)
         with self.lock:
             self.execution_count += 1
             self.inference_count += batch_size
-            self.last_inference_ms = int(time.time() * 1000)
+            self.last_inference_ms = now_ms
             # Triton counts compute durations once per request, not per batch.
-            self.compute_input.add(input_ns * request_count, request_count)
-            self.compute_infer.add(infer_ns * request_count, request_count)
-            self.compute_output.add(output_ns * request_count, request_count)
+            compute = self.compute_input
+            compute.count += request_count
+            compute.ns += input_ns * request_count
+            compute = self.compute_infer
+            compute.count += request_count
+            compute.ns += infer_ns * request_count
+            compute = self.compute_output
+            compute.count += request_count
+            compute.ns += output_ns * request_count
             stats = self.batches.get(batch_size)
             if stats is None:
                 stats = self.batches[batch_size] = BatchStats()
@@ -78,10 +85,13 @@ class ModelStatistics:
         """One request finished (successfully or not) after ``total_ns``."""
         with self.lock:
             if ok:
-                self.success.add(total_ns)
-                self.queue.add(queue_ns)
+                self.success.count += 1
+                self.success.ns += total_ns
+                self.queue.count += 1
+                self.queue.ns += queue_ns
             else:
-                self.fail.add(total_ns)
+                self.fail.count += 1
+                self.fail.ns += total_ns
 
     def snapshot(self) -> dict:
         """A plain-dict copy in Triton's ModelStatistics JSON shape."""

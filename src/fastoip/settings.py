@@ -43,8 +43,15 @@ TRACE_DEFAULTS: dict[str, list[str]] = {
 
 class LogSettings:
     def __init__(self) -> None:
+        # Start from the level the process was started with (``--log-level``); change it only on update.
+        level = logging.getLogger("fastoip").getEffectiveLevel()
         self.values: dict[str, LogValue] = dict(LOG_DEFAULTS)
-        self._apply()
+        self.values.update(
+            log_info=level <= logging.INFO,
+            log_warning=level <= logging.WARNING,
+            log_error=level <= logging.ERROR,
+            log_verbose_level=1 if level <= logging.DEBUG else 0,
+        )
 
     def update(self, changes: dict[str, LogValue]) -> dict[str, LogValue]:
         for key, value in changes.items():

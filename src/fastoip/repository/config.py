@@ -39,6 +39,16 @@ class TensorSpec:
     shape: tuple[int, ...]
     optional: bool = False
 
+    def accepts(self, shape: tuple) -> bool:
+        """True when ``shape`` fits this spec (-1 matches any size)."""
+        expected = self.shape
+        if len(shape) != len(expected):
+            return False
+        for got, want in zip(shape, expected):
+            if want != -1 and got != want:
+                return False
+        return True
+
 
 @dataclass(frozen=True)
 class ModelSpec:

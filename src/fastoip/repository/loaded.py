@@ -74,7 +74,7 @@ class LoadedModel:
                     f"but model '{self.name}' expects '{expected.datatype}'"
                 )
             shape = tuple(tensor.shape)
-            if not _shape_matches(shape, expected.shape):
+            if not expected.accepts(shape):
                 raise InvalidArgument(
                     f"unexpected shape for input '{tensor.name}' for model '{self.name}'. "
                     f"Expected {list(expected.shape)}, got {list(shape)}"
@@ -167,13 +167,4 @@ class LoadedModel:
 
 
 def _true() -> bool:
-    return True
-
-
-def _shape_matches(shape: tuple, expected: tuple) -> bool:
-    if len(shape) != len(expected):
-        return False
-    for got, want in zip(shape, expected):
-        if want != -1 and got != want:
-            return False
     return True
