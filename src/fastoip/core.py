@@ -69,6 +69,9 @@ class Core:
         self.startup_models = list(startup_models or [])
         self.poll_interval = poll_interval
         self.poller = None
+        #: Readiness is false from the first shutdown stage; requests are still served.
+        self.draining = False
+        #: New requests are refused (the listeners are closing).
         self.shutting_down = False
         self.extensions = list(EXTENSIONS)
         self.shared_memory = SharedMemoryRegistry()
@@ -102,7 +105,7 @@ class Core:
         return self.repository.all_alive()
 
     def server_ready(self) -> bool:
-        if self.shutting_down:
+        if self.draining or self.shutting_down:
             return False
         if self.strict_readiness:
             return self.repository.all_ready()
@@ -113,7 +116,7 @@ class Core:
             model = self.repository.get(name, version)
         except InferenceError:
             return False
-        return not self.shutting_down and model.is_ready()
+        return not (self.draining or self.shutting_down) and model.is_ready()
 
     # -- metadata -----------------------------------------------------------
     def server_metadata(self) -> dict:
@@ -327,7 +330,13 @@ class Core:
 
     # -- lifecycle -----------------------------------------------------------------
     def begin_shutdown(self) -> None:
-        """Readiness goes false; new requests are refused."""
+        """First shutdown stage: readiness goes false so load balancers stop routing here,
+        but requests that still arrive are served (no 'unknown model' while traffic drains)."""
+        self.draining = True
+
+    def stop_accepting(self) -> None:
+        """Second stage: the listeners are closing; anything new is refused."""
+        self.draining = True
         self.shutting_down = True
 
     def close(self) -> None:

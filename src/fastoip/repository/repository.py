@@ -10,6 +10,10 @@ Rules:
   keeps serving the old versions until the new ones are ready.  A failed load
   keeps whatever was serving and records the reason.
 - A model that fails to load is UNAVAILABLE with its reason; the server still starts.
+- The model's config is ``config.pbtxt``, else MLServer's ``model-settings.json``
+  (Python models), else what the backend finds in the model file.
+- ``load_all`` first lets every backend kind prepare every model (Python
+  models' ``@on_deployment`` hooks), so that work runs before any model loads.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from .config import read_config_file
 from .loaded import LoadedModel
 
 log = logging.getLogger("fastoip.repository")
+
+#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
+MODEL_SETTINGS = "model-settings.json"
 
 
 class ModelState(str, enum.Enum):
@@ -120,7 +127,9 @@ class ModelRepository:
 
     # -- load / unload ------------------------------------------------------------
     def load_all(self) -> None:
-        for name in self.model_names():
+        names = self.model_names()
+        self._prepare(names)
+        for name in names:
             try:
                 self.load(name)
             except InferenceError as exc:
@@ -187,14 +196,33 @@ class ModelRepository:
     def _retire(self, model: LoadedModel) -> None:
         model.close()
 
+    def _prepare(self, names: list[str]) -> None:
+        """Once-per-server backend work before any model loads (Python models' ``@on_deployment`` hooks).
+
+        Failures are only logged here: the model's own load reports them.
+        """
+        for name in names:
+            try:
+                base, kind, paths = self._plan(name, self.root / name, None)
+                prepare = getattr(kind, "prepare", None)
+                if prepare is not None:
+                    prepare(name, [path for _, path in paths], base, self.options)
+            except Exception as exc:
+                log.debug("model '%s': preparing failed: %s", name, exc)
+
     # -- building versions ---------------------------------------------------------
-    def _load_versions(
+    def _plan(
         self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
-    ) -> dict[int, LoadedModel]:
+    ) -> tuple[mc.ModelConfig, BackendKind, list[tuple[int, Path]]]:
+        """The base config, the backend kind and the (version, model file) pairs to load."""
         if config_override is not None:
             base = config_override
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
+        elif (model_dir / MODEL_SETTINGS).is_file():
+            from ..backends.python import read_model_settings
+
+            base = read_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
         kind = kind_for(base, model_dir)
@@ -205,9 +233,20 @@ class ModelRepository:
         if not available:
             raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
         selected = _select_versions(base, available, name)
+        return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
+
+    def _load_versions(
+        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
+    ) -> dict[int, LoadedModel]:
+        base, kind, paths = self._plan(name, model_dir, config_override)
         loaded: dict[int, LoadedModel] = {}
-        for version in selected:
-            loaded[version] = self._load_version(name, version, model_dir / str(version) / filename, base, kind)
+        try:
+            for version, path in paths:
+                loaded[version] = self._load_version(name, version, path, base, kind)
+        except BaseException:
+            for model in loaded.values():  # versions built before the failure release their instances
+                model.close()
+            raise
         return loaded
 
     def _load_version(

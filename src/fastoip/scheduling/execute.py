@@ -42,6 +42,9 @@ def run_jobs(  # type: ignore[no-untyped-def]
     for job in live:
         job.queue_ns = start_ns - job.arrival_ns
         job.compute_start_ns = start_ns
+    if getattr(backend, "runs_requests", False):
+        _run_requests(model, backend, live, before_finish)
+        return
     first = live[0]
     try:
         if len(live) == 1:
@@ -73,6 +76,34 @@ def run_jobs(  # type: ignore[no-untyped-def]
         )
     except BaseException as exc:  # every job must finish, whatever went wrong
         for job in live:
+            job.fail(exc)
+
+
+def _run_requests(  # type: ignore[no-untyped-def]
+    model: "LoadedModel", backend, jobs: Sequence[Job], before_finish: Optional[Callable[[], object]]
+) -> None:
+    """Backends that take whole requests (Python models: parameters, content types).
+
+    ``backend.run_requests(jobs)`` returns, per job, an InferResponse or the
+    error for that job, and the executions it made as
+    ``(batch_size, job_count, input_ns, infer_ns, output_ns)`` tuples.
+    """
+    try:
+        results, executions = backend.run_requests(jobs)
+        end_ns = time.monotonic_ns()
+        for job in jobs:
+            job.compute_end_ns = end_ns
+        if before_finish is not None:
+            before_finish()
+        for job, result in zip(jobs, results):
+            if isinstance(result, BaseException):
+                job.fail(result)
+            else:
+                job.finish(result)
+        for execution in executions:
+            model.stats.record_execution(*execution)
+    except BaseException as exc:  # every job must finish, whatever went wrong
+        for job in jobs:
             job.fail(exc)
 
 

@@ -108,7 +108,8 @@ class Server:
         log.info("shutting down: readiness false")
         self.core.begin_shutdown()
         if options.shutdown_grace > 0:
-            time.sleep(options.shutdown_grace)
+            time.sleep(options.shutdown_grace)  # still serving: load balancers notice readiness first
+        self.core.stop_accepting()
         stopped = []
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.

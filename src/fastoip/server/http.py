@@ -225,7 +225,7 @@ class HttpFrontend:
         return error_response(400, self._not_ready_reason())
 
     def _not_ready_reason(self) -> str:
-        if self.core.shutting_down:
+        if self.core.draining:
             return "the server is not ready: it is shutting down"
         failed = [
             f"'{entry['name']}' is {entry['state'] or 'not loaded'}"

@@ -1,0 +1,86 @@
+"""Where the load goes (``Target``) and the one error type of the package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
+
+
+class BenchError(Exception):
+    """A failure that ends the run before or between measurements, with a clear message.
+
+    ``stage`` says what was being done (``metadata``, ``config``, ``probe``,
+    ``server`` ...); ``status`` is the gRPC status name or HTTP code when the
+    failure came from the server.
+    """
+
+    def __init__(self, message: str, *, stage: str = "", status: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.stage = stage
+        self.status = status
+
+    def __str__(self) -> str:
+        return self.message
+
+    def as_dict(self) -> dict:
+        return {"stage": self.stage, "status": self.status, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server endpoint: protocol plus host:port."""
+
+    protocol: str  # "grpc" | "http"
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.protocol}://{self.address}"
+
+    @classmethod
+    def parse(cls, url: str, protocol: Optional[str] = None) -> "Target":
+        """``host[:port]``, ``grpc://host:port`` or ``http://host:port``.
+
+        An explicit ``protocol`` (``-i``) wins over the URL's scheme; without
+        either the protocol is gRPC.  A missing port is the protocol's default
+        (8001 for gRPC, 8000 for HTTP), as with perf_analyzer.
+        """
+        scheme = None
+        rest = url.strip()
+        if "://" in rest:
+            scheme, rest = rest.split("://", 1)
+            scheme = scheme.lower()
+            if scheme == "https":
+                raise BenchError("https is not supported; use http:// or grpc://", stage="args")
+            if scheme not in DEFAULT_PORTS:
+                raise BenchError(f"unknown URL scheme {scheme!r} (use grpc:// or http://)", stage="args")
+        rest = rest.rstrip("/")
+        if "/" in rest:
+            raise BenchError(f"URL {url!r} must not have a path", stage="args")
+        proto = protocol or scheme or "grpc"
+        if proto not in DEFAULT_PORTS:
+            raise BenchError(f"unknown protocol {proto!r} (use grpc or http)", stage="args")
+        host, port = rest, DEFAULT_PORTS[proto]
+        if rest.startswith("["):  # [ipv6]:port
+            end = rest.find("]")
+            host = rest[1:end]
+            if rest[end + 1 :].startswith(":"):
+                port = int(rest[end + 2 :])
+        elif rest.count(":") == 1:
+            host, port_text = rest.split(":")
+            try:
+                port = int(port_text)
+            except ValueError:
+                raise BenchError(f"bad port in URL {url!r}", stage="args") from None
+        if not host:
+            host = "127.0.0.1"
+        return cls(proto, host, port)
