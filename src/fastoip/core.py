@@ -162,8 +162,10 @@ class Core:
     ) -> InferResponse:
         """Run ``request`` and block until its response (or raise its error)."""
         model, job = self.prepare(request, deadline_ns)
-        if watch is not None and model.scheduler.queues:
-            watch(job)
+        if model.scheduler.queues:
+            job.arm()  # it will wait in a queue: other threads may finish or cancel it
+            if watch is not None:
+                watch(job)
         try:
             model.scheduler.run(job)
             response = job.wait()
@@ -224,6 +226,7 @@ class Core:
             on_done(finished)
 
         job.on_done(done)
+        job.arm()  # the stream or event loop that called may cancel it from another thread
         if run_here and not model.scheduler.queues:
             model.scheduler.run(job)
         else:

@@ -102,6 +102,7 @@ class DynamicBatcher:
         else:
             job.timeout_ns = policy.default_timeout_ns
         job.priority = level
+        job.arm()
         with self._cond:
             if self._stopping:
                 job.fail(Unavailable(f"model '{self.model.name}' is being unloaded"))

@@ -40,6 +40,7 @@ class DirectScheduler:
 
     def submit(self, job: Job) -> None:
         """Run ``job`` on an executor thread; the job's ``on_done`` reports the result."""
+        job.arm()
         try:
             self._executor.submit(self.run, job)
         except RuntimeError as exc:  # executor shut down

@@ -3,9 +3,11 @@
 Rules:
 - A job is finished exactly once, with a response or an error; later calls
   are ignored (a cancelled job may race with its execution).
-- Blocking callers wait on a plain lock (the cheapest wake-up there is);
-  asynchronous callers pass ``on_done``, which runs on the thread that
-  finished the job and must not block.
+- A job that runs on the thread that created it needs no locks.  Before a job
+  is handed to another thread it is ``arm``-ed: finishing becomes an atomic
+  claim and blocking callers wait on a plain lock (the cheapest wake-up there is).
+- Asynchronous callers pass ``on_done`` before the job is handed over; it
+  runs on the thread that finished the job and must not block.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Job:
         "_done",
         "_claim",
         "_on_done",
+        "_finished",
     )
 
     def __init__(
@@ -71,26 +74,42 @@ class Job:
         self.compute_start_ns = 0
         self.compute_end_ns = 0
         self.cancelled = False
-        self._done = threading.Lock()
-        self._done.acquire()
-        # Whoever acquires _claim first finishes the job (atomic under races).
-        self._claim = threading.Lock()
+        self._done: Optional[threading.Lock] = None
+        self._claim: Optional[threading.Lock] = None
         self._on_done: Optional[Callable[["Job"], None]] = None
+        self._finished = False
+
+    def arm(self) -> None:
+        """Make the job safe to finish, cancel and wait for from other threads."""
+        if self._claim is None and not self._finished:
+            done = threading.Lock()
+            done.acquire()
+            self._done = done
+            # Whoever acquires _claim first finishes the job (atomic under races).
+            self._claim = threading.Lock()
 
     def on_done(self, callback: Callable[["Job"], None]) -> None:
-        """Call ``callback(job)`` when the job finishes (at once if it already has)."""
+        """Call ``callback(job)`` when the job finishes; set it before handing the job over."""
         self._on_done = callback
-        if self.finished and not self._done.locked():
-            callback(self)
+
+    def _take(self) -> bool:
+        claim = self._claim
+        if claim is None:
+            if self._finished:
+                return False
+        elif not claim.acquire(False):
+            return False
+        self._finished = True
+        return True
 
     def finish(self, response: InferResponse) -> None:
-        if not self._claim.acquire(False):
+        if not self._take():
             return
         self.response = response
         self._complete()
 
     def fail(self, error: BaseException) -> None:
-        if not self._claim.acquire(False):
+        if not self._take():
             return
         if not isinstance(error, InferenceError):
             error = InternalError(f"{type(error).__name__}: {error}")
@@ -111,18 +130,21 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        return self._claim.locked()
+        return self._finished
 
     def _complete(self) -> None:
-        self._done.release()
+        if self._done is not None:
+            self._done.release()
         callback = self._on_done
         if callback is not None:
             callback(self)
 
     def wait(self) -> InferResponse:
         """Block until finished; the response, or raise the error."""
-        self._done.acquire()
-        self._done.release()
+        done = self._done
+        if done is not None:
+            done.acquire()
+            done.release()
         if self.error is not None:
             raise self.error
         assert self.response is not None

@@ -1,0 +1,35 @@
+"""Type stubs for the native KServe V2 / Triton gRPC codec (``fastoip/_codec.pyx``)."""
+
+from typing import Optional, Union
+
+import numpy as np
+
+from .types import InferRequest, InferResponse
+
+_Buffer = Union[bytes, bytearray, memoryview]
+
+#: True when the decoder fills the slots of fastoip.types objects in place.
+FAST_SLOTS: bool
+
+def decode_infer_request(data: _Buffer) -> InferRequest:
+    """Parse ModelInferRequest wire bytes; raw inputs are read-only zero-copy views on ``data``."""
+
+def decode_infer_response(data: _Buffer) -> InferResponse:
+    """Parse ModelInferResponse wire bytes; raw outputs are read-only zero-copy views on ``data``."""
+
+def encode_infer_response(response: InferResponse) -> bytes:
+    """Serialize an InferResponse as ModelInferResponse bytes, all data in raw_output_contents."""
+
+def encode_infer_request(request: InferRequest) -> bytes:
+    """Serialize an InferRequest as ModelInferRequest bytes, data in raw_input_contents."""
+
+def encode_stream_response(
+    response: Optional[InferResponse] = None, error_message: str = ""
+) -> bytes:
+    """Serialize a ModelStreamInferResponse (error_message=1, infer_response=2)."""
+
+def serialize_bytes_tensor(array: Union[np.ndarray, list[object]]) -> bytes:
+    """BYTES framing: per element a uint32 little-endian length, then the element's bytes."""
+
+def deserialize_bytes_tensor(buffer: _Buffer, count: int) -> np.ndarray:
+    """Decode exactly ``count`` length-prefixed elements filling ``buffer`` into an object array."""
