@@ -1,53 +1,81 @@
 # cython: language_level=3
-"""Native codec for KServe V2 / Triton gRPC messages (package ``inference``).
+"""Native codec for KServe V2 / Triton gRPC messages (protobuf package ``inference``).
 
-Reads ModelInferRequest / ModelInferResponse wire bytes directly into the
+Reads ModelInferRequest / ModelInferResponse wire bytes straight into the
 objects of :mod:`fastoip.types` and writes them back, with no protobuf objects
-in between.
+in between.  Public functions: decode_infer_request, decode_infer_response,
+encode_infer_request, encode_infer_response, encode_stream_response,
+serialize_bytes_tensor, deserialize_bytes_tensor (see _codec.pyi).
 
 Invariants
 ----------
-* Reading: every varint is at most 10 bytes and must fit in 64 bits (a 10th
-  byte above 1 is rejected, which protobuf silently truncates); tags are at
-  most 5 bytes and fit in 32 bits; field number 0, wire types 6/7 and groups
-  (wire types 3/4, which protobuf would skip as unknown fields) raise
-  CodecError.  Every length is checked against the end of the enclosing
-  message before anything is read.  Strings must be valid UTF-8.
+Reading (a ``Reader`` cursor over ``const uchar*`` with pos/end):
+* Every varint is at most 10 bytes and fits in 64 bits (a 10th byte above 1 is
+  refused; protobuf silently truncates it).  Tags are at most 5 bytes and fit
+  in 32 bits.  Field number 0, wire types 6/7 and groups (wire types 3/4, which
+  protobuf would skip as unknown fields) raise CodecError.  Every length is
+  checked against the end of the enclosing message before anything is read.
+* Strings are valid UTF-8 (model/tensor/parameter names, ids, string_param),
+  as protobuf checks on parse.
 * Protobuf semantics: unknown fields and known fields with an unexpected wire
-  type are skipped; the last occurrence of a scalar field wins; a repeated
-  scalar field may arrive packed or unpacked; a sub-message that occurs twice
-  is merged (for ``contents`` the repeated fields of all occurrences are
-  concatenated, for a parameter value the last set choice wins); a later map
-  entry with the same key replaces the earlier one.
-* An InferParameter with no choice set is not put in the parameters dict (a
-  later such entry removes an earlier value of the same key).
+  type are skipped; the last occurrence of a scalar field wins; repeated
+  scalars may be packed or not; a sub-message that occurs twice is merged
+  (``contents``: the repeated fields of all occurrences are concatenated; a
+  parameter value: the last set choice wins); a later map entry with the same
+  key replaces the earlier one; a map entry holding any other field (unknown,
+  or key/value with another wire type) leaves the map unchanged, as upb keeps
+  such an entry among the unknown fields.
+* An InferParameter with no choice set is not put in the parameters dict (it
+  removes an earlier value of the same key, as protobuf's map would).
+* Rules protobuf does not check, all CodecError naming the tensor: known
+  datatype; no negative dimension and at most numpy's 64 dimensions; element
+  count computed with an overflow check before each multiply (non-zero dims
+  times the item size must fit in int64, as numpy needs); fixed-size raw data exactly count * itemsize
+  bytes; BYTES data at least 4 bytes per declared element before anything is
+  allocated, each length checked against what remains and all bytes used;
+  typed ``contents`` counted (and the field checked against the datatype)
+  before the array is allocated; one raw_input_contents entry per input that
+  has neither a ``shared_memory_region`` parameter nor ``contents``, and no
+  ``contents`` at all when raw_input_contents is used.
 * Raw tensor data is never copied on decode: an input/output read from
-  ``raw_*_contents`` is a read-only numpy view on the received buffer.  Typed
-  ``contents`` and BYTES tensors are decoded into new arrays.
-* Nothing is allocated from a declared shape before the shape has been checked
-  against the bytes actually present: element counts are computed with
-  overflow checks, fixed-size raw data must be exactly count * itemsize bytes,
-  BYTES needs at least 4 bytes per declared element before the object array is
-  created, typed contents are counted before the array is allocated.
-* Writing: the exact size is computed first, then the message is written into
-  ONE ``bytes`` object; fields are written in field-number order and empty
-  strings/maps are skipped, as protobuf's serializer does, so the bytes equal
-  ``SerializeToString()`` of the same content (with the same map order).
-* All Python objects whose memory is read while writing are kept alive by the
-  plan (strong references or held buffer exports) until the write is done.
+  ``raw_*_contents`` is a read-only numpy view on the received buffer whose
+  base is that buffer (for non-``bytes`` buffers a read-only memoryview that
+  holds a buffer export, so a bytearray cannot be resized under the view).
+  Typed ``contents`` and BYTES tensors are decoded into new arrays.
+
+Writing (``Plan``: size everything first, then write):
+* The exact size is computed first, then the message is written into ONE
+  ``bytes`` object, one memcpy per tensor.  Fields are written in field-number
+  order and empty strings/maps are skipped, as protobuf's serializer does, so
+  the bytes equal ``SerializeToString()`` of the same content (same map order).
+* Every Python object whose memory the write reads is kept alive by the plan
+  (a strong reference or a held buffer export) until it is done, so
+  Python code that runs while planning (``__index__``, ``str()``, other
+  threads) cannot free it.
+* Tensor data must have the datatype's numpy dtype (a byte-swapped one is
+  converted, BF16 may also be int16 bits, a non-contiguous array is made
+  contiguous); anything else is a CodecError rather than a silent cast.
+
+Also:
+* Model, tensor and parameter names go through a small cache of str objects
+  (they repeat from request to request); request ids and values do not.
+* When the classes of fastoip.types have the exact __slots__ checked at import,
+  decoded objects are allocated and their slots filled directly (no Python
+  __init__ call); otherwise the classes are called.
+* Copies and typed-contents fills of 256 KiB or more run without the GIL.
 * The host is little-endian (checked at import): tensor bytes on the wire are
-  little-endian and are copied or viewed as they are.
+  little-endian and are viewed or copied as they are.
 """
 
 import sys
+from operator import index as _operator_index
 
 import numpy as np
-
-cimport cython
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport (
     PyBytes_AS_STRING,
+    PyBytes_Check,
     PyBytes_CheckExact,
     PyBytes_FromStringAndSize,
     PyBytes_GET_SIZE,
@@ -55,31 +83,37 @@ from cpython.bytes cimport (
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF, Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
 from .datatypes import NUMPY_DTYPES
 from .errors import CodecError
-from .types import (
-    InferInput,
-    InferOutput,
-    InferRequest,
-    InferResponse,
-    RequestedOutput,
-    UInt64,
-)
+from . import types as _types
+
+# The classes of fastoip.types, as C globals (no module-dict lookup per use).
+cdef type InferInput = _types.InferInput
+cdef type InferOutput = _types.InferOutput
+cdef type InferRequest = _types.InferRequest
+cdef type InferResponse = _types.InferResponse
+cdef type RequestedOutput = _types.RequestedOutput
+cdef type UInt64 = _types.UInt64
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object unicode, Py_ssize_t* size) except NULL
-    object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
+    PyObject* _PyUnicode_DecodeUTF8 "PyUnicode_DecodeUTF8" (
+        const char* s, Py_ssize_t size, const char* errors)
+    const char* _PyUnicode_AsUTF8AndSize "PyUnicode_AsUTF8AndSize" (object s, Py_ssize_t* size)
+    int PyErr_ExceptionMatches(object exc)
+    void PyErr_Clear()
     void* PyMem_Calloc(size_t nelem, size_t elsize)
     bint PyUnicode_Check(object o)
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
     bint PyDict_CheckExact(object o)
     bint PyLong_CheckExact(object o)
-    bint PyFloat_CheckExact(object o)
-    bint PyUnicode_CheckExact(object o)
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
     unsigned long long PyLong_AsUnsignedLongLong(object o) except? <unsigned long long>-1
     double PyFloat_AsDouble(object o) except? -1.0
@@ -126,12 +160,12 @@ cdef Py_ssize_t _DT_LEN[N_DT]
 cdef int _ITEMSIZE[N_DT]
 cdef int _CONTENTS_FIELD[N_DT]   # 0: no typed field (FP16, BF16)
 
-_DT_NAMES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+cdef tuple _DT_NAMES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
              "INT32", "INT64", "FP16", "FP32", "FP64", "BF16", "BYTES")
-_DT_NAMES_B = tuple(s.encode("ascii") for s in _DT_NAMES)
-_DT_CODE = {name: i for i, name in enumerate(_DT_NAMES)}
-_DT_NUMPY = tuple(NUMPY_DTYPES[name] for name in _DT_NAMES)
-_FIELD_NAMES = ("", "bool_contents", "int_contents", "int64_contents", "uint_contents",
+cdef tuple _DT_NAMES_B = tuple([s.encode("ascii") for s in _DT_NAMES])
+cdef dict _DT_CODE = {name: i for i, name in enumerate(_DT_NAMES)}
+cdef tuple _DT_NUMPY = tuple([NUMPY_DTYPES[name] for name in _DT_NAMES])
+cdef tuple _FIELD_NAMES = ("", "bool_contents", "int_contents", "int64_contents", "uint_contents",
                 "uint64_contents", "fp32_contents", "fp64_contents", "bytes_contents")
 
 cdef int _i
@@ -143,13 +177,22 @@ for _i, _f in enumerate((F_BOOL, F_UINT, F_UINT, F_UINT, F_UINT64, F_INT, F_INT,
                          F_INT64, 0, F_FP32, F_FP64, 0, F_BYTES)):
     _CONTENTS_FIELD[_i] = _f
 
+cdef Py_ssize_t _MAX_DIMS = 64   # numpy 2; numpy 1 allows 32
+try:
+    np.empty((1,) * 64, dtype=np.uint8)
+except ValueError:  # pragma: no cover
+    _MAX_DIMS = 32
+
 cdef object _OBJECT_DTYPE = np.dtype(object)
+cdef object _INT16_DTYPE = np.dtype("<i2")
 cdef object _ndarray = np.ndarray
 cdef object _np_empty = np.empty
 cdef object _np_array = np.array
+cdef object _np_frombuffer = np.frombuffer
 cdef object _memoryview = memoryview
 
-# Copies of at least this many bytes are done with the GIL released.
+# Copies and typed-contents fills of at least this many bytes run with the GIL
+# released (below it, releasing and re-taking the GIL costs more than it frees).
 cdef enum:
     NOGIL_COPY = 1 << 18
 
@@ -169,18 +212,21 @@ cdef str _shape_str(tuple shape):
 # Small growable vector with inline storage (lives on the C stack)             #
 # --------------------------------------------------------------------------- #
 
+cdef enum:
+    VEC_INLINE = 256    # bytes of inline storage
+
 cdef struct Vec:
     char* heap          # NULL while the items fit in ``small``
     Py_ssize_t n
     Py_ssize_t cap
     Py_ssize_t itemsize
-    char small[512]
+    char small[VEC_INLINE]
 
 cdef inline void _vinit(Vec* v, Py_ssize_t itemsize) noexcept nogil:
     v.heap = NULL
     v.n = 0
     v.itemsize = itemsize
-    v.cap = 512 // itemsize
+    v.cap = VEC_INLINE // itemsize
 
 cdef inline char* _vdata(Vec* v) noexcept nogil:
     return v.heap if v.heap != NULL else v.small
@@ -249,11 +295,10 @@ cdef inline const uchar* _varint(const uchar* p, const uchar* end, uint64_t* out
 
 
 cdef int _varint_error(Reader* r) except -1:
+    """Raise for the bad varint at ``r.p`` (cold path)."""
     cdef const uchar* p = r.p
     cdef int i = 0
-    while p < r.end and i < 10:
-        if p[0] < 0x80:
-            break
+    while p < r.end and i < 10 and p[0] >= 0x80:
         p += 1
         i += 1
     if p >= r.end:
@@ -261,58 +306,91 @@ cdef int _varint_error(Reader* r) except -1:
     raise CodecError(f"malformed varint at byte {r.p - r.base}: longer than 10 bytes or over 64 bits")
 
 
+cdef int _tag_error(Reader* r) except -1:
+    """Raise for the bad tag at ``r.p`` (cold path)."""
+    cdef uint64_t tag = 0
+    cdef const uchar* q = _varint(r.p, r.end, &tag)
+    cdef Py_ssize_t at = r.p - r.base
+    if q == NULL:
+        return _varint_error(r)
+    if q - r.p > 5 or tag > 0xFFFFFFFFu:
+        raise CodecError(f"malformed tag at byte {at}")
+    field = tag >> 3
+    wt = tag & 7
+    if field == 0:
+        raise CodecError(f"invalid field number 0 at byte {at}")
+    if wt == 3 or wt == 4:
+        raise CodecError(
+            f"protobuf groups are not supported (field {field}, wire type {wt}, byte {at})")
+    raise CodecError(f"invalid wire type {wt} for field {field} at byte {at}")
+
+
 cdef inline int _read_varint(Reader* r, uint64_t* out) except -1:
     cdef const uchar* q = _varint(r.p, r.end, out)
     if q == NULL:
-        return _varint_error(r)
+        _varint_error(r)
+        return -1
     r.p = q
     return 0
 
 
 cdef inline int _read_tag(Reader* r, uint32_t* field, int* wt) except -1:
+    """Read a tag; field number 0, groups (wire types 3/4) and wire types 6/7 raise."""
     cdef uint64_t tag
-    cdef const uchar* q
-    if r.p < r.end and r.p[0] < 0x80:
-        tag = r.p[0]
-        r.p += 1
+    cdef const uchar* q = r.p
+    if q < r.end and q[0] < 0x80:
+        tag = q[0]
+        q += 1
     else:
-        q = _varint(r.p, r.end, &tag)
-        if q == NULL:
-            return _varint_error(r)
-        if q - r.p > 5 or tag > 0xFFFFFFFFu:
-            raise CodecError(f"malformed tag at byte {r.p - r.base}")
-        r.p = q
+        q = _varint(q, r.end, &tag)
+        if q == NULL or q - r.p > 5 or tag > 0xFFFFFFFFu:
+            _tag_error(r)
+            return -1
+    # bits 3, 4, 6 and 7 of 0xD8: the wire types that are rejected
+    if (tag >> 3) == 0 or (0xD8 >> (tag & 7)) & 1:
+        _tag_error(r)
+        return -1
+    r.p = q
     field[0] = <uint32_t>(tag >> 3)
     wt[0] = <int>(tag & 7)
-    if field[0] == 0:
-        raise CodecError(f"invalid field number 0 at byte {r.p - r.base}")
-    if wt[0] == 3 or wt[0] == 4:
-        raise CodecError(
-            f"protobuf groups are not supported (field {field[0]}, wire type {wt[0]}, "
-            f"byte {r.p - r.base})")
-    if wt[0] > 5:
-        raise CodecError(f"invalid wire type {wt[0]} for field {field[0]} at byte {r.p - r.base}")
     return 0
+
+
+cdef int _len_error(Reader* r, uint64_t n, const uchar* payload) except -1:
+    raise CodecError(
+        f"truncated message: field of {n} bytes at byte {payload - r.base} runs past the end "
+        f"({r.end - payload} bytes left)")
 
 
 cdef inline int _read_len(Reader* r, Reader* sub) except -1:
     """Read a length-delimited field's header; ``sub`` spans its payload, ``r`` moves past it."""
-    cdef uint64_t n = 0
-    _read_varint(r, &n)
-    if n > <uint64_t>(r.end - r.p):
-        raise CodecError(
-            f"truncated message: field of {n} bytes at byte {r.p - r.base} runs past the end "
-            f"({r.end - r.p} bytes left)")
+    cdef uint64_t n
+    cdef const uchar* q = r.p
+    if q < r.end and q[0] < 0x80:
+        n = q[0]
+        q += 1
+    else:
+        q = _varint(q, r.end, &n)
+        if q == NULL:
+            _varint_error(r)
+            return -1
+    if n > <uint64_t>(r.end - q):
+        _len_error(r, n, q)
+        return -1
     sub.base = r.base
-    sub.p = r.p
-    sub.end = r.p + n
+    sub.p = q
+    sub.end = q + n
     r.p = sub.end
     return 0
 
 
+cdef int _need_error(Reader* r, Py_ssize_t n) except -1:
+    raise CodecError(f"truncated message: {n}-byte value at byte {r.p - r.base} runs past the end")
+
+
 cdef inline int _need(Reader* r, Py_ssize_t n) except -1:
     if r.end - r.p < n:
-        raise CodecError(f"truncated message: {n}-byte value at byte {r.p - r.base} runs past the end")
+        return _need_error(r, n)
     return 0
 
 
@@ -332,14 +410,30 @@ cdef int _skip(Reader* r, int wt) except -1:
     return 0
 
 
+cdef PyObject* _propagate() except NULL:
+    """Return NULL so that the exception already set goes up to the caller."""
+    return NULL
+
+
+cdef object _unicode_error(str what, str problem):
+    """Turn the pending UnicodeError into CodecError; anything else (MemoryError) goes up."""
+    if PyErr_ExceptionMatches(UnicodeError):
+        PyErr_Clear()
+        raise CodecError(f"{what} {problem}")
+    _propagate()
+
+
 cdef inline object _str_from(const uchar* p, Py_ssize_t n, str what):
     """A str from UTF-8 bytes (copy: str objects own their text)."""
+    cdef PyObject* o
     if n == 0:
         return ""
-    try:
-        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
-    except UnicodeDecodeError:
-        raise CodecError(f"{what} is not valid UTF-8") from None
+    o = _PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    if o == NULL:
+        return _unicode_error(what, "is not valid UTF-8")
+    s = <object>o       # takes a reference ...
+    Py_DECREF(s)        # ... so drop the one returned by the call
+    return s
 
 
 cdef inline object _read_str(Reader* r, str what):
@@ -374,15 +468,20 @@ cdef object _name_from(const uchar* p, Py_ssize_t n, str what):
     h &= NAME_CACHE_SIZE - 1
     entry = _name_cache[h]
     if entry != NULL:
-        # the str came from valid UTF-8, so this returns its cached UTF-8 and cannot fail
-        cp = PyUnicode_AsUTF8AndSize(<object>entry, &cn)
+        if PyUnicode_IS_COMPACT_ASCII(<object>entry):     # its bytes are its UTF-8
+            cp = <const char*>PyUnicode_DATA(<object>entry)
+            cn = PyUnicode_GET_LENGTH(<object>entry)
+        else:   # decoded from valid UTF-8, so this returns its cached UTF-8 and cannot fail
+            cp = PyUnicode_AsUTF8AndSize(<object>entry, &cn)
         if cn == n and memcmp(cp, p, n) == 0:
             return <object>entry
     s = _str_from(p, n, what)
+    # Decoding may have run Python code (a GC finalizer) that changed the slot:
+    # read it again, and swap with no Python code in between.
+    entry = _name_cache[h]
     Py_INCREF(s)
     _name_cache[h] = <PyObject*>s
-    if entry != NULL:
-        Py_DECREF(<object>entry)
+    Py_XDECREF(entry)
     return s
 
 
@@ -439,6 +538,7 @@ cdef int _parse_param_entry(Reader* r, dict params) except -1:
     cdef uint32_t field
     cdef int wt
     cdef Reader sub
+    cdef bint unknown = False
     key = ""
     value = _UNSET
     while r.p < r.end:
@@ -450,12 +550,14 @@ cdef int _parse_param_entry(Reader* r, dict params) except -1:
             value = _parse_param_value(&sub, value)
         else:
             _skip(r, wt)
+            unknown = True
+    if unknown:
+        return 0    # protobuf keeps such an entry as an unknown field: the map is unchanged
     if value is _UNSET:
         params.pop(key, None)
     else:
         params[key] = value
     return 0
-
 
 
 # --------------------------------------------------------------------------- #
@@ -534,6 +636,21 @@ cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
     slot[0] = <PyObject*>value
 
 
+cdef inline int _set_data(object tensor, type cls, Layout* L, object data) except -1:
+    """``tensor.data = data`` (in place for exact instances of ``cls``, laid out as ``L``)."""
+    cdef PyObject** slot
+    cdef PyObject* old
+    if L.fast and type(tensor) is cls:
+        slot = <PyObject**>((<char*><PyObject*>tensor) + L.off[3])
+        old = slot[0]
+        Py_INCREF(data)
+        slot[0] = <PyObject*>data
+        Py_XDECREF(old)
+    else:
+        tensor.data = data
+    return 0
+
+
 cdef object _make_tensor(type cls, Layout* L, object name, object datatype, tuple shape,
                          dict params):
     if not L.fast:
@@ -573,6 +690,7 @@ cdef object _make_message(type cls, Layout* L, object model_name, object model_v
         _put(obj, L.off[5], requested)
     return obj
 
+
 cdef inline object _attr(object obj, type cls, Layout* L, int i, str name):
     """``getattr(obj, name)``, read straight from the slot for exact instances of ``cls``."""
     cdef PyObject* v
@@ -603,10 +721,11 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
     cdef uint64_t v = 0
     cdef Reader sub
     cdef Span* span
-    cdef int64_t d, count = 1
+    cdef int64_t d, limit, count = 1
     cdef bint negative = False, zero = False, too_big = False
     cdef Py_ssize_t i
     cdef int64_t* dv
+    cdef object item
     name = ""
     datatype = ""
     params = None
@@ -650,7 +769,15 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
     if params is None:
         params = {}
 
-    # Shape -> tuple; element count with an overflow check before each multiply.
+    if code < 0:
+        raise CodecError(f"{kind} '{name}': unknown datatype '{datatype}'")
+    if dims.n > _MAX_DIMS:
+        raise CodecError(f"{kind} '{name}': {dims.n} dimensions, numpy allows at most {_MAX_DIMS}")
+
+    # Shape -> tuple.  Element count with an overflow check before each multiply:
+    # the product of the non-zero dimensions times the item size (a pointer for
+    # BYTES) must fit in int64, as numpy requires even of an empty array.
+    limit = INT64_MAX // (_ITEMSIZE[code] if code != DT_BYTES else <int>sizeof(void*))
     dv = <int64_t*>_vdata(dims)
     shape = PyTuple_New(dims.n)
     for i in range(dims.n):
@@ -663,7 +790,8 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
         elif d == 0:
             zero = True
         elif not too_big:
-            if count > INT64_MAX // d:
+            # (both under 2**29: the product is far below any limit, skip the slow division)
+            if (count | d) >> 29 and count > limit // d:
                 too_big = True
             else:
                 count *= d
@@ -673,11 +801,9 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
         raise CodecError(f"{kind} '{name}': shape {_shape_str(shape)} has too many elements")
     if zero:
         count = 0
-    if code < 0:
-        raise CodecError(f"{kind} '{name}': unknown datatype '{datatype}'")
     info.code = code
     info.count = count
-    info.shm = "shared_memory_region" in params
+    info.shm = len(<dict>params) != 0 and "shared_memory_region" in params
     if cls is InferInput:
         return _make_tensor(cls, &_L_INPUT, name, datatype, shape, params)
     return _make_tensor(cls, &_L_OUTPUT, name, datatype, shape, params)
@@ -696,7 +822,7 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
         raise CodecError(f"{what}: negative BYTES element count {count}")
     if count > n // 4:
         raise CodecError(
-            f"{what}: {count} BYTES elements need at least {4 * count} bytes, got {n}")
+            f"{what}: {count} BYTES elements need at least {<object>count * 4} bytes, got {n}")
     lst = PyList_New(<Py_ssize_t>count)
     for i in range(<Py_ssize_t>count):
         if end - p < 4:
@@ -720,16 +846,22 @@ cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* 
     """A tensor from its raw entry: a read-only zero-copy view (BYTES: new object array)."""
     cdef int64_t count = info.count
     cdef int isz = _ITEMSIZE[info.code]
-    shape = tensor.shape
+    shape = _attr(tensor, InferInput if kind is _INPUT else InferOutput,
+                  &_L_INPUT if kind is _INPUT else &_L_OUTPUT, 2, "shape")
     if info.code == DT_BYTES:
         arr = _bytes_array(start + span.off, span.n, count, f"{kind} '{tensor.name}'")
         return arr.reshape(shape)
     if count > span.n // isz or count * isz != span.n:
         raise CodecError(
-            f"{kind} '{tensor.name}': expected {count * isz} bytes for {_DT_NAMES[info.code]} "
+            f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
             f"{_shape_str(shape)}, got {span.n}")
     # No copy: a view on the received buffer (read-only because the buffer is).
-    return _ndarray(shape, _DT_NUMPY[info.code], base, span.off)
+    if PyBytes_CheckExact(base):
+        return _ndarray(shape, _DT_NUMPY[info.code], base, span.off)
+    # Any other buffer: np.ndarray(buffer=memoryview) would keep only the memoryview's
+    # underlying object, without a buffer export, so a bytearray could then be resized
+    # under the array.  frombuffer keeps the memoryview (and so the export) as its base.
+    return _np_frombuffer(base, _DT_NUMPY[info.code], <Py_ssize_t>count, span.off).reshape(shape)
 
 
 cdef int _scan_contents(Reader* r, Py_ssize_t* counts) except -1:
@@ -896,15 +1028,24 @@ cdef object _typed_tensor(const uchar* start, Span* spans, TensorInfo* info, obj
                     idx += 1
                 else:
                     _skip(&r, wt)
+        if idx != counts[want]:   # cannot happen after _scan_contents; the list must be full
+            raise CodecError(f"{kind} '{name}': inconsistent contents")
         return _np_array(lst, _OBJECT_DTYPE).reshape(shape)
     arr = _np_empty(<Py_ssize_t>info.count, _DT_NUMPY[info.code])
     PyObject_GetBuffer(arr, &view, PyBUF_WRITABLE)
     try:
+        # The new array is private and the message buffer is held: large fills run without the GIL.
         idx = 0
         for i in range(info.span_lo, info.span_hi):
-            idx = _fill_contents(start + spans[i].off, start + spans[i].off + spans[i].n,
-                                 want, _ITEMSIZE[info.code], <char*>view.buf, idx,
-                                 <Py_ssize_t>info.count)
+            if spans[i].n >= NOGIL_COPY:
+                with nogil:
+                    idx = _fill_contents(start + spans[i].off, start + spans[i].off + spans[i].n,
+                                         want, _ITEMSIZE[info.code], <char*>view.buf, idx,
+                                         <Py_ssize_t>info.count)
+            else:
+                idx = _fill_contents(start + spans[i].off, start + spans[i].off + spans[i].n,
+                                     want, _ITEMSIZE[info.code], <char*>view.buf, idx,
+                                     <Py_ssize_t>info.count)
     finally:
         PyBuffer_Release(&view)
     if idx != info.count:   # cannot happen after _scan_contents; kept as a guard
@@ -1022,9 +1163,11 @@ cdef object _decode(object data, bint response):
                 if info[i].shm:
                     continue
                 if info[i].has_contents:
-                    t.data = _typed_tensor(start, <Span*>_vdata(&spans), &info[i], t, kind)
+                    _set_data(t, InferInput, &_L_INPUT,
+                              _typed_tensor(start, <Span*>_vdata(&spans), &info[i], t, kind))
                 else:
-                    t.data = _raw_tensor(base, start, span[j], &info[i], t, kind)
+                    _set_data(t, InferInput, &_L_INPUT,
+                              _raw_tensor(base, start, span[j], &info[i], t, kind))
                     j += 1
     finally:
         _vfree(&spans)
@@ -1061,7 +1204,10 @@ cdef object _parse_requested_output(Reader* r):
 
 cdef int _attach_response_data(object base, const uchar* start, TensorInfo* info, Span* raw,
                                Py_ssize_t n_raw, Span* spans, list outputs) except -1:
-    """Response rule: one raw entry per output (empty for a shared-memory output), or none."""
+    """Response rule: one raw entry per output, or none (then each output has typed
+    contents, is in shared memory, or has no elements).  An empty raw entry for an
+    output that has elements means the server wrote it to shared memory (Triton and
+    fastoip send no parameters with it): its data is None."""
     cdef Py_ssize_t i, n = len(outputs)
     if n_raw:
         if n_raw != n:
@@ -1073,15 +1219,23 @@ cdef int _attach_response_data(object base, const uchar* start, TensorInfo* info
                 raise CodecError(
                     f"output '{t.name}': contents and raw_output_contents cannot be mixed "
                     f"in one response")
-            if raw[i].n == 0 and info[i].shm:
+            if raw[i].n == 0 and (info[i].shm or info[i].count != 0):
                 continue    # written to shared memory: no data here
-            t.data = _raw_tensor(base, start, raw[i], &info[i], t, "output")
+            _set_data(t, InferOutput, &_L_OUTPUT, _raw_tensor(base, start, raw[i], &info[i], t, _OUTPUT))
     else:
         for i in range(n):
             t = outputs[i]
-            if info[i].shm and not info[i].has_contents:
-                continue
-            t.data = _typed_tensor(start, spans, &info[i], t, "output")
+            if info[i].has_contents:
+                _set_data(t, InferOutput, &_L_OUTPUT, _typed_tensor(start, spans, &info[i], t, _OUTPUT))
+            elif info[i].shm:
+                continue    # written to shared memory: no data here
+            elif info[i].count == 0:
+                _set_data(t, InferOutput, &_L_OUTPUT,
+                          _np_empty(t.shape, <object>PyTuple_GET_ITEM(_DT_NUMPY, info[i].code)))
+            else:
+                raise CodecError(
+                    f"output '{t.name}': no data for {_DT_NAMES[info[i].code]} "
+                    f"{_shape_str(t.shape)} (no raw_output_contents and no contents)")
     return 0
 
 
@@ -1098,7 +1252,11 @@ def decode_infer_response(data):
 def deserialize_bytes_tensor(buffer, count):
     """Decode ``count`` length-prefixed BYTES elements that fill ``buffer`` exactly."""
     cdef Py_buffer view
-    cdef int64_t n = count
+    cdef int64_t n
+    try:
+        n = count
+    except OverflowError:
+        raise CodecError(f"BYTES tensor: element count {count} is out of range") from None
     PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
     try:
         return _bytes_array(<const uchar*>view.buf, view.len, n, "BYTES tensor")
@@ -1142,7 +1300,8 @@ cdef inline char* _wbytes(char* p, uchar tag, const char* src, Py_ssize_t n) noe
 
 
 cdef struct StrRef:
-    const char* p
+    PyObject* owner     # a strong reference to the str, dropped by _plan_free (NULL: none)
+    const char* p       # its UTF-8
     Py_ssize_t n
 
 cdef struct ParamRec:
@@ -1163,7 +1322,7 @@ cdef struct TensorRec:
     Py_ssize_t body_len
     int data_kind           # 0: no data, 1: buffer in ``view``, 2: BYTES list in ``items``
     Py_ssize_t raw_len
-    PyObject* items         # borrowed; a strong reference is in _Plan.keep
+    PyObject* items         # a strong reference (list of bytes), dropped by _plan_free
     bint has_view
     Py_buffer view
 
@@ -1172,380 +1331,434 @@ cdef struct OutRec:
     Py_ssize_t params_lo, params_hi, params_size
     Py_ssize_t body_len
 
+cdef struct Plan:
+    # Everything needed to write one ModelInferRequest/ModelInferResponse: sizes
+    # and pointers into Python objects.  The plan owns a strong reference to each
+    # of those objects (StrRef.owner, TensorRec.items) or a buffer export
+    # (TensorRec.view) until _plan_free.
+    bint is_request
+    StrRef model_name, model_version, id
+    Py_ssize_t params_lo, params_hi, params_size
+    TensorRec* tensors
+    Py_ssize_t n_tensors
+    OutRec* outs
+    Py_ssize_t n_outs
+    Vec params              # ParamRec
+    Vec dims                # int64_t
+    Py_ssize_t size         # bytes of the whole message
 
-@cython.final
-@cython.freelist(8)
-cdef class _Plan:
-    """Sizes and borrowed pointers for one message; written by ``write`` in one pass."""
 
-    cdef list keep              # strong references to every object whose memory is borrowed
-    cdef bint is_request
-    cdef StrRef model_name, model_version, id
-    cdef Py_ssize_t params_lo, params_hi, params_size
-    cdef TensorRec* tensors
-    cdef Py_ssize_t n_tensors
-    cdef OutRec* outs
-    cdef Py_ssize_t n_outs
-    cdef Vec params             # ParamRec
-    cdef Vec dims               # int64_t
-    cdef Py_ssize_t size
-    cdef str ctx_kind           # what is being planned, for error messages only
-    cdef object ctx_name
+cdef void _plan_init(Plan* pl) noexcept:
+    # (the inline storage of the two vectors needs no clearing)
+    memset(pl, 0, <size_t>(<char*>&pl.params - <char*>pl))
+    pl.size = 0
+    _vinit(&pl.params, sizeof(ParamRec))
+    _vinit(&pl.dims, sizeof(int64_t))
 
-    def __cinit__(self):
-        self.keep = []
-        _vinit(&self.params, sizeof(ParamRec))
-        _vinit(&self.dims, sizeof(int64_t))
 
-    def __dealloc__(self):
-        cdef Py_ssize_t i
-        if self.tensors != NULL:
-            for i in range(self.n_tensors):
-                if self.tensors[i].has_view:
-                    PyBuffer_Release(&self.tensors[i].view)
-            PyMem_Free(self.tensors)
-        if self.outs != NULL:
-            PyMem_Free(self.outs)
-        _vfree(&self.params)
-        _vfree(&self.dims)
+cdef inline void _str_release(StrRef* ref) noexcept:
+    Py_XDECREF(ref.owner)
+    ref.owner = NULL
 
-    cdef str _where(self):
-        if self.ctx_name is None:
-            return self.ctx_kind
-        return f"{self.ctx_kind} '{self.ctx_name}'"
 
-    cdef int _str(self, object s, StrRef* ref, str what) except -1:
-        if not PyUnicode_Check(s):
-            raise CodecError(f"{self._where()}: {what} must be a str, got {type(s).__name__}")
-        self.keep.append(s)
-        try:
-            ref.p = PyUnicode_AsUTF8AndSize(s, &ref.n)
-        except UnicodeEncodeError:
-            raise CodecError(f"{self._where()}: {what} cannot be encoded as UTF-8") from None
-        return 0
+cdef void _plan_free(Plan* pl) noexcept:
+    cdef Py_ssize_t i
+    cdef ParamRec* recs = <ParamRec*>_vdata(&pl.params)
+    _str_release(&pl.model_name)
+    _str_release(&pl.model_version)
+    _str_release(&pl.id)
+    for i in range(pl.params.n):
+        _str_release(&recs[i].key)
+        _str_release(&recs[i].s)
+    if pl.tensors != NULL:
+        for i in range(pl.n_tensors):
+            _str_release(&pl.tensors[i].name)
+            Py_XDECREF(pl.tensors[i].items)
+            if pl.tensors[i].has_view:
+                PyBuffer_Release(&pl.tensors[i].view)
+        PyMem_Free(pl.tensors)
+        pl.tensors = NULL
+    if pl.outs != NULL:
+        for i in range(pl.n_outs):
+            _str_release(&pl.outs[i].name)
+        PyMem_Free(pl.outs)
+        pl.outs = NULL
+    _vfree(&pl.params)
+    _vfree(&pl.dims)
 
-    cdef int _params(self, object params, Py_ssize_t* lo, Py_ssize_t* hi,
-                     Py_ssize_t* size) except -1:
-        """Plan a parameters map; ``size`` is the total of its map-entry fields."""
-        cdef ParamRec* rec
-        cdef Py_ssize_t total = 0
-        lo[0] = self.params.n
-        if params:
-            if not PyDict_CheckExact(params):
-                params = dict(params)
-            self.keep.append(params)
-            for key, value in (<dict>params).items():
-                rec = <ParamRec*>_vpush(&self.params)
-                if not self._param(rec, key, value):
-                    self.params.n -= 1
-                    continue
-                total += _ld(rec.entry_len)
-        hi[0] = self.params.n
-        size[0] = total
-        return 0
 
-    cdef bint _param(self, ParamRec* rec, object key, object value) except -1:
-        cdef int overflow = 0
-        cdef long long iv
-        self._str(key, &rec.key, "parameter name")
-        self.keep.append(value)
-        t = type(value)
-        if t is bool:
-            rec.field = 1
-            rec.u = 1 if value else 0
-        elif t is int:
-            rec.field = 2
-            iv = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if overflow:
-                raise CodecError(f"{self._where()} parameter '{key}': {value} does not fit in int64")
-            rec.u = <uint64_t>iv
-        elif t is float:
-            rec.field = 4
-            rec.d = PyFloat_AsDouble(value)
-        elif t is str:
-            rec.field = 3
-            self._str(value, &rec.s, "parameter value")
-        elif isinstance(value, UInt64):
-            rec.field = 5
-            try:
-                rec.u = PyLong_AsUnsignedLongLong(value)
-            except OverflowError:
-                raise CodecError(f"{self._where()} parameter '{key}': {value} does not fit in uint64") from None
-        elif value is None:
-            return False
-        elif isinstance(value, (bool, np.bool_)):
-            return self._param(rec, key, bool(value))
-        elif isinstance(value, (int, np.integer)):
-            return self._param(rec, key, int(value))
-        elif isinstance(value, (float, np.floating)):
-            return self._param(rec, key, float(value))
-        elif isinstance(value, str):
-            return self._param(rec, key, str(value))
-        else:
-            raise CodecError(
-                f"{self._where()} parameter '{key}': unsupported value type {type(value).__name__}")
-        if rec.field == 1:
-            rec.value_len = 2
-        elif rec.field == 4:
-            rec.value_len = 9
-        elif rec.field == 3:
-            rec.value_len = _ld(rec.s.n)
-        else:
-            rec.value_len = 1 + _vsize(rec.u)
-        rec.entry_len = _ld(rec.key.n) + _ld(rec.value_len)
-        return True
+cdef str _where(str kind, object name):
+    """The subject of an encoding error message: "output 'OUT0'", "request", ..."""
+    return kind if name is None else f"{kind} '{name}'"
 
-    cdef int _tensor(self, object t, TensorRec* rec, str kind) except -1:
-        cdef int64_t d, count = 1
-        cdef Py_ssize_t shape_len = 0, body
-        cdef int overflow = 0
-        cdef bint negative = False, too_big = False
-        cdef int code
-        cdef type cls = InferInput if kind is _INPUT else InferOutput
-        cdef Layout* L = &_L_INPUT if kind is _INPUT else &_L_OUTPUT
-        name = _attr(t, cls, L, 0, "name")
-        self.ctx_kind = kind
-        self.ctx_name = name
-        self._str(name, &rec.name, "name")
-        datatype = _attr(t, cls, L, 1, "datatype")
-        code = _DT_CODE.get(datatype, -1) if PyUnicode_Check(datatype) else -1
-        if code < 0:
-            raise CodecError(f"{kind} '{name}': unknown datatype {datatype!r}")
-        rec.code = code
-        shape = _attr(t, cls, L, 2, "shape")
-        self.keep.append(shape)
-        rec.dims_lo = self.dims.n
-        for dim in shape:
-            try:
-                d = PyLong_AsLongLongAndOverflow(dim, &overflow)
-            except TypeError:
-                raise CodecError(f"{kind} '{name}': shape {shape!r} must hold integers") from None
-            if overflow:
-                raise CodecError(f"{kind} '{name}': dimension {dim} does not fit in int64")
-            (<int64_t*>_vpush(&self.dims))[0] = d
-            shape_len += _vsize(<uint64_t>d)
-            if d < 0:
-                negative = True
-            elif count != 0 and not too_big:
-                if d == 0:
-                    count = 0
-                elif count > INT64_MAX // d:
-                    too_big = True
-                else:
-                    count *= d
-        rec.dims_hi = self.dims.n
-        rec.shape_len = shape_len
-        self._params(_attr(t, cls, L, 4, "parameters"), &rec.params_lo, &rec.params_hi, &rec.params_size)
 
-        data = _attr(t, cls, L, 3, "data")
-        if data is None:
-            rec.data_kind = 0
-            rec.raw_len = 0
-        else:
-            if negative or too_big:
-                raise CodecError(f"{kind} '{name}': invalid shape {list(shape)} for tensor data")
-            if code == DT_BYTES:
-                self._bytes_data(data, rec, count)
-            else:
-                self._array_data(data, rec, count)
+cdef int _plan_str(StrRef* ref, object s, str kind, object name, str what) except -1:
+    """Point ``ref`` at the UTF-8 of a str, holding a reference to it."""
+    if not PyUnicode_Check(s):
+        raise CodecError(f"{_where(kind, name)}: {what} must be a str, got {type(s).__name__}")
+    _str_release(ref)
+    Py_INCREF(s)
+    ref.owner = <PyObject*>s
+    ref.p = _PyUnicode_AsUTF8AndSize(s, &ref.n)
+    if ref.p == NULL:   # lone surrogates
+        _unicode_error(f"{_where(kind, name)}: {what}", "cannot be encoded as UTF-8")
+    return 0
 
-        body = rec.params_size
-        if rec.name.n:
-            body += _ld(rec.name.n)
-        body += _ld(_DT_LEN[code])
-        if shape_len:
-            body += _ld(shape_len)
-        rec.body_len = body
-        return 0
 
-    cdef int _array_data(self, object data, TensorRec* rec, int64_t count) except -1:
-        expected = _DT_NUMPY[rec.code]
-        if not isinstance(data, _ndarray):
-            data = np.asarray(data, dtype=expected)
-        dt = data.dtype
-        if dt is not expected and dt != expected:
-            if rec.code == DT_BF16 and dt == np.dtype("<i2"):
-                pass   # raw bfloat16 bits in a signed array: same bytes
-            elif dt.kind == expected.kind and dt.itemsize == expected.itemsize:
-                data = data.astype(expected)   # copy: byte order swap
-            else:
-                raise CodecError(
-                    f"{self._where()}: {_DT_NAMES[rec.code]} data must be {expected}, got {dt}")
-        try:
-            PyObject_GetBuffer(data, &rec.view, PyBUF_SIMPLE)
-        except BufferError:
-            data = np.ascontiguousarray(data)   # copy: not C-contiguous
-            PyObject_GetBuffer(data, &rec.view, PyBUF_SIMPLE)
-        rec.has_view = True
-        rec.data_kind = 1
-        rec.raw_len = rec.view.len
-        if rec.raw_len != count * _ITEMSIZE[rec.code]:
-            raise CodecError(
-                f"{self._where()}: shape has {count} elements but the data has "
-                f"{rec.raw_len // _ITEMSIZE[rec.code]}")
-        return 0
-
-    cdef int _bytes_data(self, object data, TensorRec* rec, int64_t count) except -1:
-        what = self._where()
-        items = _bytes_items(data, what)
-        self.keep.append(items)
-        if len(items) != count:
-            raise CodecError(f"{what}: shape has {count} elements but the data has {len(items)}")
-        rec.items = <PyObject*>items
-        rec.data_kind = 2
-        rec.raw_len = _bytes_items_size(items, what)
-        return 0
-
-    cdef int _requested(self, object o, OutRec* rec) except -1:
-        cdef Py_ssize_t body
-        name = _attr(o, RequestedOutput, &_L_REQUESTED, 0, "name")
-        self.ctx_kind = "requested output"
-        self.ctx_name = name
-        self._str(name, &rec.name, "name")
-        self._params(_attr(o, RequestedOutput, &_L_REQUESTED, 1, "parameters"), &rec.params_lo, &rec.params_hi, &rec.params_size)
-        body = rec.params_size
-        if rec.name.n:
-            body += _ld(rec.name.n)
-        rec.body_len = body
-        return 0
-
-    cdef int build(self, object msg, bint is_request) except -1:
-        cdef Py_ssize_t i, size = 0
-        cdef TensorRec* t
-        self.is_request = is_request
-        self.ctx_kind = "request" if is_request else "response"
-        cdef type cls = InferRequest if is_request else InferResponse
-        cdef Layout* L = &_L_REQUEST if is_request else &_L_RESPONSE
-        self._str(_attr(msg, cls, L, 0, "model_name"), &self.model_name, "model_name")
-        self._str(_attr(msg, cls, L, 1, "model_version"), &self.model_version, "model_version")
-        self._str(_attr(msg, cls, L, 2, "id"), &self.id, "id")
-        self._params(_attr(msg, cls, L, 3, "parameters"), &self.params_lo, &self.params_hi,
-                     &self.params_size)
-        tensors = list(_attr(msg, cls, L, 4, "inputs" if is_request else "outputs"))
-        self.keep.append(tensors)
-        self.n_tensors = len(tensors)
-        if self.n_tensors:
-            self.tensors = <TensorRec*>PyMem_Calloc(self.n_tensors, sizeof(TensorRec))
-            if self.tensors == NULL:
-                raise MemoryError()
-        kind = _INPUT if is_request else _OUTPUT
-        for i in range(self.n_tensors):
-            self._tensor(tensors[i], &self.tensors[i], kind)
-        if is_request:
-            outs = list(_attr(msg, cls, L, 5, "outputs"))
-            self.keep.append(outs)
-            self.n_outs = len(outs)
-            if self.n_outs:
-                self.outs = <OutRec*>PyMem_Calloc(self.n_outs, sizeof(OutRec))
-                if self.outs == NULL:
-                    raise MemoryError()
-            for i in range(self.n_outs):
-                self._requested(outs[i], &self.outs[i])
-
-        if self.model_name.n:
-            size += _ld(self.model_name.n)
-        if self.model_version.n:
-            size += _ld(self.model_version.n)
-        if self.id.n:
-            size += _ld(self.id.n)
-        size += self.params_size
-        for i in range(self.n_tensors):
-            t = &self.tensors[i]
-            size += _ld(t.body_len)
-            if t.data_kind or not is_request:
-                size += _ld(t.raw_len)
-        for i in range(self.n_outs):
-            size += _ld(self.outs[i].body_len)
-        self.size = size
-        return 0
-
-    cdef char* _write_params(self, char* p, Py_ssize_t lo, Py_ssize_t hi, uchar tag) noexcept:
-        cdef ParamRec* recs = <ParamRec*>_vdata(&self.params)
-        cdef ParamRec* rec
-        cdef Py_ssize_t i
-        for i in range(lo, hi):
-            rec = &recs[i]
-            p = _whead(p, tag, rec.entry_len)
-            p = _wbytes(p, 0x0A, rec.key.p, rec.key.n)
-            p = _whead(p, 0x12, rec.value_len)
-            p[0] = <char>((rec.field << 3) | (1 if rec.field == 4 else 2 if rec.field == 3 else 0))
-            p += 1
-            if rec.field == 4:
-                memcpy(p, &rec.d, 8)
-                p += 8
-            elif rec.field == 3:
-                p = _wcopy(_wvarint(p, <uint64_t>rec.s.n), rec.s.p, rec.s.n)
-            else:
-                p = _wvarint(p, rec.u)
-        return p
-
-    cdef char* write(self, char* p) noexcept:
-        """Write the message at ``p`` (exactly ``self.size`` bytes); returns the end."""
-        cdef Py_ssize_t i, k
-        cdef TensorRec* t
-        cdef OutRec* o
-        cdef int64_t* dv = <int64_t*>_vdata(&self.dims)
-        cdef uchar raw_tag = 0x3A if self.is_request else 0x32
-        if self.model_name.n:
-            p = _wbytes(p, 0x0A, self.model_name.p, self.model_name.n)
-        if self.model_version.n:
-            p = _wbytes(p, 0x12, self.model_version.p, self.model_version.n)
-        if self.id.n:
-            p = _wbytes(p, 0x1A, self.id.p, self.id.n)
-        p = self._write_params(p, self.params_lo, self.params_hi, 0x22)
-        for i in range(self.n_tensors):
-            t = &self.tensors[i]
-            p = _whead(p, 0x2A, t.body_len)
-            if t.name.n:
-                p = _wbytes(p, 0x0A, t.name.p, t.name.n)
-            p = _wbytes(p, 0x12, _DT_C[t.code], _DT_LEN[t.code])
-            if t.shape_len:
-                p = _whead(p, 0x1A, t.shape_len)
-                for k in range(t.dims_lo, t.dims_hi):
-                    p = _wvarint(p, <uint64_t>dv[k])
-            p = self._write_params(p, t.params_lo, t.params_hi, 0x22)
-        for i in range(self.n_outs):
-            o = &self.outs[i]
-            p = _whead(p, 0x32, o.body_len)
-            if o.name.n:
-                p = _wbytes(p, 0x0A, o.name.p, o.name.n)
-            p = self._write_params(p, o.params_lo, o.params_hi, 0x12)
-        for i in range(self.n_tensors):
-            t = &self.tensors[i]
-            if t.data_kind == 0:
-                if not self.is_request:
-                    p = _whead(p, raw_tag, 0)   # shared-memory output: empty entry, as Triton
+cdef int _plan_params(Plan* pl, object params, Py_ssize_t* lo, Py_ssize_t* hi, Py_ssize_t* size,
+                      str kind, object name) except -1:
+    """Plan a parameters map; ``size`` is the total of its map-entry fields."""
+    cdef ParamRec* rec
+    cdef Py_ssize_t total = 0
+    lo[0] = pl.params.n
+    if params:
+        if not PyDict_CheckExact(params):
+            params = dict(params)
+        for key, value in (<dict>params).items():
+            rec = <ParamRec*>_vpush(&pl.params)
+            memset(rec, 0, sizeof(ParamRec))    # _plan_free reads its owners
+            if not _plan_param(rec, key, value, kind, name):
+                _str_release(&rec.key)          # None: not written
+                pl.params.n -= 1
                 continue
-            p = _whead(p, raw_tag, t.raw_len)
-            if t.data_kind == 1:
-                # copy: the tensor's bytes into the message (the one copy per tensor)
-                if t.raw_len >= NOGIL_COPY:
-                    with nogil:
-                        memcpy(p, t.view.buf, t.raw_len)
-                else:
-                    memcpy(p, t.view.buf, t.raw_len)
-                p += t.raw_len
+            total += _ld(rec.entry_len)
+    hi[0] = pl.params.n
+    size[0] = total
+    return 0
+
+
+cdef bint _plan_param(ParamRec* rec, object key, object value, str kind,
+                      object name) except -1:
+    """One parameter: its InferParameter field from the Python type of the value."""
+    cdef int overflow = 0
+    cdef long long iv
+    _plan_str(&rec.key, key, kind, name, "parameter name")
+    t = type(value)
+    if t is bool:
+        rec.field = 1
+        rec.u = 1 if value else 0
+    elif t is int:
+        rec.field = 2
+        iv = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:
+            raise CodecError(
+                f"{_where(kind, name)} parameter '{key}': {value} does not fit in int64")
+        rec.u = <uint64_t>iv
+    elif t is float:
+        rec.field = 4
+        rec.d = PyFloat_AsDouble(value)
+    elif t is str:
+        rec.field = 3
+        _plan_str(&rec.s, value, kind, name, f"parameter '{key}'")
+    elif isinstance(value, UInt64):
+        rec.field = 5
+        try:
+            rec.u = PyLong_AsUnsignedLongLong(value)
+        except OverflowError:
+            raise CodecError(
+                f"{_where(kind, name)} parameter '{key}': {value} does not fit in uint64") from None
+    elif value is None:
+        return False
+    elif isinstance(value, (bool, np.bool_)):
+        return _plan_param(rec, key, bool(value), kind, name)
+    elif isinstance(value, (int, np.integer)):
+        return _plan_param(rec, key, int(value), kind, name)
+    elif isinstance(value, (float, np.floating)):
+        return _plan_param(rec, key, float(value), kind, name)
+    elif isinstance(value, str):
+        return _plan_param(rec, key, str(value), kind, name)
+    else:
+        raise CodecError(
+            f"{_where(kind, name)} parameter '{key}': unsupported value type {type(value).__name__}")
+    if rec.field == 1:
+        rec.value_len = 2
+    elif rec.field == 4:
+        rec.value_len = 9
+    elif rec.field == 3:
+        rec.value_len = _ld(rec.s.n)
+    else:
+        rec.value_len = 1 + _vsize(rec.u)
+    rec.entry_len = _ld(rec.key.n) + _ld(rec.value_len)
+    return True
+
+
+cdef object _shape_index(object dim, object shape, str kind, object name):
+    """A shape element as an int (numpy integers and other __index__ types are accepted)."""
+    try:
+        return _operator_index(dim)
+    except TypeError:
+        raise CodecError(f"{_where(kind, name)}: shape {shape!r} must hold integers") from None
+
+
+cdef int _plan_tensor(Plan* pl, TensorRec* rec, object t, str kind) except -1:
+    cdef int64_t d, count = 1
+    cdef Py_ssize_t shape_len = 0, body
+    cdef int overflow = 0, code
+    cdef bint negative = False, too_big = False
+    cdef type cls = InferInput if kind is _INPUT else InferOutput
+    cdef Layout* L = &_L_INPUT if kind is _INPUT else &_L_OUTPUT
+    name = _attr(t, cls, L, 0, "name")
+    _plan_str(&rec.name, name, kind, None, "name")
+    datatype = _attr(t, cls, L, 1, "datatype")
+    code_obj = _DT_CODE.get(datatype) if PyUnicode_Check(datatype) else None
+    if code_obj is None:
+        raise CodecError(f"{kind} '{name}': unknown datatype {datatype!r}")
+    code = code_obj
+    rec.code = code
+
+    shape = _attr(t, cls, L, 2, "shape")
+    rec.dims_lo = pl.dims.n
+    for dim in shape:
+        if not PyLong_CheckExact(dim):
+            dim = _shape_index(dim, shape, kind, name)
+        d = PyLong_AsLongLongAndOverflow(dim, &overflow)
+        if overflow:
+            raise CodecError(f"{kind} '{name}': dimension {dim} does not fit in int64")
+        (<int64_t*>_vpush(&pl.dims))[0] = d
+        shape_len += _vsize(<uint64_t>d)
+        if d < 0:
+            negative = True
+        elif count != 0 and not too_big:
+            if d == 0:
+                count = 0
+            elif (count | d) >> 29 and count > INT64_MAX // d:   # (division only for big values)
+                too_big = True
             else:
-                p = _write_bytes_items(p, <list>t.items)
-        return p
+                count *= d
+    rec.dims_hi = pl.dims.n
+    rec.shape_len = shape_len
+    _plan_params(pl, _attr(t, cls, L, 4, "parameters"), &rec.params_lo, &rec.params_hi,
+                 &rec.params_size, kind, name)
+
+    data = _attr(t, cls, L, 3, "data")
+    if data is None:
+        rec.data_kind = 0
+        rec.raw_len = 0
+    else:
+        if negative or too_big:
+            raise CodecError(f"{kind} '{name}': invalid shape {list(shape)} for tensor data")
+        if code == DT_BYTES:
+            _plan_bytes_data(rec, data, count, kind, name)
+        else:
+            _plan_array_data(rec, data, count, kind, name)
+
+    body = rec.params_size + _ld(_DT_LEN[code])
+    if rec.name.n:
+        body += _ld(rec.name.n)
+    if shape_len:
+        body += _ld(shape_len)
+    rec.body_len = body
+    return 0
 
 
-cdef list _bytes_items(object data, str what):
+cdef int _plan_array_data(TensorRec* rec, object data, int64_t count, str kind,
+                          object name) except -1:
+    """Hold a buffer export of a fixed-size tensor's data (made C-contiguous if needed)."""
+    expected = <object>PyTuple_GET_ITEM(_DT_NUMPY, rec.code)
+    if not isinstance(data, _ndarray):
+        try:
+            data = np.asarray(data, dtype=expected)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise CodecError(
+                f"{kind} '{name}': data is not {_DT_NAMES[rec.code]}: {exc}") from None
+    dt = data.dtype
+    if dt is not expected and dt != expected:
+        if rec.code == DT_BF16 and dt == _INT16_DTYPE:
+            pass   # raw bfloat16 bits in a signed array: the same bytes
+        elif dt.kind == expected.kind and dt.itemsize == expected.itemsize:
+            data = data.astype(expected)   # copy: byte order swap
+        else:
+            raise CodecError(
+                f"{kind} '{name}': {_DT_NAMES[rec.code]} data must be {expected}, got {dt}")
+    try:
+        PyObject_GetBuffer(data, &rec.view, PyBUF_SIMPLE)
+    except (BufferError, ValueError):       # numpy: "ndarray is not C-contiguous"
+        data = np.ascontiguousarray(data)   # copy: not C-contiguous
+        PyObject_GetBuffer(data, &rec.view, PyBUF_SIMPLE)
+    rec.has_view = True
+    rec.data_kind = 1
+    rec.raw_len = rec.view.len
+    if rec.raw_len // _ITEMSIZE[rec.code] != count:    # (a division: count * size may overflow)
+        raise CodecError(
+            f"{kind} '{name}': shape has {count} elements but the data has "
+            f"{rec.raw_len // _ITEMSIZE[rec.code]}")
+    return 0
+
+
+cdef int _plan_bytes_data(TensorRec* rec, object data, int64_t count, str kind,
+                          object name) except -1:
+    what = _where(kind, name)
+    items = _bytes_items(data)
+    if len(items) != count:
+        raise CodecError(f"{what}: shape has {count} elements but the data has {len(items)}")
+    Py_INCREF(items)
+    rec.items = <PyObject*>items
+    rec.data_kind = 2
+    rec.raw_len = _bytes_items_size(items, what)
+    return 0
+
+
+cdef int _plan_requested(Plan* pl, OutRec* rec, object o) except -1:
+    cdef Py_ssize_t body
+    name = _attr(o, RequestedOutput, &_L_REQUESTED, 0, "name")
+    _plan_str(&rec.name, name, "requested output", None, "name")
+    _plan_params(pl, _attr(o, RequestedOutput, &_L_REQUESTED, 1, "parameters"), &rec.params_lo,
+                 &rec.params_hi, &rec.params_size, "requested output", name)
+    body = rec.params_size
+    if rec.name.n:
+        body += _ld(rec.name.n)
+    rec.body_len = body
+    return 0
+
+
+cdef int _plan_build(Plan* pl, object msg, bint is_request) except -1:
+    """Plan ``msg`` (an InferRequest or an InferResponse) and compute its exact size."""
+    cdef Py_ssize_t i, size = 0
+    cdef TensorRec* t
+    cdef type cls = InferRequest if is_request else InferResponse
+    cdef Layout* L = &_L_REQUEST if is_request else &_L_RESPONSE
+    cdef str kind = "request" if is_request else "response"
+    pl.is_request = is_request
+    _plan_str(&pl.model_name, _attr(msg, cls, L, 0, "model_name"), kind, None, "model_name")
+    _plan_str(&pl.model_version, _attr(msg, cls, L, 1, "model_version"), kind, None,
+              "model_version")
+    _plan_str(&pl.id, _attr(msg, cls, L, 2, "id"), kind, None, "id")
+    _plan_params(pl, _attr(msg, cls, L, 3, "parameters"), &pl.params_lo, &pl.params_hi,
+                 &pl.params_size, kind, None)
+
+    tensors = _attr(msg, cls, L, 4, "inputs" if is_request else "outputs")
+    if type(tensors) is not list:
+        tensors = list(tensors)
+    pl.n_tensors = len(tensors)
+    if pl.n_tensors:
+        pl.tensors = <TensorRec*>PyMem_Calloc(pl.n_tensors, sizeof(TensorRec))
+        if pl.tensors == NULL:
+            raise MemoryError()
+    kind = _INPUT if is_request else _OUTPUT
+    for i in range(pl.n_tensors):
+        if len(tensors) != pl.n_tensors:    # changed by code that ran while planning
+            raise CodecError(f"{kind}s changed while the {kind}s were being encoded")
+        _plan_tensor(pl, &pl.tensors[i], tensors[i], kind)
+    if is_request:
+        outs = _attr(msg, cls, L, 5, "outputs")
+        if type(outs) is not list:
+            outs = list(outs)
+        pl.n_outs = len(outs)
+        if pl.n_outs:
+            pl.outs = <OutRec*>PyMem_Calloc(pl.n_outs, sizeof(OutRec))
+            if pl.outs == NULL:
+                raise MemoryError()
+        for i in range(pl.n_outs):
+            if len(outs) != pl.n_outs:
+                raise CodecError("requested outputs changed while they were being encoded")
+            _plan_requested(pl, &pl.outs[i], outs[i])
+
+    if pl.model_name.n:
+        size += _ld(pl.model_name.n)
+    if pl.model_version.n:
+        size += _ld(pl.model_version.n)
+    if pl.id.n:
+        size += _ld(pl.id.n)
+    size += pl.params_size
+    for i in range(pl.n_tensors):
+        t = &pl.tensors[i]
+        size += _ld(t.body_len)
+        if t.data_kind or not is_request:
+            size += _ld(t.raw_len)
+    for i in range(pl.n_outs):
+        size += _ld(pl.outs[i].body_len)
+    pl.size = size
+    return 0
+
+
+cdef char* _write_params(Plan* pl, char* p, Py_ssize_t lo, Py_ssize_t hi, uchar tag) noexcept:
+    cdef ParamRec* recs = <ParamRec*>_vdata(&pl.params)
+    cdef ParamRec* rec
+    cdef Py_ssize_t i
+    for i in range(lo, hi):
+        rec = &recs[i]
+        p = _whead(p, tag, rec.entry_len)
+        p = _wbytes(p, 0x0A, rec.key.p, rec.key.n)
+        p = _whead(p, 0x12, rec.value_len)
+        # InferParameter tag: double is fixed64 (1), string is length-delimited (2), others varint
+        p[0] = <char>((rec.field << 3) | (1 if rec.field == 4 else 2 if rec.field == 3 else 0))
+        p += 1
+        if rec.field == 4:
+            memcpy(p, &rec.d, 8)
+            p += 8
+        elif rec.field == 3:
+            p = _wcopy(_wvarint(p, <uint64_t>rec.s.n), rec.s.p, rec.s.n)
+        else:
+            p = _wvarint(p, rec.u)
+    return p
+
+
+cdef char* _plan_write(Plan* pl, char* p) noexcept:
+    """Write the planned message at ``p`` (exactly ``pl.size`` bytes); returns its end."""
+    cdef Py_ssize_t i, k
+    cdef TensorRec* t
+    cdef OutRec* o
+    cdef int64_t* dv = <int64_t*>_vdata(&pl.dims)
+    cdef uchar raw_tag = 0x3A if pl.is_request else 0x32    # raw_input_contents=7 / raw_output_contents=6
+    if pl.model_name.n:
+        p = _wbytes(p, 0x0A, pl.model_name.p, pl.model_name.n)
+    if pl.model_version.n:
+        p = _wbytes(p, 0x12, pl.model_version.p, pl.model_version.n)
+    if pl.id.n:
+        p = _wbytes(p, 0x1A, pl.id.p, pl.id.n)
+    p = _write_params(pl, p, pl.params_lo, pl.params_hi, 0x22)
+    for i in range(pl.n_tensors):
+        t = &pl.tensors[i]
+        p = _whead(p, 0x2A, t.body_len)
+        if t.name.n:
+            p = _wbytes(p, 0x0A, t.name.p, t.name.n)
+        p = _wbytes(p, 0x12, _DT_C[t.code], _DT_LEN[t.code])
+        if t.shape_len:
+            p = _whead(p, 0x1A, t.shape_len)
+            for k in range(t.dims_lo, t.dims_hi):
+                p = _wvarint(p, <uint64_t>dv[k])
+        p = _write_params(pl, p, t.params_lo, t.params_hi, 0x22)
+    for i in range(pl.n_outs):
+        o = &pl.outs[i]
+        p = _whead(p, 0x32, o.body_len)
+        if o.name.n:
+            p = _wbytes(p, 0x0A, o.name.p, o.name.n)
+        p = _write_params(pl, p, o.params_lo, o.params_hi, 0x12)
+    for i in range(pl.n_tensors):
+        t = &pl.tensors[i]
+        if t.data_kind == 0:
+            if not pl.is_request:
+                p = _whead(p, raw_tag, 0)   # output in shared memory: empty entry, as Triton
+            continue
+        p = _whead(p, raw_tag, t.raw_len)
+        if t.data_kind == 1:
+            # copy: the tensor's bytes into the message (the one copy of each tensor)
+            if t.raw_len >= NOGIL_COPY:
+                with nogil:
+                    memcpy(p, t.view.buf, t.raw_len)
+            else:
+                memcpy(p, t.view.buf, t.raw_len)
+            p += t.raw_len
+        else:
+            p = _write_bytes_items(p, <list>t.items)
+    return p
+
+
+cdef list _bytes_items(object data):
     """The elements of a BYTES tensor as a flat list of ``bytes`` (str -> UTF-8)."""
+    cdef Py_ssize_t i, n
     if not isinstance(data, _ndarray):
         data = np.asarray(data, dtype=object)
     if data.dtype.kind in "OSU":
         items = data.ravel().tolist() if data.ndim != 1 else data.tolist()
     else:
-        items = list(data.flat)   # numpy scalars: str() as tritonclient does
-    cdef Py_ssize_t i, n = len(items)
+        items = list(data.flat)   # numpy scalars: str() of each, as tritonclient does
+    n = len(items)
     for i in range(n):
         v = items[i]
-        if PyBytes_CheckExact(v):
+        if PyBytes_Check(v):
             continue
-        if isinstance(v, bytes):
-            items[i] = bytes(v)
-        elif isinstance(v, str):
+        if isinstance(v, str):
             items[i] = (<str>v).encode("utf-8")      # copy: str -> UTF-8
         elif isinstance(v, (bytearray, memoryview)):
             items[i] = bytes(v)                      # copy
@@ -1569,67 +1782,74 @@ cdef char* _write_bytes_items(char* p, list items) noexcept:
     for v in items:
         n = <uint32_t>PyBytes_GET_SIZE(v)
         memcpy(p, &n, 4)
-        # copy: each element's bytes
-        memcpy(p + 4, PyBytes_AS_STRING(v), n)
+        memcpy(p + 4, PyBytes_AS_STRING(v), n)      # copy: each element's bytes
         p += 4 + n
     return p
 
 
-cdef bytes _encode(object msg, bint is_request):
-    cdef _Plan plan = _Plan()
-    plan.build(msg, is_request)
-    out = PyBytes_FromStringAndSize(NULL, plan.size)
-    cdef char* start = PyBytes_AS_STRING(out)
-    cdef char* end = plan.write(start)
-    if end - start != plan.size:   # pragma: no cover - a bug in the sizing code
-        raise AssertionError(f"codec wrote {end - start} bytes, planned {plan.size}")
+cdef bytes _encode(object msg, bint is_request, str error_message):
+    """Plan, allocate ONE bytes object of the exact size, write.
+
+    With ``error_message`` not None the message is wrapped as a
+    ModelStreamInferResponse {error_message=1, infer_response=2} (``msg`` may then be None).
+    """
+    cdef Plan pl
+    cdef StrRef err
+    cdef Py_ssize_t size
+    cdef char* start = NULL
+    cdef char* p = NULL
+    _plan_init(&pl)
+    err.owner = NULL
+    try:
+        if error_message is None:
+            _plan_build(&pl, msg, is_request)
+            size = pl.size
+        else:
+            size = 0
+            _plan_str(&err, error_message, "stream response", None, "error_message")
+            if err.n:
+                size += _ld(err.n)
+            if msg is not None:
+                _plan_build(&pl, msg, False)
+                size += _ld(pl.size)
+        out = PyBytes_FromStringAndSize(NULL, size)
+        start = p = PyBytes_AS_STRING(out)
+        if error_message is None:
+            p = _plan_write(&pl, p)
+        else:
+            if err.n:
+                p = _wbytes(p, 0x0A, err.p, err.n)
+            if msg is not None:
+                p = _whead(p, 0x12, pl.size)
+                p = _plan_write(&pl, p)
+    finally:
+        _plan_free(&pl)
+        _str_release(&err)
+    if p - start != size:   # pragma: no cover - would be a bug in the sizing code
+        raise AssertionError(f"codec wrote {p - start} bytes, planned {size}")
     return out
 
 
 def encode_infer_response(response):
     """Serialize an InferResponse as ModelInferResponse wire bytes (all data in raw_output_contents)."""
-    return _encode(response, False)
+    return _encode(response, False, None)
 
 
 def encode_infer_request(request):
     """Serialize an InferRequest as ModelInferRequest wire bytes (data in raw_input_contents)."""
-    return _encode(request, True)
+    return _encode(request, True, None)
 
 
 def encode_stream_response(response=None, error_message=""):
     """Serialize a ModelStreamInferResponse: error_message=1 and/or infer_response=2."""
-    cdef _Plan plan = None
-    cdef StrRef err
-    cdef Py_ssize_t size = 0
-    cdef char* p
-    cdef char* start
     if not PyUnicode_Check(error_message):
-        raise CodecError("error_message must be a str")
-    try:
-        err.p = PyUnicode_AsUTF8AndSize(error_message, &err.n)
-    except UnicodeEncodeError:
-        raise CodecError("error_message cannot be encoded as UTF-8") from None
-    if err.n:
-        size += _ld(err.n)
-    if response is not None:
-        plan = _Plan()
-        plan.build(response, False)
-        size += _ld(plan.size)
-    out = PyBytes_FromStringAndSize(NULL, size)
-    start = p = PyBytes_AS_STRING(out)
-    if err.n:
-        p = _wbytes(p, 0x0A, err.p, err.n)
-    if plan is not None:
-        p = _whead(p, 0x12, plan.size)
-        p = plan.write(p)
-    if p - start != size:   # pragma: no cover
-        raise AssertionError(f"codec wrote {p - start} bytes, planned {size}")
-    return out
+        raise CodecError(f"error_message must be a str, got {type(error_message).__name__}")
+    return _encode(response, False, error_message)
 
 
 def serialize_bytes_tensor(array):
     """The BYTES framing of an array: per element a uint32 LE length then its bytes."""
-    items = _bytes_items(array, "BYTES tensor")
+    items = _bytes_items(array)
     cdef Py_ssize_t size = _bytes_items_size(items, "BYTES tensor")
     out = PyBytes_FromStringAndSize(NULL, size)
     _write_bytes_items(PyBytes_AS_STRING(out), items)
