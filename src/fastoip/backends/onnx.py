@@ -80,6 +80,7 @@ class OnnxBackend:
         self.input_types = {i.name: ORT_TYPE_TO_V2.get(i.type, i.type) for i in self.session.get_inputs()}
         self.output_types = {o.name: ORT_TYPE_TO_V2.get(o.type, o.type) for o in self.session.get_outputs()}
         self._has_bf16 = "BF16" in self.input_types.values() or "BF16" in self.output_types.values()
+        self._has_strings = "BYTES" in self.input_types.values() or "BYTES" in self.output_types.values()
         # The public ``run`` re-validates names the LoadedModel already checked (several µs a call);
         # on CPU call the binding directly.  CUDA keeps the public path for its EP-failure fallback.
         inner = getattr(self.session, "_sess", None)
@@ -102,6 +103,11 @@ class OnnxBackend:
 
     def run(self, feeds: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """Execute once; outputs in ``output_names`` order."""
+        if not self._has_strings and not self._has_bf16:
+            try:
+                return self._run(output_names, feeds, None)
+            except Exception as exc:
+                raise InternalError(f"onnxruntime failed: {exc}") from None
         text_codec: Optional[str] = None
         ort_feeds: dict = {}
         for name, array in feeds.items():

@@ -9,8 +9,9 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 import logging
-import threading
+import time
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Optional
@@ -45,72 +46,57 @@ class LoadedModel:
         self.path = path
         self.config = config
         self.spec: ModelSpec = model_spec(config)
+        self.all_output_names = [t.name for t in self.spec.outputs]
         self.backends = backends
         self.stats = ModelStatistics(name, self.version_str)
         self.buffers = BufferPool()
-        self._in_flight = 0
-        self._drained = threading.Condition(threading.Lock())
+        # Lock-free in-flight accounting: next() on an itertools.count is atomic under the GIL.
+        self._entered = itertools.count()
+        self._left = itertools.count()
+        #: Backends that take whole requests (Python models) instead of merged tensors.
+        self.runs_requests = any(getattr(b, "runs_requests", False) for b in backends)
         self.scheduler = scheduler_factory(self, executor)
 
     # -- the infer path -------------------------------------------------
     def prepare(self, request: InferRequest) -> Job:
         """Validate ``request`` against the config and make a Job of it."""
         spec = self.spec
-        feeds = {}
-        batch_size: Optional[int] = None
-        shapes = []
+        by_name = spec.input_by_name
+        batching = spec.batching
+        feeds: dict = {}
+        batch_size = 1
         for tensor in request.inputs:
-            expected = spec.input_by_name.get(tensor.name)
-            if expected is None:
-                raise InvalidArgument(
-                    f"unexpected inference input '{tensor.name}' for model '{self.name}'; "
-                    f"expected inputs: {', '.join(t.name for t in spec.inputs)}"
-                )
-            if tensor.name in feeds:
-                raise InvalidArgument(f"input '{tensor.name}' given more than once for model '{self.name}'")
-            if tensor.datatype != expected.datatype:
-                raise InvalidArgument(
-                    f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
-                    f"but model '{self.name}' expects '{expected.datatype}'"
-                )
-            shape = tuple(tensor.shape)
-            if not expected.accepts(shape):
-                raise InvalidArgument(
-                    f"unexpected shape for input '{tensor.name}' for model '{self.name}'. "
-                    f"Expected {list(expected.shape)}, got {list(shape)}"
-                    + (
-                        " (the model batches: the first dimension is the batch size)"
-                        if spec.batching and len(shape) == len(expected.shape) - 1
-                        else ""
-                    )
-                )
-            if spec.batching:
-                if batch_size is None:
-                    batch_size = shape[0]
-                elif shape[0] != batch_size:
+            # The common case passes these checks in a few operations; _reject explains a failure.
+            name = tensor.name
+            expected = by_name.get(name)
+            if (
+                expected is None
+                or name in feeds
+                or tensor.datatype != expected.datatype
+                or not expected.accepts(tensor.shape)
+                or tensor.data is None
+            ):
+                self._reject_input(tensor, expected, feeds)
+            if batching:
+                if not feeds:
+                    batch_size = tensor.shape[0]
+                elif tensor.shape[0] != batch_size:
                     raise InvalidArgument(
-                        f"input '{tensor.name}' has batch size {shape[0]} but other inputs have {batch_size}"
+                        f"input '{name}' has batch size {tensor.shape[0]} but other inputs have {batch_size}"
                     )
-            if tensor.data is None:
-                raise InvalidArgument(f"input '{tensor.name}' has no data")
-            feeds[tensor.name] = tensor.data
-            shapes.append(shape[1:] if spec.batching else shape)
-        for expected in spec.inputs:
-            if expected.name not in feeds and not expected.optional:
-                raise InvalidArgument(
-                    f"expected {len(spec.inputs)} inputs but got {len(feeds)} inputs for model '{self.name}': "
-                    f"missing input '{expected.name}'"
-                )
-        if spec.batching:
-            assert batch_size is not None or not feeds
-            batch_size = batch_size or 0
-            if batch_size < 1 or batch_size > spec.max_batch_size:
-                raise InvalidArgument(
-                    f"inference request batch-size must be <= {spec.max_batch_size} and >= 1 for "
-                    f"'{self.name}', got {batch_size}"
-                )
-        else:
-            batch_size = 1
+            feeds[name] = tensor.data
+        if len(feeds) != len(spec.inputs):
+            for expected in spec.inputs:
+                if expected.name not in feeds and not expected.optional:
+                    raise InvalidArgument(
+                        f"expected {len(spec.inputs)} inputs but got {len(feeds)} inputs for model "
+                        f"'{self.name}': missing input '{expected.name}'"
+                    )
+        if batching and not 1 <= batch_size <= spec.max_batch_size:
+            raise InvalidArgument(
+                f"inference request batch-size must be <= {spec.max_batch_size} and >= 1 for "
+                f"'{self.name}', got {batch_size}"
+            )
         if request.outputs:
             output_names = []
             for wanted in request.outputs:
@@ -123,9 +109,44 @@ class LoadedModel:
                     raise Unsupported(f"output '{wanted.name}': the classification extension is not supported")
                 output_names.append(wanted.name)
         else:
-            output_names = [t.name for t in spec.outputs]
-        signature = (tuple(zip(feeds, shapes)), tuple(output_names))
-        return Job(request, feeds, batch_size, output_names, signature)
+            output_names = self.all_output_names
+        return Job(request, feeds, batch_size, output_names)
+
+    def signature(self, job: Job) -> tuple:
+        """Jobs merge into one batch only when these agree: non-batch shapes and requested outputs."""
+        skip = 1 if self.spec.batching else 0
+        return (
+            tuple((t.name, tuple(t.shape[skip:])) for t in job.request.inputs),
+            tuple(job.output_names),
+        )
+
+    def _reject_input(self, tensor, expected, feeds: dict) -> None:  # type: ignore[no-untyped-def]
+        """Raise the precise error for an input that failed prepare's quick checks."""
+        spec = self.spec
+        if expected is None:
+            raise InvalidArgument(
+                f"unexpected inference input '{tensor.name}' for model '{self.name}'; "
+                f"expected inputs: {', '.join(t.name for t in spec.inputs)}"
+            )
+        if tensor.name in feeds:
+            raise InvalidArgument(f"input '{tensor.name}' given more than once for model '{self.name}'")
+        if tensor.datatype != expected.datatype:
+            raise InvalidArgument(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"but model '{self.name}' expects '{expected.datatype}'"
+            )
+        shape = tuple(tensor.shape)
+        if not expected.accepts(shape):
+            raise InvalidArgument(
+                f"unexpected shape for input '{tensor.name}' for model '{self.name}'. "
+                f"Expected {list(expected.shape)}, got {list(shape)}"
+                + (
+                    " (the model batches: the first dimension is the batch size)"
+                    if spec.batching and len(shape) == len(expected.shape) - 1
+                    else ""
+                )
+            )
+        raise InvalidArgument(f"input '{tensor.name}' has no data")
 
     # -- metadata -----------------------------------------------------------
     def tensor_metadata(self) -> tuple[list[dict], list[dict]]:
@@ -143,24 +164,29 @@ class LoadedModel:
 
     # -- in-flight accounting: unload waits for requests that already started ----------
     def enter(self) -> None:
-        with self._drained:
-            self._in_flight += 1
+        next(self._entered)
 
     def leave(self) -> None:
-        with self._drained:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._drained.notify_all()
+        next(self._left)
+
+    @property
+    def in_flight(self) -> int:
+        # __reduce__ reads a count's next value without advancing it.
+        return self._entered.__reduce__()[1][0] - self._left.__reduce__()[1][0]  # type: ignore[index]
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no request is using this model (True) or ``timeout`` passes (False)."""
-        with self._drained:
-            return self._drained.wait_for(lambda: self._in_flight == 0, timeout)
+        deadline = time.monotonic() + timeout
+        while self.in_flight > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish what is in flight (up to ``timeout``), then release the instances."""
         if not self.wait_idle(timeout):
-            log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self._in_flight)
+            log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self.in_flight)
         self.scheduler.stop()
         for backend in self.backends:
             backend.close()

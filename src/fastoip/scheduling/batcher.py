@@ -102,6 +102,7 @@ class DynamicBatcher:
         else:
             job.timeout_ns = policy.default_timeout_ns
         job.priority = level
+        job.signature = self.model.signature(job)
         job.arm()
         with self._cond:
             if self._stopping:

@@ -42,7 +42,7 @@ def run_jobs(  # type: ignore[no-untyped-def]
     for job in live:
         job.queue_ns = start_ns - job.arrival_ns
         job.compute_start_ns = start_ns
-    if getattr(backend, "runs_requests", False):
+    if model.runs_requests:
         _run_requests(model, backend, live, before_finish)
         return
     first = live[0]

@@ -53,15 +53,14 @@ class Job:
         feeds: dict[str, np.ndarray],
         batch_size: int,
         output_names: list[str],
-        signature: tuple,
     ) -> None:
         self.request = request
         self.feeds = feeds
         #: Items along dim 0 (1 for models that do not batch).
         self.batch_size = batch_size
         self.output_names = output_names
-        #: Jobs batch together only when their signatures are equal (non-batch shapes, outputs).
-        self.signature = signature
+        #: Jobs batch together only when their signatures are equal (set by the batcher).
+        self.signature: tuple = ()
         self.arrival_ns = time.monotonic_ns()
         #: Absolute monotonic deadline from the client (gRPC deadline), or 0.
         self.deadline_ns = 0
