@@ -21,8 +21,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    help="Triton-style repository; default: the built-in demo repository")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
-    p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "64")),
-                   help="gRPC handler threads (bounds concurrent calls)")
+    p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
+                   help="gRPC handler threads: bounds calls in progress (an open stream holds one); "
+                        "16 measured best on 2 cores for small and batched models alike")
     p.add_argument("--http-host", default=os.environ.get("FASTOIP_HTTP_HOST"),
                    help="HTTP bind address (default: --host)")
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),

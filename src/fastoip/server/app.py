@@ -35,7 +35,7 @@ class ServeOptions:
     model_repository: Optional[Path] = None
     host: str = "127.0.0.1"
     grpc_port: int = 8001
-    grpc_workers: int = 64
+    grpc_workers: int = 16
     max_message_size: int = INT32_MAX
     http_host: Optional[str] = None
     #: -1 turns HTTP off; 0 picks a free port.

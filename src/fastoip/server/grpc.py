@@ -367,7 +367,7 @@ def create_server(
     host: str,
     port: int,
     *,
-    workers: int = 64,
+    workers: int = 16,
     max_message_size: int = INT32_MAX,
 ) -> tuple[grpc.Server, int]:
     """A started-ready (not yet started) grpc server and the port it bound."""
