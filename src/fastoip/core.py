@@ -160,7 +160,11 @@ class Core:
         deadline_ns: int = 0,
         watch: Optional[Callable[[Job], None]] = None,
     ) -> InferResponse:
-        """Run ``request`` and block until its response (or raise its error)."""
+        """Run ``request`` and block until its response (or raise its error).
+
+        ``watch(job)`` is called for a request that will wait in a queue, before it is
+        queued: the frontend sets its client deadline and cancels it when the call ends.
+        """
         model, job = self.prepare(request, deadline_ns)
         if model.scheduler.queues:
             job.arm()  # it will wait in a queue: other threads may finish or cancel it

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from functools import partial
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,14 +69,8 @@ class GrpcFrontend:
     def ModelInfer(self, request: "InferRequest | DecodeFailure", context: grpc.ServicerContext) -> Any:
         if type(request) is DecodeFailure:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {request.message}")
-        remaining = context.time_remaining()
-        deadline_ns = time.monotonic_ns() + int(remaining * 1e9) if remaining is not None and remaining < 1e9 else 0
-
-        def watch(job: Job) -> None:
-            context.add_callback(job.cancel)
-
         try:
-            return self.core.infer(request, deadline_ns, watch)  # type: ignore[arg-type]
+            return self.core.infer(request, watch=partial(watch_call, context))  # type: ignore[arg-type]
         except InferenceError as exc:
             abort(context, exc)
 
@@ -277,6 +272,17 @@ class GrpcFrontend:
 
 
 _END = object()
+
+
+def watch_call(context: grpc.ServicerContext, job: Job) -> None:
+    """For a request that will wait in a queue: its client deadline, and cancel it when the call ends.
+
+    Only queued requests are watched: a direct request runs at once on this thread.
+    """
+    remaining = context.time_remaining()
+    if remaining is not None and remaining < 1e9:
+        job.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
+    context.add_callback(job.cancel)
 
 
 def _error_echo(request: "InferRequest | None") -> "InferResponse | None":
