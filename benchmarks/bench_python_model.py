@@ -98,6 +98,18 @@ def request_bytes(model: str, data: np.ndarray) -> bytes:
     return request.SerializeToString()
 
 
+#: The server on one CPU and h2load on the other, as every side-by-side run here (override with env).
+SERVER_CPUS = os.environ.get("SERVER_CPUS", "0")
+CLIENT_CPUS = os.environ.get("CLIENT_CPUS", "1")
+
+
+def pin(cpus: str) -> list[str]:
+    """A ``taskset`` prefix when the machine has more than one CPU and taskset exists."""
+    if (os.cpu_count() or 1) > 1 and shutil.which("taskset"):
+        return ["taskset", "-c", cpus]
+    return []
+
+
 class Server:
     """``fastoip serve`` on a free loopback port."""
 
@@ -105,7 +117,7 @@ class Server:
         src = str(Path(__file__).resolve().parents[1] / "src")
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
+            [*pin(SERVER_CPUS), sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
              "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
@@ -214,7 +226,7 @@ def drive_h2load(port: int, payload: bytes, concurrency: int, channels: int,
         clients = max(1, min(channels, concurrency))
         streams = max(1, concurrency // clients)
         command = [
-            "h2load", "-c", str(clients), "-m", str(streams), "-t", "1",
+            *pin(CLIENT_CPUS), "h2load", "-c", str(clients), "-m", str(streams), "-t", "1",
             "--warm-up-time", f"{int(warmup * 1000)}ms", "-D", f"{int(duration * 1000)}ms",
             "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", data_file,
             f"http://127.0.0.1:{port}{INFER_METHOD}",
