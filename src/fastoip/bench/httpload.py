@@ -18,7 +18,7 @@ import asyncio
 import threading
 from typing import Any, Optional
 
-from .load import LATE_NS, Generator, LoadSpec, Sample, now_ns, schedule
+from .load import LATE_NS, LoadSpec, LoopThreadGenerator, Sample, now_ns, schedule
 
 #: Pause after a failed connect before the slot tries again (keeps a dead server from spinning the CPU).
 RECONNECT_DELAY_S = 0.01
@@ -119,8 +119,10 @@ class _Conn(asyncio.Protocol):
         self.owner.on_lost(self)
 
 
-class HttpLoad(Generator):
+class HttpLoad(LoopThreadGenerator):
     """Closed or open loop over keep-alive HTTP/1.1 connections."""
+
+    thread_name = "fastoip-bench-http"
 
     def __init__(self, spec: LoadSpec) -> None:
         super().__init__(spec)
@@ -274,19 +276,6 @@ class HttpLoad(Generator):
             loop.close()
 
     # The interface ------------------------------------------------------------------
-    def _start(self, mode: str, level: float) -> None:
-        self._thread = threading.Thread(target=self._run, args=(mode, level), name="fastoip-bench-http", daemon=True)
-        self._thread.start()
-        self._ready.wait(30)
-        if self._error is not None:
-            raise self._error
-
-    def start_concurrency(self, concurrency: int) -> None:
-        self._start("concurrency", concurrency)
-
-    def start_rate(self, rate: float) -> None:
-        self._start("rate", rate)
-
     def cut(self, a: int, b: int) -> Sample:
         return self.recorder.cut(a, b)
 

@@ -186,6 +186,28 @@ class Generator:
         pass
 
 
+class LoopThreadGenerator(Generator):
+    """A generator whose load runs on a thread of its own (``_run(mode, level)``, an asyncio loop).
+
+    ``_run`` sets ``self._ready`` once the load is going, or ``self._error`` if it could not start.
+    """
+
+    thread_name = "fastoip-bench-loop"
+
+    def _start(self, mode: str, level: float) -> None:
+        self._thread = threading.Thread(target=self._run, args=(mode, level), name=self.thread_name, daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+
+    def start_concurrency(self, concurrency: int) -> None:
+        self._start("concurrency", concurrency)
+
+    def start_rate(self, rate: float) -> None:
+        self._start("rate", rate)
+
+
 def schedule(rate: float, distribution: str, seed: int):  # type: ignore[no-untyped-def]
     """Successive gaps in ns of an open-loop schedule."""
     mean = 1e9 / rate
@@ -347,8 +369,10 @@ class GrpcFutureLoad(Generator):
 
 
 # --------------------------------------------------------------------------- grpc.aio
-class GrpcAioLoad(Generator):
+class GrpcAioLoad(LoopThreadGenerator):
     """grpc.aio on an event loop in its own thread; unary or bidirectional streaming."""
+
+    thread_name = "fastoip-bench-aio"
 
     def __init__(self, spec: LoadSpec) -> None:
         super().__init__(spec)
@@ -487,19 +511,6 @@ class GrpcAioLoad(Generator):
                 await asyncio.wait(set(inflight), timeout=self.spec.extra.get("drain_s", 10.0))
 
     # The interface ---------------------------------------------------------------
-    def _start(self, mode: str, level: float) -> None:
-        self._thread = threading.Thread(target=self._run, args=(mode, level), name="fastoip-bench-aio", daemon=True)
-        self._thread.start()
-        self._ready.wait(30)
-        if self._error is not None:
-            raise self._error
-
-    def start_concurrency(self, concurrency: int) -> None:
-        self._start("concurrency", concurrency)
-
-    def start_rate(self, rate: float) -> None:
-        self._start("rate", rate)
-
     def stop(self, drain_s: float = 10.0) -> None:
         self.spec.extra["drain_s"] = drain_s
         if self._loop is not None and self._stop_event is not None:
