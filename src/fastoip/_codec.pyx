@@ -72,6 +72,10 @@ from operator import index as _operator_index
 
 import numpy as np
 
+cimport numpy as cnp
+
+cnp.import_array()
+
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport (
     PyBytes_AS_STRING,
@@ -841,6 +845,38 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
     return _np_array(lst, _OBJECT_DTYPE)   # copy of the element pointers into the array
 
 
+cdef extern from *:
+    """
+    /* A read-only C-contiguous array on data (inside base) whose base object is base.
+       PyArray_NewFromDescr steals the dtype reference, PyArray_SetBaseObject the base's. */
+    static PyObject* fastoip_bytes_view(PyObject* base, PyObject* dtype, int nd,
+                                        npy_intp* dims, char* data) {
+        PyObject* arr;
+        Py_INCREF(dtype);
+        arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr*)dtype, nd, dims, NULL,
+                                   data, NPY_ARRAY_C_CONTIGUOUS, NULL);
+        if (arr == NULL) return NULL;
+        Py_INCREF(base);
+        if (PyArray_SetBaseObject((PyArrayObject*)arr, base) < 0) {
+            Py_DECREF(arr);
+            return NULL;
+        }
+        return arr;
+    }
+    """
+    object fastoip_bytes_view(object base, object dtype, int nd, cnp.npy_intp* dims, char* data)
+
+
+cdef object _bytes_view(bytes base, object shape, object dtype, Py_ssize_t offset):
+    """A zero-copy read-only view on ``base[offset:]`` through numpy's C API (several times
+    cheaper than calling np.ndarray).  Shape and byte size are already checked."""
+    cdef cnp.npy_intp dims[64]
+    cdef Py_ssize_t i, nd = len(<tuple>shape)
+    for i in range(nd):
+        dims[i] = <cnp.npy_intp>(<object>PyTuple_GET_ITEM(shape, i))
+    return fastoip_bytes_view(base, dtype, <int>nd, dims, PyBytes_AS_STRING(base) + offset)
+
+
 cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* info,
                         object tensor, str kind):
     """A tensor from its raw entry: a read-only zero-copy view (BYTES: new object array)."""
@@ -857,7 +893,7 @@ cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* 
             f"{_shape_str(shape)}, got {span.n}")
     # No copy: a view on the received buffer (read-only because the buffer is).
     if PyBytes_CheckExact(base):
-        return _ndarray(shape, _DT_NUMPY[info.code], base, span.off)
+        return _bytes_view(base, shape, <object>PyTuple_GET_ITEM(_DT_NUMPY, info.code), span.off)
     # Any other buffer: np.ndarray(buffer=memoryview) would keep only the memoryview's
     # underlying object, without a buffer export, so a bytearray could then be resized
     # under the array.  frombuffer keeps the memoryview (and so the export) as its base.
