@@ -53,6 +53,7 @@ from ..core import Core
 from ..errors import InferenceError, InvalidArgument, NotFound
 from . import http_infer
 from .http_infer import _short as _short_json
+from .http_infer import parse_json_object
 from .grpc import cuda_shared_memory_error
 
 log = logging.getLogger("fastoip.http")
@@ -474,15 +475,7 @@ async def _off_loop_if_large(size: int, function: Callable, *args: Any) -> Any:
 
 def _optional_json_object(body: bytes, what: str) -> dict:
     """An optional JSON object body ({} when empty)."""
-    if not body.strip():
-        return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"malformed JSON in the {what}: {exc}") from None
-    if type(doc) is not dict:
-        raise InvalidArgument(f"the {what} must be a JSON object")
-    return doc
+    return parse_json_object(body, what) if body.strip() else {}
 
 
 def _trace_settings_json(values: dict[str, list[str]]) -> dict[str, Any]:

@@ -144,16 +144,21 @@ def decode_raw_request(
     return InferRequest(model_name, model_version, "", {}, [tensor], []), OutputFormat(default_binary=True)
 
 
-def _parse_json(data: Any) -> dict:
-    if not len(data):
-        raise InvalidArgument("the inference request has an empty JSON header")
+def parse_json_object(data: Any, what: str) -> dict:
+    """A JSON object from a request body; InvalidArgument naming ``what`` otherwise."""
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"malformed JSON in the inference request: {exc}") from None
+        raise InvalidArgument(f"malformed JSON in the {what}: {exc}") from None
     if type(doc) is not dict:
-        raise InvalidArgument(f"the inference request must be a JSON object, got {_json_type(doc)}")
+        raise InvalidArgument(f"the {what} must be a JSON object, got {_json_type(doc)}")
     return doc
+
+
+def _parse_json(data: Any) -> dict:
+    if not len(data):
+        raise InvalidArgument("the inference request has an empty JSON header")
+    return parse_json_object(data, "inference request")
 
 
 def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> list[InferInput]:
