@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import CLIENT_CPUS, Fastoip, env, fastoip_bench, markdown_table  # noqa: E402
+from _harness import CLIENT_CPUS, Fastoip, fastoip_bench, markdown_table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 

@@ -14,7 +14,6 @@ import logging
 import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Optional
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument, Unsupported
