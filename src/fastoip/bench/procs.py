@@ -86,10 +86,14 @@ class ProcessLoad(Generator):
         return [process.pid for process, _ in self._workers]
 
     def _ask(self, index: int, command: tuple, timeout: float = 60.0) -> Any:
+        self._workers[index][1].send(command)
+        return self._answer(index, command[0], timeout)
+
+    def _answer(self, index: int, what: str, timeout: float = 60.0) -> Any:
+        """The reply of worker ``index`` to a command already sent (all workers run it at once)."""
         process, pipe = self._workers[index]
-        pipe.send(command)
         if not pipe.poll(timeout):
-            raise BenchError(f"client process {process.pid} did not answer {command[0]!r}", stage="load")
+            raise BenchError(f"client process {process.pid} did not answer {what!r}", stage="load")
         status, value = pipe.recv()
         if status != "ok":
             raise BenchError(f"client process {process.pid}: {value}", stage="load")
@@ -105,12 +109,7 @@ class ProcessLoad(Generator):
         for i in self._active:
             self._workers[i][1].send(("start", mode, shares[i], client))
         for i in self._active:
-            process, pipe = self._workers[i]
-            if not pipe.poll(60):
-                raise BenchError(f"client process {process.pid} did not start", stage="load")
-            status, value = pipe.recv()
-            if status != "ok":
-                raise BenchError(f"client process {process.pid}: {value}", stage="load")
+            self._answer(i, "start")
 
     def start_concurrency(self, concurrency: int) -> None:
         n = len(self._workers)
@@ -125,12 +124,7 @@ class ProcessLoad(Generator):
             self._workers[i][1].send(("cut", a, b))
         samples = []
         for i in self._active:
-            process, pipe = self._workers[i]
-            if not pipe.poll(60):
-                raise BenchError(f"client process {process.pid} did not answer 'cut'", stage="load")
-            status, value = pipe.recv()
-            if status != "ok":
-                raise BenchError(f"client process {process.pid}: {value}", stage="load")
+            value = self._answer(i, "cut")
             if value is not None:
                 samples.append(value)
         return Sample.merge(samples)
