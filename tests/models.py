@@ -84,3 +84,13 @@ def slow_model_bytes(rows: int = 256, layers: int = 4) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def nonzero_model_bytes() -> bytes:
+    """INPUT0 INT32 [n] -> OUTPUT0 INT64 [1, count of non-zeros]: the output shape depends on the data."""
+    inp = helper.make_tensor_value_info("INPUT0", TensorProto.INT32, ["n"])
+    out = helper.make_tensor_value_info("OUTPUT0", TensorProto.INT64, [1, "count"])
+    graph = helper.make_graph([helper.make_node("NonZero", ["INPUT0"], ["OUTPUT0"])], "nonzero", [inp], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from . import __version__
 from ._proto import model_config_pb2 as mc
 from .errors import InferenceError, NotFound, Unavailable, Unsupported
@@ -26,7 +28,7 @@ from .repository.config import config_from_json
 from .repository.loaded import LoadedModel
 from .scheduling.job import Job
 from .settings import LogSettings, TraceSettings
-from .shared_memory import SharedMemoryRegistry, uses_region
+from .shared_memory import SharedMemoryRegistry, uses_region, write_output
 from .types import InferRequest, InferResponse
 
 log = logging.getLogger("fastoip.core")
@@ -150,6 +152,8 @@ class Core:
                     tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters
                 )
         job = model.prepare(request)
+        if request.outputs:
+            job.destinations = self._output_destinations(request)
         job.deadline_ns = deadline_ns
         model.enter()
         return model, job
@@ -173,8 +177,8 @@ class Core:
         try:
             model.scheduler.run(job)
             response = job.wait()
-            if request.outputs:
-                self._write_shared_memory_outputs(request, response)
+            if job.destinations:
+                self._write_shared_memory_outputs(job.destinations, response)
         except InferenceError:
             model.stats.record_request(False, time.monotonic_ns() - job.arrival_ns)
             raise
@@ -216,9 +220,9 @@ class Core:
         stats = model.stats
 
         def done(finished: Job) -> None:
-            if finished.error is None and request.outputs:
+            if finished.error is None and finished.destinations:
                 try:
-                    self._write_shared_memory_outputs(request, finished.response)  # type: ignore[arg-type]
+                    self._write_shared_memory_outputs(finished.destinations, finished.response)  # type: ignore[arg-type]
                 except InferenceError as exc:
                     finished.error, finished.response = exc, None
             model.leave()
@@ -237,16 +241,23 @@ class Core:
             model.scheduler.submit(job)
         return job
 
-    def _write_shared_memory_outputs(self, request: InferRequest, response: InferResponse) -> None:
-        """Copy outputs the client asked to receive in shared memory into their regions."""
-        wanted = {o.name: o.parameters for o in request.outputs if uses_region(o.parameters)}
-        if not wanted:
-            return
+    def _output_destinations(self, request: InferRequest) -> Optional[dict[str, np.ndarray]]:
+        """Region bytes for the outputs the client wants in shared memory, or None."""
+        wanted = {
+            o.name: self.shared_memory.output_view(o.name, o.parameters)
+            for o in request.outputs
+            if uses_region(o.parameters)
+        }
+        return wanted or None
+
+    @staticmethod
+    def _write_shared_memory_outputs(destinations: dict[str, np.ndarray], response: InferResponse) -> None:
+        """Put outputs into their regions; the response keeps an empty entry for each, as Triton sends."""
         for output in response.outputs:
-            parameters = wanted.get(output.name)
-            if parameters is not None and output.data is not None:
-                self.shared_memory.write_output(output.name, output.data, output.datatype, parameters)
-                output.data = None  # an empty raw_output_contents entry, as Triton sends
+            destination = destinations.get(output.name)
+            if destination is not None and output.data is not None:
+                write_output(output.name, output.data, output.datatype, destination)
+                output.data = None
 
     async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
         """``infer`` for asyncio frontends: the event loop never blocks."""

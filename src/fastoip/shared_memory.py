@@ -5,7 +5,8 @@ Rules:
   ``/dev/shm/<key>``) mapped once at registration; ``offset`` and
   ``byte_size`` delimit the part the client lends to the server.
 - Inputs read from a region are numpy views on the mapping (no copy).
-  Outputs are copied into the region (the one output copy).
+  Outputs are copied into the region (the one output copy), unless the backend
+  computed them there in the first place (ONNX models: no copy at all).
 - Every offset and size a request names is checked against the region.
 - Unregistering only drops the registry's reference: a request still using
   the region keeps the mapping alive through its views, and the mapping is
@@ -106,8 +107,7 @@ class SharedMemoryRegistry:
             return [r.status() for r in self._regions.values()]
 
     def _get(self, name: str) -> Region:
-        with self._lock:
-            region = self._regions.get(name)
+        region = self._regions.get(name)  # one dict lookup is atomic; the lock guards check-then-act
         if region is None:
             raise NotFound(f"unable to find system shared memory region: '{name}'")
         return region
@@ -147,23 +147,37 @@ class SharedMemoryRegistry:
                 f"input '{name}': {datatype} {list(shape)} needs {expected} bytes, "
                 f"but {BYTE_SIZE} is {byte_size}"
             )
-        dtype = numpy_dtype(datatype)
-        return np.frombuffer(region.mapping, dtype=dtype, count=count, offset=start).reshape(shape)
+        # frombuffer holds a buffer export, which keeps unregister from unmapping it under us.
+        return np.frombuffer(region.mapping, numpy_dtype(datatype), count, start).reshape(shape)
 
-    def write_output(self, name: str, array: np.ndarray, datatype: str, parameters: dict) -> None:
-        """Copy an output into its region (the one output copy); checks that it fits."""
+    def output_view(self, name: str, parameters: dict) -> np.ndarray:
+        """The writable bytes of a region an output goes to, checked against the region.
+
+        Resolved before the request runs, so a bad region fails fast and a backend
+        can write the output there directly (see :func:`write_output`).
+        """
         region, start, byte_size = self._span(name, parameters)
-        if datatype == "BYTES":
-            from ._codec import serialize_bytes_tensor
+        return np.frombuffer(region.mapping, np.uint8, byte_size, start)
 
-            data: "bytes | memoryview" = serialize_bytes_tensor(array)
-        else:
-            data = memoryview(np.ascontiguousarray(array)).cast("B")
-        if len(data) > byte_size:
-            raise InvalidArgument(
-                f"output '{name}' needs {len(data)} bytes but shared memory byte size is {byte_size}"
-            )
-        region.mapping[start : start + len(data)] = data
+
+def write_output(name: str, array: np.ndarray, datatype: str, destination: np.ndarray) -> None:
+    """Put an output into its region bytes ``destination`` (the one output copy).
+
+    Nothing is copied when the backend already computed the output in place.
+    """
+    if datatype == "BYTES":
+        from ._codec import serialize_bytes_tensor
+
+        data = np.frombuffer(serialize_bytes_tensor(array), dtype=np.uint8)
+    else:
+        if array.ctypes.data == destination.ctypes.data and array.nbytes <= destination.nbytes:
+            return  # written in place by the backend
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if data.nbytes > destination.nbytes:
+        raise InvalidArgument(
+            f"output '{name}' needs {data.nbytes} bytes but shared memory byte size is {destination.nbytes}"
+        )
+    destination[: data.nbytes] = data
 
 
 def uses_region(parameters: Optional[dict]) -> bool:

@@ -18,19 +18,22 @@ Rules:
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..datatypes import ORT_TYPE_TO_V2
+from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
 
 log = logging.getLogger("fastoip.onnx")
 
 BF16_ONNX_ELEMENT_TYPE = 16
+#: Distinct input-shape sets remembered per session for in-place outputs (a bound, not a cache policy).
+MAX_LEARNED_SHAPES = 256
 
 
 def _ort():  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
@@ -81,10 +84,20 @@ class OnnxBackend:
         self.output_types = {o.name: ORT_TYPE_TO_V2.get(o.type, o.type) for o in self.session.get_outputs()}
         self._has_bf16 = "BF16" in self.input_types.values() or "BF16" in self.output_types.values()
         self._has_strings = "BYTES" in self.input_types.values() or "BYTES" in self.output_types.values()
+        self._output_dtypes = {
+            name: numpy_dtype(datatype) for name, datatype in self.output_types.items() if ITEM_SIZES.get(datatype)
+        }
+        #: (output names, input names and shapes) -> output shapes, or None where they follow the data.
+        self._learned_shapes: dict[tuple, Optional[tuple]] = {}
+        # A bound run whose output shapes changed fails by design; ORT need not log it as an error.
+        self._quiet_run = ort.RunOptions()
+        self._quiet_run.log_severity_level = 4
         # The public ``run`` re-validates names the LoadedModel already checked (several µs a call);
         # on CPU call the binding directly.  CUDA keeps the public path for its EP-failure fallback.
-        inner = getattr(self.session, "_sess", None)
-        self._run = inner.run if inner is not None and not self.on_gpu else self.session.run
+        self._inner = self.session._sess
+        self._run = self._inner.run if not self.on_gpu else self.session.run
+        self._new_binding = ort.capi._pybind_state.SessionIOBinding
+        self._host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
 
     def discover(self) -> tuple[list[DiscoveredTensor], list[DiscoveredTensor]]:
         """The model's inputs and outputs, for config auto-complete."""
@@ -101,8 +114,19 @@ class OnnxBackend:
 
         return tensors(self.session.get_inputs()), tensors(self.session.get_outputs())
 
-    def run(self, feeds: dict[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        """Execute once; outputs in ``output_names`` order."""
+    def run(
+        self,
+        feeds: dict[str, np.ndarray],
+        output_names: Sequence[str],
+        destinations: Optional[dict[str, np.ndarray]] = None,
+    ) -> list[np.ndarray]:
+        """Execute once; outputs in ``output_names`` order.
+
+        ``destinations`` (output name -> writable bytes, e.g. a shared-memory
+        region) lets ORT write those outputs there directly; see ``_run_into``.
+        """
+        if destinations is not None and not self._has_strings and not self._has_bf16:
+            return self._run_into(feeds, output_names, destinations)
         if not self._has_strings and not self._has_bf16:
             try:
                 return self._run(output_names, feeds, None)
@@ -125,6 +149,62 @@ class OnnxBackend:
             if out.dtype == object:
                 outputs[index] = _bytes_from_ort(out, text_codec or "utf-8")
         return outputs
+
+    def _run_into(
+        self, feeds: dict[str, np.ndarray], output_names: Sequence[str], destinations: dict[str, np.ndarray]
+    ) -> list[np.ndarray]:
+        """Run with ORT writing outputs straight into ``destinations`` (no output copy).
+
+        ORT needs each bound output's exact shape before it runs, and V2 models
+        may have dynamic output shapes.  So the shapes one run produced for a
+        given set of input shapes are remembered, and the next run with the same
+        input shapes binds its outputs to the destinations.  A run whose outputs
+        turn out differently (data-dependent shapes) fails in ORT and is simply
+        run again the ordinary way, after which the caller copies; those input
+        shapes are then never bound again (the model's shapes follow its data).
+        """
+        key = (tuple(output_names), tuple((name, array.shape) for name, array in feeds.items()))
+        shapes = self._learned_shapes.get(key)
+        views = self._bind_views(output_names, shapes, destinations) if shapes is not None else None
+        if views is not None:
+            # ORT's binding object itself: the public wrapper adds several µs of checks per call.
+            binding = self._new_binding(self._inner)
+            for name, array in feeds.items():
+                binding.bind_input(name, array)
+            for name, view in zip(output_names, views):
+                binding.bind_output(name, self._host_device, view.dtype, view.shape, view.ctypes.data)
+            try:
+                self._inner.run_with_iobinding(binding, self._quiet_run)
+                if self.on_gpu:
+                    binding.synchronize_outputs()
+                return views
+            except Exception:  # the shapes follow the data: stop binding them, run the ordinary way
+                self._learned_shapes[key] = None
+        try:
+            outputs = self._run(output_names, feeds, None)
+        except Exception as exc:
+            raise InternalError(f"onnxruntime failed: {exc}") from None
+        if key not in self._learned_shapes:
+            if len(self._learned_shapes) >= MAX_LEARNED_SHAPES:
+                self._learned_shapes.clear()
+            self._learned_shapes[key] = tuple(out.shape for out in outputs)
+        return outputs
+
+    def _bind_views(
+        self, output_names: Sequence[str], shapes: tuple, destinations: dict[str, np.ndarray]
+    ) -> Optional[list[np.ndarray]]:
+        """Typed views on each output's destination, or None when one does not fit or has none."""
+        views = []
+        for name, shape in zip(output_names, shapes):
+            destination = destinations.get(name)
+            dtype = self._output_dtypes.get(name)
+            if destination is None or dtype is None:
+                return None
+            nbytes = dtype.itemsize * math.prod(shape)
+            if nbytes > destination.nbytes or destination.ctypes.data % dtype.alignment:
+                return None
+            views.append(np.ndarray(shape, dtype, destination))
+        return views
 
     def _run_with_ort_values(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
         ort = _ort()

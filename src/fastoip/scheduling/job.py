@@ -30,6 +30,7 @@ class Job:
         "feeds",
         "batch_size",
         "output_names",
+        "destinations",
         "signature",
         "arrival_ns",
         "deadline_ns",
@@ -59,6 +60,8 @@ class Job:
         #: Items along dim 0 (1 for models that do not batch).
         self.batch_size = batch_size
         self.output_names = output_names
+        #: Output name -> the shared-memory bytes it goes to (set by the Core), or None.
+        self.destinations: Optional[dict[str, np.ndarray]] = None
         #: Jobs batch together only when their signatures are equal (set by the batcher).
         self.signature: tuple = ()
         self.arrival_ns = time.monotonic_ns()
