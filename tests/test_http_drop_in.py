@@ -334,10 +334,10 @@ def test_server_serves_after_shared_memory_is_gone(client: httpclient.InferenceS
 
 
 def test_cuda_shared_memory_is_503_without_gpu(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:
-    from fastoip.backends.onnx import cuda_available
+    from fastoip import cuda
 
-    if cuda_available():
-        pytest.skip("a GPU is present: the CUDA shared-memory path is tested on the GPU machine")
+    if cuda.runtime() is not None:
+        pytest.skip("a GPU is present: CUDA shared memory is tested by tests/test_cuda.py")
     for call, args in [
         (client.get_cuda_shared_memory_status, ()),
         (client.get_cuda_shared_memory_status, ("gpu0",)),
@@ -349,6 +349,14 @@ def test_cuda_shared_memory_is_503_without_gpu(server: ServerProcess, client: ht
         assert status == "503" and "GPU" in message, (call.__name__, message)
     status_code, answer = raw(server, "GET", "/v2/cudasharedmemory/region/gpu0/register")
     assert status_code == 405
+    # A malformed register body is a 400 naming the field, before any GPU is asked for.
+    for body in ({"raw_handle": "AAAA", "byte_size": 64}, {"raw_handle": {"b64": "not base64!"}, "byte_size": 64}):
+        status_code, answer = raw(server, "POST", "/v2/cudasharedmemory/region/gpu0/register", body)
+        assert status_code == 400 and "'raw_handle'" in answer["error"], answer
+    status_code, answer = raw(
+        server, "POST", "/v2/cudasharedmemory/region/gpu0/register", {"raw_handle": {"b64": "AAAA"}, "byte_size": -1}
+    )
+    assert status_code == 400 and "'byte_size'" in answer["error"], answer
     assert_simple_works(client)
 
 

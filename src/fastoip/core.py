@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import __version__
+from . import __version__, cuda
 from ._proto import model_config_pb2 as mc
 from .errors import InferenceError, NotFound, Unavailable, Unsupported
 from .repository import ModelRepository, ModelState, RepositoryOptions
@@ -76,6 +76,8 @@ class Core:
         #: New requests are refused (the listeners are closing).
         self.shutting_down = False
         self.extensions = list(EXTENSIONS)
+        if cuda.runtime() is not None:
+            self.extensions.append("cuda_shared_memory")
         self.shared_memory = SharedMemoryRegistry()
         self.log_settings = LogSettings()
         self.trace_settings = TraceSettings()
@@ -241,7 +243,7 @@ class Core:
             model.scheduler.submit(job)
         return job
 
-    def _output_destinations(self, request: InferRequest) -> Optional[dict[str, np.ndarray]]:
+    def _output_destinations(self, request: InferRequest) -> "Optional[dict[str, np.ndarray | cuda.DeviceBytes]]":
         """Region bytes for the outputs the client wants in shared memory, or None."""
         wanted = {
             o.name: self.shared_memory.output_view(o.name, o.parameters)
@@ -251,7 +253,7 @@ class Core:
         return wanted or None
 
     @staticmethod
-    def _write_shared_memory_outputs(destinations: dict[str, np.ndarray], response: InferResponse) -> None:
+    def _write_shared_memory_outputs(destinations: dict, response: InferResponse) -> None:
         """Put outputs into their regions; the response keeps an empty entry for each, as Triton sends."""
         for output in response.outputs:
             destination = destinations.get(output.name)

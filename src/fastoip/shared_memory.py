@@ -1,6 +1,7 @@
-"""System shared-memory regions (Triton's system_shared_memory extension).
+"""Shared-memory regions: Triton's system_shared_memory and cuda_shared_memory extensions.
 
 Rules:
+- System and CUDA regions share one namespace of names, as in Triton.
 - A region is a POSIX shared-memory object (``shm_open(key)``, i.e.
   ``/dev/shm/<key>``) mapped once at registration; ``offset`` and
   ``byte_size`` delimit the part the client lends to the server.
@@ -11,6 +12,11 @@ Rules:
 - Unregistering only drops the registry's reference: a request still using
   the region keeps the mapping alive through its views, and the mapping is
   unmapped when the last view goes away.  In-flight requests are never cut off.
+- A CUDA region is another process's cudaMalloc allocation, opened from its
+  cudaIPC handle on the client's device.  Inputs in it are copied to host
+  memory (one copy, as if they had come over the wire); outputs are copied in,
+  or bound as ORT's output on the CUDA EP (no copy).  The handle is closed when
+  the registry and the last request using it let go (``CudaMapping``).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from typing import Optional
 
 import numpy as np
 
+from . import cuda
+from .cuda import DeviceArray, DeviceBytes
 from .datatypes import ITEM_SIZES, numpy_dtype
-from .errors import AlreadyExists, InvalidArgument, NotFound
+from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 
 SHM_DIR = "/dev/shm"
 REGION = "shared_memory_region"
@@ -44,19 +52,95 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
+class CudaMapping:
+    """An opened cudaIPC handle: closed when nothing refers to it any more."""
+
+    def __init__(self, runtime: cuda.CudaRuntime, pointer: int) -> None:
+        self.runtime = runtime
+        self.pointer = pointer
+
+    def __del__(self) -> None:
+        try:
+            self.runtime.ipc_close(self.pointer)
+        except cuda.CudaError as exc:  # nothing else to do with it at this point
+            import logging
+
+            logging.getLogger("fastoip.shared_memory").warning("closing a CUDA shared memory handle: %s", exc)
+
+
+@dataclass
+class CudaRegion:
+    name: str
+    device_id: int
+    byte_size: int
+    mapping: CudaMapping
+    offset: int = 0  # the handle names the whole allocation
+
+    def status(self) -> dict:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+
+SYSTEM, CUDA = "system", "cuda"
+
+
+def cuda_unavailable() -> Unavailable:
+    return Unavailable("CUDA shared memory needs a GPU and the CUDA runtime; neither is available on this server")
+
+
+def _kind_class(kind: str) -> type:
+    if kind == CUDA:
+        if cuda.runtime() is None:
+            raise cuda_unavailable()
+        return CudaRegion
+    return Region
+
+
 class SharedMemoryRegistry:
-    """Registered regions by name; thread-safe."""
+    """Registered system and CUDA regions by name; thread-safe."""
 
     def __init__(self) -> None:
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, "Region | CudaRegion"] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def _check_new(self, name: str) -> None:
         if not name:
             raise InvalidArgument("shared memory region name must not be empty")
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' is already registered")
+
+    def _add(self, region: "Region | CudaRegion") -> None:
         with self._lock:
-            if name in self._regions:
-                raise AlreadyExists(f"shared memory region '{name}' is already registered")
+            self._check_new(region.name)
+            self._regions[region.name] = region
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Open a client's cudaIPC handle (``raw_handle``: the 64 raw bytes) on ``device_id``."""
+        with self._lock:
+            self._check_new(name)
+        runtime = cuda.runtime()
+        if runtime is None:
+            raise cuda_unavailable()
+        if device_id < 0 or byte_size <= 0:
+            raise InvalidArgument(
+                f"CUDA shared memory region '{name}': device_id {device_id} and byte_size {byte_size} must be "
+                "non-negative and positive"
+            )
+        try:
+            pointer = runtime.ipc_open(raw_handle, device_id)
+        except cuda.CudaError as exc:
+            raise InvalidArgument(f"failed to register CUDA shared memory region '{name}': {exc}") from None
+        mapping = CudaMapping(runtime, pointer)
+        allocated = runtime.allocation_size(pointer)
+        if allocated is not None and byte_size > allocated:
+            raise InvalidArgument(
+                f"CUDA shared memory region '{name}': byte_size {byte_size} exceeds the allocation's "
+                f"{allocated} bytes"
+            )
+        self._add(CudaRegion(name, device_id, byte_size, mapping))
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        with self._lock:
+            self._check_new(name)
         path = os.path.join(SHM_DIR, key.lstrip("/"))
         if "/" in key.lstrip("/") or not key.strip("/"):
             raise InvalidArgument(f"shared memory key '{key}' is not a valid POSIX shared memory name")
@@ -74,45 +158,49 @@ class SharedMemoryRegistry:
             mapping = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        with self._lock:
-            if name in self._regions:
-                mapping.close()
-                raise AlreadyExists(f"shared memory region '{name}' is already registered")
-            self._regions[name] = Region(name, key, offset, byte_size, mapping)
+        try:
+            self._add(Region(name, key, offset, byte_size, mapping))
+        except AlreadyExists:
+            mapping.close()
+            raise
 
-    def unregister(self, name: str = "") -> None:
-        """Forget ``name`` (or every region when empty); mappings in use stay until released."""
+    def unregister(self, name: str = "", kind: str = SYSTEM) -> None:
+        """Forget ``name`` (or every region of ``kind`` when empty); mappings in use stay until released."""
+        wanted = _kind_class(kind)
         with self._lock:
-            if name:
-                region = self._regions.pop(name, None)
-                if region is None:
-                    return  # Triton: unregistering an unknown region is not an error
-                regions = [region]
-            else:
-                regions = list(self._regions.values())
-                self._regions.clear()
+            names = [name] if name else list(self._regions)
+            regions = [self._regions.pop(n) for n in names if isinstance(self._regions.get(n), wanted)]
+        # Triton: unregistering an unknown region is not an error.
         for region in regions:
-            try:
-                region.mapping.close()
-            except BufferError:
-                pass  # views still exist: the mapping is released with the last of them
+            if isinstance(region, Region):
+                try:
+                    region.mapping.close()
+                except BufferError:
+                    pass  # views still exist: the mapping is released with the last of them
+            # A CudaMapping closes its handle when the last request holding it is done.
 
-    def status(self, name: str = "") -> list[dict]:
+    def status(self, name: str = "", kind: str = SYSTEM) -> list[dict]:
+        wanted = _kind_class(kind)
         with self._lock:
             if name:
                 region = self._regions.get(name)
                 if region is None:
-                    raise NotFound(f"unable to find system shared memory region: '{name}'")
+                    raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
+                if not isinstance(region, wanted):
+                    other = SYSTEM if kind == CUDA else CUDA
+                    raise NotFound(
+                        f"The region named '{name}' is registered as {other} shared memory, not {kind} shared memory"
+                    )
                 return [region.status()]
-            return [r.status() for r in self._regions.values()]
+            return [r.status() for r in self._regions.values() if isinstance(r, wanted)]
 
-    def _get(self, name: str) -> Region:
+    def _get(self, name: str) -> "Region | CudaRegion":
         region = self._regions.get(name)  # one dict lookup is atomic; the lock guards check-then-act
         if region is None:
-            raise NotFound(f"unable to find system shared memory region: '{name}'")
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
         return region
 
-    def _span(self, tensor: str, parameters: dict) -> tuple[Region, int, int]:
+    def _span(self, tensor: str, parameters: dict) -> "tuple[Region | CudaRegion, int, int]":
         region = self._get(str(parameters[REGION]))
         offset = parameters.get(OFFSET, 0)
         byte_size = parameters.get(BYTE_SIZE)
@@ -137,10 +225,17 @@ class SharedMemoryRegistry:
             if dim < 0:
                 raise InvalidArgument(f"input '{name}': negative dimension in shape {list(shape)}")
             count *= dim
+        if isinstance(region, CudaRegion):
+            # Device bytes come to the host once, as a tensor from the wire would.
+            source: "mmap.mmap | np.ndarray" = np.empty(byte_size, dtype=np.uint8)
+            _cuda_copy(region, source.ctypes.data, region.mapping.pointer + start, byte_size)  # type: ignore[union-attr]
+            start = 0
+        else:
+            source = region.mapping
         if datatype == "BYTES":
             from ._codec import deserialize_bytes_tensor
 
-            return deserialize_bytes_tensor(memoryview(region.mapping)[start : start + byte_size], count).reshape(shape)
+            return deserialize_bytes_tensor(memoryview(source)[start : start + byte_size], count).reshape(shape)
         expected = count * ITEM_SIZES.get(datatype, 0)
         if expected != byte_size:
             raise InvalidArgument(
@@ -148,36 +243,61 @@ class SharedMemoryRegistry:
                 f"but {BYTE_SIZE} is {byte_size}"
             )
         # frombuffer holds a buffer export, which keeps unregister from unmapping it under us.
-        return np.frombuffer(region.mapping, numpy_dtype(datatype), count, start).reshape(shape)
+        return np.frombuffer(source, numpy_dtype(datatype), count, start).reshape(shape)
 
-    def output_view(self, name: str, parameters: dict) -> np.ndarray:
+    def output_view(self, name: str, parameters: dict) -> "np.ndarray | DeviceBytes":
         """The writable bytes of a region an output goes to, checked against the region.
 
         Resolved before the request runs, so a bad region fails fast and a backend
         can write the output there directly (see :func:`write_output`).
         """
         region, start, byte_size = self._span(name, parameters)
+        if isinstance(region, CudaRegion):
+            mapping = region.mapping
+            return DeviceBytes(mapping.pointer + start, byte_size, region.device_id, mapping)
         return np.frombuffer(region.mapping, np.uint8, byte_size, start)
 
 
-def write_output(name: str, array: np.ndarray, datatype: str, destination: np.ndarray) -> None:
+def write_output(
+    name: str, array: "np.ndarray | DeviceArray", datatype: str, destination: "np.ndarray | DeviceBytes"
+) -> None:
     """Put an output into its region bytes ``destination`` (the one output copy).
 
     Nothing is copied when the backend already computed the output in place.
     """
+    if isinstance(array, DeviceArray):
+        if array.where is destination:
+            return  # ORT wrote it into the CUDA region
+        raise InvalidArgument(f"output '{name}' is in device memory that is not its shared memory region")
     if datatype == "BYTES":
         from ._codec import serialize_bytes_tensor
 
         data = np.frombuffer(serialize_bytes_tensor(array), dtype=np.uint8)
     else:
-        if array.ctypes.data == destination.ctypes.data and array.nbytes <= destination.nbytes:
-            return  # written in place by the backend
+        if type(destination) is np.ndarray and array.ctypes.data == destination.ctypes.data:
+            if array.nbytes <= destination.nbytes:
+                return  # written in place by the backend
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if data.nbytes > destination.nbytes:
         raise InvalidArgument(
             f"output '{name}' needs {data.nbytes} bytes but shared memory byte size is {destination.nbytes}"
         )
+    if isinstance(destination, DeviceBytes):
+        mapping = destination.owner
+        assert isinstance(mapping, CudaMapping)
+        try:
+            mapping.runtime.copy(destination.pointer, data.ctypes.data, data.nbytes)
+        except cuda.CudaError as exc:
+            raise InvalidArgument(f"output '{name}': writing CUDA shared memory failed: {exc}") from None
+        return
     destination[: data.nbytes] = data
+
+
+def _cuda_copy(region: CudaRegion, destination: int, source: int, nbytes: int) -> None:
+    try:
+        region.mapping.runtime.copy(destination, source, nbytes)
+    except cuda.CudaError as exc:
+        raise InvalidArgument(f"reading CUDA shared memory region '{region.name}' failed: {exc}") from None
 
 
 def uses_region(parameters: Optional[dict]) -> bool:

@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
+from ..cuda import DeviceArray, DeviceBytes
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
@@ -80,6 +81,7 @@ class OnnxBackend:
             raise InvalidArgument(f"onnxruntime could not load {model_path}: {exc}") from None
         self.providers = self.session.get_providers()
         self.on_gpu = self.providers[0] == "CUDAExecutionProvider"
+        self.device_id = device_id
         self.input_types = {i.name: ORT_TYPE_TO_V2.get(i.type, i.type) for i in self.session.get_inputs()}
         self.output_types = {o.name: ORT_TYPE_TO_V2.get(o.type, o.type) for o in self.session.get_outputs()}
         self._has_bf16 = "BF16" in self.input_types.values() or "BF16" in self.output_types.values()
@@ -172,7 +174,10 @@ class OnnxBackend:
             for name, array in feeds.items():
                 binding.bind_input(name, array)
             for name, view in zip(output_names, views):
-                binding.bind_output(name, self._host_device, view.dtype, view.shape, view.ctypes.data)
+                if type(view) is DeviceArray:  # a CUDA shared-memory region on this session's GPU
+                    binding.bind_output(name, self._gpu_device(), view.dtype, view.shape, view.where.pointer)
+                else:
+                    binding.bind_output(name, self._host_device, view.dtype, view.shape, view.ctypes.data)
             try:
                 self._inner.run_with_iobinding(binding, self._quiet_run)
                 if self.on_gpu:
@@ -190,21 +195,33 @@ class OnnxBackend:
             self._learned_shapes[key] = tuple(out.shape for out in outputs)
         return outputs
 
-    def _bind_views(
-        self, output_names: Sequence[str], shapes: tuple, destinations: dict[str, np.ndarray]
-    ) -> Optional[list[np.ndarray]]:
-        """Typed views on each output's destination, or None when one does not fit or has none."""
-        views = []
+    def _bind_views(self, output_names: Sequence[str], shapes: tuple, destinations: dict) -> Optional[list]:
+        """Typed views on each output's destination, or None when one does not fit or has none.
+
+        Host destinations get numpy views; device memory (a CUDA region) is bound
+        only on the CUDA EP of the same GPU, otherwise the caller copies it there.
+        """
+        views: list = []
         for name, shape in zip(output_names, shapes):
             destination = destinations.get(name)
             dtype = self._output_dtypes.get(name)
             if destination is None or dtype is None:
                 return None
             nbytes = dtype.itemsize * math.prod(shape)
-            if nbytes > destination.nbytes or destination.ctypes.data % dtype.alignment:
+            if nbytes > destination.nbytes:
                 return None
-            views.append(np.ndarray(shape, dtype, destination))
+            if type(destination) is DeviceBytes:
+                if not self.on_gpu or destination.device_id != self.device_id or destination.pointer % dtype.alignment:
+                    return None
+                views.append(DeviceArray(destination, dtype, tuple(shape)))
+            elif destination.ctypes.data % dtype.alignment:
+                return None
+            else:
+                views.append(np.ndarray(shape, dtype, destination))
         return views
+
+    def _gpu_device(self):  # type: ignore[no-untyped-def]
+        return _ort().OrtDevice.make("cuda", self.device_id)._get_c_device()
 
     def _run_with_ort_values(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
         ort = _ort()
@@ -281,7 +298,9 @@ class OnnxKind:
 
         first = make_backend()
         inputs, outputs = first.discover()
-        config = complete_config(base, model_name, inputs, outputs, options.default_max_batch_size)
+        config = complete_config(
+            base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu
+        )
         count = sum(group.count for group in config.instance_group) or 1
         return config, [first] + [make_backend() for _ in range(count - 1)]
 

@@ -93,9 +93,11 @@ def complete_config(
     outputs: Sequence[DiscoveredTensor],
     default_max_batch_size: int,
     platform: str = ONNX_PLATFORM,
+    on_gpu: bool = False,
 ) -> mc.ModelConfig:
     """Fill what ``config`` leaves out from the model's own tensors, and check what it says.
 
+    ``on_gpu``: the instances run on GPU 0, so the instance groups say KIND_GPU as Triton's do.
     Returns a new message; ``config`` is not modified.
     """
     done = mc.ModelConfig()
@@ -125,10 +127,14 @@ def complete_config(
     if not done.instance_group:
         group = done.instance_group.add()
         group.count = 1
-        group.kind = mc.ModelInstanceGroup.KIND_CPU
+        group.kind = mc.ModelInstanceGroup.KIND_AUTO
     for group in done.instance_group:
         if group.count <= 0:
             group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if on_gpu else mc.ModelInstanceGroup.KIND_CPU
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            group.gpus.append(0)
         if not group.name:
             group.name = model_name
     if done.HasField("dynamic_batching") and done.max_batch_size == 0:

@@ -16,6 +16,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from .._proto import model_config_pb2 as mc
+from ..cuda import pinned_allocator
 from ..errors import InvalidArgument, Unsupported
 from ..metrics import ModelStatistics
 from ..scheduling.buffers import BufferPool
@@ -48,7 +49,9 @@ class LoadedModel:
         self.all_output_names = [t.name for t in self.spec.outputs]
         self.backends = backends
         self.stats = ModelStatistics(name, self.version_str)
-        self.buffers = BufferPool()
+        # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
+        self.on_gpu = any(getattr(b, "on_gpu", False) for b in backends)
+        self.buffers = BufferPool(pinned_allocator if self.on_gpu else None)
         # Lock-free in-flight accounting: next() on an itertools.count is atomic under the GIL.
         self._entered = itertools.count()
         self._left = itertools.count()

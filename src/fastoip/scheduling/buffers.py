@@ -3,7 +3,8 @@
 Rules:
 - A lease is taken for one execution and given back after it; buffers are
   kept per (input name, dtype) and grow to the largest batch seen.
-- On the CUDA EP, buffers are page-locked (pinned) host memory so the
+- On the CUDA EP, buffers are page-locked (pinned) host memory
+  (:func:`fastoip.cuda.pinned_allocator`, given by the model) so the
   host-to-device copy is a DMA; elsewhere plain numpy memory.
 """
 

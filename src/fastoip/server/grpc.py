@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import queue
-from functools import partial
 import threading
 import time
+from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -28,8 +28,9 @@ from .. import _codec
 from .._proto import grpc_service_pb2 as pb
 from .._proto import health_pb2
 from ..core import Core
-from ..errors import CodecError, InferenceError, Unavailable, Unsupported
+from ..errors import CodecError, InferenceError
 from ..scheduling.job import Job
+from ..shared_memory import CUDA
 from ..types import InferRequest, InferResponse
 
 log = logging.getLogger("fastoip.grpc")
@@ -215,10 +216,19 @@ class GrpcFrontend:
         self.core.shared_memory.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    def _cuda_shared_memory(self, request, context):  # type: ignore[no-untyped-def]
-        raise cuda_shared_memory_error()
+    def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name, CUDA):
+            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
 
-    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _cuda_shared_memory
+    def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
+        self.core.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
+        self.core.shared_memory.unregister(request.name, CUDA)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings ------------------------------------------------------------------
     def TraceSetting(self, request, context):  # type: ignore[no-untyped-def]
@@ -290,14 +300,6 @@ def _error_echo(request: "InferRequest | None") -> "InferResponse | None":
     if request is None or type(request) is DecodeFailure:
         return None
     return InferResponse(request.model_name, request.model_version, request.id)
-
-
-def cuda_shared_memory_error() -> InferenceError:
-    from ..backends.onnx import cuda_available
-
-    if not cuda_available():
-        return Unavailable("CUDA shared memory needs a GPU and onnxruntime-gpu; neither is available on this server")
-    return Unsupported("CUDA shared memory is not implemented by fastoip yet")
 
 
 def _wrap(method: Callable) -> Callable:

@@ -26,8 +26,8 @@ Rules:
   ``{"name", "key", "offset", "byte_size"}``; trace settings answer
   ``trace_level`` as a list and every other setting as one string, and take
   a string, a list of strings or null (clear) per setting; log settings are
-  plain JSON values (null: left as is).  CUDA shared memory answers what the
-  gRPC frontend answers (``cuda_shared_memory_error``: 503 without a GPU).
+  plain JSON values (null: left as is).  CUDA shared memory answers 503
+  where the server has no GPU (as the gRPC frontend answers UNAVAILABLE).
 - The server runs in its own thread with its own uvloop: ``start()`` returns
   once the socket listens; ``stop()`` closes the listener, lets requests in
   flight finish within the timeout, then joins the thread.
@@ -36,6 +36,8 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import re
 import socket
@@ -51,10 +53,10 @@ from google.protobuf import json_format
 from .._proto import model_config_pb2
 from ..core import Core
 from ..errors import InferenceError, InvalidArgument, NotFound
+from ..shared_memory import CUDA
 from . import http_infer
 from .http_infer import _short as _short_json
 from .http_infer import parse_json_object
-from .grpc import cuda_shared_memory_error
 
 log = logging.getLogger("fastoip.http")
 
@@ -160,14 +162,13 @@ class HttpFrontend:
             "unload": {"POST": self.unload_model},
         }
         # Keyed by the SHARED_MEMORY_PATH ("kind", "action") groups.
-        cuda = self.cuda_shared_memory
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {
             ("system", "status"): {"GET": self.system_shared_memory_status},
             ("system", "register"): {"POST": self.register_system_shared_memory},
             ("system", "unregister"): {"POST": self.unregister_system_shared_memory},
-            ("cuda", "status"): {"GET": cuda},
-            ("cuda", "register"): {"POST": cuda},
-            ("cuda", "unregister"): {"POST": cuda},
+            ("cuda", "status"): {"GET": self.cuda_shared_memory_status},
+            ("cuda", "register"): {"POST": self.register_cuda_shared_memory},
+            ("cuda", "unregister"): {"POST": self.unregister_cuda_shared_memory},
         }
 
     # -- ASGI ------------------------------------------------------------------------
@@ -311,8 +312,44 @@ class HttpFrontend:
         self.core.shared_memory.unregister(region)
         return EMPTY_OK
 
-    async def cuda_shared_memory(self, request: Request, region: str) -> Response:
-        raise cuda_shared_memory_error()
+    async def cuda_shared_memory_status(self, request: Request, region: str) -> Response:
+        return json_response(self.core.shared_memory.status(region, CUDA))
+
+    async def register_cuda_shared_memory(self, request: Request, region: str) -> Response:
+        if not region:
+            raise InvalidArgument(
+                "registering CUDA shared memory needs a region name: POST /v2/cudasharedmemory/region/<name>/register"
+            )
+        what = f"register request for CUDA shared memory region '{region}'"
+        doc = _optional_json_object(await self.read_body(request), what)
+        handle = doc.get("raw_handle")
+        encoded = handle.get("b64") if isinstance(handle, dict) else None
+        try:
+            raw_handle = base64.b64decode(encoded, validate=True) if type(encoded) is str else None
+        except binascii.Error:
+            raw_handle = None
+        if raw_handle is None:
+            raise InvalidArgument(
+                f"the {what} needs 'raw_handle' as {{\"b64\": <base64 of a cudaIpcMemHandle_t>}}, "
+                f"got {_short_json(handle)}"
+            )
+        device_id = doc.get("device_id", 0)
+        if type(device_id) is not int or device_id < 0:
+            raise InvalidArgument(f"the {what} needs 'device_id' as a non-negative integer, got {_short_json(device_id)}")
+        byte_size = doc.get("byte_size")
+        if type(byte_size) is not int or byte_size <= 0:
+            raise InvalidArgument(f"the {what} needs 'byte_size' as a positive integer, got {_short_json(byte_size)}")
+        loop = asyncio.get_running_loop()
+        # Opening an IPC handle talks to the driver: not on the event loop.
+        await loop.run_in_executor(
+            None, self.core.shared_memory.register_cuda, region, raw_handle, device_id, byte_size
+        )
+        return EMPTY_OK
+
+    async def unregister_cuda_shared_memory(self, request: Request, region: str) -> Response:
+        await self.read_body(request)  # tritonclient sends an empty body; nothing in it is used
+        self.core.shared_memory.unregister(region, CUDA)
+        return EMPTY_OK
 
     # -- trace and log settings ---------------------------------------------------------------------
     async def get_trace_settings(self, request: Request, model: str = "", version: str = "") -> Response:

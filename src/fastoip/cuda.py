@@ -1,0 +1,236 @@
+"""The few CUDA runtime calls fastoip needs, through ctypes (no CUDA Python package).
+
+Rules:
+- ``runtime()`` loads ``libcudart`` once: the copy onnxruntime-gpu's NVIDIA wheels
+  ship, or the system's; ``None`` when there is none or no device answers.
+  Nothing here is imported or loaded on a CPU-only server until asked.
+- Used for: pinned (page-locked) host buffers for batches on the CUDA EP, and
+  CUDA shared-memory regions (cudaIPC handles that clients such as
+  ``tritonclient.utils.cuda_shared_memory`` create).
+- ``DeviceBytes`` is a span of device memory; ``DeviceArray`` is one typed
+  tensor in it (what ORT writes when an output is bound to the span).
+- Every CUDA error becomes :class:`CudaError` with CUDA's own message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import logging
+import os
+import sys
+import threading
+from typing import Optional
+
+import numpy as np
+
+log = logging.getLogger("fastoip.cuda")
+
+IPC_HANDLE_BYTES = 64
+HOST_ALLOC_PORTABLE = 1
+IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing)
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_BYTES)]
+
+
+def _candidates() -> list[str]:
+    """libcudart locations, newest CUDA first: NVIDIA's pip wheels, then the loader's search path."""
+    found = []
+    for site in sys.path:
+        found += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "lib", "libcudart.so.*")), reverse=True)
+        found += sorted(glob.glob(os.path.join(site, "nvidia", "cuda_runtime", "lib", "libcudart.so.*")), reverse=True)
+    return found + ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"]
+
+
+class CudaRuntime:
+    """Bound libcudart functions; every call checks its cudaError_t."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        c_void_p, c_size_t, c_uint, c_int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        lib.cudaGetErrorString.argtypes = [c_int]
+        signatures = {
+            "cudaGetDeviceCount": [ctypes.POINTER(c_int)],
+            "cudaSetDevice": [c_int],
+            "cudaGetDevice": [ctypes.POINTER(c_int)],
+            "cudaHostAlloc": [ctypes.POINTER(c_void_p), c_size_t, c_uint],
+            "cudaFreeHost": [c_void_p],
+            "cudaIpcOpenMemHandle": [ctypes.POINTER(c_void_p), _IpcHandle, c_uint],
+            "cudaIpcCloseMemHandle": [c_void_p],
+            "cudaMemcpy": [c_void_p, c_void_p, c_size_t, c_int],
+        }
+        for name, argtypes in signatures.items():
+            function = getattr(lib, name)
+            function.argtypes = argtypes
+            function.restype = c_int
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            message = self._lib.cudaGetErrorString(status).decode(errors="replace")
+            raise CudaError(f"{what} failed: {message} (cudaError {status})")
+
+    def device_count(self) -> int:
+        count = ctypes.c_int(0)
+        self._check(self._lib.cudaGetDeviceCount(ctypes.byref(count)), "cudaGetDeviceCount")
+        return count.value
+
+    def host_alloc(self, nbytes: int) -> int:
+        pointer = ctypes.c_void_p()
+        self._check(self._lib.cudaHostAlloc(ctypes.byref(pointer), nbytes, HOST_ALLOC_PORTABLE), "cudaHostAlloc")
+        return int(pointer.value or 0)
+
+    def free_host(self, pointer: int) -> None:
+        self._check(self._lib.cudaFreeHost(ctypes.c_void_p(pointer)), "cudaFreeHost")
+
+    def ipc_open(self, raw_handle: bytes, device_id: int) -> int:
+        """Map another process's cudaMalloc allocation; returns its address in this process."""
+        if len(raw_handle) != IPC_HANDLE_BYTES:
+            raise CudaError(f"a cudaIpcMemHandle_t is {IPC_HANDLE_BYTES} bytes, got {len(raw_handle)}")
+        handle = _IpcHandle()
+        ctypes.memmove(ctypes.byref(handle), raw_handle, IPC_HANDLE_BYTES)
+        previous = ctypes.c_int(0)
+        self._check(self._lib.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
+        self._check(self._lib.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
+        try:
+            pointer = ctypes.c_void_p()
+            self._check(
+                self._lib.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                "cudaIpcOpenMemHandle",
+            )
+        finally:
+            self._lib.cudaSetDevice(previous.value)  # the calling thread's device is left as it was
+        return int(pointer.value or 0)
+
+    def ipc_close(self, pointer: int) -> None:
+        self._check(self._lib.cudaIpcCloseMemHandle(ctypes.c_void_p(pointer)), "cudaIpcCloseMemHandle")
+
+    def allocation_size(self, pointer: int) -> Optional[int]:
+        """Bytes from ``pointer`` to the end of its allocation (driver API), or None if unknown."""
+        try:
+            driver = ctypes.CDLL("libcuda.so.1")
+            function = driver.cuMemGetAddressRange_v2
+        except (OSError, AttributeError):
+            return None
+        function.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+        function.restype = ctypes.c_int
+        base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+        if function(ctypes.byref(base), ctypes.byref(size), pointer) != 0:
+            return None
+        return int(base.value + size.value - pointer)
+
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        """A synchronous copy in any direction (host or device pointers)."""
+        status = self._lib.cudaMemcpy(ctypes.c_void_p(destination), ctypes.c_void_p(source), nbytes, MEMCPY_DEFAULT)
+        self._check(status, "cudaMemcpy")
+
+
+_runtime: Optional[CudaRuntime] = None
+_searched = False
+_search_lock = threading.Lock()
+
+
+def runtime() -> Optional[CudaRuntime]:
+    """The CUDA runtime when a library loads and at least one device answers, else None."""
+    global _runtime, _searched
+    with _search_lock:
+        if not _searched:
+            _searched = True
+            _runtime = _load()
+    return _runtime
+
+
+def _load() -> Optional[CudaRuntime]:
+    for candidate in _candidates():
+        try:
+            lib = ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        try:
+            cuda = CudaRuntime(lib)
+            if cuda.device_count() > 0:
+                log.info("CUDA runtime: %s", candidate)
+                return cuda
+        except (AttributeError, CudaError) as exc:
+            log.info("CUDA runtime %s is not usable: %s", candidate, exc)
+    return None
+
+
+# -- pinned host memory ------------------------------------------------------------------------
+class _PinnedBlock:
+    """Owns one cudaHostAlloc block; numpy arrays on it keep it alive through ``base``."""
+
+    def __init__(self, cuda: CudaRuntime, nbytes: int) -> None:
+        self._cuda = cuda
+        self._pointer = cuda.host_alloc(nbytes)
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (self._pointer, False),
+            "version": 3,
+        }
+
+    def __del__(self) -> None:
+        if self._pointer:
+            try:
+                self._cuda.free_host(self._pointer)
+            except CudaError as exc:  # pragma: no cover - nothing to do but say so
+                log.warning("freeing pinned memory: %s", exc)
+            self._pointer = 0
+
+
+def pinned_allocator(nbytes: int) -> np.ndarray:
+    """Page-locked host bytes (a DMA source for the CUDA EP's host-to-device copy).
+
+    Falls back to ordinary memory, with one warning, when CUDA cannot pin it.
+    """
+    cuda = runtime()
+    if cuda is not None:
+        try:
+            return np.asarray(_PinnedBlock(cuda, nbytes))
+        except CudaError as exc:
+            _warn_once(f"pinned host memory is not available, batches use pageable memory: {exc}")
+    else:
+        _warn_once("no CUDA runtime found: batches use pageable host memory")
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+# -- device memory spans -----------------------------------------------------------------------
+class DeviceBytes:
+    """``nbytes`` of device memory at ``pointer`` on ``device_id``; ``owner`` keeps the mapping open."""
+
+    __slots__ = ("pointer", "nbytes", "device_id", "owner")
+
+    def __init__(self, pointer: int, nbytes: int, device_id: int, owner: object) -> None:
+        self.pointer = pointer
+        self.nbytes = nbytes
+        self.device_id = device_id
+        self.owner = owner
+
+
+class DeviceArray:
+    """A tensor ORT wrote into device memory: enough of an array for a response (shape, dtype)."""
+
+    __slots__ = ("where", "dtype", "shape", "nbytes")
+
+    def __init__(self, where: DeviceBytes, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.where = where
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
