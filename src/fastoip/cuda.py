@@ -41,7 +41,13 @@ class _IpcHandle(ctypes.Structure):
 
 
 def _candidates() -> list[str]:
-    """libcudart locations, newest CUDA first: NVIDIA's pip wheels, then the loader's search path."""
+    """libcudart locations, newest CUDA first: NVIDIA's pip wheels, then the loader's search path.
+
+    ``FASTOIP_CUDA_RUNTIME`` names the one library to use instead (CUDA in an unusual place).
+    """
+    chosen = os.environ.get("FASTOIP_CUDA_RUNTIME")
+    if chosen:
+        return [chosen]
     found = []
     for site in sys.path:
         found += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "lib", "libcudart.so.*")), reverse=True)
