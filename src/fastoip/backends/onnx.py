@@ -37,9 +37,22 @@ BF16_ONNX_ELEMENT_TYPE = 16
 MAX_LEARNED_SHAPES = 256
 
 
+_preloaded = False
+
+
 def _ort():  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
     import onnxruntime
 
+    global _preloaded
+    if not _preloaded:
+        _preloaded = True
+        # onnxruntime-gpu with NVIDIA's pip wheels (the [gpu] extra) finds their CUDA and
+        # cuDNN only once they are preloaded; a CPU build returns at once.
+        if hasattr(onnxruntime, "preload_dlls") and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            try:
+                onnxruntime.preload_dlls()
+            except Exception as exc:  # the CUDA EP then fails to load and ORT says why
+                log.warning("onnxruntime.preload_dlls() failed: %s", exc)
     return onnxruntime
 
 
