@@ -51,3 +51,18 @@ def test_data_dependent_shape_is_rerun_and_relearned(tmp_path: Path) -> None:
     # Those input shapes are no longer bound: every later run is an ordinary one.
     key = (("OUTPUT0",), (("INPUT0", (8,)),))
     assert backend._learned_shapes[key] is None
+
+
+def test_instances_are_placed_as_triton_places_them() -> None:
+    from google.protobuf import text_format
+
+    from fastoip._proto import model_config_pb2 as mc
+    from fastoip.backends.onnx import instance_devices
+
+    config = text_format.Parse(
+        'instance_group [{ count: 2 kind: KIND_GPU gpus: [0, 1] }, { count: 1 kind: KIND_CPU gpus: [3] },'
+        ' { count: 1 kind: KIND_GPU }]',
+        mc.ModelConfig(),
+    )
+    assert instance_devices(config) == [0, 0, 1, 1, 0, 0]
+    assert instance_devices(mc.ModelConfig()) == [0]

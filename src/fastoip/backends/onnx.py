@@ -5,6 +5,8 @@ Rules:
   computes, so instances on different threads really run in parallel.
 - Inputs arrive as numpy arrays that may be read-only views on wire bytes; ORT
   reads them in place (no copy on CPU).
+- Outputs headed for shared memory are written there by ORT itself (IOBinding)
+  when their shapes are known in advance; see ``_run_into``.
 - The CUDA execution provider is used first when onnxruntime-gpu finds a GPU
   and the config's instance_group does not ask for KIND_CPU; otherwise CPU.
 - BYTES tensors: ORT's Python API only takes ``str`` elements and encodes them
@@ -306,16 +308,30 @@ class OnnxKind:
         wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
         use_gpu = options.use_gpu and not wants_cpu
 
-        def make_backend() -> OnnxBackend:
-            return OnnxBackend(path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter)
+        def make_backend(device_id: int = 0) -> OnnxBackend:
+            return OnnxBackend(
+                path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter, device_id=device_id
+            )
 
-        first = make_backend()
+        first = make_backend(instance_devices(base)[0])
         inputs, outputs = first.discover()
         config = complete_config(
             base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu
         )
-        count = sum(group.count for group in config.instance_group) or 1
-        return config, [first] + [make_backend() for _ in range(count - 1)]
+        devices = instance_devices(config)
+        return config, [first] + [make_backend(device) for device in devices[1:]]
 
+
+def instance_devices(config: mc.ModelConfig) -> list[int]:
+    """The GPU of each instance, as Triton places them: ``count`` instances on each GPU of a group.
+
+    CPU groups (and a session that ends up on the CPU) ignore the number.
+    """
+    devices: list[int] = []
+    for group in config.instance_group:
+        gpus = list(group.gpus) if group.kind != mc.ModelInstanceGroup.KIND_CPU and group.gpus else [0]
+        for gpu in gpus:
+            devices += [gpu] * max(group.count, 1)
+    return devices or [0]
 
 KIND = OnnxKind()

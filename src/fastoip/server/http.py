@@ -298,12 +298,8 @@ class HttpFrontend:
         key = doc.get("key")
         if type(key) is not str or not key:
             raise InvalidArgument(f"the {what} needs 'key', the shared memory key (a string), got {_short_json(key)}")
-        offset = doc.get("offset", 0)
-        if type(offset) is not int or offset < 0:
-            raise InvalidArgument(f"the {what} needs 'offset' as a non-negative integer, got {_short_json(offset)}")
-        byte_size = doc.get("byte_size")
-        if type(byte_size) is not int or byte_size <= 0:
-            raise InvalidArgument(f"the {what} needs 'byte_size' as a positive integer, got {_short_json(byte_size)}")
+        offset = _integer_field(doc, "offset", what, minimum=0, default=0)
+        byte_size = _integer_field(doc, "byte_size", what, minimum=1)
         self.core.shared_memory.register(region, key, offset, byte_size)
         return EMPTY_OK
 
@@ -333,12 +329,8 @@ class HttpFrontend:
                 f"the {what} needs 'raw_handle' as {{\"b64\": <base64 of a cudaIpcMemHandle_t>}}, "
                 f"got {_short_json(handle)}"
             )
-        device_id = doc.get("device_id", 0)
-        if type(device_id) is not int or device_id < 0:
-            raise InvalidArgument(f"the {what} needs 'device_id' as a non-negative integer, got {_short_json(device_id)}")
-        byte_size = doc.get("byte_size")
-        if type(byte_size) is not int or byte_size <= 0:
-            raise InvalidArgument(f"the {what} needs 'byte_size' as a positive integer, got {_short_json(byte_size)}")
+        device_id = _integer_field(doc, "device_id", what, minimum=0, default=0)
+        byte_size = _integer_field(doc, "byte_size", what, minimum=1)
         loop = asyncio.get_running_loop()
         # Opening an IPC handle talks to the driver: not on the event loop.
         await loop.run_in_executor(
@@ -513,6 +505,15 @@ async def _off_loop_if_large(size: int, function: Callable, *args: Any) -> Any:
 def _optional_json_object(body: bytes, what: str) -> dict:
     """An optional JSON object body ({} when empty)."""
     return parse_json_object(body, what) if body.strip() else {}
+
+
+def _integer_field(doc: dict, field: str, what: str, minimum: int, default: Optional[int] = None) -> int:
+    """``doc[field]`` as an int >= ``minimum`` (0 or 1; absent: ``default``), or a 400 naming the field."""
+    value = doc.get(field, default)
+    if type(value) is not int or value < minimum:
+        expected = "a non-negative integer" if minimum == 0 else "a positive integer"
+        raise InvalidArgument(f"the {what} needs '{field}' as {expected}, got {_short_json(value)}")
+    return value
 
 
 def _trace_settings_json(values: dict[str, list[str]]) -> dict[str, Any]:
