@@ -6,6 +6,7 @@ import json
 import queue
 import re
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -267,6 +268,37 @@ def test_explicit_model_control_without_downtime(tmp_path: Path) -> None:
         assert client.get_model_config("swap", as_json=True)["config"]["max_batch_size"] == 4
         index = {m["version"]: m for m in client.get_model_repository_index(as_json=True)["models"] if m["name"] == "swap"}
         assert set(index) == {"1", "2"}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_load_with_uploaded_model_files(tmp_path: Path, protocol: str) -> None:
+    """Triton's load with ``config`` + ``file:<version>/model.onnx``: the model need not be in the repository."""
+    import tritonclient.http as th
+
+    write_model(tmp_path, "swap", identity_model_bytes(1, [4], "swap"), 1)
+    with ServerProcess(tmp_path, "--model-control-mode", "explicit", http=True) as proc:
+        client = tg.InferenceServerClient(proc.grpc_url) if protocol == "grpc" else th.InferenceServerClient(proc.http_url)
+        config = json.dumps({"backend": "onnxruntime", "max_batch_size": 8})
+        client.load_model("uploaded", config=config, files={"file:3/model.onnx": identity_model_bytes(1, [4], "up")})
+        assert client.is_model_ready("uploaded")
+        grpc_client = tg.InferenceServerClient(proc.grpc_url)
+        assert grpc_client.get_model_metadata("uploaded", as_json=True)["versions"] == ["3"]
+        out = grpc_client.infer("uploaded", fp32_input(2.5)).as_numpy("OUTPUT0")
+        assert out.tolist() == [[2.5] * 4]
+        index = {m["name"]: m for m in grpc_client.get_model_repository_index(as_json=True)["models"]}
+        assert index["uploaded"]["state"] == "READY"
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("again", files={"file:1/model.onnx": b"x"})
+        assert "need a 'config'" in err.value.message()
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("bad", config=config, files={"file:1/model.onnx": b"not onnx"})
+        assert "onnxruntime could not load" in err.value.message()
+        uploads = Path(tempfile.gettempdir())
+        assert list(uploads.glob("fastoip-upload-bad-*")) == []  # a failed load leaves nothing behind
+        assert len(list(uploads.glob("fastoip-upload-uploaded-*"))) == 1
+        client.unload_model("uploaded")
+        assert not client.is_model_ready("uploaded")
+        assert list(uploads.glob("fastoip-upload-uploaded-*")) == []
 
 
 def test_model_control_mode_none_refuses_load(server: ServerProcess) -> None:

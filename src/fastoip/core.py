@@ -22,7 +22,7 @@ import numpy as np
 
 from . import __version__, cuda
 from ._proto import model_config_pb2 as mc
-from .errors import InferenceError, NotFound, Unavailable, Unsupported
+from .errors import InferenceError, InvalidArgument, NotFound, Unavailable, Unsupported
 from .repository import ModelRepository, ModelState, RepositoryOptions
 from .repository.config import config_from_json
 from .repository.loaded import LoadedModel
@@ -319,20 +319,23 @@ class Core:
     def load_model(self, name: str, parameters: Optional[dict] = None) -> None:
         """Load or reload ``name`` (explicit mode); the old versions serve until the new ones are ready.
 
-        ``parameters`` are the load request's: ``config`` (a ModelConfig as JSON)
-        overrides config.pbtxt; ``file:`` uploads are not supported.
+        ``parameters`` are the load request's, as Triton reads them: ``config`` (a
+        ModelConfig as JSON) overrides config.pbtxt; ``file:<path>`` (bytes) are the
+        files of a model directory to load instead of the repository's, and need a ``config``.
         """
         self._check_explicit("load")
         override = None
+        files: dict[str, bytes] = {}
         for key, value in (parameters or {}).items():
             if key.startswith("file:"):
-                raise Unsupported(
-                    f"load '{name}': model files in the request ('{key}') are not supported; "
-                    "put the files in the model repository"
-                )
-            if key == "config":
+                if not isinstance(value, bytes):
+                    raise InvalidArgument(f"load '{name}': '{key}' must carry the file's bytes")
+                files[key[len("file:") :]] = value
+            elif key == "config":
                 override = config_from_json(name, value)
-        self.repository.load(name, override)
+        if files and override is None:
+            raise InvalidArgument(f"load '{name}': model files in the request need a 'config' parameter too")
+        self.repository.load(name, override, files or None)
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name`` (explicit mode); requests in flight finish first."""

@@ -14,12 +14,18 @@ Rules:
   (Python models), else what the backend finds in the model file.
 - ``load_all`` first lets every backend kind prepare every model (Python
   models' ``@on_deployment`` hooks), so that work runs before any model loads.
+- A load may bring its own model files (Triton's ``file:<version>/<name>``
+  load parameters, with a ``config``): they are written to a private
+  directory that serves as the model's directory until the next load or
+  unload, which removes it.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import shutil
+import tempfile
 import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -67,6 +73,8 @@ class ModelRecord:
     versions: dict[int, LoadedModel] = field(default_factory=dict)
     #: Highest version first: what an empty requested version resolves to.
     newest: Optional[LoadedModel] = None
+    #: The private directory of files that came with the last load, if they did.
+    uploaded_dir: Optional[Path] = None
 
 
 class ModelRepository:
@@ -135,40 +143,60 @@ class ModelRepository:
             except InferenceError as exc:
                 log.error("model '%s' failed to load: %s", name, exc)
 
-    def load(self, name: str, config_override: Optional[mc.ModelConfig] = None) -> None:
-        """Load (or reload) every version the policy selects; swap in when all are ready."""
+    def load(
+        self,
+        name: str,
+        config_override: Optional[mc.ModelConfig] = None,
+        files: Optional[dict[str, bytes]] = None,
+    ) -> None:
+        """Load (or reload) every version the policy selects; swap in when all are ready.
+
+        ``files``: relative path -> content of the model directory to load instead of
+        the repository's (needs ``config_override``).
+        """
         with self._load_lock:
-            model_dir = self.root / name
-            record = self._records.get(name)
-            if record is None:
-                record = self._records[name] = ModelRecord(name)
-            if not model_dir.is_dir():
-                record.reason = f"model directory '{model_dir}' does not exist"
-                if not record.versions:
-                    record.state = ModelState.UNAVAILABLE
-                raise NotFound(f"failed to load '{name}': {record.reason}")
-            previous_state = record.state
-            if not record.versions:
-                record.state = ModelState.LOADING
+            uploaded = _write_uploaded_files(name, files) if files else None
             try:
-                loaded = self._load_versions(name, model_dir, config_override)
-            except InferenceError as exc:
-                record.reason = str(exc)
-                record.state = previous_state if record.versions else ModelState.UNAVAILABLE
+                self._load_locked(name, config_override, uploaded)
+            except BaseException:
+                if uploaded is not None:
+                    shutil.rmtree(uploaded, ignore_errors=True)
                 raise
-            except Exception as exc:  # a bug or an unexpected backend error: still keep serving
-                record.reason = f"{type(exc).__name__}: {exc}"
-                record.state = previous_state if record.versions else ModelState.UNAVAILABLE
-                raise InvalidArgument(f"failed to load '{name}': {record.reason}") from exc
-            old = record.versions
-            record.versions = loaded
-            record.newest = loaded[max(loaded)]
-            record.state = ModelState.READY
-            record.reason = ""
-            for version, model in old.items():
-                if loaded.get(version) is not model:
-                    self._retire(model)
-            log.info("model '%s' ready, versions %s", name, sorted(loaded))
+
+    def _load_locked(self, name: str, config_override: Optional[mc.ModelConfig], uploaded: Optional[Path]) -> None:
+        model_dir = uploaded or self.root / name
+        record = self._records.get(name)
+        if record is None:
+            record = self._records[name] = ModelRecord(name)
+        if not model_dir.is_dir():
+            record.reason = f"model directory '{model_dir}' does not exist"
+            if not record.versions:
+                record.state = ModelState.UNAVAILABLE
+            raise NotFound(f"failed to load '{name}': {record.reason}")
+        previous_state = record.state
+        if not record.versions:
+            record.state = ModelState.LOADING
+        try:
+            loaded = self._load_versions(name, model_dir, config_override)
+        except InferenceError as exc:
+            record.reason = str(exc)
+            record.state = previous_state if record.versions else ModelState.UNAVAILABLE
+            raise
+        except Exception as exc:  # a bug or an unexpected backend error: still keep serving
+            record.reason = f"{type(exc).__name__}: {exc}"
+            record.state = previous_state if record.versions else ModelState.UNAVAILABLE
+            raise InvalidArgument(f"failed to load '{name}': {record.reason}") from exc
+        old = record.versions
+        record.versions = loaded
+        record.newest = loaded[max(loaded)]
+        record.state = ModelState.READY
+        record.reason = ""
+        for version, model in old.items():
+            if loaded.get(version) is not model:
+                self._retire(model)
+        self._forget_uploaded(record)
+        record.uploaded_dir = uploaded
+        log.info("model '%s' ready, versions %s", name, sorted(loaded))
 
     def unload(self, name: str) -> None:
         """Stop serving ``name``; requests in flight finish first."""
@@ -183,6 +211,7 @@ class ModelRepository:
             record.reason = "unloaded"
             for model in old.values():
                 self._retire(model)
+            self._forget_uploaded(record)
 
     def close(self) -> None:
         for name in list(self._records):
@@ -192,9 +221,16 @@ class ModelRepository:
             record.versions = {}
             record.newest = None
             record.state = ModelState.UNAVAILABLE
+            self._forget_uploaded(record)
 
     def _retire(self, model: LoadedModel) -> None:
         model.close()
+
+    @staticmethod
+    def _forget_uploaded(record: ModelRecord) -> None:
+        if record.uploaded_dir is not None:
+            shutil.rmtree(record.uploaded_dir, ignore_errors=True)
+            record.uploaded_dir = None
 
     def _prepare(self, names: list[str]) -> None:
         """Once-per-server backend work before any model loads (Python models' ``@on_deployment`` hooks).
@@ -264,6 +300,25 @@ class ModelRepository:
             for key, value in options.default_batching.items():
                 setattr(config.dynamic_batching, key, value)
         return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
+
+
+def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
+    """Write a load request's model files into a new private directory; refuse paths that leave it."""
+    root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name}-"))
+    try:
+        for relative, content in files.items():
+            parts = Path(relative).parts
+            if not parts or Path(relative).is_absolute() or any(part in ("..", ".") for part in parts):
+                raise InvalidArgument(
+                    f"load '{name}': model file 'file:{relative}' must be a relative path inside the model directory"
+                )
+            target = root.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root
 
 
 def _scheduler_for(config: mc.ModelConfig):  # type: ignore[no-untyped-def]

@@ -272,6 +272,9 @@ class HttpFrontend:
     async def load_model(self, request: Request, model: str) -> Response:
         doc = _optional_json_object(await self.read_body(request), "load request")
         parameters = _parameters_of(doc, "load request")
+        for key, value in parameters.items():
+            if key.startswith("file:"):  # file contents travel base64-encoded in JSON
+                parameters[key] = _base64_value(value, f"load request parameter '{key}'")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.core.load_model, model, parameters)
         return EMPTY_OK
@@ -320,15 +323,12 @@ class HttpFrontend:
         doc = _optional_json_object(await self.read_body(request), what)
         handle = doc.get("raw_handle")
         encoded = handle.get("b64") if isinstance(handle, dict) else None
-        try:
-            raw_handle = base64.b64decode(encoded, validate=True) if type(encoded) is str else None
-        except binascii.Error:
-            raw_handle = None
-        if raw_handle is None:
+        if encoded is None:
             raise InvalidArgument(
                 f"the {what} needs 'raw_handle' as {{\"b64\": <base64 of a cudaIpcMemHandle_t>}}, "
                 f"got {_short_json(handle)}"
             )
+        raw_handle = _base64_value(encoded, f"'raw_handle' of the {what}")
         device_id = _integer_field(doc, "device_id", what, minimum=0, default=0)
         byte_size = _integer_field(doc, "byte_size", what, minimum=1)
         loop = asyncio.get_running_loop()
@@ -505,6 +505,16 @@ async def _off_loop_if_large(size: int, function: Callable, *args: Any) -> Any:
 def _optional_json_object(body: bytes, what: str) -> dict:
     """An optional JSON object body ({} when empty)."""
     return parse_json_object(body, what) if body.strip() else {}
+
+
+def _base64_value(value: Any, what: str) -> bytes:
+    """Bytes sent as a base64 JSON string, or a 400 saying which value was not."""
+    try:
+        if type(value) is str:
+            return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        pass
+    raise InvalidArgument(f"{what} must be a base64 string, got {_short_json(value)}")
 
 
 def _integer_field(doc: dict, field: str, what: str, minimum: int, default: Optional[int] = None) -> int:
