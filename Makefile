@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx
 build: venv  ## rebuild the codec after editing _codec.pyx
 	$(BIN)/python setup.py build_ext --inplace
 
-serve: venv  ## serve the built-in demo repository (gRPC :8001, HTTP :8000)
+serve: venv  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
 	$(BIN)/fastoip serve $(ARGS)
 
 bench: venv  ## throughput run against a fastoip on the demo repository

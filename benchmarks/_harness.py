@@ -29,7 +29,7 @@ class Fastoip:
 
     def __init__(self, repository: Optional[Path], *args: str, http: bool = False) -> None:
         argv = ["taskset", "-c", SERVER_CPUS, PYTHON, "-m", "fastoip.cli", "serve", "--grpc-port", "0",
-                "--http-port", "0" if http else "-1", "--log-level", "WARNING", *args]
+                "--http-port", "0" if http else "-1", "--metrics-port", "-1", "--log-level", "WARNING", *args]
         if repository is not None:
             argv += ["--model-repository", str(repository)]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="fastoip-bench-", suffix=".log", delete=False)

@@ -118,7 +118,7 @@ class Server:
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
             [*pin(SERVER_CPUS), sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
-             "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--log-level", "WARNING", *extra],
+             "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         self.port = 0

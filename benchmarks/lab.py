@@ -264,7 +264,7 @@ def server_spec(name: str, models: list, args, http: bool) -> dict:
             repo = variant["repo"]
         argv = [FASTOIP_PY, "-m", "fastoip.cli", "serve", "--model-repository", os.path.join(REPOS, repo),
                 "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
-                "--http-port", str(http_port if http else -1), "--exit-timeout", "5",
+                "--http-port", str(http_port if http else -1), "--metrics-port", "-1", "--exit-timeout", "5",
                 "--log-level", "WARNING"] + shlex.split(args.fastoip_args)
         if variant is not None:
             argv += variant["args"]

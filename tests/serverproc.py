@@ -12,25 +12,33 @@ import time
 from pathlib import Path
 from typing import Optional
 
-LISTEN_LINE = re.compile(r"fastoip: (grpc|http) listening on ([\d.]+):(\d+)")
+LISTEN_LINE = re.compile(r"fastoip: (grpc|http|metrics) listening on ([\d.]+):(\d+)")
 
 
 class ServerProcess:
     """A fastoip server in its own process; ports are read from its stdout."""
 
-    def __init__(self, repository: Optional[Path], *extra: str, http: bool = False, env: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        repository: Optional[Path],
+        *extra: str,
+        http: bool = False,
+        metrics: bool = False,
+        env: Optional[dict] = None,
+    ) -> None:
         args = [sys.executable, "-m", "fastoip.cli", "serve", "--host", "127.0.0.1", "--grpc-port", "0"]
         if repository is not None:
             args += ["--model-repository", str(repository)]
-        args += ["--http-port", "0" if http else "-1"]
+        args += ["--http-port", "0" if http else "-1", "--metrics-port", "0" if metrics else "-1"]
         args += list(extra)
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.proc: Optional[subprocess.Popen] = None
         self.grpc_port = 0
         self.http_port = 0
+        self.metrics_port = 0
         self.lines: list[str] = []
-        self._want_http = http
+        self._want = {"grpc", *(["http"] if http else []), *(["metrics"] if metrics else [])}
 
     @property
     def grpc_url(self) -> str:
@@ -52,11 +60,8 @@ class ServerProcess:
                 self.lines.append(line)
                 match = LISTEN_LINE.search(line)
                 if match:
-                    if match.group(1) == "grpc":
-                        self.grpc_port = int(match.group(3))
-                    else:
-                        self.http_port = int(match.group(3))
-                    if self.grpc_port and (self.http_port or not self._want_http):
+                    setattr(self, f"{match.group(1)}_port", int(match.group(3)))
+                    if all(getattr(self, f"{kind}_port") for kind in self._want):
                         ready.set()
             ready.set()
 

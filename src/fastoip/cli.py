@@ -28,6 +28,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    help="HTTP bind address (default: --host)")
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),
                    help="0 picks a free port, -1 turns HTTP off")
+    p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
+                   help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
+                        "0 picks a free port, -1 turns it off")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
@@ -83,6 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             grpc_workers=args.grpc_workers,
             http_host=args.http_host,
             http_port=args.http_port,
+            metrics_port=args.metrics_port,
             http_max_body_size=args.http_max_input_size,
             max_message_size=args.grpc_max_message_size,
             strict_readiness=args.strict_readiness,

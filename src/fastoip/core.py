@@ -23,6 +23,7 @@ import numpy as np
 from . import __version__, cuda
 from ._proto import model_config_pb2 as mc
 from .errors import InferenceError, InvalidArgument, NotFound, Unavailable, Unsupported
+from .metrics import prometheus_text
 from .repository import ModelRepository, ModelState, RepositoryOptions
 from .repository.config import config_from_json
 from .repository.loaded import LoadedModel
@@ -294,6 +295,15 @@ class Core:
             for record in self.repository.records()
             for _, model in sorted(record.versions.items())
         ]
+
+    def prometheus_metrics(self) -> str:
+        """Every loaded version's statistics as Prometheus text, under Triton's metric names."""
+        pending = {
+            (model.name, model.version_str): model.scheduler.pending() if model.scheduler.queues else 0
+            for record in self.repository.records()
+            for model in record.versions.values()
+        }
+        return prometheus_text(self.statistics(), pending)
 
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         known = {r.name: r for r in self.repository.records()}

@@ -1,4 +1,4 @@
-"""Per model-version statistics, the numbers behind Triton's ModelStatistics.
+"""Per model-version statistics: the numbers behind Triton's ModelStatistics and its Prometheus metrics.
 
 Rules:
 - Counters only grow; durations are cumulative nanoseconds, as Triton reports them.
@@ -7,6 +7,9 @@ Rules:
   compute time split into input, infer and output.
 - Updates come from many threads: each update takes one lock for a handful of
   integer additions.
+- ``prometheus_text`` renders snapshots under Triton's metric names and labels
+  (``nv_inference_*{model, version}``), so dashboards and alerts written for
+  Triton read fastoip unchanged.
 """
 
 from __future__ import annotations
@@ -126,3 +129,47 @@ class ModelStatistics:
                     for size, b in sorted(self.batches.items())
                 ],
             }
+
+
+#: Triton's per-model counters: (name, help, value from a snapshot).
+_COUNTERS = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s["inference_stats"]["success"]["count"]),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+     lambda s: s["inference_stats"]["fail"]["count"]),
+    ("nv_inference_count", "Number of inferences performed (a batch of n counts n)",
+     lambda s: s["inference_count"]),
+    ("nv_inference_exec_count", "Number of model executions performed (a batch counts once)",
+     lambda s: s["execution_count"]),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
+     lambda s: (s["inference_stats"]["success"]["ns"] + s["inference_stats"]["fail"]["ns"]) // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+     lambda s: s["inference_stats"]["queue"]["ns"] // 1000),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+     lambda s: s["inference_stats"]["compute_input"]["ns"] // 1000),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+     lambda s: s["inference_stats"]["compute_infer"]["ns"] // 1000),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+     lambda s: s["inference_stats"]["compute_output"]["ns"] // 1000),
+)
+
+
+def prometheus_text(snapshots: list[dict], pending: dict[tuple[str, str], int]) -> str:
+    """Prometheus text exposition (format 0.0.4) of ``snapshots``; ``pending``: queued requests per model."""
+    lines: list[str] = []
+    for name, help_text, value in _COUNTERS:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} counter")
+        lines += [f"{name}{{{_labels(s['name'], s['version'])}}} {value(s)}" for s in snapshots]
+    name = "nv_inference_pending_request_count"
+    lines.append(f"# HELP {name} Instantaneous number of pending requests awaiting execution per-model")
+    lines.append(f"# TYPE {name} gauge")
+    lines += [f"{name}{{{_labels(s['name'], s['version'])}}} {pending.get((s['name'], s['version']), 0)}" for s in snapshots]
+    return "\n".join(lines) + "\n"
+
+
+def _labels(model: str, version: str) -> str:
+    def quoted(text: str) -> str:  # the exposition format escapes backslash, quote and newline
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+    return f"model={quoted(model)},version={quoted(version)}"

@@ -165,6 +165,8 @@ def fastoip_server(protocol: str, cpus: Optional[set[int]], log_level: str = "WA
         "0",
         "--http-port",
         "0" if protocol == "http" else "-1",
+        "--metrics-port",
+        "-1",
         "--log-level",
         log_level,
     ]

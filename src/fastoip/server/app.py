@@ -41,6 +41,8 @@ class ServeOptions:
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
+    #: Prometheus ``/metrics`` (Triton's port); -1 turns it off, 0 picks a free port.
+    metrics_port: int = 8002
     strict_readiness: bool = True
     model_control_mode: str = "none"
     load_models: list = field(default_factory=list)
@@ -76,6 +78,8 @@ class Server:
         self.grpc_port = 0
         self.http_server = None
         self.http_port = 0
+        self.metrics_server = None
+        self.metrics_port = 0
 
     def start(self) -> None:
         options = self.options
@@ -106,6 +110,13 @@ class Server:
             )
             self.http_port = self.http_server.start()
             print(f"fastoip: http listening on {http_host}:{self.http_port}", flush=True)
+        if options.metrics_port >= 0:
+            from .metrics_http import MetricsServer
+
+            metrics_host = options.http_host or options.host
+            self.metrics_server = MetricsServer(self.core, metrics_host, options.metrics_port)
+            self.metrics_port = self.metrics_server.start()
+            print(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}", flush=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -129,6 +140,8 @@ class Server:
             self.http_server.stop(options.exit_timeout)
         for event in stopped:
             event.wait()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.core.close()
         print("fastoip: stopped", flush=True)
 
@@ -147,6 +160,12 @@ def serve(options: ServeOptions) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server.start()
+    try:
+        server.start()
+    except (OSError, RuntimeError) as exc:  # a port in use, an address that does not exist
+        print(f"fastoip: cannot start: {exc}", file=sys.stderr, flush=True)
+        server.stop()
+        server.shutdown()
+        return 1
     server.wait()
     return 0
