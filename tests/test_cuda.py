@@ -8,7 +8,6 @@ Without them the tests skip, each saying what is missing; CPU CI runs none of th
 from __future__ import annotations
 
 import concurrent.futures
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,17 +8,16 @@ whichever way a run went: first run, in-place runs, new input shapes, data-depen
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.utils.shared_memory as shm
+from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
 from models import identity_model_bytes, nonzero_model_bytes, write_model
 from serverproc import ServerProcess
-from onnx import TensorProto
 
 REGION_BYTES = 4 * 1024
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import __version__, cuda
 from ._proto import model_config_pb2 as mc
-from .errors import InferenceError, InvalidArgument, NotFound, Unavailable, Unsupported
+from .errors import InferenceError, InvalidArgument, NotFound, Unavailable
 from .metrics import prometheus_text
 from .repository import ModelRepository, ModelState, RepositoryOptions
 from .repository.config import config_from_json
