@@ -6,6 +6,7 @@
  * copies in and out, the frontends); it proves nothing about CUDA itself.
  */
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -17,6 +18,9 @@ typedef struct { char reserved[64]; } cudaIpcMemHandle_t;
 enum { OK = 0, ERR_INVALID_VALUE = 1, ERR_MEMORY = 2, ERR_INVALID_DEVICE = 101 };
 #define MAX_MAPPINGS 64
 static struct { void *address; size_t size; } mappings[MAX_MAPPINGS];
+/* cudaMalloc'd blocks: each a POSIX shared-memory object, so that its "IPC handle" is its name. */
+static struct { void *address; size_t size; char name[64]; } blocks[MAX_MAPPINGS];
+static unsigned long next_block;
 
 const char *cudaGetErrorString(int status) {
     switch (status) {
@@ -75,6 +79,47 @@ int cudaMemcpy(void *destination, const void *source, size_t size, int kind) {
     (void)kind;
     memmove(destination, source, size);
     return OK;
+}
+
+int cudaMalloc(void **pointer, size_t size) {
+    for (int i = 0; i < MAX_MAPPINGS; i++) {
+        if (blocks[i].address != NULL) continue;
+        snprintf(blocks[i].name, sizeof blocks[i].name, "/hostcudart_%d_%lu", (int)getpid(), next_block++);
+        int fd = shm_open(blocks[i].name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) return ERR_MEMORY;
+        if (ftruncate(fd, (off_t)size) != 0) { close(fd); shm_unlink(blocks[i].name); return ERR_MEMORY; }
+        void *address = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (address == MAP_FAILED) { shm_unlink(blocks[i].name); return ERR_MEMORY; }
+        blocks[i].address = address;
+        blocks[i].size = size;
+        *pointer = address;
+        return OK;
+    }
+    return ERR_MEMORY;
+}
+
+int cudaFree(void *pointer) {
+    for (int i = 0; i < MAX_MAPPINGS; i++) {
+        if (blocks[i].address == pointer) {
+            munmap(pointer, blocks[i].size);
+            shm_unlink(blocks[i].name);
+            blocks[i].address = NULL;
+            return OK;
+        }
+    }
+    return ERR_INVALID_VALUE;
+}
+
+int cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *pointer) {
+    for (int i = 0; i < MAX_MAPPINGS; i++) {
+        if (blocks[i].address == pointer) {
+            memset(handle->reserved, 0, sizeof handle->reserved);
+            memcpy(handle->reserved, blocks[i].name, strlen(blocks[i].name));
+            return OK;
+        }
+    }
+    return ERR_INVALID_VALUE;
 }
 
 /* How many handles are open now (for the in-process test of unregistering). */

@@ -201,3 +201,33 @@ def test_pinned_blocks_live_as_long_as_their_arrays(host_cudart: Path) -> None:
     del array
     view[:] = 3.0  # the block is still allocated: the view's base chain holds it
     assert float(view.sum()) == 3.0 * 32
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_bench_with_cuda_shared_memory(  # type: ignore[no-untyped-def]
+    cuda_server: ServerProcess, host_cudart: Path, monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path, protocol: str
+) -> None:
+    """``fastoip bench --shared-memory cuda`` as a CUDA client: allocates, fills, registers, verifies, frees."""
+    import json
+
+    from fastoip.bench.cli import main as bench_main
+
+    monkeypatch.setenv("FASTOIP_CUDA_RUNTIME", str(host_cudart))
+    monkeypatch.setattr(cuda, "_searched", False)
+    monkeypatch.setattr(cuda, "_runtime", None)
+    before = set(os.listdir("/dev/shm"))
+    out_json = tmp_path / "bench.json"
+    url = cuda_server.grpc_url if protocol == "grpc" else cuda_server.http_url
+    rc = bench_main(
+        [url, "-i", protocol, "-m", "identity_fp32", "--shared-memory", "cuda", "--verify", "-b", "2",
+         "--concurrency-range", "1,2", "--json", str(out_json), "-p", "300", "-r", "3", "--warmup-ms", "200", "--quiet"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    rows = json.loads(out_json.read_text())["results"]
+    assert [row["concurrency"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["throughput_req_per_s"] > 0 and sum(row["errors"].values()) == 0
+    # The bench's device memory is freed and its regions are unregistered from the server.
+    assert not [name for name in set(os.listdir("/dev/shm")) - before if name.startswith("hostcudart_")]
+    assert tg.InferenceServerClient(cuda_server.grpc_url).get_cuda_shared_memory_status(as_json=True).get("regions", {}) == {}

@@ -4,9 +4,10 @@ Rules:
 - ``runtime()`` loads ``libcudart`` once: the copy onnxruntime-gpu's NVIDIA wheels
   ship, or the system's; ``None`` when there is none or no device answers.
   Nothing here is imported or loaded on a CPU-only server until asked.
-- Used for: pinned (page-locked) host buffers for batches on the CUDA EP, and
+- Used for: pinned (page-locked) host buffers for batches on the CUDA EP,
   CUDA shared-memory regions (cudaIPC handles that clients such as
-  ``tritonclient.utils.cuda_shared_memory`` create).
+  ``tritonclient.utils.cuda_shared_memory`` create), and the regions
+  ``fastoip bench --shared-memory cuda`` creates as such a client.
 - ``DeviceBytes`` is a span of device memory; ``DeviceArray`` is one typed
   tensor in it (what ORT writes when an output is bound to the span).
 - Every CUDA error becomes :class:`CudaError` with CUDA's own message.
@@ -14,13 +15,14 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import logging
 import os
 import sys
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -69,6 +71,9 @@ class CudaRuntime:
             "cudaGetDevice": [ctypes.POINTER(c_int)],
             "cudaHostAlloc": [ctypes.POINTER(c_void_p), c_size_t, c_uint],
             "cudaFreeHost": [c_void_p],
+            "cudaMalloc": [ctypes.POINTER(c_void_p), c_size_t],
+            "cudaFree": [c_void_p],
+            "cudaIpcGetMemHandle": [ctypes.POINTER(_IpcHandle), c_void_p],
             "cudaIpcOpenMemHandle": [ctypes.POINTER(c_void_p), _IpcHandle, c_uint],
             "cudaIpcCloseMemHandle": [c_void_p],
             "cudaMemcpy": [c_void_p, c_void_p, c_size_t, c_int],
@@ -96,23 +101,44 @@ class CudaRuntime:
     def free_host(self, pointer: int) -> None:
         self._check(self._lib.cudaFreeHost(ctypes.c_void_p(pointer)), "cudaFreeHost")
 
+    def malloc(self, nbytes: int, device_id: int) -> int:
+        """Device memory on ``device_id`` (the calling thread's device is left as it was)."""
+        with self._on_device(device_id):
+            pointer = ctypes.c_void_p()
+            self._check(self._lib.cudaMalloc(ctypes.byref(pointer), nbytes), "cudaMalloc")
+        return int(pointer.value or 0)
+
+    def free(self, pointer: int) -> None:
+        self._check(self._lib.cudaFree(ctypes.c_void_p(pointer)), "cudaFree")
+
+    def ipc_handle(self, pointer: int) -> bytes:
+        """The 64-byte cudaIpcMemHandle_t another process opens to share this allocation."""
+        handle = _IpcHandle()
+        self._check(self._lib.cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(pointer)), "cudaIpcGetMemHandle")
+        return ctypes.string_at(ctypes.addressof(handle), IPC_HANDLE_BYTES)
+
+    @contextlib.contextmanager
+    def _on_device(self, device_id: int) -> Iterator[None]:
+        previous = ctypes.c_int(0)
+        self._check(self._lib.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
+        self._check(self._lib.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
+        try:
+            yield
+        finally:
+            self._lib.cudaSetDevice(previous.value)
+
     def ipc_open(self, raw_handle: bytes, device_id: int) -> int:
         """Map another process's cudaMalloc allocation; returns its address in this process."""
         if len(raw_handle) != IPC_HANDLE_BYTES:
             raise CudaError(f"a cudaIpcMemHandle_t is {IPC_HANDLE_BYTES} bytes, got {len(raw_handle)}")
         handle = _IpcHandle()
         ctypes.memmove(ctypes.byref(handle), raw_handle, IPC_HANDLE_BYTES)
-        previous = ctypes.c_int(0)
-        self._check(self._lib.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
-        self._check(self._lib.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
-        try:
+        with self._on_device(device_id):  # the calling thread's device is left as it was
             pointer = ctypes.c_void_p()
             self._check(
                 self._lib.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                 "cudaIpcOpenMemHandle",
             )
-        finally:
-            self._lib.cudaSetDevice(previous.value)  # the calling thread's device is left as it was
         return int(pointer.value or 0)
 
     def ipc_close(self, pointer: int) -> None:

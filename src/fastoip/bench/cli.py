@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared-memory",
         choices=("none", "system", "cuda"),
         default="none",
-        help="inputs (and fixed-size outputs) in system shared memory regions; cuda is not implemented",
+        help="inputs (and fixed-size outputs) in system or CUDA (GPU 0, cudaIPC) shared memory regions",
     )
     p.add_argument(
         "-p",
@@ -346,8 +346,6 @@ class Run:
                     stage="server",
                     status="UNIMPLEMENTED",
                 )
-            if memory == "cuda":
-                raise BenchError("--shared-memory cuda: not implemented by fastoip bench (use system)", stage="args")
 
     def _measure_model(self, control: Any, model: str, has_stats: bool, progress: Any) -> None:
         from .inputs import encode_grpc, encode_http, make_requests, plan_model
@@ -373,10 +371,10 @@ class Run:
             )
         tensors = make_requests(plan, self.args.input_data, self.args.string_length)
         regions = None
-        if self.args.shared_memory == "system":
-            from .shm import SystemRegions
+        if self.args.shared_memory != "none":
+            from .shm import SharedRegions
 
-            regions = SystemRegions(control, plan, tensors)
+            regions = SharedRegions(control, plan, tensors, self.args.shared_memory)
         try:
             placements = regions.placements if regions is not None else [None] * len(tensors)
             if self.target.protocol == "grpc":

@@ -17,6 +17,7 @@ core); ModelConfig and ModelStatistics are optional Triton extensions.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import time
@@ -61,6 +62,12 @@ class ControlClient:
         raise NotImplementedError
 
     def unregister_system_shm(self, name: str) -> None:
+        raise NotImplementedError
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        raise NotImplementedError
+
+    def unregister_cuda_shm(self, name: str) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -217,6 +224,20 @@ class GrpcControl(ControlClient):
             "shm",
         )
 
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        request = self._pb.CudaSharedMemoryRegisterRequest(
+            name=name, raw_handle=raw_handle, device_id=device_id, byte_size=byte_size
+        )
+        self._call("CudaSharedMemoryRegister", request, self._pb.CudaSharedMemoryRegisterResponse, "shm")
+
+    def unregister_cuda_shm(self, name: str) -> None:
+        self._call(
+            "CudaSharedMemoryUnregister",
+            self._pb.CudaSharedMemoryUnregisterRequest(name=name),
+            self._pb.CudaSharedMemoryUnregisterResponse,
+            "shm",
+        )
+
     def close(self) -> None:
         self.channel.close()
 
@@ -336,6 +357,14 @@ class HttpControl(ControlClient):
 
     def unregister_system_shm(self, name: str) -> None:
         self._ok(f"/v2/systemsharedmemory/region/{name}/unregister", "shm", "POST", {})
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        handle = {"b64": base64.b64encode(raw_handle).decode()}
+        body = {"raw_handle": handle, "device_id": device_id, "byte_size": byte_size}
+        self._ok(f"/v2/cudasharedmemory/region/{name}/register", "shm", "POST", body)
+
+    def unregister_cuda_shm(self, name: str) -> None:
+        self._ok(f"/v2/cudasharedmemory/region/{name}/unregister", "shm", "POST", {})
 
     def close(self) -> None:
         if self._conn is not None:

@@ -1,4 +1,4 @@
-"""``--shared-memory system``: tensors in POSIX shared-memory regions, as perf_analyzer does it.
+"""``--shared-memory system|cuda``: tensors in shared-memory regions, as perf_analyzer does it.
 
 - One input region per model holds the inputs of every distinct request (each
   tensor at its own 64-byte aligned offset); it is written once.
@@ -6,9 +6,12 @@
   datatype and shape); all requests share it, so under load its content is
   whatever finished last (only the probe reads it back, for ``--verify``).
   Other outputs (BYTES, variable dims) come back in the response as usual.
-- Regions are ``/dev/shm/fastoip-bench-<pid>-<n>-{in,out}``, registered with
+- System regions are ``/dev/shm/fastoip-bench-<pid>-<n>-{in,out}``, registered with
   SystemSharedMemoryRegister (gRPC) or ``POST v2/systemsharedmemory/region/<name>/register``
   (HTTP), and unregistered and unlinked when the model is done.
+- CUDA regions are cudaMalloc allocations on ``device_id`` (GPU 0), filled with
+  cudaMemcpy and registered by their cudaIPC handle (CudaSharedMemoryRegister,
+  ``POST v2/cudasharedmemory/region/<name>/register``); freed when the model is done.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ def _align(value: int) -> int:
     return (value + ALIGN - 1) // ALIGN * ALIGN
 
 
-class _Region:
+class _SystemRegion:
+    """A POSIX shared-memory object of ``size`` bytes, mapped here."""
+
     def __init__(self, key: str, size: int) -> None:
         self.key = key
         self.path = os.path.join(SHM_DIR, key)
@@ -55,6 +60,18 @@ class _Region:
         finally:
             os.close(fd)
 
+    def write(self, offset: int, blob: bytes) -> None:
+        self.mapping[offset : offset + len(blob)] = blob
+
+    def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.mapping[offset : offset + size])
+
+    def register(self, control: Any) -> None:
+        control.register_system_shm(self.key, self.key, self.size)
+
+    def unregister(self, control: Any) -> None:
+        control.unregister_system_shm(self.key)
+
     def close(self) -> None:
         self.mapping.close()
         try:
@@ -63,15 +80,61 @@ class _Region:
             pass
 
 
-class SystemRegions:
-    """The regions of one model: created, filled and registered on construction; ``close()`` undoes it."""
+class _CudaRegion:
+    """``size`` bytes of device memory, shared with the server by its cudaIPC handle."""
 
-    def __init__(self, control: Any, plan: ModelPlan, requests: list[dict[str, np.ndarray]]) -> None:
-        if not os.path.isdir(SHM_DIR):
+    def __init__(self, key: str, size: int, device_id: int = 0) -> None:
+        from .. import cuda
+
+        runtime = cuda.runtime()
+        if runtime is None:
+            raise BenchError("--shared-memory cuda needs a GPU and the CUDA runtime on the client", stage="shm")
+        self.runtime, self.key, self.size, self.device_id = runtime, key, max(1, size), device_id
+        self.pointer = self._cuda(runtime.malloc, self.size, device_id)
+
+    def _cuda(self, call: Any, *args: Any) -> Any:
+        from ..cuda import CudaError
+
+        try:
+            return call(*args)
+        except CudaError as exc:
+            raise BenchError(f"CUDA shared memory region '{self.key}': {exc}", stage="shm") from None
+
+    def write(self, offset: int, blob: bytes) -> None:
+        source = np.frombuffer(blob, dtype=np.uint8)
+        self._cuda(self.runtime.copy, self.pointer + offset, source.ctypes.data, source.nbytes)
+
+    def read(self, offset: int, size: int) -> bytes:
+        out = np.empty(size, dtype=np.uint8)
+        self._cuda(self.runtime.copy, out.ctypes.data, self.pointer + offset, size)
+        return out.tobytes()
+
+    def register(self, control: Any) -> None:
+        handle = self._cuda(self.runtime.ipc_handle, self.pointer)
+        control.register_cuda_shm(self.key, handle, self.device_id, self.size)
+
+    def unregister(self, control: Any) -> None:
+        control.unregister_cuda_shm(self.key)
+
+    def close(self) -> None:
+        if self.pointer:
+            self._cuda(self.runtime.free, self.pointer)
+            self.pointer = 0
+
+
+class SharedRegions:
+    """The regions of one model: created, filled and registered on construction; ``close()`` undoes it.
+
+    ``kind``: "system" or "cuda".
+    """
+
+    def __init__(self, control: Any, plan: ModelPlan, requests: list[dict[str, np.ndarray]], kind: str = "system") -> None:
+        if kind == "system" and not os.path.isdir(SHM_DIR):
             raise BenchError(f"--shared-memory system needs {SHM_DIR}", stage="shm")
         self.control = control
-        self.registered: list[str] = []
-        self.regions: list[_Region] = []
+        self.kind = kind
+        self.registered: list["_SystemRegion | _CudaRegion"] = []
+        self.regions: list["_SystemRegion | _CudaRegion"] = []
         base = f"fastoip-bench-{os.getpid()}-{next(_counter)}"
         try:
             self._build(base, plan, requests)
@@ -91,7 +154,7 @@ class SystemRegions:
         inputs = self._region(f"{base}-in", total)
         for request_blobs, row in zip(blobs, offsets):
             for blob, (offset, size) in zip(request_blobs, row):
-                inputs.mapping[offset : offset + size] = blob
+                inputs.write(offset, blob)
         self.output_spans: dict[str, tuple[int, int, str, list[int]]] = {}
         out_total = 0
         for output in plan.outputs:
@@ -114,12 +177,12 @@ class SystemRegions:
                     placement.outputs.append((output.name, params))
             self.placements.append(placement)
 
-    def _region(self, key: str, size: int) -> _Region:
-        region = _Region(key, size)
+    def _region(self, key: str, size: int) -> "_SystemRegion | _CudaRegion":
+        region = _CudaRegion(key, size) if self.kind == "cuda" else _SystemRegion(key, size)
         self.regions.append(region)
         # Region name = key: unique per bench process and model.
-        self.control.register_system_shm(key, key, region.size)
-        self.registered.append(key)
+        region.register(self.control)
+        self.registered.append(region)
         return region
 
     @property
@@ -135,20 +198,23 @@ class SystemRegions:
             if span is None or output.data is not None:
                 continue
             offset, size, datatype, shape = span
-            data = bytes(self.outputs.mapping[offset : offset + size])
+            data = self.outputs.read(offset, size)
             output.data = np.frombuffer(data, dtype=NUMPY_DTYPES[datatype]).reshape(shape)
 
     def close(self) -> None:
-        for name in self.registered:
+        for region in self.registered:
             try:
-                self.control.unregister_system_shm(name)
+                region.unregister(self.control)
             except BenchError:
                 pass
         self.registered.clear()
         for region in self.regions:
-            region.close()
+            try:
+                region.close()
+            except BenchError:
+                pass  # nothing more to do for it; the others are still released
         self.regions.clear()
 
 
-def placement_or_none(regions: Optional[SystemRegions], index: int) -> Optional[Placement]:
+def placement_or_none(regions: Optional[SharedRegions], index: int) -> Optional[Placement]:
     return regions.placements[index] if regions is not None else None
