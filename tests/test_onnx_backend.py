@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend in process: outputs written straight into caller-given bytes."""
+"""The ONNX Runtime backend in process: outputs written into caller-given bytes, instance placement, pinned inputs."""
 
 from __future__ import annotations
 
@@ -66,3 +66,16 @@ def test_instances_are_placed_as_triton_places_them() -> None:
     )
     assert instance_devices(config) == [0, 0, 1, 1, 0, 0]
     assert instance_devices(mc.ModelConfig()) == [0]
+
+
+def test_pinned_batch_inputs_follow_the_config_switch() -> None:
+    from google.protobuf import text_format
+
+    from fastoip._proto import model_config_pb2 as mc
+    from fastoip.repository.loaded import wants_pinned_inputs
+
+    assert wants_pinned_inputs(mc.ModelConfig())  # Triton's default: on
+    off = text_format.Parse("optimization { input_pinned_memory { enable: false } }", mc.ModelConfig())
+    assert not wants_pinned_inputs(off)
+    on = text_format.Parse("optimization { input_pinned_memory { enable: true } }", mc.ModelConfig())
+    assert wants_pinned_inputs(on)

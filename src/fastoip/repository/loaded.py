@@ -51,7 +51,7 @@ class LoadedModel:
         self.stats = ModelStatistics(name, self.version_str)
         # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
         self.on_gpu = any(getattr(b, "on_gpu", False) for b in backends)
-        self.buffers = BufferPool(pinned_allocator if self.on_gpu else None)
+        self.buffers = BufferPool(pinned_allocator if self.on_gpu and wants_pinned_inputs(config) else None)
         # Lock-free in-flight accounting: next() on an itertools.count is atomic under the GIL.
         self._entered = itertools.count()
         self._left = itertools.count()
@@ -196,3 +196,9 @@ class LoadedModel:
 
 def _true() -> bool:
     return True
+
+
+def wants_pinned_inputs(config: mc.ModelConfig) -> bool:
+    """Triton's ``optimization { input_pinned_memory { enable } }``: on unless the config turns it off."""
+    optimization = config.optimization
+    return not optimization.HasField("input_pinned_memory") or optimization.input_pinned_memory.enable
