@@ -32,7 +32,7 @@ import numpy as np
 from . import cuda
 from .cuda import DeviceArray, DeviceBytes
 from .datatypes import ITEM_SIZES, numpy_dtype
-from .errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from .errors import AlreadyExists, InternalError, InvalidArgument, NotFound, Unavailable
 
 SHM_DIR = "/dev/shm"
 REGION = "shared_memory_region"
@@ -225,10 +225,16 @@ class SharedMemoryRegistry:
             if dim < 0:
                 raise InvalidArgument(f"input '{name}': negative dimension in shape {list(shape)}")
             count *= dim
+        expected = count * ITEM_SIZES.get(datatype, 0)
+        if datatype != "BYTES" and expected != byte_size:
+            raise InvalidArgument(
+                f"input '{name}': {datatype} {list(shape)} needs {expected} bytes, "
+                f"but {BYTE_SIZE} is {byte_size}"
+            )
         if isinstance(region, CudaRegion):
             # Device bytes come to the host once, as a tensor from the wire would.
             source: "mmap.mmap | np.ndarray" = np.empty(byte_size, dtype=np.uint8)
-            _cuda_copy(region, source.ctypes.data, region.mapping.pointer + start, byte_size)  # type: ignore[union-attr]
+            _cuda_copy(region.mapping, source.ctypes.data, region.mapping.pointer + start, byte_size, f"input '{name}'")
             start = 0
         else:
             source = region.mapping
@@ -236,12 +242,6 @@ class SharedMemoryRegistry:
             from ._codec import deserialize_bytes_tensor
 
             return deserialize_bytes_tensor(memoryview(source)[start : start + byte_size], count).reshape(shape)
-        expected = count * ITEM_SIZES.get(datatype, 0)
-        if expected != byte_size:
-            raise InvalidArgument(
-                f"input '{name}': {datatype} {list(shape)} needs {expected} bytes, "
-                f"but {BYTE_SIZE} is {byte_size}"
-            )
         # frombuffer holds a buffer export, which keeps unregister from unmapping it under us.
         return np.frombuffer(source, numpy_dtype(datatype), count, start).reshape(shape)
 
@@ -268,15 +268,15 @@ def write_output(
     if isinstance(array, DeviceArray):
         if array.where is destination:
             return  # ORT wrote it into the CUDA region
-        raise InvalidArgument(f"output '{name}' is in device memory that is not its shared memory region")
+        raise InternalError(f"output '{name}' is in device memory that is not its shared memory region")
     if datatype == "BYTES":
         from ._codec import serialize_bytes_tensor
 
         data = np.frombuffer(serialize_bytes_tensor(array), dtype=np.uint8)
     else:
-        if type(destination) is np.ndarray and array.ctypes.data == destination.ctypes.data:
-            if array.nbytes <= destination.nbytes:
-                return  # written in place by the backend
+        in_place = type(destination) is np.ndarray and array.ctypes.data == destination.ctypes.data
+        if in_place and array.nbytes <= destination.nbytes:
+            return  # written in place by the backend
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if data.nbytes > destination.nbytes:
         raise InvalidArgument(
@@ -285,19 +285,17 @@ def write_output(
     if isinstance(destination, DeviceBytes):
         mapping = destination.owner
         assert isinstance(mapping, CudaMapping)
-        try:
-            mapping.runtime.copy(destination.pointer, data.ctypes.data, data.nbytes)
-        except cuda.CudaError as exc:
-            raise InvalidArgument(f"output '{name}': writing CUDA shared memory failed: {exc}") from None
+        _cuda_copy(mapping, destination.pointer, data.ctypes.data, data.nbytes, f"output '{name}'")
         return
     destination[: data.nbytes] = data
 
 
-def _cuda_copy(region: CudaRegion, destination: int, source: int, nbytes: int) -> None:
+def _cuda_copy(mapping: CudaMapping, destination: int, source: int, nbytes: int, what: str) -> None:
+    """A copy to or from a CUDA region; a CUDA failure names the tensor."""
     try:
-        region.mapping.runtime.copy(destination, source, nbytes)
+        mapping.runtime.copy(destination, source, nbytes)
     except cuda.CudaError as exc:
-        raise InvalidArgument(f"reading CUDA shared memory region '{region.name}' failed: {exc}") from None
+        raise InvalidArgument(f"{what}: copying CUDA shared memory failed: {exc}") from None
 
 
 def uses_region(parameters: Optional[dict]) -> bool:
