@@ -8,8 +8,8 @@ It serves ``inference.GRPCInferenceService`` with exactly the hot path the real
       --await Core.infer_async--> InferResponse
       --fastoip._codec.encode_infer_response--> response bytes
 
-The codec is the method's (de)serializer, as in ``fastoip.server.grpc``; the
-non-infer RPCs reuse that module's ``GrpcFrontend`` methods and its protobuf
+The codec is the method's (de)serializer, as in ``fastoip.server.grpc.grpcio_server``; the
+non-infer RPCs reuse ``fastoip.server.grpc.service.GrpcService``'s methods and its protobuf
 (de)serializers.  Core construction is the same as ``fastoip serve``:
 ``Core(repository_root, RepositoryOptions(...))`` + ``core.load_models()``.
 
@@ -38,7 +38,7 @@ from fastoip import _codec
 from fastoip.core import Core
 from fastoip.errors import InferenceError
 from fastoip.repository import RepositoryOptions
-from fastoip.server.grpc import SERVICE, UNARY, DecodeFailure, GrpcFrontend, decode_request
+from fastoip.server.grpc.service import SERVICE, UNARY, DecodeFailure, GrpcService, decode_request
 
 INT32_MAX = 2**31 - 1
 log = logging.getLogger("fastoip-aio")
@@ -49,7 +49,7 @@ def _status(error: InferenceError) -> grpc.StatusCode:
 
 
 def build_handler(core: Core) -> grpc.GenericRpcHandler:
-    frontend = GrpcFrontend(core)
+    frontend = GrpcService(core)
 
     async def model_infer(request, context):  # type: ignore[no-untyped-def]
         if type(request) is DecodeFailure:
@@ -62,10 +62,10 @@ def build_handler(core: Core) -> grpc.GenericRpcHandler:
             await context.abort(_status(exc), exc.message)
 
     def unary(method):  # type: ignore[no-untyped-def]
-        # GrpcFrontend's methods are cheap dictionary lookups on the Core: run them inline.
+        # GrpcService's methods are cheap dictionary lookups on the Core: run them inline.
         async def handler(request, context):  # type: ignore[no-untyped-def]
             try:
-                return method(request, context)
+                return method(request)
             except InferenceError as exc:
                 await context.abort(_status(exc), exc.message)
 

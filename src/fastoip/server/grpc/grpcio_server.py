@@ -1,0 +1,210 @@
+"""The grpcio frontend: ``inference.GRPCInferenceService`` on a sync grpcio server (the fallback).
+
+Rules:
+- Transport only: the RPCs' translation lives in :mod:`.service`; this module
+  maps core errors to gRPC statuses and drives ModelInfer / ModelStreamInfer.
+- ModelInfer never builds protobuf objects: the codec is the method's request
+  deserializer and response serializer.  A deserializer must not raise (grpcio
+  would answer INTERNAL), so decode failures travel to the handler as
+  :class:`DecodeFailure` and become INVALID_ARGUMENT there.
+- Why it stays: it is the reference the native frontend is compared against in
+  differential tests, and the frontend used where the native one was not built.
+  It holds a thread per call (see DESIGN.md, principle 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator
+
+import grpc
+from google.protobuf.message import Message
+
+from ... import _codec
+from ...core import Core
+from ...errors import InferenceError
+from ...scheduling.job import Job
+from ...types import InferRequest
+from .service import (
+    HEALTH_SERVICE,
+    HEALTH_UNARY,
+    INT32_MAX,
+    SERVICE,
+    UNARY,
+    DecodeFailure,
+    GrpcService,
+    decode_request,
+    error_echo,
+)
+
+log = logging.getLogger("fastoip.grpc")
+
+__all__ = ["INT32_MAX", "GrpcioFrontend", "create_server", "method_handlers"]
+
+
+def abort(context: grpc.ServicerContext, error: InferenceError) -> None:
+    context.abort(getattr(grpc.StatusCode, error.grpc_code, grpc.StatusCode.UNKNOWN), error.message)
+
+
+class GrpcioFrontend:
+    """ModelInfer and ModelStreamInfer on grpcio's thread pool."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def ModelInfer(self, request: "InferRequest | DecodeFailure", context: grpc.ServicerContext) -> Any:
+        if type(request) is DecodeFailure:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
+        try:
+            return self.core.infer(request, watch=partial(watch_call, context))  # type: ignore[arg-type]
+        except InferenceError as exc:
+            abort(context, exc)
+
+    def ModelStreamInfer(
+        self, requests: Iterable["InferRequest | DecodeFailure"], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        """Bidirectional stream: many requests in flight, responses as they finish.
+
+        A reader thread takes requests off the stream and starts them; this
+        handler's thread encodes and yields each finished job.  An error on one
+        request becomes that response's ``error_message``; the stream goes on.
+        When the call ends (client cancelled, stream stopped) queued requests
+        are cancelled.
+        """
+        finished: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        in_flight: set[Job] = set()
+        started = [0]
+        core = self.core
+
+        def cancel_all() -> None:
+            for job in list(in_flight):
+                job.cancel()
+
+        context.add_callback(cancel_all)
+
+        def read() -> None:
+            try:
+                for request in requests:
+                    started[0] += 1
+                    if isinstance(request, DecodeFailure):
+                        finished.put(_codec.encode_stream_response(None, request.status_message))
+                        continue
+                    try:
+                        job = core.submit(request, finished.put, run_here=True)
+                        in_flight.add(job)
+                    except InferenceError as exc:
+                        finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
+            except Exception:  # the call ended (cancelled or broken): stop reading
+                pass
+            finished.put(_END)
+
+        reader = threading.Thread(target=read, name="fastoip-stream-reader", daemon=True)
+        reader.start()
+        answered = 0
+        total = None
+        while total is None or answered < total:
+            item = finished.get()
+            if item is _END:
+                total = started[0]
+                continue
+            answered += 1
+            if isinstance(item, bytes):
+                yield item
+                continue
+            in_flight.discard(item)
+            if item.error is not None:
+                yield _codec.encode_stream_response(error_echo(item.request), item.error.message)
+            else:
+                yield _codec.encode_stream_response(item.response)
+
+
+_END = object()
+
+
+def watch_call(context: grpc.ServicerContext, job: Job) -> None:
+    """For a request that will wait in a queue: its client deadline, and cancel it when the call ends.
+
+    Only queued requests are watched: a direct request runs at once on this thread.
+    """
+    remaining = context.time_remaining()
+    if remaining is not None and remaining < 1e9:
+        job.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
+    context.add_callback(job.cancel)
+
+
+def _wrap(method: Callable[[Message], Message]) -> Callable[[Message, grpc.ServicerContext], Message]:
+    """Map core errors raised by non-infer RPCs to gRPC statuses."""
+
+    def handler(request: Message, context: grpc.ServicerContext) -> Message:
+        try:
+            return method(request)
+        except InferenceError as exc:
+            abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return handler
+
+
+def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
+    """The generic handlers for both services, with the codec on ModelInfer."""
+    frontend = GrpcioFrontend(core)
+    service = GrpcService(core)
+    handlers: dict[str, grpc.RpcMethodHandler] = {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(
+            frontend.ModelInfer,
+            request_deserializer=decode_request,
+            response_serializer=_codec.encode_infer_response,
+        ),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            frontend.ModelStreamInfer,
+            request_deserializer=decode_request,
+            response_serializer=None,
+        ),
+    }
+    for name, (request_type, response_type) in UNARY.items():
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            _wrap(getattr(service, name)),
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+    health = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _wrap(service.HealthCheck),
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+        for name, (request_type, response_type) in HEALTH_UNARY.items()
+    }
+    return [
+        grpc.method_handlers_generic_handler(SERVICE, handlers),
+        grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),
+    ]
+
+
+def create_server(
+    core: Core,
+    host: str,
+    port: int,
+    *,
+    workers: int = 16,
+    max_message_size: int = INT32_MAX,
+) -> tuple[grpc.Server, int]:
+    """A ready (not yet started) grpc server and the port it bound."""
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastoip-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", max_message_size),
+            ("grpc.max_send_message_length", max_message_size),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    server.add_generic_rpc_handlers(method_handlers(core))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind gRPC to {host}:{port}")
+    return server, bound

@@ -1,0 +1,242 @@
+"""The gRPC service as transport-free translation: protobuf request -> Core -> protobuf response.
+
+Rules:
+- Every RPC except ModelInfer / ModelStreamInfer is a method here taking the
+  request message and returning the response message; core errors propagate as
+  :mod:`fastoip.errors` values and each transport maps them to a gRPC status.
+- The infer RPCs never build protobuf objects: the codec decodes and encodes
+  them, and each transport drives the Core's completion path itself.
+- Nothing here knows about grpcio or HTTP/2, so the grpcio frontend and the
+  native frontend answer every RPC with the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+from google.protobuf.message import Message
+
+from ... import _codec
+from ..._proto import grpc_service_pb2 as pb
+from ..._proto import health_pb2
+from ...core import Core
+from ...errors import CodecError
+from ...shared_memory import CUDA
+from ...types import InferRequest, InferResponse
+
+SERVICE = "inference.GRPCInferenceService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+INT32_MAX = 2**31 - 1
+
+
+class DecodeFailure:
+    """What decoding a ModelInferRequest gives for bytes that do not parse."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    @property
+    def status_message(self) -> str:
+        return f"malformed ModelInferRequest: {self.message}"
+
+
+def decode_request(data: bytes) -> Union[InferRequest, DecodeFailure]:
+    """The codec, never raising (grpcio answers INTERNAL for a deserializer that raises)."""
+    try:
+        return _codec.decode_infer_request(data)
+    except CodecError as exc:
+        return DecodeFailure(str(exc))
+
+
+def error_echo(request: "InferRequest | DecodeFailure | None") -> "InferResponse | None":
+    """The response shell Triton sends with a stream error: model name and request id."""
+    if request is None or type(request) is DecodeFailure:
+        return None
+    assert isinstance(request, InferRequest)
+    return InferResponse(request.model_name, request.model_version, request.id)
+
+
+class GrpcService:
+    """Every unary RPC of both services, as methods that translate and call the Core."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    # -- health and metadata -----------------------------------------------------
+    def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.core.server_live())
+
+    def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.server_ready())
+
+    def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+
+    def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.core.server_metadata())
+
+    def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self.core.model_metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+        )
+
+    def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        response = pb.ModelConfigResponse()
+        response.config.CopyFrom(self.core.model_config(request.name, request.version))
+        return response
+
+    def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        response = pb.ModelStatisticsResponse()
+        for snap in self.core.statistics(request.name, request.version):
+            stats = response.model_stats.add()
+            stats.name = snap["name"]
+            stats.version = snap["version"]
+            stats.last_inference = snap["last_inference"]
+            stats.inference_count = snap["inference_count"]
+            stats.execution_count = snap["execution_count"]
+            for key, value in snap["inference_stats"].items():
+                duration = getattr(stats.inference_stats, key)
+                duration.count, duration.ns = value["count"], value["ns"]
+            for batch in snap["batch_stats"]:
+                entry = stats.batch_stats.add()
+                entry.batch_size = batch["batch_size"]
+                for key in ("compute_input", "compute_infer", "compute_output"):
+                    duration = getattr(entry, key)
+                    duration.count, duration.ns = batch[key]["count"], batch[key]["ns"]
+        return response
+
+    # -- repository ----------------------------------------------------------------
+    def RepositoryIndex(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in self.core.repository_index(request.ready)]
+        )
+
+    def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        parameters = {
+            key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for key, value in request.parameters.items()
+        }
+        self.core.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        self.core.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ----------------------------------------------------------------------
+    def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
+        self.core.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.core.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name, CUDA):
+            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
+        self.core.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.core.shared_memory.unregister(request.name, CUDA)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- trace and log settings ------------------------------------------------------------------
+    def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        changes = {key: list(value.value) for key, value in request.settings.items()}
+        if changes:
+            values = self.core.trace_settings.update(changes, request.model_name)
+        else:
+            if request.model_name:
+                self.core.repository.get(request.model_name)  # NOT_FOUND for unknown models
+            values = self.core.trace_settings.get(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in values.items():
+            response.settings[key].value.extend(value)
+        return response
+
+    def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            if choice is not None:
+                changes[key] = getattr(value, choice)
+        values = self.core.log_settings.update(changes)
+        response = pb.LogSettingsResponse()
+        for key, value in values.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
+        return response
+
+    # -- grpc.health.v1 ----------------------------------------------------------------
+    def HealthCheck(self, request: health_pb2.HealthCheckRequest) -> health_pb2.HealthCheckResponse:
+        status = health_pb2.HealthCheckResponse
+        if not request.service:
+            ok = self.core.server_ready()
+        else:
+            if self.core.repository.record(request.service) is None and request.service != SERVICE:
+                return status(status=status.SERVICE_UNKNOWN)
+            ok = self.core.server_ready() if request.service == SERVICE else self.core.model_ready(request.service)
+        return status(status=status.SERVING if ok else status.NOT_SERVING)
+
+
+#: Unary RPCs of inference.GRPCInferenceService: name -> (request type, response type).
+UNARY: dict[str, tuple[type[Message], type[Message]]] = {
+    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
+    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+    "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse),
+    "SystemSharedMemoryRegister": (pb.SystemSharedMemoryRegisterRequest, pb.SystemSharedMemoryRegisterResponse),
+    "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest, pb.SystemSharedMemoryUnregisterResponse),
+    "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse),
+    "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, pb.CudaSharedMemoryRegisterResponse),
+    "CudaSharedMemoryUnregister": (pb.CudaSharedMemoryUnregisterRequest, pb.CudaSharedMemoryUnregisterResponse),
+    "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
+    "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
+}
+
+#: grpc.health.v1.Health's unary RPC.
+HEALTH_UNARY: dict[str, tuple[type[Message], type[Message]]] = {
+    "Check": (health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse),
+}
+
+
+def unary_methods(service: GrpcService) -> dict[str, Callable[[Message], Message]]:
+    """Full method path (``/package.Service/Method``) -> bound translator, for both services."""
+    methods: dict[str, Callable[[Message], Message]] = {
+        f"/{SERVICE}/{name}": getattr(service, name) for name in UNARY
+    }
+    methods[f"/{HEALTH_SERVICE}/Check"] = service.HealthCheck
+    return methods
