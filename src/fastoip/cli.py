@@ -42,6 +42,10 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                         "explicit loads only --load-model and what the repository API asks for")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with explicit mode: a model to load at start-up (repeatable; '*' for all)")
+    p.add_argument("--model-control-allow-code", action="store_true",
+                   default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
+                   help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
+                        "client run code inside the server (default off: such loads are refused)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
     p.add_argument("--shutdown-grace", type=float, default=0.0,
                    help="seconds between readiness going false and listeners closing")
@@ -105,6 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     else None
                 ),
                 use_gpu=not args.cpu_only,
+                allow_code_loads=args.model_control_allow_code,
             ),
         )
         return serve(options)

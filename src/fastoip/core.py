@@ -354,7 +354,7 @@ class Core:
                 override = config_from_json(name, value)
         if files and override is None:
             raise InvalidArgument(f"load '{name}': model files in the request need a 'config' parameter too")
-        self.repository.load(name, override, files or None)
+        self.repository.load(name, override, files or None, from_client=True)
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name`` (explicit mode); requests in flight finish first."""
