@@ -46,6 +46,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
                    help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
                         "client run code inside the server (default off: such loads are refused)")
+    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 17))),
+                   help="most elements one BYTES tensor of a request may have (each becomes a Python object); "
+                        "default 131072")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
     p.add_argument("--shutdown-grace", type=float, default=0.0,
                    help="seconds between readiness going false and listeners closing")
@@ -80,7 +83,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "serve":
+        from . import _codec
         from .repository import RepositoryOptions
+
+        _codec.set_max_bytes_elements(args.max_bytes_elements)
         from .server.app import ServeOptions, serve
 
         options = ServeOptions(

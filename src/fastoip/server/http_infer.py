@@ -261,6 +261,11 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
         raise InvalidArgument(f"input '{name}': 'data' must be a list, got {_json_type(data)}")
     count = math.prod(shape)
     if datatype == "BYTES":
+        if count > _codec.max_bytes_elements():  # before a Python object per element is built
+            raise InvalidArgument(
+                f"input '{name}': too many elements for a BYTES tensor: {count}, more than this server's limit "
+                f"of {_codec.max_bytes_elements()} (--max-bytes-elements)"
+            )
         return _json_bytes(data, count, name).reshape(shape)
     try:
         values = np.asarray(data)  # numpy infers int64 / uint64 / float64 / bool / str from the JSON values
