@@ -851,10 +851,10 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
     cdef Py_ssize_t i
     if count < 0:
         raise CodecError(f"{what}: negative BYTES element count {count}")
-    _check_bytes_count(count, what)
     if count > n // 4:
         raise CodecError(
             f"{what}: {count} BYTES elements need at least {<object>count * 4} bytes, got {n}")
+    _check_bytes_count(count, what)
     lst = PyList_New(<Py_ssize_t>count)
     for i in range(<Py_ssize_t>count):
         if end - p < 4:
