@@ -50,8 +50,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    help="most elements one BYTES tensor of a request may have (each becomes a Python object); "
                         "default 131072")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
-    p.add_argument("--shutdown-grace", type=float, default=0.0,
-                   help="seconds between readiness going false and listeners closing")
+    p.add_argument("--shutdown-grace", type=float, default=float(_env("SHUTDOWN_GRACE", "5")),
+                   help="seconds readiness is false while requests are still served, before the listeners close "
+                        "(default 5: load balancers stop routing first; a second SIGTERM/SIGINT skips the rest)")
     p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
     p.add_argument("--default-max-batch-size", type=int, default=int(_env("DEFAULT_MAX_BATCH_SIZE", "64")),
                    help="max_batch_size for batchable models without a config")
