@@ -338,7 +338,8 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     """Write a load request's model files into a new private directory; refuse paths that leave it."""
     checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
     try:
-        root = Path(tempfile.mkdtemp(prefix="fastoip-upload-"))
+        # The name (cut short: the directory name must fit NAME_MAX) tells an operator whose files these are.
+        root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name[:64]}-"))
     except OSError as exc:
         raise InternalError(f"failed to load '{name}': cannot store its model files: {exc.strerror}") from None
     try:
