@@ -52,7 +52,7 @@ def test_too_many_bytes_elements_are_refused(server: ServerProcess, protocol: st
         with pytest.raises(InferenceServerException) as info:
             client.infer("strings", [inp])
         assert info.value.status() in ("StatusCode.INVALID_ARGUMENT", "400"), info.value
-        assert "too many elements for a BYTES tensor" in info.value.message(), info.value
+        assert "too many elements for BYTES tensors in one request" in info.value.message(), info.value
         assert f"limit of {LIMIT}" in info.value.message()
 
 
@@ -64,7 +64,7 @@ def test_the_default_refuses_a_million_empty_strings(tmp_path_factory: pytest.Te
         client = tg.InferenceServerClient(proc.grpc_url)
         inp = tg.InferInput("INPUT0", [1 << 20], "BYTES")
         inp.set_data_from_numpy(_strings(1 << 20))
-        with pytest.raises(InferenceServerException, match="too many elements for a BYTES tensor"):
+        with pytest.raises(InferenceServerException, match="too many elements for BYTES tensors in one request"):
             client.infer("strings", [inp])
         inp = tg.InferInput("INPUT0", [3], "BYTES")
         inp.set_data_from_numpy(np.array([b"a", b"", b"cc"], dtype=np.object_))
@@ -78,10 +78,39 @@ def test_typed_bytes_contents_are_capped_too() -> None:
     previous = _codec.max_bytes_elements()
     _codec.set_max_bytes_elements(4)
     try:
-        with pytest.raises(CodecError, match="too many elements for a BYTES tensor: 5"):
+        with pytest.raises(CodecError, match="too many elements for BYTES tensors in one request"):
             _codec.decode_infer_request(request.SerializeToString())
         _codec.set_max_bytes_elements(5)
         decoded = _codec.decode_infer_request(request.SerializeToString())
         assert decoded.inputs[0].data.tolist() == [b""] * 5
+        # The limit is per request: two inputs of 3 are 6 elements.
+        second = request.inputs.add(name="INPUT1", datatype="BYTES", shape=[3])
+        second.contents.bytes_contents.extend([b"x"] * 3)
+        request.inputs[0].ClearField("contents")
+        request.inputs[0].shape[:] = [3]
+        request.inputs[0].contents.bytes_contents.extend([b""] * 3)
+        with pytest.raises(CodecError, match="too many elements for BYTES tensors in one request"):
+            _codec.decode_infer_request(request.SerializeToString())
+        # Shared-memory BYTES data is capped by the same limit, per tensor.
+        with pytest.raises(CodecError, match="too many elements for a BYTES tensor: 6"):
+            _codec.deserialize_bytes_tensor(b"\0\0\0\0" * 6, 6)
     finally:
         _codec.set_max_bytes_elements(previous)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_limit_counts_every_bytes_input_of_a_request(server: ServerProcess, protocol: str) -> None:
+    module = tg if protocol == "grpc" else th
+    client: tg.InferenceServerClient | th.InferenceServerClient = (
+        tg.InferenceServerClient(server.grpc_url) if protocol == "grpc" else th.InferenceServerClient(server.http_url)
+    )
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):  # 600 + 600 > 1000, each alone within it
+        inp = module.InferInput(name, [600], "BYTES")
+        inp.set_data_from_numpy(_strings(600))
+        inputs.append(inp)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("strings", inputs)
+    assert info.value.status() in ("StatusCode.INVALID_ARGUMENT", "400"), info.value
+    assert "too many elements for BYTES tensors in one request" in info.value.message(), info.value
+    assert client.infer("strings", inputs[:1]).as_numpy("OUTPUT0").shape == (600,)

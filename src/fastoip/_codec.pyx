@@ -817,8 +817,9 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
 # Tensor data                                                                  #
 # --------------------------------------------------------------------------- #
 
-#: Most BYTES elements one tensor may decode into: each becomes a Python bytes object (~40-60 bytes
-#: of memory for as little as 4 bytes on the wire), so a small request must not expand without bound.
+#: Most BYTES elements one request (and so one tensor) may decode into: each becomes a Python bytes
+#: object (~40-60 bytes of memory for as little as 4 bytes on the wire), so a small request must not
+#: expand without bound.
 DEFAULT_MAX_BYTES_ELEMENTS = 1 << 17
 cdef int64_t _max_bytes_elements = DEFAULT_MAX_BYTES_ELEMENTS
 
@@ -841,6 +842,20 @@ cdef int _check_bytes_count(int64_t count, str what) except -1:
         raise CodecError(
             f"{what}: too many elements for a BYTES tensor: {count}, more than this server's limit of "
             f"{_max_bytes_elements} (--max-bytes-elements)")
+    return 0
+
+
+cdef int _check_request_bytes_count(TensorInfo* info, Py_ssize_t n) except -1:
+    """The BYTES element limit counts every BYTES input a request carries, before any is decoded."""
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        if info[i].code == DT_BYTES and not info[i].shm:
+            if info[i].count > _max_bytes_elements - total:
+                raise CodecError(
+                    f"too many elements for BYTES tensors in one request: more than this server's limit of "
+                    f"{_max_bytes_elements} (--max-bytes-elements)")
+            total += info[i].count
     return 0
 
 
@@ -1222,6 +1237,7 @@ cdef object _decode(object data, bint response):
                 raise CodecError(
                     f"expected {needing} raw_input_contents entries (one per input without "
                     f"shared memory or contents), got {raws.n}")
+            _check_request_bytes_count(info, n_tensors)
             j = 0
             for i in range(n_tensors):
                 t = tensors[i]
