@@ -47,8 +47,8 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
                         "client run code inside the server (default off: such loads are refused)")
     p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 17))),
-                   help="most elements one BYTES tensor of a request may have (each becomes a Python object); "
-                        "default 131072")
+                   help="most BYTES elements one request may carry, all its BYTES inputs together (each element "
+                        "becomes a Python object); default 131072")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
     p.add_argument("--shutdown-grace", type=float, default=float(_env("SHUTDOWN_GRACE", "5")),
                    help="seconds readiness is false while requests are still served, before the listeners close "
