@@ -30,6 +30,7 @@ class ServerProcess:
         if repository is not None:
             args += ["--model-repository", str(repository)]
         args += ["--http-port", "0" if http else "-1", "--metrics-port", "0" if metrics else "-1"]
+        args += ["--shutdown-grace", "0"]  # tests stop servers often; a test that wants a grace passes one
         args += list(extra)
         self.args = args
         self.env = {**os.environ, **(env or {})}

@@ -226,8 +226,12 @@ def test_grpc_health_service(server: ServerProcess) -> None:
     serving = health_pb2.HealthCheckResponse.SERVING
     assert health.Check(health_pb2.HealthCheckRequest()).status == serving
     assert health.Check(health_pb2.HealthCheckRequest(service="simple")).status == serving
-    unknown = health.Check(health_pb2.HealthCheckRequest(service="nope")).status
-    assert unknown == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    # The health protocol: an unknown service is NOT_FOUND (SERVICE_UNKNOWN is for Watch only).
+    with pytest.raises(grpc.RpcError) as info:
+        health.Check(health_pb2.HealthCheckRequest(service="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "nope" in (info.value.details() or "")
+    assert health.Check(health_pb2.HealthCheckRequest(service="simple")).status == serving
 
 
 # -- bad input: the right status, a message naming the problem, and the server stays up ----------

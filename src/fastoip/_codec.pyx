@@ -817,6 +817,48 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
 # Tensor data                                                                  #
 # --------------------------------------------------------------------------- #
 
+#: Most BYTES elements one request (and so one tensor) may decode into: each becomes a Python bytes
+#: object (~40-60 bytes of memory for as little as 4 bytes on the wire), so a small request must not
+#: expand without bound.
+DEFAULT_MAX_BYTES_ELEMENTS = 1 << 17
+cdef int64_t _max_bytes_elements = DEFAULT_MAX_BYTES_ELEMENTS
+
+
+def set_max_bytes_elements(limit):
+    """Set the most BYTES elements a decoded tensor may have (the server's ``--max-bytes-elements``)."""
+    global _max_bytes_elements
+    if limit < 1:
+        raise ValueError("the BYTES element limit must be at least 1")
+    _max_bytes_elements = limit
+
+
+def max_bytes_elements():
+    return _max_bytes_elements
+
+
+cdef int _check_bytes_count(int64_t count, str what) except -1:
+    """Refuse a BYTES tensor with more elements than the limit, before any element is built."""
+    if count > _max_bytes_elements:
+        raise CodecError(
+            f"{what}: too many elements for a BYTES tensor: {count}, more than this server's limit of "
+            f"{_max_bytes_elements} (--max-bytes-elements)")
+    return 0
+
+
+cdef int _check_request_bytes_count(TensorInfo* info, Py_ssize_t n) except -1:
+    """The BYTES element limit counts every BYTES input a request carries, before any is decoded."""
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        if info[i].code == DT_BYTES and not info[i].shm:
+            if info[i].count > _max_bytes_elements - total:
+                raise CodecError(
+                    f"too many elements for BYTES tensors in one request: more than this server's limit of "
+                    f"{_max_bytes_elements} (--max-bytes-elements)")
+            total += info[i].count
+    return 0
+
+
 cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
     """BYTES framing (uint32 LE length + bytes per element) -> 1-D object array of bytes."""
     cdef const uchar* end = p + n
@@ -827,6 +869,7 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
     if count > n // 4:
         raise CodecError(
             f"{what}: {count} BYTES elements need at least {<object>count * 4} bytes, got {n}")
+    _check_bytes_count(count, what)
     lst = PyList_New(<Py_ssize_t>count)
     for i in range(<Py_ssize_t>count):
         if end - p < 4:
@@ -1047,6 +1090,7 @@ cdef object _typed_tensor(const uchar* start, Span* spans, TensorInfo* info, obj
             f"{_FIELD_NAMES[want]} has {counts[want]}")
     shape = tensor.shape
     if want == F_BYTES:
+        _check_bytes_count(counts[want], f"{kind} '{name}'")
         lst = PyList_New(counts[want])
         idx = 0
         for i in range(info.span_lo, info.span_hi):
@@ -1193,6 +1237,7 @@ cdef object _decode(object data, bint response):
                 raise CodecError(
                     f"expected {needing} raw_input_contents entries (one per input without "
                     f"shared memory or contents), got {raws.n}")
+            _check_request_bytes_count(info, n_tensors)
             j = 0
             for i in range(n_tensors):
                 t = tensors[i]

@@ -42,9 +42,17 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                         "explicit loads only --load-model and what the repository API asks for")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with explicit mode: a model to load at start-up (repeatable; '*' for all)")
+    p.add_argument("--model-control-allow-code", action="store_true",
+                   default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
+                   help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
+                        "client run code inside the server (default off: such loads are refused)")
+    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 17))),
+                   help="most BYTES elements one request may carry, all its BYTES inputs together (each element "
+                        "becomes a Python object); default 131072")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
-    p.add_argument("--shutdown-grace", type=float, default=0.0,
-                   help="seconds between readiness going false and listeners closing")
+    p.add_argument("--shutdown-grace", type=float, default=float(_env("SHUTDOWN_GRACE", "5")),
+                   help="seconds readiness is false while requests are still served, before the listeners close "
+                        "(default 5: load balancers stop routing first; a second SIGTERM/SIGINT skips the rest)")
     p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
     p.add_argument("--default-max-batch-size", type=int, default=int(_env("DEFAULT_MAX_BATCH_SIZE", "64")),
                    help="max_batch_size for batchable models without a config")
@@ -76,7 +84,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "serve":
+        from . import _codec
         from .repository import RepositoryOptions
+
+        _codec.set_max_bytes_elements(args.max_bytes_elements)
         from .server.app import ServeOptions, serve
 
         options = ServeOptions(
@@ -105,6 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     else None
                 ),
                 use_gpu=not args.cpu_only,
+                allow_code_loads=args.model_control_allow_code,
             ),
         )
         return serve(options)

@@ -29,7 +29,7 @@ from .repository.config import config_from_json
 from .repository.loaded import LoadedModel
 from .scheduling.job import Job
 from .settings import LogSettings, TraceSettings
-from .shared_memory import SharedMemoryRegistry, uses_region, write_output
+from .shared_memory import SharedMemoryRegistry, check_intact, uses_region, write_output
 from .types import InferRequest, InferResponse
 
 log = logging.getLogger("fastoip.core")
@@ -149,14 +149,16 @@ class Core:
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.repository.get(request.model_name, request.model_version)
+        regions: list = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
                 tensor.data = self.shared_memory.input_view(
-                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
                 )
         job = model.prepare(request)
         if request.outputs:
-            job.destinations = self._output_destinations(request)
+            job.destinations = self._output_destinations(request, regions)
+        job.regions = regions or None
         job.deadline_ns = deadline_ns
         model.enter()
         return model, job
@@ -182,6 +184,8 @@ class Core:
             response = job.wait()
             if job.destinations:
                 self._write_shared_memory_outputs(job.destinations, response)
+            if job.regions:
+                check_intact(job.regions)
         except InferenceError:
             model.stats.record_request(False, time.monotonic_ns() - job.arrival_ns)
             raise
@@ -223,9 +227,12 @@ class Core:
         stats = model.stats
 
         def done(finished: Job) -> None:
-            if finished.error is None and finished.destinations:
+            if finished.error is None and (finished.destinations or finished.regions):
                 try:
-                    self._write_shared_memory_outputs(finished.destinations, finished.response)  # type: ignore[arg-type]
+                    if finished.destinations:
+                        self._write_shared_memory_outputs(finished.destinations, finished.response)  # type: ignore[arg-type]
+                    if finished.regions:
+                        check_intact(finished.regions)
                 except InferenceError as exc:
                     finished.error, finished.response = exc, None
             model.leave()
@@ -244,10 +251,12 @@ class Core:
             model.scheduler.submit(job)
         return job
 
-    def _output_destinations(self, request: InferRequest) -> "Optional[dict[str, np.ndarray | cuda.DeviceBytes]]":
+    def _output_destinations(
+        self, request: InferRequest, regions: list
+    ) -> "Optional[dict[str, np.ndarray | cuda.DeviceBytes]]":
         """Region bytes for the outputs the client wants in shared memory, or None."""
         wanted = {
-            o.name: self.shared_memory.output_view(o.name, o.parameters)
+            o.name: self.shared_memory.output_view(o.name, o.parameters, regions)
             for o in request.outputs
             if uses_region(o.parameters)
         }
@@ -345,7 +354,7 @@ class Core:
                 override = config_from_json(name, value)
         if files and override is None:
             raise InvalidArgument(f"load '{name}': model files in the request need a 'config' parameter too")
-        self.repository.load(name, override, files or None)
+        self.repository.load(name, override, files or None, from_client=True)
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name`` (explicit mode); requests in flight finish first."""

@@ -258,7 +258,9 @@ class OnnxBackend:
         return outputs
 
     def close(self) -> None:
+        # Every reference to the native session goes, or a reload keeps the old one (its weights, arena).
         self.session = None  # type: ignore[assignment]
+        self._inner = self._run = None
 
 
 def _bf16_bits(value) -> np.ndarray:  # type: ignore[no-untyped-def]

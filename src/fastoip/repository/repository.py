@@ -18,6 +18,12 @@ Rules:
   load parameters, with a ``config``): they are written to a private
   directory that serves as the model's directory until the next load or
   unload, which removes it.
+- What a client can ask for through the load API stays inside what the operator
+  allows: model names are names, uploaded files and configured file names stay
+  inside the model's directory (``paths``), and Python code (uploaded ``.py``
+  files, or any Python-backend model) loads through the API only with
+  ``allow_code_loads`` (``--model-control-allow-code``).  Loads the operator asks
+  for (start-up, ``--load-model``, polling) are not limited.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ from pathlib import Path
 from typing import Optional
 
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
 from ..backends import BackendKind, kind_for
+from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from .config import read_config_file
 from .loaded import LoadedModel
+from .paths import check_file_name, check_inside, check_model_name, upload_parts
 
 log = logging.getLogger("fastoip.repository")
 
@@ -61,6 +68,8 @@ class RepositoryOptions:
     use_gpu: bool = True
     #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
     default_batching: Optional[dict] = None
+    #: Loads requested through the API may run code in the server (Python models, uploaded .py files).
+    allow_code_loads: bool = False
 
 
 @dataclass
@@ -148,28 +157,40 @@ class ModelRepository:
         name: str,
         config_override: Optional[mc.ModelConfig] = None,
         files: Optional[dict[str, bytes]] = None,
+        from_client: bool = False,
     ) -> None:
         """Load (or reload) every version the policy selects; swap in when all are ready.
 
         ``files``: relative path -> content of the model directory to load instead of
-        the repository's (needs ``config_override``).
+        the repository's (needs ``config_override``).  ``from_client``: the load API
+        asked for it, so only what the operator allows is loaded.
         """
+        check_model_name(name)
+        if from_client and not self.options.allow_code_loads and files:
+            code = sorted(path for path in files if path.endswith(".py"))
+            if code:
+                raise InvalidArgument(
+                    f"load '{name}': model file 'file:{code[0]}' is Python code, and this server does not load "
+                    "code through the API (the operator can allow it with --model-control-allow-code)"
+                )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
             try:
-                self._load_locked(name, config_override, uploaded)
+                self._load_locked(name, config_override, uploaded, from_client)
             except BaseException:
                 if uploaded is not None:
                     shutil.rmtree(uploaded, ignore_errors=True)
                 raise
 
-    def _load_locked(self, name: str, config_override: Optional[mc.ModelConfig], uploaded: Optional[Path]) -> None:
+    def _load_locked(
+        self, name: str, config_override: Optional[mc.ModelConfig], uploaded: Optional[Path], from_client: bool
+    ) -> None:
         model_dir = uploaded or self.root / name
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
         if not model_dir.is_dir():
-            record.reason = f"model directory '{model_dir}' does not exist"
+            record.reason = f"the repository has no model directory '{name}'"  # no server paths in messages
             if not record.versions:
                 record.state = ModelState.UNAVAILABLE
             raise NotFound(f"failed to load '{name}': {record.reason}")
@@ -177,7 +198,7 @@ class ModelRepository:
         if not record.versions:
             record.state = ModelState.LOADING
         try:
-            loaded = self._load_versions(name, model_dir, config_override)
+            loaded = self._load_versions(name, model_dir, config_override, from_client)
         except InferenceError as exc:
             record.reason = str(exc)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
@@ -200,6 +221,7 @@ class ModelRepository:
 
     def unload(self, name: str) -> None:
         """Stop serving ``name``; requests in flight finish first."""
+        check_model_name(name)
         with self._load_lock:
             record = self._records.get(name)
             if record is None:
@@ -248,7 +270,7 @@ class ModelRepository:
 
     # -- building versions ---------------------------------------------------------
     def _plan(
-        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
+        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
     ) -> tuple[mc.ModelConfig, BackendKind, list[tuple[int, Path]]]:
         """The base config, the backend kind and the (version, model file) pairs to load."""
         if config_override is not None:
@@ -261,7 +283,14 @@ class ModelRepository:
             base = read_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
+        if base.default_model_filename:
+            check_file_name(name, "default_model_filename", base.default_model_filename)
         kind = kind_for(base, model_dir)
+        if from_client and kind.name == "python" and not self.options.allow_code_loads:
+            raise InvalidArgument(
+                f"failed to load '{name}': it is a Python model, and this server does not load code through "
+                "the API (the operator can allow it with --model-control-allow-code)"
+            )
         filename = base.default_model_filename or kind.default_filename
         available = sorted(
             int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
@@ -272,9 +301,12 @@ class ModelRepository:
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
 
     def _load_versions(
-        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
+        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
     ) -> dict[int, LoadedModel]:
-        base, kind, paths = self._plan(name, model_dir, config_override)
+        base, kind, paths = self._plan(name, model_dir, config_override, from_client)
+        if from_client:
+            for _, path in paths:  # a client's config or files: links must not lead out of the model
+                check_inside(name, model_dir, path, "the model file")
         loaded: dict[int, LoadedModel] = {}
         try:
             for version, path in paths:
@@ -304,17 +336,22 @@ class ModelRepository:
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     """Write a load request's model files into a new private directory; refuse paths that leave it."""
-    root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name}-"))
+    checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
     try:
-        for relative, content in files.items():
-            parts = Path(relative).parts
-            if not parts or Path(relative).is_absolute() or any(part in ("..", ".") for part in parts):
-                raise InvalidArgument(
-                    f"load '{name}': model file 'file:{relative}' must be a relative path inside the model directory"
-                )
+        # The name (cut short: the directory name must fit NAME_MAX) tells an operator whose files these are.
+        root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name[:64]}-"))
+    except OSError as exc:
+        raise InternalError(f"failed to load '{name}': cannot store its model files: {exc.strerror}") from None
+    try:
+        for parts, content in checked:
             target = root.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
+    except OSError as exc:  # disk full, permissions, a name the file system refuses: the server's trouble
+        shutil.rmtree(root, ignore_errors=True)
+        raise InternalError(
+            f"failed to load '{name}': writing its model file 'file:{'/'.join(parts)}' failed: {exc.strerror}"
+        ) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

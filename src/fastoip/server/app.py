@@ -12,7 +12,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -26,6 +25,8 @@ log = logging.getLogger("fastoip")
 #: gen0 threshold raised from CPython's 700: a request allocates a few dozen containers, and the
 #: request path creates no reference cycles of its own, so young collections rarely free anything.
 GC_THRESHOLDS = (10_000, 20, 20)
+#: Default ``--shutdown-grace``: long enough for Kubernetes to take the pod out of its endpoints.
+DEFAULT_SHUTDOWN_GRACE = 5.0
 
 
 @dataclass
@@ -47,7 +48,8 @@ class ServeOptions:
     model_control_mode: str = "none"
     load_models: list = field(default_factory=list)
     poll_interval: float = 15.0
-    shutdown_grace: float = 0.0
+    #: Seconds readiness is false while requests are still served (Kubernetes needs a few to stop routing).
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     exit_timeout: float = 30.0
     worker_threads: int = 16
     log_level: str = "INFO"
@@ -74,6 +76,7 @@ class Server:
             poll_interval=options.poll_interval,
         )
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # a second signal: no more grace period
         self.grpc_server = None
         self.grpc_port = 0
         self.http_server = None
@@ -119,6 +122,9 @@ class Server:
             print(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}", flush=True)
 
     def stop(self) -> None:
+        """Begin shutting down; called again (a second signal), skip what is left of the grace period."""
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
 
     def wait(self) -> None:
@@ -126,12 +132,18 @@ class Server:
         self.shutdown()
 
     def shutdown(self) -> None:
+        """Drain without losing a request: every request a listener took is answered.
+
+        Readiness goes false first and requests are still served for ``shutdown_grace``
+        (load balancers stop routing here meanwhile); then the listeners stop taking
+        new calls (clients see UNAVAILABLE / connection refused: retryable) while the
+        calls they took finish, up to ``exit_timeout``.  Only then does the Core refuse.
+        """
         options = self.options
-        log.info("shutting down: readiness false")
+        log.info("shutting down: readiness false, serving for %.1f s more", options.shutdown_grace)
         self.core.begin_shutdown()
         if options.shutdown_grace > 0:
-            time.sleep(options.shutdown_grace)  # still serving: load balancers notice readiness first
-        self.core.stop_accepting()
+            self._hurry.wait(options.shutdown_grace)
         stopped = []
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
@@ -140,6 +152,8 @@ class Server:
             self.http_server.stop(options.exit_timeout)
         for event in stopped:
             event.wait()
+        # Not before: a call a listener took but whose request the Core has not seen yet must still run.
+        self.core.stop_accepting()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.core.close()

@@ -166,6 +166,7 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
     if type(items) is not list:
         raise InvalidArgument(f"'inputs' must be a list of input objects, got {_json_type(items)}")
     inputs = []
+    bytes_elements = 0  # BYTES elements of the request so far: capped before any is decoded
     for index, item in enumerate(items):
         if type(item) is not dict:
             raise InvalidArgument(f"input #{index} must be an object, got {_json_type(item)}")
@@ -190,6 +191,13 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
             _check_shared_memory(parameters, f"input '{name}'")
             inputs.append(InferInput(name, datatype, tuple(shape), None, parameters))  # the Core maps the region
             continue
+        if datatype == "BYTES":
+            bytes_elements += math.prod(shape)
+            if bytes_elements > _codec.max_bytes_elements():
+                raise InvalidArgument(
+                    f"input '{name}': too many elements for BYTES tensors in one request: {bytes_elements}, more "
+                    f"than this server's limit of {_codec.max_bytes_elements()} (--max-bytes-elements)"
+                )
         size = parameters.pop("binary_data_size", None)
         if size is not None:
             if "data" in item:

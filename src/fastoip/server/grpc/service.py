@@ -20,7 +20,7 @@ from ... import _codec
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import health_pb2
 from ...core import Core
-from ...errors import CodecError
+from ...errors import CodecError, NotFound
 from ...shared_memory import CUDA
 from ...types import InferRequest, InferResponse
 
@@ -200,7 +200,8 @@ class GrpcService:
             ok = self.core.server_ready()
         else:
             if self.core.repository.record(request.service) is None and request.service != SERVICE:
-                return status(status=status.SERVICE_UNKNOWN)
+                # The health protocol: Check answers NOT_FOUND for a service it does not know.
+                raise NotFound(f"unknown service '{request.service}'")
             ok = self.core.server_ready() if request.service == SERVICE else self.core.model_ready(request.service)
         return status(status=status.SERVING if ok else status.NOT_SERVING)
 
