@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import __version__
+from . import __version__, triton_flags
 
 
 def _env(name: str, default: str) -> str:
@@ -17,8 +17,9 @@ def _env(name: str, default: str) -> str:
 
 def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
-    p.add_argument("--model-repository", type=Path, default=os.environ.get("FASTOIP_MODEL_REPOSITORY"),
-                   help="Triton-style repository; default: the built-in demo repository")
+    p.add_argument("--model-repository", "--model-store", type=Path, action="append",
+                   default=None, help="Triton-style repository (Triton's --model-store too); "
+                   "default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
@@ -34,7 +35,7 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
-    p.add_argument("--strict-readiness", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
+    p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
                    default=_env("MODEL_CONTROL_MODE", "none"),
@@ -46,8 +47,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--shutdown-grace", type=float, default=0.0,
                    help="seconds between readiness going false and listeners closing")
     p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
-    p.add_argument("--default-max-batch-size", type=int, default=int(_env("DEFAULT_MAX_BATCH_SIZE", "64")),
-                   help="max_batch_size for batchable models without a config")
+    p.add_argument("--default-max-batch-size", type=int, default=None,
+                   help="max_batch_size auto-complete gives batchable models without a config "
+                        "(default 4, as Triton; also --backend-config=default-max-batch-size=N)")
     p.add_argument("--default-dynamic-batching", action="store_true",
                    default=_env("DEFAULT_DYNAMIC_BATCHING", "0") in ("1", "true", "yes"),
                    help="give batchable models whose config has no scheduling block a dynamic batcher")
@@ -58,6 +60,7 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    help="onnxruntime intra-op threads per instance")
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    triton_flags.add_triton_flags(p)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -73,20 +76,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(triton_flags.unknown_flags_message(unknown))
 
     if args.command == "serve":
+        try:
+            triton = triton_flags.resolve(args)
+        except triton_flags.FlagError as exc:
+            print(f"fastoip: {exc}", file=sys.stderr, flush=True)
+            return 1
         from .repository import RepositoryOptions
         from .server.app import ServeOptions, serve
 
         options = ServeOptions(
-            model_repository=args.model_repository,
-            host=args.host,
+            model_repository=triton.model_repository,
+            host=triton.grpc_host or args.host,
             grpc_port=args.grpc_port,
             grpc_workers=args.grpc_workers,
-            http_host=args.http_host,
-            http_port=args.http_port,
-            metrics_port=args.metrics_port,
+            http_host=triton.http_host or args.http_host,
+            http_port=args.http_port if triton.allow_http else -1,
+            metrics_port=args.metrics_port if triton.allow_metrics else -1,
+            metrics_host=triton.metrics_host,
+            grpc_enabled=triton.allow_grpc,
             http_max_body_size=args.http_max_input_size,
             max_message_size=args.grpc_max_message_size,
             strict_readiness=args.strict_readiness,
@@ -94,10 +106,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             load_models=args.load_model,
             poll_interval=args.repository_poll_secs,
             shutdown_grace=args.shutdown_grace,
-            exit_timeout=args.exit_timeout,
-            log_level=args.log_level,
+            exit_timeout=triton.exit_timeout if triton.exit_timeout is not None else args.exit_timeout,
+            log_level=triton.log_level or args.log_level,
+            log_format=triton.log_format,
+            log_file=triton.log_file,
+            server_id=triton.server_id,
             repository=RepositoryOptions(
-                default_max_batch_size=args.default_max_batch_size,
+                default_max_batch_size=triton.default_max_batch_size,
+                auto_complete=triton.auto_complete,
                 intra_op_threads=args.ort_threads,
                 default_batching=(
                     {"max_queue_delay_microseconds": args.default_max_queue_delay_microseconds}

@@ -16,8 +16,9 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from .._proto import model_config_pb2 as mc
+from ..classification import class_count
 from ..cuda import pinned_allocator
-from ..errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument
 from ..metrics import ModelStatistics
 from ..scheduling.buffers import BufferPool
 from ..scheduling.job import Job
@@ -45,7 +46,7 @@ class LoadedModel:
         self.version_str = str(version)
         self.path = path
         self.config = config
-        self.spec: ModelSpec = model_spec(config)
+        self.spec: ModelSpec = model_spec(config, path.parent.parent)
         self.all_output_names = [t.name for t in self.spec.outputs]
         self.backends = backends
         self.stats = ModelStatistics(name, self.version_str)
@@ -107,11 +108,14 @@ class LoadedModel:
                         f"unexpected inference output '{wanted.name}' for model '{self.name}'; "
                         f"outputs: {', '.join(t.name for t in spec.outputs)}"
                     )
-                if "classification" in wanted.parameters:
-                    raise Unsupported(f"output '{wanted.name}': the classification extension is not supported")
+                if wanted.name in output_names:
+                    raise InvalidArgument(f"output '{wanted.name}' already exists in request")
+                class_count(wanted, spec.output_by_name[wanted.name].datatype)
                 output_names.append(wanted.name)
         else:
             output_names = self.all_output_names
+        if spec.reshaped:  # Triton's reshape: the config's dims -> the model's shape
+            feeds = spec.model_feeds(feeds)
         return Job(request, feeds, batch_size, output_names)
 
     def signature(self, job: Job) -> tuple:

@@ -33,10 +33,21 @@ from pathlib import Path
 from typing import Optional
 
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
 from ..backends import BackendKind, kind_for
+from ..errors import (
+    InferenceError,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from .config import read_config_file
 from .loaded import LoadedModel
+from .sections import (
+    log_ignored_hints,
+    log_ignored_model_settings,
+    refuse_unbuilt_sections,
+)
 
 log = logging.getLogger("fastoip.repository")
 
@@ -55,7 +66,10 @@ class ModelState(str, enum.Enum):
 class RepositoryOptions:
     """Server-wide defaults for models whose config leaves things out."""
 
-    default_max_batch_size: int = 64
+    #: Triton's default-max-batch-size backend setting (--backend-config), 4 as in Triton.
+    default_max_batch_size: int = 4
+    #: False with Triton's --strict-model-config / --disable-auto-complete-config.
+    auto_complete: bool = True
     intra_op_threads: int = 1
     inter_op_threads: int = 1
     use_gpu: bool = True
@@ -75,6 +89,8 @@ class ModelRecord:
     newest: Optional[LoadedModel] = None
     #: The private directory of files that came with the last load, if they did.
     uploaded_dir: Optional[Path] = None
+    #: Unavailable because it was unloaded on purpose: strict readiness ignores it.
+    unloaded: bool = False
 
 
 class ModelRepository:
@@ -124,10 +140,14 @@ class ModelRepository:
         return [self._records[name] for name in sorted(self._records)]
 
     def all_ready(self) -> bool:
-        """Every model the repository tried to load is ready (Triton's strict readiness)."""
+        """Every model the repository tried to load is ready (Triton's strict readiness).
+
+        A model that is unavailable because it was unloaded does not count, as in Triton's ``IsReady``.
+        """
         return all(
             r.state == ModelState.READY and all(m.is_ready() for m in r.versions.values())
             for r in self._records.values()
+            if not r.unloaded
         )
 
     def all_alive(self) -> bool:
@@ -156,6 +176,9 @@ class ModelRepository:
         """
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
+            if uploaded is None and not (self.root / name).is_dir():
+                # Nothing to load: answer the error and leave no record behind (readiness, index).
+                raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
                 self._load_locked(name, config_override, uploaded)
             except BaseException:
@@ -181,7 +204,10 @@ class ModelRepository:
         except InferenceError as exc:
             record.reason = str(exc)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
-            raise
+            if record.reason.startswith("failed to load"):
+                raise
+            # Triton's words first: clients (and Triton's examples) match on "failed to load".
+            raise type(exc)(f"failed to load '{name}': {record.reason}") from None
         except Exception as exc:  # a bug or an unexpected backend error: still keep serving
             record.reason = f"{type(exc).__name__}: {exc}"
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
@@ -191,6 +217,7 @@ class ModelRepository:
         record.newest = loaded[max(loaded)]
         record.state = ModelState.READY
         record.reason = ""
+        record.unloaded = False
         for version, model in old.items():
             if loaded.get(version) is not model:
                 self._retire(model)
@@ -209,6 +236,7 @@ class ModelRepository:
             record.newest = None
             record.state = ModelState.UNAVAILABLE
             record.reason = "unloaded"
+            record.unloaded = True
             for model in old.values():
                 self._retire(model)
             self._forget_uploaded(record)
@@ -259,9 +287,16 @@ class ModelRepository:
             from ..backends.python import read_model_settings
 
             base = read_model_settings(model_dir / MODEL_SETTINGS, name)
+            log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
+        refuse_unbuilt_sections(base, name)
         kind = kind_for(base, model_dir)
+        if not self.options.auto_complete and kind.name == "onnxruntime" and not (base.input and base.output):
+            raise InvalidArgument(
+                f"model '{name}': auto-complete is disabled (--strict-model-config / --disable-auto-complete-config), "
+                "so config.pbtxt must declare max_batch_size, every input and every output"
+            )
         filename = base.default_model_filename or kind.default_filename
         available = sorted(
             int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
@@ -290,21 +325,29 @@ class ModelRepository:
     ) -> LoadedModel:
         options = self.options
         config, backends = kind.load(name, version, path, base, options)
+        log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
+        # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
+        auto_batcher = options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
         if (
-            options.default_batching is not None
+            (options.default_batching is not None or auto_batcher)
             and config.max_batch_size > 0
             and not config.HasField("dynamic_batching")
             and not config.HasField("sequence_batching")
         ):
             config.dynamic_batching.SetInParent()
-            for key, value in options.default_batching.items():
+            for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
         return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     """Write a load request's model files into a new private directory; refuse paths that leave it."""
-    root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name}-"))
+    try:
+        root = Path(tempfile.mkdtemp(prefix="fastoip-upload-"))
+    except OSError as exc:
+        raise InternalError(
+            f"failed to load '{name}', failed to poll from model repository: {exc.strerror or type(exc).__name__}"
+        ) from None
     try:
         for relative, content in files.items():
             parts = Path(relative).parts
@@ -313,8 +356,14 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
                     f"load '{name}': model file 'file:{relative}' must be a relative path inside the model directory"
                 )
             target = root.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            except OSError as exc:  # name too long, disk full, permission: the server's fault, no paths shown
+                raise InternalError(
+                    f"failed to load '{name}', failed to poll from model repository: cannot write model file "
+                    f"'file:{relative[:64]}': {exc.strerror or type(exc).__name__}"
+                ) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
