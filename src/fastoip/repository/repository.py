@@ -343,7 +343,7 @@ class ModelRepository:
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     """Write a load request's model files into a new private directory; refuse paths that leave it."""
     try:
-        root = Path(tempfile.mkdtemp(prefix="fastoip-upload-"))
+        root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name[:64]}-"))
     except OSError as exc:
         raise InternalError(
             f"failed to load '{name}', failed to poll from model repository: {exc.strerror or type(exc).__name__}"

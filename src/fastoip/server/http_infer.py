@@ -121,17 +121,21 @@ def decode_raw_request(
     where = f"raw binary request for model '{model_name}': input '{name}' ({datatype} {dims})"
     variable = [index for index, dim in enumerate(dims) if dim < 0]
     if datatype == "BYTES":
-        if variable:
+        if variable or math.prod(dims) != 1:
             raise InvalidArgument(
-                f"{where} has variable dims, and the element count of a BYTES tensor cannot be derived "
-                "from its byte count; send a JSON header with the shape"
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1] ({where}; "
+                "send a JSON header with the shape instead)"
             )
-        array = _bytes_tensor(body, 0, len(body), math.prod(dims), f"{where}:")
+        # The body is the one element itself; Triton adds the 4-byte length prefix (core infer_request.cc).
+        array = np.array([bytes(body)], dtype=object)
     else:
         dtype = NUMPY_DTYPES[datatype]
         fixed_bytes = math.prod(dim for dim in dims if dim >= 0) * dtype.itemsize
         if len(variable) > 1:
-            raise InvalidArgument(f"{where} has more than one variable dim; send a JSON header with the shape")
+            raise InvalidArgument(
+                f"The shape of the raw input '{name}' can not be deduced because there are more than one "
+                f"variable-sized dimension ({where}; send a JSON header with the shape)"
+            )
         if variable:
             if fixed_bytes == 0 or len(body) % fixed_bytes:
                 raise InvalidArgument(f"{where}: {len(body)} bytes is not a whole number of {fixed_bytes}-byte rows")
