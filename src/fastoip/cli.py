@@ -6,9 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from . import __version__, triton_flags
+
+if TYPE_CHECKING:
+    from .server.app import ServeOptions
 
 
 def _env(name: str, default: str) -> str:
@@ -63,12 +66,7 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     triton_flags.add_triton_flags(p)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        from .bench.cli import main as bench_main
-
-        return bench_main(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastoip", description="Open Inference Protocol server")
     parser.add_argument("--version", action="version", version=f"fastoip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,53 +74,82 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         parser.error(triton_flags.unknown_flags_message(unknown))
+    return args
 
+
+def serve_options(argv: Sequence[str]) -> ServeOptions:
+    """The ServeOptions ``fastoip serve <argv>`` means; SystemExit for a bad flag, FlagError for a bad value."""
+    args = _parse(_parser(), ["serve", *argv])
+    return _serve_options(args)
+
+
+def _serve_options(args: argparse.Namespace) -> ServeOptions:
+    from .repository import RepositoryOptions
+    from .server.app import ServeOptions
+
+    triton = triton_flags.resolve(args)
+    return ServeOptions(
+        model_repository=triton.model_repository,
+        host=triton.grpc_host or args.host,
+        grpc_port=args.grpc_port,
+        grpc_workers=args.grpc_workers,
+        http_host=triton.http_host or args.http_host,
+        http_port=args.http_port if triton.allow_http else -1,
+        metrics_port=args.metrics_port if triton.allow_metrics else -1,
+        metrics_host=triton.metrics_host,
+        grpc_enabled=triton.allow_grpc,
+        http_max_body_size=args.http_max_input_size,
+        max_message_size=args.grpc_max_message_size,
+        strict_readiness=args.strict_readiness,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
+        poll_interval=args.repository_poll_secs,
+        shutdown_grace=args.shutdown_grace,
+        exit_timeout=triton.exit_timeout if triton.exit_timeout is not None else args.exit_timeout,
+        log_level=triton.log_level or args.log_level,
+        log_format=triton.log_format,
+        log_file=triton.log_file,
+        server_id=triton.server_id,
+        repository=RepositoryOptions(
+            default_max_batch_size=triton.default_max_batch_size,
+            auto_complete=triton.auto_complete,
+            intra_op_threads=args.ort_threads,
+            default_batching=(
+                {"max_queue_delay_microseconds": args.default_max_queue_delay_microseconds}
+                if args.default_dynamic_batching
+                else None
+            ),
+            use_gpu=not args.cpu_only,
+        ),
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from .bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    args = _parse(_parser(), argv)
     if args.command == "serve":
+        from .server.app import serve
+
         try:
-            triton = triton_flags.resolve(args)
+            options = _serve_options(args)
         except triton_flags.FlagError as exc:
             print(f"fastoip: {exc}", file=sys.stderr, flush=True)
             return 1
-        from .repository import RepositoryOptions
-        from .server.app import ServeOptions, serve
-
-        options = ServeOptions(
-            model_repository=triton.model_repository,
-            host=triton.grpc_host or args.host,
-            grpc_port=args.grpc_port,
-            grpc_workers=args.grpc_workers,
-            http_host=triton.http_host or args.http_host,
-            http_port=args.http_port if triton.allow_http else -1,
-            metrics_port=args.metrics_port if triton.allow_metrics else -1,
-            metrics_host=triton.metrics_host,
-            grpc_enabled=triton.allow_grpc,
-            http_max_body_size=args.http_max_input_size,
-            max_message_size=args.grpc_max_message_size,
-            strict_readiness=args.strict_readiness,
-            model_control_mode=args.model_control_mode,
-            load_models=args.load_model,
-            poll_interval=args.repository_poll_secs,
-            shutdown_grace=args.shutdown_grace,
-            exit_timeout=triton.exit_timeout if triton.exit_timeout is not None else args.exit_timeout,
-            log_level=triton.log_level or args.log_level,
-            log_format=triton.log_format,
-            log_file=triton.log_file,
-            server_id=triton.server_id,
-            repository=RepositoryOptions(
-                default_max_batch_size=triton.default_max_batch_size,
-                auto_complete=triton.auto_complete,
-                intra_op_threads=args.ort_threads,
-                default_batching=(
-                    {"max_queue_delay_microseconds": args.default_max_queue_delay_microseconds}
-                    if args.default_dynamic_batching
-                    else None
-                ),
-                use_gpu=not args.cpu_only,
-            ),
-        )
+        if not options.grpc_enabled and options.http_port < 0:
+            print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
+            return 1
         return serve(options)
     if args.command == "demo-repository":
         from .demo import write_repository
