@@ -1,4 +1,4 @@
-"""Triton's command line on ``fastoip serve``: parse-level checks in-process, and real starts with KServe's arguments."""
+"""Triton's command line on ``fastoip serve``: parse-level checks in-process, and real starts (KServe's arguments)."""
 
 from __future__ import annotations
 

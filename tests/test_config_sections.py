@@ -13,7 +13,10 @@ from onnx import TensorProto
 from fastoip.core import Core
 from fastoip.repository import RepositoryOptions
 
-IO = 'input { name: "INPUT0" data_type: TYPE_FP32 dims: [4] }\noutput { name: "OUTPUT0" data_type: TYPE_FP32 dims: [4] }\n'
+IO = (
+    'input { name: "INPUT0" data_type: TYPE_FP32 dims: [4] }\n'
+    'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [4] }\n'
+)
 
 REFUSED = {
     "sequence": ("max_batch_size: 4\nsequence_batching { }\n", "sequence_batching"),

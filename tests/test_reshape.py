@@ -1,4 +1,4 @@
-"""Triton's ``reshape``: requests in the config's dims, the model in its own shape, outputs back in the config's dims."""
+"""Triton's ``reshape``: requests in the config's dims, the model in its own shape, outputs back in config dims."""
 
 from __future__ import annotations
 
