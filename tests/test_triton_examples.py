@@ -157,7 +157,7 @@ def test_image_client_example(repo: Path, protocol: str) -> None:
         output = result.as_numpy(output_name)
         assert output.shape == (2, 3)
         weights = np.arange(30, dtype=np.float32).reshape(3, 10) / 10.0
-        for image, row in zip(batch, output):
+        for image, row in zip(batch, output, strict=True):
             scores = image.mean(axis=(1, 2)) @ weights
             expected = np.argsort(-scores, kind="stable")[:3]
             parsed = ["".join(chr(x) for x in entry).split(":") for entry in row]  # as the example parses them

@@ -111,7 +111,7 @@ def _moved_variable_dims(shape: tuple, source: tuple, target: tuple) -> tuple[in
     Triton's reshape rule: load-time checks guarantee that the fixed dims between
     variable ones hold the same element counts on both sides.
     """
-    variable = iter([size for size, dim in zip(shape, source) if dim == -1])
+    variable = iter([size for size, dim in zip(shape, source, strict=True) if dim == -1])
     return tuple(next(variable) if dim == -1 else int(dim) for dim in target)
 
 
@@ -270,7 +270,7 @@ def check_model_shape(entry: Any, model_tensor: DiscoveredTensor, batching: bool
     dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
     model_shape = [-1 if d is None else int(d) for d in model_tensor.shape]
     full = [-1, *dims] if batching else dims
-    fits = len(model_shape) == len(full) and all(m == -1 or m == c for m, c in zip(model_shape, full))
+    fits = len(model_shape) == len(full) and all(m == -1 or m == c for m, c in zip(model_shape, full, strict=True))
     if batching and (not model_shape or model_shape[0] != -1):
         raise InvalidArgument(
             f"model '{model_name}', tensor '{entry.name}': for the model to support batching the shape should have "

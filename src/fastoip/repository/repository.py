@@ -191,6 +191,7 @@ class ModelRepository:
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
+        record.unloaded = False  # a load that fails now makes the server unready, as in Triton
         if not model_dir.is_dir():
             record.reason = f"model directory '{model_dir}' does not exist"
             if not record.versions:
@@ -217,7 +218,6 @@ class ModelRepository:
         record.newest = loaded[max(loaded)]
         record.state = ModelState.READY
         record.reason = ""
-        record.unloaded = False
         for version, model in old.items():
             if loaded.get(version) is not model:
                 self._retire(model)
