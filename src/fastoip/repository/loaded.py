@@ -85,7 +85,8 @@ class LoadedModel:
                     batch_size = tensor.shape[0]
                 elif tensor.shape[0] != batch_size:
                     raise InvalidArgument(
-                        f"input '{name}' has batch size {tensor.shape[0]} but other inputs have {batch_size}"
+                        f"input '{name}' batch size does not match other inputs for '{self.name}': "
+                        f"{tensor.shape[0]}, others {batch_size}"
                     )
             feeds[name] = tensor.data
         if len(feeds) != len(spec.inputs):
@@ -135,7 +136,7 @@ class LoadedModel:
                 f"expected inputs: {', '.join(t.name for t in spec.inputs)}"
             )
         if tensor.name in feeds:
-            raise InvalidArgument(f"input '{tensor.name}' given more than once for model '{self.name}'")
+            raise InvalidArgument(f"input '{tensor.name}' already exists in request (model '{self.name}')")
         if tensor.datatype != expected.datatype:
             raise InvalidArgument(
                 f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
