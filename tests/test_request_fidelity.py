@@ -81,3 +81,16 @@ def test_raw_binary_bytes_body_is_the_one_element(server: ServerProcess) -> None
 def test_raw_binary_needs_a_bytes_input_of_shape_one(server: ServerProcess) -> None:
     status, _, payload = _raw_post(server, "identity", b"\x00" * 15)
     assert status == 400 and b"needs 16 bytes" in payload
+
+
+def test_too_deep_json_uses_tritons_words(server: ServerProcess) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        body = b'{"inputs": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+        connection.request("POST", "/v2/models/identity/infer", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload = json.loads(response.read())
+    finally:
+        connection.close()
+    assert response.status == 400
+    assert payload["error"].startswith("JSON nesting depth exceeds maximum allowed limit")

@@ -153,6 +153,8 @@ def parse_json_object(data: Any, what: str) -> dict:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # Triton's words for too deep a document (orjson's limit is 1024)
+            raise InvalidArgument(f"JSON nesting depth exceeds maximum allowed limit in the {what}: {exc}") from None
         raise InvalidArgument(f"malformed JSON in the {what}: {exc}") from None
     if type(doc) is not dict:
         raise InvalidArgument(f"the {what} must be a JSON object, got {_json_type(doc)}")
