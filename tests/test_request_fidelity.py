@@ -94,3 +94,17 @@ def test_too_deep_json_uses_tritons_words(server: ServerProcess) -> None:
         connection.close()
     assert response.status == 400
     assert payload["error"].startswith("JSON nesting depth exceeds maximum allowed limit")
+
+
+def test_json_data_that_does_not_fill_the_shape_uses_tritons_words(server: ServerProcess) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        request = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0]}]}
+        connection.request("POST", "/v2/models/identity/infer", json.dumps(request), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload = json.loads(response.read())
+    finally:
+        connection.close()
+    assert response.status == 400
+    assert payload["error"].startswith("Unable to parse 'data': shape does not match true shape of 'data' field")
+    assert "needs 4 elements" in payload["error"]

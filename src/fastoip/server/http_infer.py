@@ -257,6 +257,10 @@ def _bytes_tensor(body: bytes, offset: int, size: int, count: int, where: str) -
         raise CodecError(f"{where} {exc} (BYTES binary data is a 4-byte little-endian length per element)") from None
 
 
+#: Triton's words for JSON 'data' whose element count does not match the shape (clients match on them).
+SHAPE_MISMATCH = "Unable to parse 'data': shape does not match true shape of 'data' field"
+
+
 def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
     if datatype in BINARY_ONLY:
         raise InvalidArgument(
@@ -275,7 +279,9 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
             f"input '{name}': 'data' is not a rectangular array of {datatype} values: {exc}"
         ) from None
     if values.size != count:
-        raise InvalidArgument(f"input '{name}': shape {shape} needs {count} elements, but 'data' has {values.size}")
+        raise InvalidArgument(
+            f"{SHAPE_MISMATCH}: input '{name}': shape {shape} needs {count} elements, but 'data' has {values.size}"
+        )
     dtype = NUMPY_DTYPES[datatype]
     if count and dtype.kind in "iu" and values.dtype.kind == "f":
         # numpy reads a mix of int64-only and uint64-only integers as float64: read the data
@@ -308,7 +314,9 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
 def _json_bytes(data: list, count: int, name: str) -> np.ndarray:
     values = np.asarray(data, dtype=object).reshape(-1)
     if values.size != count:
-        raise InvalidArgument(f"input '{name}': its shape needs {count} elements, but 'data' has {values.size}")
+        raise InvalidArgument(
+            f"{SHAPE_MISMATCH}: input '{name}': its shape needs {count} elements, but 'data' has {values.size}"
+        )
     elements = values.tolist()
     try:
         encoded = [element.encode("utf-8") for element in elements]
