@@ -100,7 +100,8 @@ def test_json_data_that_does_not_fill_the_shape_uses_tritons_words(server: Serve
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
     try:
         request = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0]}]}
-        connection.request("POST", "/v2/models/identity/infer", json.dumps(request), {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        connection.request("POST", "/v2/models/identity/infer", json.dumps(request), headers)
         response = connection.getresponse()
         payload = json.loads(response.read())
     finally:
