@@ -109,3 +109,20 @@ def test_json_data_that_does_not_fill_the_shape_uses_tritons_words(server: Serve
     assert response.status == 400
     assert payload["error"].startswith("Unable to parse 'data': shape does not match true shape of 'data' field")
     assert "needs 4 elements" in payload["error"]
+
+
+def test_grpc_wildcard_dimension_in_a_request_uses_tritons_words(server: ServerProcess) -> None:
+    import grpc
+
+    from fastoip._proto import grpc_service_pb2 as pb
+    from fastoip._proto import grpc_service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="identity")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[-1, 4])
+        request.raw_input_contents.append(b"\x00" * 16)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "All input dimensions should be specified for input 'INPUT0'" in err.value.details()

@@ -800,7 +800,9 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
             else:
                 count *= d
     if negative:
-        raise CodecError(f"{kind} '{name}': negative dimension in shape {_shape_str(shape)}")
+        raise CodecError(
+            ("All input dimensions should be specified for " if kind is _INPUT else "")
+            + f"{kind} '{name}': negative dimension in shape {_shape_str(shape)}")
     if too_big:
         raise CodecError(f"{kind} '{name}': shape {_shape_str(shape)} has too many elements")
     if zero:
