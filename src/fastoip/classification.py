@@ -128,13 +128,15 @@ def apply_classification(
     the parameter, and outputs already written to shared memory, are left alone.
     """
     counts = {
-        wanted.name: wanted.parameters[PARAMETER] for wanted in request.outputs if wanted.parameters.get(PARAMETER)
+        wanted.name: int(wanted.parameters[PARAMETER])  # type: ignore[arg-type]  # validated by class_count
+        for wanted in request.outputs
+        if wanted.parameters.get(PARAMETER)
     }
     if not counts:
         return
     for index, output in enumerate(response.outputs):
-        count: object | None = counts.get(output.name)
+        count = counts.get(output.name, 0)
         if not count or output.data is None:
             continue
-        classes = classify(output.data, int(count), labels.get(output.name, ()), batched)  # type: ignore[call-overload]
+        classes = classify(output.data, count, labels.get(output.name, ()), batched)
         response.outputs[index] = InferOutput(output.name, "BYTES", classes.shape, classes, output.parameters)
