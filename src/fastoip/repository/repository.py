@@ -34,20 +34,10 @@ from typing import Optional
 
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
-from ..errors import (
-    InferenceError,
-    InternalError,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-)
+from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from .config import read_config_file
 from .loaded import LoadedModel
-from .sections import (
-    log_ignored_hints,
-    log_ignored_model_settings,
-    refuse_unbuilt_sections,
-)
+from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 
 log = logging.getLogger("fastoip.repository")
 
