@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,25 @@ def test_missing_repository_is_a_start_time_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert f"failed to stat file {missing}" in done.stderr
+
+
+def test_http_only_server_logging_to_a_file_in_iso8601(repo: Path, tmp_path: Path) -> None:
+    log_file = tmp_path / "fastoip.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastoip.cli", "serve", f"--model-store={repo}", "--allow-grpc=false",
+         "--http-port=0", "--allow-metrics=false", "--log-format=ISO8601", f"--log-file={log_file}", "--log-info=true"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the first line is the HTTP listener: there is no gRPC one
+        assert line.startswith("fastoip: http listening on 127.0.0.1:"), line
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{int(line.rsplit(':', 1)[1])}")
+        assert client.is_server_ready() and client.is_model_ready("identity")
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+    assert "grpc listening" not in output
+    logged = log_file.read_text()
+    assert "model 'identity' ready" in logged
+    assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ INFO ", logged, re.MULTILINE)
