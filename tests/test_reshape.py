@@ -36,10 +36,19 @@ SCALAR = (
 )
 
 
+#: Batching plus a variable dim: the client's [b, n, 2] is the model's [b, n, 1, 2].
+BATCHED_VARIABLE = (
+    "max_batch_size: 4\n"
+    'input { name: "INPUT0" data_type: TYPE_FP32 dims: [-1, 2] reshape { shape: [-1, 1, 2] } }\n'
+    'output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1, 2] reshape { shape: [-1, 1, 2] } }\n'
+)
+
+
 def _repository(root: Path) -> Path:
     write_model(root, "reshaped", identity_model_bytes(TensorProto.FLOAT, [2, 3]), config=RESHAPED)
     write_model(root, "variable", identity_model_bytes(TensorProto.FLOAT, ["n", 2, 3], batch=False), config=VARIABLE)
     write_model(root, "scalar", identity_model_bytes(TensorProto.INT32, []), config=SCALAR)
+    write_model(root, "batched_variable", identity_model_bytes(TensorProto.FLOAT, ["n", 1, 2]), config=BATCHED_VARIABLE)
     delay = "dynamic_batching { max_queue_delay_microseconds: 200000 }\n"
     batched = RESHAPED.replace("max_batch_size: 8\n", "max_batch_size: 8\n" + delay)
     write_model(root, "batched", identity_model_bytes(TensorProto.FLOAT, [2, 3]), config=batched)
@@ -93,6 +102,12 @@ def test_variable_dims_move_to_the_models_variable_dims_including_zero(core: Cor
     np.testing.assert_array_equal(_run(core, "variable", data), data)
     empty = np.zeros((0, 6), np.float32)
     assert _run(core, "variable", empty).shape == (0, 6)
+
+
+def test_batching_with_a_variable_dim_including_zero(core: Core) -> None:
+    data = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    np.testing.assert_array_equal(_run(core, "batched_variable", data), data)
+    assert _run(core, "batched_variable", np.zeros((2, 0, 2), np.float32)).shape == (2, 0, 2)
 
 
 def test_empty_reshape_is_a_scalar_per_batch_item(core: Core) -> None:
