@@ -126,3 +126,23 @@ def test_grpc_wildcard_dimension_in_a_request_uses_tritons_words(server: ServerP
             stub.ModelInfer(request, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "All input dimensions should be specified for input 'INPUT0'" in err.value.details()
+
+
+def test_missing_input_is_worded_as_triton_words_it(tmp_path: Path) -> None:
+    from fastoip.core import Core
+    from fastoip.errors import InvalidArgument
+    from fastoip.repository import RepositoryOptions
+    from fastoip.types import InferRequest
+
+    write_model(tmp_path, "identity", identity_model_bytes(TensorProto.FLOAT, [4]))
+    core = Core(tmp_path, RepositoryOptions(use_gpu=False))
+    core.load_models()
+    try:
+        with pytest.raises(InvalidArgument) as err:
+            core.infer(InferRequest("identity"))
+        assert str(err.value) == (
+            "expected 1 inputs but got 0 inputs for model 'identity'. Got input(s) [], "
+            "but missing required input(s) ['INPUT0']. Please provide all required input(s)."
+        )
+    finally:
+        core.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -90,12 +91,19 @@ class LoadedModel:
                     )
             feeds[name] = tensor.data
         if len(feeds) != len(spec.inputs):
-            for expected in spec.inputs:
-                if expected.name not in feeds and not expected.optional:
-                    raise InvalidArgument(
-                        f"expected {len(spec.inputs)} inputs but got {len(feeds)} inputs for model "
-                        f"'{self.name}': missing input '{expected.name}'"
-                    )
+            missing = [t.name for t in spec.inputs if t.name not in feeds and not t.optional]
+            if missing:
+                required = sum(1 for t in spec.inputs if not t.optional)
+                expected_count = (
+                    f"{len(spec.inputs)} inputs"
+                    if required == len(spec.inputs)
+                    else f"number of inputs between {required} and {len(spec.inputs)}"
+                )
+                raise InvalidArgument(  # Triton's words
+                    f"expected {expected_count} but got {len(feeds)} inputs for model '{self.name}'. "
+                    f"Got input(s) {_names(feeds)}, but missing required input(s) {_names(missing)}. "
+                    "Please provide all required input(s)."
+                )
         if batching and not 1 <= batch_size <= spec.max_batch_size:
             raise InvalidArgument(
                 f"inference request batch-size must be <= {spec.max_batch_size} and >= 1 for "
@@ -201,6 +209,11 @@ class LoadedModel:
 
 def _true() -> bool:
     return True
+
+
+def _names(names: Iterable[str]) -> str:
+    """``['a','b']`` as Triton lists tensor names in its messages."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
 def wants_pinned_inputs(config: mc.ModelConfig) -> bool:
