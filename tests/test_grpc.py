@@ -81,7 +81,7 @@ def test_model_config(client: tg.InferenceServerClient) -> None:
     assert "dynamic_batching" in config
     assert config["input"][0]["dims"] == ["256"]
     auto = client.get_model_config("identity_fp32", as_json=True)["config"]
-    assert auto["max_batch_size"] == 64  # auto-completed: dynamic first dim means batching
+    assert auto["max_batch_size"] == 4  # auto-completed as Triton: dynamic first dim, default-max-batch-size 4
     assert auto["input"][0]["data_type"] == "TYPE_FP32"
 
 

@@ -800,7 +800,9 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
             else:
                 count *= d
     if negative:
-        raise CodecError(f"{kind} '{name}': negative dimension in shape {_shape_str(shape)}")
+        raise CodecError(
+            ("All input dimensions should be specified for " if kind is _INPUT else "")
+            + f"{kind} '{name}': negative dimension in shape {_shape_str(shape)}")
     if too_big:
         raise CodecError(f"{kind} '{name}': shape {_shape_str(shape)} has too many elements")
     if zero:
@@ -868,12 +870,13 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
         raise CodecError(f"{what}: negative BYTES element count {count}")
     if count > n // 4:
         raise CodecError(
-            f"{what}: {count} BYTES elements need at least {<object>count * 4} bytes, got {n}")
+            f"unexpected number of string elements: {what}: {count} BYTES elements need at least "
+            f"{<object>count * 4} bytes, got {n}")
     _check_bytes_count(count, what)
     lst = PyList_New(<Py_ssize_t>count)
     for i in range(<Py_ssize_t>count):
         if end - p < 4:
-            raise CodecError(f"{what}: BYTES element {i}: truncated length prefix")
+            raise CodecError(f"incomplete string length indicator: {what}: BYTES element {i}: truncated length prefix")
         memcpy(&ln, p, 4)
         p += 4
         if ln > <uint64_t>(end - p):
@@ -884,7 +887,8 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
         PyList_SET_ITEM(lst, i, item)
         p += ln
     if p != end:
-        raise CodecError(f"{what}: {end - p} bytes left over after {count} BYTES elements")
+        raise CodecError(
+            f"unexpected number of string elements: {what}: {end - p} bytes left over after {count} BYTES elements")
     return _np_array(lst, _OBJECT_DTYPE)   # copy of the element pointers into the array
 
 
@@ -932,7 +936,9 @@ cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* 
         return arr.reshape(shape)
     if count > span.n // isz or count * isz != span.n:
         raise CodecError(
-            f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
+            # Triton's words first (clients match on them), then the detail.
+            ("input byte size mismatch: " if kind is _INPUT else "")
+            + f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
             f"{_shape_str(shape)}, got {span.n}")
     # No copy: a view on the received buffer (read-only because the buffer is).
     if PyBytes_CheckExact(base):

@@ -27,6 +27,7 @@ from .metrics import prometheus_text
 from .repository import ModelRepository, ModelState, RepositoryOptions
 from .repository.config import config_from_json
 from .repository.loaded import LoadedModel
+from .response_outputs import finish_outputs
 from .scheduling.job import Job
 from .settings import LogSettings, TraceSettings
 from .shared_memory import SharedMemoryRegistry, check_intact, uses_region, write_output
@@ -38,6 +39,7 @@ SERVER_NAME = "fastoip"
 
 #: Server-metadata extensions: exactly what this server implements.
 EXTENSIONS = (
+    "classification",
     "model_configuration",
     "statistics",
     "parameters",
@@ -80,6 +82,8 @@ class Core:
         if cuda.runtime() is not None:
             self.extensions.append("cuda_shared_memory")
         self.shared_memory = SharedMemoryRegistry()
+        #: The server metadata name (Triton's --id).
+        self.server_name = SERVER_NAME
         self.log_settings = LogSettings()
         self.trace_settings = TraceSettings()
 
@@ -125,7 +129,7 @@ class Core:
 
     # -- metadata -----------------------------------------------------------
     def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(self.extensions)}
+        return {"name": self.server_name, "version": __version__, "extensions": list(self.extensions)}
 
     def model_metadata(self, name: str, version: str = "") -> dict:
         model = self.repository.get(name, version)
@@ -182,6 +186,8 @@ class Core:
         try:
             model.scheduler.run(job)
             response = job.wait()
+            if request.outputs or model.spec.reshaped:  # reshape back, classification; before shared memory
+                finish_outputs(model.spec, request, response)
             if job.destinations:
                 self._write_shared_memory_outputs(job.destinations, response)
             if job.regions:
@@ -227,8 +233,11 @@ class Core:
         stats = model.stats
 
         def done(finished: Job) -> None:
-            if finished.error is None and (finished.destinations or finished.regions):
+            if finished.error is None and (
+                finished.destinations or finished.regions or request.outputs or model.spec.reshaped
+            ):
                 try:
+                    finish_outputs(model.spec, request, finished.response)  # type: ignore[arg-type]
                     if finished.destinations:
                         self._write_shared_memory_outputs(finished.destinations, finished.response)  # type: ignore[arg-type]
                     if finished.regions:

@@ -44,6 +44,7 @@ from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, U
 from .config import read_config_file
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 
 log = logging.getLogger("fastoip.repository")
 
@@ -62,7 +63,10 @@ class ModelState(str, enum.Enum):
 class RepositoryOptions:
     """Server-wide defaults for models whose config leaves things out."""
 
-    default_max_batch_size: int = 64
+    #: Triton's default-max-batch-size backend setting (--backend-config), 4 as in Triton.
+    default_max_batch_size: int = 4
+    #: False with Triton's --strict-model-config / --disable-auto-complete-config.
+    auto_complete: bool = True
     intra_op_threads: int = 1
     inter_op_threads: int = 1
     use_gpu: bool = True
@@ -84,6 +88,8 @@ class ModelRecord:
     newest: Optional[LoadedModel] = None
     #: The private directory of files that came with the last load, if they did.
     uploaded_dir: Optional[Path] = None
+    #: Unavailable because it was unloaded on purpose: strict readiness ignores it.
+    unloaded: bool = False
 
 
 class ModelRepository:
@@ -133,10 +139,14 @@ class ModelRepository:
         return [self._records[name] for name in sorted(self._records)]
 
     def all_ready(self) -> bool:
-        """Every model the repository tried to load is ready (Triton's strict readiness)."""
+        """Every model the repository tried to load is ready (Triton's strict readiness).
+
+        A model that is unavailable because it was unloaded does not count, as in Triton's ``IsReady``.
+        """
         return all(
             r.state == ModelState.READY and all(m.is_ready() for m in r.versions.values())
             for r in self._records.values()
+            if not r.unloaded
         )
 
     def all_alive(self) -> bool:
@@ -175,6 +185,9 @@ class ModelRepository:
                 )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
+            if uploaded is None and not (self.root / name).is_dir():
+                # Nothing to load: answer the error and leave no record behind (readiness, index).
+                raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
                 self._load_locked(name, config_override, uploaded, from_client)
             except BaseException:
@@ -189,6 +202,7 @@ class ModelRepository:
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
+        record.unloaded = False  # a load that fails now makes the server unready, as in Triton
         if not model_dir.is_dir():
             record.reason = f"the repository has no model directory '{name}'"  # no server paths in messages
             if not record.versions:
@@ -202,7 +216,10 @@ class ModelRepository:
         except InferenceError as exc:
             record.reason = str(exc)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
-            raise
+            if record.reason.startswith("failed to load"):
+                raise
+            # Triton's words first: clients (and Triton's examples) match on "failed to load".
+            raise type(exc)(f"failed to load '{name}': {record.reason}") from None
         except Exception as exc:  # a bug or an unexpected backend error: still keep serving
             record.reason = f"{type(exc).__name__}: {exc}"
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
@@ -231,6 +248,7 @@ class ModelRepository:
             record.newest = None
             record.state = ModelState.UNAVAILABLE
             record.reason = "unloaded"
+            record.unloaded = True
             for model in old.values():
                 self._retire(model)
             self._forget_uploaded(record)
@@ -281,8 +299,10 @@ class ModelRepository:
             from ..backends.python import read_model_settings
 
             base = read_model_settings(model_dir / MODEL_SETTINGS, name)
+            log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
+        refuse_unbuilt_sections(base, name)
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
         kind = kind_for(base, model_dir)
@@ -290,6 +310,11 @@ class ModelRepository:
             raise InvalidArgument(
                 f"failed to load '{name}': it is a Python model, and this server does not load code through "
                 "the API (the operator can allow it with --model-control-allow-code)"
+            )
+        if not self.options.auto_complete and kind.name == "onnxruntime" and not (base.input and base.output):
+            raise InvalidArgument(
+                f"model '{name}': auto-complete is disabled (--strict-model-config / --disable-auto-complete-config), "
+                "so config.pbtxt must declare max_batch_size, every input and every output"
             )
         filename = base.default_model_filename or kind.default_filename
         available = sorted(
@@ -322,35 +347,43 @@ class ModelRepository:
     ) -> LoadedModel:
         options = self.options
         config, backends = kind.load(name, version, path, base, options)
+        log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
+        # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
+        auto_batcher = options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
         if (
-            options.default_batching is not None
+            (options.default_batching is not None or auto_batcher)
             and config.max_batch_size > 0
             and not config.HasField("dynamic_batching")
             and not config.HasField("sequence_batching")
         ):
             config.dynamic_batching.SetInParent()
-            for key, value in options.default_batching.items():
+            for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
         return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
-    """Write a load request's model files into a new private directory; refuse paths that leave it."""
+    """Write a load request's model files into a new private directory; refuse paths that leave it.
+
+    A file-system failure is the server's trouble: INTERNAL, in Triton's words, without server paths.
+    """
     checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
+    failed = f"failed to load '{name}', failed to poll from model repository"
     try:
         # The name (cut short: the directory name must fit NAME_MAX) tells an operator whose files these are.
         root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name[:64]}-"))
     except OSError as exc:
-        raise InternalError(f"failed to load '{name}': cannot store its model files: {exc.strerror}") from None
+        raise InternalError(f"{failed}: cannot store its model files: {exc.strerror or type(exc).__name__}") from None
     try:
         for parts, content in checked:
             target = root.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
-    except OSError as exc:  # disk full, permissions, a name the file system refuses: the server's trouble
+    except OSError as exc:  # disk full, permissions, a name the file system refuses
         shutil.rmtree(root, ignore_errors=True)
         raise InternalError(
-            f"failed to load '{name}': writing its model file 'file:{'/'.join(parts)}' failed: {exc.strerror}"
+            f"{failed}: writing its model file 'file:{'/'.join(parts)[:64]}' failed: "
+            f"{exc.strerror or type(exc).__name__}"
         ) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -53,6 +54,12 @@ class ServeOptions:
     exit_timeout: float = 30.0
     worker_threads: int = 16
     log_level: str = "INFO"
+    # Triton's command line (fastoip.triton_flags): --allow-grpc, --metrics-address, --log-format/-file, --id.
+    grpc_enabled: bool = True
+    metrics_host: Optional[str] = None
+    log_format: str = "default"
+    log_file: str = ""
+    server_id: str = "fastoip"
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
 
 
@@ -75,6 +82,7 @@ class Server:
             startup_models=options.load_models,
             poll_interval=options.poll_interval,
         )
+        self.core.server_name = options.server_id
         self._stop = threading.Event()
         self._hurry = threading.Event()  # a second signal: no more grace period
         self.grpc_server = None
@@ -88,22 +96,24 @@ class Server:
         options = self.options
         log.info("model repository: %s", self.core.repository.root)
         self.core.load_models()
-        self.grpc_server, self.grpc_port = create_server(
-            self.core,
-            options.host,
-            options.grpc_port,
-            workers=options.grpc_workers,
-            max_message_size=options.max_message_size,
-        )
+        if options.grpc_enabled:
+            self.grpc_server, self.grpc_port = create_server(
+                self.core,
+                options.host,
+                options.grpc_port,
+                workers=options.grpc_workers,
+                max_message_size=options.max_message_size,
+            )
         # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
         # of the collector's sight so the frequent young-generation collections the request path
         # triggers stay cheap, and collect young objects less often.
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        self.grpc_server.start()
-        # Tests and scripts read these lines to learn the bound ports.
-        print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
+        if self.grpc_server is not None:
+            self.grpc_server.start()
+            # Tests and scripts read these lines to learn the bound ports.
+            print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
         if options.http_port >= 0:
             from .http import HttpServer
 
@@ -116,7 +126,7 @@ class Server:
         if options.metrics_port >= 0:
             from .metrics_http import MetricsServer
 
-            metrics_host = options.http_host or options.host
+            metrics_host = options.metrics_host or options.http_host or options.host
             self.metrics_server = MetricsServer(self.core, metrics_host, options.metrics_port)
             self.metrics_port = self.metrics_server.start()
             print(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}", flush=True)
@@ -164,8 +174,12 @@ def serve(options: ServeOptions) -> int:
     logging.basicConfig(
         level=getattr(logging, options.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        # Triton's --log-format ISO8601: an ISO 8601 UTC timestamp on every line.
+        datefmt="%Y-%m-%dT%H:%M:%SZ" if options.log_format == "ISO8601" else None,
+        **({"filename": options.log_file} if options.log_file else {"stream": sys.stderr}),  # type: ignore[arg-type]
     )
+    if options.log_format == "ISO8601":
+        logging.Formatter.converter = time.gmtime
     server = Server(options)
 
     def on_signal(signum, frame):  # type: ignore[no-untyped-def]
