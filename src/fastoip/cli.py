@@ -6,9 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .metrics import MetricsConfig
 
 
 def _env(name: str, default: str) -> str:
@@ -31,6 +34,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="Triton's metrics settings (repeatable): summary_latencies=true, histogram_latencies=true, "
+                        "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
@@ -60,6 +66,15 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
 
 
+def _metrics_config(parser: argparse.ArgumentParser, settings: list[str]) -> MetricsConfig:
+    from .metrics import MetricsConfig
+
+    try:
+        return MetricsConfig.parse(settings)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -87,6 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             http_host=args.http_host,
             http_port=args.http_port,
             metrics_port=args.metrics_port,
+            metrics_config=_metrics_config(parser, args.metrics_config),
             http_max_body_size=args.http_max_input_size,
             max_message_size=args.grpc_max_message_size,
             strict_readiness=args.strict_readiness,
