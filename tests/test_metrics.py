@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import http.client
-import threading
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +81,11 @@ def simple_inputs(a: np.ndarray) -> list[tg.InferInput]:
 def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> None:
     client = tg.InferenceServerClient(metrics_server.grpc_url)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    threads = [threading.Thread(target=lambda: [client.infer("simple", simple_inputs(a)) for _ in range(10)]) for _ in range(4)]
+    def ten() -> None:
+        for _ in range(10):
+            client.infer("simple", simple_inputs(a))
+
+    threads = [threading.Thread(target=ten) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -99,7 +103,8 @@ def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> N
     kinds = families(text)
     # Triton's names exactly: counters keep their names (no _total), gauges and help as Triton's.
     assert "\nnv_inference_request_success{" in text
-    assert kinds["nv_inference_request_success"] == ("counter", "Number of successful inference requests, all batch sizes")
+    assert kinds["nv_inference_request_success"] == (
+        "counter", "Number of successful inference requests, all batch sizes")
     assert kinds["nv_inference_pending_request_count"][0] == "gauge"
     assert not any(name.endswith("_total") for name in kinds)
     assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
