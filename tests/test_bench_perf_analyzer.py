@@ -291,3 +291,33 @@ def test_headers_travel_as_grpc_metadata(client: str) -> None:
     for metadata, request in seen:
         assert metadata["x-trace-tag"] == "bench"
         assert request == b"\x0a\x06simple"
+
+
+def test_profile_export_file(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    out, profile = tmp_path / "r.json", tmp_path / "profile.json"
+    before = time.time_ns()
+    rc, _, err = run([server.grpc_url, "-m", "simple", "--concurrency-range", "1:2", "--profile-export-file",
+                      str(profile), "--json", str(out), *FAST], capsys)
+    after = time.time_ns()
+    assert rc == 0, err
+    rows = json.loads(out.read_text())["results"]
+    document = json.loads(profile.read_text())
+    assert set(document) == {"experiments", "version", "service_kind", "endpoint"}
+    assert [e["experiment"] for e in document["experiments"]] == [
+        {"mode": "concurrency", "value": 1}, {"mode": "concurrency", "value": 2}]
+    for entry, row in zip(document["experiments"], rows, strict=True):
+        requests = entry["requests"]
+        assert len(requests) == row["requests"] > 0  # every success of the reported windows
+        boundaries = entry["window_boundaries"]
+        assert boundaries == sorted(boundaries) and before < boundaries[0] and boundaries[-1] < after
+        starts = [r["timestamp"] for r in requests]
+        assert starts == sorted(starts)
+        latencies = []
+        for request in requests:
+            (response,) = request["response_timestamps"]
+            assert request["request_inputs"] == {} and request["response_outputs"] == []
+            assert boundaries[0] <= response < boundaries[-1]  # completed inside a reported window
+            latencies.append(response - request["timestamp"])
+        assert np.mean(latencies) / 1e3 == pytest.approx(row["latency_us"]["avg"], rel=1e-6)

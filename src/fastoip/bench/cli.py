@@ -221,6 +221,9 @@ def _perf_analyzer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-parameter", action="append", default=[], metavar="NAME:VALUE:TYPE",
                    help="a request parameter (TYPE string, int or bool) on every request (repeatable)")
     p.add_argument("--string-data", help="this string in every element of BYTES inputs")
+    p.add_argument("--profile-export-file", metavar="PATH.json",
+                   help="perf_analyzer's profile export: send and response time of each successful request of "
+                        "the reported windows (request_inputs and response_outputs left empty)")
     p.add_argument("--data-directory", metavar="DIR",
                    help="a file per input named after it: raw little-endian values, or one BYTES element a line")
     for flag in sorted(REFUSED):
@@ -381,6 +384,9 @@ class Run:
         self.server_cpus: Optional[set[int]] = None
         self.target: Optional[Target] = settings.target
         self.metrics: Any = None  # --collect-metrics: a perf_analyzer.MetricsCollector
+        #: --profile-export-file: one entry per measured level; wall clock = now_ns() + this offset.
+        self.experiments: list[dict] = []
+        self.wall_offset_ns = time.time_ns() - time.perf_counter_ns()
 
     def note(self, message: str) -> None:
         if not self.args.quiet:
@@ -623,6 +629,10 @@ class Run:
                 if summary is not None:
                     row["metrics"] = summary
                 self.rows.append(row)
+                if self.args.profile_export_file and role == "server":
+                    from .perf_analyzer import experiment
+
+                    self.experiments.append(experiment(self.s.mode, level, result.reported, self.wall_offset_ns))
         finally:
             if shared is not None:
                 shared.close()
@@ -683,6 +693,14 @@ class Run:
         document = self.document()
         if self.args.json:
             write_json(document, self.args.json)
+        if self.args.profile_export_file:
+            import json
+
+            from .. import __version__
+            from .perf_analyzer import profile_document
+
+            with open(self.args.profile_export_file, "w") as handle:
+                json.dump(profile_document(self.experiments, f"fastoip bench {__version__}"), handle)
         if self.args.csv and self.args.fastoip_csv:
             write_csv(self.rows, self.args.csv)
         elif self.args.csv:

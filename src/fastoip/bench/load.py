@@ -106,6 +106,8 @@ class Sample:
     sent: int = 0
     late: int = 0
     cpu_ns: int = 0
+    #: End time (``now_ns`` clock) of each success, aligned with ``lat_ns`` (--profile-export-file).
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     @staticmethod
     def merge(samples: list["Sample"]) -> "Sample":
@@ -120,6 +122,7 @@ class Sample:
             sum(s.sent for s in samples),
             sum(s.late for s in samples),
             sum(s.cpu_ns for s in samples),
+            np.concatenate([s.end_ns for s in samples]) if samples else np.empty(0, np.int64),
         )
 
 
@@ -158,15 +161,15 @@ class Recorder:
         if ok:
             pairs = np.array(ok, dtype=np.int64)
             mask = (pairs[:, 0] >= a) & (pairs[:, 0] < b)
-            lat = pairs[mask, 1]
+            lat, ends = pairs[mask, 1], pairs[mask, 0]
         else:
-            lat = np.empty(0, np.int64)
+            lat = ends = np.empty(0, np.int64)
         errors: dict[str, int] = {}
         for end, code in err:
             if a <= end < b:
                 errors[code] = errors.get(code, 0) + 1
         sent, late, cpu = self.sent, self.late, time.process_time_ns()
-        sample = Sample(lat, errors, sent - self._sent_mark, late - self._late_mark, cpu - self._cpu_mark)
+        sample = Sample(lat, errors, sent - self._sent_mark, late - self._late_mark, cpu - self._cpu_mark, ends)
         self._sent_mark, self._late_mark, self._cpu_mark = sent, late, cpu
         return sample
 

@@ -32,7 +32,6 @@ GPU_COLUMNS = ("Avg GPU Utilization", "Avg GPU Power Usage", "Max GPU Memory Usa
 
 #: perf_analyzer flags fastoip bench does not honour, with the reason given when one is passed.
 REFUSED: dict[str, str] = {
-    "--profile-export-file": "per-request timestamps are not kept by fastoip bench's load generators",
     "--ssl-grpc-use-ssl": "fastoip bench speaks plaintext gRPC only",
     "--ssl-grpc-root-certifications-file": "fastoip bench speaks plaintext gRPC only",
     "--ssl-grpc-private-key-file": "fastoip bench speaks plaintext gRPC only",
@@ -211,3 +210,36 @@ class MetricsCollector:
 def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values)
+
+
+# --------------------------------------------------------------------------- --profile-export-file
+def experiment(mode: str, level: float, windows: list[Any], wall_offset_ns: int) -> dict[str, Any]:
+    """One level in perf_analyzer's profile export: each successful request's send and response times.
+
+    ``windows``: the reported measurement windows (``measure.Window``), times on the ``now_ns`` clock;
+    ``wall_offset_ns`` turns them into nanoseconds since the epoch, as perf_analyzer writes them.
+    fastoip bench keeps no per-request data: ``request_inputs`` and ``response_outputs`` stay empty,
+    and failed requests (which keep no start time) are not listed.
+    """
+    requests = []
+    for window in windows:
+        ends, latencies = window.sample.end_ns, window.sample.lat_ns
+        for end, latency in sorted(zip(ends.tolist(), latencies.tolist(), strict=True), key=lambda p: p[0] - p[1]):
+            requests.append({
+                "timestamp": end - latency + wall_offset_ns,
+                "request_inputs": {},
+                "response_timestamps": [end + wall_offset_ns],
+                "response_outputs": [],
+            })
+    boundaries = [windows[0].start_ns + wall_offset_ns] if windows else []
+    boundaries += [window.end_ns + wall_offset_ns for window in windows]
+    return {
+        "experiment": {"mode": "concurrency" if mode == "concurrency" else "request_rate",
+                       "value": int(level) if mode == "concurrency" else float(level)},
+        "requests": requests,
+        "window_boundaries": boundaries,
+    }
+
+
+def profile_document(experiments: list[dict[str, Any]], version: str) -> dict[str, Any]:
+    return {"experiments": experiments, "version": version, "service_kind": "triton", "endpoint": ""}
