@@ -108,6 +108,7 @@ def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None: 
             str(out_json),
             "-f",
             str(out_csv),
+            "--fastoip-csv",  # fastoip's columns; perf_analyzer's layout: tests/test_bench_perf_analyzer.py
             *FAST,
         ],
         capsys,

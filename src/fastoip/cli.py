@@ -13,6 +13,9 @@ from . import __version__, triton_flags
 if TYPE_CHECKING:
     from .server.app import ServeOptions
 
+if TYPE_CHECKING:
+    from .metrics import MetricsConfig
+
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"FASTOIP_{name}", default)
@@ -35,6 +38,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="Triton's metrics settings (repeatable): summary_latencies=true, histogram_latencies=true, "
+                        "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
@@ -100,10 +106,15 @@ def serve_options(argv: Sequence[str]) -> ServeOptions:
 
 
 def _serve_options(args: argparse.Namespace) -> ServeOptions:
+    from .metrics import MetricsConfig
     from .repository import RepositoryOptions
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
+    try:
+        metrics_config = MetricsConfig.parse(args.metrics_config)
+    except ValueError as exc:
+        raise triton_flags.FlagError(str(exc)) from None
     return ServeOptions(
         model_repository=triton.model_repository,
         host=triton.grpc_host or args.host,
@@ -113,6 +124,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         http_port=args.http_port if triton.allow_http else -1,
         metrics_port=args.metrics_port if triton.allow_metrics else -1,
         metrics_host=triton.metrics_host,
+        metrics_config=metrics_config,
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
         max_message_size=args.grpc_max_message_size,

@@ -192,8 +192,8 @@ class Core:
                 self._write_shared_memory_outputs(job.destinations, response)
             if job.regions:
                 check_intact(job.regions)
-        except InferenceError:
-            model.stats.record_request(False, time.monotonic_ns() - job.arrival_ns)
+        except InferenceError as exc:
+            model.stats.record_request(False, time.monotonic_ns() - job.arrival_ns, error=exc)
             raise
         finally:
             model.leave()
@@ -246,7 +246,7 @@ class Core:
                     finished.error, finished.response = exc, None
             model.leave()
             stats.record_request(
-                finished.error is None, time.monotonic_ns() - finished.arrival_ns, finished.queue_ns
+                finished.error is None, time.monotonic_ns() - finished.arrival_ns, finished.queue_ns, finished.error
             )
             if finished.error is None and self.trace_settings.active:
                 self._trace(model, finished)
@@ -316,12 +316,9 @@ class Core:
 
     def prometheus_metrics(self) -> str:
         """Every loaded version's statistics as Prometheus text, under Triton's metric names."""
-        pending = {
-            (model.name, model.version_str): model.scheduler.pending() if model.scheduler.queues else 0
-            for record in self.repository.records()
-            for model in record.versions.values()
-        }
-        return prometheus_text(self.statistics(), pending)
+        models = [model for record in self.repository.records() for model in record.versions.values()]
+        pending = {(m.name, m.version_str): m.scheduler.pending() if m.scheduler.queues else 0 for m in models}
+        return prometheus_text(self.statistics(), pending, {(m.name, m.version_str): m.stats for m in models})
 
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         known = {r.name: r for r in self.repository.records()}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import metrics
 from ..core import Core
 from ..repository import RepositoryOptions
 from .grpc import INT32_MAX, create_server
@@ -45,6 +46,8 @@ class ServeOptions:
     http_max_body_size: int = 64 * 1024 * 1024
     #: Prometheus ``/metrics`` (Triton's port); -1 turns it off, 0 picks a free port.
     metrics_port: int = 8002
+    #: Triton's ``--metrics-config``: latency summaries and histograms.
+    metrics_config: metrics.MetricsConfig = field(default_factory=metrics.MetricsConfig)
     strict_readiness: bool = True
     model_control_mode: str = "none"
     load_models: list = field(default_factory=list)
@@ -73,6 +76,7 @@ class Server:
             from ..demo import default_repository
 
             root = default_repository()
+        metrics.configure(options.metrics_config)  # before any model loads: their statistics read it
         self.core = Core(
             root,
             options.repository,
