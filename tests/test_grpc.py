@@ -19,6 +19,12 @@ from serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")
+def server(frontend_server: ServerProcess) -> ServerProcess:
+    """This module runs against every selected gRPC frontend (conftest's ``grpc_frontend``)."""
+    return frontend_server
+
+
+@pytest.fixture(scope="module")
 def client(server: ServerProcess) -> tg.InferenceServerClient:
     return tg.InferenceServerClient(server.grpc_url)
 
@@ -138,10 +144,10 @@ def test_bytes_round_trip_is_bit_exact(client: tg.InferenceServerClient) -> None
 
 # -- every datatype, through ONNX identity models -------------------------------------------
 @pytest.fixture(scope="module")
-def datatype_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def datatype_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("datatypes")
     names = write_datatype_repository(root)
-    with ServerProcess(root) as proc:
+    with ServerProcess(root, grpc_frontend=grpc_frontend) as proc:
         yield proc, names
 
 
@@ -306,7 +312,7 @@ def test_mixed_raw_and_typed_contents_rejected(server: ServerProcess, client) ->
 
 
 # -- repository behaviour: versions, policy, a model that fails to load ---------------------------------
-def test_versions_policy_and_failed_model(tmp_path: Path) -> None:
+def test_versions_policy_and_failed_model(tmp_path: Path, grpc_frontend: str) -> None:
     data = identity_model_bytes(1, [4], "versioned")
     for version in (1, 2, 3):
         write_model(tmp_path, "latest_only", data, version)
@@ -315,7 +321,7 @@ def test_versions_policy_and_failed_model(tmp_path: Path) -> None:
             config='name: "all_versions"\nmax_batch_size: 8\nversion_policy { all { } }\n',
         )
     write_model(tmp_path, "broken", b"this is not an onnx model")
-    with ServerProcess(tmp_path) as proc:
+    with ServerProcess(tmp_path, grpc_frontend=grpc_frontend) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
         assert client.is_server_live()
         assert not client.is_server_ready()  # strict readiness: one model failed
