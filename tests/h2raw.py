@@ -178,7 +178,7 @@ class RawGrpcConnection:
         """Read what the server sent and handle it; False when the connection is closed."""
         try:
             data = self.sock.recv(1 << 20)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return True
         except OSError:
             data = b""
@@ -241,26 +241,29 @@ class RawGrpcConnection:
             self.receive_once()
 
     def wait_closed(self, wait_s: float) -> bool:
-        """Whether the server closed the connection within ``wait_s`` seconds (reading and discarding)."""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                if not self.sock.recv(1 << 16):
-                    return True
-            except (TimeoutError, socket.timeout):
-                continue
-            except OSError:
+        return wait_for_close(self.sock, wait_s)
+
+
+def wait_for_close(sock: socket.socket, wait_s: float) -> bool:
+    """Whether the peer closed ``sock`` within ``wait_s`` seconds (reading and discarding what arrives)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if not sock.recv(1 << 16):
                 return True
-        return False
+        except TimeoutError:
+            continue
+        except OSError:
+            return True
+    return False
 
 
 def simple_request_bytes(request_id: str = "good") -> bytes:
     """A valid ModelInfer for the demo ``simple`` model (INPUT0 + INPUT1, INT32 [1, 16])."""
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 3, dtype=np.int32)
-    request = InferRequest(
-        "simple", id=request_id, inputs=[InferInput("INPUT0", "INT32", a.shape, a), InferInput("INPUT1", "INT32", b.shape, b)]
-    )
+    inputs = [InferInput("INPUT0", "INT32", a.shape, a), InferInput("INPUT1", "INT32", b.shape, b)]
+    request = InferRequest("simple", id=request_id, inputs=inputs)
     return _codec.encode_infer_request(request)
 
 

@@ -18,6 +18,15 @@ import pytest
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
+from h2raw import (
+    MODEL_INFER,
+    SERVICE,
+    RawGrpcConnection,
+    assert_good_request_on_new_connection,
+    grpc_frame,
+    simple_request_bytes,
+    wait_for_close,
+)
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -26,15 +35,6 @@ from hyperframe.frame import (
     RstStreamFrame,
     SettingsFrame,
     WindowUpdateFrame,
-)
-
-from h2raw import (
-    MODEL_INFER,
-    SERVICE,
-    RawGrpcConnection,
-    assert_good_request_on_new_connection,
-    grpc_frame,
-    simple_request_bytes,
 )
 from serverproc import ServerProcess
 
@@ -87,19 +87,6 @@ def send_quietly(sock: socket.socket, data: bytes) -> bool:
         return True
     except OSError:
         return False
-
-
-def wait_for_close(sock: socket.socket, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            if not sock.recv(1 << 16):
-                return True
-        except (TimeoutError, socket.timeout):
-            continue
-        except OSError:
-            return True
-    return False
 
 
 # -- before and around the preface -------------------------------------------------------------
