@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip._proto import grpc_service_pb2_grpc as pb_grpc
 from fastoip._proto import health_pb2, health_pb2_grpc
-from models import identity_model_bytes, write_datatype_repository, write_model
+from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
 from serverproc import ServerProcess
 
 
@@ -151,23 +151,6 @@ def datatype_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str
         yield proc, names
 
 
-def sample(datatype: str) -> np.ndarray:
-    rng = np.random.default_rng(4)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, (2, 4)).astype(bool)
-    if datatype == "BYTES":
-        return np.array([[b"a", b"", b"\x00\xff"], [b"xyz", "é".encode(), b"\x80"]], dtype=object)
-    if datatype == "FP16":
-        return np.array([[np.nan, np.inf, -np.inf, -0.0], [1.5, -2.25, 65504, 6e-8]], dtype=np.float16)
-    if datatype in ("FP32", "BF16"):
-        return np.array([[1.0, -2.5, 0.0, 3.140625], [-0.0, 1e10, -7.0, 0.5]], dtype=np.float32)
-    if datatype == "FP64":
-        return rng.standard_normal((2, 4))
-    dtype = np.dtype(datatype.lower().replace("uint", "uint").replace("int", "int"))
-    info = np.iinfo(dtype)
-    return np.array([[info.min, info.max, 0, 1], [2, 3, info.max - 1, info.min + 1]], dtype=dtype)
-
-
 @pytest.mark.parametrize(
     "datatype",
     ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"],
@@ -179,7 +162,7 @@ def test_every_datatype_round_trips(datatype_server, datatype: str) -> None:  # 
         index = client.get_model_repository_index(as_json=True)["models"]
         reason = [m for m in index if m["name"] == names[datatype]]
         pytest.fail(f"{names[datatype]} not ready: {reason}")
-    data = sample(datatype)
+    data = datatype_sample(datatype)
     if datatype == "BF16":
         import ml_dtypes  # tritonclient >= 2.67 carries BF16 as ml_dtypes.bfloat16
 
