@@ -26,12 +26,14 @@ from h2.events import (
     TrailersReceived,
 )
 from h2.exceptions import FlowControlError, ProtocolError, StreamClosedError
+from hyperframe.frame import PingFrame
 
 from fastoip import _codec
 from fastoip.types import InferInput, InferRequest
 
 SERVICE = "/inference.GRPCInferenceService/"
 MODEL_INFER = SERVICE + "ModelInfer"
+PING_TYPE = 0x6
 
 
 def grpc_frame(payload: bytes, *, compressed: bool = False, declared_length: int | None = None) -> bytes:
@@ -103,6 +105,7 @@ class RawGrpcConnection:
         self.ping_acks = 0
         self.goaway: ConnectionTerminated | None = None
         self.closed = False
+        self._pending = bytearray()
 
     def __enter__(self) -> RawGrpcConnection:
         return self
@@ -183,24 +186,50 @@ class RawGrpcConnection:
         except OSError:
             data = b""
         if not data:
-            self.closed = True
-            for result in self.results.values():
-                result.connection_closed = True
+            self._mark_closed()
             return False
-        try:
-            events = self.conn.receive_data(data)
-        except ProtocolError:
-            self.closed = True
-            for result in self.results.values():
-                result.connection_closed = True
-            return False
-        for event in events:
-            self._handle(event)
+        self._pending += data
+        for frame in self._complete_frames():
+            if not self._receive_frame(frame):
+                return False
         try:
             self.flush()
         except OSError:
             pass
         return True
+
+    def _complete_frames(self) -> list[bytes]:
+        """Whole frames out of what arrived (h2 is fed one frame at a time, see _receive_frame)."""
+        frames = []
+        while len(self._pending) >= 9:
+            length = int.from_bytes(self._pending[:3], "big")
+            if len(self._pending) < 9 + length:
+                break
+            frames.append(bytes(self._pending[: 9 + length]))
+            del self._pending[: 9 + length]
+        return frames
+
+    def _receive_frame(self, frame: bytes) -> bool:
+        if self.goaway is not None and frame[3] == PING_TYPE and not frame[4] & 0x1:
+            # After a GOAWAY, h2 refuses every frame, but a server draining gracefully (grpcio) sends a PING and
+            # waits for its ACK before it closes: answer it by hand.
+            self.sock.sendall(PingFrame(0, opaque_data=frame[9:17], flags=["ACK"]).serialize())
+            return True
+        try:
+            events = self.conn.receive_data(frame)
+        except ProtocolError:
+            if self.goaway is not None:
+                return True  # frames after GOAWAY that h2 will not take: the stream results are final
+            self._mark_closed()
+            return False
+        for event in events:
+            self._handle(event)
+        return True
+
+    def _mark_closed(self) -> None:
+        self.closed = True
+        for result in self.results.values():
+            result.connection_closed = True
 
     def _handle(self, event: object) -> None:
         stream_id = getattr(event, "stream_id", None)
