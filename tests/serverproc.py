@@ -103,12 +103,16 @@ class ServerProcess:
 
 
 @cache
-def server_knows_frontend_flag() -> bool:
-    """Whether this build's ``fastoip serve`` has ``--grpc-frontend`` (servers before the native frontend do not)."""
-    help_text = subprocess.run(
+def serve_help() -> str:
+    """``fastoip serve --help`` of this build: which flags it has, and how they are spelled."""
+    return subprocess.run(
         [sys.executable, "-m", "fastoip.cli", "serve", "--help"], capture_output=True, text=True, timeout=120
     ).stdout
-    return "--grpc-frontend" in help_text
+
+
+def server_knows_frontend_flag() -> bool:
+    """Whether this build's ``fastoip serve`` has ``--grpc-frontend`` (servers before the native frontend do not)."""
+    return "--grpc-frontend" in serve_help()
 
 
 def frontend_args(grpc_frontend: str | None) -> list[str]:
