@@ -8,7 +8,7 @@ Needs the native frontend; skipped without it.
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,7 +126,7 @@ def test_gzip_request_is_byte_identical(pair: Pair) -> None:
 GOOD = np.arange(16, dtype="<i4").tobytes()
 
 
-def raw_request(model: str, inputs: list[tuple[str, str, list[int], bytes | None]]) -> bytes:
+def raw_request(model: str, inputs: Sequence[tuple[str, str, list[int], bytes | None]]) -> bytes:
     request = pb.ModelInferRequest(model_name=model)
     for name, datatype, shape, raw in inputs:
         request.inputs.add(name=name, datatype=datatype, shape=shape)

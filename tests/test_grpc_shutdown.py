@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from google.protobuf.message import Message
 from h2raw import MODEL_INFER, SERVICE, RawGrpcConnection
 from serverproc import ServerProcess, wait_until
 
@@ -90,7 +91,7 @@ class ReadinessWatcher(threading.Thread):
         self.stop = stop
         self.seen: list[tuple[bool | None, bool | None]] = []
 
-    def ask(self, method: str, request: object, response_type: type, field: str) -> bool | None:
+    def ask(self, method: str, request: Message, response_type: type[Message], field: str) -> bool | None:
         """The answer's flag, or None when the call failed (the server no longer answers)."""
         call = self.channel.unary_unary(
             SERVICE + method,

@@ -143,7 +143,9 @@ def test_generated_certificates_verify(pki: Pki) -> None:
 
     def serve(sock: socket.socket) -> None:
         with server_ctx.wrap_socket(sock, server_side=True) as tls:
-            accepted.append(tls.getpeercert()["subject"])
+            peer = tls.getpeercert()
+            assert peer is not None
+            accepted.append(peer["subject"])
 
     for host in ("localhost", "127.0.0.1"):
         accepted.clear()
