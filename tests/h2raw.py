@@ -177,14 +177,23 @@ class RawGrpcConnection:
         return self.wait(stream_id, wait_s)
 
     # -- receiving -------------------------------------------------------------------------------
-    def receive_once(self) -> bool:
-        """Read what the server sent and handle it; False when the connection is closed."""
+    def receive_once(self, deadline: float | None = None) -> bool:
+        """Read what the server sent and handle it; False when the connection is closed.
+
+        With a ``deadline`` (time.monotonic()), the read waits no longer than until then.
+        """
+        timeout = self.sock.gettimeout()
+        if deadline is not None:
+            self.sock.settimeout(max(0.01, min(timeout or 10.0, deadline - time.monotonic())))
         try:
             data = self.sock.recv(1 << 20)
         except TimeoutError:
             return True
         except OSError:
             data = b""
+        finally:
+            if deadline is not None:
+                self.sock.settimeout(timeout)
         if not data:
             self._mark_closed()
             return False
@@ -259,7 +268,7 @@ class RawGrpcConnection:
         deadline = time.monotonic() + wait_s
         result = self.results[stream_id]
         while not result.finished and time.monotonic() < deadline:
-            if not self.receive_once():
+            if not self.receive_once(deadline):
                 break
         return result
 
@@ -267,7 +276,7 @@ class RawGrpcConnection:
         """Read and handle whatever arrives for ``wait_s`` seconds or until the connection closes."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and not self.closed:
-            self.receive_once()
+            self.receive_once(deadline)
 
     def wait_closed(self, wait_s: float) -> bool:
         return wait_for_close(self.sock, wait_s)

@@ -34,9 +34,13 @@ GRPCIO_REASON = "grpcio holds a handler thread per open stream (--grpc-workers 1
 
 @pytest.fixture()
 def stream_server(demo_repo: Path, grpc_frontend: str) -> Iterator[ServerProcess]:
-    # A server of its own: against grpcio the open streams leave it saturated until they close.
-    with ServerProcess(demo_repo, "--exit-timeout", "5", grpc_frontend=grpc_frontend) as proc:
+    # A server of its own: against grpcio the open streams leave it saturated until they close, and
+    # its shutdown may then hang on handler threads: stop it with a short bound (then SIGKILL).
+    proc = ServerProcess(demo_repo, "--exit-timeout", "5", grpc_frontend=grpc_frontend).start()
+    try:
         yield proc
+    finally:
+        proc.stop(timeout=10)
 
 
 def new_connection(url: str) -> grpc.aio.Channel:
