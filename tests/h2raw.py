@@ -20,6 +20,7 @@ from h2.events import (
     ConnectionTerminated,
     DataReceived,
     PingAckReceived,
+    PingReceived,
     ResponseReceived,
     StreamEnded,
     StreamReset,
@@ -103,6 +104,7 @@ class RawGrpcConnection:
             self.conn.local_settings.update(settings)
         self.results: dict[int, CallResult] = {}
         self.ping_acks = 0
+        self.pings_received = 0
         self.goaway: ConnectionTerminated | None = None
         self.closed = False
         self._pending = bytearray()
@@ -260,6 +262,8 @@ class RawGrpcConnection:
             result.reset_code = int(event.error_code)
         elif isinstance(event, PingAckReceived):
             self.ping_acks += 1
+        elif isinstance(event, PingReceived):
+            self.pings_received += 1  # h2 queues the ACK; receive_once flushes it
         elif isinstance(event, ConnectionTerminated):
             self.goaway = event
 
