@@ -159,7 +159,10 @@ class RawGrpcConnection:
         """DATA within the peer's flow-control windows, reading (and so receiving WINDOW_UPDATEs) as needed."""
         deadline = time.monotonic() + deadline_s
         view = memoryview(data)
+        result = self.results.get(stream_id)
         while len(view):
+            if result is not None and result.finished:
+                return  # the server already answered (an error) or reset the stream: the rest is not wanted
             window = min(self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
             if window <= 0:
                 if time.monotonic() > deadline or not self.receive_once():

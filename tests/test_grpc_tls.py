@@ -98,7 +98,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 def bool_flag(name: str) -> list[str]:
     """Triton spells its TLS switches ``--grpc-use-ssl=true``; a plain switch (store_true) is taken as well."""
-    takes_value = re.search(re.escape(name) + r"[ =\[]\S", serve_help()) is not None
+    # the option's own line in --help: "  --grpc-use-ssl GRPC_USE_SSL" takes a value, "  --grpc-use-ssl   text" not
+    takes_value = re.search(r"(?m)^\s+" + re.escape(name) + r" [^\s-]", serve_help()) is not None
     return [f"{name}=true"] if takes_value else [name]
 
 
