@@ -37,6 +37,10 @@ def selected_frontends() -> list[str]:
     unknown = [name for name in names if name not in KNOWN_FRONTENDS]
     if unknown:
         raise pytest.UsageError(f"FASTOIP_TEST_GRPC_FRONTENDS: unknown frontend(s) {unknown}; known: {KNOWN_FRONTENDS}")
+    if "native" in names and not native_frontend_built():
+        raise pytest.UsageError(
+            "FASTOIP_TEST_GRPC_FRONTENDS asks for native, but fastoip.server.grpc._http2 does not import (not built)"
+        )
     return names
 
 
