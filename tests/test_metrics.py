@@ -18,8 +18,8 @@ SAMPLE = re.compile(r'^(\w+)\{model="([^"]*)",version="([^"]*)"\} (\d+)$')
 
 
 @pytest.fixture(scope="module")
-def metrics_server(demo_repo: Path):  # type: ignore[no-untyped-def]
-    with ServerProcess(demo_repo, metrics=True) as proc:
+def metrics_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-untyped-def]
+    with ServerProcess(demo_repo, metrics=True, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 
