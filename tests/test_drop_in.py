@@ -241,7 +241,8 @@ def test_explicit_model_control_without_downtime(tmp_path: Path, grpc_frontend: 
     data = identity_model_bytes(1, [4], "swap")
     write_model(tmp_path, "swap", data, 1)
     write_model(tmp_path, "other", data, 1)
-    with ServerProcess(tmp_path, "--model-control-mode", "explicit", "--load-model", "swap", grpc_frontend=grpc_frontend) as proc:
+    args = ("--model-control-mode", "explicit", "--load-model", "swap")
+    with ServerProcess(tmp_path, *args, grpc_frontend=grpc_frontend) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
         assert client.is_model_ready("swap")
         assert not client.is_model_ready("other")  # explicit: only --load-model at start-up
