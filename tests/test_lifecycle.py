@@ -339,10 +339,10 @@ SLOW_PREDICT = LOGGING + """
 """
 
 
-def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
+def test_sigterm_drains_requests_in_flight(tmp_path: Path, grpc_frontend: str) -> None:
     root, log = tmp_path / "repo", tmp_path / "hooks.log"
     write_python_model(root, "slow", SLOW_PREDICT, INT_IO + "instance_group [ { count: 10 } ]\n")
-    server = ServerProcess(root, env={"HOOK_LOG": str(log)}).start()
+    server = ServerProcess(root, env={"HOOK_LOG": str(log)}, grpc_frontend=grpc_frontend).start()
     try:
         clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(10)]
         assert all(c.is_server_live() for c in clients)  # connections up: the requests leave together
@@ -370,13 +370,13 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
     assert "fastoip: stopped" in server.output()
 
 
-def test_grace_period_readiness_false_before_listeners_close(tmp_path: Path) -> None:
+def test_grace_period_readiness_false_before_listeners_close(tmp_path: Path, grpc_frontend: str) -> None:
     root = tmp_path / "repo"
     write_python_model(root, "echo", FLAGGED, INT_IO + """
         parameters { key: "not_ready_flag" value { string_value: "/nonexistent/flag" } }
         parameters { key: "dead_flag" value { string_value: "/nonexistent/flag" } }
     """)
-    server = ServerProcess(root, "--shutdown-grace", "3").start()
+    server = ServerProcess(root, "--shutdown-grace", "3", grpc_frontend=grpc_frontend).start()
     try:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert client.is_server_ready() and client.is_model_ready("echo")

@@ -19,8 +19,8 @@ from serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def metrics_server(demo_repo: Path):  # type: ignore[no-untyped-def]
-    with ServerProcess(demo_repo, metrics=True) as proc:
+def metrics_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-untyped-def]
+    with ServerProcess(demo_repo, metrics=True, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 

@@ -23,11 +23,11 @@ REGION_BYTES = 4 * 1024
 
 
 @pytest.fixture(scope="module")
-def shm_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def shm_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("shm-repo")
     write_model(root, "identity_fp32", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
     write_model(root, "nonzero", nonzero_model_bytes())
-    with ServerProcess(root) as proc:
+    with ServerProcess(root, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 
