@@ -232,6 +232,17 @@ class ModelStatistics:
         )
         self._summaries = self.latency.summaries if self.latency is not None else None
 
+    def clear(self) -> None:
+        """Forget everything recorded so far (warm-up runs are not the model's traffic, as in Triton)."""
+        with self.lock:
+            self.last_inference_ms = 0
+            self.inference_count = 0
+            self.execution_count = 0
+            self.success, self.fail, self.queue = Duration(), Duration(), Duration()
+            self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+            self.compute_input, self.compute_infer, self.compute_output = Duration(), Duration(), Duration()
+            self.batches = {}
+
     def record_execution(
         self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:

@@ -151,6 +151,12 @@ def complete_config(
     if done.platform == ONNX_PLATFORM and not done.backend:
         done.backend = "onnxruntime"
 
+    # the sequence batcher feeds control and state inputs and keeps state outputs: not the client's tensors
+    injected = {c.name for c in config.sequence_batching.control_input} | {
+        name for state in config.sequence_batching.state for name in (state.input_name, state.output_name)
+    }
+    inputs = [t for t in inputs if t.name not in injected]
+    outputs = [t for t in outputs if t.name not in injected]
     all_tensors = list(inputs) + list(outputs)
     can_batch = bool(all_tensors) and all(t.shape and t.shape[0] is None for t in all_tensors)
     if config.max_batch_size == 0 and not config.input and not config.output and can_batch:

@@ -15,12 +15,16 @@ scheduler, in fastoip's words):
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2
-from ..errors import InvalidArgument
+from ..errors import InferenceError, InvalidArgument
+from ..scheduling.ensemble import EnsembleScheduler
+from .loaded import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -189,3 +193,47 @@ def _ordered(name: str, steps: list[EnsembleStep], producer: dict[str, int]) -> 
     for step in steps:
         visit(step)
     return tuple(order)
+
+
+class _EnsembleKind:
+    """The backend kind of ``platform: "ensemble"``: nothing to load but the plan (see the repository)."""
+
+    name = "ensemble"
+    platforms = ("ensemble",)
+    default_filename = ""
+
+    def load(self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: object) -> tuple:
+        raise InvalidArgument(f"ensemble '{model_name}' is loaded by the repository, not by a backend")
+
+
+ENSEMBLE_KIND = _EnsembleKind()
+
+
+class EnsembleModel(LoadedModel):
+    """An ensemble version: no instances of its own; its scheduler runs the steps in their models."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        path: Path,
+        config: mc.ModelConfig,
+        executor: Executor,
+        plan: EnsemblePlan,
+        resolve: Callable[[str, str], LoadedModel],
+    ) -> None:
+        self.plan = plan
+        self._resolve = resolve
+        super().__init__(
+            name, version, path, config, [], executor, lambda model, _: EnsembleScheduler(plan, resolve)
+        )
+
+    def is_ready(self) -> bool:
+        """Ready while every composing model is (Triton: an ensemble follows its models)."""
+        for name in self.plan.composing_models:
+            try:
+                if not self._resolve(name, "").is_ready():
+                    return False
+            except InferenceError:
+                return False
+        return True

@@ -23,7 +23,7 @@ from ..errors import InvalidArgument
 from ..metrics import ModelStatistics
 from ..scheduling.buffers import BufferPool
 from ..scheduling.job import Job
-from ..types import InferRequest
+from ..types import InferRequest, InferResponse
 from .config import ModelSpec, model_spec
 
 log = logging.getLogger("fastoip.repository")
@@ -162,6 +162,13 @@ class LoadedModel:
                 )
             )
         raise InvalidArgument(f"input '{tensor.name}' has no data")
+
+    def run_blocking(self, request: InferRequest) -> InferResponse:
+        """Run one request through this model's own scheduler and wait (warm-up, before the model serves)."""
+        job = self.prepare(request)
+        job.arm()
+        self.scheduler.run(job)
+        return job.wait()
 
     # -- metadata -----------------------------------------------------------
     def tensor_metadata(self) -> tuple[list[dict], list[dict]]:

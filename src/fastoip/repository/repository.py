@@ -42,9 +42,11 @@ from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from .config import read_config_file
+from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
+from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
 
@@ -156,7 +158,8 @@ class ModelRepository:
     def load_all(self) -> None:
         names = self.model_names()
         self._prepare(names)
-        for name in names:
+        # ensembles last: their steps' models must be loaded to check the wiring
+        for name in sorted(names, key=lambda n: (self._is_ensemble_dir(n), n)):
             try:
                 self.load(name)
             except InferenceError as exc:
@@ -287,6 +290,13 @@ class ModelRepository:
                 log.debug("model '%s': preparing failed: %s", name, exc)
 
     # -- building versions ---------------------------------------------------------
+    def _is_ensemble_dir(self, name: str) -> bool:
+        path = self.root / name / "config.pbtxt"
+        try:
+            return path.is_file() and is_ensemble(read_config_file(path))
+        except InferenceError:
+            return False
+
     def _plan(
         self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
     ) -> tuple[mc.ModelConfig, BackendKind, list[tuple[int, Path]]]:
@@ -303,6 +313,13 @@ class ModelRepository:
         else:
             base = mc.ModelConfig()
         refuse_unbuilt_sections(base, name)
+        if is_ensemble(base):
+            # an ensemble has no model file: each version is a directory (Triton's layout)
+            versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+            if not versions:
+                raise Unavailable(f"model '{name}': an ensemble needs a version directory (e.g. '{name}/1/')")
+            selected = _select_versions(base, versions, name)
+            return base, ENSEMBLE_KIND, [(version, model_dir / str(version)) for version in selected]
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
         kind = kind_for(base, model_dir)
@@ -346,6 +363,8 @@ class ModelRepository:
         self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind
     ) -> LoadedModel:
         options = self.options
+        if kind is ENSEMBLE_KIND:
+            return self._load_ensemble(name, version, path, base)
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
         # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
@@ -359,7 +378,37 @@ class ModelRepository:
             config.dynamic_batching.SetInParent()
             for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
-        return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
+        model = LoadedModel(
+            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent)
+        )
+        if config.model_warmup:
+            try:
+                run_warmup(model, config, path.parent.parent)
+            except BaseException:
+                model.close()
+                raise
+            model.stats.clear()
+        return model
+
+    def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
+        config = mc.ModelConfig()
+        config.CopyFrom(base)
+        if config.name and config.name != name:
+            raise InvalidArgument(f"model '{name}': config.pbtxt name '{config.name}' does not match the directory name")
+        config.name = name
+        for step in config.ensemble_scheduling.step:
+            if self.record(step.model_name) is None or not self.record(step.model_name).versions:  # type: ignore[union-attr]
+                if step.model_name != name and (self.root / step.model_name).is_dir():
+                    self._load_locked(step.model_name, None, None)  # Triton loads an ensemble's models with it
+
+        def lookup(model_name: str) -> Optional[ComposingModel]:
+            try:
+                return composing_model_of(self.get(model_name).config)
+            except InferenceError:
+                return None
+
+        plan = plan_ensemble(config, lookup)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
@@ -391,7 +440,18 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     return root
 
 
-def _scheduler_for(config: mc.ModelConfig):  # type: ignore[no-untyped-def]
+def _scheduler_for(config: mc.ModelConfig, model_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
+    if config.HasField("sequence_batching"):
+        from ..scheduling.execute import run_jobs
+        from ..scheduling.sequence_batcher import SequenceBatcher
+        from ..scheduling.sequence_settings import sequence_settings
+
+        settings = sequence_settings(config, model_dir)
+
+        def sequence_batcher(model, executor):  # type: ignore[no-untyped-def]
+            return SequenceBatcher(model, settings, lambda backend, jobs: run_jobs(model, backend, jobs))
+
+        return sequence_batcher
     if config.HasField("dynamic_batching"):
         from ..scheduling.batcher import DynamicBatcher
 

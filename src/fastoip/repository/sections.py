@@ -2,10 +2,10 @@
 
 Rules:
 - A config must mean what it says.  Sections that change a model's results or
-  its protocol (sequence batching, ensembles, decoupled transactions, the
-  response cache) are refused at load with the reason, which the repository
+  its protocol and are not built yet (decoupled transactions, batch_input /
+  batch_output, the response cache) are refused at load with the reason, which the repository
   index shows; the model is UNAVAILABLE instead of READY-and-failing.
-- Hints that only tune speed and that fastoip cannot honour (warm-up, rate
+- Hints that only tune speed and that fastoip cannot honour (rate
   limiter, execution accelerators, optimisation settings ONNX Runtime has no
   knob for) are logged as ignored once, at load.
 - MLServer ``model-settings.json`` fields fastoip ignores are logged the same way.
@@ -29,11 +29,7 @@ IGNORED_MODEL_SETTINGS = ("parallel_workers", "uri", "warm_workers")
 def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str) -> None:
     """Unsupported naming the first section that would change results or the protocol."""
     reason = ""
-    if config.HasField("sequence_batching"):
-        reason = "sequence_batching (stateful sequences) is not implemented"
-    elif config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
-        reason = "ensembles (platform 'ensemble', ensemble_scheduling) are not implemented"
-    elif config.model_transaction_policy.decoupled:
+    if config.model_transaction_policy.decoupled:
         reason = "model_transaction_policy { decoupled: true } (decoupled responses) is not implemented"
     elif config.batch_input or config.batch_output:
         reason = "batch_input / batch_output are not implemented"
@@ -46,8 +42,6 @@ def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str) -> None:
 def log_ignored_hints(config: mc.ModelConfig, model_name: str, onnx: bool) -> None:
     """Log each tuning hint of ``config`` that fastoip will not act on."""
     ignored = []
-    if config.model_warmup:
-        ignored.append("model_warmup")
     if any(group.HasField("rate_limiter") for group in config.instance_group):
         ignored.append("instance_group.rate_limiter")
     optimization = config.optimization
