@@ -251,6 +251,7 @@ def rss_window_check(samples: list[dict[str, float]], duration: float) -> dict[s
 
 
 def soak(args: argparse.Namespace, run: Run, workdir: Path) -> Run:
+    """Write the repository (unless given), start the server pinned, drive it, and make sure it is gone after."""
     repository = args.repository
     if repository is None:
         repository = workdir / "repository"
@@ -263,7 +264,14 @@ def soak(args: argparse.Namespace, run: Run, workdir: Path) -> Run:
     run.options["server_log"] = str(server.log_path)
     if pin:  # the client processes inherit this
         os.sched_setaffinity(0, {int(cpu) for cpu in args.client_cpus.split(",")})
+    try:
+        return drive(args, run, server)
+    finally:
+        server.kill()  # only if something went wrong: a finished run has seen it exit
 
+
+def drive(args: argparse.Namespace, run: Run, server: Server) -> Run:
+    """Load, reloads and RSS samples for ``args.duration`` seconds, then SIGTERM under load; fills ``run``."""
     ctx = mp.get_context("spawn")  # children start clean: no inherited grpc state
     sigterm_sent, stop, messages = ctx.Event(), ctx.Event(), ctx.Queue()
     clients: list[tuple[str, Any, Any]] = []
