@@ -12,8 +12,9 @@ What it does (issue 15, "Tests and figures"):
   ``mlp``, ``simple``, ``image_identity``) and samples the server's RSS (VmRSS of /proc/PID/status) every
   ``--rss-interval`` seconds;
 * after ``--duration`` seconds sends SIGTERM while the load still runs and counts every request sent against its
-  outcome. A request refused after the listeners closed (gRPC UNAVAILABLE, HTTP 503, connection refused) is
-  retryable, so not lost; CANCELLED, any other error, or no answer at all is lost.
+  outcome. A request refused after the listeners closed (gRPC UNAVAILABLE because the connection or stream was
+  refused, HTTP 503, connection refused) is retryable, so not lost; CANCELLED, an UNAVAILABLE for a call the server
+  had taken (e.g. "Cancelling all calls"), any other error, or no answer at all is lost.
 
 Checks (exit status 1 when one fails, 2 when the server does not start): no error before SIGTERM (wrong answers
 and failed reloads included), every kind answered, the last window's mean RSS within 10% of the second window's
@@ -72,10 +73,10 @@ RSS_BOUND = 0.10
 class Server:
     """``fastoip serve`` in explicit model-control mode on ephemeral ports; ports read from its stdout."""
 
-    def __init__(self, repository: Path, cpus: str | None, log_path: Path) -> None:
+    def __init__(self, repository: Path, cpus: str | None, log_path: Path, extra: list[str]) -> None:
         argv = [sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
                 "--model-control-mode", "explicit", "--load-model", "*", "--grpc-port", "0", "--http-port", "0",
-                "--metrics-port", "-1", "--shutdown-grace", "1"]
+                "--metrics-port", "-1", "--shutdown-grace", "1", *extra]
         if cpus is not None:
             argv = ["taskset", "-c", cpus, *argv]  # taskset execs, so the PID stays the server's
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -123,13 +124,20 @@ class Server:
 # ---------------------------------------------------------------- the clients (one process each)
 
 
+#: gRPC UNAVAILABLE texts of a request the server never took (closed listener, refused stream). Any other UNAVAILABLE,
+#: e.g. "Cancelling all calls" (the server aborting calls it had accepted) or "Socket closed", counts as lost.
+REFUSED_TEXTS = ("failed to connect", "connection refused", "refused_stream", "error code 7")
+
+
 def classify(exc: BaseException) -> tuple[bool, str]:
-    """(retryable refusal?, message) for a failed request."""
+    """(refused before the server took it, so safely retryable?, message) for a failed request."""
     from tritonclient.utils import InferenceServerException
 
     if isinstance(exc, InferenceServerException):
-        status = str(exc.status() or "")
-        return status in ("StatusCode.UNAVAILABLE", "503"), f"{status}: {exc.message()}"[:200]
+        status, text = str(exc.status() or ""), str(exc.message())
+        refused = status == "503" or (
+            status == "StatusCode.UNAVAILABLE" and any(marker in text.lower() for marker in REFUSED_TEXTS))
+        return refused, f"{status}: {text}"[:200]
     return isinstance(exc, ConnectionRefusedError), f"{type(exc).__name__}: {exc}"[:200]
 
 
@@ -259,7 +267,8 @@ def soak(args: argparse.Namespace, run: Run, workdir: Path) -> Run:
                        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.DEVNULL)
     pin = args.pin and shutil.which("taskset") is not None and len(os.sched_getaffinity(0)) >= 2
     run.options["pinned"] = f"server CPUs {args.server_cpus}, clients CPUs {args.client_cpus}" if pin else "no"
-    server = Server(repository, args.server_cpus if pin else None, args.json.with_suffix(".server.log"))
+    server = Server(repository, args.server_cpus if pin else None, args.json.with_suffix(".server.log"),
+                    args.server_arg)
     run.options["server_argv"] = server.argv
     run.options["server_log"] = str(server.log_path)
     if pin:  # the client processes inherit this
@@ -430,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository", type=Path, default=None, help="model repository (default: the demo one)")
     parser.add_argument("--server-cpus", default=os.environ.get("SERVER_CPUS", "0"))
     parser.add_argument("--client-cpus", default=os.environ.get("CLIENT_CPUS", "1"))
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="one more `fastoip serve` argument, after the soak's own (repeatable; "
+                             "e.g. --server-arg=--shutdown-grace=0 to see the shutdown check fail)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin server and clients")
     results = ROOT / "benchmarks" / ".work" / "results"
     parser.add_argument("--json", type=Path, default=results / "soak-latest.json")
