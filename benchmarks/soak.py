@@ -249,8 +249,8 @@ def rss_window_check(samples: list[dict[str, float]], duration: float) -> dict[s
     window = min(60.0, duration / 3)
     second = [s["rss_mib"] for s in samples if window <= s["t"] < 2 * window]
     last = [s["rss_mib"] for s in samples if s["t"] >= duration - window]
-    check: dict[str, Any] = {"name": f"RSS: mean of last {window:g} s within 10% of mean of [{window:g}, "
-                                     f"{2 * window:g}) s", "bound": f"ratio in [{1 - RSS_BOUND:g}, {1 + RSS_BOUND:g}]"}
+    name = f"RSS: mean of last {window:.0f} s within 10% of mean of [{window:.0f}, {2 * window:.0f}) s"
+    check: dict[str, Any] = {"name": name, "bound": f"ratio in [{1 - RSS_BOUND:g}, {1 + RSS_BOUND:g}]"}
     if not second or not last:
         return {**check, "value": "too few samples", "passed": False}
     ratio = statistics.fmean(last) / statistics.fmean(second)
