@@ -11,7 +11,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -27,7 +26,7 @@ def env() -> dict:
 class Fastoip:
     """``fastoip serve`` pinned to SERVER_CPUS on ephemeral ports."""
 
-    def __init__(self, repository: Optional[Path], *args: str, http: bool = False) -> None:
+    def __init__(self, repository: Path | None, *args: str, http: bool = False) -> None:
         argv = ["taskset", "-c", SERVER_CPUS, PYTHON, "-m", "fastoip.cli", "serve", "--grpc-port", "0",
                 "--http-port", "0" if http else "-1", "--metrics-port", "-1", "--log-level", "WARNING", *args]
         if repository is not None:
@@ -68,7 +67,7 @@ class Fastoip:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
 
-    def __enter__(self) -> "Fastoip":
+    def __enter__(self) -> Fastoip:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -56,10 +56,10 @@ def protobuf_path(data: bytes, output_names: tuple[str, ...]) -> bytes:
     req = pb.ModelInferRequest.FromString(data)
     arrays = [
         np.frombuffer(raw, dtype=NUMPY_DTYPES[tensor.datatype]).reshape(tuple(tensor.shape))
-        for tensor, raw in zip(req.inputs, req.raw_input_contents)
+        for tensor, raw in zip(req.inputs, req.raw_input_contents, strict=True)
     ]
     resp = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
-    for name, tensor, array in zip(output_names, req.inputs, arrays):
+    for name, tensor, array in zip(output_names, req.inputs, arrays, strict=True):
         out = resp.outputs.add()
         out.name = name
         out.datatype = tensor.datatype
@@ -72,7 +72,7 @@ def codec_path(data: bytes, output_names: tuple[str, ...]) -> bytes:
     req = decode_infer_request(data)
     outputs = [
         InferOutput(name, tensor.datatype, tensor.shape, tensor.data)
-        for name, tensor in zip(output_names, req.inputs)
+        for name, tensor in zip(output_names, req.inputs, strict=True)
     ]
     return encode_infer_response(
         InferResponse(req.model_name, req.model_version, req.id, None, outputs)
@@ -83,7 +83,7 @@ def protobuf_parse(data: bytes) -> list[np.ndarray]:
     req = pb.ModelInferRequest.FromString(data)
     return [
         np.frombuffer(raw, dtype=NUMPY_DTYPES[tensor.datatype]).reshape(tuple(tensor.shape))
-        for tensor, raw in zip(req.inputs, req.raw_input_contents)
+        for tensor, raw in zip(req.inputs, req.raw_input_contents, strict=True)
     ]
 
 
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, (data, names) in workloads().items():
         check_equivalent(data, names)
         cases = [
-            ("parse+serialise", lambda: protobuf_path(data, names), lambda: codec_path(data, names)),
-            ("parse only", lambda: protobuf_parse(data), lambda: codec_parse(data)),
+            ("parse+serialise", lambda d=data, n=names: protobuf_path(d, n), lambda d=data, n=names: codec_path(d, n)),
+            ("parse only", lambda d=data: protobuf_parse(d), lambda d=data: codec_parse(d)),
         ]
         for what, pb_fn, codec_fn in cases:
             pb_runs, c_runs = time_pair(pb_fn, codec_fn, args.repeat)

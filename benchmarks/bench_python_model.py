@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +82,8 @@ def write_repository(root: Path, instances: int) -> Path:
     py_dir = root / "py_identity"
     (py_dir / "1").mkdir(parents=True)
     (py_dir / "1" / "model.py").write_text(PY_IDENTITY)
-    (py_dir / "config.pbtxt").write_text(CONFIG.format(name="py_identity", backend='backend: "python"', instances=instances))
+    py_config = CONFIG.format(name="py_identity", backend='backend: "python"', instances=instances)
+    (py_dir / "config.pbtxt").write_text(py_config)
     return root
 
 
@@ -118,7 +119,8 @@ class Server:
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
             [*pin(SERVER_CPUS), sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
-             "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING", *extra],
+             "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1",
+             "--log-level", "WARNING", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         self.port = 0
@@ -248,7 +250,7 @@ def drive_h2load(port: int, payload: bytes, concurrency: int, channels: int,
         os.unlink(data_file)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per model")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each measurement")

@@ -1060,8 +1060,9 @@ def render(result: dict) -> str:
     for name, info in result["servers"].items():
         errs = "; ".join(s["error"][:160] for s in info["sessions"] if s.get("error"))
         L.append(f"- **{name}**: {info['note']}" + (f" -- ERROR: {errs}" if errs else ""))
-    L += ["", "| server | transport | model | c | req/s | p50 | p99 | srv CPU% | srv CPU us/req | cli CPU% | other CPU% "
-          "| steal% | verified | server stats |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    L += ["", "| server | transport | model | c | req/s | p50 | p99 | srv CPU% | srv CPU us/req | cli CPU% "
+          "| other CPU% | steal% | verified | server stats |",
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     order = {m: i for i, m in enumerate(ALL_MODELS)}
     for p in sorted(pts, key=lambda p: (order.get(p["model"], 9), p["transport"], p["conc"], -(p.get("rps") or 0))):
         if "rps" not in p:
@@ -1071,7 +1072,8 @@ def render(result: dict) -> str:
         ss = p.get("server_stats") or {}
         sst = ""
         if ss:
-            sst = (f"ok={ss['success']} fail={ss['fail']}" + (" (cancelled at stop)" if 0 < ss["fail"] <= p["conc"] else "")
+            cancelled = " (cancelled at stop)" if 0 < ss["fail"] <= p["conc"] else ""
+            sst = (f"ok={ss['success']} fail={ss['fail']}" + cancelled
                    + (f" avg batch {ss['avg_batch']}" if ss.get("avg_batch") else ""))
         ver = "yes" if p["verified"] else f"NO: {p.get('verify', '')[:100]}"
         if p.get("disturbed"):
@@ -1119,7 +1121,8 @@ def render(result: dict) -> str:
 def host_info() -> dict:
     info = dict(nproc=os.cpu_count(), kernel=platform.release(), python=platform.python_version())
     try:
-        info["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                           if line.startswith("model name"))
     except (OSError, StopIteration):
         info["cpu"] = None
     try:

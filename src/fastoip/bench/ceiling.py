@@ -28,7 +28,6 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
 
 SERVICE = "inference.GRPCInferenceService"
 TRUE = b"\x08\x01"  # {live|ready: true}
@@ -108,7 +107,7 @@ class _HttpFixed(asyncio.Protocol):
     def __init__(self, response: bytes) -> None:
         self.response = response
         self.buf = bytearray()
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         self.transport = transport
@@ -173,7 +172,7 @@ def ceiling_argv(protocol: str, response_file: Path, workers: int = 16) -> list[
     ]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fastoip-ceiling", description=__doc__.split("\n")[0])
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--response", type=Path, required=True, help="file with the response bytes to send")

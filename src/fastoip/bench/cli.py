@@ -18,8 +18,9 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .target import BenchError, Target
 
@@ -177,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 class Settings:
     """The parsed and defaulted command line."""
 
-    target: Optional[Target]
+    target: Target | None
     models: list[str]
     version: str
     protocol: str
@@ -263,13 +264,13 @@ class Run:
             percentile=self.args.percentile,
         )
         self.rows: list[dict] = []
-        self.server_info: Optional[dict] = None
-        self.local_info: Optional[dict] = None
-        self.error: Optional[BenchError] = None
+        self.server_info: dict | None = None
+        self.local_info: dict | None = None
+        self.error: BenchError | None = None
         self.local: Any = None
-        self.client_cpus: Optional[set[int]] = None
-        self.server_cpus: Optional[set[int]] = None
-        self.target: Optional[Target] = settings.target
+        self.client_cpus: set[int] | None = None
+        self.server_cpus: set[int] | None = None
+        self.target: Target | None = settings.target
 
     def note(self, message: str) -> None:
         if not self.args.quiet:
@@ -378,11 +379,11 @@ class Run:
         try:
             placements = regions.placements if regions is not None else [None] * len(tensors)
             if self.target.protocol == "grpc":
-                requests = [encode_grpc(plan, t, p) for t, p in zip(tensors, placements)]
+                requests = [encode_grpc(plan, t, p) for t, p in zip(tensors, placements, strict=True)]
             else:
                 requests = [
                     encode_http(plan, t, self.target.address, self.args.http_binary, p)
-                    for t, p in zip(tensors, placements)
+                    for t, p in zip(tensors, placements, strict=True)
                 ]
             found = probe(
                 self.target,
@@ -461,8 +462,8 @@ class Run:
         target: Target,
         requests: list[bytes],
         check: Any,
-        stats: Optional[Callable],
-        server_cpu: Optional[Callable],
+        stats: Callable | None,
+        server_cpu: Callable | None,
         progress: Any,
     ) -> None:
         from .load import make_generator, resolve_client

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class Sample:
     cpu_ns: int = 0
 
     @staticmethod
-    def merge(samples: list["Sample"]) -> "Sample":
+    def merge(samples: list[Sample]) -> Sample:
         errors: dict[str, int] = {}
         for s in samples:
             for code, n in s.errors.items():
@@ -249,7 +249,7 @@ class GrpcFutureLoad(Generator):
         self._open = False
         self._inflight: set = set()
         self._tls = threading.local()
-        self._backlog: "queue.Queue[Optional[int]]" = queue.Queue()
+        self._backlog: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._ok_lengths = spec.check.lengths
 
@@ -376,13 +376,13 @@ class GrpcAioLoad(LoopThreadGenerator):
 
     def __init__(self, spec: LoadSpec) -> None:
         super().__init__(spec)
-        self._thread: Optional[threading.Thread] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stop_event: Optional[asyncio.Event] = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
         self._running = False
         self._next = 0
         self._ready = threading.Event()
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
 
     # The loop thread -------------------------------------------------------------
     def _run(self, mode: str, level: float) -> None:
@@ -429,7 +429,7 @@ class GrpcAioLoad(LoopThreadGenerator):
         self._next = k + 1 if k + 1 < len(self.spec.requests) else 0
         return self.spec.requests[k]
 
-    def _record(self, t0: int, response: Optional[bytes], code: Optional[str]) -> None:
+    def _record(self, t0: int, response: bytes | None, code: str | None) -> None:
         t1 = now_ns()
         if code is not None:
             self.recorder.error(t1, code)

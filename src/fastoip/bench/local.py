@@ -23,12 +23,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
 
 LISTEN = re.compile(r"(\S+): (grpc|http) listening on (\S+):(\d+)")
 
 
-def cpu_split() -> tuple[Optional[set[int]], Optional[set[int]]]:
+def cpu_split() -> tuple[set[int] | None, set[int] | None]:
     """(server CPUs, client CPUs), or (None, None) when fewer than 2 CPUs are allowed."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
@@ -52,7 +51,7 @@ def pin_current_process(cpus: set[int]) -> None:
             pass
 
 
-def process_cpu_seconds(pid: int) -> Optional[float]:
+def process_cpu_seconds(pid: int) -> float | None:
     """utime + stime of a process (all its threads), from /proc."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -84,11 +83,11 @@ LAUNCHER = (
 class ChildServer:
     """A server child process whose ports are read from its output."""
 
-    def __init__(self, argv: list[str], cpus: Optional[set[int]] = None, want: tuple[str, ...] = ("grpc",)) -> None:
+    def __init__(self, argv: list[str], cpus: set[int] | None = None, want: tuple[str, ...] = ("grpc",)) -> None:
         self.argv = argv
         self.cpus = cpus
         self.want = want
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self._listening = threading.Event()
@@ -98,7 +97,7 @@ class ChildServer:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 120.0) -> "ChildServer":
+    def start(self, timeout: float = 120.0) -> ChildServer:
         cpus = ",".join(str(c) for c in sorted(self.cpus or ()))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, cpus, *self.argv],
@@ -135,10 +134,10 @@ class ChildServer:
     def output(self, last: int = 50) -> str:
         return "\n".join(list(self.lines)[-last:])
 
-    def cpu_seconds(self) -> Optional[float]:
+    def cpu_seconds(self) -> float | None:
         return process_cpu_seconds(self.pid) if self.proc is not None else None
 
-    def stop(self, timeout: float = 20.0) -> Optional[int]:
+    def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, wait ``timeout``, then SIGKILL; returns the exit code."""
         if self.proc is None:
             return None
@@ -152,7 +151,7 @@ class ChildServer:
         return self.proc.returncode
 
 
-def fastoip_server(protocol: str, cpus: Optional[set[int]], log_level: str = "WARNING") -> ChildServer:
+def fastoip_server(protocol: str, cpus: set[int] | None, log_level: str = "WARNING") -> ChildServer:
     """``python -m fastoip.cli serve`` on the built-in demo repository, loopback, ephemeral ports."""
     argv = [
         sys.executable,

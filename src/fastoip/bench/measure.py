@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -46,11 +47,11 @@ class MeasureOptions:
     max_trials: int = 10
     stability_pct: float = 10.0
     #: Stability on this latency percentile instead of the average.
-    percentile: Optional[int] = None
+    percentile: int | None = None
     drain_s: float = 10.0
 
 
-def machine_busy_seconds() -> Optional[float]:
+def machine_busy_seconds() -> float | None:
     """CPU seconds all CPUs spent busy since boot (Linux /proc/stat; None elsewhere)."""
     try:
         with open("/proc/stat") as handle:
@@ -62,17 +63,17 @@ def machine_busy_seconds() -> Optional[float]:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def latency_summary(lat_ns: np.ndarray) -> dict[str, Optional[float]]:
+def latency_summary(lat_ns: np.ndarray) -> dict[str, float | None]:
     """avg and p50/p90/p95/p99 in microseconds (None without samples)."""
     if lat_ns.size == 0:
         return {"avg": None, **{f"p{p}": None for p in PERCENTILES}}
     values = np.percentile(lat_ns, PERCENTILES)
-    summary: dict[str, Optional[float]] = {"avg": float(lat_ns.mean()) / 1e3}
-    summary.update({f"p{p}": float(v) / 1e3 for p, v in zip(PERCENTILES, values)})
+    summary: dict[str, float | None] = {"avg": float(lat_ns.mean()) / 1e3}
+    summary.update({f"p{p}": float(v) / 1e3 for p, v in zip(PERCENTILES, values, strict=True)})
     return summary
 
 
-def stats_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+def stats_delta(before: dict | None, after: dict | None) -> dict | None:
     """Counter differences between two statistics snapshots (see control.STAT_KEYS)."""
     if before is None or after is None:
         return None
@@ -84,7 +85,7 @@ def stats_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]
     return delta
 
 
-def sum_deltas(deltas: list[Optional[dict]]) -> Optional[dict]:
+def sum_deltas(deltas: list[dict | None]) -> dict | None:
     if not deltas or any(d is None for d in deltas):
         return None
     total: dict[str, Any] = {}
@@ -95,12 +96,12 @@ def sum_deltas(deltas: list[Optional[dict]]) -> Optional[dict]:
     return total
 
 
-def server_split(delta: Optional[dict]) -> Optional[dict]:
+def server_split(delta: dict | None) -> dict | None:
     """The server's own view of a window: average µs per request in each stage, batch size."""
     if delta is None:
         return None
 
-    def avg_us(key: str) -> Optional[float]:
+    def avg_us(key: str) -> float | None:
         count, ns = delta[key]
         return ns / count / 1e3 if count > 0 else None
 
@@ -124,9 +125,9 @@ class Window:
     start_ns: int
     end_ns: int
     sample: Sample
-    server: Optional[dict] = None
-    server_cpu_s: Optional[float] = None
-    machine_cpu_s: Optional[float] = None
+    server: dict | None = None
+    server_cpu_s: float | None = None
+    machine_cpu_s: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -140,7 +141,7 @@ class Window:
     def req_per_s(self) -> float:
         return self.successes / self.duration_s if self.duration_s > 0 else 0.0
 
-    def latency_us(self, percentile: Optional[int]) -> Optional[float]:
+    def latency_us(self, percentile: int | None) -> float | None:
         lat = self.sample.lat_ns
         if lat.size == 0:
             return None
@@ -148,7 +149,7 @@ class Window:
         return float(value) / 1e3
 
 
-def is_stable(windows: list[Window], stability_pct: float, percentile: Optional[int]) -> bool:
+def is_stable(windows: list[Window], stability_pct: float, percentile: int | None) -> bool:
     """perf_analyzer's rule on the last 3 windows (module docstring)."""
     if len(windows) < STABLE_WINDOWS:
         return False
@@ -227,9 +228,9 @@ def measure_level(
     level: float,
     batch_size: int,
     options: MeasureOptions,
-    stats: Optional[Callable[[], Optional[dict]]] = None,
-    server_cpu: Optional[Callable[[], Optional[float]]] = None,
-    progress: Optional[Callable[[str, "LevelResult"], None]] = None,
+    stats: Callable[[], dict | None] | None = None,
+    server_cpu: Callable[[], float | None] | None = None,
+    progress: Callable[[str, LevelResult], None] | None = None,
 ) -> LevelResult:
     """Run one level to stability (module docstring); the generator is stopped on return."""
     result = LevelResult(mode, level, batch_size, False, window_ms=options.window_ms)

@@ -18,7 +18,7 @@ Rules:
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class PandasContentType(ContentType):
     def decode_request(self, tensors: list[Tensor], decoded: dict[str, Any]) -> Any:
         pd = pandas()
         columns: dict[str, Any] = {}
-        rows: Optional[int] = None
+        rows: int | None = None
         first_name = ""
         for tensor in tensors:
             count = int(tensor.shape[0]) if len(tensor.shape) else 1
@@ -78,7 +78,7 @@ class PandasContentType(ContentType):
                 columns[tensor.name] = _column(tensor.name, _numpy.decode(tensor), count, pd)
         return pd.DataFrame(columns)
 
-    def split_response(self, value: Any) -> Optional[dict[str, Any]]:
+    def split_response(self, value: Any) -> dict[str, Any] | None:
         if not is_dataframe(value):
             return None
         out: dict[str, Any] = {}
