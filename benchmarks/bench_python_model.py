@@ -74,7 +74,7 @@ def write_repository(root: Path, instances: int) -> Path:
     onnx_dir = root / "identity_fp32"
     (onnx_dir / "1").mkdir(parents=True)
     (onnx_dir / "1" / "model.onnx").write_bytes(
-        build_identity("identity_fp32", TensorProto.FLOAT, [16]).SerializeToString()  # type: ignore[attr-defined]
+        build_identity("identity_fp32", TensorProto.FLOAT, [16]).SerializeToString()
     )
     (onnx_dir / "config.pbtxt").write_text(
         CONFIG.format(name="identity_fp32", backend='platform: "onnxruntime_onnx"', instances=instances)

@@ -24,7 +24,8 @@ from fastoip.bench import BenchError, Target
 from fastoip.bench.cli import main as bench_main
 from fastoip.bench.cli import parse_range
 from fastoip.bench.inputs import encode_grpc, file_requests, make_requests, parse_shape_arg, plan_model
-from fastoip.bench.load import LoadSpec, Sample, make_generator
+from fastoip.bench.generators import make_generator
+from fastoip.bench.load import LoadSpec, Sample
 from fastoip.bench.measure import LevelResult, MeasureOptions, Window, is_stable, latency_summary, measure_level
 from fastoip.bench.report import CSV_COLUMNS, LATENCY_KEYS, compare, validate
 from fastoip.bench.verify import ResponseCheck

@@ -63,11 +63,13 @@ def batchable(method: F) -> F: ...
 def batchable(method: None = None) -> Callable[[F], F]: ...
 
 
-def batchable(method: F | None = None):  # type: ignore[no-untyped-def]
+def batchable(method: F | None = None) -> F | Callable[[F], F]:
     """Mark ``predict`` as taking merged batches (dynamic batcher, ``max_batch_size > 0``)."""
-    if method is None:
-        return lambda m: _mark(m, _BATCHABLE_ATTR, True)
-    return _mark(method, _BATCHABLE_ATTR, True)
+
+    def mark(target: F) -> F:
+        return _mark(target, _BATCHABLE_ATTR, True)
+
+    return mark if method is None else mark(method)
 
 
 def is_batchable(function: Any) -> bool | None:

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .target import BenchError, Target
@@ -466,7 +467,7 @@ class Run:
         server_cpu: Callable | None,
         progress: Any,
     ) -> None:
-        from .load import make_generator, resolve_client
+        from .generators import make_generator, resolve_client
         from .measure import measure_level
         from .procs import ProcessLoad
 
@@ -485,7 +486,7 @@ class Run:
                         self.options,
                         stats,
                         server_cpu,
-                        lambda phase, res, label=label: progress.level(label, phase, res, self.args.percentile),
+                        partial(progress.level, label, percentile=self.args.percentile),
                     )
                 finally:
                     if shared is None:

@@ -21,9 +21,12 @@ import base64
 import http.client
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .target import BenchError, Target
+
+if TYPE_CHECKING:  # grpc is imported by the gRPC client only: an HTTP bench does without it
+    import grpc
 
 SERVICE = "inference.GRPCInferenceService"
 GRPC_OPTIONS = [
@@ -120,7 +123,7 @@ class GrpcControl(ControlClient):
         self.channel = grpc.insecure_channel(target.address, options=GRPC_OPTIONS)
 
     def _call(self, method: str, request: Any, response_type: Any, stage: str) -> Any:
-        fn = self.channel.unary_unary(
+        fn: grpc.UnaryUnaryMultiCallable[bytes, Any] = self.channel.unary_unary(
             f"/{SERVICE}/{method}", request_serializer=None, response_deserializer=response_type.FromString
         )
         try:

@@ -15,7 +15,6 @@ Errors are counted by HTTP status code ("404", "503"), or
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 from .load import LATE_NS, LoadSpec, LoopThreadGenerator, Sample, now_ns, schedule
@@ -126,11 +125,8 @@ class HttpLoad(LoopThreadGenerator):
 
     def __init__(self, spec: LoadSpec) -> None:
         super().__init__(spec)
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._running = False
         self._open = False
         self._next = 0

@@ -86,13 +86,14 @@ def stats_delta(before: dict | None, after: dict | None) -> dict | None:
 
 
 def sum_deltas(deltas: list[dict | None]) -> dict | None:
-    if not deltas or any(d is None for d in deltas):
+    known = [d for d in deltas if d is not None]
+    if not known or len(known) < len(deltas):
         return None
     total: dict[str, Any] = {}
     for key in DURATIONS:
-        total[key] = [sum(d[key][0] for d in deltas), sum(d[key][1] for d in deltas)]  # type: ignore[index]
+        total[key] = [sum(d[key][0] for d in known), sum(d[key][1] for d in known)]
     for key in ("inference_count", "execution_count"):
-        total[key] = sum(d[key] for d in deltas)  # type: ignore[index]
+        total[key] = sum(d[key] for d in known)
     return total
 
 
@@ -155,12 +156,12 @@ def is_stable(windows: list[Window], stability_pct: float, percentile: int | Non
         return False
     last = windows[-STABLE_WINDOWS:]
     throughput = [w.req_per_s for w in last]
-    latency = [w.latency_us(percentile) for w in last]
-    if any(t <= 0 for t in throughput) or any(v is None for v in latency):
+    latency = [v for w in last if (v := w.latency_us(percentile)) is not None]
+    if any(t <= 0 for t in throughput) or len(latency) < len(last):
         return False
     for values in (throughput, latency):
-        mean = sum(values) / len(values)  # type: ignore[arg-type]
-        if any(abs(v - mean) > mean * stability_pct / 100.0 for v in values):  # type: ignore[operator]
+        mean = sum(values) / len(values)
+        if any(abs(v - mean) > mean * stability_pct / 100.0 for v in values):
             return False
     return True
 
@@ -189,12 +190,14 @@ class LevelResult:
         sample, duration = self.merged()
         requests = int(sample.lat_ns.size)
         req_per_s = requests / duration if duration > 0 else 0.0
-        server_cpu = [w.server_cpu_s for w in self.reported]
-        machine_cpu = [w.machine_cpu_s for w in self.reported]
+        server_cpu = [c for w in self.reported if (c := w.server_cpu_s) is not None]
+        machine_cpu = [c for w in self.reported if (c := w.machine_cpu_s) is not None]
+        # a CPU figure only when every reported window has it
+        server_known = bool(server_cpu) and len(server_cpu) == len(self.reported)
         other = None
-        if duration > 0 and machine_cpu and all(c is not None for c in machine_cpu):
-            used = sample.cpu_ns / 1e9 + sum(c for c in server_cpu if c is not None)
-            other = max(0.0, 100.0 * (sum(machine_cpu) - used) / duration)  # type: ignore[arg-type]
+        if duration > 0 and machine_cpu and len(machine_cpu) == len(self.reported):
+            used = sample.cpu_ns / 1e9 + sum(server_cpu)
+            other = max(0.0, 100.0 * (sum(machine_cpu) - used) / duration)
         return {
             "mode": self.mode,
             "concurrency": int(self.level) if self.mode == "concurrency" else None,
@@ -213,8 +216,8 @@ class LevelResult:
             "late_sends": sample.late,
             "client_cpu_percent": 100.0 * sample.cpu_ns / 1e9 / duration if duration > 0 else None,
             "server_cpu_percent": (
-                100.0 * sum(server_cpu) / duration  # type: ignore[arg-type]
-                if duration > 0 and server_cpu and all(c is not None for c in server_cpu)
+                100.0 * sum(server_cpu) / duration
+                if duration > 0 and server_known
                 else None
             ),
             "other_cpu_percent": other,

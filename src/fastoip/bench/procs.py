@@ -18,7 +18,8 @@ import multiprocessing
 import os
 from typing import Any
 
-from .load import Generator, LoadSpec, Sample, make_generator
+from .generators import make_generator, resolve_client
+from .load import Generator, LoadSpec, Sample
 from .target import BenchError
 
 
@@ -100,8 +101,6 @@ class ProcessLoad(Generator):
         return value
 
     def _start(self, mode: str, shares: list[float]) -> None:
-        from .load import resolve_client
-
         client = resolve_client(self.spec, mode, sum(shares))
         if client in ("http", "aio-stream"):
             client = self.spec.client

@@ -56,7 +56,10 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn: `fastoip bench --json` does without
+    from rich.console import JustifyMethod
 
 SCHEMA_VERSION = 1
 #: Above this other_cpu_percent a level is flagged as measured on a busy machine.
@@ -253,7 +256,7 @@ def render_table(document: dict, out: TextIO | None = None) -> None:
         "errors",
         "stable",
     ):
-        justify = "left" if name in ("model", "target", "level", "errors", "stable") else "right"
+        justify: JustifyMethod = "left" if name in ("model", "target", "level", "errors", "stable") else "right"
         table.add_column(name, justify=justify, no_wrap=True)
     table.add_column("cli cpu%", justify="right")
     if show_cpu:

@@ -124,7 +124,9 @@ def register_content_type(name: str, *, replace: bool = False) -> Callable[[C], 
 def register_content_type(name: ContentType | type, *, replace: bool = False) -> Any: ...
 
 
-def register_content_type(name, codec=None, *, replace=False):  # type: ignore[no-untyped-def]
+def register_content_type(
+    name: str | ContentType | type, codec: ContentType | type | None = None, *, replace: bool = False
+) -> Any:
     """Add a content type to the registry.
 
     Forms::
@@ -139,14 +141,15 @@ def register_content_type(name, codec=None, *, replace=False):  # type: ignore[n
     codec taking it is the same class re-created by a model reload (same
     module and qualified name).
     """
-    if codec is None and isinstance(name, str):
-
-        def decorator(target):  # type: ignore[no-untyped-def]
-            register_content_type(name, target, replace=replace)
-            return target
-
-        return decorator
     if codec is None:
+        if isinstance(name, str):
+            label = name
+
+            def decorator(target: C) -> C:
+                register_content_type(label, target, replace=replace)
+                return target
+
+            return decorator
         codec, name = name, getattr(name, "name", "")
     instance = codec() if isinstance(codec, type) else codec
     if not isinstance(instance, ContentType):

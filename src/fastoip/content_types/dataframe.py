@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ INSTALL_HINT = "pip install fastoip[pandas]"
 _numpy = NumpyContentType()
 
 
-def pandas():  # type: ignore[no-untyped-def]
+def pandas() -> ModuleType:
     """The pandas module, or Unsupported saying how to install it."""
     try:
         import pandas as pd
