@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from fastoip.launcher import ChildProcess, parse_cpu_list
+
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 MODELS = ("identity_fp32", "py_identity")
 
@@ -111,40 +113,22 @@ def pin(cpus: str) -> list[str]:
     return []
 
 
-class Server:
-    """``fastoip serve`` on a free loopback port."""
+class Server(ChildProcess):
+    """``fastoip serve`` on a free loopback port (the shared launcher), pinned to SERVER_CPUS where there are two."""
 
     def __init__(self, repository: Path, extra: list[str]) -> None:
         src = str(Path(__file__).resolve().parents[1] / "src")
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(
-            [*pin(SERVER_CPUS), sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
-             "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1",
-             "--log-level", "WARNING", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )
-        self.port = 0
-        deadline = time.monotonic() + 120
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            found = re.search(r"grpc listening on [\d.]+:(\d+)", line)
-            if found:
-                self.port = int(found.group(1))
-                break
-            if time.monotonic() > deadline:
-                break
-        if not self.port:
-            self.stop()
-            raise RuntimeError("fastoip did not start")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        argv = [sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
+                "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1",
+                "--log-level", "WARNING", *extra]
+        cpus = parse_cpu_list(SERVER_CPUS) if (os.cpu_count() or 1) > 1 else None
+        super().__init__(argv, env=env, cpus=cpus, keep_lines=200)
+        self.start(timeout=120)
+        self.port = self.ports["grpc"]
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def stop(self, timeout: float = 60.0, *, first_signal: int = signal.SIGTERM, group: bool = False) -> int | None:
+        return super().stop(timeout, first_signal=first_signal, group=group)
 
 
 def check_model(port: int, model: str, data: np.ndarray) -> None:

@@ -81,6 +81,9 @@ def _repo_root() -> str:
 
 
 REPO = _repo_root()
+sys.path.insert(0, os.path.join(REPO, "src"))  # the shared launcher (standard library only) from fastoip's tree
+from fastoip.launcher import ChildProcess, parse_cpu_list  # noqa: E402
+
 PEERS = os.path.abspath(os.environ.get("FASTOIP_PEERS_DIR") or os.path.join(REPO, "..", "shared", "peers"))
 FASTOIP_PY = os.path.join(REPO, ".venv", "bin", "python")
 VENV = {k: os.path.join(WORK, f"venv-{k}", "bin", "python") for k in ("base", "mlserver", "triton", "kserve")}
@@ -313,7 +316,8 @@ def port_free(port: int) -> bool:
 
 
 class Server:
-    """A server process in its own session (pid == pgid), pinned with taskset."""
+    """A server process in its own session (pid == pgid), pinned to `cpus`: the shared launcher
+    (fastoip.launcher) starts and stops it; its output goes to LOGS/<name>.log."""
 
     def __init__(self, spec: dict, cpus: str):
         self.spec = spec
@@ -324,36 +328,22 @@ class Server:
         if spec.get("pre"):
             run_checked(spec["pre"], 120, env=peers_env())
         self.log_path = os.path.join(LOGS, f"{self.name}.log")
-        self.log = open(self.log_path, "w")
-        self.argv = ["taskset", "-c", cpus] + spec["argv"]
+        self.argv = spec["argv"]
         self.started = time.time()
-        self.p = subprocess.Popen(self.argv, cwd=spec.get("cwd"), env=spec["env"], stdout=self.log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        # readiness is wait_ready's (gRPC/HTTP probes), not the listening lines: peers print none
+        self.child = ChildProcess(self.argv, want=(), env=spec["env"], cwd=spec.get("cwd"),
+                                  cpus=parse_cpu_list(cpus), log_path=self.log_path, keep_lines=1000)
+        self.child.start()
+        self.p = self.child.proc
 
     def alive(self) -> bool:
-        return self.p.poll() is None
+        return self.child.alive()
 
     def group_pids(self) -> list:
-        pids = []
-        for d in glob.glob("/proc/[0-9]*"):
-            try:
-                st = open(d + "/stat").read()
-                if int(st[st.rindex(")") + 2:].split()[2]) == self.p.pid:
-                    pids.append(int(d[6:]))
-            except (OSError, ValueError, IndexError):
-                pass
-        return pids
+        return self.child.group_pids()
 
     def cpu_seconds(self) -> float:
-        tot = 0
-        for pid in self.group_pids():
-            try:
-                st = open(f"/proc/{pid}/stat").read()
-                f = st[st.rindex(")") + 2:].split()
-                tot += int(f[11]) + int(f[12])
-            except (OSError, ValueError, IndexError):
-                pass
-        return tot / CLK
+        return self.child.cpu_seconds(group=True) or 0.0
 
     def affinity(self) -> list:
         out = set()
@@ -384,37 +374,8 @@ class Server:
         return round(time.time() - t0, 1)
 
     def stop(self, grace=20.0) -> list:
-        """SIGINT to the server, then SIGTERM, then SIGKILL to its process group."""
-        for sig, to_group, wait in ((signal.SIGINT, False, grace), (signal.SIGTERM, True, 10)):
-            if self.p.poll() is not None:
-                break
-            try:
-                if to_group:
-                    os.killpg(self.p.pid, sig)
-                else:
-                    os.kill(self.p.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                self.p.wait(wait)
-            except subprocess.TimeoutExpired:
-                pass
-        t0 = time.time()
-        while self.group_pids() and time.time() - t0 < 5:  # children still shutting down
-            time.sleep(0.25)
-        if self.group_pids():
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.p.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        t0 = time.time()
-        while self.group_pids() and time.time() - t0 < 10:
-            time.sleep(0.2)
-        self.log.close()
+        """SIGINT to the server, then SIGTERM, then SIGKILL to its process group; returns the pids left."""
+        self.child.stop(grace, first_signal=signal.SIGINT, group=True)
         return self.group_pids()
 
 
@@ -828,7 +789,7 @@ def bench_session(name: str, plan: list, args, result: dict) -> None:
         return
     LIVE_SERVERS.append(server)
     sess["argv"] = " ".join(server.argv)
-    log(f"[{name}] started pid {server.p.pid}: {sess['argv']}")
+    log(f"[{name}] started pid {server.p.pid} on CPUs {args.server_cpus}: {sess['argv']}")
     try:
         sess["ready_s"] = wait_ready(server, spec, args.ready_timeout)
         sess["affinity"] = server.affinity()

@@ -23,8 +23,8 @@ import pytest
 from fastoip.bench import BenchError, Target
 from fastoip.bench.cli import main as bench_main
 from fastoip.bench.cli import parse_range
-from fastoip.bench.inputs import encode_grpc, file_requests, make_requests, parse_shape_arg, plan_model
 from fastoip.bench.generators import make_generator
+from fastoip.bench.inputs import encode_grpc, file_requests, make_requests, parse_shape_arg, plan_model
 from fastoip.bench.load import LoadSpec, Sample
 from fastoip.bench.measure import LevelResult, MeasureOptions, Window, is_stable, latency_summary, measure_level
 from fastoip.bench.report import CSV_COLUMNS, LATENCY_KEYS, compare, validate
@@ -134,7 +134,7 @@ def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None: 
         assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
         csv_rows = list(reader)
     assert len(csv_rows) == 2
-    for csv_row, row in zip(csv_rows, rows):
+    for csv_row, row in zip(csv_rows, rows, strict=True):
         assert int(csv_row["concurrency"]) == row["concurrency"]
         assert float(csv_row["throughput_infer_per_s"]) == pytest.approx(row["throughput_infer_per_s"])
         assert float(csv_row["latency_p99_us"]) >= float(csv_row["latency_p50_us"]) > 0
