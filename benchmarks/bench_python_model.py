@@ -147,7 +147,7 @@ def drive_grpc(port: int, payload: bytes, expected: bytes, concurrency: int, cha
     """Closed loop: ``concurrency`` requests always outstanding, re-sent from each completion callback."""
     import grpc
 
-    stubs = []
+    stubs: list[grpc.UnaryUnaryMultiCallable[bytes, bytes]] = []
     for index in range(channels):
         channel = grpc.insecure_channel(
             f"127.0.0.1:{port}",

@@ -59,8 +59,10 @@ def h2load(target: str, seconds: int, connections: int = 64) -> dict:
             "-H", "content-type: application/grpc", "-H", "te: trailers",
             f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
     text = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
-    rps = float(re.search(r"([\d.]+) req/s", text).group(1))
-    done = int(re.search(r"(\d+) done", text).group(1))
+    rate, finished = re.search(r"([\d.]+) req/s", text), re.search(r"(\d+) done", text)
+    if rate is None or finished is None:
+        raise RuntimeError(f"h2load printed no summary:\n{text}")
+    rps, done = float(rate.group(1)), int(finished.group(1))
     # Every successful answer carries exactly one framed response in DATA; errors are trailers-only.
     data = re.search(r"traffic: .*?\(([\d]+)\) data", text)
     ok = data is not None and int(data.group(1)) == done * response_size

@@ -65,8 +65,14 @@ import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from types import FrameType  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def _repo_root() -> str:
@@ -118,21 +124,21 @@ FASTOIP_CONFIGS = {
 }
 
 
-def run_checked(argv, timeout, env=None, cwd=None):
+def run_checked(argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | None = None) -> str:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     return r.stdout
 
 
-def peers_env():
+def peers_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env["PEERS_WORK"] = WORK
     return env
 
 
-def prepare(args) -> None:
+def prepare(args: argparse.Namespace) -> None:
     """Models, payloads, binary HTTP bodies and fastoip repositories (idempotent)."""
     for d in (RESULTS, LOGS, TMP, REPOS, BIN_PAYLOADS):
         os.makedirs(d, exist_ok=True)
@@ -198,7 +204,7 @@ def fastoip_repo(name: str, configs: dict) -> str:
     return root
 
 
-def write_fastoip_repos(args) -> None:
+def write_fastoip_repos(args: argparse.Namespace) -> None:
     delay = args.mlp_queue_delay_us
     batched = FASTOIP_CONFIGS["mlp-batch"].replace("DELAY", str(delay))
     # std: what `fastoip serve` with the demo repository would configure
@@ -242,14 +248,14 @@ SERVER_KINDS = {
 PEER_VENV = {"kserve": "kserve", "mlserver": "mlserver", "pytriton": "triton"}
 
 
-def fastoip_env():
+def fastoip_env() -> dict[str, str]:
     env = dict(os.environ)
     src = os.path.join(REPO, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def server_spec(name: str, models: list, args, http: bool) -> dict:
+def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bool) -> dict[str, Any]:
     """How to start server `name` serving `models`: argv, env, ports, note."""
     variant = args.variants.get(name)
     kind = "fastoip" if variant is not None else SERVER_KINDS[name]
@@ -334,6 +340,7 @@ class Server:
         self.child = ChildProcess(self.argv, want=(), env=spec["env"], cwd=spec.get("cwd"),
                                   cpus=parse_cpu_list(cpus), log_path=self.log_path, keep_lines=1000)
         self.child.start()
+        assert self.child.proc is not None
         self.p = self.child.proc
 
     def alive(self) -> bool:
@@ -354,7 +361,7 @@ class Server:
                 pass
         return sorted(out)
 
-    def log_tail(self, n=1500) -> str:
+    def log_tail(self, n: int = 1500) -> str:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, 2)
@@ -363,7 +370,7 @@ class Server:
         except OSError:
             return ""
 
-    def wait_idle(self, max_s=60.0, below=0.15, step=0.5) -> float:
+    def wait_idle(self, max_s: float = 60.0, below: float = 0.15, step: float = 0.5) -> float:
         """Wait until the server burns less than `below` of a core (a backlog drained)."""
         t0 = time.time()
         while time.time() - t0 < max_s:
@@ -373,7 +380,7 @@ class Server:
                 break
         return round(time.time() - t0, 1)
 
-    def stop(self, grace=20.0) -> list:
+    def stop(self, grace: float = 20.0) -> list[int]:
         """SIGINT to the server, then SIGTERM, then SIGKILL to its process group; returns the pids left."""
         self.child.stop(grace, first_signal=signal.SIGINT, group=True)
         return self.group_pids()
@@ -383,7 +390,7 @@ LIVE_SERVERS: list = []
 
 
 # ===================================================================== clients
-def grpc_channel(target: str):
+def grpc_channel(target: str) -> grpc.Channel:
     import grpc
     return grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", MAX_MSG),
                                                   ("grpc.max_send_message_length", MAX_MSG),
@@ -423,7 +430,8 @@ def wait_ready(server: Server, spec: dict, timeout: float) -> float:
     raise RuntimeError(f"{server.name} not ready after {timeout}s ({last}):\n{server.log_tail()}")
 
 
-def http_raw(hostport: str, method: str, path: str, body: bytes = b"", headers=None, timeout=30.0):
+def http_raw(hostport: str, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+             timeout: float = 30.0) -> tuple[int, dict[str, str], bytes, int | None]:
     """One HTTP/1.1 exchange on a fresh socket.  Returns (status, headers, body, bytes on the wire)."""
     host, port = hostport.rsplit(":", 1)
     lines = [f"{method} {path} HTTP/1.1", f"Host: {hostport}"]
@@ -477,7 +485,7 @@ def expected_outputs(model: str) -> dict:
     return {k[4:]: z[k] for k in z.files if k.startswith("out:")}
 
 
-def compare(got: dict, exp: dict):
+def compare(got: dict[str, np.ndarray], exp: dict[str, np.ndarray]) -> str | None:
     for name, e in exp.items():
         if name not in got:
             return f"missing output {name} (got {sorted(got)})"
@@ -529,13 +537,14 @@ def probe(spec: dict, model: str, transport: str, n: int = 3) -> dict:
     """Send the exact bytes the load generator will send; check the tensors; learn the
     response size on the wire (for the byte accounting of the load run)."""
     exp = expected_outputs(model)
-    sizes = set()
+    sizes: set[int | None] = set()  # None: an HTTP answer whose wire size is not checked (chunked)
     try:
         if transport == "grpc":
             import grpc
             ch = grpc_channel(f"127.0.0.1:{spec['grpc']}")
             try:
-                call = ch.unary_unary(GRPC_PATH, request_serializer=None, response_deserializer=None)
+                call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+                    GRPC_PATH, request_serializer=None, response_deserializer=None)
                 msg = open(os.path.join(PAYLOADS, f"{model}.b1.pb"), "rb").read()
                 for _ in range(n):
                     raw = call(msg, timeout=60)
@@ -563,7 +572,7 @@ def probe(spec: dict, model: str, transport: str, n: int = 3) -> dict:
         return dict(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
 
 
-def body_for(model: str, transport: str):
+def body_for(model: str, transport: str) -> tuple[str, dict[str, str]]:
     """(body file, extra headers) for an HTTP transport: http = V2 JSON, http-bin = binary extension."""
     if transport == "http-bin":
         path = os.path.join(BIN_PAYLOADS, f"{model}.b1.bin")
@@ -573,7 +582,7 @@ def body_for(model: str, transport: str):
     return os.path.join(PAYLOADS, f"{model}.b1.json"), {"Content-Type": "application/json"}
 
 
-def model_stats(spec: dict, model: str):
+def model_stats(spec: dict[str, Any], model: str) -> dict[str, Any] | None:
     """Server-side counters via gRPC ModelStatistics (fastoip, Triton); None if not offered."""
     if not spec.get("stats"):
         return None
@@ -616,7 +625,7 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_bounded(argv, timeout):
+def run_bounded(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """subprocess.run for the load generators: own session, killed as a group on timeout,
     Ctrl-C or --deadline, so no h2load/wrk outlives the driver."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -632,7 +641,7 @@ def run_bounded(argv, timeout):
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
-def pctl(vals, q):
+def pctl(vals: Sequence[float], q: float) -> float | None:
     return float(np.percentile(vals, q)) if len(vals) else None
 
 
@@ -693,7 +702,7 @@ def run_wrk(target: str, model: str, transport: str, conc: int, duration: int, c
     return res
 
 
-def verify(r: dict, pr: dict, transport: str, conc: int):
+def verify(r: dict[str, Any], pr: dict[str, Any], transport: str, conc: int) -> tuple[bool, str]:
     """Did every counted request succeed?  gRPC: h2load says 200 even for grpc-status != 0,
     but an error answer is trailers-only (no DATA), so DATA bytes must be done x the framed
     response size (+ at most the responses in flight when h2load stopped).  HTTP: no
@@ -727,7 +736,8 @@ def verify(r: dict, pr: dict, transport: str, conc: int):
     return True, "no errors (response size not checked)"
 
 
-def measure(server: Server, spec: dict, model: str, transport: str, conc: int, pr: dict, args) -> dict:
+def measure(server: Server, spec: dict[str, Any], model: str, transport: str, conc: int, pr: dict[str, Any],
+            args: argparse.Namespace) -> dict[str, Any]:
     idle = server.wait_idle()
     st0 = model_stats(spec, model)
     s0, c0, snap0, steal0 = server.cpu_seconds(), children_cpu(), proc_ticks(), steal_ticks()
@@ -769,13 +779,13 @@ def measure(server: Server, spec: dict, model: str, transport: str, conc: int, p
     return r
 
 
-def bench_session(name: str, plan: list, args, result: dict) -> None:
+def bench_session(name: str, plan: list[Any], args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Start server `name`, measure every (model, transport, [conc]) of `plan`, stop it."""
     models = sorted({m for m, _, _ in plan}, key=ALL_MODELS.index)
     http = any(t != "grpc" for _, t, _ in plan)
     spec = server_spec(name, models, args, http)
     info = result["servers"].setdefault(name, dict(note=spec["note"], sessions=[]))
-    sess = dict(models=models)
+    sess: dict[str, Any] = dict(models=models)
     info["sessions"].append(sess)
     try:
         server = Server(spec, args.server_cpus)
@@ -863,7 +873,7 @@ def print_point(r: dict) -> None:
 PEER_SERVERS = {"kserve", "mlserver", "mlserver-ab", "pytriton", "pytriton-db"}
 
 
-def suite_plan(args) -> dict:
+def suite_plan(args: argparse.Namespace) -> dict[str, Any]:
     """suite -> dict(entries=[(server, models, transports)], subjects, targets, default models/conc)."""
     return {
         "grpc-e2e": dict(
@@ -893,7 +903,7 @@ def suite_plan(args) -> dict:
     }
 
 
-def build_sessions(suite: str, args) -> tuple:
+def build_sessions(suite: str, args: argparse.Namespace) -> tuple[Any, ...]:
     sp = suite_plan(args)[suite]
     concs = args.conc or sp["conc"]
     models = args.models or sp["models"]
@@ -938,20 +948,20 @@ def build_sessions(suite: str, args) -> tuple:
 
 
 # ===================================================================== report
-def fmt_ms(us) -> str:
+def fmt_ms(us: float | None) -> str:
     if us is None:
         return "-"
     return f"{us / 1000:.2f}" if us < 100000 else f"{us / 1000:.0f}"
 
 
-def find(points, server, model, transport, conc):
+def find(points: list[dict[str, Any]], server: str, model: str, transport: str, conc: int) -> dict[str, Any] | None:
     for p in points:
         if (p["server"], p["model"], p["transport"], p["conc"]) == (server, model, transport, conc) and "rps" in p:
             return p
     return None
 
 
-def ratio_str(a, b, metric="rps") -> str:
+def ratio_str(a: dict[str, Any] | None, b: dict[str, Any] | None, metric: str = "rps") -> str:
     if metric == "cpu":
         if not a or not b or not a.get("server_cpu_us_per_req") or not b.get("server_cpu_us_per_req"):
             return "-"
@@ -1079,8 +1089,8 @@ def render(result: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def host_info() -> dict:
-    info = dict(nproc=os.cpu_count(), kernel=platform.release(), python=platform.python_version())
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = dict(nproc=os.cpu_count(), kernel=platform.release(), python=platform.python_version())
     try:
         info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                            if line.startswith("model name"))
@@ -1213,10 +1223,10 @@ def main() -> int:
     except (OSError, ValueError):
         pass
 
-    def on_signal(signum, frame):  # noqa: ARG001
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    def on_alarm(signum, frame):  # noqa: ARG001
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
         raise Deadline(f"--deadline {args.deadline}s reached")
 
     signal.signal(signal.SIGTERM, on_signal)

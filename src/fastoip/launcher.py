@@ -34,7 +34,9 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
+
+_Child = TypeVar("_Child", bound="ChildProcess")
 
 #: ``<name>: <kind> listening on <host>:<port>``; groups: name, kind, host, port.
 LISTEN_LINE = re.compile(r"(\S+): (grpc|http|metrics) listening on (\S+):(\d+)")
@@ -139,7 +141,7 @@ class ChildProcess:
             raise RuntimeError("the child process was not started")
         return self.proc.pid
 
-    def spawn(self) -> ChildProcess:
+    def spawn(self: _Child) -> _Child:
         """Start the child; do not wait for anything."""
         if self.proc is not None:
             raise RuntimeError("the child process was already started")
@@ -163,7 +165,7 @@ class ChildProcess:
         self._pump_thread.start()
         return self
 
-    def start(self, timeout: float = 60.0) -> ChildProcess:
+    def start(self: _Child, timeout: float = 60.0) -> _Child:
         """Start the child and wait (at most ``timeout`` s) until it listens on every kind in ``want``."""
         self.spawn()
         if self.want:
@@ -295,7 +297,7 @@ class ChildProcess:
         while self.group_pids() and time.monotonic() < deadline:
             time.sleep(0.1)
 
-    def __enter__(self) -> ChildProcess:
+    def __enter__(self: _Child) -> _Child:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc: object) -> None:
