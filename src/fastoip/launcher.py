@@ -41,10 +41,13 @@ _Child = TypeVar("_Child", bound="ChildProcess")
 #: ``<name>: <kind> listening on <host>:<port>``; groups: name, kind, host, port.
 LISTEN_LINE = re.compile(r"(\S+): (grpc|http|metrics) listening on (\S+):(\d+)")
 
-#: Runs in the child before the server (argv: CPU list, then the server's argv): pin, ask for SIGTERM when the
-#: parent dies (both survive execve), then exec the server in place.
+#: Runs in the child before the server (argv: CPU list, PDEATHSIG flag, then the server's argv): pin, ask for
+#: SIGTERM when the parent dies, give SIGINT back its default action (a shell running the parent in the background
+#: ignores it, and an ignored signal stays ignored across exec: the lab's first stop signal would be lost), then
+#: exec the server in place. All three survive execve.
 TRAMPOLINE = (
-    "import ctypes, os, sys\n"
+    "import ctypes, os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
     "cpus = [int(c) for c in sys.argv[1].split(',') if c]\n"
     "if cpus:\n"
     "    os.sched_setaffinity(0, cpus)\n"
