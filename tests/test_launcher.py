@@ -68,8 +68,8 @@ def test_sigterm_then_sigkill_for_a_child_that_ignores_sigterm() -> None:
 def test_first_signal_is_configurable() -> None:
     code = (
         "import time\n"
-        "print('x: grpc listening on 127.0.0.1:1', flush=True)\n"
-        "try:\n"
+        "try:  # from before the listening line: the SIGINT may come as soon as it is out\n"
+        "    print('x: grpc listening on 127.0.0.1:1', flush=True)\n"
         "    time.sleep(600)\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
