@@ -4,48 +4,39 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))  # the launcher, also when this runs outside fastoip's venv
+from fastoip.launcher import ChildProcess, parse_cpu_list  # noqa: E402
+
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 SERVER_CPUS = os.environ.get("SERVER_CPUS", "0")
 CLIENT_CPUS = os.environ.get("CLIENT_CPUS", "1")
-LISTEN = re.compile(r"fastoip: (grpc|http) listening on [\d.]+:(\d+)")
 
 
 def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
-class Fastoip:
-    """``fastoip serve`` pinned to SERVER_CPUS on ephemeral ports."""
+class Fastoip(ChildProcess):
+    """``fastoip serve`` pinned to SERVER_CPUS on ephemeral ports, started by the shared launcher; its output goes to
+    a temporary log file."""
 
-    def __init__(self, repository: Optional[Path], *args: str, http: bool = False) -> None:
-        argv = ["taskset", "-c", SERVER_CPUS, PYTHON, "-m", "fastoip.cli", "serve", "--grpc-port", "0",
-                "--http-port", "0" if http else "-1", "--metrics-port", "-1", "--log-level", "WARNING", *args]
+    def __init__(self, repository: Path | None, *args: str, http: bool = False) -> None:
+        argv = [PYTHON, "-m", "fastoip.cli", "serve", "--grpc-port", "0", "--http-port", "0" if http else "-1",
+                "--metrics-port", "-1", "--log-level", "WARNING", *args]
         if repository is not None:
             argv += ["--model-repository", str(repository)]
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="fastoip-bench-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env(), start_new_session=True)
-        self.ports: dict[str, int] = {}
-        deadline = time.monotonic() + 120
-        want = {"grpc", "http"} if http else {"grpc"}
-        while time.monotonic() < deadline and set(self.ports) != want:
-            if self.proc.poll() is not None:
-                raise RuntimeError("fastoip exited:\n" + Path(self.log.name).read_text())
-            for match in LISTEN.finditer(Path(self.log.name).read_text()):
-                self.ports[match.group(1)] = int(match.group(2))
-            time.sleep(0.1)
-        if set(self.ports) != want:
-            self.stop()
-            raise RuntimeError("fastoip did not start:\n" + Path(self.log.name).read_text())
+        log = tempfile.NamedTemporaryFile("w+", prefix="fastoip-bench-", suffix=".log", delete=False)
+        log.close()
+        super().__init__(argv, want=("grpc", "http") if http else ("grpc",), env=env(),
+                         cpus=parse_cpu_list(SERVER_CPUS), log_path=log.name)
+        self.start(timeout=120)
 
     @property
     def grpc(self) -> str:
@@ -55,24 +46,8 @@ class Fastoip:
     def http(self) -> str:
         return f"127.0.0.1:{self.ports['http']}"
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-    def __enter__(self) -> "Fastoip":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def stop(self, timeout: float = 30.0, *, first_signal: int = signal.SIGTERM, group: bool = True) -> int | None:
+        return super().stop(timeout, first_signal=first_signal, group=group)  # the server and what it started
 
 
 def fastoip_bench(url: str, *args: str, timeout: float = 600) -> dict:

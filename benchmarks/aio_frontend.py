@@ -30,7 +30,9 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -51,7 +53,7 @@ def _status(error: InferenceError) -> grpc.StatusCode:
 def build_handler(core: Core) -> grpc.GenericRpcHandler:
     frontend = GrpcService(core)
 
-    async def model_infer(request, context):  # type: ignore[no-untyped-def]
+    async def model_infer(request: Any, context: grpc.aio.ServicerContext) -> Any:  # InferRequest | DecodeFailure
         if type(request) is DecodeFailure:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ModelInferRequest: {request.message}")
         remaining = context.time_remaining()
@@ -61,9 +63,9 @@ def build_handler(core: Core) -> grpc.GenericRpcHandler:
         except InferenceError as exc:
             await context.abort(_status(exc), exc.message)
 
-    def unary(method):  # type: ignore[no-untyped-def]
+    def unary(method: Callable[[Any], Any]) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
         # GrpcService's methods are cheap dictionary lookups on the Core: run them inline.
-        async def handler(request, context):  # type: ignore[no-untyped-def]
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return method(request)
             except InferenceError as exc:
@@ -71,7 +73,7 @@ def build_handler(core: Core) -> grpc.GenericRpcHandler:
 
         return handler
 
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "ModelInfer": grpc.unary_unary_rpc_method_handler(
             model_infer,
             request_deserializer=decode_request,

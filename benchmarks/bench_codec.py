@@ -28,6 +28,8 @@ import platform
 import statistics
 import sys
 import timeit
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from google.protobuf.internal import api_implementation
@@ -56,10 +58,10 @@ def protobuf_path(data: bytes, output_names: tuple[str, ...]) -> bytes:
     req = pb.ModelInferRequest.FromString(data)
     arrays = [
         np.frombuffer(raw, dtype=NUMPY_DTYPES[tensor.datatype]).reshape(tuple(tensor.shape))
-        for tensor, raw in zip(req.inputs, req.raw_input_contents)
+        for tensor, raw in zip(req.inputs, req.raw_input_contents, strict=True)
     ]
     resp = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
-    for name, tensor, array in zip(output_names, req.inputs, arrays):
+    for name, tensor, array in zip(output_names, req.inputs, arrays, strict=True):
         out = resp.outputs.add()
         out.name = name
         out.datatype = tensor.datatype
@@ -72,7 +74,7 @@ def codec_path(data: bytes, output_names: tuple[str, ...]) -> bytes:
     req = decode_infer_request(data)
     outputs = [
         InferOutput(name, tensor.datatype, tensor.shape, tensor.data)
-        for name, tensor in zip(output_names, req.inputs)
+        for name, tensor in zip(output_names, req.inputs, strict=True)
     ]
     return encode_infer_response(
         InferResponse(req.model_name, req.model_version, req.id, None, outputs)
@@ -83,21 +85,23 @@ def protobuf_parse(data: bytes) -> list[np.ndarray]:
     req = pb.ModelInferRequest.FromString(data)
     return [
         np.frombuffer(raw, dtype=NUMPY_DTYPES[tensor.datatype]).reshape(tuple(tensor.shape))
-        for tensor, raw in zip(req.inputs, req.raw_input_contents)
+        for tensor, raw in zip(req.inputs, req.raw_input_contents, strict=True)
     ]
 
 
-def codec_parse(data: bytes) -> list[np.ndarray]:
+def codec_parse(data: bytes) -> list[np.ndarray | None]:  # None: a tensor whose data is in shared memory
     return [tensor.data for tensor in decode_infer_request(data).inputs]
 
 
-def calibrate(fn, target: float = 0.1) -> int:
+def calibrate(fn: Callable[[], object], target: float = 0.1) -> int:
     """Loop count that makes one timed run take about ``target`` seconds."""
     number, elapsed = timeit.Timer(fn).autorange()
     return max(1, int(number * target / max(elapsed, 1e-9)))
 
 
-def time_pair(fn_a, fn_b, repeat: int) -> tuple[list[float], list[float]]:
+def time_pair(
+    fn_a: Callable[[], object], fn_b: Callable[[], object], repeat: int
+) -> tuple[list[float], list[float]]:
     """Seconds per call of two functions, timed in alternation so that both see the same load."""
     timer_a, timer_b = timeit.Timer(fn_a), timeit.Timer(fn_b)
     n_a, n_b = calibrate(fn_a), calibrate(fn_b)
@@ -139,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for label, (data, names) in workloads().items():
         check_equivalent(data, names)
-        cases = [
-            ("parse+serialise", lambda: protobuf_path(data, names), lambda: codec_path(data, names)),
-            ("parse only", lambda: protobuf_parse(data), lambda: codec_parse(data)),
+        cases: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+            ("parse+serialise", partial(protobuf_path, data, names), partial(codec_path, data, names)),
+            ("parse only", partial(protobuf_parse, data), partial(codec_parse, data)),
         ]
         for what, pb_fn, codec_fn in cases:
             pb_runs, c_runs = time_pair(pb_fn, codec_fn, args.repeat)

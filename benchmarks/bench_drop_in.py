@@ -60,7 +60,8 @@ def main() -> int:
         for name in ("plain", "streaming"):
             r = point(url, "simple", 64, args.window_ms, *modes[name])
             results["simple"][f"{name} c=64"] = r
-            print(f"simple {name:14s} c=64  {r['req_per_s']:8.0f} req/s p99 {r['p99_ms']:.2f} ms errors {r['errors']}", flush=True)
+            print(f"simple {name:14s} c=64  {r['req_per_s']:8.0f} req/s p99 {r['p99_ms']:.2f} ms "
+                  f"errors {r['errors']}", flush=True)
     image = results["image_identity"]
     simple = results["simple"]
     ratios = {
@@ -69,8 +70,9 @@ def main() -> int:
         "streaming / plain, image c=16": image["streaming c=16"]["req_per_s"] / image["plain c=16"]["req_per_s"],
         "streaming / unary, simple c=64": simple["streaming c=64"]["req_per_s"] / simple["plain c=64"]["req_per_s"],
     }
-    rows = [[k, f"{v['req_per_s']:.0f}", f"{v.get('MB_per_s', 0):.0f}", f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f}", v["errors"]]
-            for k, v in [*((f"image_identity {k}", v) for k, v in image.items()), *((f"simple {k}", v) for k, v in simple.items())]]
+    named = [*((f"image_identity {k}", v) for k, v in image.items()), *((f"simple {k}", v) for k, v in simple.items())]
+    rows = [[k, f"{v['req_per_s']:.0f}", f"{v.get('MB_per_s', 0):.0f}", f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f}",
+             v["errors"]] for k, v in named]
     print()
     print(markdown_table(["point", "req/s", "MB/s (in+out)", "p50 / p99 ms", "errors"], rows))
     print()

@@ -40,9 +40,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
+
+from fastoip.launcher import ChildProcess, parse_cpu_list
 
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 MODELS = ("identity_fp32", "py_identity")
@@ -74,7 +76,7 @@ def write_repository(root: Path, instances: int) -> Path:
     onnx_dir = root / "identity_fp32"
     (onnx_dir / "1").mkdir(parents=True)
     (onnx_dir / "1" / "model.onnx").write_bytes(
-        build_identity("identity_fp32", TensorProto.FLOAT, [16]).SerializeToString()  # type: ignore[attr-defined]
+        build_identity("identity_fp32", TensorProto.FLOAT, [16]).SerializeToString()
     )
     (onnx_dir / "config.pbtxt").write_text(
         CONFIG.format(name="identity_fp32", backend='platform: "onnxruntime_onnx"', instances=instances)
@@ -82,7 +84,8 @@ def write_repository(root: Path, instances: int) -> Path:
     py_dir = root / "py_identity"
     (py_dir / "1").mkdir(parents=True)
     (py_dir / "1" / "model.py").write_text(PY_IDENTITY)
-    (py_dir / "config.pbtxt").write_text(CONFIG.format(name="py_identity", backend='backend: "python"', instances=instances))
+    py_config = CONFIG.format(name="py_identity", backend='backend: "python"', instances=instances)
+    (py_dir / "config.pbtxt").write_text(py_config)
     return root
 
 
@@ -110,39 +113,22 @@ def pin(cpus: str) -> list[str]:
     return []
 
 
-class Server:
-    """``fastoip serve`` on a free loopback port."""
+class Server(ChildProcess):
+    """``fastoip serve`` on a free loopback port (the shared launcher), pinned to SERVER_CPUS where there are two."""
 
     def __init__(self, repository: Path, extra: list[str]) -> None:
         src = str(Path(__file__).resolve().parents[1] / "src")
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(
-            [*pin(SERVER_CPUS), sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
-             "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )
-        self.port = 0
-        deadline = time.monotonic() + 120
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            found = re.search(r"grpc listening on [\d.]+:(\d+)", line)
-            if found:
-                self.port = int(found.group(1))
-                break
-            if time.monotonic() > deadline:
-                break
-        if not self.port:
-            self.stop()
-            raise RuntimeError("fastoip did not start")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        argv = [sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(repository),
+                "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "-1", "--metrics-port", "-1",
+                "--log-level", "WARNING", *extra]
+        cpus = parse_cpu_list(SERVER_CPUS) if (os.cpu_count() or 1) > 1 else None
+        super().__init__(argv, env=env, cpus=cpus, keep_lines=200)
+        self.start(timeout=120)
+        self.port = self.ports["grpc"]
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def stop(self, timeout: float = 60.0, *, first_signal: int = signal.SIGTERM, group: bool = False) -> int | None:
+        return super().stop(timeout, first_signal=first_signal, group=group)
 
 
 def check_model(port: int, model: str, data: np.ndarray) -> None:
@@ -161,7 +147,7 @@ def drive_grpc(port: int, payload: bytes, expected: bytes, concurrency: int, cha
     """Closed loop: ``concurrency`` requests always outstanding, re-sent from each completion callback."""
     import grpc
 
-    stubs = []
+    stubs: list[grpc.UnaryUnaryMultiCallable[bytes, bytes]] = []
     for index in range(channels):
         channel = grpc.insecure_channel(
             f"127.0.0.1:{port}",
@@ -248,7 +234,7 @@ def drive_h2load(port: int, payload: bytes, concurrency: int, channels: int,
         os.unlink(data_file)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per model")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each measurement")

@@ -38,10 +38,12 @@ def simple_frame() -> tuple[bytes, int]:
 
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     request = _codec.encode_infer_request(
-        InferRequest("simple", inputs=[InferInput("INPUT0", "INT32", (1, 16), a), InferInput("INPUT1", "INT32", (1, 16), a)])
+        InferRequest("simple", inputs=[InferInput("INPUT0", "INT32", (1, 16), a),
+                                       InferInput("INPUT1", "INT32", (1, 16), a)])
     )
     response = _codec.encode_infer_response(
-        InferResponse("simple", "1", "", None, [InferOutput("OUTPUT0", "INT32", (1, 16), a + a), InferOutput("OUTPUT1", "INT32", (1, 16), a - a)])
+        InferResponse("simple", "1", "", None, [InferOutput("OUTPUT0", "INT32", (1, 16), a + a),
+                                                InferOutput("OUTPUT1", "INT32", (1, 16), a - a)])
     )
     frame = b"\x00" + len(request).to_bytes(4, "big") + request
     return frame, 5 + len(response)
@@ -52,12 +54,15 @@ def h2load(target: str, seconds: int, connections: int = 64) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".grpc", delete=False) as out:
         out.write(frame)
         path = out.name
-    argv = ["taskset", "-c", CLIENT_CPUS, "h2load", "-t", "1", "-c", str(connections), "-m", str(64 // connections), "-D", str(seconds), "-d", path,
+    argv = ["taskset", "-c", CLIENT_CPUS, "h2load", "-t", "1", "-c", str(connections), "-m", str(64 // connections),
+            "-D", str(seconds), "-d", path,
             "-H", "content-type: application/grpc", "-H", "te: trailers",
             f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
     text = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
-    rps = float(re.search(r"([\d.]+) req/s", text).group(1))
-    done = int(re.search(r"(\d+) done", text).group(1))
+    rate, finished = re.search(r"([\d.]+) req/s", text), re.search(r"(\d+) done", text)
+    if rate is None or finished is None:
+        raise RuntimeError(f"h2load printed no summary:\n{text}")
+    rps, done = float(rate.group(1)), int(finished.group(1))
     # Every successful answer carries exactly one framed response in DATA; errors are trailers-only.
     data = re.search(r"traffic: .*?\(([\d]+)\) data", text)
     ok = data is not None and int(data.group(1)) == done * response_size

@@ -65,8 +65,14 @@ import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from types import FrameType  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def _repo_root() -> str:
@@ -81,6 +87,9 @@ def _repo_root() -> str:
 
 
 REPO = _repo_root()
+sys.path.insert(0, os.path.join(REPO, "src"))  # the shared launcher (standard library only) from fastoip's tree
+from fastoip.launcher import ChildProcess, parse_cpu_list  # noqa: E402
+
 PEERS = os.path.abspath(os.environ.get("FASTOIP_PEERS_DIR") or os.path.join(REPO, "..", "shared", "peers"))
 FASTOIP_PY = os.path.join(REPO, ".venv", "bin", "python")
 VENV = {k: os.path.join(WORK, f"venv-{k}", "bin", "python") for k in ("base", "mlserver", "triton", "kserve")}
@@ -115,21 +124,21 @@ FASTOIP_CONFIGS = {
 }
 
 
-def run_checked(argv, timeout, env=None, cwd=None):
+def run_checked(argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | None = None) -> str:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     return r.stdout
 
 
-def peers_env():
+def peers_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env["PEERS_WORK"] = WORK
     return env
 
 
-def prepare(args) -> None:
+def prepare(args: argparse.Namespace) -> None:
     """Models, payloads, binary HTTP bodies and fastoip repositories (idempotent)."""
     for d in (RESULTS, LOGS, TMP, REPOS, BIN_PAYLOADS):
         os.makedirs(d, exist_ok=True)
@@ -195,7 +204,7 @@ def fastoip_repo(name: str, configs: dict) -> str:
     return root
 
 
-def write_fastoip_repos(args) -> None:
+def write_fastoip_repos(args: argparse.Namespace) -> None:
     delay = args.mlp_queue_delay_us
     batched = FASTOIP_CONFIGS["mlp-batch"].replace("DELAY", str(delay))
     # std: what `fastoip serve` with the demo repository would configure
@@ -239,14 +248,14 @@ SERVER_KINDS = {
 PEER_VENV = {"kserve": "kserve", "mlserver": "mlserver", "pytriton": "triton"}
 
 
-def fastoip_env():
+def fastoip_env() -> dict[str, str]:
     env = dict(os.environ)
     src = os.path.join(REPO, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def server_spec(name: str, models: list, args, http: bool) -> dict:
+def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bool) -> dict[str, Any]:
     """How to start server `name` serving `models`: argv, env, ports, note."""
     variant = args.variants.get(name)
     kind = "fastoip" if variant is not None else SERVER_KINDS[name]
@@ -313,7 +322,8 @@ def port_free(port: int) -> bool:
 
 
 class Server:
-    """A server process in its own session (pid == pgid), pinned with taskset."""
+    """A server process in its own session (pid == pgid), pinned to `cpus`: the shared launcher
+    (fastoip.launcher) starts and stops it; its output goes to LOGS/<name>.log."""
 
     def __init__(self, spec: dict, cpus: str):
         self.spec = spec
@@ -324,36 +334,23 @@ class Server:
         if spec.get("pre"):
             run_checked(spec["pre"], 120, env=peers_env())
         self.log_path = os.path.join(LOGS, f"{self.name}.log")
-        self.log = open(self.log_path, "w")
-        self.argv = ["taskset", "-c", cpus] + spec["argv"]
+        self.argv = spec["argv"]
         self.started = time.time()
-        self.p = subprocess.Popen(self.argv, cwd=spec.get("cwd"), env=spec["env"], stdout=self.log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        # readiness is wait_ready's (gRPC/HTTP probes), not the listening lines: peers print none
+        self.child = ChildProcess(self.argv, want=(), env=spec["env"], cwd=spec.get("cwd"),
+                                  cpus=parse_cpu_list(cpus), log_path=self.log_path, keep_lines=1000)
+        self.child.start()
+        assert self.child.proc is not None
+        self.p = self.child.proc
 
     def alive(self) -> bool:
-        return self.p.poll() is None
+        return self.child.alive()
 
     def group_pids(self) -> list:
-        pids = []
-        for d in glob.glob("/proc/[0-9]*"):
-            try:
-                st = open(d + "/stat").read()
-                if int(st[st.rindex(")") + 2:].split()[2]) == self.p.pid:
-                    pids.append(int(d[6:]))
-            except (OSError, ValueError, IndexError):
-                pass
-        return pids
+        return self.child.group_pids()
 
     def cpu_seconds(self) -> float:
-        tot = 0
-        for pid in self.group_pids():
-            try:
-                st = open(f"/proc/{pid}/stat").read()
-                f = st[st.rindex(")") + 2:].split()
-                tot += int(f[11]) + int(f[12])
-            except (OSError, ValueError, IndexError):
-                pass
-        return tot / CLK
+        return self.child.cpu_seconds(group=True) or 0.0
 
     def affinity(self) -> list:
         out = set()
@@ -364,7 +361,7 @@ class Server:
                 pass
         return sorted(out)
 
-    def log_tail(self, n=1500) -> str:
+    def log_tail(self, n: int = 1500) -> str:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, 2)
@@ -373,7 +370,7 @@ class Server:
         except OSError:
             return ""
 
-    def wait_idle(self, max_s=60.0, below=0.15, step=0.5) -> float:
+    def wait_idle(self, max_s: float = 60.0, below: float = 0.15, step: float = 0.5) -> float:
         """Wait until the server burns less than `below` of a core (a backlog drained)."""
         t0 = time.time()
         while time.time() - t0 < max_s:
@@ -383,38 +380,9 @@ class Server:
                 break
         return round(time.time() - t0, 1)
 
-    def stop(self, grace=20.0) -> list:
-        """SIGINT to the server, then SIGTERM, then SIGKILL to its process group."""
-        for sig, to_group, wait in ((signal.SIGINT, False, grace), (signal.SIGTERM, True, 10)):
-            if self.p.poll() is not None:
-                break
-            try:
-                if to_group:
-                    os.killpg(self.p.pid, sig)
-                else:
-                    os.kill(self.p.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                self.p.wait(wait)
-            except subprocess.TimeoutExpired:
-                pass
-        t0 = time.time()
-        while self.group_pids() and time.time() - t0 < 5:  # children still shutting down
-            time.sleep(0.25)
-        if self.group_pids():
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.p.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        t0 = time.time()
-        while self.group_pids() and time.time() - t0 < 10:
-            time.sleep(0.2)
-        self.log.close()
+    def stop(self, grace: float = 20.0) -> list[int]:
+        """SIGINT to the server, then SIGTERM, then SIGKILL to its process group; returns the pids left."""
+        self.child.stop(grace, first_signal=signal.SIGINT, group=True)
         return self.group_pids()
 
 
@@ -422,7 +390,7 @@ LIVE_SERVERS: list = []
 
 
 # ===================================================================== clients
-def grpc_channel(target: str):
+def grpc_channel(target: str) -> grpc.Channel:
     import grpc
     return grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", MAX_MSG),
                                                   ("grpc.max_send_message_length", MAX_MSG),
@@ -462,7 +430,8 @@ def wait_ready(server: Server, spec: dict, timeout: float) -> float:
     raise RuntimeError(f"{server.name} not ready after {timeout}s ({last}):\n{server.log_tail()}")
 
 
-def http_raw(hostport: str, method: str, path: str, body: bytes = b"", headers=None, timeout=30.0):
+def http_raw(hostport: str, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+             timeout: float = 30.0) -> tuple[int, dict[str, str], bytes, int | None]:
     """One HTTP/1.1 exchange on a fresh socket.  Returns (status, headers, body, bytes on the wire)."""
     host, port = hostport.rsplit(":", 1)
     lines = [f"{method} {path} HTTP/1.1", f"Host: {hostport}"]
@@ -516,7 +485,7 @@ def expected_outputs(model: str) -> dict:
     return {k[4:]: z[k] for k in z.files if k.startswith("out:")}
 
 
-def compare(got: dict, exp: dict):
+def compare(got: dict[str, np.ndarray], exp: dict[str, np.ndarray]) -> str | None:
     for name, e in exp.items():
         if name not in got:
             return f"missing output {name} (got {sorted(got)})"
@@ -568,13 +537,14 @@ def probe(spec: dict, model: str, transport: str, n: int = 3) -> dict:
     """Send the exact bytes the load generator will send; check the tensors; learn the
     response size on the wire (for the byte accounting of the load run)."""
     exp = expected_outputs(model)
-    sizes = set()
+    sizes: set[int | None] = set()  # None: an HTTP answer whose wire size is not checked (chunked)
     try:
         if transport == "grpc":
             import grpc
             ch = grpc_channel(f"127.0.0.1:{spec['grpc']}")
             try:
-                call = ch.unary_unary(GRPC_PATH, request_serializer=None, response_deserializer=None)
+                call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+                    GRPC_PATH, request_serializer=None, response_deserializer=None)
                 msg = open(os.path.join(PAYLOADS, f"{model}.b1.pb"), "rb").read()
                 for _ in range(n):
                     raw = call(msg, timeout=60)
@@ -602,7 +572,7 @@ def probe(spec: dict, model: str, transport: str, n: int = 3) -> dict:
         return dict(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
 
 
-def body_for(model: str, transport: str):
+def body_for(model: str, transport: str) -> tuple[str, dict[str, str]]:
     """(body file, extra headers) for an HTTP transport: http = V2 JSON, http-bin = binary extension."""
     if transport == "http-bin":
         path = os.path.join(BIN_PAYLOADS, f"{model}.b1.bin")
@@ -612,7 +582,7 @@ def body_for(model: str, transport: str):
     return os.path.join(PAYLOADS, f"{model}.b1.json"), {"Content-Type": "application/json"}
 
 
-def model_stats(spec: dict, model: str):
+def model_stats(spec: dict[str, Any], model: str) -> dict[str, Any] | None:
     """Server-side counters via gRPC ModelStatistics (fastoip, Triton); None if not offered."""
     if not spec.get("stats"):
         return None
@@ -655,7 +625,7 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_bounded(argv, timeout):
+def run_bounded(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """subprocess.run for the load generators: own session, killed as a group on timeout,
     Ctrl-C or --deadline, so no h2load/wrk outlives the driver."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -671,7 +641,7 @@ def run_bounded(argv, timeout):
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
-def pctl(vals, q):
+def pctl(vals: Sequence[float], q: float) -> float | None:
     return float(np.percentile(vals, q)) if len(vals) else None
 
 
@@ -732,7 +702,7 @@ def run_wrk(target: str, model: str, transport: str, conc: int, duration: int, c
     return res
 
 
-def verify(r: dict, pr: dict, transport: str, conc: int):
+def verify(r: dict[str, Any], pr: dict[str, Any], transport: str, conc: int) -> tuple[bool, str]:
     """Did every counted request succeed?  gRPC: h2load says 200 even for grpc-status != 0,
     but an error answer is trailers-only (no DATA), so DATA bytes must be done x the framed
     response size (+ at most the responses in flight when h2load stopped).  HTTP: no
@@ -766,7 +736,8 @@ def verify(r: dict, pr: dict, transport: str, conc: int):
     return True, "no errors (response size not checked)"
 
 
-def measure(server: Server, spec: dict, model: str, transport: str, conc: int, pr: dict, args) -> dict:
+def measure(server: Server, spec: dict[str, Any], model: str, transport: str, conc: int, pr: dict[str, Any],
+            args: argparse.Namespace) -> dict[str, Any]:
     idle = server.wait_idle()
     st0 = model_stats(spec, model)
     s0, c0, snap0, steal0 = server.cpu_seconds(), children_cpu(), proc_ticks(), steal_ticks()
@@ -808,13 +779,13 @@ def measure(server: Server, spec: dict, model: str, transport: str, conc: int, p
     return r
 
 
-def bench_session(name: str, plan: list, args, result: dict) -> None:
+def bench_session(name: str, plan: list[Any], args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Start server `name`, measure every (model, transport, [conc]) of `plan`, stop it."""
     models = sorted({m for m, _, _ in plan}, key=ALL_MODELS.index)
     http = any(t != "grpc" for _, t, _ in plan)
     spec = server_spec(name, models, args, http)
     info = result["servers"].setdefault(name, dict(note=spec["note"], sessions=[]))
-    sess = dict(models=models)
+    sess: dict[str, Any] = dict(models=models)
     info["sessions"].append(sess)
     try:
         server = Server(spec, args.server_cpus)
@@ -828,7 +799,7 @@ def bench_session(name: str, plan: list, args, result: dict) -> None:
         return
     LIVE_SERVERS.append(server)
     sess["argv"] = " ".join(server.argv)
-    log(f"[{name}] started pid {server.p.pid}: {sess['argv']}")
+    log(f"[{name}] started pid {server.p.pid} on CPUs {args.server_cpus}: {sess['argv']}")
     try:
         sess["ready_s"] = wait_ready(server, spec, args.ready_timeout)
         sess["affinity"] = server.affinity()
@@ -902,7 +873,7 @@ def print_point(r: dict) -> None:
 PEER_SERVERS = {"kserve", "mlserver", "mlserver-ab", "pytriton", "pytriton-db"}
 
 
-def suite_plan(args) -> dict:
+def suite_plan(args: argparse.Namespace) -> dict[str, Any]:
     """suite -> dict(entries=[(server, models, transports)], subjects, targets, default models/conc)."""
     return {
         "grpc-e2e": dict(
@@ -932,7 +903,7 @@ def suite_plan(args) -> dict:
     }
 
 
-def build_sessions(suite: str, args) -> tuple:
+def build_sessions(suite: str, args: argparse.Namespace) -> tuple[Any, ...]:
     sp = suite_plan(args)[suite]
     concs = args.conc or sp["conc"]
     models = args.models or sp["models"]
@@ -977,20 +948,20 @@ def build_sessions(suite: str, args) -> tuple:
 
 
 # ===================================================================== report
-def fmt_ms(us) -> str:
+def fmt_ms(us: float | None) -> str:
     if us is None:
         return "-"
     return f"{us / 1000:.2f}" if us < 100000 else f"{us / 1000:.0f}"
 
 
-def find(points, server, model, transport, conc):
+def find(points: list[dict[str, Any]], server: str, model: str, transport: str, conc: int) -> dict[str, Any] | None:
     for p in points:
         if (p["server"], p["model"], p["transport"], p["conc"]) == (server, model, transport, conc) and "rps" in p:
             return p
     return None
 
 
-def ratio_str(a, b, metric="rps") -> str:
+def ratio_str(a: dict[str, Any] | None, b: dict[str, Any] | None, metric: str = "rps") -> str:
     if metric == "cpu":
         if not a or not b or not a.get("server_cpu_us_per_req") or not b.get("server_cpu_us_per_req"):
             return "-"
@@ -1060,8 +1031,9 @@ def render(result: dict) -> str:
     for name, info in result["servers"].items():
         errs = "; ".join(s["error"][:160] for s in info["sessions"] if s.get("error"))
         L.append(f"- **{name}**: {info['note']}" + (f" -- ERROR: {errs}" if errs else ""))
-    L += ["", "| server | transport | model | c | req/s | p50 | p99 | srv CPU% | srv CPU us/req | cli CPU% | other CPU% "
-          "| steal% | verified | server stats |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    L += ["", "| server | transport | model | c | req/s | p50 | p99 | srv CPU% | srv CPU us/req | cli CPU% "
+          "| other CPU% | steal% | verified | server stats |",
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     order = {m: i for i, m in enumerate(ALL_MODELS)}
     for p in sorted(pts, key=lambda p: (order.get(p["model"], 9), p["transport"], p["conc"], -(p.get("rps") or 0))):
         if "rps" not in p:
@@ -1071,7 +1043,8 @@ def render(result: dict) -> str:
         ss = p.get("server_stats") or {}
         sst = ""
         if ss:
-            sst = (f"ok={ss['success']} fail={ss['fail']}" + (" (cancelled at stop)" if 0 < ss["fail"] <= p["conc"] else "")
+            cancelled = " (cancelled at stop)" if 0 < ss["fail"] <= p["conc"] else ""
+            sst = (f"ok={ss['success']} fail={ss['fail']}" + cancelled
                    + (f" avg batch {ss['avg_batch']}" if ss.get("avg_batch") else ""))
         ver = "yes" if p["verified"] else f"NO: {p.get('verify', '')[:100]}"
         if p.get("disturbed"):
@@ -1116,10 +1089,11 @@ def render(result: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def host_info() -> dict:
-    info = dict(nproc=os.cpu_count(), kernel=platform.release(), python=platform.python_version())
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = dict(nproc=os.cpu_count(), kernel=platform.release(), python=platform.python_version())
     try:
-        info["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                           if line.startswith("model name"))
     except (OSError, StopIteration):
         info["cpu"] = None
     try:
@@ -1249,10 +1223,10 @@ def main() -> int:
     except (OSError, ValueError):
         pass
 
-    def on_signal(signum, frame):  # noqa: ARG001
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    def on_alarm(signum, frame):  # noqa: ARG001
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
         raise Deadline(f"--deadline {args.deadline}s reached")
 
     signal.signal(signal.SIGTERM, on_signal)

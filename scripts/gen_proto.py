@@ -28,6 +28,9 @@ Post-processing applied to protoc's output
 3. The module name handed to the protobuf builder becomes the real dotted
    path (``fastoip._proto.grpc_service_pb2``), so classes get a correct
    ``__module__`` (pickling, reprs).
+4. protoc's typed stubs (``--pyi_out``, one ``*_pb2.pyi`` per message module)
+   get the same sibling-import rewrite; mypy reads them instead of the
+   untyped generated ``*_pb2.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -88,6 +90,7 @@ def expected_files() -> list[str]:
     names = ["__init__.py"]
     for proto, has_service in PROTOS.items():
         names.append(_module_name(proto, "_pb2") + ".py")
+        names.append(_module_name(proto, "_pb2") + ".pyi")
         if has_service:
             names.append(_module_name(proto, "_pb2_grpc") + ".py")
     return names
@@ -146,9 +149,9 @@ def _run_protoc(proto_dir: Path, out_dir: Path) -> None:
     protos = [str(proto_dir / p) for p in PROTOS]
     services = [str(proto_dir / p) for p, svc in PROTOS.items() if svc]
     base = ["grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}"]
-    # Messages for every file; gRPC stubs only for files with a service.
-    if protoc.main(base + [f"--python_out={out_dir}"] + protos) != 0:
-        raise RuntimeError("gen_proto: protoc --python_out failed")
+    # Messages (and their typed stubs, for mypy) for every file; gRPC stubs only for files with a service.
+    if protoc.main(base + [f"--python_out={out_dir}", f"--pyi_out={out_dir}"] + protos) != 0:
+        raise RuntimeError("gen_proto: protoc --python_out/--pyi_out failed")
     if protoc.main(base + [f"--grpc_python_out={out_dir}"] + services) != 0:
         raise RuntimeError("gen_proto: protoc --grpc_python_out failed")
 
@@ -166,6 +169,8 @@ def generate(out_dir: Path, proto_dir: Path = PROTO_DIR) -> list[Path]:
             pb2 = _module_name(proto, "_pb2")
             text = (tmp_path / f"{pb2}.py").read_text(encoding="utf-8")
             outputs[f"{pb2}.py"] = _postprocess_pb2(text, pb2)
+            stub = (tmp_path / f"{pb2}.pyi").read_text(encoding="utf-8")
+            outputs[f"{pb2}.pyi"] = _fix_imports(stub)
             if has_service:
                 grpc_mod = _module_name(proto, "_pb2_grpc")
                 text = (tmp_path / f"{grpc_mod}.py").read_text(encoding="utf-8")

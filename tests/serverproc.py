@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from functools import cache
 from pathlib import Path
 
-LISTEN_LINE = re.compile(r"fastoip: (grpc|http|metrics) listening on ([\d.]+):(\d+)")
+from fastoip.launcher import ChildProcess
 
 
 class ServerProcess:
@@ -38,6 +36,7 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.grpc_frontend = grpc_frontend
         self.proc: subprocess.Popen | None = None
+        self.child: ChildProcess | None = None
         self.grpc_port = 0
         self.http_port = 0
         self.metrics_port = 0
@@ -53,26 +52,15 @@ class ServerProcess:
         return f"127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
-        self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
-        )
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                match = LISTEN_LINE.search(line)
-                if match:
-                    setattr(self, f"{match.group(1)}_port", int(match.group(3)))
-                    if all(getattr(self, f"{kind}_port") for kind in self._want):
-                        ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(timeout) or not self.grpc_port:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.lines))
+        # the shared launcher (fastoip.launcher) starts it, reads the listening lines, captures the output
+        self.child = ChildProcess(self.args, want=self._want, env=self.env)
+        self.lines = self.child.lines
+        try:
+            self.child.start(timeout)
+        finally:
+            self.proc = self.child.proc
+        for kind, port in self.child.ports.items():
+            setattr(self, f"{kind}_port", port)
         return self
 
     def output(self) -> str:
@@ -87,14 +75,7 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+        return None if self.child is None else self.child.stop(timeout)  # SIGTERM, then SIGKILL after timeout
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,8 +24,9 @@ import pytest
 from fastoip.bench import BenchError, Target
 from fastoip.bench.cli import main as bench_main
 from fastoip.bench.cli import parse_range
+from fastoip.bench.generators import make_generator
 from fastoip.bench.inputs import encode_grpc, file_requests, make_requests, parse_shape_arg, plan_model
-from fastoip.bench.load import LoadSpec, Sample, make_generator
+from fastoip.bench.load import LoadSpec, Sample
 from fastoip.bench.measure import LevelResult, MeasureOptions, Window, is_stable, latency_summary, measure_level
 from fastoip.bench.report import CSV_COLUMNS, LATENCY_KEYS, compare, validate
 from fastoip.bench.verify import ResponseCheck
@@ -33,6 +35,7 @@ codec = pytest.importorskip("fastoip._codec", reason="the native codec is not bu
 
 from serverproc import ServerProcess  # noqa: E402
 
+Capture = pytest.CaptureFixture[str]  # the type of the capsys fixture
 FAST = ["-p", "300", "-r", "3", "--warmup-ms", "200", "--quiet"]
 SIMPLE_META = {
     "name": "simple",
@@ -56,7 +59,7 @@ SIMPLE_CONFIG = {
 }
 
 
-def run_bench(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+def run_bench(args: list[str], capsys: Capture) -> tuple[int, str, str]:
     rc = bench_main(args)
     out = capsys.readouterr()
     return rc, out.out, out.err
@@ -94,7 +97,7 @@ def pid_alive(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------- end to end: fastoip
-def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_concurrency_mode_json_and_csv(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
     rc, stdout, _ = run_bench(
         [
@@ -137,7 +140,7 @@ def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None: 
         assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
         csv_rows = list(reader)
     assert len(csv_rows) == 2
-    for csv_row, row in zip(csv_rows, rows):
+    for csv_row, row in zip(csv_rows, rows, strict=True):
         assert int(csv_row["concurrency"]) == row["concurrency"]
         assert float(csv_row["throughput_infer_per_s"]) == pytest.approx(row["throughput_infer_per_s"])
         assert float(csv_row["latency_p99_us"]) >= float(csv_row["latency_p50_us"]) > 0
@@ -146,7 +149,7 @@ def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None: 
 
 
 @pytest.mark.parametrize("client", ["auto", "future"])
-def test_request_rate_mode(server, tmp_path: Path, capsys, client: str) -> None:  # type: ignore[no-untyped-def]
+def test_request_rate_mode(server: ServerProcess, tmp_path: Path, capsys: Capture, client: str) -> None:
     out_json = tmp_path / "rate.json"
     rc, stdout, _ = run_bench(
         [
@@ -174,7 +177,7 @@ def test_request_rate_mode(server, tmp_path: Path, capsys, client: str) -> None:
     assert "r=200/s" in stdout
 
 
-def test_batch_size_and_mlp_verify(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_batch_size_and_mlp_verify(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "mlp.json"
     rc, _, err = run_bench(
         [server.grpc_url, "-m", "mlp", "-b", "4", "--verify", "--json", str(out_json), *FAST], capsys
@@ -188,7 +191,7 @@ def test_batch_size_and_mlp_verify(server, tmp_path: Path, capsys) -> None:  # t
     assert row["server"]["avg_batch_size"] >= 4.0
 
 
-def test_bytes_model_and_input_file(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_bytes_model_and_input_file(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     data = tmp_path / "data.json"
     data.write_text(
         json.dumps(
@@ -215,7 +218,7 @@ def test_bytes_model_and_input_file(server, tmp_path: Path, capsys) -> None:  # 
     assert rc == 1 and "--shape INPUT0:" in err
 
 
-def test_unknown_model_is_a_clear_failure(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_model_is_a_clear_failure(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "nope.json"
     rc, _, err = run_bench([server.grpc_url, "-m", "nope", "--json", str(out_json), *FAST], capsys)
     assert rc == 1
@@ -225,7 +228,7 @@ def test_unknown_model_is_a_clear_failure(server, tmp_path: Path, capsys) -> Non
     assert document["results"] == []
 
 
-def test_errors_are_counted_by_status_under_load(server) -> None:  # type: ignore[no-untyped-def]
+def test_errors_are_counted_by_status_under_load(server: ServerProcess) -> None:
     """Requests for a model the server does not have: every one fails, counted as NOT_FOUND."""
     plan = plan_model({**SIMPLE_META, "name": "nope"}, SIMPLE_CONFIG, 1, {})
     request = encode_grpc(plan, make_requests(plan, "zero", 0)[0])
@@ -244,7 +247,7 @@ def test_errors_are_counted_by_status_under_load(server) -> None:  # type: ignor
         assert row["stable"] is False and row["latency_us"]["p99"] is None
 
 
-def test_server_down_fails_cleanly(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_server_down_fails_cleanly(tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "down.json"
     started = time.monotonic()
     rc, _, err = run_bench([f"127.0.0.1:{closed_port()}", "-m", "simple", "--json", str(out_json), *FAST], capsys)
@@ -282,7 +285,7 @@ def test_server_killed_mid_run_counts_unavailable(demo_repo: Path) -> None:
         proc.wait(10)
 
 
-def test_streaming(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_streaming(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "stream.json"
     rc, _, err = run_bench(
         [
@@ -306,7 +309,7 @@ def test_streaming(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-u
         assert_good_row(row)
 
 
-def test_streaming_and_shared_memory_fail_clearly_where_missing(server, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_streaming_and_shared_memory_fail_clearly_where_missing(server: ServerProcess, capsys: Capture) -> None:
     """A server without ModelStreamInfer (a bare grpcio server here) or shared memory: a clear message."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -341,7 +344,7 @@ def test_streaming_and_shared_memory_fail_clearly_where_missing(server, capsys) 
     assert rc == 1 and "cuda_shared_memory" in err
 
 
-def test_system_shared_memory(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_system_shared_memory(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     """Inputs and outputs in /dev/shm regions; --verify reads the outputs back; regions are cleaned up."""
     before = set(os.listdir("/dev/shm"))
     out_json = tmp_path / "shm.json"
@@ -381,10 +384,12 @@ def test_system_shared_memory(server, tmp_path: Path, capsys) -> None:  # type: 
         capsys,
     )
     assert rc == 0, err
-    assert not [name for name in set(os.listdir("/dev/shm")) - before if name.startswith("fastoip-bench-")]
+    # this process's regions only: other test runs on the machine share /dev/shm
+    ours = f"fastoip-bench-{os.getpid()}-"
+    assert not [name for name in set(os.listdir("/dev/shm")) - before if name.startswith(ours)]
 
 
-def test_ceiling_and_other_clients(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_ceiling_and_other_clients(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "ceiling.json"
     rc, stdout, err = run_bench(
         [
@@ -412,7 +417,7 @@ def test_ceiling_and_other_clients(server, tmp_path: Path, capsys) -> None:  # t
     assert "ceiling" in stdout
 
 
-def test_processes(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_processes(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "procs.json"
     rc, _, err = run_bench(
         [
@@ -545,7 +550,7 @@ def test_streaming_generator_against_the_ceiling(tmp_path: Path) -> None:
     not (Path(__file__).parents[1] / "src/fastoip/server/http.py").exists(),
     reason="fastoip's HTTP frontend is not there yet",
 )
-def test_http_against_fastoip(demo_repo: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_http_against_fastoip(demo_repo: Path, tmp_path: Path, capsys: Capture) -> None:
     with ServerProcess(demo_repo, http=True) as proc:
         for binary in ("--http-binary", "--no-http-binary"):
             out_json = tmp_path / "http.json"
@@ -570,7 +575,7 @@ def test_http_against_fastoip(demo_repo: Path, tmp_path: Path, capsys) -> None: 
 
 
 # --------------------------------------------------------------------------- compare
-def test_compare_prints_ratios(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_compare_prints_ratios(tmp_path: Path, capsys: Capture) -> None:
     def document(throughput: float, p99: float) -> dict:
         row = {
             "model": "simple",
@@ -636,7 +641,7 @@ def test_input_file_forms() -> None:
 
     plan = plan_model(SIMPLE_META, SIMPLE_CONFIG, 2, {})
     raw = np.arange(16, dtype="<i4")
-    entries = [
+    entries: list[dict[str, Any]] = [
         {"INPUT0": list(range(16)), "INPUT1": {"b64": base64.b64encode(raw.tobytes()).decode()}},
         {"INPUT0": {"content": [[1] * 8, [2] * 8], "shape": [16]}, "INPUT1": [0] * 16},
         {"INPUT0": [3] * 16, "INPUT1": [3] * 16},
@@ -681,7 +686,9 @@ def test_stability_rule_and_percentiles() -> None:
     assert not is_stable([window(0, 0), window(0, 0), window(0, 0)], 10, None)
     lat = np.random.default_rng(0).integers(1, 10_000_000, size=10_000)
     summary = latency_summary(lat)
-    assert summary["p50"] <= summary["p90"] <= summary["p95"] <= summary["p99"]
+    p50, p90, p95, p99 = (summary[key] for key in ("p50", "p90", "p95", "p99"))
+    assert p50 is not None and p90 is not None and p95 is not None and p99 is not None
+    assert p50 <= p90 <= p95 <= p99
     assert latency_summary(np.empty(0, np.int64))["p99"] is None
     result = LevelResult("concurrency", 4, 2, True, [window(100, 10)] * 4, window_ms=1000)
     row = result.to_dict()

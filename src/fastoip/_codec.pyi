@@ -1,12 +1,11 @@
 """Type stubs for the native KServe V2 / Triton gRPC codec (``fastoip/_codec.pyx``)."""
 
-from typing import Optional, Union
 
 import numpy as np
 
 from .types import InferRequest, InferResponse
 
-_Buffer = Union[bytes, bytearray, memoryview]
+_Buffer = bytes | bytearray | memoryview
 
 #: True when the decoder fills the slots of fastoip.types objects in place.
 FAST_SLOTS: bool
@@ -24,11 +23,11 @@ def encode_infer_request(request: InferRequest) -> bytes:
     """Serialize an InferRequest as ModelInferRequest bytes, data in raw_input_contents."""
 
 def encode_stream_response(
-    response: Optional[InferResponse] = None, error_message: str = ""
+    response: InferResponse | None = None, error_message: str = ""
 ) -> bytes:
     """Serialize a ModelStreamInferResponse (error_message=1, infer_response=2)."""
 
-def serialize_bytes_tensor(array: Union[np.ndarray, list[object]]) -> bytes:
+def serialize_bytes_tensor(array: np.ndarray | list[object]) -> bytes:
     """BYTES framing: per element a uint32 little-endian length, then the element's bytes."""
 
 def deserialize_bytes_tensor(buffer: _Buffer, count: int) -> np.ndarray:

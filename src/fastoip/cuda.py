@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -114,7 +114,8 @@ class CudaRuntime:
     def ipc_handle(self, pointer: int) -> bytes:
         """The 64-byte cudaIpcMemHandle_t another process opens to share this allocation."""
         handle = _IpcHandle()
-        self._check(self._lib.cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(pointer)), "cudaIpcGetMemHandle")
+        status = self._lib.cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(pointer))
+        self._check(status, "cudaIpcGetMemHandle")
         return ctypes.string_at(ctypes.addressof(handle), IPC_HANDLE_BYTES)
 
     @contextlib.contextmanager
@@ -144,7 +145,7 @@ class CudaRuntime:
     def ipc_close(self, pointer: int) -> None:
         self._check(self._lib.cudaIpcCloseMemHandle(ctypes.c_void_p(pointer)), "cudaIpcCloseMemHandle")
 
-    def allocation_size(self, pointer: int) -> Optional[int]:
+    def allocation_size(self, pointer: int) -> int | None:
         """Bytes from ``pointer`` to the end of its allocation (driver API), or None if unknown."""
         try:
             driver = ctypes.CDLL("libcuda.so.1")
@@ -164,12 +165,12 @@ class CudaRuntime:
         self._check(status, "cudaMemcpy")
 
 
-_runtime: Optional[CudaRuntime] = None
+_runtime: CudaRuntime | None = None
 _searched = False
 _search_lock = threading.Lock()
 
 
-def runtime() -> Optional[CudaRuntime]:
+def runtime() -> CudaRuntime | None:
     """The CUDA runtime when a library loads and at least one device answers, else None."""
     global _runtime, _searched
     with _search_lock:
@@ -179,7 +180,7 @@ def runtime() -> Optional[CudaRuntime]:
     return _runtime
 
 
-def _load() -> Optional[CudaRuntime]:
+def _load() -> CudaRuntime | None:
     for candidate in _candidates():
         try:
             lib = ctypes.CDLL(candidate)

@@ -23,8 +23,12 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # onnx is imported where a model is built: `import fastoip.demo` stays cheap
+    from onnx import GraphProto, ModelProto, ValueInfoProto
 
 OPSET = 13
 IR_VERSION = 8  # loadable by any onnxruntime >= 1.10
@@ -40,7 +44,7 @@ CONFIGS: dict[str, str] = {
 }
 
 
-def _model(graph):  # type: ignore[no-untyped-def]
+def _model(graph: GraphProto) -> ModelProto:
     from onnx import helper
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
@@ -50,11 +54,11 @@ def _model(graph):  # type: ignore[no-untyped-def]
     return model
 
 
-def build_simple():  # type: ignore[no-untyped-def]
+def build_simple() -> ModelProto:
     """INPUT0 + INPUT1 and INPUT0 - INPUT1 on INT32 [batch, 16]."""
     from onnx import TensorProto, helper
 
-    def tensor(name: str):  # type: ignore[no-untyped-def]
+    def tensor(name: str) -> ValueInfoProto:
         return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 16])
 
     nodes = [
@@ -67,7 +71,7 @@ def build_simple():  # type: ignore[no-untyped-def]
     return _model(graph)
 
 
-def build_identity(name: str, elem_type: int, dims: list) -> object:
+def build_identity(name: str, elem_type: int, dims: list[int | str]) -> ModelProto:
     """An Identity model INPUT0 -> OUTPUT0 with a leading batch dim."""
     from onnx import helper
 
@@ -77,7 +81,7 @@ def build_identity(name: str, elem_type: int, dims: list) -> object:
     return _model(helper.make_graph([node], name, [inp], [out]))
 
 
-def build_mlp():  # type: ignore[no-untyped-def]
+def build_mlp() -> ModelProto:
     """A 256 -> 1024 -> 1024 -> 10 ReLU MLP with fixed weights (seed 0)."""
     from onnx import TensorProto, helper, numpy_helper
 

@@ -17,7 +17,8 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
 
 F = TypeVar("F")
 
@@ -62,14 +63,16 @@ def batchable(method: F) -> F: ...
 def batchable(method: None = None) -> Callable[[F], F]: ...
 
 
-def batchable(method: Optional[F] = None):  # type: ignore[no-untyped-def]
+def batchable(method: F | None = None) -> F | Callable[[F], F]:
     """Mark ``predict`` as taking merged batches (dynamic batcher, ``max_batch_size > 0``)."""
-    if method is None:
-        return lambda m: _mark(m, _BATCHABLE_ATTR, True)
-    return _mark(method, _BATCHABLE_ATTR, True)
+
+    def mark(target: F) -> F:
+        return _mark(target, _BATCHABLE_ATTR, True)
+
+    return mark if method is None else mark(method)
 
 
-def is_batchable(function: Any) -> Optional[bool]:
+def is_batchable(function: Any) -> bool | None:
     """True/False when ``function`` was marked, None when it says nothing."""
     return getattr(_function(function), _BATCHABLE_ATTR, None)
 

@@ -68,7 +68,7 @@ class Model:
     #: The version directory (``<repository>/<model>/<version>``).
     path: Path
     #: The completed model configuration (a ``ModelConfig`` protobuf message).
-    config: "mc.ModelConfig"
+    config: mc.ModelConfig
     #: ``parameters`` of the config (string values).
     parameters: dict[str, str]
     #: ``parameters.extra`` of model-settings.json (or the JSON in config parameter ``extra``).

@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Optional, Union
 
 from .errors import InvalidArgument
 
-LogValue = Union[bool, int, str]
+LogValue = bool | int | str
 
 LOG_DEFAULTS: dict[str, LogValue] = {
     "log_file": "",
@@ -100,7 +99,7 @@ class TraceSettings:
             values.update(self.model_values.get(model, {}))
         return {k: list(v) for k, v in values.items()}
 
-    def update(self, changes: dict[str, Optional[list[str]]], model: str = "") -> dict[str, list[str]]:
+    def update(self, changes: dict[str, list[str] | None], model: str = "") -> dict[str, list[str]]:
         target = self.model_values.setdefault(model, {}) if model else self.global_values
         for key, value in changes.items():
             if key not in TRACE_DEFAULTS:

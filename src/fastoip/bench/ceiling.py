@@ -26,9 +26,10 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import cast
 
 SERVICE = "inference.GRPCInferenceService"
 TRUE = b"\x08\x01"  # {live|ready: true}
@@ -59,14 +60,14 @@ def serve_grpc(response: bytes, workers: int) -> None:
     stream_frame = b"\x12" + _varint(len(response)) + response  # ModelStreamInferResponse.infer_response
     metadata = _string_field(1, "fastoip-ceiling") + _string_field(2, __version__)
 
-    def infer(request, context):  # type: ignore[no-untyped-def]
+    def infer(request: bytes, context: grpc.ServicerContext) -> bytes:
         return response
 
-    def stream(requests, context):  # type: ignore[no-untyped-def]
+    def stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         for _ in requests:
             yield stream_frame
 
-    def constant(value: bytes):  # type: ignore[no-untyped-def]
+    def constant(value: bytes) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         return lambda request, context: value
 
     raw = dict(request_deserializer=None, response_serializer=None)
@@ -108,10 +109,10 @@ class _HttpFixed(asyncio.Protocol):
     def __init__(self, response: bytes) -> None:
         self.response = response
         self.buf = bytearray()
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a TCP server's connections are stream transports
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -134,6 +135,7 @@ class _HttpFixed(asyncio.Protocol):
 
 
 def serve_http(response: bytes) -> None:
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop
 
@@ -173,7 +175,7 @@ def ceiling_argv(protocol: str, response_file: Path, workers: int = 16) -> list[
     ]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fastoip-ceiling", description=__doc__.split("\n")[0])
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--response", type=Path, required=True, help="file with the response bytes to send")

@@ -18,8 +18,10 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from functools import partial
+from typing import Any
 
 from .target import BenchError, Target
 
@@ -234,7 +236,7 @@ def _perf_analyzer_flags(p: argparse.ArgumentParser) -> None:
 class Settings:
     """The parsed and defaulted command line."""
 
-    target: Optional[Target]
+    target: Target | None
     models: list[str]
     version: str
     protocol: str
@@ -376,13 +378,13 @@ class Run:
             warmup_request_count=self.args.warmup_request_count,
         )
         self.rows: list[dict] = []
-        self.server_info: Optional[dict] = None
-        self.local_info: Optional[dict] = None
-        self.error: Optional[BenchError] = None
+        self.server_info: dict | None = None
+        self.local_info: dict | None = None
+        self.error: BenchError | None = None
         self.local: Any = None
-        self.client_cpus: Optional[set[int]] = None
-        self.server_cpus: Optional[set[int]] = None
-        self.target: Optional[Target] = settings.target
+        self.client_cpus: set[int] | None = None
+        self.server_cpus: set[int] | None = None
+        self.target: Target | None = settings.target
         self.metrics: Any = None  # --collect-metrics: a perf_analyzer.MetricsCollector
         #: --profile-export-file: one entry per measured level; wall clock = now_ns() + this offset.
         self.experiments: list[dict] = []
@@ -499,7 +501,7 @@ class Run:
             placements = regions.placements if regions is not None else [None] * len(tensors)
             if self.target.protocol == "grpc":
                 requests = [
-                    encode_grpc(plan, t, p, self.s.request_parameters) for t, p in zip(tensors, placements)
+                    encode_grpc(plan, t, p, self.s.request_parameters) for t, p in zip(tensors, placements, strict=True)
                 ]
             else:
                 requests = [
@@ -507,7 +509,7 @@ class Run:
                         plan, t, self.target.address, self.args.http_binary, p, self.s.request_parameters,
                         self.s.headers,
                     )
-                    for t, p in zip(tensors, placements)
+                    for t, p in zip(tensors, placements, strict=True)
                 ]
             found = probe(
                 self.target,
@@ -588,11 +590,11 @@ class Run:
         target: Target,
         requests: list[bytes],
         check: Any,
-        stats: Optional[Callable],
-        server_cpu: Optional[Callable],
+        stats: Callable | None,
+        server_cpu: Callable | None,
         progress: Any,
     ) -> None:
-        from .load import make_generator, resolve_client
+        from .generators import make_generator, resolve_client
         from .measure import measure_level
         from .procs import ProcessLoad
 
@@ -614,7 +616,7 @@ class Run:
                         self.options,
                         stats,
                         server_cpu,
-                        lambda phase, res, label=label: progress.level(label, phase, res, self.args.percentile),
+                        partial(progress.level, label, percentile=self.args.percentile),
                     )
                 finally:
                     if shared is None:

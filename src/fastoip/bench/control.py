@@ -21,9 +21,12 @@ import base64
 import http.client
 import json
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from .target import BenchError, Target
+
+if TYPE_CHECKING:  # grpc is imported by the gRPC client only: an HTTP bench does without it
+    import grpc
 
 SERVICE = "inference.GRPCInferenceService"
 GRPC_OPTIONS = [
@@ -52,10 +55,10 @@ class ControlClient:
     def model_metadata(self, model: str, version: str = "") -> dict:
         raise NotImplementedError
 
-    def model_config(self, model: str, version: str = "") -> Optional[dict]:
+    def model_config(self, model: str, version: str = "") -> dict | None:
         raise NotImplementedError
 
-    def model_statistics(self, model: str, version: str = "") -> Optional[dict]:
+    def model_statistics(self, model: str, version: str = "") -> dict | None:
         raise NotImplementedError
 
     def register_system_shm(self, name: str, key: str, byte_size: int) -> None:
@@ -120,7 +123,7 @@ class GrpcControl(ControlClient):
         self.channel = grpc.insecure_channel(target.address, options=GRPC_OPTIONS)
 
     def _call(self, method: str, request: Any, response_type: Any, stage: str) -> Any:
-        fn = self.channel.unary_unary(
+        fn: grpc.UnaryUnaryMultiCallable[bytes, Any] = self.channel.unary_unary(
             f"/{SERVICE}/{method}", request_serializer=None, response_deserializer=response_type.FromString
         )
         try:
@@ -155,7 +158,7 @@ class GrpcControl(ControlClient):
             "outputs": tensors(r.outputs),
         }
 
-    def model_config(self, model: str, version: str = "") -> Optional[dict]:
+    def model_config(self, model: str, version: str = "") -> dict | None:
         from .._proto import model_config_pb2 as mc
         from ..datatypes import CONFIG_TO_V2
 
@@ -188,7 +191,7 @@ class GrpcControl(ControlClient):
             "decoupled": bool(config.model_transaction_policy.decoupled),
         }
 
-    def model_statistics(self, model: str, version: str = "") -> Optional[dict]:
+    def model_statistics(self, model: str, version: str = "") -> dict | None:
         try:
             r = self._call(
                 "ModelStatistics",
@@ -249,9 +252,9 @@ class HttpControl(ControlClient):
     def __init__(self, target: Target, timeout: float = 10.0) -> None:
         self.target = target
         self.timeout = timeout
-        self._conn: Optional[http.client.HTTPConnection] = None
+        self._conn: http.client.HTTPConnection | None = None
 
-    def _get(self, path: str, stage: str, method: str = "GET", body: Optional[dict] = None) -> tuple[int, Any]:
+    def _get(self, path: str, stage: str, method: str = "GET", body: dict | None = None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         for attempt in (0, 1):
             if self._conn is None:
@@ -273,7 +276,7 @@ class HttpControl(ControlClient):
             payload = {"error": raw[:200].decode("latin-1")}
         return response.status, payload
 
-    def _ok(self, path: str, stage: str, method: str = "GET", body: Optional[dict] = None) -> Any:
+    def _ok(self, path: str, stage: str, method: str = "GET", body: dict | None = None) -> Any:
         status, payload = self._get(path, stage, method, body)
         if status != 200:
             message = payload.get("error", "") if isinstance(payload, dict) else ""
@@ -309,7 +312,7 @@ class HttpControl(ControlClient):
             "outputs": tensors(r.get("outputs")),
         }
 
-    def model_config(self, model: str, version: str = "") -> Optional[dict]:
+    def model_config(self, model: str, version: str = "") -> dict | None:
         from ..datatypes import CONFIG_TO_V2
 
         status, r = self._get(self._model_path(model, version) + "/config", "config")
@@ -333,7 +336,7 @@ class HttpControl(ControlClient):
             "decoupled": bool((r.get("model_transaction_policy") or {}).get("decoupled", False)),
         }
 
-    def model_statistics(self, model: str, version: str = "") -> Optional[dict]:
+    def model_statistics(self, model: str, version: str = "") -> dict | None:
         try:
             status, r = self._get(self._model_path(model, version) + "/stats", "statistics")
         except BenchError:

@@ -15,8 +15,7 @@ Errors are counted by HTTP status code ("404", "503"), or
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import Any, Optional
+from typing import Any
 
 from .load import LATE_NS, LoadSpec, LoopThreadGenerator, Sample, now_ns, schedule
 
@@ -33,7 +32,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def _dechunk(buf: bytearray, start: int) -> Optional[tuple[bytes, int]]:
+def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
     """(body, end) of a complete chunked body starting at ``start``; None if incomplete."""
     parts: list[bytes] = []
     pos = start
@@ -55,7 +54,7 @@ def _dechunk(buf: bytearray, start: int) -> Optional[tuple[bytes, int]]:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: parse responses, hand them to the owner."""
 
-    def __init__(self, owner: "HttpLoad") -> None:
+    def __init__(self, owner: HttpLoad) -> None:
         self.owner = owner
         self.transport: Any = None
         self.buf = bytearray()
@@ -114,7 +113,7 @@ class _Conn(asyncio.Protocol):
             if not buf:
                 return
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.owner.on_lost(self)
 
@@ -126,11 +125,8 @@ class HttpLoad(LoopThreadGenerator):
 
     def __init__(self, spec: LoadSpec) -> None:
         super().__init__(spec)
-        self._thread: Optional[threading.Thread] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stop_event: Optional[asyncio.Event] = None
-        self._ready = threading.Event()
-        self._error: Optional[BaseException] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
         self._running = False
         self._open = False
         self._next = 0
@@ -162,7 +158,7 @@ class HttpLoad(LoopThreadGenerator):
             self._idle.append(conn)
 
     @staticmethod
-    def _header_length(head: bytes) -> Optional[int]:
+    def _header_length(head: bytes) -> int | None:
         at = head.find(b"\r\ninference-header-content-length:")
         if at < 0:
             return None
@@ -180,7 +176,7 @@ class HttpLoad(LoopThreadGenerator):
             self._loop.create_task(self._slot())
 
     # Connections ------------------------------------------------------------------
-    async def _connect(self) -> Optional[_Conn]:
+    async def _connect(self) -> _Conn | None:
         assert self._loop is not None
         try:
             _, conn = await asyncio.wait_for(

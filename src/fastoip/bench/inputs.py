@@ -37,7 +37,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class ModelPlan:
     #: True when the leading dim is the batch dim.
     batched: bool
     #: From the config; None when the server gave no config.
-    max_batch_size: Optional[int]
+    max_batch_size: int | None
     #: "config" or "metadata": where the batch rule came from.
     source: str
     #: Input tensors; shapes may hold -1 only until the data fixes them.
@@ -92,7 +92,7 @@ def parse_shape_arg(text: str) -> tuple[str, list[int]]:
 
 def plan_model(
     metadata: dict,
-    config: Optional[dict],
+    config: dict | None,
     batch_size: int,
     shapes: dict[str, list[int]],
     version: str = "",
@@ -148,7 +148,7 @@ def plan_model(
                     f"--shape {name}: model shape {tensor['shape']} needs {len(dims)} {what}, got {len(given)}",
                     stage="args",
                 )
-            for want, got in zip(dims, given):
+            for want, got in zip(dims, given, strict=True):
                 if want != -1 and want != got:
                     raise BenchError(
                         f"--shape {name}:{given} does not match model shape {tensor['shape']}", stage="args"

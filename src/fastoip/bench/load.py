@@ -15,15 +15,7 @@ object is built per request.  Two clients:
 - ``aio``: grpc.aio, one coroutine per outstanding request on an event loop
   in a dedicated thread.  Also the only client for ``--streaming``.
 
-Which is faster depends on the level.  Measured against the ceiling server
-(server on CPU 0, client on CPU 1 of this project's 2-vCPU VM, 1.5 s points,
-medians of 5 interleaved pairs on a shared, noisy machine): c=1 future 1433
-req/s (p50 421 µs) vs aio 1174 (p50 584 µs); c=8 a tie (4858 vs 4251, 2 of
-5 pairs to aio); c=64 aio 5645 vs 4947 (4 of 5 pairs); open loop at 1500/s
-aio costs 277 client CPU-µs a request vs 329.  Hence ``auto`` (the default):
-future below concurrency 8, where its lower per-call latency matters most,
-aio from 8 up and in request-rate mode.  One channel vs min(C, 4) channels
-made no measurable difference at c=64.
+Which client carries a level is decided in :mod:`fastoip.bench.generators`.
 """
 
 from __future__ import annotations
@@ -33,9 +25,10 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -43,10 +36,8 @@ from .verify import ResponseCheck
 
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
-#: See the module docstring for the measurements behind it.
+#: See fastoip.bench.generators for the measurements behind it.
 DEFAULT_GRPC_CLIENT = "auto"
-#: ``auto`` picks aio from this concurrency up (and in request-rate mode).
-AIO_FROM_CONCURRENCY = 8
 #: A send later than this behind its schedule counts as late (request-rate mode).
 LATE_NS = 1_000_000
 now_ns = time.perf_counter_ns
@@ -110,7 +101,7 @@ class Sample:
     end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     @staticmethod
-    def merge(samples: list["Sample"]) -> "Sample":
+    def merge(samples: list[Sample]) -> Sample:
         errors: dict[str, int] = {}
         for s in samples:
             for code, n in s.errors.items():
@@ -205,6 +196,15 @@ class LoopThreadGenerator(Generator):
 
     thread_name = "fastoip-bench-loop"
 
+    def __init__(self, spec: LoadSpec) -> None:
+        super().__init__(spec)
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def _run(self, mode: str, level: float) -> None:
+        raise NotImplementedError
+
     def _start(self, mode: str, level: float) -> None:
         self._thread = threading.Thread(target=self._run, args=(mode, level), name=self.thread_name, daemon=True)
         self._thread.start()
@@ -219,7 +219,7 @@ class LoopThreadGenerator(Generator):
         self._start("rate", rate)
 
 
-def schedule(rate: float, distribution: str, seed: int):  # type: ignore[no-untyped-def]
+def schedule(rate: float, distribution: str, seed: int) -> Iterator[float]:
     """Successive gaps in ns of an open-loop schedule."""
     mean = 1e9 / rate
     if distribution == "poisson":
@@ -260,7 +260,7 @@ class GrpcFutureLoad(Generator):
         self._open = False
         self._inflight: set = set()
         self._tls = threading.local()
-        self._backlog: "queue.Queue[Optional[int]]" = queue.Queue()
+        self._backlog: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._ok_lengths = spec.check.lengths
 
@@ -387,13 +387,10 @@ class GrpcAioLoad(LoopThreadGenerator):
 
     def __init__(self, spec: LoadSpec) -> None:
         super().__init__(spec)
-        self._thread: Optional[threading.Thread] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stop_event: Optional[asyncio.Event] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
         self._running = False
         self._next = 0
-        self._ready = threading.Event()
-        self._error: Optional[BaseException] = None
 
     # The loop thread -------------------------------------------------------------
     def _run(self, mode: str, level: float) -> None:
@@ -412,6 +409,7 @@ class GrpcAioLoad(LoopThreadGenerator):
         count = self.spec.channels or auto_channels(int(level) if mode == "concurrency" else int(level // 1000) + 1)
         options = [channel_options(i, self.spec.compression) for i in range(count)]
         channels = [grpc.aio.insecure_channel(self.spec.address, options=option) for option in options]
+        calls: list[Any]  # raw-bytes multicallables (no serializers), unary or streaming
         if self.spec.streaming:
             calls = [
                 c.stream_stream(STREAM_METHOD, request_serializer=None, response_deserializer=None) for c in channels
@@ -441,11 +439,13 @@ class GrpcAioLoad(LoopThreadGenerator):
         self._next = k + 1 if k + 1 < len(self.spec.requests) else 0
         return self.spec.requests[k]
 
-    def _record(self, t0: int, response: Optional[bytes], code: Optional[str]) -> None:
+    def _record(self, t0: int, response: bytes | None, code: str | None) -> None:
         t1 = now_ns()
         if code is not None:
             self.recorder.error(t1, code)
-        elif len(response) in self.spec.check.lengths or self.spec.check.slow_ok(response):  # type: ignore[arg-type]
+        elif response is not None and (
+            len(response) in self.spec.check.lengths or self.spec.check.slow_ok(response)
+        ):
             self.recorder.ok(t1, t1 - t0)
         else:
             self.recorder.error(t1, "BAD_RESPONSE")
@@ -532,26 +532,3 @@ class GrpcAioLoad(LoopThreadGenerator):
                 pass
         if self._thread is not None:
             self._thread.join(drain_s + 5)
-
-
-def resolve_client(spec: LoadSpec, mode: str, level: float) -> str:
-    """The client that carries a level: ``http``, ``aio-stream``, ``future`` or ``aio``."""
-    if spec.protocol == "http":
-        return "http"
-    if spec.streaming:
-        return "aio-stream"
-    if spec.client != "auto":
-        return spec.client
-    return "aio" if mode != "concurrency" or level >= AIO_FROM_CONCURRENCY else "future"
-
-
-def make_generator(spec: LoadSpec, mode: str = "concurrency", level: float = 1) -> Generator:
-    """The generator for a spec and the level it will run (``auto`` resolves by level)."""
-    client = resolve_client(spec, mode, level)
-    if client == "http":
-        from .httpload import HttpLoad
-
-        return HttpLoad(spec)
-    if client in ("aio", "aio-stream"):
-        return GrpcAioLoad(spec)
-    return GrpcFutureLoad(spec)

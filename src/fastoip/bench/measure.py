@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class MeasureOptions:
     max_trials: int = 10
     stability_pct: float = 10.0
     #: Stability on this latency percentile instead of the average.
-    percentile: Optional[int] = None
+    percentile: int | None = None
     drain_s: float = 10.0
     measurement_mode: str = "time_windows"  # time_windows | count_windows
     measurement_request_count: int = 50
@@ -69,7 +70,7 @@ class MeasureOptions:
     count_timeout_s: float = 120.0
 
 
-def machine_busy_seconds() -> Optional[float]:
+def machine_busy_seconds() -> float | None:
     """CPU seconds all CPUs spent busy since boot (Linux /proc/stat; None elsewhere)."""
     try:
         with open("/proc/stat") as handle:
@@ -81,17 +82,17 @@ def machine_busy_seconds() -> Optional[float]:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def latency_summary(lat_ns: np.ndarray) -> dict[str, Optional[float]]:
+def latency_summary(lat_ns: np.ndarray) -> dict[str, float | None]:
     """avg and p50/p90/p95/p99 in microseconds (None without samples)."""
     if lat_ns.size == 0:
         return {"avg": None, **{f"p{p}": None for p in PERCENTILES}}
     values = np.percentile(lat_ns, PERCENTILES)
-    summary: dict[str, Optional[float]] = {"avg": float(lat_ns.mean()) / 1e3}
-    summary.update({f"p{p}": float(v) / 1e3 for p, v in zip(PERCENTILES, values)})
+    summary: dict[str, float | None] = {"avg": float(lat_ns.mean()) / 1e3}
+    summary.update({f"p{p}": float(v) / 1e3 for p, v in zip(PERCENTILES, values, strict=True)})
     return summary
 
 
-def stats_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+def stats_delta(before: dict | None, after: dict | None) -> dict | None:
     """Counter differences between two statistics snapshots (see control.STAT_KEYS)."""
     if before is None or after is None:
         return None
@@ -103,23 +104,24 @@ def stats_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]
     return delta
 
 
-def sum_deltas(deltas: list[Optional[dict]]) -> Optional[dict]:
-    if not deltas or any(d is None for d in deltas):
+def sum_deltas(deltas: list[dict | None]) -> dict | None:
+    known = [d for d in deltas if d is not None]
+    if not known or len(known) < len(deltas):
         return None
     total: dict[str, Any] = {}
     for key in DURATIONS:
-        total[key] = [sum(d[key][0] for d in deltas), sum(d[key][1] for d in deltas)]  # type: ignore[index]
+        total[key] = [sum(d[key][0] for d in known), sum(d[key][1] for d in known)]
     for key in ("inference_count", "execution_count"):
-        total[key] = sum(d[key] for d in deltas)  # type: ignore[index]
+        total[key] = sum(d[key] for d in known)
     return total
 
 
-def server_split(delta: Optional[dict]) -> Optional[dict]:
+def server_split(delta: dict | None) -> dict | None:
     """The server's own view of a window: average µs per request in each stage, batch size."""
     if delta is None:
         return None
 
-    def avg_us(key: str) -> Optional[float]:
+    def avg_us(key: str) -> float | None:
         count, ns = delta[key]
         return ns / count / 1e3 if count > 0 else None
 
@@ -143,9 +145,9 @@ class Window:
     start_ns: int
     end_ns: int
     sample: Sample
-    server: Optional[dict] = None
-    server_cpu_s: Optional[float] = None
-    machine_cpu_s: Optional[float] = None
+    server: dict | None = None
+    server_cpu_s: float | None = None
+    machine_cpu_s: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -159,7 +161,7 @@ class Window:
     def req_per_s(self) -> float:
         return self.successes / self.duration_s if self.duration_s > 0 else 0.0
 
-    def latency_us(self, percentile: Optional[int]) -> Optional[float]:
+    def latency_us(self, percentile: int | None) -> float | None:
         lat = self.sample.lat_ns
         if lat.size == 0:
             return None
@@ -167,18 +169,18 @@ class Window:
         return float(value) / 1e3
 
 
-def is_stable(windows: list[Window], stability_pct: float, percentile: Optional[int]) -> bool:
+def is_stable(windows: list[Window], stability_pct: float, percentile: int | None) -> bool:
     """perf_analyzer's rule on the last 3 windows (module docstring)."""
     if len(windows) < STABLE_WINDOWS:
         return False
     last = windows[-STABLE_WINDOWS:]
     throughput = [w.req_per_s for w in last]
-    latency = [w.latency_us(percentile) for w in last]
-    if any(t <= 0 for t in throughput) or any(v is None for v in latency):
+    latency = [v for w in last if (v := w.latency_us(percentile)) is not None]
+    if any(t <= 0 for t in throughput) or len(latency) < len(last):
         return False
     for values in (throughput, latency):
-        mean = sum(values) / len(values)  # type: ignore[arg-type]
-        if any(abs(v - mean) > mean * stability_pct / 100.0 for v in values):  # type: ignore[operator]
+        mean = sum(values) / len(values)
+        if any(abs(v - mean) > mean * stability_pct / 100.0 for v in values):
             return False
     return True
 
@@ -207,12 +209,14 @@ class LevelResult:
         sample, duration = self.merged()
         requests = int(sample.lat_ns.size)
         req_per_s = requests / duration if duration > 0 else 0.0
-        server_cpu = [w.server_cpu_s for w in self.reported]
-        machine_cpu = [w.machine_cpu_s for w in self.reported]
+        server_cpu = [c for w in self.reported if (c := w.server_cpu_s) is not None]
+        machine_cpu = [c for w in self.reported if (c := w.machine_cpu_s) is not None]
+        # a CPU figure only when every reported window has it
+        server_known = bool(server_cpu) and len(server_cpu) == len(self.reported)
         other = None
-        if duration > 0 and machine_cpu and all(c is not None for c in machine_cpu):
-            used = sample.cpu_ns / 1e9 + sum(c for c in server_cpu if c is not None)
-            other = max(0.0, 100.0 * (sum(machine_cpu) - used) / duration)  # type: ignore[arg-type]
+        if duration > 0 and machine_cpu and len(machine_cpu) == len(self.reported):
+            used = sample.cpu_ns / 1e9 + sum(server_cpu)
+            other = max(0.0, 100.0 * (sum(machine_cpu) - used) / duration)
         return {
             "mode": self.mode,
             "concurrency": int(self.level) if self.mode == "concurrency" else None,
@@ -231,8 +235,8 @@ class LevelResult:
             "late_sends": sample.late,
             "client_cpu_percent": 100.0 * sample.cpu_ns / 1e9 / duration if duration > 0 else None,
             "server_cpu_percent": (
-                100.0 * sum(server_cpu) / duration  # type: ignore[arg-type]
-                if duration > 0 and server_cpu and all(c is not None for c in server_cpu)
+                100.0 * sum(server_cpu) / duration
+                if duration > 0 and server_known
                 else None
             ),
             "other_cpu_percent": other,
@@ -264,9 +268,9 @@ def measure_level(
     level: float,
     batch_size: int,
     options: MeasureOptions,
-    stats: Optional[Callable[[], Optional[dict]]] = None,
-    server_cpu: Optional[Callable[[], Optional[float]]] = None,
-    progress: Optional[Callable[[str, "LevelResult"], None]] = None,
+    stats: Callable[[], dict | None] | None = None,
+    server_cpu: Callable[[], float | None] | None = None,
+    progress: Callable[[str, LevelResult], None] | None = None,
 ) -> LevelResult:
     """Run one level to stability (module docstring); the generator is stopped on return."""
     result = LevelResult(mode, level, batch_size, False, window_ms=options.window_ms)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import http.client
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .target import BenchError, Target
 from .verify import KNOWN_MODELS, check_shapes, check_values, decode_grpc, decode_http
+
+if TYPE_CHECKING:  # grpc is imported by the gRPC probes only: an HTTP bench does without it
+    import grpc
 
 
 @dataclass
@@ -39,7 +42,9 @@ class _GrpcCaller:
         self._grpc = grpc
         self.timeout = timeout
         self.channel = grpc.insecure_channel(target.address, options=channel_options(0))
-        self.call = self.channel.unary_unary(INFER_METHOD, request_serializer=None, response_deserializer=None)
+        self.call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(
+            INFER_METHOD, request_serializer=None, response_deserializer=None
+        )
 
     def __call__(self, request: bytes) -> bytes:
         try:
@@ -60,7 +65,9 @@ def _grpc_stream_probe(target: Target, request: bytes, timeout: float) -> bytes:
 
     channel = grpc.insecure_channel(target.address, options=channel_options(0))
     try:
-        call = channel.stream_stream(STREAM_METHOD, request_serializer=None, response_deserializer=None)
+        call: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(
+            STREAM_METHOD, request_serializer=None, response_deserializer=None
+        )
         responses = call(iter([request]), timeout=timeout)
         try:
             frame = next(responses)

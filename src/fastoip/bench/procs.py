@@ -16,19 +16,20 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-from typing import Any, Optional
+from typing import Any
 
-from .load import Generator, LoadSpec, Sample, make_generator
+from .generators import make_generator, resolve_client
+from .load import Generator, LoadSpec, Sample
 from .target import BenchError
 
 
-def _worker(conn: Any, spec: LoadSpec, cpus: Optional[set[int]]) -> None:
+def _worker(conn: Any, spec: LoadSpec, cpus: set[int] | None) -> None:
     if cpus:
         try:
             os.sched_setaffinity(0, cpus)
         except OSError:
             pass
-    generator: Optional[Generator] = None
+    generator: Generator | None = None
     try:
         while True:
             command = conn.recv()
@@ -66,7 +67,7 @@ def _worker(conn: Any, spec: LoadSpec, cpus: Optional[set[int]]) -> None:
 class ProcessLoad(Generator):
     """N worker processes behind the Generator interface."""
 
-    def __init__(self, spec: LoadSpec, processes: int, cpus: Optional[set[int]] = None) -> None:
+    def __init__(self, spec: LoadSpec, processes: int, cpus: set[int] | None = None) -> None:
         super().__init__(spec)
         context = multiprocessing.get_context("spawn")
         self._workers: list[tuple[Any, Any]] = []
@@ -100,8 +101,6 @@ class ProcessLoad(Generator):
         return value
 
     def _start(self, mode: str, shares: list[float]) -> None:
-        from .load import resolve_client
-
         client = resolve_client(self.spec, mode, sum(shares))
         if client in ("http", "aio-stream"):
             client = self.spec.client

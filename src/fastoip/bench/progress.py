@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 
 class Progress:
@@ -13,7 +13,7 @@ class Progress:
         self.enabled = enabled and sys.stdout.isatty()
         self._live: Any = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.enabled:
             from rich.live import Live
             from rich.text import Text
@@ -32,7 +32,7 @@ class Progress:
         if self._live is not None:
             self._live.update(self._text(message))
 
-    def level(self, label: str, phase: str, result: Any, percentile: Optional[int]) -> None:
+    def level(self, label: str, phase: str, result: Any, percentile: int | None) -> None:
         """Describe a level in progress (called by measure_level after each window)."""
         if self._live is None:
             return

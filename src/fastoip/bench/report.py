@@ -56,7 +56,10 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn: `fastoip bench --json` does without
+    from rich.console import JustifyMethod
 
 SCHEMA_VERSION = 1
 #: Above this other_cpu_percent a level is flagged as measured on a busy machine.
@@ -208,14 +211,14 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 
 # --------------------------------------------------------------------------- table
-def _ms(us: Optional[float]) -> str:
+def _ms(us: float | None) -> str:
     if us is None:
         return "-"
     ms = us / 1e3
     return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"
 
 
-def _us(value: Optional[float]) -> str:
+def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
@@ -227,7 +230,7 @@ def _errors(errors: dict) -> str:
     return ", ".join(f"{status}:{count}" for status, count in errors.items()) or "0"
 
 
-def render_table(document: dict, out: Optional[TextIO] = None) -> None:
+def render_table(document: dict, out: TextIO | None = None) -> None:
     """The final results table (rich)."""
     from rich.console import Console
     from rich.table import Table
@@ -253,7 +256,7 @@ def render_table(document: dict, out: Optional[TextIO] = None) -> None:
         "errors",
         "stable",
     ):
-        justify = "left" if name in ("model", "target", "level", "errors", "stable") else "right"
+        justify: JustifyMethod = "left" if name in ("model", "target", "level", "errors", "stable") else "right"
         table.add_column(name, justify=justify, no_wrap=True)
     table.add_column("cli cpu%", justify="right")
     if show_cpu:
@@ -307,7 +310,7 @@ def _key(row: dict) -> tuple:
     return (row["model"], row.get("target", "server"), row["mode"], level)
 
 
-def compare(path_a: str, path_b: str, out: Optional[TextIO] = None) -> int:
+def compare(path_a: str, path_b: str, out: TextIO | None = None) -> int:
     """Per-level ratios B/A of throughput and p99 for rows present in both files."""
     from rich.console import Console
     from rich.table import Table
@@ -341,7 +344,7 @@ def compare(path_a: str, path_b: str, out: Optional[TextIO] = None) -> int:
     ):
         table.add_column(name, justify="left" if name in ("model", "target", "level") else "right", no_wrap=True)
 
-    def ratio(b: Optional[float], a: Optional[float]) -> str:
+    def ratio(b: float | None, a: float | None) -> str:
         return f"{b / a:.2f}x" if a and b is not None else "-"
 
     for key in common:

@@ -20,7 +20,7 @@ import itertools
 import mmap
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -128,13 +128,15 @@ class SharedRegions:
     ``kind``: "system" or "cuda".
     """
 
-    def __init__(self, control: Any, plan: ModelPlan, requests: list[dict[str, np.ndarray]], kind: str = "system") -> None:
+    def __init__(
+        self, control: Any, plan: ModelPlan, requests: list[dict[str, np.ndarray]], kind: str = "system"
+    ) -> None:
         if kind == "system" and not os.path.isdir(SHM_DIR):
             raise BenchError(f"--shared-memory system needs {SHM_DIR}", stage="shm")
         self.control = control
         self.kind = kind
-        self.registered: list["_SystemRegion | _CudaRegion"] = []
-        self.regions: list["_SystemRegion | _CudaRegion"] = []
+        self.registered: list[_SystemRegion | _CudaRegion] = []
+        self.regions: list[_SystemRegion | _CudaRegion] = []
         base = f"fastoip-bench-{os.getpid()}-{next(_counter)}"
         try:
             self._build(base, plan, requests)
@@ -152,8 +154,8 @@ class SharedRegions:
                 total = _align(total + len(blob))
             offsets.append(row)
         inputs = self._region(f"{base}-in", total)
-        for request_blobs, row in zip(blobs, offsets):
-            for blob, (offset, size) in zip(request_blobs, row):
+        for request_blobs, row in zip(blobs, offsets, strict=True):
+            for blob, (offset, _size) in zip(request_blobs, row, strict=True):
                 inputs.write(offset, blob)
         self.output_spans: dict[str, tuple[int, int, str, list[int]]] = {}
         out_total = 0
@@ -168,7 +170,7 @@ class SharedRegions:
         self.placements = []
         for row in offsets:
             placement = Placement()
-            for tensor, (offset, size) in zip(plan.inputs, row):
+            for tensor, (offset, size) in zip(plan.inputs, row, strict=True):
                 placement.inputs[tensor.name] = {REGION: inputs.key, OFFSET: offset, BYTE_SIZE: size}
             if outputs is not None:
                 for output in plan.outputs:
@@ -177,7 +179,7 @@ class SharedRegions:
                     placement.outputs.append((output.name, params))
             self.placements.append(placement)
 
-    def _region(self, key: str, size: int) -> "_SystemRegion | _CudaRegion":
+    def _region(self, key: str, size: int) -> _SystemRegion | _CudaRegion:
         region = _CudaRegion(key, size) if self.kind == "cuda" else _SystemRegion(key, size)
         self.regions.append(region)
         # Region name = key: unique per bench process and model.
@@ -216,5 +218,5 @@ class SharedRegions:
         self.regions.clear()
 
 
-def placement_or_none(regions: Optional[SharedRegions], index: int) -> Optional[Placement]:
+def placement_or_none(regions: SharedRegions | None, index: int) -> Placement | None:
     return regions.placements[index] if regions is not None else None

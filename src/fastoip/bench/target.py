@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
 
@@ -47,7 +46,7 @@ class Target:
         return f"{self.protocol}://{self.address}"
 
     @classmethod
-    def parse(cls, url: str, protocol: Optional[str] = None) -> "Target":
+    def parse(cls, url: str, protocol: str | None = None) -> Target:
         """``host[:port]``, ``grpc://host:port`` or ``http://host:port``.
 
         An explicit ``protocol`` (``-i``) wins over the URL's scheme; without

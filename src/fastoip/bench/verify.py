@@ -8,8 +8,9 @@ starts, and again for any response whose length was never seen.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class Output:
     name: str
     datatype: str
     shape: list[int]
-    data: Optional[np.ndarray]
+    data: np.ndarray | None
 
 
 # --------------------------------------------------------------------------- decoding
@@ -72,7 +73,7 @@ def _decode_grpc_protobuf(data: bytes) -> list[Output]:
     return outputs
 
 
-def decode_stream_frame(data: bytes) -> tuple[str, Optional[bytes]]:
+def decode_stream_frame(data: bytes) -> tuple[str, bytes | None]:
     """A ModelStreamInferResponse -> (error_message, ModelInferResponse bytes or None)."""
     from .._proto import grpc_service_pb2 as pb
 
@@ -81,7 +82,7 @@ def decode_stream_frame(data: bytes) -> tuple[str, Optional[bytes]]:
     return message.error_message, inner
 
 
-def decode_http(body: bytes, header_length: Optional[int]) -> list[Output]:
+def decode_http(body: bytes, header_length: int | None) -> list[Output]:
     """A V2 infer response body: plain JSON, or JSON header + binary outputs."""
     head = body[:header_length] if header_length is not None else body
     document = json.loads(head)
@@ -125,7 +126,8 @@ def check_shapes(expected: list[Any], outputs: list[Output], elsewhere: frozense
             continue
         if want.datatype and got.datatype != want.datatype:
             problems.append(f"output '{want.name}' datatype {got.datatype}, expected {want.datatype}")
-        if len(got.shape) != len(want.shape) or any(w >= 0 and w != g for w, g in zip(want.shape, got.shape)):
+        same_rank = len(got.shape) == len(want.shape)
+        if not same_rank or any(w >= 0 and w != g for w, g in zip(want.shape, got.shape, strict=True)):
             problems.append(f"output '{want.name}' shape {got.shape}, expected {want.shape}")
         if got.data is None and want.name not in elsewhere:
             problems.append(f"output '{want.name}' carries no data")
@@ -161,7 +163,7 @@ REFERENCES: dict[str, Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]] 
 }
 
 
-def check_values(model: str, tensors: dict[str, np.ndarray], outputs: list[Output]) -> Optional[list[str]]:
+def check_values(model: str, tensors: dict[str, np.ndarray], outputs: list[Output]) -> list[str] | None:
     """Compare with the demo model's reference; None when ``model`` has no reference."""
     reference = REFERENCES.get(model)
     if reference is None:
@@ -210,7 +212,7 @@ class ResponseCheck:
         #: Outputs that live in shared memory (no data in the response).
         self.elsewhere = frozenset(elsewhere)
 
-    def slow_ok(self, data: bytes, header_length: Optional[int] = None) -> bool:
+    def slow_ok(self, data: bytes, header_length: int | None = None) -> bool:
         try:
             if self.protocol == "grpc":
                 outputs = decode_grpc(data, self.elsewhere)

@@ -29,7 +29,10 @@ from .request import ModelContentTypes, decode_request, encode_output, split_res
 from .string import StringContentType
 
 # Payload inference tries them in this order (user codecs first).
-for _codec in (NumpyContentType(), StringContentType(), DatetimeContentType(), Base64ContentType(), PandasContentType()):
+_BUILT_IN: tuple[ContentType, ...] = (
+    NumpyContentType(), StringContentType(), DatetimeContentType(), Base64ContentType(), PandasContentType()
+)
+for _codec in _BUILT_IN:
     _register_builtin(_codec)
 del _codec
 

@@ -18,8 +18,9 @@ Rules (MLServer's semantics, ``docs/user-guide/content-type.md``):
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, overload
+from typing import Any, ClassVar, TypeVar, overload
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class Tensor:
     parameters: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def content_type(self) -> Optional[str]:
+    def content_type(self) -> str | None:
         value = self.parameters.get("content_type")
         return value if isinstance(value, str) and value else None
 
@@ -99,7 +100,7 @@ class ContentType:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"input '{first.name}': {exc}") from None
 
-    def split_response(self, value: Any) -> Optional[dict[str, Any]]:
+    def split_response(self, value: Any) -> dict[str, Any] | None:
         """A whole-response value -> {output name: value}; None when ``value`` is not one."""
         return None
 
@@ -112,18 +113,20 @@ _user_order: list[str] = []
 #: Built-in codecs, in the order payload inference tries them.
 _builtin_order: list[str] = []
 
-C = TypeVar("C", bound=Union[ContentType, type])
+C = TypeVar("C", bound=ContentType | type)
 
 
 @overload
-def register_content_type(name: str, codec: Union[ContentType, type], *, replace: bool = False) -> ContentType: ...
+def register_content_type(name: str, codec: ContentType | type, *, replace: bool = False) -> ContentType: ...
 @overload
 def register_content_type(name: str, *, replace: bool = False) -> Callable[[C], C]: ...
 @overload
-def register_content_type(name: Union[ContentType, type], *, replace: bool = False) -> Any: ...
+def register_content_type(name: ContentType | type, *, replace: bool = False) -> Any: ...
 
 
-def register_content_type(name, codec=None, *, replace=False):  # type: ignore[no-untyped-def]
+def register_content_type(
+    name: str | ContentType | type, codec: ContentType | type | None = None, *, replace: bool = False
+) -> Any:
     """Add a content type to the registry.
 
     Forms::
@@ -138,14 +141,15 @@ def register_content_type(name, codec=None, *, replace=False):  # type: ignore[n
     codec taking it is the same class re-created by a model reload (same
     module and qualified name).
     """
-    if codec is None and isinstance(name, str):
-
-        def decorator(target):  # type: ignore[no-untyped-def]
-            register_content_type(name, target, replace=replace)
-            return target
-
-        return decorator
     if codec is None:
+        if isinstance(name, str):
+            label = name
+
+            def decorator(target: C) -> C:
+                register_content_type(label, target, replace=replace)
+                return target
+
+            return decorator
         codec, name = name, getattr(name, "name", "")
     instance = codec() if isinstance(codec, type) else codec
     if not isinstance(instance, ContentType):
@@ -190,7 +194,7 @@ def unregister_content_type(name: str) -> None:
             del _registry[name]
 
 
-def get_content_type(name: str) -> Optional[ContentType]:
+def get_content_type(name: str) -> ContentType | None:
     """The codec registered as ``name``, or None."""
     return _registry.get(name)
 
@@ -207,7 +211,7 @@ def codecs_for_payload() -> list[ContentType]:
 
 
 # -- helpers shared by the codecs ------------------------------------------------------------
-def bytes_array(items: list[bytes], shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
+def bytes_array(items: list[bytes], shape: tuple[int, ...] | None = None) -> np.ndarray:
     """An object array of ``bytes`` (never numpy's fixed-width ``S`` dtype)."""
     out = np.empty(len(items), dtype=object)
     out[:] = items
@@ -221,7 +225,7 @@ def flat_elements(tensor: Tensor, needs: str) -> list:
     return tensor.data.reshape(-1).tolist()
 
 
-def as_list(value: Any) -> Optional[list]:
+def as_list(value: Any) -> list | None:
     """``value`` as a flat list when it is a list, tuple, 1-D array or pandas Series; else None."""
     if isinstance(value, list):
         return value

@@ -18,7 +18,8 @@ Rules:
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ INSTALL_HINT = "pip install fastoip[pandas]"
 _numpy = NumpyContentType()
 
 
-def pandas():  # type: ignore[no-untyped-def]
+def pandas() -> ModuleType:
     """The pandas module, or Unsupported saying how to install it."""
     try:
         import pandas as pd
@@ -61,7 +62,7 @@ class PandasContentType(ContentType):
     def decode_request(self, tensors: list[Tensor], decoded: dict[str, Any]) -> Any:
         pd = pandas()
         columns: dict[str, Any] = {}
-        rows: Optional[int] = None
+        rows: int | None = None
         first_name = ""
         for tensor in tensors:
             count = int(tensor.shape[0]) if len(tensor.shape) else 1
@@ -78,7 +79,7 @@ class PandasContentType(ContentType):
                 columns[tensor.name] = _column(tensor.name, _numpy.decode(tensor), count, pd)
         return pd.DataFrame(columns)
 
-    def split_response(self, value: Any) -> Optional[dict[str, Any]]:
+    def split_response(self, value: Any) -> dict[str, Any] | None:
         if not is_dataframe(value):
             return None
         out: dict[str, Any] = {}

@@ -15,8 +15,9 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from ..errors import InternalError, InvalidArgument
 from .base import (
@@ -36,14 +37,14 @@ from .dataframe import is_series, plain_value
 class ModelContentTypes:
     """A model's default content types (its metadata: model-settings.json or config parameters)."""
 
-    request: Optional[str] = None
+    request: str | None = None
     inputs: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_parameters(
         cls, parameters: Mapping[str, str], input_names: list[str], output_names: list[str]
-    ) -> "ModelContentTypes":
+    ) -> ModelContentTypes:
         return cls(
             parameters.get(REQUEST_KEY) or None,
             {n: parameters[input_key(n)] for n in input_names if parameters.get(input_key(n))},
@@ -78,7 +79,7 @@ def lookup(name: str, where: str) -> ContentType:
 
 
 def decode_request(
-    tensors: list[Tensor], request_content_type: Optional[str], defaults: ModelContentTypes
+    tensors: list[Tensor], request_content_type: str | None, defaults: ModelContentTypes
 ) -> Any:
     """The value a model's ``predict`` gets for these input tensors."""
     decoded: dict[str, Any] = {}
@@ -108,7 +109,7 @@ def decode_request(
         raise InvalidArgument(f"the request does not fit content type '{name}': {exc}") from None
 
 
-def split_response(value: Any) -> Optional[tuple[dict[str, Any], str]]:
+def split_response(value: Any) -> tuple[dict[str, Any], str] | None:
     """A whole-response value (a DataFrame, or a user codec's type) -> ({output: value}, content type)."""
     for codec in codecs_for_payload():
         try:
@@ -120,7 +121,7 @@ def split_response(value: Any) -> Optional[tuple[dict[str, Any], str]]:
     return None
 
 
-def encode_output(name: str, value: Any, content_type: Optional[str], *, from_request: bool = False) -> Tensor:
+def encode_output(name: str, value: Any, content_type: str | None, *, from_request: bool = False) -> Tensor:
     """One output value -> a tensor, by ``content_type`` or, when None, by what the value is."""
     error = InvalidArgument if from_request else InternalError
     try:
