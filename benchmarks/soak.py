@@ -146,7 +146,7 @@ def make_request(transport: str, model: str, url: str, timeout: float) -> Callab
     if transport == "grpc":
         import tritonclient.grpc as client_lib
     else:
-        import tritonclient.http as client_lib  # type: ignore[no-redef]
+        import tritonclient.http as client_lib
     if transport == "grpc":
         client = client_lib.InferenceServerClient(url)
     else:

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 from fastoip import _codec
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip.errors import CodecError
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 LIMIT = 1000
 CONFIG = 'max_batch_size: 0\ninput [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]\n' \

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from models import V2_TO_ONNX, identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 from fastoip.classification import class_count, top_classes
@@ -18,6 +16,8 @@ from fastoip.core import Core
 from fastoip.errors import InvalidArgument
 from fastoip.repository import RepositoryOptions
 from fastoip.types import InferInput, InferRequest, RequestedOutput
+from models import V2_TO_ONNX, identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 LABELS = ["zero", "one", "", "three"]  # index 2 has an empty label: Triton then sends no label
 

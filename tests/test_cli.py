@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 
 from fastoip.cli import serve_options
 from fastoip.triton_flags import FlagError
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")

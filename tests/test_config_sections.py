@@ -7,11 +7,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
 
 from fastoip.core import Core
 from fastoip.repository import RepositoryOptions
+from models import identity_model_bytes, write_model
 
 IO = (
     'input { name: "INPUT0" data_type: TYPE_FP32 dims: [4] }\n'

@@ -37,7 +37,8 @@ max_batch_size: 8
 input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 4 ] } ]
 output [ { name: "LABEL" data_type: TYPE_INT64 dims: [ 1 ] }, { name: "SCORES" data_type: TYPE_FP32 dims: [ 2 ] } ]
 ensemble_scheduling { step [
-  { model_name: "pre" model_version: -1 input_map { key: "RAW" value: "IMAGE" } output_map { key: "SCALED" value: "x" } },
+  { model_name: "pre" model_version: -1 input_map { key: "RAW" value: "IMAGE" }
+    output_map { key: "SCALED" value: "x" } },
   { model_name: "net" model_version: -1 input_map { key: "X" value: "x" } output_map { key: "Y" value: "SCORES" } },
   { model_name: "post" model_version: -1 input_map { key: "SCORES" value: "SCORES" }
     output_map { key: "LABEL" value: "LABEL" } }

@@ -18,15 +18,6 @@ import pytest
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
-from h2raw import (
-    MODEL_INFER,
-    SERVICE,
-    RawGrpcConnection,
-    assert_good_request_on_new_connection,
-    grpc_frame,
-    simple_request_bytes,
-    wait_for_close,
-)
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -35,6 +26,16 @@ from hyperframe.frame import (
     RstStreamFrame,
     SettingsFrame,
     WindowUpdateFrame,
+)
+
+from h2raw import (
+    MODEL_INFER,
+    SERVICE,
+    RawGrpcConnection,
+    assert_good_request_on_new_connection,
+    grpc_frame,
+    simple_request_bytes,
+    wait_for_close,
 )
 from serverproc import ServerProcess
 

@@ -20,12 +20,12 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
 import tritonclient.utils.shared_memory as shm
-from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess, wait_until
 from tritonclient.utils import InferenceServerException
 
 from fastoip.demo import write_repository
+from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
+from serverproc import ServerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

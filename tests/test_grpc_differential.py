@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from h2raw import MODEL_INFER, SERVICE, CallResult, RawGrpcConnection, grpc_frame
-from models import V2_TO_ONNX, datatype_sample, write_datatype_repository
-from serverproc import ServerProcess
 
 from fastoip import _codec
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip._proto import health_pb2
 from fastoip.demo import write_repository
 from fastoip.types import InferInput, InferRequest, RequestedOutput
+from h2raw import MODEL_INFER, SERVICE, CallResult, RawGrpcConnection, grpc_frame
+from models import V2_TO_ONNX, datatype_sample, write_datatype_repository
+from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+
 from h2raw import RawGrpcConnection, assert_good_request_on_new_connection, simple_request_bytes
 from serverproc import ServerProcess, serve_help
 

@@ -18,12 +18,12 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf.message import Message
-from h2raw import MODEL_INFER, SERVICE, RawGrpcConnection
-from serverproc import ServerProcess, wait_until
 
 from fastoip import _codec
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip.types import InferInput, InferRequest
+from h2raw import MODEL_INFER, SERVICE, RawGrpcConnection
+from serverproc import ServerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

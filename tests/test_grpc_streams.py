@@ -15,10 +15,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from h2raw import MODEL_INFER, SERVICE, simple_request_bytes
-from serverproc import ServerProcess
 
 from fastoip._proto import grpc_service_pb2 as pb
+from h2raw import MODEL_INFER, SERVICE, simple_request_bytes
+from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -25,8 +25,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from serverproc import ServerProcess, serve_help
 from tritonclient.utils import InferenceServerException
+
+from serverproc import ServerProcess, serve_help
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 from fastoip.cli import main as cli_main
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+
 from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)

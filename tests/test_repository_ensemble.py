@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 from google.protobuf import text_format
 
@@ -19,7 +17,7 @@ MODELS = {
 }
 
 
-def lookup(name: str) -> Optional[ComposingModel]:
+def lookup(name: str) -> ComposingModel | None:
     return MODELS.get(name)
 
 

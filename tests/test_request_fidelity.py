@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
+
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")

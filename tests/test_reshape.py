@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 
 from fastoip.core import Core
 from fastoip.errors import InvalidArgument
 from fastoip.repository import RepositoryOptions
 from fastoip.types import InferInput, InferRequest
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 RESHAPED = (
     "max_batch_size: 8\n"

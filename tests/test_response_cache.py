@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import pytest
 
@@ -11,7 +9,7 @@ from fastoip.response_cache import CacheSettings, ResponseCache, request_key
 from fastoip.types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
 
 
-def request(values: list[int], request_id: str = "", outputs: Optional[list[str]] = None) -> InferRequest:
+def request(values: list[int], request_id: str = "", outputs: list[str] | None = None) -> InferRequest:
     data = np.array([values], dtype=np.int32)
     return InferRequest(
         "m",
@@ -64,13 +62,14 @@ def test_identical_requests_in_flight_run_once() -> None:
     leader = request([5], "leader")
     key = request_key(leader, "m", "1")
     assert cache.claim(key, leader, lambda r, e: None) is True
-    got: list[tuple[str, Optional[InferResponse], Optional[BaseException]]] = []
+    got: list[tuple[str, InferResponse | None, BaseException | None]] = []
     for i in range(3):
         follower = request([5], f"f{i}")
         assert cache.claim(key, follower, lambda r, e, i=i: got.append((f"f{i}", r, e))) is False
     for waiter, answer, error in cache.complete(key, response(leader), None):
         waiter(answer, error)
-    assert [(name, r.id if r else None, e) for name, r, e in got] == [("f0", "f0", None), ("f1", "f1", None), ("f2", "f2", None)]
+    expected = [("f0", "f0", None), ("f1", "f1", None), ("f2", "f2", None)]
+    assert [(name, r.id if r else None, e) for name, r, e in got] == expected
 
 
 def test_a_failure_is_not_stored_and_reaches_the_waiters() -> None:
@@ -78,7 +77,7 @@ def test_a_failure_is_not_stored_and_reaches_the_waiters() -> None:
     leader = request([9])
     key = request_key(leader, "m", "1")
     cache.claim(key, leader, lambda r, e: None)
-    errors: list[Optional[BaseException]] = []
+    errors: list[BaseException | None] = []
     cache.claim(key, request([9]), lambda r, e: errors.append(e))
     boom = RuntimeError("backend failed")
     for waiter, answer, error in cache.complete(key, None, boom):

@@ -7,8 +7,9 @@ sequences' state.  Control tensors are recorded per execution to check their val
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def job(value: int, corrid: object, start: bool = False, end: bool = False, batc
     return Job(request, {"INPUT": data}, 1, ["OUTPUT"])
 
 
-def run_ready(batcher: SequenceBatcher, clock: Clock, instance: int = 0) -> "Batch | int | None":
+def run_ready(batcher: SequenceBatcher, clock: Clock, instance: int = 0) -> Batch | int | None:
     decision = batcher.next_batch(instance, clock())
     if isinstance(decision, Batch):
         batcher.take(decision)

@@ -8,7 +8,6 @@ sequence, reset at START, kept apart between interleaved sequences, and the cont
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,7 +107,7 @@ def test_a_sequence_over_http_and_the_stream(server: ServerProcess) -> None:
 
     import queue
 
-    answers: "queue.Queue" = queue.Queue()
+    answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.utils.shared_memory as shm
-from models import identity_model_bytes, nonzero_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
+
+from models import identity_model_bytes, nonzero_model_bytes, write_model
+from serverproc import ServerProcess
 
 REGION_BYTES = 4 * 1024
 

@@ -16,14 +16,14 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
-from models import identity_model_bytes, write_model
 from onnx import TensorProto
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 from fastoip._shmguard import GuardedMapping
 from fastoip.errors import InvalidArgument
 from fastoip.shared_memory import SHM_DIR, SharedMemoryRegistry, check_intact
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 ROW = 256 * 1024  # FP32 elements per row: 1 MiB, so a copy takes long enough to be raced
 ROWS = 4

@@ -14,10 +14,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.model_config_pb2 as mc
 import tritonclient.http as httpclient
-from models import identity_model_bytes, write_model
 from onnx import TensorProto, helper, numpy_helper
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
+
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
 
 CLASSES = [f"class_{i}" for i in range(10)]
 

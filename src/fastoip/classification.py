@@ -128,7 +128,7 @@ def apply_classification(
     the parameter, and outputs already written to shared memory, are left alone.
     """
     counts = {
-        wanted.name: int(wanted.parameters[PARAMETER])  # type: ignore[arg-type]  # validated by class_count
+        wanted.name: int(wanted.parameters[PARAMETER])  # validated by class_count
         for wanted in request.outputs
         if wanted.parameters.get(PARAMETER)
     }

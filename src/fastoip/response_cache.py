@@ -20,15 +20,15 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
 
 import numpy as np
 
 from .types import InferOutput, InferRequest, InferResponse, Parameters
 
 #: What a waiter for an in-flight identical request is called with: the response or the error.
-Waiter = Callable[[Optional[InferResponse], Optional[BaseException]], None]
+Waiter = Callable[[InferResponse | None, BaseException | None], None]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class CacheSettings:
         return self.size_bytes > 0
 
     @classmethod
-    def parse(cls, values: list[str]) -> "CacheSettings":
+    def parse(cls, values: list[str]) -> CacheSettings:
         """Parse Triton's ``--cache-config <cache>,<key>=<value>`` entries (only the ``local`` cache exists)."""
         size = 0
         for value in values:
@@ -131,7 +131,7 @@ class ResponseCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._entries: "OrderedDict[bytes, _Entry]" = OrderedDict()
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._in_flight: dict[bytes, _InFlight] = {}
         self._used = 0
         self._lock = threading.Lock()
@@ -146,7 +146,7 @@ class ResponseCache:
 
     def claim(
         self, key: bytes, request: InferRequest, waiter: Waiter
-    ) -> Union[InferResponse, bool]:
+    ) -> InferResponse | bool:
         """Look ``key`` up.
 
         Returns the cached response (a hit, shaped for ``request``); or True when the
@@ -166,8 +166,8 @@ class ResponseCache:
             return True
 
     def complete(
-        self, key: bytes, response: Optional[InferResponse], error: Optional[BaseException]
-    ) -> list[tuple[Waiter, Optional[InferResponse], Optional[BaseException]]]:
+        self, key: bytes, response: InferResponse | None, error: BaseException | None
+    ) -> list[tuple[Waiter, InferResponse | None, BaseException | None]]:
         """The claimed request finished: store a success, and say what each waiter gets.
 
         The waiters are returned with their answers, not called, so the caller runs

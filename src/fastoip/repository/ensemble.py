@@ -18,7 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2
@@ -75,7 +74,7 @@ def is_ensemble(config: mc.ModelConfig) -> bool:
     return config.platform == "ensemble" or config.HasField("ensemble_scheduling")
 
 
-def _shape(tensor: "mc.ModelInput | mc.ModelOutput") -> TensorShape:
+def _shape(tensor: mc.ModelInput | mc.ModelOutput) -> TensorShape:
     # the client-facing dims: a composing model's reshape is its own business
     return TensorShape(CONFIG_TO_V2.get(mc.DataType.Name(tensor.data_type), ""), tuple(tensor.dims))
 
@@ -90,7 +89,7 @@ def composing_model_of(config: mc.ModelConfig) -> ComposingModel:
     )
 
 
-def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], Optional[ComposingModel]]) -> EnsemblePlan:
+def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel | None]) -> EnsemblePlan:
     """Check ``config``'s ``ensemble_scheduling`` against the composing models and order its steps.
 
     ``lookup(name)`` gives a composing model's wiring, or None when it is not loaded.
@@ -130,7 +129,9 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], Optional[Compo
                     f"{where}: ensemble tensor '{tensor}' is already produced by step {producer[tensor]}"
                 )
             if tensor in declared_inputs:
-                raise InvalidArgument(f"{where}: ensemble tensor '{tensor}' is an ensemble input; a step cannot write it")
+                raise InvalidArgument(
+                    f"{where}: ensemble tensor '{tensor}' is an ensemble input; a step cannot write it"
+                )
             producer[tensor] = index
             _agree(where, tensor, known, model.outputs[model_output])
         version = "" if step.model_version < 0 else str(step.model_version)
@@ -164,7 +165,7 @@ def _agree(where: str, tensor: str, known: dict[str, TensorShape], seen: TensorS
             f"{where}: ensemble tensor '{tensor}' is {previous.datatype} in one place and {seen.datatype} in another"
         )
     if len(previous.dims) == len(seen.dims) and any(
-        a != b and a >= 0 and b >= 0 for a, b in zip(previous.dims, seen.dims)
+        a != b and a >= 0 and b >= 0 for a, b in zip(previous.dims, seen.dims, strict=True)
     ):
         raise InvalidArgument(
             f"{where}: ensemble tensor '{tensor}' has shape {list(previous.dims)} in one place "

@@ -54,7 +54,9 @@ def warmup_requests(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, 
         for name, spec in sorted(entry.inputs.items()):
             shape = tuple(batch + list(spec.dims))
             if any(d < 0 for d in shape):
-                raise InvalidArgument(f"model_warmup '{label}': input '{name}' dims must be fixed, got {list(spec.dims)}")
+                raise InvalidArgument(
+                    f"model_warmup '{label}': input '{name}' dims must be fixed, got {list(spec.dims)}"
+                )
             datatype = CONFIG_TO_V2.get(mc.DataType.Name(spec.data_type))
             if datatype is None:
                 raise InvalidArgument(f"model_warmup '{label}': input '{name}' has no data type")

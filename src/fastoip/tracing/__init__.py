@@ -1,4 +1,4 @@
-"""Request tracing as Triton does it: its trace file (``mode=triton``) or OpenTelemetry spans (``mode=opentelemetry``)."""
+"""Request tracing as Triton does it: its trace file (``mode=triton``) or OpenTelemetry spans."""
 
 from .config import TraceConfig, parse_trace_config
 from .record import TraceRecord

@@ -17,7 +17,7 @@ Rules (Triton's ``trace.md`` "OpenTelemetry trace support", with the spans fasto
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from .config import TraceConfig
 from .record import TraceRecord
@@ -36,7 +36,7 @@ _COMPUTE_PARTS = (
 class OtelExporter:
     """Turns finished TraceRecords into spans and hands them to the SDK's batch exporter."""
 
-    def __init__(self, config: TraceConfig, exporter: Optional[Any] = None) -> None:
+    def __init__(self, config: TraceConfig, exporter: Any | None = None) -> None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource

@@ -8,7 +8,7 @@ frontend's GRPC_* / HTTP_* ones) on the monotonic clock, in nanoseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -26,10 +26,10 @@ class TraceRecord:
     request_id: str
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     #: (activity, name, datatype, shape, data) for TENSORS traces.
-    tensors: list[tuple[str, str, str, tuple[int, ...], Optional[np.ndarray]]] = field(default_factory=list)
+    tensors: list[tuple[str, str, str, tuple[int, ...], np.ndarray | None]] = field(default_factory=list)
     #: W3C trace context from the caller (``traceparent``, ``tracestate``), if it sent one.
     carrier: dict[str, str] = field(default_factory=dict)
-    parent_id: Optional[int] = None
+    parent_id: int | None = None
 
     def stamp(self, name: str, ns: int) -> None:
         self.timestamps.append((name, ns))
@@ -62,7 +62,7 @@ class TraceRecord:
         return entries
 
 
-def _tensor_text(data: Optional[np.ndarray]) -> str:
+def _tensor_text(data: np.ndarray | None) -> str:
     if data is None:
         return ""
     flat = data.reshape(-1)[:TENSOR_ELEMENT_LIMIT]
