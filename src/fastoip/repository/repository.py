@@ -34,14 +34,12 @@ from typing import Optional
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
+from ..options import RepositoryOptions
 from ..backends import BackendKind, kind_for
-from .config import read_config_file
+from .config import MODEL_SETTINGS, read_config_file, read_model_settings
 from .loaded import LoadedModel
 
 log = logging.getLogger("fastoip.repository")
-
-#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
-MODEL_SETTINGS = "model-settings.json"
 
 
 class ModelState(str, enum.Enum):
@@ -49,18 +47,6 @@ class ModelState(str, enum.Enum):
     LOADING = "LOADING"
     READY = "READY"
     UNLOADING = "UNLOADING"
-
-
-@dataclass
-class RepositoryOptions:
-    """Server-wide defaults for models whose config leaves things out."""
-
-    default_max_batch_size: int = 64
-    intra_op_threads: int = 1
-    inter_op_threads: int = 1
-    use_gpu: bool = True
-    #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
-    default_batching: Optional[dict] = None
 
 
 @dataclass
@@ -256,8 +242,6 @@ class ModelRepository:
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
-            from ..backends.python import read_model_settings
-
             base = read_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
