@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ...core import CUDA, SYSTEM, Core
+from ...core import CUDA, SYSTEM, Core, config_to_json
 from ...errors import InvalidArgument
-from ...repository.config import config_to_json
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
