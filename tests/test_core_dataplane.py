@@ -175,6 +175,7 @@ def test_shared_memory_output_written_once(
     core: Core, region: tuple[str, shared_memory.SharedMemory], entry: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name, memory = region
+    assert memory.buf is not None
     writes: list[str] = []
     real_write = dataplane.write_output
 

@@ -170,7 +170,10 @@ class DataPlane:
                     assert job.response is not None
                     future.set_result(job.response)
 
-        job = self.submit(request, lambda j: loop.call_soon_threadsafe(resolve, j), deadline_ns)
+        def hop_to_loop(finished: Job) -> None:  # runs on the finishing thread
+            loop.call_soon_threadsafe(resolve, finished)
+
+        job = self.submit(request, hop_to_loop, deadline_ns)
         try:
             return await future
         except asyncio.CancelledError:

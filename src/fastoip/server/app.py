@@ -83,7 +83,7 @@ class Server:
 
     def start(self) -> None:
         options = self.options
-        log.info("model repository: %s", self.core.repository.root)
+        log.info("model repository: %s", self.core.repository_root)
         self.core.load_models()
         self.grpc_server, self.grpc_port = create_server(
             self.core,

@@ -98,7 +98,8 @@ class HttpServer:
         server, thread = self._server, self._thread
         if server is None or thread is None:
             return
-        server.config.timeout_graceful_shutdown = max(timeout, 0.0)
+        # uvicorn annotates int, but waits with asyncio, which takes float seconds
+        server.config.timeout_graceful_shutdown = max(timeout, 0.0)  # type: ignore[assignment]
         server.should_exit = True
         # uvicorn notices should_exit within 0.1 s; its shutdown waits at most timeout.
         thread.join(timeout + 5.0)
