@@ -8,8 +8,9 @@ frontends.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -37,12 +38,12 @@ def core_on(root: Path, *, load: bool = True, **options: Any) -> Iterator[Core]:
 
 
 def simple_request(
-    a: Optional[np.ndarray] = None,
-    b: Optional[np.ndarray] = None,
+    a: np.ndarray | None = None,
+    b: np.ndarray | None = None,
     *,
     model: str = "simple",
     request_id: str = "",
-    outputs: Optional[list[RequestedOutput]] = None,
+    outputs: list[RequestedOutput] | None = None,
 ) -> InferRequest:
     """A request for the demo ``simple`` model (INT32 [1, 16] + and -); default inputs 0..15 and 1s."""
     a = np.arange(16, dtype=np.int32).reshape(1, 16) if a is None else a

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 import pytest

@@ -6,9 +6,9 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -106,12 +106,43 @@ def test_expired_deadline_fails_once_as_deadline_exceeded(core: Core) -> None:
     assert success_and_failure(core, "simple") == (before[0], before[1] + 2)
 
 
-def test_call_context_with_timeout() -> None:
+def test_call_context_deadlines() -> None:
     assert CallContext.with_timeout(None).deadline_ns == 0
     assert CallContext.with_timeout(1e12).deadline_ns == 0  # grpcio's "no deadline"
     now = time.monotonic_ns()
     deadline = CallContext.with_timeout(2.0).deadline_ns
     assert now + 1_900_000_000 < deadline < now + 60_000_000_000
+    lazy = CallContext(time_remaining=lambda: 2.0)
+    assert lazy.deadline_ns == 0 and now + 1_900_000_000 < lazy.queued_deadline_ns() < now + 60_000_000_000
+    assert CallContext(deadline_ns=5, time_remaining=lambda: 2.0).queued_deadline_ns() == 5
+    assert CallContext(time_remaining=lambda: None).queued_deadline_ns() == 0
+
+
+def test_time_remaining_is_read_only_for_queued_requests(core: Core) -> None:
+    reads: list[str] = []
+
+    def remaining() -> float:
+        reads.append("read")
+        return 3600.0
+
+    core.infer(simple_request(), CallContext(time_remaining=remaining))
+    assert reads == []  # a direct request runs at once: no deadline to read
+    cancels: list[Callable[[], None]] = []
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            core.infer(fp32_request("held"), CallContext(on_cancel=cancels.append, time_remaining=remaining))
+        except BaseException as exc:  # noqa: B036 - the test reports what the call raised
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_for(lambda: len(cancels) == 1, "the cancel registration")
+    assert reads == ["read"]  # read once, for the queued request
+    cancels[0]()
+    caller.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled)
 
 
 def test_cancel_a_queued_submit(core: Core) -> None:

@@ -9,6 +9,10 @@ Rules:
   that cancels the request, and only for a request that will wait in a queue
   (a request that runs at once on the caller's thread has nothing to cancel).
   grpcio's ``context.add_callback`` has exactly this shape.
+- The deadline is absolute (``deadline_ns``), or read lazily from
+  ``time_remaining`` (seconds; grpcio's ``context.time_remaining``) only for a
+  request that will wait in a queue: one that runs at once has its turn
+  already, and the hot path skips the clock reads.
 """
 
 from __future__ import annotations
@@ -23,28 +27,41 @@ from ..types import InferRequest, InferResponse
 #: A remaining time at or above this many seconds means "no deadline" (grpcio reports ~forever as a huge number).
 NO_DEADLINE_S = 1e9
 
+CancelRegistration = Callable[[Callable[[], None]], object]
+
 
 class CallContext:
-    """The caller's side of one call: an absolute deadline and an on-cancel registration."""
+    """The caller's side of one call: a deadline and an on-cancel registration."""
 
-    __slots__ = ("deadline_ns", "on_cancel")
+    __slots__ = ("deadline_ns", "on_cancel", "time_remaining")
 
     def __init__(
-        self, deadline_ns: int = 0, on_cancel: Callable[[Callable[[], None]], object] | None = None
+        self,
+        deadline_ns: int = 0,
+        on_cancel: CancelRegistration | None = None,
+        time_remaining: Callable[[], float | None] | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
         self.on_cancel = on_cancel
+        self.time_remaining = time_remaining
 
     @classmethod
-    def with_timeout(
-        cls, remaining_s: float | None, on_cancel: Callable[[Callable[[], None]], object] | None = None
-    ) -> CallContext:
-        """From a relative time left (seconds, None: no deadline), as gRPC servers report it."""
-        deadline_ns = 0
-        if remaining_s is not None and remaining_s < NO_DEADLINE_S:
-            deadline_ns = time.monotonic_ns() + int(remaining_s * 1e9)
-        return cls(deadline_ns, on_cancel)
+    def with_timeout(cls, remaining_s: float | None, on_cancel: CancelRegistration | None = None) -> CallContext:
+        """From a relative time left (seconds, None: no deadline), read now."""
+        return cls(_deadline_after(remaining_s), on_cancel)
+
+    def queued_deadline_ns(self) -> int:
+        """The deadline of a request about to wait in a queue: ``deadline_ns``, else from ``time_remaining``."""
+        if self.deadline_ns or self.time_remaining is None:
+            return self.deadline_ns
+        return _deadline_after(self.time_remaining())
+
+
+def _deadline_after(remaining_s: float | None) -> int:
+    if remaining_s is None or remaining_s >= NO_DEADLINE_S:
+        return 0
+    return time.monotonic_ns() + int(remaining_s * 1e9)
 
 
 class FinishedCall(Protocol):

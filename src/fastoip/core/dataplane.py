@@ -195,10 +195,12 @@ class DataPlane:
             job.destinations = self._output_destinations(request)
         if model.scheduler.queues:
             job.arm()  # it will wait in a queue: other threads may finish or cancel it
-        if call is not None:
+            if call is not None:
+                job.deadline_ns = call.queued_deadline_ns()
+                if call.on_cancel is not None:
+                    call.on_cancel(job.cancel)
+        elif call is not None:
             job.deadline_ns = call.deadline_ns
-            if call.on_cancel is not None and model.scheduler.queues:
-                call.on_cancel(job.cancel)
         model.enter()
         return model, job
 

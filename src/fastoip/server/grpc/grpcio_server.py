@@ -126,7 +126,7 @@ _END = object()
 def call_context(context: grpc.ServicerContext) -> CallContext:
     """The client's deadline, and cancel the request when the call ends (the Core registers that only
     for a request that will wait in a queue: a direct request runs at once on this thread)."""
-    return CallContext.with_timeout(context.time_remaining(), context.add_callback)
+    return CallContext(on_cancel=context.add_callback, time_remaining=context.time_remaining)
 
 
 def _wrap(method: Callable[[Message], Message]) -> Callable[[Message, grpc.ServicerContext], Message]:
