@@ -10,7 +10,7 @@ ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx
+$(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
@@ -32,4 +32,4 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py
 
 clean:
-	rm -rf $(VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so
+	rm -rf $(VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c src/fastoip/_shmguard*.so

@@ -1,4 +1,4 @@
-"""Build the native codec extension; all other metadata lives in pyproject.toml."""
+"""Build the native extensions (codec, shared-memory guard); all other metadata lives in pyproject.toml."""
 
 import os
 
@@ -16,7 +16,13 @@ extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
-    )
+    ),
+    # Shared-memory mappings whose SIGBUS (a client shrank the object) becomes a request error.
+    Extension(
+        "fastoip._shmguard",
+        ["src/fastoip/_shmguard.pyx"],
+        extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
+    ),
 ]
 
 setup(

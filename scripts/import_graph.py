@@ -12,12 +12,12 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 
 0. ground: the vocabulary every layer shares (types, errors, datatypes,
    options, settings, the generated protobuf modules, CUDA helpers,
-   statistics, content types, the Python model API);
+   statistics, tracing, classification, content types, the Python model API);
 1. wire: where tensor bytes come from and go: the codecs (``_codec``,
    ``wire/``) and the shared-memory regions;
-2. models: ``repository/``, ``scheduling/``, ``backends/``;
+2. models: ``repository/``, ``scheduling/``, ``backends/``, the response cache and output finishing;
 3. core: ``core/``;
-4. top: frontends (``server/``), ``bench/``, the CLI, the demo repository.
+4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository.
 """
 
 from __future__ import annotations
@@ -44,16 +44,23 @@ LAYERS: dict[str, int] = {
     "content_types": 0,
     "model": 0,
     "lifecycle": 0,
+    "classification": 0,
+    "host_metrics": 0,
+    "tracing": 0,
     "_codec": 1,
     "wire": 1,
     "shared_memory": 1,
+    "_shmguard": 1,
     "repository": 2,
     "scheduling": 2,
     "backends": 2,
+    "response_outputs": 2,
+    "response_cache": 2,
     "core": 3,
     "server": 4,
     "bench": 4,
     "cli": 4,
+    "triton_flags": 4,
     "demo": 4,
     "__main__": 4,
 }
@@ -70,7 +77,9 @@ def module_name(path: Path) -> str:
 def layer_of(module: str) -> int:
     rest = module[len(PACKAGE) + 1 :] if module != PACKAGE else ""
     parts = rest.split(".") if rest else []
-    for end in range(len(parts), -1, -1):
+    if not parts:
+        return LAYERS[""]
+    for end in range(len(parts), 0, -1):
         prefix = ".".join(parts[:end])
         if prefix in LAYERS:
             return LAYERS[prefix]

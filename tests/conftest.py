@@ -1,7 +1,13 @@
-"""Shared fixtures: a demo repository on disk and a real server process on it."""
+"""Shared fixtures: a demo repository on disk, a real server process on it, and the gRPC frontend to test.
+
+``FASTOIP_TEST_GRPC_FRONTENDS`` (comma separated, e.g. ``native,grpcio``) picks the gRPC frontends that
+frontend-parametrised tests run against; by default both where the native frontend was built, else grpcio.
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +16,53 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from serverproc import ServerProcess  # noqa: E402
+
+KNOWN_FRONTENDS = ("native", "grpcio")
+
+
+def native_frontend_built() -> bool:
+    """Whether the native HTTP/2 engine of the native gRPC frontend imports in this environment."""
+    try:
+        importlib.import_module("fastoip.server.grpc._http2")
+    except ImportError:
+        return False
+    return True
+
+
+def selected_frontends() -> list[str]:
+    raw = os.environ.get("FASTOIP_TEST_GRPC_FRONTENDS", "")
+    if not raw.strip():
+        return ["native", "grpcio"] if native_frontend_built() else ["grpcio"]
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in KNOWN_FRONTENDS]
+    if unknown:
+        raise pytest.UsageError(f"FASTOIP_TEST_GRPC_FRONTENDS: unknown frontend(s) {unknown}; known: {KNOWN_FRONTENDS}")
+    if "native" in names and not native_frontend_built():
+        raise pytest.UsageError(
+            "FASTOIP_TEST_GRPC_FRONTENDS asks for native, but fastoip.server.grpc._http2 does not import (not built)"
+        )
+    return names
+
+
+GRPC_FRONTENDS = selected_frontends()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: long or memory-hungry; see the test's docstring for when it runs")
+
+
+@pytest.fixture(scope="module", params=GRPC_FRONTENDS)
+def grpc_frontend(request: pytest.FixtureRequest) -> str:
+    """The gRPC frontend a test's server runs; module scope so a module starts one server per frontend."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def native_frontend() -> str:
+    """For tests only the native frontend can pass (TLS flags, event-driven streams): skip when absent."""
+    if "native" not in GRPC_FRONTENDS:
+        pytest.skip("native gRPC frontend not selected (FASTOIP_TEST_GRPC_FRONTENDS) or not built")
+    return "native"
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +74,13 @@ def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(demo_repo: Path):  # type: ignore[no-untyped-def]
-    """One fastoip on the demo repository, shared by the read-only end-to-end tests."""
+    """One fastoip on the demo repository (server's default gRPC frontend), shared by read-only end-to-end tests."""
     with ServerProcess(demo_repo, http=False) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def frontend_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-untyped-def]
+    """One fastoip on the demo repository per selected gRPC frontend, for the modules parametrised over it."""
+    with ServerProcess(demo_repo, http=False, grpc_frontend=grpc_frontend) as proc:
         yield proc

@@ -18,6 +18,9 @@ from fastoip.core import Core
 from fastoip.options import RepositoryOptions
 from fastoip.types import InferInput, InferRequest, RequestedOutput
 
+#: ``simple`` with no batcher (auto-complete adds one above max_batch_size 1): a request runs on the caller's thread.
+DIRECT_SIMPLE = 'name: "simple"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
+
 #: A batcher that holds a lone request for 30 s: it waits in the queue until a test cancels it.
 HOLDING_BATCHER = """
 max_batch_size: 8

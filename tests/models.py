@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
+import numpy as np
 from onnx import TensorProto, helper
 
 #: V2 datatype -> ONNX element type, for the datatype round-trip models.
@@ -37,7 +37,7 @@ def identity_model_bytes(elem_type: int, dims: list, name: str = "identity", bat
     return model.SerializeToString()
 
 
-def write_model(root: Path, name: str, data: bytes, version: int = 1, config: Optional[str] = None) -> Path:
+def write_model(root: Path, name: str, data: bytes, version: int = 1, config: str | None = None) -> Path:
     """Write ``<root>/<name>/<version>/model.onnx`` (+ config.pbtxt) and return the model dir."""
     version_dir = root / name / str(version)
     version_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +55,24 @@ def write_datatype_repository(root: Path) -> dict[str, str]:
         write_model(root, name, identity_model_bytes(elem_type, ["n"] if datatype == "BYTES" else [4], name))
         names[datatype] = name
     return names
+
+
+def datatype_sample(datatype: str) -> np.ndarray:
+    """A [2, 4] (BYTES: [2, 3]) array of ``datatype`` with its edge values (min/max, NaN, Inf, -0.0, empty bytes)."""
+    rng = np.random.default_rng(4)
+    if datatype == "BOOL":
+        return rng.integers(0, 2, (2, 4)).astype(bool)
+    if datatype == "BYTES":
+        return np.array([[b"a", b"", b"\x00\xff"], [b"xyz", "é".encode(), b"\x80"]], dtype=object)
+    if datatype == "FP16":
+        return np.array([[np.nan, np.inf, -np.inf, -0.0], [1.5, -2.25, 65504, 6e-8]], dtype=np.float16)
+    if datatype in ("FP32", "BF16"):
+        return np.array([[1.0, -2.5, 0.0, 3.140625], [-0.0, 1e10, -7.0, 0.5]], dtype=np.float32)
+    if datatype == "FP64":
+        return rng.standard_normal((2, 4))
+    dtype = np.dtype(datatype.lower())
+    info = np.iinfo(dtype)
+    return np.array([[info.min, info.max, 0, 1], [2, 3, info.max - 1, info.min + 1]], dtype=dtype)
 
 
 def slow_model_bytes(rows: int = 256, layers: int = 4) -> bytes:

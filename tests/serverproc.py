@@ -9,8 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+from functools import cache
 from pathlib import Path
-from typing import Optional
 
 LISTEN_LINE = re.compile(r"fastoip: (grpc|http|metrics) listening on ([\d.]+):(\d+)")
 
@@ -20,20 +20,24 @@ class ServerProcess:
 
     def __init__(
         self,
-        repository: Optional[Path],
+        repository: Path | None,
         *extra: str,
         http: bool = False,
         metrics: bool = False,
-        env: Optional[dict] = None,
+        env: dict | None = None,
+        grpc_frontend: str | None = None,
     ) -> None:
         args = [sys.executable, "-m", "fastoip.cli", "serve", "--host", "127.0.0.1", "--grpc-port", "0"]
+        args += frontend_args(grpc_frontend)
         if repository is not None:
             args += ["--model-repository", str(repository)]
         args += ["--http-port", "0" if http else "-1", "--metrics-port", "0" if metrics else "-1"]
+        args += ["--shutdown-grace", "0"]  # tests stop servers often; a test that wants a grace passes one
         args += list(extra)
         self.args = args
         self.env = {**os.environ, **(env or {})}
-        self.proc: Optional[subprocess.Popen] = None
+        self.grpc_frontend = grpc_frontend
+        self.proc: subprocess.Popen | None = None
         self.grpc_port = 0
         self.http_port = 0
         self.metrics_port = 0
@@ -48,7 +52,7 @@ class ServerProcess:
     def http_url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 60.0) -> "ServerProcess":
+    def start(self, timeout: float = 60.0) -> ServerProcess:
         self.proc = subprocess.Popen(
             self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env
         )
@@ -82,7 +86,7 @@ class ServerProcess:
         assert self.proc is not None
         return self.proc.wait(timeout)
 
-    def stop(self, timeout: float = 30.0) -> Optional[int]:
+    def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
@@ -92,11 +96,39 @@ class ServerProcess:
             self.proc.kill()
             return self.proc.wait(10)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@cache
+def serve_help() -> str:
+    """``fastoip serve --help`` of this build: which flags it has, and how they are spelled."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastoip.cli", "serve", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
+
+
+def server_knows_frontend_flag() -> bool:
+    """Whether this build's ``fastoip serve`` has ``--grpc-frontend`` (servers before the native frontend do not)."""
+    return "--grpc-frontend" in serve_help()
+
+
+def frontend_args(grpc_frontend: str | None) -> list[str]:
+    """The serve flags that pick a gRPC frontend.
+
+    ``native`` always names itself.  ``grpcio`` is named only where the flag exists: a server without the
+    flag has only grpcio, and one with it may default to native, so the flag must then be explicit.
+    """
+    if grpc_frontend is None:
+        return []
+    if grpc_frontend == "native" or server_knows_frontend_flag():
+        return ["--grpc-frontend", grpc_frontend]
+    if grpc_frontend != "grpcio":
+        raise ValueError(f"unknown gRPC frontend {grpc_frontend!r}: expected 'native' or 'grpcio'")
+    return []
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]

@@ -21,6 +21,12 @@ from serverproc import ServerProcess
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
+@pytest.fixture(scope="module")
+def server(frontend_server: ServerProcess) -> ServerProcess:
+    """This module runs against every selected gRPC frontend (conftest's ``grpc_frontend``)."""
+    return frontend_server
+
+
 def stats_of(client: tg.InferenceServerClient, model: str) -> dict:
     """Counters of the model's newest version (protobuf JSON leaves zero values out)."""
     stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
@@ -96,8 +102,8 @@ def one(x: float) -> list[tg.InferInput]:
     return [inp]
 
 
-def test_queue_full_timeout_priority_and_cancel(slow_repo: Path) -> None:
-    with ServerProcess(slow_repo) as proc:
+def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: str) -> None:
+    with ServerProcess(slow_repo, grpc_frontend=grpc_frontend) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
 
         # Queue full: one running, two waiting, the rest refused.
@@ -176,13 +182,13 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path) -> None:
         client.infer("slow_cancel", one(5))  # still serving
 
 
-def test_server_wide_default_batcher_for_models_without_config(tmp_path: Path) -> None:
+def test_server_wide_default_batcher_for_models_without_config(tmp_path: Path, grpc_frontend: str) -> None:
     from models import identity_model_bytes
 
     write_model(tmp_path, "plain", identity_model_bytes(1, [4], "plain"))
     write_model(tmp_path, "unbatched", identity_model_bytes(1, [4], "unbatched"), config="max_batch_size: 8\n")
     args = ("--default-dynamic-batching", "--default-max-queue-delay-microseconds", "250")
-    with ServerProcess(tmp_path, *args) as proc:
+    with ServerProcess(tmp_path, *args, grpc_frontend=grpc_frontend) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
         config = client.get_model_config("plain", as_json=True)["config"]
         assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "250"

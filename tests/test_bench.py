@@ -108,6 +108,7 @@ def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None: 
             str(out_json),
             "-f",
             str(out_csv),
+            "--fastoip-csv",  # fastoip's columns; perf_analyzer's layout: tests/test_bench_perf_analyzer.py
             *FAST,
         ],
         capsys,
@@ -127,7 +128,10 @@ def test_concurrency_mode_json_and_csv(server, tmp_path: Path, capsys) -> None: 
         assert row["server"] is not None
         assert row["server"]["requests"] >= row["requests"] * 0.9
         assert row["server"]["compute_infer_us"] > 0
-        assert row["server"]["avg_batch_size"] == pytest.approx(1.0)
+        # "simple" batches (Triton's auto-complete gives it a dynamic batcher): one request alone is a batch of 1
+        assert row["server"]["avg_batch_size"] >= 1.0
+        if row["concurrency"] == 1:
+            assert row["server"]["avg_batch_size"] == pytest.approx(1.0)
     with open(out_csv, newline="") as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames or ()) == CSV_COLUMNS

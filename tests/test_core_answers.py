@@ -158,5 +158,6 @@ def test_shared_memory_status(core: Core) -> None:
 def test_cuda_status_without_cuda(core: Core) -> None:
     if "cuda_shared_memory" in core.extensions:
         pytest.skip("this machine has a CUDA runtime")
+    assert core.shared_memory_status("", CUDA) == []  # as Triton: no GPU, simply no CUDA regions
     with pytest.raises(Unavailable, match=cuda_unavailable().message):
-        core.shared_memory_status("", CUDA)
+        core.register_cuda_shared_memory("gpu-region", b"\0" * 64, 0, 16)

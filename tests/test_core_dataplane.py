@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import HOLDING_BATCHER, core_on, fp32_request, simple_request, success_and_failure  # noqa: E402
+from harness import DIRECT_SIMPLE, HOLDING_BATCHER, core_on, fp32_request, simple_request, success_and_failure  # noqa: E402
 
 import fastoip.core.dataplane as dataplane  # noqa: E402
 from fastoip.core import CallContext, Core, FinishedCall  # noqa: E402
@@ -31,6 +31,7 @@ EXPECTED_DIFFERENCE = np.arange(16, dtype=np.int32).reshape(1, 16) - 1
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
     root = write_repository(tmp_path_factory.mktemp("repo"), ["simple", "identity_fp32"])
+    (root / "simple" / "config.pbtxt").write_text(DIRECT_SIMPLE)
     # "held": identity_fp32 behind a batcher that keeps a lone request queued (to cancel it there)
     held = root / "held"
     (held / "1").mkdir(parents=True)

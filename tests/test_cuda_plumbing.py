@@ -69,10 +69,13 @@ class DeviceRegion:
 
 
 @pytest.fixture(scope="module")
-def cuda_server(tmp_path_factory: pytest.TempPathFactory, host_cudart: Path):  # type: ignore[no-untyped-def]
+def cuda_server(  # type: ignore[no-untyped-def]
+    tmp_path_factory: pytest.TempPathFactory, host_cudart: Path, grpc_frontend: str
+):
     root = tmp_path_factory.mktemp("cuda-plumbing-repo")
     write_model(root, "identity_fp32", identity_model_bytes(TensorProto.FLOAT, [16]), config="max_batch_size: 8\n")
-    with ServerProcess(root, http=True, env={"FASTOIP_CUDA_RUNTIME": str(host_cudart)}) as proc:
+    env = {"FASTOIP_CUDA_RUNTIME": str(host_cudart)}
+    with ServerProcess(root, http=True, env=env, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 

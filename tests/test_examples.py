@@ -21,11 +21,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pandas_pipeline"
 
 
 @pytest.fixture(scope="module")
-def pandas_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def pandas_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
     # A copy, so the server's __pycache__ does not land in the source tree.
     root = tmp_path_factory.mktemp("pandas-pipeline") / "repository"
     shutil.copytree(EXAMPLE / "repository", root)
-    with ServerProcess(root, http=True) as proc:
+    with ServerProcess(root, http=True, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 

@@ -14,8 +14,14 @@ from tritonclient.utils import InferenceServerException
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip._proto import grpc_service_pb2_grpc as pb_grpc
 from fastoip._proto import health_pb2, health_pb2_grpc
-from models import identity_model_bytes, write_datatype_repository, write_model
+from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
 from serverproc import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server(frontend_server: ServerProcess) -> ServerProcess:
+    """This module runs against every selected gRPC frontend (conftest's ``grpc_frontend``)."""
+    return frontend_server
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +87,7 @@ def test_model_config(client: tg.InferenceServerClient) -> None:
     assert "dynamic_batching" in config
     assert config["input"][0]["dims"] == ["256"]
     auto = client.get_model_config("identity_fp32", as_json=True)["config"]
-    assert auto["max_batch_size"] == 64  # auto-completed: dynamic first dim means batching
+    assert auto["max_batch_size"] == 4  # auto-completed as Triton: dynamic first dim, default-max-batch-size 4
     assert auto["input"][0]["data_type"] == "TYPE_FP32"
 
 
@@ -138,28 +144,11 @@ def test_bytes_round_trip_is_bit_exact(client: tg.InferenceServerClient) -> None
 
 # -- every datatype, through ONNX identity models -------------------------------------------
 @pytest.fixture(scope="module")
-def datatype_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def datatype_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("datatypes")
     names = write_datatype_repository(root)
-    with ServerProcess(root) as proc:
+    with ServerProcess(root, grpc_frontend=grpc_frontend) as proc:
         yield proc, names
-
-
-def sample(datatype: str) -> np.ndarray:
-    rng = np.random.default_rng(4)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, (2, 4)).astype(bool)
-    if datatype == "BYTES":
-        return np.array([[b"a", b"", b"\x00\xff"], [b"xyz", "é".encode(), b"\x80"]], dtype=object)
-    if datatype == "FP16":
-        return np.array([[np.nan, np.inf, -np.inf, -0.0], [1.5, -2.25, 65504, 6e-8]], dtype=np.float16)
-    if datatype in ("FP32", "BF16"):
-        return np.array([[1.0, -2.5, 0.0, 3.140625], [-0.0, 1e10, -7.0, 0.5]], dtype=np.float32)
-    if datatype == "FP64":
-        return rng.standard_normal((2, 4))
-    dtype = np.dtype(datatype.lower().replace("uint", "uint").replace("int", "int"))
-    info = np.iinfo(dtype)
-    return np.array([[info.min, info.max, 0, 1], [2, 3, info.max - 1, info.min + 1]], dtype=dtype)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +162,7 @@ def test_every_datatype_round_trips(datatype_server, datatype: str) -> None:  # 
         index = client.get_model_repository_index(as_json=True)["models"]
         reason = [m for m in index if m["name"] == names[datatype]]
         pytest.fail(f"{names[datatype]} not ready: {reason}")
-    data = sample(datatype)
+    data = datatype_sample(datatype)
     if datatype == "BF16":
         import ml_dtypes  # tritonclient >= 2.67 carries BF16 as ml_dtypes.bfloat16
 
@@ -226,8 +215,12 @@ def test_grpc_health_service(server: ServerProcess) -> None:
     serving = health_pb2.HealthCheckResponse.SERVING
     assert health.Check(health_pb2.HealthCheckRequest()).status == serving
     assert health.Check(health_pb2.HealthCheckRequest(service="simple")).status == serving
-    unknown = health.Check(health_pb2.HealthCheckRequest(service="nope")).status
-    assert unknown == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    # The health protocol: an unknown service is NOT_FOUND (SERVICE_UNKNOWN is for Watch only).
+    with pytest.raises(grpc.RpcError) as info:
+        health.Check(health_pb2.HealthCheckRequest(service="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "nope" in (info.value.details() or "")
+    assert health.Check(health_pb2.HealthCheckRequest(service="simple")).status == serving
 
 
 # -- bad input: the right status, a message naming the problem, and the server stays up ----------
@@ -306,7 +299,7 @@ def test_mixed_raw_and_typed_contents_rejected(server: ServerProcess, client) ->
 
 
 # -- repository behaviour: versions, policy, a model that fails to load ---------------------------------
-def test_versions_policy_and_failed_model(tmp_path: Path) -> None:
+def test_versions_policy_and_failed_model(tmp_path: Path, grpc_frontend: str) -> None:
     data = identity_model_bytes(1, [4], "versioned")
     for version in (1, 2, 3):
         write_model(tmp_path, "latest_only", data, version)
@@ -315,7 +308,7 @@ def test_versions_policy_and_failed_model(tmp_path: Path) -> None:
             config='name: "all_versions"\nmax_batch_size: 8\nversion_policy { all { } }\n',
         )
     write_model(tmp_path, "broken", b"this is not an onnx model")
-    with ServerProcess(tmp_path) as proc:
+    with ServerProcess(tmp_path, grpc_frontend=grpc_frontend) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
         assert client.is_server_live()
         assert not client.is_server_ready()  # strict readiness: one model failed

@@ -313,7 +313,7 @@ def test_http_and_grpc_agree_on_demo_models(demo_client: httpclient.InferenceSer
 def test_compression(demo_server: ServerProcess, demo_client: httpclient.InferenceServerClient,
                      request_algorithm: Optional[str], response_algorithm: Optional[str]) -> None:
     server, client = demo_server, demo_client
-    data = np.random.default_rng(4).standard_normal((8, 16)).astype(np.float32)
+    data = np.random.default_rng(4).standard_normal((4, 16)).astype(np.float32)
     inputs, outputs = http_request(httpclient, data, "FP32", True)
     result = client.infer("identity_fp32", inputs, outputs=outputs, request_compression_algorithm=request_algorithm,
                           response_compression_algorithm=response_algorithm)

@@ -138,6 +138,7 @@ def test_hook_order_and_counts(tmp_path: Path) -> None:
     write_python_model(root, "hooked", HOOKED, INT_IO + "instance_group [ { count: 2 } ]\n")
     write_python_model(root, "other", OTHER, INT_IO)
     server = ServerProcess(root, "--model-control-mode", "explicit", "--load-model", "*",
+                           "--model-control-allow-code",  # it reloads Python models through the API
                            env={"HOOK_LOG": str(log)})
     with server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -245,8 +246,9 @@ def health_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     write_python_model(root, "bad_startup", BAD_STARTUP, INT_IO + "instance_group [ { count: 2 } ]\n")
     write_python_model(root, "bad_deploy", BAD_DEPLOY, INT_IO)
     # Explicit mode: only "flagged" loads at start; the others are loaded by the tests.
-    server = ServerProcess(root, "--model-control-mode", "explicit", "--load-model", "flagged", http=True,
-                           env={"HOOK_LOG": str(tmp_path / "hooks.log")})
+    server = ServerProcess(root, "--model-control-mode", "explicit", "--load-model", "flagged",
+                           "--model-control-allow-code",  # the tests load Python models through the API
+                           http=True, env={"HOOK_LOG": str(tmp_path / "hooks.log")})
     with server:
         server.root, server.flags, server.log = root, flags, tmp_path / "hooks.log"  # type: ignore[attr-defined]
         yield server
@@ -337,10 +339,10 @@ SLOW_PREDICT = LOGGING + """
 """
 
 
-def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
+def test_sigterm_drains_requests_in_flight(tmp_path: Path, grpc_frontend: str) -> None:
     root, log = tmp_path / "repo", tmp_path / "hooks.log"
     write_python_model(root, "slow", SLOW_PREDICT, INT_IO + "instance_group [ { count: 10 } ]\n")
-    server = ServerProcess(root, env={"HOOK_LOG": str(log)}).start()
+    server = ServerProcess(root, env={"HOOK_LOG": str(log)}, grpc_frontend=grpc_frontend).start()
     try:
         clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(10)]
         assert all(c.is_server_live() for c in clients)  # connections up: the requests leave together
@@ -368,13 +370,13 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path) -> None:
     assert "fastoip: stopped" in server.output()
 
 
-def test_grace_period_readiness_false_before_listeners_close(tmp_path: Path) -> None:
+def test_grace_period_readiness_false_before_listeners_close(tmp_path: Path, grpc_frontend: str) -> None:
     root = tmp_path / "repo"
     write_python_model(root, "echo", FLAGGED, INT_IO + """
         parameters { key: "not_ready_flag" value { string_value: "/nonexistent/flag" } }
         parameters { key: "dead_flag" value { string_value: "/nonexistent/flag" } }
     """)
-    server = ServerProcess(root, "--shutdown-grace", "3").start()
+    server = ServerProcess(root, "--shutdown-grace", "3", grpc_frontend=grpc_frontend).start()
     try:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert client.is_server_ready() and client.is_model_ready("echo")
@@ -389,3 +391,115 @@ def test_grace_period_readiness_false_before_listeners_close(tmp_path: Path) -> 
         assert server.wait(30) == 0
     finally:
         server.stop()
+
+
+# -- a drain that loses nothing ------------------------------------------------------------------
+STEADY = """
+    import time
+    import fastoip
+
+    class Steady(fastoip.Model):
+        def predict(self, inputs):
+            time.sleep(0.05)  # long enough that requests are in flight when the listeners close
+            return {"OUT": inputs["X"]}
+"""
+
+
+def _drain_outcome(protocol: str, url: str, stop: threading.Event, results: dict, lock: threading.Lock) -> None:
+    """One client: requests back to back until the server refuses (a retryable answer) or stop is set."""
+    module = grpcclient if protocol == "grpc" else httpclient
+    try:
+        client = module.InferenceServerClient(url)
+    except Exception:  # the server already stopped listening: nothing was sent
+        return
+    n = 0
+    while not stop.is_set():
+        n += 1
+        inp = module.InferInput("X", [1], "INT32")
+        inp.set_data_from_numpy(np.array([n], dtype=np.int32))
+        outcome: str
+        try:
+            answer = client.infer("steady", [inp]).as_numpy("OUT").tolist()
+            outcome = "ok" if answer == [n] else f"wrong answer {answer}"
+        except InferenceServerException as exc:
+            retryable = exc.status() in ("StatusCode.UNAVAILABLE", "503")
+            outcome = "refused" if retryable else f"lost: {exc.status()} {exc.message()}"
+            if "accepts no new requests" in exc.message():  # a listener took it, then the server dropped it
+                outcome = f"lost: taken, then refused: {exc.message()}"
+        except ConnectionRefusedError:
+            outcome = "refused"  # the listener is closed: the request never reached the server
+        except Exception as exc:
+            outcome = f"lost: {type(exc).__name__}: {exc}"
+        with lock:
+            results[outcome] = results.get(outcome, 0) + 1
+        if outcome == "refused":
+            return
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_sigterm_under_load_loses_no_request(tmp_path: Path, protocol: str) -> None:
+    """Requests sent vs answered across SIGTERM with the default drain: every one is answered or refused
+    with a retryable status (UNAVAILABLE / 503 / connection refused), none fails or is CANCELLED."""
+    root = tmp_path / "repo"
+    write_python_model(root, "steady", STEADY, INT_IO + "instance_group [ { count: 8 } ]\n")
+    server = ServerProcess(root, "--shutdown-grace", "1", http=True).start()
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    results: dict[str, int] = {}
+    lock, stop = threading.Lock(), threading.Event()
+    threads = [
+        threading.Thread(target=_drain_outcome, args=(protocol, url, stop, results, lock)) for _ in range(8)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: results.get("ok", 0) >= 40, timeout=30), results
+        answered_before = results.get("ok", 0)
+        server.signal(signal.SIGTERM)
+        assert server.wait(60) == 0
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        stop.set()
+        server.stop()
+    print(f"{protocol}: outcomes across SIGTERM: {results}")
+    assert set(results) <= {"ok", "refused"}, results  # nothing lost, no wrong answer
+    assert results["ok"] > answered_before  # the grace period kept serving
+    assert "Traceback" not in server.output(), server.output()
+
+
+def test_a_half_sent_http_request_at_shutdown_gets_503(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    root = tmp_path / "repo"
+    write_python_model(root, "steady", STEADY, INT_IO)
+    server = ServerProcess(root, "--exit-timeout", "1", http=True).start()
+    try:
+        body = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as conn:
+            head = (
+                f"POST /v2/models/steady/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            conn.sendall(head + body[:10])  # the rest never comes
+            time.sleep(0.3)
+            server.signal(signal.SIGTERM)
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b'"error"' in answer and b"shutting down" in answer, answer
+        assert server.wait(30) == 0
+    finally:
+        server.stop()
+    assert "CancelledError" not in server.output() and "Traceback" not in server.output(), server.output()
+
+
+def test_the_default_drain_keeps_serving_for_a_while() -> None:
+    from fastoip.server.app import DEFAULT_SHUTDOWN_GRACE, ServeOptions
+
+    assert ServeOptions().shutdown_grace == DEFAULT_SHUTDOWN_GRACE >= 3

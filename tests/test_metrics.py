@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import http.client
-import re
+import textwrap
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from fastoip.host_metrics import CPU_NAMES
+from fastoip.metrics import EXPORTED_NAMES
 from serverproc import ServerProcess
-
-SAMPLE = re.compile(r'^(\w+)\{model="([^"]*)",version="([^"]*)"\} (\d+)$')
 
 
 @pytest.fixture(scope="module")
-def metrics_server(demo_repo: Path):  # type: ignore[no-untyped-def]
-    with ServerProcess(demo_repo, metrics=True) as proc:
+def metrics_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-untyped-def]
+    with ServerProcess(demo_repo, metrics=True, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 
@@ -33,12 +34,40 @@ def scrape(port: int, method: str = "GET", path: str = "/metrics") -> tuple[int,
         conn.close()
 
 
-def samples(text: str) -> dict[tuple[str, str, str], int]:
+def families(text: str) -> dict[str, tuple[str, str]]:
+    """Family name -> (type, help), as Prometheus' own parser reads the exposition."""
+    return {f.name: (f.type, f.documentation) for f in text_string_to_metric_families(text)}
+
+
+def parsed(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample; a counter's sample under its family's name.
+
+    The parser reads the text and, as OpenMetrics does, calls a counter's samples ``<family>_total``:
+    the name fastoip wrote (Triton's, without the suffix) is the family's.
+    """
+    return [
+        (family.name if family.type == "counter" else s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def samples(text: str) -> dict[tuple[str, str, str], float]:
+    """(sample name, model, version) -> value for the per-model samples without further labels."""
+    return {
+        (name, labels["model"], labels["version"]): value
+        for name, labels, value in parsed(text)
+        if set(labels) == {"model", "version"}
+    }
+
+
+def labelled(text: str, name: str, model: str) -> dict[str, float]:
+    """The samples of ``name`` for ``model`` keyed by their extra label (reason, quantile, le)."""
     found = {}
-    for line in text.splitlines():
-        match = SAMPLE.match(line)
-        if match:
-            found[(match.group(1), match.group(2), match.group(3))] = int(match.group(4))
+    for sample_name, labels, value in parsed(text):
+        if sample_name == name and labels.get("model") == model:
+            extra = {k: v for k, v in labels.items() if k not in ("model", "version")}
+            found[",".join(f"{k}={v}" for k, v in sorted(extra.items()))] = value
     return found
 
 
@@ -52,7 +81,11 @@ def simple_inputs(a: np.ndarray) -> list[tg.InferInput]:
 def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> None:
     client = tg.InferenceServerClient(metrics_server.grpc_url)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    threads = [threading.Thread(target=lambda: [client.infer("simple", simple_inputs(a)) for _ in range(10)]) for _ in range(4)]
+    def ten() -> None:
+        for _ in range(10):
+            client.infer("simple", simple_inputs(a))
+
+    threads = [threading.Thread(target=ten) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -67,17 +100,30 @@ def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> N
     assert content_type.startswith("text/plain; version=0.0.4")
     assert "# TYPE nv_inference_request_success counter" in text
     assert "# TYPE nv_inference_pending_request_count gauge" in text
+    kinds = families(text)
+    # Triton's names exactly: counters keep their names (no _total), gauges and help as Triton's.
+    assert "\nnv_inference_request_success{" in text
+    assert kinds["nv_inference_request_success"] == (
+        "counter", "Number of successful inference requests, all batch sizes")
+    assert kinds["nv_inference_pending_request_count"][0] == "gauge"
+    assert not any(name.endswith("_total") for name in kinds)
+    assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
+    assert "nv_inference_request_summary_us" not in kinds  # summaries only when asked
     got = samples(text)
     stats = client.get_inference_statistics("simple", as_json=True)["model_stats"][0]
     inference = stats["inference_stats"]
     key = ("simple", "1")
     assert got[("nv_inference_request_success", *key)] == int(inference["success"]["count"]) >= 40
-    assert got[("nv_inference_request_failure", *key)] == int(inference["fail"].get("count", 0))
+    failures = labelled(text, "nv_inference_request_failure", "simple")
+    assert set(failures) == {"reason=REJECTED", "reason=CANCELED", "reason=BACKEND", "reason=OTHER"}
+    assert sum(failures.values()) == int(inference["fail"].get("count", 0))
     assert got[("nv_inference_count", *key)] == int(stats["inference_count"])
     assert got[("nv_inference_exec_count", *key)] == int(stats["execution_count"])
     assert got[("nv_inference_queue_duration_us", *key)] == int(inference["queue"]["ns"]) // 1000
     assert got[("nv_inference_compute_infer_duration_us", *key)] == int(inference["compute_infer"]["ns"]) // 1000
-    assert got[("nv_inference_request_duration_us", *key)] >= got[("nv_inference_compute_infer_duration_us", *key)]
+    assert got[("nv_inference_request_duration_us", *key)] == int(inference["success"]["ns"]) // 1000
+    assert got[("nv_inference_compute_input_duration_us", *key)] == int(inference["compute_input"]["ns"]) // 1000
+    assert got[("nv_inference_compute_output_duration_us", *key)] == int(inference["compute_output"]["ns"]) // 1000
     assert got[("nv_inference_pending_request_count", *key)] == 0
     # Every loaded model is listed, also those nobody asked.
     assert ("nv_inference_count", "mlp", "1") in got
@@ -114,3 +160,133 @@ def test_metrics_port_in_use_is_a_clear_start_failure(demo_repo: Path) -> None:
         )
     assert result.returncode == 1
     assert f"fastoip: cannot start: [Errno 98] metrics port 127.0.0.1:{port}: Address already in use" in result.stderr
+
+
+def test_cpu_metrics_read_proc(metrics_server: ServerProcess) -> None:
+    text = scrape(metrics_server.metrics_port)[2]
+    kinds = families(text)
+    assert CPU_NAMES <= set(kinds)
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in CPU_NAMES}
+    assert 0.0 <= values["nv_cpu_utilization"] <= 1.0
+    assert 0 < values["nv_cpu_memory_used_bytes"] < values["nv_cpu_memory_total_bytes"]
+    meminfo = Path("/proc/meminfo").read_text().split()
+    assert values["nv_cpu_memory_total_bytes"] == int(meminfo[meminfo.index("MemTotal:") + 1]) * 1024
+    # No NVML on this host's test run means no GPU family at all (never zeros standing in for a GPU).
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        has_gpu = pynvml.nvmlDeviceGetCount() > 0
+    except Exception:  # no library or no driver: no GPU
+        has_gpu = False
+    assert ("nv_gpu_utilization" in kinds) == has_gpu
+
+
+FAILING_MODEL = """
+    import fastoip
+
+    class Failing(fastoip.Model):
+        def predict(self, inputs, parameters):
+            if parameters.get("fail"):
+                raise ValueError("asked to fail")
+            return {"OUT": inputs["X"]}
+"""
+
+
+def test_latency_summaries_histograms_and_failure_reasons(tmp_path: Path) -> None:
+    folder = tmp_path / "failing" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(textwrap.dedent(FAILING_MODEL))
+    (tmp_path / "failing" / "config.pbtxt").write_text(textwrap.dedent("""
+        backend: "python"
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    """))
+    with ServerProcess(tmp_path, "--metrics-config", "summary_latencies=true", "--metrics-config",
+                       "histogram_latencies=true", "--metrics-config", "summary_quantiles=0.5:0.05,0.99:0.001",
+                       metrics=True) as proc:
+        client = tg.InferenceServerClient(proc.grpc_url)
+        x = tg.InferInput("X", [3], "INT32")
+        x.set_data_from_numpy(np.arange(3, dtype=np.int32))
+        for _ in range(20):
+            client.infer("failing", [x])
+        for _ in range(3):
+            with pytest.raises(InferenceServerException, match="asked to fail"):
+                client.infer("failing", [x], parameters={"fail": True})
+        text = scrape(proc.metrics_port)[2]
+        stats = client.get_inference_statistics("failing", as_json=True)["model_stats"][0]["inference_stats"]
+
+    kinds = families(text)
+    assert kinds["nv_inference_request_summary_us"][0] == "summary"
+    assert kinds["nv_inference_first_response_histogram_ms"] == (
+        "histogram", "Duration from request to first response in milliseconds")
+    assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
+
+    failures = labelled(text, "nv_inference_request_failure", "failing")
+    assert failures == {"reason=BACKEND": 3, "reason=REJECTED": 0, "reason=CANCELED": 0, "reason=OTHER": 0}
+    assert int(stats["fail"]["count"]) == 3
+
+    request = labelled(text, "nv_inference_request_summary_us", "failing")
+    assert set(request) == {"quantile=0.5", "quantile=0.99"}  # the quantiles asked for, spelled as Triton does
+    assert 0 < request["quantile=0.5"] <= request["quantile=0.99"]
+    got = samples(text)
+    assert got[("nv_inference_request_summary_us_count", "failing", "1")] == int(stats["success"]["count"]) == 20
+    assert got[("nv_inference_request_summary_us_sum", "failing", "1")] == pytest.approx(
+        int(stats["success"]["ns"]) / 1000)
+    assert got[("nv_inference_queue_summary_us_count", "failing", "1")] == 20
+    assert got[("nv_inference_compute_infer_summary_us_count", "failing", "1")] == int(stats["compute_infer"]["count"])
+
+    buckets = labelled(text, "nv_inference_first_response_histogram_ms_bucket", "failing")
+    assert [float(key.split("=")[1]) for key in buckets] == [100.0, 500.0, 2000.0, 5000.0, float("inf")]
+    assert buckets["le=+Inf"] == 20  # cumulative: every successful request is in the last bucket
+    assert list(buckets.values()) == sorted(buckets.values())
+    assert got[("nv_inference_first_response_histogram_ms_count", "failing", "1")] == 20
+
+
+def test_counter_latencies_can_be_turned_off_and_bad_settings_are_refused(demo_repo: Path) -> None:
+    with ServerProcess(demo_repo, "--metrics-config", "counter_latencies=false", metrics=True) as proc:
+        kinds = families(scrape(proc.metrics_port)[2])
+    assert "nv_inference_request_success" in kinds and "nv_inference_queue_duration_us" not in kinds
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fastoip.cli", "serve", "--model-repository", str(demo_repo),
+         "--metrics-config", "summary_latencies=yes"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1  # a bad flag value, as the other Triton flags answer it
+    assert "summary_latencies=yes: expected true or false" in result.stderr
+
+
+def test_summary_window_forgets_old_observations_and_stays_bounded() -> None:
+    from fastoip.metrics import WindowQuantiles
+
+    now = [0.0]
+    window = WindowQuantiles(max_age_s=60.0, age_buckets=5, slice_capacity=100, clock=lambda: now[0])
+    for value in range(1000):  # 1000 values into one 12 s slice that keeps 100 of them
+        window.observe(float(value))
+    assert window.count == 1000 and window.sum == sum(range(1000))
+    low, high = window.quantiles([0.0, 1.0])
+    assert 0 <= low < high <= 999
+    now[0] = 30.0
+    window.observe(5000.0)
+    assert window.quantiles([1.0]) == [5000.0]
+    now[0] = 61.0  # the first slice (0-12 s) still overlaps the last 60 s: it stays, as a rotating bucket does
+    assert window.quantiles([0.0])[0] < 1000
+    now[0] = 73.0  # now all of it is older than 60 s
+    assert window.quantiles([0.0, 0.5, 1.0]) == [5000.0, 5000.0, 5000.0]
+    now[0] = 200.0
+    assert all(q != q for q in window.quantiles([0.5]))  # NaN: nothing in the window, as prometheus-cpp
+    assert window.count == 1001  # count and sum stay cumulative
+
+
+def test_failure_reasons_follow_tritons() -> None:
+    from fastoip.errors import Cancelled, DeadlineExceeded, InternalError, InvalidArgument, Unavailable
+    from fastoip.metrics import failure_reason
+
+    assert failure_reason(Unavailable("Exceeds maximum queue size")) == "REJECTED"
+    assert failure_reason(DeadlineExceeded("deadline exceeded before the request could run")) == "REJECTED"
+    assert failure_reason(Cancelled("request cancelled by the client")) == "CANCELED"
+    assert failure_reason(InternalError("onnxruntime failed")) == "BACKEND"
+    assert failure_reason(InvalidArgument("bad")) == "OTHER"

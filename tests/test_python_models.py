@@ -146,7 +146,7 @@ INT_IO = """
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("python-repo")
     write_python_model(root, "doubler", DOUBLER, BATCHED_CONFIG)
     write_python_model(root, "doubler_unbatched", DOUBLER, BATCHED_CONFIG + """
@@ -182,7 +182,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     write_python_model(root, "broken_import", "import fastoip\nclass Oops(fastoip.Model)\n", INT_IO)
     write_python_model(root, "no_config", "import fastoip\nclass NoConfig(fastoip.Model):\n    pass\n")
     write_model(root, "identity_fp32", identity_model_bytes(1, [4]))  # an ONNX model beside them
-    with ServerProcess(root, http=True) as proc:
+    with ServerProcess(root, http=True, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 

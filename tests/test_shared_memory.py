@@ -7,27 +7,27 @@ whichever way a run went: first run, in-place runs, new input shapes, data-depen
 
 from __future__ import annotations
 
+import base64
 import os
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.utils.shared_memory as shm
-from onnx import TensorProto
-from tritonclient.utils import InferenceServerException
-
 from models import identity_model_bytes, nonzero_model_bytes, write_model
+from onnx import TensorProto
 from serverproc import ServerProcess
+from tritonclient.utils import InferenceServerException
 
 REGION_BYTES = 4 * 1024
 
 
 @pytest.fixture(scope="module")
-def shm_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def shm_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("shm-repo")
     write_model(root, "identity_fp32", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
     write_model(root, "nonzero", nonzero_model_bytes())
-    with ServerProcess(root) as proc:
+    with ServerProcess(root, grpc_frontend=grpc_frontend) as proc:
         yield proc
 
 
@@ -103,3 +103,39 @@ def test_unregistering_output_region_in_use_is_safe(regions, shm_server: ServerP
         infer_in_regions(client, "identity_fp32", handle_in, data, "FP32", data.nbytes)
     assert err.value.status() == "StatusCode.NOT_FOUND"
     assert client.is_server_live()
+
+
+# -- CUDA shared memory calls on any host (Triton answers them on every build) ---------------------
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cuda_status_and_unregister_work_without_a_gpu(tmp_path_factory: pytest.TempPathFactory, protocol: str) -> None:
+    """Client clean-up code calls unregister_cuda_shared_memory() unconditionally; it must not fail on a CPU host."""
+    import tritonclient.http as th
+
+    from fastoip import cuda
+
+    root = tmp_path_factory.mktemp("cuda-calls")
+    write_model(root, "identity_fp32", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
+    with ServerProcess(root, http=True) as proc:
+        client = (
+            tg.InferenceServerClient(proc.grpc_url) if protocol == "grpc" else th.InferenceServerClient(proc.http_url)
+        )
+        client.unregister_cuda_shared_memory()
+        client.unregister_cuda_shared_memory("never_registered")
+        status = client.get_cuda_shared_memory_status()
+        if protocol == "grpc":
+            assert len(status.regions) == 0
+        else:
+            assert status == []
+        with pytest.raises(InferenceServerException, match="Unable to find cuda shared memory region: 'nope'"):
+            client.get_cuda_shared_memory_status("nope")
+        if cuda.runtime() is None:  # only registering needs CUDA
+            with pytest.raises(InferenceServerException) as info:
+                client.register_cuda_shared_memory("r", base64.b64encode(b"\0" * 64), 0, 64)
+            assert info.value.status() in ("StatusCode.UNAVAILABLE", "503")
+            assert "needs a GPU" in info.value.message()
+        # System shared memory status is unaffected, and inference still works.
+        client.unregister_system_shared_memory()
+        data = np.arange(4, dtype=np.float32).reshape(1, 4)
+        inp = (tg if protocol == "grpc" else th).InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), data)

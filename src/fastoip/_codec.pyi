@@ -33,3 +33,8 @@ def serialize_bytes_tensor(array: Union[np.ndarray, list[object]]) -> bytes:
 
 def deserialize_bytes_tensor(buffer: _Buffer, count: int) -> np.ndarray:
     """Decode exactly ``count`` length-prefixed elements filling ``buffer`` into an object array."""
+
+DEFAULT_MAX_BYTES_ELEMENTS: int
+
+def set_max_bytes_elements(limit: int) -> None: ...
+def max_bytes_elements() -> int: ...

@@ -800,7 +800,9 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
             else:
                 count *= d
     if negative:
-        raise CodecError(f"{kind} '{name}': negative dimension in shape {_shape_str(shape)}")
+        raise CodecError(
+            ("All input dimensions should be specified for " if kind is _INPUT else "")
+            + f"{kind} '{name}': negative dimension in shape {_shape_str(shape)}")
     if too_big:
         raise CodecError(f"{kind} '{name}': shape {_shape_str(shape)} has too many elements")
     if zero:
@@ -817,6 +819,48 @@ cdef object _parse_tensor(Reader* r, str kind, type cls, Vec* spans, Vec* dims, 
 # Tensor data                                                                  #
 # --------------------------------------------------------------------------- #
 
+#: Most BYTES elements one request (and so one tensor) may decode into: each becomes a Python bytes
+#: object (~40-60 bytes of memory for as little as 4 bytes on the wire), so a small request must not
+#: expand without bound.
+DEFAULT_MAX_BYTES_ELEMENTS = 1 << 17
+cdef int64_t _max_bytes_elements = DEFAULT_MAX_BYTES_ELEMENTS
+
+
+def set_max_bytes_elements(limit):
+    """Set the most BYTES elements a decoded tensor may have (the server's ``--max-bytes-elements``)."""
+    global _max_bytes_elements
+    if limit < 1:
+        raise ValueError("the BYTES element limit must be at least 1")
+    _max_bytes_elements = limit
+
+
+def max_bytes_elements():
+    return _max_bytes_elements
+
+
+cdef int _check_bytes_count(int64_t count, str what) except -1:
+    """Refuse a BYTES tensor with more elements than the limit, before any element is built."""
+    if count > _max_bytes_elements:
+        raise CodecError(
+            f"{what}: too many elements for a BYTES tensor: {count}, more than this server's limit of "
+            f"{_max_bytes_elements} (--max-bytes-elements)")
+    return 0
+
+
+cdef int _check_request_bytes_count(TensorInfo* info, Py_ssize_t n) except -1:
+    """The BYTES element limit counts every BYTES input a request carries, before any is decoded."""
+    cdef int64_t total = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        if info[i].code == DT_BYTES and not info[i].shm:
+            if info[i].count > _max_bytes_elements - total:
+                raise CodecError(
+                    f"too many elements for BYTES tensors in one request: more than this server's limit of "
+                    f"{_max_bytes_elements} (--max-bytes-elements)")
+            total += info[i].count
+    return 0
+
+
 cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
     """BYTES framing (uint32 LE length + bytes per element) -> 1-D object array of bytes."""
     cdef const uchar* end = p + n
@@ -826,11 +870,13 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
         raise CodecError(f"{what}: negative BYTES element count {count}")
     if count > n // 4:
         raise CodecError(
-            f"{what}: {count} BYTES elements need at least {<object>count * 4} bytes, got {n}")
+            f"unexpected number of string elements: {what}: {count} BYTES elements need at least "
+            f"{<object>count * 4} bytes, got {n}")
+    _check_bytes_count(count, what)
     lst = PyList_New(<Py_ssize_t>count)
     for i in range(<Py_ssize_t>count):
         if end - p < 4:
-            raise CodecError(f"{what}: BYTES element {i}: truncated length prefix")
+            raise CodecError(f"incomplete string length indicator: {what}: BYTES element {i}: truncated length prefix")
         memcpy(&ln, p, 4)
         p += 4
         if ln > <uint64_t>(end - p):
@@ -841,7 +887,8 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
         PyList_SET_ITEM(lst, i, item)
         p += ln
     if p != end:
-        raise CodecError(f"{what}: {end - p} bytes left over after {count} BYTES elements")
+        raise CodecError(
+            f"unexpected number of string elements: {what}: {end - p} bytes left over after {count} BYTES elements")
     return _np_array(lst, _OBJECT_DTYPE)   # copy of the element pointers into the array
 
 
@@ -889,7 +936,9 @@ cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* 
         return arr.reshape(shape)
     if count > span.n // isz or count * isz != span.n:
         raise CodecError(
-            f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
+            # Triton's words first (clients match on them), then the detail.
+            ("input byte size mismatch: " if kind is _INPUT else "")
+            + f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
             f"{_shape_str(shape)}, got {span.n}")
     # No copy: a view on the received buffer (read-only because the buffer is).
     if PyBytes_CheckExact(base):
@@ -1047,6 +1096,7 @@ cdef object _typed_tensor(const uchar* start, Span* spans, TensorInfo* info, obj
             f"{_FIELD_NAMES[want]} has {counts[want]}")
     shape = tensor.shape
     if want == F_BYTES:
+        _check_bytes_count(counts[want], f"{kind} '{name}'")
         lst = PyList_New(counts[want])
         idx = 0
         for i in range(info.span_lo, info.span_hi):
@@ -1193,6 +1243,7 @@ cdef object _decode(object data, bint response):
                 raise CodecError(
                     f"expected {needing} raw_input_contents entries (one per input without "
                     f"shared memory or contents), got {raws.n}")
+            _check_request_bytes_count(info, n_tensors)
             j = 0
             for i in range(n_tensors):
                 t = tensors[i]

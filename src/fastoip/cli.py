@@ -6,9 +6,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from . import __version__
+from . import __version__, triton_flags
+
+if TYPE_CHECKING:
+    from .server.app import ServeOptions
+
+if TYPE_CHECKING:
+    from .metrics import MetricsConfig
 
 
 def _env(name: str, default: str) -> str:
@@ -17,8 +23,9 @@ def _env(name: str, default: str) -> str:
 
 def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
-    p.add_argument("--model-repository", type=Path, default=os.environ.get("FASTOIP_MODEL_REPOSITORY"),
-                   help="Triton-style repository; default: the built-in demo repository")
+    p.add_argument("--model-repository", "--model-store", type=Path, action="append",
+                   default=None, help="Triton-style repository (Triton's --model-store too); "
+                   "default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
@@ -31,10 +38,13 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="Triton's metrics settings (repeatable): summary_latencies=true, histogram_latencies=true, "
+                        "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
-    p.add_argument("--strict-readiness", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
+    p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
                    default=_env("MODEL_CONTROL_MODE", "none"),
@@ -42,12 +52,21 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                         "explicit loads only --load-model and what the repository API asks for")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with explicit mode: a model to load at start-up (repeatable; '*' for all)")
+    p.add_argument("--model-control-allow-code", action="store_true",
+                   default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
+                   help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
+                        "client run code inside the server (default off: such loads are refused)")
+    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 17))),
+                   help="most BYTES elements one request may carry, all its BYTES inputs together (each element "
+                        "becomes a Python object); default 131072")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
-    p.add_argument("--shutdown-grace", type=float, default=0.0,
-                   help="seconds between readiness going false and listeners closing")
+    p.add_argument("--shutdown-grace", type=float, default=float(_env("SHUTDOWN_GRACE", "5")),
+                   help="seconds readiness is false while requests are still served, before the listeners close "
+                        "(default 5: load balancers stop routing first; a second SIGTERM/SIGINT skips the rest)")
     p.add_argument("--exit-timeout", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
-    p.add_argument("--default-max-batch-size", type=int, default=int(_env("DEFAULT_MAX_BATCH_SIZE", "64")),
-                   help="max_batch_size for batchable models without a config")
+    p.add_argument("--default-max-batch-size", type=int, default=None,
+                   help="max_batch_size auto-complete gives batchable models without a config "
+                        "(default 4, as Triton; also --backend-config=default-max-batch-size=N)")
     p.add_argument("--default-dynamic-batching", action="store_true",
                    default=_env("DEFAULT_DYNAMIC_BATCHING", "0") in ("1", "true", "yes"),
                    help="give batchable models whose config has no scheduling block a dynamic batcher")
@@ -58,6 +77,80 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                    help="onnxruntime intra-op threads per instance")
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    triton_flags.add_triton_flags(p)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastoip", description="Open Inference Protocol server")
+    parser.add_argument("--version", action="version", version=f"fastoip {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
+    demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
+    demo.add_argument("out", type=Path)
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(triton_flags.unknown_flags_message(unknown))
+    return args
+
+
+def serve_options(argv: Sequence[str]) -> ServeOptions:
+    """The ServeOptions ``fastoip serve <argv>`` means; SystemExit for a bad flag, FlagError for a bad value."""
+    args = _parse(_parser(), ["serve", *argv])
+    return _serve_options(args)
+
+
+def _serve_options(args: argparse.Namespace) -> ServeOptions:
+    from .metrics import MetricsConfig
+    from .repository import RepositoryOptions
+    from .server.app import ServeOptions
+
+    triton = triton_flags.resolve(args)
+    try:
+        metrics_config = MetricsConfig.parse(args.metrics_config)
+    except ValueError as exc:
+        raise triton_flags.FlagError(str(exc)) from None
+    return ServeOptions(
+        model_repository=triton.model_repository,
+        host=triton.grpc_host or args.host,
+        grpc_port=args.grpc_port,
+        grpc_workers=args.grpc_workers,
+        http_host=triton.http_host or args.http_host,
+        http_port=args.http_port if triton.allow_http else -1,
+        metrics_port=args.metrics_port if triton.allow_metrics else -1,
+        metrics_host=triton.metrics_host,
+        metrics_config=metrics_config,
+        grpc_enabled=triton.allow_grpc,
+        http_max_body_size=args.http_max_input_size,
+        max_message_size=args.grpc_max_message_size,
+        strict_readiness=args.strict_readiness,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
+        poll_interval=args.repository_poll_secs,
+        shutdown_grace=args.shutdown_grace,
+        exit_timeout=triton.exit_timeout if triton.exit_timeout is not None else args.exit_timeout,
+        log_level=triton.log_level or args.log_level,
+        log_format=triton.log_format,
+        log_file=triton.log_file,
+        server_id=triton.server_id,
+        repository=RepositoryOptions(
+            default_max_batch_size=triton.default_max_batch_size,
+            auto_complete=triton.auto_complete,
+            intra_op_threads=args.ort_threads,
+            default_batching=(
+                {"max_queue_delay_microseconds": args.default_max_queue_delay_microseconds}
+                if args.default_dynamic_batching
+                else None
+            ),
+            use_gpu=not args.cpu_only,
+            allow_code_loads=args.model_control_allow_code,
+        ),
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -66,47 +159,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="fastoip", description="Open Inference Protocol server")
-    parser.add_argument("--version", action="version", version=f"fastoip {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
-    demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
-    demo.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-
+    args = _parse(_parser(), argv)
     if args.command == "serve":
-        from .repository import RepositoryOptions
-        from .server.app import ServeOptions, serve
+        from . import _codec
+        from .server.app import serve
 
-        options = ServeOptions(
-            model_repository=args.model_repository,
-            host=args.host,
-            grpc_port=args.grpc_port,
-            grpc_workers=args.grpc_workers,
-            http_host=args.http_host,
-            http_port=args.http_port,
-            metrics_port=args.metrics_port,
-            http_max_body_size=args.http_max_input_size,
-            max_message_size=args.grpc_max_message_size,
-            strict_readiness=args.strict_readiness,
-            model_control_mode=args.model_control_mode,
-            load_models=args.load_model,
-            poll_interval=args.repository_poll_secs,
-            shutdown_grace=args.shutdown_grace,
-            exit_timeout=args.exit_timeout,
-            log_level=args.log_level,
-            repository=RepositoryOptions(
-                default_max_batch_size=args.default_max_batch_size,
-                intra_op_threads=args.ort_threads,
-                default_batching=(
-                    {"max_queue_delay_microseconds": args.default_max_queue_delay_microseconds}
-                    if args.default_dynamic_batching
-                    else None
-                ),
-                use_gpu=not args.cpu_only,
-            ),
-        )
+        try:
+            options = _serve_options(args)
+        except triton_flags.FlagError as exc:
+            print(f"fastoip: {exc}", file=sys.stderr, flush=True)
+            return 1
+        if not options.grpc_enabled and options.http_port < 0:
+            print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
+            return 1
+        _codec.set_max_bytes_elements(args.max_bytes_elements)
         return serve(options)
     if args.command == "demo-repository":
         from .demo import write_repository

@@ -15,9 +15,14 @@ from typing import Any
 class RepositoryOptions:
     """Server-wide defaults for models whose config leaves things out."""
 
-    default_max_batch_size: int = 64
+    #: Triton's default-max-batch-size backend setting (--backend-config), 4 as in Triton.
+    default_max_batch_size: int = 4
+    #: False with Triton's --strict-model-config / --disable-auto-complete-config.
+    auto_complete: bool = True
     intra_op_threads: int = 1
     inter_op_threads: int = 1
     use_gpu: bool = True
     #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
     default_batching: dict[str, Any] | None = None
+    #: Loads requested through the API may run code in the server (Python models, uploaded .py files).
+    allow_code_loads: bool = False

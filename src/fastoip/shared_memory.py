@@ -12,6 +12,13 @@ Rules:
 - Unregistering only drops the registry's reference: a request still using
   the region keeps the mapping alive through its views, and the mapping is
   unmapped when the last view goes away.  In-flight requests are never cut off.
+- The client owns the object and may shrink it at any time.  Every use checks
+  the object's current size (``fstat``) and refuses a region that no longer
+  fits; a shrink racing with a request is caught by the SIGBUS guard
+  (``_shmguard``), and the request answers INVALID_ARGUMENT instead of the
+  server dying.  A region that faulted stays refused until re-registered.
+- Keys name regular files directly in /dev/shm: no symlinks (``O_NOFOLLOW``),
+  no FIFOs, devices or directories, and not Triton's reserved prefix.
 - A CUDA region is another process's cudaMalloc allocation, opened from its
   cudaIPC handle on the client's device.  Inputs in it are copied to host
   memory (one copy, as if they had come over the wire); outputs are copied in,
@@ -21,8 +28,9 @@ Rules:
 
 from __future__ import annotations
 
-import mmap
+import errno
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -30,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from . import cuda
+from ._shmguard import GuardedMapping
 from .cuda import DeviceArray, DeviceBytes
 from .datatypes import ITEM_SIZES, numpy_dtype
 from .errors import AlreadyExists, InternalError, InvalidArgument, NotFound, Unavailable
@@ -38,6 +47,8 @@ SHM_DIR = "/dev/shm"
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
+#: Keys Triton keeps for its Python backend's own regions (``kTritonSharedMemoryRegionPrefix``).
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
 
 
 @dataclass
@@ -46,10 +57,24 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    mapping: GuardedMapping
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def check_intact(self) -> None:
+        """Refuse the region when a fault was repaired in it or its object no longer holds it."""
+        if self.mapping.faulted:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}' shrank while in use (its object '{self.key}' was truncated); "
+                "register it again to use it"
+            )
+        size = self.mapping.file_size()
+        if size < self.offset + self.byte_size:
+            raise InvalidArgument(
+                f"Invalid offset + byte size for shared memory region: '{self.name}': the object '{self.key}' is "
+                f"now {size} bytes, smaller than offset {self.offset} + byte size {self.byte_size}"
+            )
 
 
 class CudaMapping:
@@ -88,11 +113,29 @@ def cuda_unavailable() -> Unavailable:
 
 
 def _kind_class(kind: str) -> type:
-    if kind == CUDA:
-        if cuda.runtime() is None:
-            raise cuda_unavailable()
-        return CudaRegion
-    return Region
+    # Status and unregister work on any host, as in Triton: without a GPU there are simply no CUDA regions.
+    return CudaRegion if kind == CUDA else Region
+
+
+def _open_key(name: str, key: str) -> int:
+    """Open the object ``key`` names in /dev/shm for reading and writing: a plain name, never a link."""
+    bare = key[1:] if key.startswith("/") else key
+    if not bare or "/" in bare or "\0" in bare or bare in (".", ".."):
+        raise InvalidArgument(
+            f"unable to register shared memory region '{name}': key '{key!s}' is not a valid POSIX shared memory "
+            "name ('/name' or 'name', without further '/' or NUL)"
+        )
+    if bare.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidArgument(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
+            f"prefix '{RESERVED_KEY_PREFIX}'"
+        )
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused right after, by fstat).
+        return os.open(os.path.join(SHM_DIR, bare), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        reason = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise InvalidArgument(f"unable to open shared memory region '{name}' (key '{key}'): {reason}") from None
 
 
 class SharedMemoryRegistry:
@@ -141,43 +184,38 @@ class SharedMemoryRegistry:
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         with self._lock:
             self._check_new(name)
-        path = os.path.join(SHM_DIR, key.lstrip("/"))
-        if "/" in key.lstrip("/") or not key.strip("/"):
-            raise InvalidArgument(f"shared memory key '{key}' is not a valid POSIX shared memory name")
+        fd = _open_key(name, key)
         try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError as exc:
-            raise InvalidArgument(f"unable to open shared memory region '{name}' (key '{key}'): {exc.strerror}") from None
-        try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidArgument(
+                    f"unable to register shared memory region '{name}': key '{key}' is not a shared memory object "
+                    "(a regular file in /dev/shm)"
+                )
+            size = info.st_size
             if offset < 0 or byte_size <= 0 or offset + byte_size > size:
                 raise InvalidArgument(
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
                     f"exceeds the object's size {size}"
                 )
-            mapping = mmap.mmap(fd, size)
+            try:
+                mapping = GuardedMapping(fd, size)
+            except (OSError, MemoryError) as exc:
+                raise InvalidArgument(f"unable to map shared memory region '{name}': {exc}") from None
         finally:
             os.close(fd)
-        try:
-            self._add(Region(name, key, offset, byte_size, mapping))
-        except AlreadyExists:
-            mapping.close()
-            raise
+        self._add(Region(name, key, offset, byte_size, mapping))
 
     def unregister(self, name: str = "", kind: str = SYSTEM) -> None:
         """Forget ``name`` (or every region of ``kind`` when empty); mappings in use stay until released."""
         wanted = _kind_class(kind)
         with self._lock:
             names = [name] if name else list(self._regions)
-            regions = [self._regions.pop(n) for n in names if isinstance(self._regions.get(n), wanted)]
-        # Triton: unregistering an unknown region is not an error.
-        for region in regions:
-            if isinstance(region, Region):
-                try:
-                    region.mapping.close()
-                except BufferError:
-                    pass  # views still exist: the mapping is released with the last of them
-            # A CudaMapping closes its handle when the last request holding it is done.
+            # Triton: unregistering an unknown region is not an error.  A mapping (system or
+            # CUDA) is released when the last request holding it is done.
+            for n in names:
+                if isinstance(self._regions.get(n), wanted):
+                    del self._regions[n]
 
     def status(self, name: str = "", kind: str = SYSTEM) -> list[dict]:
         wanted = _kind_class(kind)
@@ -200,8 +238,14 @@ class SharedMemoryRegistry:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
         return region
 
-    def _span(self, tensor: str, parameters: dict) -> "tuple[Region | CudaRegion, int, int]":
+    def _span(
+        self, tensor: str, parameters: dict, uses: "Optional[list[Region]]"
+    ) -> "tuple[Region | CudaRegion, int, int]":
         region = self._get(str(parameters[REGION]))
+        if isinstance(region, Region):
+            region.check_intact()  # the client may have shrunk it since the last use
+            if uses is not None:
+                uses.append(region)
         offset = parameters.get(OFFSET, 0)
         byte_size = parameters.get(BYTE_SIZE)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -217,9 +261,20 @@ class SharedMemoryRegistry:
             )
         return region, region.offset + offset, byte_size
 
-    def input_view(self, name: str, datatype: str, shape: tuple[int, ...], parameters: dict) -> np.ndarray:
-        """A zero-copy view of an input held in a region, checked against the region."""
-        region, start, byte_size = self._span(name, parameters)
+    def input_view(
+        self,
+        name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        parameters: dict,
+        uses: "Optional[list[Region]]" = None,
+    ) -> np.ndarray:
+        """A zero-copy view of an input held in a region, checked against the region.
+
+        The system region is appended to ``uses``: check them with :func:`check_intact`
+        once the request is done, before its answer goes out.
+        """
+        region, start, byte_size = self._span(name, parameters, uses)
         count = 1
         for dim in shape:
             if dim < 0:
@@ -233,29 +288,32 @@ class SharedMemoryRegistry:
             )
         if isinstance(region, CudaRegion):
             # Device bytes come to the host once, as a tensor from the wire would.
-            source: "mmap.mmap | np.ndarray" = np.empty(byte_size, dtype=np.uint8)
-            _cuda_copy(region.mapping, source.ctypes.data, region.mapping.pointer + start, byte_size, f"input '{name}'")
-            start = 0
+            host = np.empty(byte_size, dtype=np.uint8)
+            _cuda_copy(region.mapping, host.ctypes.data, region.mapping.pointer + start, byte_size, f"input '{name}'")
+            source, start = host.data, 0
         else:
-            source = region.mapping
+            source = memoryview(region.mapping)
         if datatype == "BYTES":
             from ._codec import deserialize_bytes_tensor
 
-            return deserialize_bytes_tensor(memoryview(source)[start : start + byte_size], count).reshape(shape)
-        # frombuffer holds a buffer export, which keeps unregister from unmapping it under us.
+            return deserialize_bytes_tensor(source[start : start + byte_size], count).reshape(shape)
+        # The view holds a buffer export of the mapping, which keeps it mapped while the request uses it.
         return np.frombuffer(source, numpy_dtype(datatype), count, start).reshape(shape)
 
-    def output_view(self, name: str, parameters: dict) -> "np.ndarray | DeviceBytes":
+    def output_view(
+        self, name: str, parameters: dict, uses: "Optional[list[Region]]" = None
+    ) -> "np.ndarray | DeviceBytes":
         """The writable bytes of a region an output goes to, checked against the region.
 
         Resolved before the request runs, so a bad region fails fast and a backend
-        can write the output there directly (see :func:`write_output`).
+        can write the output there directly (see :func:`write_output`).  The region
+        is appended to ``uses`` as in :meth:`input_view`.
         """
-        region, start, byte_size = self._span(name, parameters)
+        region, start, byte_size = self._span(name, parameters, uses)
         if isinstance(region, CudaRegion):
             mapping = region.mapping
             return DeviceBytes(mapping.pointer + start, byte_size, region.device_id, mapping)
-        return np.frombuffer(region.mapping, np.uint8, byte_size, start)
+        return np.frombuffer(memoryview(region.mapping), np.uint8, byte_size, start)
 
 
 def write_output(
@@ -296,6 +354,16 @@ def _cuda_copy(mapping: CudaMapping, destination: int, source: int, nbytes: int,
         mapping.runtime.copy(destination, source, nbytes)
     except cuda.CudaError as exc:
         raise InvalidArgument(f"{what}: copying CUDA shared memory failed: {exc}") from None
+
+
+def check_intact(uses: "list[Region]") -> None:
+    """After a request: refuse its answer when a region it read or wrote shrank meanwhile.
+
+    A shrink racing with the request was caught by the SIGBUS guard, which put zero
+    pages where the client's were, so whatever was computed is not the client's.
+    """
+    for region in uses:
+        region.check_intact()
 
 
 def uses_region(parameters: Optional[dict]) -> bool:

@@ -31,6 +31,7 @@ from ..cuda import DeviceArray, DeviceBytes
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
+from .ort_options import apply_session_options
 
 log = logging.getLogger("fastoip.onnx")
 
@@ -78,6 +79,7 @@ class OnnxBackend:
         intra_op_threads: int = 1,
         inter_op_threads: int = 1,
         device_id: int = 0,
+        config: Optional[mc.ModelConfig] = None,
     ) -> None:
         ort = _ort()
         options = ort.SessionOptions()
@@ -87,6 +89,8 @@ class OnnxBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Spinning worker threads burn the CPU the frontend needs between requests.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if config is not None:  # the config's optimisation settings, as Triton's onnxruntime backend reads them
+            apply_session_options(config, options, ort)
         providers: list = ["CPUExecutionProvider"]
         if use_gpu and cuda_available():
             providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
@@ -258,7 +262,9 @@ class OnnxBackend:
         return outputs
 
     def close(self) -> None:
+        # Every reference to the native session goes, or a reload keeps the old one (its weights, arena).
         self.session = None  # type: ignore[assignment]
+        self._inner = self._run = None
 
 
 def _bf16_bits(value) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -310,7 +316,8 @@ class OnnxKind:
 
         def make_backend(device_id: int = 0) -> OnnxBackend:
             return OnnxBackend(
-                path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter, device_id=device_id
+                path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter, device_id=device_id,
+                config=base,
             )
 
         first = make_backend(instance_devices(base)[0])

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="fastoip bench",
+        # perf_analyzer's flags are taken whole: a prefix never stands for a longer flag
+        allow_abbrev=False,
         description="Throughput and latency of any Open Inference Protocol (KServe V2 / Triton) server. "
         "Without a URL: start a local fastoip on the demo repository and run a short default sweep.",
         epilog="Also: fastoip bench compare A.json B.json  (per-level ratios B/A of throughput and p99)",
@@ -139,8 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warmup-ms", type=int, help="load before the first window, discarded (default 1000; without a URL 500)"
     )
-    p.add_argument("-f", "--latency-report-file", dest="csv", metavar="PATH.csv", help="write the results as CSV")
+    p.add_argument("-f", "--latency-report-file", dest="csv", metavar="PATH.csv",
+                   help="write the results as perf_analyzer's CSV (one model; --fastoip-csv: fastoip's columns)")
+    p.add_argument("--verbose-csv", action="store_true",
+                   help="perf_analyzer's extra CSV columns: Avg latency, request/response, response wait (+ GPU)")
+    p.add_argument("--fastoip-csv", action="store_true",
+                   help="-f writes fastoip's richer columns (every model and level, server split) instead")
     p.add_argument("--json", metavar="PATH.json", help="write the results as JSON (schema in fastoip/bench/report.py)")
+    _perf_analyzer_flags(p)
     p.add_argument("--processes", type=int, default=1, help="client processes sharing the load (default 1)")
     p.add_argument(
         "--grpc-client",
@@ -173,6 +181,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Refuse(argparse.Action):
+    """A perf_analyzer flag fastoip bench cannot honour: refused by name, with the reason."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from .perf_analyzer import REFUSED
+
+        reason = REFUSED[str(option_string)]
+        parser.error(f"perf_analyzer's {option_string} is not supported by fastoip bench: {reason}")
+
+
+def _perf_analyzer_flags(p: argparse.ArgumentParser) -> None:
+    """perf_analyzer's flags that scripts pass: honoured here, or refused by name (perf_analyzer.REFUSED)."""
+    from .perf_analyzer import REFUSED
+
+    mode = p.add_mutually_exclusive_group()
+    # fastoip's generators keep C requests outstanding whichever way perf_analyzer would issue them.
+    mode.add_argument("-a", "--async", dest="async_mode", action="store_true",
+                      help="perf_analyzer's asynchronous API: C requests outstanding (fastoip bench always does so)")
+    mode.add_argument("--sync", dest="sync_mode", action="store_true",
+                      help="perf_analyzer's synchronous API: C requests outstanding, the same closed loop")
+    p.add_argument("-H", dest="headers", action="append", default=[], metavar="HEADER:VALUE",
+                   help="an HTTP header, or gRPC metadata (name lower-cased), on every request (repeatable)")
+    p.add_argument("--measurement-mode", choices=("time_windows", "count_windows"), default="time_windows",
+                   help="windows of -p milliseconds, or of --measurement-request-count requests")
+    p.add_argument("--measurement-request-count", type=int, default=50,
+                   help="count_windows: completed requests per window (default 50)")
+    p.add_argument("--request-count", type=int, default=0,
+                   help="measure one window of this many completed requests (no stability rule)")
+    p.add_argument("--warmup-request-count", type=int, default=0,
+                   help="warm up with this many completed requests instead of --warmup-ms")
+    p.add_argument("--collect-metrics", action="store_true",
+                   help="scrape the server's GPU metrics (nv_gpu_*) during each level, as perf_analyzer")
+    p.add_argument("--metrics-url", help="default localhost:8002/metrics (needs --collect-metrics)")
+    p.add_argument("--metrics-interval", type=int, default=1000, metavar="MS", help="between scrapes (default 1000)")
+    p.add_argument("--grpc-compression-algorithm", choices=("none", "gzip", "deflate"), default="none",
+                   help="compress gRPC requests")
+    p.add_argument("--request-parameter", action="append", default=[], metavar="NAME:VALUE:TYPE",
+                   help="a request parameter (TYPE string, int or bool) on every request (repeatable)")
+    p.add_argument("--string-data", help="this string in every element of BYTES inputs")
+    p.add_argument("--profile-export-file", metavar="PATH.json",
+                   help="perf_analyzer's profile export: send and response time of each successful request of "
+                        "the reported windows (request_inputs and response_outputs left empty)")
+    p.add_argument("--data-directory", metavar="DIR",
+                   help="a file per input named after it: raw little-endian values, or one BYTES element a line")
+    for flag in sorted(REFUSED):
+        p.add_argument(flag, nargs="?", action=_Refuse, help=argparse.SUPPRESS)
+
+
 @dataclass
 class Settings:
     """The parsed and defaulted command line."""
@@ -191,6 +248,39 @@ class Settings:
     max_trials: int
     local: bool = False
     notes: list[str] = field(default_factory=list)
+    #: --request-parameter, typed; -H as (name, value).
+    request_parameters: dict[str, Any] = field(default_factory=dict)
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def parse_request_parameter(text: str) -> tuple[str, Any]:
+    """perf_analyzer's ``name:value:type`` (type string, int or bool)."""
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0]:
+        raise BenchError(f"--request-parameter {text!r}: expected NAME:VALUE:TYPE", stage="args")
+    name, value, kind = parts[0], parts[1], parts[2].lower()
+    if kind == "string":
+        return name, value
+    if kind == "int":
+        try:
+            return name, int(value)
+        except ValueError:
+            raise BenchError(f"--request-parameter {text!r}: {value!r} is not an int", stage="args") from None
+    if kind == "bool":
+        if value.lower() not in ("true", "false"):
+            raise BenchError(f"--request-parameter {text!r}: a bool is true or false", stage="args")
+        return name, value.lower() == "true"
+    raise BenchError(f"--request-parameter {text!r}: TYPE must be string, int or bool", stage="args")
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """perf_analyzer's ``-H Header:Value`` (the value is everything after the first colon)."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise BenchError(f"-H {text!r}: expected HEADER:VALUE", stage="args")
+    if any(c in text for c in "\r\n\0"):
+        raise BenchError(f"-H {text!r}: a header holds no line breaks or NUL", stage="args")
+    return name.strip(), value
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -229,7 +319,23 @@ def settings_from(args: argparse.Namespace) -> Settings:
     max_trials = args.max_trials if args.max_trials is not None else (5 if local else 10)
     if window_ms < 10 or max_trials < 1 or warmup_ms < 0:
         raise BenchError("-p must be >= 10 ms, --max-trials >= 1, --warmup-ms >= 0", stage="args")
-    return Settings(
+    if args.measurement_request_count < 1 or args.request_count < 0 or args.warmup_request_count < 0:
+        raise BenchError(
+            "--measurement-request-count must be >= 1, --request-count and --warmup-request-count >= 0", stage="args"
+        )
+    if args.metrics_url and not args.collect_metrics:
+        raise BenchError("--metrics-url needs --collect-metrics", stage="args")
+    if args.metrics_interval < 10:
+        raise BenchError("--metrics-interval must be >= 10 ms", stage="args")
+    sources = [flag for flag, given in (("--input-data", args.input_data not in ("zero", "random")),
+                                        ("--string-data", args.string_data is not None),
+                                        ("--data-directory", args.data_directory is not None)) if given]
+    if len(sources) > 1:
+        raise BenchError(f"{' and '.join(sources)} are exclusive: give the inputs one way", stage="args")
+    if args.csv and not args.fastoip_csv and len(models) > 1:
+        raise BenchError("-f writes perf_analyzer's layout, which has no model column: give one -m, "
+                         "or add --fastoip-csv", stage="args")
+    settings = Settings(
         target,
         models,
         args.model_version,
@@ -244,6 +350,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_trials,
         local,
     )
+    settings.request_parameters = dict(parse_request_parameter(p) for p in args.request_parameter)
+    settings.headers = [parse_header(h) for h in args.headers]
+    return settings
 
 
 # --------------------------------------------------------------------------- the run
@@ -261,6 +370,10 @@ class Run:
             max_trials=settings.max_trials,
             stability_pct=self.args.stability,
             percentile=self.args.percentile,
+            measurement_mode=self.args.measurement_mode,
+            measurement_request_count=self.args.measurement_request_count,
+            request_count=self.args.request_count,
+            warmup_request_count=self.args.warmup_request_count,
         )
         self.rows: list[dict] = []
         self.server_info: Optional[dict] = None
@@ -270,6 +383,10 @@ class Run:
         self.client_cpus: Optional[set[int]] = None
         self.server_cpus: Optional[set[int]] = None
         self.target: Optional[Target] = settings.target
+        self.metrics: Any = None  # --collect-metrics: a perf_analyzer.MetricsCollector
+        #: --profile-export-file: one entry per measured level; wall clock = now_ns() + this offset.
+        self.experiments: list[dict] = []
+        self.wall_offset_ns = time.time_ns() - time.perf_counter_ns()
 
     def note(self, message: str) -> None:
         if not self.args.quiet:
@@ -330,6 +447,7 @@ class Run:
             self.server_info = control.server_metadata()
             extensions = set(self.server_info.get("extensions", []))
             self._check_transport_flags(extensions)
+            self.metrics = self._metrics_collector()
             for model in self.s.models:
                 self._measure_model(control, model, "statistics" in extensions, progress)
         finally:
@@ -369,7 +487,9 @@ class Run:
                 f"model '{model}': no ModelConfig from the server; batch rule from the metadata "
                 f"({'leading dim is the batch' if plan.batched else 'no batch dim'})"
             )
-        tensors = make_requests(plan, self.args.input_data, self.args.string_length)
+        tensors = make_requests(
+            plan, self.args.input_data, self.args.string_length, self.args.string_data, self.args.data_directory
+        )
         regions = None
         if self.args.shared_memory != "none":
             from .shm import SharedRegions
@@ -378,10 +498,15 @@ class Run:
         try:
             placements = regions.placements if regions is not None else [None] * len(tensors)
             if self.target.protocol == "grpc":
-                requests = [encode_grpc(plan, t, p) for t, p in zip(tensors, placements)]
+                requests = [
+                    encode_grpc(plan, t, p, self.s.request_parameters) for t, p in zip(tensors, placements)
+                ]
             else:
                 requests = [
-                    encode_http(plan, t, self.target.address, self.args.http_binary, p)
+                    encode_http(
+                        plan, t, self.target.address, self.args.http_binary, p, self.s.request_parameters,
+                        self.s.headers,
+                    )
                     for t, p in zip(tensors, placements)
                 ]
             found = probe(
@@ -452,6 +577,8 @@ class Run:
             timeout_s=args.request_timeout,
             max_outstanding=args.max_outstanding,
             distribution=args.request_distribution,
+            metadata=tuple((name.lower(), value) for name, value in self.s.headers),
+            compression=args.grpc_compression_algorithm,
         )
 
     def _sweep(
@@ -470,11 +597,14 @@ class Run:
         from .procs import ProcessLoad
 
         spec = self._spec(target, requests, check)
+        metrics = self.metrics if role == "server" else None
         shared = ProcessLoad(spec, self.args.processes, self.client_cpus) if self.args.processes > 1 else None
         try:
             for level in self.s.levels:
                 generator = shared or make_generator(spec, self.s.mode, level)
                 label = f"{model} [{role}] " + (f"c={level}" if self.s.mode == "concurrency" else f"r={level:g}/s")
+                if metrics is not None:
+                    metrics.start()
                 try:
                     result = measure_level(
                         generator,
@@ -489,16 +619,37 @@ class Run:
                 finally:
                     if shared is None:
                         generator.close()
+                    summary = metrics.stop() if metrics is not None else None
                 row = {
                     "model": model,
                     "target": role,
                     "client": resolve_client(spec, self.s.mode, level),
                     **result.to_dict(),
                 }
+                if summary is not None:
+                    row["metrics"] = summary
                 self.rows.append(row)
+                if self.args.profile_export_file and role == "server":
+                    from .perf_analyzer import experiment
+
+                    self.experiments.append(experiment(self.s.mode, level, result.reported, self.wall_offset_ns))
         finally:
             if shared is not None:
                 shared.close()
+
+    def _metrics_collector(self) -> Any:
+        """--collect-metrics: a scraper of the server's /metrics (checked once before measuring)."""
+        if not self.args.collect_metrics:
+            return None
+        from .perf_analyzer import MetricsCollector
+
+        url = self.args.metrics_url
+        if url is None:
+            local_port = self.local.ports.get("metrics") if self.local is not None else None
+            url = f"127.0.0.1:{local_port}/metrics" if local_port else "localhost:8002/metrics"
+        collector = MetricsCollector(url, self.args.metrics_interval)
+        collector.check()
+        return collector
 
     # -- reporting -----------------------------------------------------------------------
     def document(self) -> dict:
@@ -542,8 +693,22 @@ class Run:
         document = self.document()
         if self.args.json:
             write_json(document, self.args.json)
-        if self.args.csv:
+        if self.args.profile_export_file:
+            import json
+
+            from .. import __version__
+            from .perf_analyzer import profile_document
+
+            with open(self.args.profile_export_file, "w") as handle:
+                json.dump(profile_document(self.experiments, f"fastoip bench {__version__}"), handle)
+        if self.args.csv and self.args.fastoip_csv:
             write_csv(self.rows, self.args.csv)
+        elif self.args.csv:
+            from .perf_analyzer import write_csv as write_perf_analyzer_csv
+
+            rows = [row for row in self.rows if row["target"] == "server"]
+            write_perf_analyzer_csv(rows, self.args.csv, self.args.verbose_csv, self.args.percentile,
+                                    self.args.collect_metrics)
         if self.rows:
             render_table(document)
         if self.error is not None:

@@ -34,6 +34,7 @@ import base64
 import json
 import string
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -319,10 +320,53 @@ def file_requests(plan: ModelPlan, entries: list[dict[str, Any]]) -> list[dict[s
     return requests
 
 
-def make_requests(plan: ModelPlan, input_data: str, string_length: int) -> list[dict[str, np.ndarray]]:
-    """Tensors of each distinct request; fixes the plan's -1 dims from the data."""
-    if input_data in ("zero", "random"):
+def directory_entry(plan: ModelPlan, directory: str) -> dict[str, Any]:
+    """perf_analyzer's --data-directory as one --input-data entry: a file per input, named after it.
+
+    BYTES inputs: one element a line; other inputs: the raw little-endian values of one batch item.
+    """
+    entry: dict[str, Any] = {}
+    for tensor in plan.inputs:
+        path = Path(directory) / tensor.name
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise BenchError(f"--data-directory {directory}: input '{tensor.name}': {exc}", stage="args") from None
+        if tensor.datatype == "BYTES":
+            entry[tensor.name] = raw.decode("utf-8", "surrogateescape").splitlines()
+            continue
+        size = np.dtype(NUMPY_DTYPES[tensor.datatype]).itemsize
+        if len(raw) % size:
+            raise BenchError(
+                f"--data-directory {directory}: input '{tensor.name}' holds {len(raw)} bytes, "
+                f"not a whole number of {tensor.datatype} values ({size} bytes each)",
+                stage="args",
+            )
+        entry[tensor.name] = {"b64": base64.b64encode(raw).decode()}
+    return entry
+
+
+def make_requests(
+    plan: ModelPlan,
+    input_data: str,
+    string_length: int,
+    string_data: str | None = None,
+    data_directory: str | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """Tensors of each distinct request; fixes the plan's -1 dims from the data.
+
+    ``string_data`` (perf_analyzer's --string-data) fills every BYTES element; ``data_directory``
+    reads one file per input (:func:`directory_entry`).
+    """
+    if data_directory is not None:
+        requests = file_requests(plan, [directory_entry(plan, data_directory)])
+    elif input_data in ("zero", "random"):
         requests = synthetic_requests(plan, input_data, string_length)
+        if string_data is not None:
+            for tensors in requests:
+                for tensor in plan.inputs:
+                    if tensor.datatype == "BYTES":
+                        tensors[tensor.name][...] = string_data.encode()
     else:
         requests = file_requests(plan, load_input_file(input_data))
     for tensor in plan.inputs:
@@ -347,7 +391,9 @@ def raw_bytes(datatype: str, array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=NUMPY_DTYPES[datatype]).tobytes()
 
 
-def encode_grpc(plan: ModelPlan, tensors: dict[str, np.ndarray], shm: Any = None) -> bytes:
+def encode_grpc(
+    plan: ModelPlan, tensors: dict[str, np.ndarray], shm: Any = None, parameters: dict[str, Any] | None = None
+) -> bytes:
     """A ModelInferRequest with every input in raw_input_contents, asking for all outputs.
 
     ``shm`` (a :class:`fastoip.bench.shm.Placement`): inputs carry region
@@ -366,25 +412,30 @@ def encode_grpc(plan: ModelPlan, tensors: dict[str, np.ndarray], shm: Any = None
         else:
             inputs.append(InferInput(t.name, t.datatype, tuple(array.shape), array))
     outputs = [RequestedOutput(name, dict(params)) for name, params in shm.outputs] if shm is not None else []
-    request = InferRequest(plan.model, plan.version, inputs=inputs, outputs=outputs)
+    request = InferRequest(plan.model, plan.version, parameters=dict(parameters or {}), inputs=inputs, outputs=outputs)
     try:
         from .. import _codec
     except ImportError:
-        return _encode_grpc_protobuf(plan, tensors, shm)
+        return _encode_grpc_protobuf(plan, tensors, shm, parameters)
     return _codec.encode_infer_request(request)
 
 
-def _encode_grpc_protobuf(plan: ModelPlan, tensors: dict[str, np.ndarray], shm: Any = None) -> bytes:
+def _encode_grpc_protobuf(
+    plan: ModelPlan, tensors: dict[str, np.ndarray], shm: Any = None, parameters: dict[str, Any] | None = None
+) -> bytes:
     from .._proto import grpc_service_pb2 as pb
 
     def set_params(target: Any, params: dict) -> None:
         for key, value in params.items():
             if isinstance(value, str):
                 target[key].string_param = value
+            elif isinstance(value, bool):
+                target[key].bool_param = value
             else:
                 target[key].int64_param = int(value)
 
     message = pb.ModelInferRequest(model_name=plan.model, model_version=plan.version)
+    set_params(message.parameters, parameters or {})
     for t in plan.inputs:
         item = message.inputs.add()
         item.name = t.name
@@ -415,7 +466,15 @@ def _json_values(datatype: str, array: np.ndarray) -> list:
     return array.ravel().tolist()
 
 
-def encode_http(plan: ModelPlan, tensors: dict[str, np.ndarray], host: str, binary: bool, shm: Any = None) -> bytes:
+def encode_http(
+    plan: ModelPlan,
+    tensors: dict[str, np.ndarray],
+    host: str,
+    binary: bool,
+    shm: Any = None,
+    parameters: dict[str, Any] | None = None,
+    headers: Sequence[tuple[str, str]] = (),
+) -> bytes:
     """A complete HTTP/1.1 POST .../infer request (request line, headers, body).
 
     ``binary``: Triton's binary tensor extension for inputs and outputs
@@ -441,8 +500,8 @@ def encode_http(plan: ModelPlan, tensors: dict[str, np.ndarray], host: str, bina
             {"name": name, "parameters": dict(params) if params else {"binary_data": binary}}
             for name, params in shm.outputs
         ]
-    if binary:
-        header_doc["parameters"] = {"binary_data_output": True}
+    if parameters or binary:
+        header_doc["parameters"] = {**(parameters or {}), **({"binary_data_output": True} if binary else {})}
     header = json.dumps(header_doc, separators=(",", ":")).encode()
     body = header + b"".join(blobs)
     binary = binary and bool(blobs)
@@ -452,4 +511,5 @@ def encode_http(plan: ModelPlan, tensors: dict[str, np.ndarray], host: str, bina
         lines += ["Content-Type: application/octet-stream", f"Inference-Header-Content-Length: {len(header)}"]
     else:
         lines += ["Content-Type: application/json"]
+    lines += [f"{name}: {value}" for name, value in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body

@@ -52,9 +52,14 @@ LATE_NS = 1_000_000
 now_ns = time.perf_counter_ns
 
 
-def channel_options(index: int) -> list[tuple[str, Any]]:
-    """Options of the index-th load channel: no size caps, its own TCP connection."""
+#: --grpc-compression-algorithm: grpc.Compression values.
+COMPRESSION = {"none": 0, "deflate": 1, "gzip": 2}
+
+
+def channel_options(index: int, compression: str = "none") -> list[tuple[str, Any]]:
+    """Options of the index-th load channel: no size caps, its own TCP connection, the compression asked for."""
     return [
+        ("grpc.default_compression_algorithm", COMPRESSION[compression]),
         ("grpc.max_send_message_length", 2**31 - 1),
         ("grpc.max_receive_message_length", 2**31 - 1),
         # Without this grpcio shares one subchannel (= one TCP connection)
@@ -83,6 +88,9 @@ class LoadSpec:
     distribution: str = "constant"  # constant | poisson
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    #: gRPC metadata on every call (perf_analyzer's -H).
+    metadata: tuple[tuple[str, str], ...] = ()
+    compression: str = "none"  # none | gzip | deflate
 
     @property
     def address(self) -> str:
@@ -98,6 +106,8 @@ class Sample:
     sent: int = 0
     late: int = 0
     cpu_ns: int = 0
+    #: End time (``now_ns`` clock) of each success, aligned with ``lat_ns`` (--profile-export-file).
+    end_ns: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     @staticmethod
     def merge(samples: list["Sample"]) -> "Sample":
@@ -112,6 +122,7 @@ class Sample:
             sum(s.sent for s in samples),
             sum(s.late for s in samples),
             sum(s.cpu_ns for s in samples),
+            np.concatenate([s.end_ns for s in samples]) if samples else np.empty(0, np.int64),
         )
 
 
@@ -150,15 +161,15 @@ class Recorder:
         if ok:
             pairs = np.array(ok, dtype=np.int64)
             mask = (pairs[:, 0] >= a) & (pairs[:, 0] < b)
-            lat = pairs[mask, 1]
+            lat, ends = pairs[mask, 1], pairs[mask, 0]
         else:
-            lat = np.empty(0, np.int64)
+            lat = ends = np.empty(0, np.int64)
         errors: dict[str, int] = {}
         for end, code in err:
             if a <= end < b:
                 errors[code] = errors.get(code, 0) + 1
         sent, late, cpu = self.sent, self.late, time.process_time_ns()
-        sample = Sample(lat, errors, sent - self._sent_mark, late - self._late_mark, cpu - self._cpu_mark)
+        sample = Sample(lat, errors, sent - self._sent_mark, late - self._late_mark, cpu - self._cpu_mark, ends)
         self._sent_mark, self._late_mark, self._cpu_mark = sent, late, cpu
         return sample
 
@@ -256,7 +267,7 @@ class GrpcFutureLoad(Generator):
     def _open_channels(self, count: int) -> None:
         grpc = self._grpc
         for index in range(count):
-            channel = grpc.insecure_channel(self.spec.address, options=channel_options(index))
+            channel = grpc.insecure_channel(self.spec.address, options=channel_options(index, self.spec.compression))
             self._channels.append(channel)
             self._calls.append(channel.unary_unary(INFER_METHOD, request_serializer=None, response_deserializer=None))
 
@@ -266,7 +277,7 @@ class GrpcFutureLoad(Generator):
         call = self._calls[slot % len(self._calls)]
         self.recorder.sent += 1
         t0 = now_ns()
-        future = call.future(self._requests[k], timeout=self.spec.timeout_s)
+        future = call.future(self._requests[k], timeout=self.spec.timeout_s, metadata=self.spec.metadata or None)
         self._inflight.add(future)
         future.add_done_callback(partial(self._done, t0, slot))
 
@@ -399,7 +410,8 @@ class GrpcAioLoad(LoopThreadGenerator):
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         count = self.spec.channels or auto_channels(int(level) if mode == "concurrency" else int(level // 1000) + 1)
-        channels = [grpc.aio.insecure_channel(self.spec.address, options=channel_options(i)) for i in range(count)]
+        options = [channel_options(i, self.spec.compression) for i in range(count)]
+        channels = [grpc.aio.insecure_channel(self.spec.address, options=option) for option in options]
         if self.spec.streaming:
             calls = [
                 c.stream_stream(STREAM_METHOD, request_serializer=None, response_deserializer=None) for c in channels
@@ -442,7 +454,7 @@ class GrpcAioLoad(LoopThreadGenerator):
         self.recorder.sent += 1
         t0 = now_ns()
         try:
-            response = await call(request, timeout=self.spec.timeout_s)
+            response = await call(request, timeout=self.spec.timeout_s, metadata=self.spec.metadata or None)
         except self._grpc.aio.AioRpcError as exc:
             self._record(t0, None, status_name(exc.code()))
         except asyncio.CancelledError:
@@ -459,7 +471,7 @@ class GrpcAioLoad(LoopThreadGenerator):
         from .verify import decode_stream_frame
 
         while self._running:
-            stream = method(timeout=None)
+            stream = method(timeout=None, metadata=self.spec.metadata or None)
             try:
                 while self._running:
                     self.recorder.sent += 1

@@ -13,6 +13,15 @@ One level (a concurrency or a request rate) is measured like this:
 4. report the last 3 windows merged: pooled latencies, summed counts over
    their summed duration.
 
+perf_analyzer's other measurement modes: ``measurement_mode="count_windows"``
+ends each window once ``measurement_request_count`` requests completed (success
+or failure) instead of after ``window_ms``; ``request_count`` measures a single
+window that ends once that many requests completed, without the stability rule
+(the generator keeps its level until then, so a window may hold a few more);
+``warmup_request_count`` warms up until that many requests completed instead of
+for ``warmup_ms``.  Counted windows are cut in short slices (``TICK_S`` /
+``COUNT_TICK_S``) that are merged, so their boundaries are as precise as a slice.
+
 Latencies are per successful request, from just before the send to the
 completion callback (``time.perf_counter_ns``); failed requests are counted by
 status and kept out of the percentiles.  Throughput counts successes only:
@@ -37,6 +46,8 @@ PERCENTILES = (50, 90, 95, 99)
 STABLE_WINDOWS = 3
 #: The progress display is refreshed this often during a window.
 TICK_S = 0.5
+#: Counted windows and warm-ups look at the completions this often.
+COUNT_TICK_S = 0.01
 
 
 @dataclass
@@ -48,6 +59,14 @@ class MeasureOptions:
     #: Stability on this latency percentile instead of the average.
     percentile: Optional[int] = None
     drain_s: float = 10.0
+    measurement_mode: str = "time_windows"  # time_windows | count_windows
+    measurement_request_count: int = 50
+    #: > 0: one window of this many completed requests, no stability rule.
+    request_count: int = 0
+    #: > 0: warm up until this many requests completed (instead of warmup_ms).
+    warmup_request_count: int = 0
+    #: No counted window or warm-up lasts longer than this: a server that stopped answering ends it.
+    count_timeout_s: float = 120.0
 
 
 def machine_busy_seconds() -> Optional[float]:
@@ -221,6 +240,24 @@ class LevelResult:
         }
 
 
+def completed(sample: Sample) -> int:
+    return int(sample.lat_ns.size) + sum(sample.errors.values())
+
+
+def cut_counted(generator: Generator, a: int, count: int, timeout_s: float) -> tuple[Sample, int]:
+    """Cut slices from ``a`` on until ``count`` requests completed (or ``timeout_s``); the merged sample and its end."""
+    slices: list[Sample] = []
+    done, start = 0, now_ns()
+    while done < count and now_ns() - start < timeout_s * 1e9:
+        time.sleep(COUNT_TICK_S)
+        b = now_ns()
+        piece = generator.cut(a, b)
+        slices.append(piece)
+        done += completed(piece)
+        a = b
+    return Sample.merge(slices), a
+
+
 def measure_level(
     generator: Generator,
     mode: str,
@@ -240,27 +277,36 @@ def measure_level(
     try:
         if progress:
             progress("warmup", result)
-        time.sleep(options.warmup_ms / 1e3)
+        if options.warmup_request_count > 0:
+            cut_counted(generator, 0, options.warmup_request_count, options.count_timeout_s)
+        else:
+            time.sleep(options.warmup_ms / 1e3)
         before = stats() if stats else None
         cpu_before = server_cpu() if server_cpu else None
         machine_before = machine_busy_seconds()
         a = now_ns()
         generator.cut(0, a)  # drop the warm-up
         step = int(options.window_ms * 1e6)
-        while len(result.windows) < max(1, options.max_trials):
-            b = a + step
-            while True:
-                remaining = b - now_ns()
-                if remaining <= 0:
-                    break
-                time.sleep(min(remaining / 1e9, TICK_S))
-                if progress and remaining > TICK_S * 1e9:
-                    progress("tick", result)
-            b = now_ns()
+        counted = options.request_count or (
+            options.measurement_request_count if options.measurement_mode == "count_windows" else 0
+        )
+        while len(result.windows) < (1 if options.request_count else max(1, options.max_trials)):
+            if counted:
+                sample, b = cut_counted(generator, a, counted, options.count_timeout_s)
+            else:
+                b = a + step
+                while True:
+                    remaining = b - now_ns()
+                    if remaining <= 0:
+                        break
+                    time.sleep(min(remaining / 1e9, TICK_S))
+                    if progress and remaining > TICK_S * 1e9:
+                        progress("tick", result)
+                b = now_ns()
+                sample = generator.cut(a, b)
             machine_after = machine_busy_seconds()
             after = stats() if stats else None
             cpu_after = server_cpu() if server_cpu else None
-            sample = generator.cut(a, b)
             cpu = cpu_after - cpu_before if cpu_after is not None and cpu_before is not None else None
             machine = (
                 machine_after - machine_before if machine_after is not None and machine_before is not None else None
@@ -269,6 +315,9 @@ def measure_level(
             a, before, cpu_before, machine_before = b, after, cpu_after, machine_after
             if progress:
                 progress("window", result)
+            if options.request_count:
+                result.stable = completed(sample) >= options.request_count  # the one window asked for, complete
+                break
             if is_stable(result.windows, options.stability_pct, options.percentile):
                 result.stable = True
                 break

@@ -26,6 +26,7 @@ log = logging.getLogger("fastoip.core")
 #: Server-metadata extensions: exactly what this server implements (Triton's names).
 #: ``binary_tensor_data`` is the HTTP binary extension; Triton's core lists it whatever frontends run.
 EXTENSIONS = (
+    "classification",
     "model_configuration",
     "statistics",
     "parameters",
@@ -124,7 +125,7 @@ class ModelControl:
                 override = config_from_json(name, value)
         if files and override is None:
             raise InvalidArgument(f"load '{name}': model files in the request need a 'config' parameter too")
-        self.repository.load(name, override, files or None)
+        self.repository.load(name, override, files or None, from_client=True)
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name`` (explicit mode); requests in flight finish first."""

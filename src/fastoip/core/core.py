@@ -70,6 +70,15 @@ class Core:
     def extensions(self) -> tuple[str, ...]:
         return self.control.extensions
 
+    @property
+    def server_name(self) -> str:
+        """The server metadata name (Triton's --id); the app sets it from its options."""
+        return self.data.server_name
+
+    @server_name.setter
+    def server_name(self, name: str) -> None:
+        self.data.server_name = name
+
     # -- model control --------------------------------------------------------------
     def load_models(self) -> None:
         self.control.load_models()
@@ -147,12 +156,11 @@ class Core:
 
     def prometheus_metrics(self) -> str:
         """Every loaded version's statistics as Prometheus text, under Triton's metric names."""
-        pending = {
-            (model.name, model.version_str): model.scheduler.pending() if model.scheduler.queues else 0
-            for record in self.repository.records()
-            for model in record.versions.values()
-        }
-        return prometheus_text(self.data.statistics_snapshots(), pending)
+        models = [model for record in self.repository.records() for model in record.versions.values()]
+        pending = {(m.name, m.version_str): m.scheduler.pending() if m.scheduler.queues else 0 for m in models}
+        return prometheus_text(
+            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}
+        )
 
     # -- shared memory and settings ---------------------------------------------------------
     def shared_memory_status(self, name: str = "", kind: str = SYSTEM) -> list[RegionStatus]:

@@ -3,7 +3,8 @@
 Rules:
 - Every inference goes one way: ``_start`` (find the model, resolve
   shared-memory inputs, validate, count it in flight) -> the model's scheduler
-  -> ``_complete`` (shared-memory outputs, in-flight count, statistics, trace).
+  -> ``_complete`` (reshape back and classify, shared-memory outputs, the
+  regions' intact check, in-flight count, statistics, trace).
   ``_complete`` is the only place that writes those, whichever entry point
   started the request: ``infer`` runs it on the caller's thread after the wait,
   ``submit`` on the thread that finished the job, just before ``on_done``.
@@ -28,9 +29,10 @@ from .._proto import model_config_pb2 as mc
 from ..errors import InferenceError, NotFound, Unavailable
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
+from ..response_outputs import finish_outputs
 from ..scheduling.job import Job
 from ..settings import LogSettings, TraceSettings
-from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, uses_region, write_output
+from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
 from ..types import InferRequest, InferResponse
 from .answers import (
     CudaRegionStatus,
@@ -54,6 +56,8 @@ class DataPlane:
     ) -> None:
         self.repository = repository
         self.extensions = extensions
+        #: The server metadata name (Triton's --id).
+        self.server_name = SERVER_NAME
         self.strict_readiness = strict_readiness
         #: Readiness is false from the first shutdown stage; requests are still served.
         self.draining = False
@@ -87,7 +91,7 @@ class DataPlane:
 
     # -- metadata -----------------------------------------------------------
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata(SERVER_NAME, __version__, self.extensions)
+        return ServerMetadata(self.server_name, __version__, self.extensions)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         model = self.repository.get(name, version)
@@ -185,14 +189,16 @@ class DataPlane:
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.repository.get(request.model_name, request.model_version)
+        regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
                 tensor.data = self.shared_memory.input_view(
-                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
                 )
         job = model.prepare(request)
         if request.outputs:
-            job.destinations = self._output_destinations(request)
+            job.destinations = self._output_destinations(request, regions)
+        job.regions = regions or None
         if model.scheduler.queues:
             job.arm()  # it will wait in a queue: other threads may finish or cancel it
             if call is not None:
@@ -205,17 +211,24 @@ class DataPlane:
         return model, job
 
     def _complete(self, model: LoadedModel, job: Job) -> None:
-        """The one completion step: shared-memory outputs, in-flight count, statistics, trace."""
-        if job.error is None and job.destinations:
+        """The one completion step: outputs finished (reshape, classification, shared memory), the regions'
+        intact check, in-flight count, statistics, trace."""
+        response = job.response
+        if job.error is None and response is not None:
+            request = job.request
             try:
-                assert job.response is not None
-                _write_shared_memory_outputs(job.destinations, job.response)
+                if request.outputs or model.spec.reshaped:  # reshape back, classification; before shared memory
+                    finish_outputs(model.spec, request, response)
+                if job.destinations:
+                    _write_shared_memory_outputs(job.destinations, response)
+                if job.regions:
+                    check_intact(job.regions)
             except InferenceError as exc:
                 job.error, job.response = exc, None
         model.leave()
         end_ns = time.monotonic_ns()
         ok = job.error is None
-        model.stats.record_request(ok, end_ns - job.arrival_ns, job.queue_ns)
+        model.stats.record_request(ok, end_ns - job.arrival_ns, job.queue_ns, job.error)
         if ok and self.trace_settings_store.active:
             self.trace_settings_store.record(
                 model.name,
@@ -230,10 +243,10 @@ class DataPlane:
                 ],
             )
 
-    def _output_destinations(self, request: InferRequest) -> dict[str, Any] | None:
+    def _output_destinations(self, request: InferRequest, regions: list[Any]) -> dict[str, Any] | None:
         """Region bytes (numpy or CUDA) for the outputs the client wants in shared memory, or None."""
         wanted: dict[str, np.ndarray | cuda.DeviceBytes] = {
-            o.name: self.shared_memory.output_view(o.name, o.parameters)
+            o.name: self.shared_memory.output_view(o.name, o.parameters, regions)
             for o in request.outputs
             if uses_region(o.parameters)
         }

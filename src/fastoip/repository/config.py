@@ -30,6 +30,7 @@ from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import json_format, text_format
 
 from .._proto import model_config_pb2 as mc
+from ..classification import read_labels
 from ..content_types import input_key, output_key
 from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from ..errors import InvalidArgument
@@ -48,6 +49,8 @@ class TensorSpec:
     #: Full shape including the batch dim (-1) when the model batches; -1 = any size.
     shape: tuple[int, ...]
     optional: bool = False
+    #: The model's own shape (without the batch dim) when the config has ``reshape``, else None.
+    reshape: Optional[tuple[int, ...]] = None
 
     def accepts(self, shape: tuple) -> bool:
         """True when ``shape`` fits this spec (-1 matches any size)."""
@@ -70,10 +73,36 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     input_by_name: dict[str, TensorSpec] = field(default_factory=dict)
     output_by_name: dict[str, TensorSpec] = field(default_factory=dict)
+    #: Output name -> the lines of its ``label_filename`` (the classification extension).
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    #: True when some input or output has a ``reshape`` (the infer path skips reshaping otherwise).
+    reshaped: bool = False
 
     @property
     def batching(self) -> bool:
         return self.max_batch_size > 0
+
+    def model_feeds(self, feeds: dict) -> dict:
+        """Inputs (in the config's dims) reshaped to the shapes the model takes (Triton's ``reshape``)."""
+        skip = 1 if self.batching else 0
+        shaped = {}
+        for name, array in feeds.items():
+            spec = self.input_by_name[name]
+            if spec.reshape is None:
+                shaped[name] = array
+            else:
+                target = _moved_variable_dims(array.shape[skip:], spec.shape[skip:], spec.reshape)
+                shaped[name] = array.reshape(array.shape[:skip] + target)
+        return shaped
+
+    def client_output(self, name: str, array: Any) -> Any:
+        """An output as the model made it, reshaped back to the config's dims."""
+        spec = self.output_by_name.get(name)
+        if spec is None or spec.reshape is None:
+            return array
+        skip = 1 if self.batching else 0
+        target = _moved_variable_dims(array.shape[skip:], spec.reshape, spec.shape[skip:])
+        return array.reshape(array.shape[:skip] + target)
 
 
 @dataclass(frozen=True)
@@ -84,6 +113,16 @@ class DiscoveredTensor:
     datatype: str
     #: None for a dimension without a fixed size.
     shape: tuple[int | None, ...]
+
+
+def _moved_variable_dims(shape: tuple, source: tuple, target: tuple) -> tuple[int, ...]:
+    """``target`` with its variable (-1) dims taken, in order, from ``shape``'s sizes at ``source``'s -1 dims.
+
+    Triton's reshape rule: load-time checks guarantee that the fixed dims between
+    variable ones hold the same element counts on both sides.
+    """
+    variable = iter([size for size, dim in zip(shape, source, strict=True) if dim == -1])
+    return tuple(next(variable) if dim == -1 else int(dim) for dim in target)
 
 
 def read_config_file(path: Path) -> mc.ModelConfig:
@@ -122,6 +161,12 @@ def complete_config(
     if done.platform == ONNX_PLATFORM and not done.backend:
         done.backend = "onnxruntime"
 
+    # the sequence batcher feeds control and state inputs and keeps state outputs: not the client's tensors
+    injected = {c.name for c in config.sequence_batching.control_input} | {
+        name for state in config.sequence_batching.state for name in (state.input_name, state.output_name)
+    }
+    inputs = [t for t in inputs if t.name not in injected]
+    outputs = [t for t in outputs if t.name not in injected]
     all_tensors = list(inputs) + list(outputs)
     can_batch = bool(all_tensors) and all(t.shape and t.shape[0] is None for t in all_tensors)
     if config.max_batch_size == 0 and not config.input and not config.output and can_batch:
@@ -131,8 +176,10 @@ def complete_config(
         raise InvalidArgument(f"model '{model_name}': max_batch_size must be >= 0, got {done.max_batch_size}")
     batch_dims = 1 if done.max_batch_size > 0 else 0
 
-    _complete_tensors(done.input, inputs, batch_dims, model_name, "input")
-    _complete_tensors(done.output, outputs, batch_dims, model_name, "output")
+    # A model file's own shapes are checked against the config (a Python model's come from the config).
+    check_shapes = platform == ONNX_PLATFORM
+    _complete_tensors(done.input, inputs, batch_dims, model_name, "input", check_shapes)
+    _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes)
 
     if not done.instance_group:
         group = done.instance_group.add()
@@ -160,6 +207,7 @@ def _complete_tensors(
     batch_dims: int,
     model_name: str,
     kind: str,
+    check_shapes: bool = False,
 ) -> None:
     found = {t.name: t for t in discovered}
     if not configured:
@@ -186,10 +234,81 @@ def _complete_tensors(
             )
         if not entry.dims and not entry.HasField("reshape"):
             entry.dims.extend(-1 if d is None else int(d) for d in model_tensor.shape[batch_dims:])
+        check_reshape(entry, batch_dims > 0, model_name, kind)
+        if check_shapes:
+            check_model_shape(entry, model_tensor, batch_dims > 0, model_name)
 
 
-def model_spec(config: mc.ModelConfig) -> ModelSpec:
-    """The infer path's view of a completed config."""
+def check_reshape(entry: Any, batching: bool, model_name: str, kind: str) -> None:
+    """Triton's rules for ``dims`` and ``reshape``: InvalidArgument saying which one is broken."""
+    where = f"model '{model_name}': {kind} '{entry.name}' "
+    if not entry.dims:
+        if entry.HasField("reshape"):
+            raise InvalidArgument(where + "must specify 'dims'")
+        return  # a scalar tensor (fastoip serves them; Triton needs dims [1] with an empty reshape)
+    if any(dim < 1 and dim != -1 for dim in entry.dims):
+        raise InvalidArgument(where + "dimension must be integer >= 1, or -1 to indicate a variable-size dimension")
+    if not entry.HasField("reshape"):
+        return
+    reshape = list(entry.reshape.shape)
+    if not reshape and not batching:
+        raise InvalidArgument(
+            where + "cannot have empty reshape for non-batching model as scalar tensors are not supported"
+        )
+    if any(dim < 1 and dim != -1 for dim in reshape):
+        raise InvalidArgument(
+            where + "reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension"
+        )
+    dims_trunks, reshape_trunks = _trunks(list(entry.dims)), _trunks(reshape)
+    if len(dims_trunks) != len(reshape_trunks):
+        raise InvalidArgument(where + "has different number of variable-size dimensions for dims and reshape")
+    if dims_trunks != reshape_trunks and not (not reshape and dims_trunks == [1]):
+        raise InvalidArgument(
+            where + f"has different size for dims and reshape (dims {list(entry.dims)}, reshape {reshape})"
+        )
+
+
+def _trunks(dims: list[int]) -> list[int]:
+    """Element counts of the runs of fixed dims between variable (-1) ones."""
+    counts, current = [], 1
+    for dim in dims:
+        if dim == -1:
+            counts.append(current)
+            current = 1
+        else:
+            current *= dim
+    counts.append(current)
+    return counts
+
+
+def check_model_shape(entry: Any, model_tensor: DiscoveredTensor, batching: bool, model_name: str) -> None:
+    """The config's shape (its reshape, else its dims) must fit the model file's, as Triton's ONNX backend checks."""
+    dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+    model_shape = [-1 if d is None else int(d) for d in model_tensor.shape]
+    full = [-1, *dims] if batching else dims
+    fits = len(model_shape) == len(full) and all(m == -1 or m == c for m, c in zip(model_shape, full, strict=True))
+    if batching and (not model_shape or model_shape[0] != -1):
+        raise InvalidArgument(
+            f"model '{model_name}', tensor '{entry.name}': for the model to support batching the shape should have "
+            f"at least 1 dimension and the first dimension must be -1; but shape expected by the model is "
+            f"{model_shape}"
+        )
+    if not fits:
+        batch_note = (
+            " (an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, "
+            f"making complete shape {full})"
+            if batching
+            else ""
+        )
+        raise InvalidArgument(
+            f"model '{model_name}', tensor '{entry.name}': the model expects {len(model_shape)} dimensions "
+            f"(shape {model_shape}) but the model configuration specifies {len(full)} dimensions{batch_note}"
+            + ("" if entry.HasField("reshape") else "; a 'reshape' in the config maps between the two")
+        )
+
+
+def model_spec(config: mc.ModelConfig, model_dir: Optional[Path] = None) -> ModelSpec:
+    """The infer path's view of a completed config; ``model_dir`` holds the outputs' label files."""
     batch = (-1,) if config.max_batch_size > 0 else ()
 
     def specs(entries) -> tuple[TensorSpec, ...]:  # type: ignore[no-untyped-def]
@@ -199,6 +318,7 @@ def model_spec(config: mc.ModelConfig) -> ModelSpec:
                 datatype=CONFIG_TO_V2[mc.DataType.Name(e.data_type)],
                 shape=batch + tuple(int(d) for d in e.dims),
                 optional=bool(getattr(e, "optional", False)),
+                reshape=tuple(int(d) for d in e.reshape.shape) if e.HasField("reshape") else None,
             )
             for e in entries
         )
@@ -211,6 +331,12 @@ def model_spec(config: mc.ModelConfig) -> ModelSpec:
         outputs=outputs,
         input_by_name={t.name: t for t in inputs},
         output_by_name={t.name: t for t in outputs},
+        labels={
+            e.name: read_labels(model_dir, e.label_filename, e.name)
+            for e in config.output
+            if e.label_filename and model_dir is not None
+        },
+        reshaped=any(t.reshape is not None for t in inputs + outputs),
     )
 
 
@@ -229,7 +355,7 @@ def config_from_json(model: str, text: object) -> mc.ModelConfig:
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
-        raise InvalidArgument(f"load '{model}': failed to parse the 'config' parameter: {exc}") from None
+        raise InvalidArgument(f"failed to load '{model}': failed to parse the 'config' parameter: {exc}") from None
     return config
 
 

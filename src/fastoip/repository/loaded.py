@@ -12,16 +12,18 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
 from .._proto import model_config_pb2 as mc
+from ..classification import class_count
 from ..cuda import pinned_allocator
-from ..errors import InvalidArgument, Unsupported
+from ..errors import InvalidArgument
 from ..metrics import ModelStatistics
 from ..scheduling.buffers import BufferPool
 from ..scheduling.job import Job
-from ..types import InferRequest
+from ..types import InferRequest, InferResponse
 from .config import ModelSpec, model_spec
 
 log = logging.getLogger("fastoip.repository")
@@ -45,7 +47,7 @@ class LoadedModel:
         self.version_str = str(version)
         self.path = path
         self.config = config
-        self.spec: ModelSpec = model_spec(config)
+        self.spec: ModelSpec = model_spec(config, path.parent.parent)
         self.all_output_names = [t.name for t in self.spec.outputs]
         self.backends = backends
         self.stats = ModelStatistics(name, self.version_str)
@@ -84,16 +86,24 @@ class LoadedModel:
                     batch_size = tensor.shape[0]
                 elif tensor.shape[0] != batch_size:
                     raise InvalidArgument(
-                        f"input '{name}' has batch size {tensor.shape[0]} but other inputs have {batch_size}"
+                        f"input '{name}' batch size does not match other inputs for '{self.name}': "
+                        f"{tensor.shape[0]}, others {batch_size}"
                     )
             feeds[name] = tensor.data
         if len(feeds) != len(spec.inputs):
-            for expected in spec.inputs:
-                if expected.name not in feeds and not expected.optional:
-                    raise InvalidArgument(
-                        f"expected {len(spec.inputs)} inputs but got {len(feeds)} inputs for model "
-                        f"'{self.name}': missing input '{expected.name}'"
-                    )
+            missing = [t.name for t in spec.inputs if t.name not in feeds and not t.optional]
+            if missing:
+                required = sum(1 for t in spec.inputs if not t.optional)
+                expected_count = (
+                    f"{len(spec.inputs)} inputs"
+                    if required == len(spec.inputs)
+                    else f"number of inputs between {required} and {len(spec.inputs)}"
+                )
+                raise InvalidArgument(  # Triton's words
+                    f"expected {expected_count} but got {len(feeds)} inputs for model '{self.name}'. "
+                    f"Got input(s) {_names(feeds)}, but missing required input(s) {_names(missing)}. "
+                    "Please provide all required input(s)."
+                )
         if batching and not 1 <= batch_size <= spec.max_batch_size:
             raise InvalidArgument(
                 f"inference request batch-size must be <= {spec.max_batch_size} and >= 1 for "
@@ -107,11 +117,14 @@ class LoadedModel:
                         f"unexpected inference output '{wanted.name}' for model '{self.name}'; "
                         f"outputs: {', '.join(t.name for t in spec.outputs)}"
                     )
-                if "classification" in wanted.parameters:
-                    raise Unsupported(f"output '{wanted.name}': the classification extension is not supported")
+                if wanted.name in output_names:
+                    raise InvalidArgument(f"output '{wanted.name}' already exists in request")
+                class_count(wanted, spec.output_by_name[wanted.name].datatype)
                 output_names.append(wanted.name)
         else:
             output_names = self.all_output_names
+        if spec.reshaped:  # Triton's reshape: the config's dims -> the model's shape
+            feeds = spec.model_feeds(feeds)
         return Job(request, feeds, batch_size, output_names)
 
     def signature(self, job: Job) -> tuple:
@@ -131,7 +144,7 @@ class LoadedModel:
                 f"expected inputs: {', '.join(t.name for t in spec.inputs)}"
             )
         if tensor.name in feeds:
-            raise InvalidArgument(f"input '{tensor.name}' given more than once for model '{self.name}'")
+            raise InvalidArgument(f"input '{tensor.name}' already exists in request (model '{self.name}')")
         if tensor.datatype != expected.datatype:
             raise InvalidArgument(
                 f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
@@ -149,6 +162,13 @@ class LoadedModel:
                 )
             )
         raise InvalidArgument(f"input '{tensor.name}' has no data")
+
+    def run_blocking(self, request: InferRequest) -> InferResponse:
+        """Run one request through this model's own scheduler and wait (warm-up, before the model serves)."""
+        job = self.prepare(request)
+        job.arm()
+        self.scheduler.run(job)
+        return job.wait()
 
     # -- metadata -----------------------------------------------------------
     def tensor_metadata(self) -> tuple[list[dict], list[dict]]:
@@ -196,6 +216,11 @@ class LoadedModel:
 
 def _true() -> bool:
     return True
+
+
+def _names(names: Iterable[str]) -> str:
+    """``['a','b']`` as Triton lists tensor names in its messages."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
 def wants_pinned_inputs(config: mc.ModelConfig) -> bool:

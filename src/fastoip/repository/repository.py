@@ -18,6 +18,12 @@ Rules:
   load parameters, with a ``config``): they are written to a private
   directory that serves as the model's directory until the next load or
   unload, which removes it.
+- What a client can ask for through the load API stays inside what the operator
+  allows: model names are names, uploaded files and configured file names stay
+  inside the model's directory (``paths``), and Python code (uploaded ``.py``
+  files, or any Python-backend model) loads through the API only with
+  ``allow_code_loads`` (``--model-control-allow-code``).  Loads the operator asks
+  for (start-up, ``--load-model``, polling) are not limited.
 """
 
 from __future__ import annotations
@@ -33,11 +39,15 @@ from pathlib import Path
 from typing import Optional
 
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
-from ..options import RepositoryOptions
 from ..backends import BackendKind, kind_for
+from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
+from ..options import RepositoryOptions
 from .config import MODEL_SETTINGS, read_config_file, read_model_settings
+from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
+from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
+from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
 
@@ -61,6 +71,8 @@ class ModelRecord:
     newest: Optional[LoadedModel] = None
     #: The private directory of files that came with the last load, if they did.
     uploaded_dir: Optional[Path] = None
+    #: Unavailable because it was unloaded on purpose: strict readiness ignores it.
+    unloaded: bool = False
 
 
 class ModelRepository:
@@ -110,10 +122,14 @@ class ModelRepository:
         return [self._records[name] for name in sorted(self._records)]
 
     def all_ready(self) -> bool:
-        """Every model the repository tried to load is ready (Triton's strict readiness)."""
+        """Every model the repository tried to load is ready (Triton's strict readiness).
+
+        A model that is unavailable because it was unloaded does not count, as in Triton's ``IsReady``.
+        """
         return all(
             r.state == ModelState.READY and all(m.is_ready() for m in r.versions.values())
             for r in self._records.values()
+            if not r.unloaded
         )
 
     def all_alive(self) -> bool:
@@ -123,7 +139,8 @@ class ModelRepository:
     def load_all(self) -> None:
         names = self.model_names()
         self._prepare(names)
-        for name in names:
+        # ensembles last: their steps' models must be loaded to check the wiring
+        for name in sorted(names, key=lambda n: (self._is_ensemble_dir(n), n)):
             try:
                 self.load(name)
             except InferenceError as exc:
@@ -134,28 +151,44 @@ class ModelRepository:
         name: str,
         config_override: Optional[mc.ModelConfig] = None,
         files: Optional[dict[str, bytes]] = None,
+        from_client: bool = False,
     ) -> None:
         """Load (or reload) every version the policy selects; swap in when all are ready.
 
         ``files``: relative path -> content of the model directory to load instead of
-        the repository's (needs ``config_override``).
+        the repository's (needs ``config_override``).  ``from_client``: the load API
+        asked for it, so only what the operator allows is loaded.
         """
+        check_model_name(name)
+        if from_client and not self.options.allow_code_loads and files:
+            code = sorted(path for path in files if path.endswith(".py"))
+            if code:
+                raise InvalidArgument(
+                    f"load '{name}': model file 'file:{code[0]}' is Python code, and this server does not load "
+                    "code through the API (the operator can allow it with --model-control-allow-code)"
+                )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
+            if uploaded is None and not (self.root / name).is_dir():
+                # Nothing to load: answer the error and leave no record behind (readiness, index).
+                raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
-                self._load_locked(name, config_override, uploaded)
+                self._load_locked(name, config_override, uploaded, from_client)
             except BaseException:
                 if uploaded is not None:
                     shutil.rmtree(uploaded, ignore_errors=True)
                 raise
 
-    def _load_locked(self, name: str, config_override: Optional[mc.ModelConfig], uploaded: Optional[Path]) -> None:
+    def _load_locked(
+        self, name: str, config_override: Optional[mc.ModelConfig], uploaded: Optional[Path], from_client: bool
+    ) -> None:
         model_dir = uploaded or self.root / name
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
+        record.unloaded = False  # a load that fails now makes the server unready, as in Triton
         if not model_dir.is_dir():
-            record.reason = f"model directory '{model_dir}' does not exist"
+            record.reason = f"the repository has no model directory '{name}'"  # no server paths in messages
             if not record.versions:
                 record.state = ModelState.UNAVAILABLE
             raise NotFound(f"failed to load '{name}': {record.reason}")
@@ -163,11 +196,14 @@ class ModelRepository:
         if not record.versions:
             record.state = ModelState.LOADING
         try:
-            loaded = self._load_versions(name, model_dir, config_override)
+            loaded = self._load_versions(name, model_dir, config_override, from_client)
         except InferenceError as exc:
             record.reason = str(exc)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
-            raise
+            if record.reason.startswith("failed to load"):
+                raise
+            # Triton's words first: clients (and Triton's examples) match on "failed to load".
+            raise type(exc)(f"failed to load '{name}': {record.reason}") from None
         except Exception as exc:  # a bug or an unexpected backend error: still keep serving
             record.reason = f"{type(exc).__name__}: {exc}"
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
@@ -186,6 +222,7 @@ class ModelRepository:
 
     def unload(self, name: str) -> None:
         """Stop serving ``name``; requests in flight finish first."""
+        check_model_name(name)
         with self._load_lock:
             record = self._records.get(name)
             if record is None:
@@ -195,6 +232,7 @@ class ModelRepository:
             record.newest = None
             record.state = ModelState.UNAVAILABLE
             record.reason = "unloaded"
+            record.unloaded = True
             for model in old.values():
                 self._retire(model)
             self._forget_uploaded(record)
@@ -233,8 +271,15 @@ class ModelRepository:
                 log.debug("model '%s': preparing failed: %s", name, exc)
 
     # -- building versions ---------------------------------------------------------
+    def _is_ensemble_dir(self, name: str) -> bool:
+        path = self.root / name / "config.pbtxt"
+        try:
+            return path.is_file() and is_ensemble(read_config_file(path))
+        except InferenceError:
+            return False
+
     def _plan(
-        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
+        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
     ) -> tuple[mc.ModelConfig, BackendKind, list[tuple[int, Path]]]:
         """The base config, the backend kind and the (version, model file) pairs to load."""
         if config_override is not None:
@@ -243,9 +288,30 @@ class ModelRepository:
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
             base = read_model_settings(model_dir / MODEL_SETTINGS, name)
+            log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
+        refuse_unbuilt_sections(base, name)
+        if is_ensemble(base):
+            # an ensemble has no model file: each version is a directory (Triton's layout)
+            versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+            if not versions:
+                raise Unavailable(f"model '{name}': an ensemble needs a version directory (e.g. '{name}/1/')")
+            selected = _select_versions(base, versions, name)
+            return base, ENSEMBLE_KIND, [(version, model_dir / str(version)) for version in selected]
+        if base.default_model_filename:
+            check_file_name(name, "default_model_filename", base.default_model_filename)
         kind = kind_for(base, model_dir)
+        if from_client and kind.name == "python" and not self.options.allow_code_loads:
+            raise InvalidArgument(
+                f"failed to load '{name}': it is a Python model, and this server does not load code through "
+                "the API (the operator can allow it with --model-control-allow-code)"
+            )
+        if not self.options.auto_complete and kind.name == "onnxruntime" and not (base.input and base.output):
+            raise InvalidArgument(
+                f"model '{name}': auto-complete is disabled (--strict-model-config / --disable-auto-complete-config), "
+                "so config.pbtxt must declare max_batch_size, every input and every output"
+            )
         filename = base.default_model_filename or kind.default_filename
         available = sorted(
             int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
@@ -256,9 +322,12 @@ class ModelRepository:
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
 
     def _load_versions(
-        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig]
+        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
     ) -> dict[int, LoadedModel]:
-        base, kind, paths = self._plan(name, model_dir, config_override)
+        base, kind, paths = self._plan(name, model_dir, config_override, from_client)
+        if from_client:
+            for _, path in paths:  # a client's config or files: links must not lead out of the model
+                check_inside(name, model_dir, path, "the model file")
         loaded: dict[int, LoadedModel] = {}
         try:
             for version, path in paths:
@@ -273,39 +342,95 @@ class ModelRepository:
         self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind
     ) -> LoadedModel:
         options = self.options
+        if kind is ENSEMBLE_KIND:
+            return self._load_ensemble(name, version, path, base)
         config, backends = kind.load(name, version, path, base, options)
+        log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
+        # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
+        auto_batcher = options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
         if (
-            options.default_batching is not None
+            (options.default_batching is not None or auto_batcher)
             and config.max_batch_size > 0
             and not config.HasField("dynamic_batching")
             and not config.HasField("sequence_batching")
         ):
             config.dynamic_batching.SetInParent()
-            for key, value in options.default_batching.items():
+            for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
-        return LoadedModel(name, version, path, config, backends, self.executor, _scheduler_for(config))
+        model = LoadedModel(
+            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent)
+        )
+        if config.model_warmup:
+            try:
+                run_warmup(model, config, path.parent.parent)
+            except BaseException:
+                model.close()
+                raise
+            model.stats.clear()
+        return model
+
+    def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
+        config = mc.ModelConfig()
+        config.CopyFrom(base)
+        if config.name and config.name != name:
+            raise InvalidArgument(f"model '{name}': config.pbtxt name '{config.name}' does not match the directory name")
+        config.name = name
+        for step in config.ensemble_scheduling.step:
+            if self.record(step.model_name) is None or not self.record(step.model_name).versions:  # type: ignore[union-attr]
+                if step.model_name != name and (self.root / step.model_name).is_dir():
+                    self._load_locked(step.model_name, None, None)  # Triton loads an ensemble's models with it
+
+        def lookup(model_name: str) -> Optional[ComposingModel]:
+            try:
+                return composing_model_of(self.get(model_name).config)
+            except InferenceError:
+                return None
+
+        plan = plan_ensemble(config, lookup)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
-    """Write a load request's model files into a new private directory; refuse paths that leave it."""
-    root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name}-"))
+    """Write a load request's model files into a new private directory; refuse paths that leave it.
+
+    A file-system failure is the server's trouble: INTERNAL, in Triton's words, without server paths.
+    """
+    checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
+    failed = f"failed to load '{name}', failed to poll from model repository"
     try:
-        for relative, content in files.items():
-            parts = Path(relative).parts
-            if not parts or Path(relative).is_absolute() or any(part in ("..", ".") for part in parts):
-                raise InvalidArgument(
-                    f"load '{name}': model file 'file:{relative}' must be a relative path inside the model directory"
-                )
+        # The name (cut short: the directory name must fit NAME_MAX) tells an operator whose files these are.
+        root = Path(tempfile.mkdtemp(prefix=f"fastoip-upload-{name[:64]}-"))
+    except OSError as exc:
+        raise InternalError(f"{failed}: cannot store its model files: {exc.strerror or type(exc).__name__}") from None
+    try:
+        for parts, content in checked:
             target = root.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
+    except OSError as exc:  # disk full, permissions, a name the file system refuses
+        shutil.rmtree(root, ignore_errors=True)
+        raise InternalError(
+            f"{failed}: writing its model file 'file:{'/'.join(parts)[:64]}' failed: "
+            f"{exc.strerror or type(exc).__name__}"
+        ) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
     return root
 
 
-def _scheduler_for(config: mc.ModelConfig):  # type: ignore[no-untyped-def]
+def _scheduler_for(config: mc.ModelConfig, model_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
+    if config.HasField("sequence_batching"):
+        from ..scheduling.execute import run_jobs
+        from ..scheduling.sequence_batcher import SequenceBatcher
+        from ..scheduling.sequence_settings import sequence_settings
+
+        settings = sequence_settings(config, model_dir)
+
+        def sequence_batcher(model, executor):  # type: ignore[no-untyped-def]
+            return SequenceBatcher(model, settings, lambda backend, jobs: run_jobs(model, backend, jobs))
+
+        return sequence_batcher
     if config.HasField("dynamic_batching"):
         from ..scheduling.batcher import DynamicBatcher
 

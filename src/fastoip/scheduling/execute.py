@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
+from ..datatypes import v2_datatype_of
 from ..types import InferOutput, InferResponse
 from .job import Job
 
@@ -157,7 +158,8 @@ def _response(model: "LoadedModel", job: Job, outputs: list[np.ndarray]) -> Infe
         request.id,
         None,
         [
-            InferOutput(name, spec[name].datatype, out.shape, out)
+            # a sequence model's state outputs are not in the spec: the array says its type
+            InferOutput(name, spec[name].datatype if name in spec else v2_datatype_of(out), out.shape, out)
             for name, out in zip(job.output_names, outputs)
         ],
     )

@@ -31,6 +31,7 @@ class Job:
         "batch_size",
         "output_names",
         "destinations",
+        "regions",
         "signature",
         "arrival_ns",
         "deadline_ns",
@@ -62,6 +63,8 @@ class Job:
         self.output_names = output_names
         #: Output name -> the shared-memory bytes it goes to (set by the Core), or None.
         self.destinations: Optional[dict[str, np.ndarray]] = None
+        #: System shared-memory regions the request reads or writes (set by the Core), or None.
+        self.regions: Optional[list] = None
         #: Jobs batch together only when their signatures are equal (set by the batcher).
         self.signature: tuple = ()
         self.arrival_ns = time.monotonic_ns()

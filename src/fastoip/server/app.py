@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import metrics
 from ..core import Core
 from ..repository import RepositoryOptions
 from .grpc import INT32_MAX, create_server
@@ -26,6 +27,8 @@ log = logging.getLogger("fastoip")
 #: gen0 threshold raised from CPython's 700: a request allocates a few dozen containers, and the
 #: request path creates no reference cycles of its own, so young collections rarely free anything.
 GC_THRESHOLDS = (10_000, 20, 20)
+#: Default ``--shutdown-grace``: long enough for Kubernetes to take the pod out of its endpoints.
+DEFAULT_SHUTDOWN_GRACE = 5.0
 
 
 @dataclass
@@ -43,14 +46,23 @@ class ServeOptions:
     http_max_body_size: int = 64 * 1024 * 1024
     #: Prometheus ``/metrics`` (Triton's port); -1 turns it off, 0 picks a free port.
     metrics_port: int = 8002
+    #: Triton's ``--metrics-config``: latency summaries and histograms.
+    metrics_config: metrics.MetricsConfig = field(default_factory=metrics.MetricsConfig)
     strict_readiness: bool = True
     model_control_mode: str = "none"
     load_models: list = field(default_factory=list)
     poll_interval: float = 15.0
-    shutdown_grace: float = 0.0
+    #: Seconds readiness is false while requests are still served (Kubernetes needs a few to stop routing).
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     exit_timeout: float = 30.0
     worker_threads: int = 16
     log_level: str = "INFO"
+    # Triton's command line (fastoip.triton_flags): --allow-grpc, --metrics-address, --log-format/-file, --id.
+    grpc_enabled: bool = True
+    metrics_host: Optional[str] = None
+    log_format: str = "default"
+    log_file: str = ""
+    server_id: str = "fastoip"
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
 
 
@@ -64,6 +76,7 @@ class Server:
             from ..demo import default_repository
 
             root = default_repository()
+        metrics.configure(options.metrics_config)  # before any model loads: their statistics read it
         self.core = Core(
             root,
             options.repository,
@@ -73,7 +86,9 @@ class Server:
             startup_models=options.load_models,
             poll_interval=options.poll_interval,
         )
+        self.core.server_name = options.server_id
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # a second signal: no more grace period
         self.grpc_server = None
         self.grpc_port = 0
         self.http_server = None
@@ -85,22 +100,24 @@ class Server:
         options = self.options
         log.info("model repository: %s", self.core.repository_root)
         self.core.load_models()
-        self.grpc_server, self.grpc_port = create_server(
-            self.core,
-            options.host,
-            options.grpc_port,
-            workers=options.grpc_workers,
-            max_message_size=options.max_message_size,
-        )
+        if options.grpc_enabled:
+            self.grpc_server, self.grpc_port = create_server(
+                self.core,
+                options.host,
+                options.grpc_port,
+                workers=options.grpc_workers,
+                max_message_size=options.max_message_size,
+            )
         # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
         # of the collector's sight so the frequent young-generation collections the request path
         # triggers stay cheap, and collect young objects less often.
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        self.grpc_server.start()
-        # Tests and scripts read these lines to learn the bound ports.
-        print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
+        if self.grpc_server is not None:
+            self.grpc_server.start()
+            # Tests and scripts read these lines to learn the bound ports.
+            print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
         if options.http_port >= 0:
             from .http import HttpServer
 
@@ -113,12 +130,15 @@ class Server:
         if options.metrics_port >= 0:
             from .metrics_http import MetricsServer
 
-            metrics_host = options.http_host or options.host
+            metrics_host = options.metrics_host or options.http_host or options.host
             self.metrics_server = MetricsServer(self.core, metrics_host, options.metrics_port)
             self.metrics_port = self.metrics_server.start()
             print(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}", flush=True)
 
     def stop(self) -> None:
+        """Begin shutting down; called again (a second signal), skip what is left of the grace period."""
+        if self._stop.is_set():
+            self._hurry.set()
         self._stop.set()
 
     def wait(self) -> None:
@@ -126,12 +146,18 @@ class Server:
         self.shutdown()
 
     def shutdown(self) -> None:
+        """Drain without losing a request: every request a listener took is answered.
+
+        Readiness goes false first and requests are still served for ``shutdown_grace``
+        (load balancers stop routing here meanwhile); then the listeners stop taking
+        new calls (clients see UNAVAILABLE / connection refused: retryable) while the
+        calls they took finish, up to ``exit_timeout``.  Only then does the Core refuse.
+        """
         options = self.options
-        log.info("shutting down: readiness false")
+        log.info("shutting down: readiness false, serving for %.1f s more", options.shutdown_grace)
         self.core.begin_shutdown()
         if options.shutdown_grace > 0:
-            time.sleep(options.shutdown_grace)  # still serving: load balancers notice readiness first
-        self.core.stop_accepting()
+            self._hurry.wait(options.shutdown_grace)
         stopped = []
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
@@ -140,6 +166,8 @@ class Server:
             self.http_server.stop(options.exit_timeout)
         for event in stopped:
             event.wait()
+        # Not before: a call a listener took but whose request the Core has not seen yet must still run.
+        self.core.stop_accepting()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.core.close()
@@ -150,8 +178,12 @@ def serve(options: ServeOptions) -> int:
     logging.basicConfig(
         level=getattr(logging, options.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        # Triton's --log-format ISO8601: an ISO 8601 UTC timestamp on every line.
+        datefmt="%Y-%m-%dT%H:%M:%SZ" if options.log_format == "ISO8601" else None,
+        **({"filename": options.log_file} if options.log_file else {"stream": sys.stderr}),  # type: ignore[arg-type]
     )
+    if options.log_format == "ISO8601":
+        logging.Formatter.converter = time.gmtime
     server = Server(options)
 
     def on_signal(signum, frame):  # type: ignore[no-untyped-def]

@@ -133,17 +133,21 @@ def decode_raw_request(
     where = f"raw binary request for model '{model_name}': input '{name}' ({datatype} {dims})"
     variable = [index for index, dim in enumerate(dims) if dim < 0]
     if datatype == "BYTES":
-        if variable:
+        if variable or math.prod(dims) != 1:
             raise InvalidArgument(
-                f"{where} has variable dims, and the element count of a BYTES tensor cannot be derived "
-                "from its byte count; send a JSON header with the shape"
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1] ({where}; "
+                "send a JSON header with the shape instead)"
             )
-        array = _bytes_tensor(body, 0, len(body), math.prod(dims), f"{where}:")
+        # The body is the one element itself; Triton adds the 4-byte length prefix (core infer_request.cc).
+        array = np.array([bytes(body)], dtype=object)
     else:
         dtype = NUMPY_DTYPES[datatype]
         fixed_bytes = math.prod(dim for dim in dims if dim >= 0) * dtype.itemsize
         if len(variable) > 1:
-            raise InvalidArgument(f"{where} has more than one variable dim; send a JSON header with the shape")
+            raise InvalidArgument(
+                f"The shape of the raw input '{name}' can not be deduced because there are more than one "
+                f"variable-sized dimension ({where}; send a JSON header with the shape)"
+            )
         if variable:
             if fixed_bytes == 0 or len(body) % fixed_bytes:
                 raise InvalidArgument(f"{where}: {len(body)} bytes is not a whole number of {fixed_bytes}-byte rows")
@@ -161,6 +165,8 @@ def parse_json_object(data: Any, what: str) -> dict:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # Triton's words for too deep a document (orjson's limit is 1024)
+            raise InvalidArgument(f"JSON nesting depth exceeds maximum allowed limit in the {what}: {exc}") from None
         raise InvalidArgument(f"malformed JSON in the {what}: {exc}") from None
     if type(doc) is not dict:
         raise InvalidArgument(f"the {what} must be a JSON object, got {_json_type(doc)}")
@@ -178,6 +184,7 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
     if type(items) is not list:
         raise InvalidArgument(f"'inputs' must be a list of input objects, got {_json_type(items)}")
     inputs = []
+    bytes_elements = 0  # BYTES elements of the request so far: capped before any is decoded
     for index, item in enumerate(items):
         if type(item) is not dict:
             raise InvalidArgument(f"input #{index} must be an object, got {_json_type(item)}")
@@ -202,6 +209,13 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
             _check_shared_memory(parameters, f"input '{name}'")
             inputs.append(InferInput(name, datatype, tuple(shape), None, parameters))  # the Core maps the region
             continue
+        if datatype == "BYTES":
+            bytes_elements += math.prod(shape)
+            if bytes_elements > _codec.max_bytes_elements():
+                raise InvalidArgument(
+                    f"input '{name}': too many elements for BYTES tensors in one request: {bytes_elements}, more "
+                    f"than this server's limit of {_codec.max_bytes_elements()} (--max-bytes-elements)"
+                )
         size = parameters.pop("binary_data_size", None)
         if size is not None:
             if "data" in item:
@@ -265,6 +279,10 @@ def _bytes_tensor(body: bytes, offset: int, size: int, count: int, where: str) -
         raise CodecError(f"{where} {exc} (BYTES binary data is a 4-byte little-endian length per element)") from None
 
 
+#: Triton's words for JSON 'data' whose element count does not match the shape (clients match on them).
+SHAPE_MISMATCH = "Unable to parse 'data': shape does not match true shape of 'data' field"
+
+
 def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
     if datatype in BINARY_ONLY:
         raise InvalidArgument(
@@ -283,7 +301,9 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
             f"input '{name}': 'data' is not a rectangular array of {datatype} values: {exc}"
         ) from None
     if values.size != count:
-        raise InvalidArgument(f"input '{name}': shape {shape} needs {count} elements, but 'data' has {values.size}")
+        raise InvalidArgument(
+            f"{SHAPE_MISMATCH}: input '{name}': shape {shape} needs {count} elements, but 'data' has {values.size}"
+        )
     dtype = NUMPY_DTYPES[datatype]
     if count and dtype.kind in "iu" and values.dtype.kind == "f":
         # numpy reads a mix of int64-only and uint64-only integers as float64: read the data
@@ -316,7 +336,9 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
 def _json_bytes(data: list, count: int, name: str) -> np.ndarray:
     values = np.asarray(data, dtype=object).reshape(-1)
     if values.size != count:
-        raise InvalidArgument(f"input '{name}': its shape needs {count} elements, but 'data' has {values.size}")
+        raise InvalidArgument(
+            f"{SHAPE_MISMATCH}: input '{name}': its shape needs {count} elements, but 'data' has {values.size}"
+        )
     elements = values.tolist()
     try:
         encoded = [element.encode("utf-8") for element in elements]

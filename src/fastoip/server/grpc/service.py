@@ -21,7 +21,7 @@ from ... import _codec
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import health_pb2
 from ...core import CUDA, SYSTEM, Core, CudaRegionStatus, Duration, SystemRegionStatus, TensorMetadata
-from ...errors import CodecError
+from ...errors import CodecError, NotFound
 from ...types import InferRequest, InferResponse
 
 SERVICE = "inference.GRPCInferenceService"
@@ -216,7 +216,8 @@ class GrpcService:
             ok = self.core.server_ready()
         else:
             if request.service != SERVICE and not self.core.model_known(request.service):
-                return status(status=status.SERVICE_UNKNOWN)
+                # The health protocol: Check answers NOT_FOUND for a service it does not know.
+                raise NotFound(f"unknown service '{request.service}'")
             ok = self.core.server_ready() if request.service == SERVICE else self.core.model_ready(request.service)
         return status(status=status.SERVING if ok else status.NOT_SERVING)
 

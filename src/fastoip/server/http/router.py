@@ -9,6 +9,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -93,6 +94,8 @@ class Router:
             response.headers.append((b"allow", exc.allow))
         except InferenceError as exc:
             response = error_response(exc.http_status, exc.message)
+        except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a half-sent request): retryable
+            response = error_response(503, "the server is shutting down; send the request again")
         except Exception as exc:  # a bug: answer it, log it, keep serving
             log.exception("%s %s failed", request.method, request.path)
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")

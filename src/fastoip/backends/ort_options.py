@@ -1,0 +1,64 @@
+"""ONNX Runtime session options a model's config asks for, read as Triton's onnxruntime backend reads them.
+
+Rules:
+- ``optimization { graph { level } }``: -1 basic, 1 extended, 2 disabled, anything else all
+  optimisations (ORT's and Triton's default).
+- ``parameters`` (string values): ``execution_mode`` 0 sequential / 1 parallel;
+  ``enable_mem_arena`` and ``enable_mem_pattern`` booleans;
+  ``session.use_device_allocator_for_initializers`` passed through as a session config
+  entry.  (``intra_op_thread_count`` / ``inter_op_thread_count`` are read by the backend.)
+- A value Triton would refuse is refused at load, naming the parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._proto import model_config_pb2 as mc
+from ..errors import InvalidArgument
+
+#: Triton's graph levels -> ORT's GraphOptimizationLevel member names.
+GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+#: Session config entries passed to ORT unchanged.
+PASSED_THROUGH = ("session.use_device_allocator_for_initializers",)
+
+
+def _parameter(config: mc.ModelConfig, key: str) -> str | None:
+    return config.parameters[key].string_value if key in config.parameters else None
+
+
+def _bool(config: mc.ModelConfig, key: str) -> bool | None:
+    value = _parameter(config, key)
+    if value is None:
+        return None
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "on", "yes"):
+        return True
+    if lowered in ("false", "0", "off", "no"):
+        return False
+    raise InvalidArgument(f"model '{config.name}': parameter '{key}' must be true or false, got '{value}'")
+
+
+def apply_session_options(config: mc.ModelConfig, options: Any, ort: Any) -> None:
+    """Set on ORT ``SessionOptions`` what ``config`` asks for (after the backend's own defaults)."""
+    if config.optimization.HasField("graph"):
+        level = GRAPH_LEVELS.get(config.optimization.graph.level, "ORT_ENABLE_ALL")
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    mode = _parameter(config, "execution_mode")
+    if mode is not None:
+        if mode.strip() not in ("0", "1"):
+            raise InvalidArgument(
+                f"model '{config.name}': the valid values of execution_mode are 0 or 1 but got {mode}"
+            )
+        parallel = mode.strip() == "1"
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    arena = _bool(config, "enable_mem_arena")
+    if arena is not None:
+        options.enable_cpu_mem_arena = arena
+    pattern = _bool(config, "enable_mem_pattern")
+    if pattern is not None:
+        options.enable_mem_pattern = pattern
+    for key in PASSED_THROUGH:
+        value = _parameter(config, key)
+        if value is not None:
+            options.add_session_config_entry(key, value)

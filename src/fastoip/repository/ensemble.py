@@ -1,0 +1,239 @@
+"""Ensembles (``platform: "ensemble"``): the step graph, checked at load.
+
+Rules (Triton's ``architecture.md`` "Ensemble Models" and the core's ensemble
+scheduler, in fastoip's words):
+- ``input_map`` maps a step's model input to an ensemble tensor, ``output_map``
+  a step's model output to an ensemble tensor.  Ensemble tensors are the
+  ensemble's inputs, its outputs and the intermediates between steps.
+- Every tensor a step reads is an ensemble input or is produced by exactly one
+  step; every ensemble output is produced by some step; the graph has no cycle;
+  every step input of the composing model is mapped; datatypes agree wherever
+  a tensor meets a model, and shapes agree where both are fixed.
+- A failure names the ensemble, the step and the tensor: it is the load's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .._proto import model_config_pb2 as mc
+from ..datatypes import CONFIG_TO_V2
+from ..errors import InferenceError, InvalidArgument
+from ..scheduling.ensemble import EnsembleScheduler
+from .loaded import LoadedModel
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """What a model declares for one tensor: V2 datatype and dims (batch dim excluded)."""
+
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ComposingModel:
+    """What the plan needs to know of a composing model to check the wiring."""
+
+    name: str
+    max_batch_size: int
+    inputs: dict[str, TensorShape]
+    outputs: dict[str, TensorShape]
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """One step: which model runs, which ensemble tensors feed it, which it produces."""
+
+    index: int
+    model_name: str
+    model_version: str  # "" = the latest ready version
+    inputs: dict[str, str]  # model input -> ensemble tensor
+    outputs: dict[str, str]  # model output -> ensemble tensor
+    needs: frozenset[str]  # ensemble tensors this step waits for
+
+
+@dataclass(frozen=True)
+class EnsemblePlan:
+    """The checked graph: steps in an order where every step comes after what it needs."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    steps: tuple[EnsembleStep, ...]
+
+    @property
+    def composing_models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(step.model_name for step in self.steps))
+
+
+def is_ensemble(config: mc.ModelConfig) -> bool:
+    return config.platform == "ensemble" or config.HasField("ensemble_scheduling")
+
+
+def _shape(tensor: "mc.ModelInput | mc.ModelOutput") -> TensorShape:
+    # the client-facing dims: a composing model's reshape is its own business
+    return TensorShape(CONFIG_TO_V2.get(mc.DataType.Name(tensor.data_type), ""), tuple(tensor.dims))
+
+
+def composing_model_of(config: mc.ModelConfig) -> ComposingModel:
+    """The wiring-relevant part of a loaded model's (completed) config."""
+    return ComposingModel(
+        config.name,
+        config.max_batch_size,
+        {t.name: _shape(t) for t in config.input},
+        {t.name: _shape(t) for t in config.output},
+    )
+
+
+def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], Optional[ComposingModel]]) -> EnsemblePlan:
+    """Check ``config``'s ``ensemble_scheduling`` against the composing models and order its steps.
+
+    ``lookup(name)`` gives a composing model's wiring, or None when it is not loaded.
+    """
+    name = config.name
+    if config.platform != "ensemble":
+        raise InvalidArgument(f"ensemble '{name}': ensemble_scheduling needs platform \"ensemble\"")
+    steps_config = list(config.ensemble_scheduling.step)
+    if not steps_config:
+        raise InvalidArgument(f"ensemble '{name}' must have at least one step")
+    declared_inputs = {t.name: _shape(t) for t in config.input}
+    declared_outputs = {t.name: _shape(t) for t in config.output}
+    producer: dict[str, int] = {}
+    known: dict[str, TensorShape] = dict(declared_inputs)
+    steps: list[EnsembleStep] = []
+    for index, step in enumerate(steps_config):
+        where = f"ensemble '{name}' step {index} ('{step.model_name}')"
+        model = lookup(step.model_name)
+        if model is None:
+            raise InvalidArgument(f"{where}: model '{step.model_name}' is not available")
+        if model.max_batch_size == 0 and config.max_batch_size > 0:
+            raise InvalidArgument(
+                f"{where}: the ensemble batches (max_batch_size {config.max_batch_size}) "
+                f"but model '{step.model_name}' does not"
+            )
+        missing = sorted(set(model.inputs) - set(step.input_map))
+        if missing:
+            raise InvalidArgument(f"{where}: model input(s) {missing} are not mapped in input_map")
+        for model_input in step.input_map:
+            if model_input not in model.inputs:
+                raise InvalidArgument(f"{where}: model '{step.model_name}' has no input '{model_input}'")
+        for model_output, tensor in step.output_map.items():
+            if model_output not in model.outputs:
+                raise InvalidArgument(f"{where}: model '{step.model_name}' has no output '{model_output}'")
+            if tensor in producer:
+                raise InvalidArgument(
+                    f"{where}: ensemble tensor '{tensor}' is already produced by step {producer[tensor]}"
+                )
+            if tensor in declared_inputs:
+                raise InvalidArgument(f"{where}: ensemble tensor '{tensor}' is an ensemble input; a step cannot write it")
+            producer[tensor] = index
+            _agree(where, tensor, known, model.outputs[model_output])
+        version = "" if step.model_version < 0 else str(step.model_version)
+        steps.append(
+            EnsembleStep(index, step.model_name, version, dict(step.input_map), dict(step.output_map),
+                         frozenset(step.input_map.values()))
+        )
+    for step in steps:
+        where = f"ensemble '{name}' step {step.index} ('{step.model_name}')"
+        model = lookup(step.model_name)
+        assert model is not None
+        for model_input, tensor in step.inputs.items():
+            if tensor not in declared_inputs and tensor not in producer:
+                raise InvalidArgument(f"{where}: ensemble tensor '{tensor}' is never produced")
+            _agree(where, tensor, known, model.inputs[model_input])
+    for output in declared_outputs:
+        if output not in producer:
+            raise InvalidArgument(f"ensemble '{name}': output '{output}' is not produced by any step")
+        _agree(f"ensemble '{name}'", output, known, declared_outputs[output])
+    return EnsemblePlan(name, tuple(declared_inputs), tuple(declared_outputs), _ordered(name, steps, producer))
+
+
+def _agree(where: str, tensor: str, known: dict[str, TensorShape], seen: TensorShape) -> None:
+    """Datatypes must match; fixed dims must match where both sides fix them."""
+    previous = known.get(tensor)
+    if previous is None:
+        known[tensor] = seen
+        return
+    if previous.datatype != seen.datatype:
+        raise InvalidArgument(
+            f"{where}: ensemble tensor '{tensor}' is {previous.datatype} in one place and {seen.datatype} in another"
+        )
+    if len(previous.dims) == len(seen.dims) and any(
+        a != b and a >= 0 and b >= 0 for a, b in zip(previous.dims, seen.dims)
+    ):
+        raise InvalidArgument(
+            f"{where}: ensemble tensor '{tensor}' has shape {list(previous.dims)} in one place "
+            f"and {list(seen.dims)} in another"
+        )
+
+
+def _ordered(name: str, steps: list[EnsembleStep], producer: dict[str, int]) -> tuple[EnsembleStep, ...]:
+    """Steps in dependency order; a cycle is a load error."""
+    order: list[EnsembleStep] = []
+    state: dict[int, int] = {}  # 1 = visiting, 2 = done
+
+    def visit(step: EnsembleStep) -> None:
+        mark = state.get(step.index)
+        if mark == 2:
+            return
+        if mark == 1:
+            raise InvalidArgument(f"ensemble '{name}': the steps form a cycle through step {step.index}")
+        state[step.index] = 1
+        for tensor in step.needs:
+            if tensor in producer:
+                visit(steps[producer[tensor]])
+        state[step.index] = 2
+        order.append(step)
+
+    for step in steps:
+        visit(step)
+    return tuple(order)
+
+
+class _EnsembleKind:
+    """The backend kind of ``platform: "ensemble"``: nothing to load but the plan (see the repository)."""
+
+    name = "ensemble"
+    platforms = ("ensemble",)
+    default_filename = ""
+
+    def load(self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: object) -> tuple:
+        raise InvalidArgument(f"ensemble '{model_name}' is loaded by the repository, not by a backend")
+
+
+ENSEMBLE_KIND = _EnsembleKind()
+
+
+class EnsembleModel(LoadedModel):
+    """An ensemble version: no instances of its own; its scheduler runs the steps in their models."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        path: Path,
+        config: mc.ModelConfig,
+        executor: Executor,
+        plan: EnsemblePlan,
+        resolve: Callable[[str, str], LoadedModel],
+    ) -> None:
+        self.plan = plan
+        self._resolve = resolve
+        super().__init__(
+            name, version, path, config, [], executor, lambda model, _: EnsembleScheduler(plan, resolve)
+        )
+
+    def is_ready(self) -> bool:
+        """Ready while every composing model is (Triton: an ensemble follows its models)."""
+        for name in self.plan.composing_models:
+            try:
+                if not self._resolve(name, "").is_ready():
+                    return False
+            except InferenceError:
+                return False
+        return True

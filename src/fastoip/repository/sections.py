@@ -1,0 +1,75 @@
+"""Config sections fastoip does not build: refused when they change results, logged when they are only hints.
+
+Rules:
+- A config must mean what it says.  Sections that change a model's results or
+  its protocol and are not built yet (decoupled transactions, batch_input /
+  batch_output, the response cache) are refused at load with the reason, which the repository
+  index shows; the model is UNAVAILABLE instead of READY-and-failing.
+- Hints that only tune speed and that fastoip cannot honour (rate
+  limiter, execution accelerators, optimisation settings ONNX Runtime has no
+  knob for) are logged as ignored once, at load.
+- MLServer ``model-settings.json`` fields fastoip ignores are logged the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from .._proto import model_config_pb2 as mc
+from ..errors import Unsupported
+
+log = logging.getLogger("fastoip.repository")
+
+#: model-settings.json fields that describe MLServer's process model, not the model.
+IGNORED_MODEL_SETTINGS = ("parallel_workers", "uri", "warm_workers")
+
+
+def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str) -> None:
+    """Unsupported naming the first section that would change results or the protocol."""
+    reason = ""
+    if config.model_transaction_policy.decoupled:
+        reason = "model_transaction_policy { decoupled: true } (decoupled responses) is not implemented"
+    elif config.batch_input or config.batch_output:
+        reason = "batch_input / batch_output are not implemented"
+    elif config.response_cache.enable:
+        reason = "response_cache { enable: true } is not implemented"
+    if reason:
+        raise Unsupported(f"failed to load '{model_name}': {reason}; remove it from the config to serve the model")
+
+
+def log_ignored_hints(config: mc.ModelConfig, model_name: str, onnx: bool) -> None:
+    """Log each tuning hint of ``config`` that fastoip will not act on."""
+    ignored = []
+    if any(group.HasField("rate_limiter") for group in config.instance_group):
+        ignored.append("instance_group.rate_limiter")
+    optimization = config.optimization
+    accelerators = optimization.execution_accelerators
+    if accelerators.gpu_execution_accelerator or accelerators.cpu_execution_accelerator:
+        ignored.append("optimization.execution_accelerators")
+    if optimization.HasField("graph") and not onnx:
+        ignored.append("optimization.graph")
+    for name in ("cuda", "output_pinned_memory"):
+        if optimization.HasField(name):
+            ignored.append(f"optimization.{name}")
+    for name in ("eager_batching", "gather_kernel_buffer_threshold"):
+        if getattr(optimization, name):
+            ignored.append(f"optimization.{name}")
+    if optimization.priority:
+        ignored.append("optimization.priority")
+    for name in ignored:
+        log.warning("model '%s': config %s is not supported by fastoip and is ignored", model_name, name)
+
+
+def log_ignored_model_settings(path: Path, model_name: str) -> None:
+    """Log MLServer model-settings.json fields fastoip does not use (the file itself is read elsewhere)."""
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the settings reader reports the error
+    if not isinstance(settings, dict):
+        return
+    for key in IGNORED_MODEL_SETTINGS:
+        if key in settings:
+            log.warning("model '%s': %s field '%s' is not used by fastoip and is ignored", model_name, path.name, key)

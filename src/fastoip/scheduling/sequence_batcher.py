@@ -1,0 +1,369 @@
+"""Triton's sequence batcher: stateful models, one correlation id per sequence.
+
+Rules (Triton's ``architecture.md`` "Stateful Models" and the core's
+``sequence_batch_scheduler.cc``, in fastoip's words):
+- Every request names its sequence (``sequence_id``: uint64 or string) and may
+  carry ``sequence_start`` / ``sequence_end``.  A request without an id, a
+  request with batch size above 1, and a request that continues a sequence the
+  scheduler does not know (never started, ended, or released as idle) fail with
+  Triton's INVALID_ARGUMENT messages.  A START for a sequence that is still
+  running begins it anew (Triton logs the conflict and goes on).
+- A sequence holds a slot from its first request until its END executes, or
+  until it has been idle longer than ``max_sequence_idle_microseconds``.  When
+  every slot is taken, new sequences wait in a backlog (they never fail for
+  lack of slots) and take slots in arrival order.  Slots: ``max_batch_size``
+  (1 without batching) per instance; ``oldest``'s ``max_candidate_sequences``
+  when set.
+- ``direct``: a sequence is bound to one instance for its whole life.
+  ``oldest``: any instance takes the sequences whose next request is oldest.
+  Either way a batch holds at most one request per sequence, and the requests
+  of one sequence run one at a time, in order.  A batch runs when it has
+  ``max_batch_size`` requests (the largest preferred size, for ``oldest``), or
+  when its oldest request has waited ``max_queue_delay_microseconds``.
+- Control inputs are filled per request (START, END, READY, CORRID with the
+  config's false/true values); implicit state inputs come from the sequence's
+  previous state outputs, or the initial state at START.  Clients never send
+  them, and state outputs are not returned unless the client asked for them.
+- The clock is injectable: the decisions are tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+import numpy as np
+
+from .._proto import model_config_pb2 as mc
+from ..errors import InvalidArgument, Unavailable
+from ..types import InferOutput, InferResponse
+from .job import Job
+from .sequence_settings import SequenceSettings, control_tensor
+
+log = logging.getLogger("fastoip.sequence")
+
+Clock = Callable[[], int]
+#: Runs a batch of jobs on one instance and finishes each (``scheduling.execute.run_jobs`` in the server).
+RunBatch = Callable[[Any, Sequence[Job]], None]
+
+
+class SequenceModel(Protocol):
+    """What the sequence batcher reads of its model."""
+
+    name: str
+    config: mc.ModelConfig
+    backends: list[Any]
+
+
+@dataclass
+class _Pending:
+    job: Job
+    start: bool
+    end: bool
+    queued_ns: int  # on the batcher's clock: decides order and the queue delay
+
+
+@dataclass
+class _Sequence:
+    corrid: object
+    last_ns: int
+    queue: deque[_Pending] = field(default_factory=deque)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    instance: int = -1
+    active: bool = False
+    busy: bool = False
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one instance runs next: the sequences and the request each contributes."""
+
+    instance: int
+    entries: tuple[tuple[_Sequence, _Pending], ...]
+
+
+class SequenceBatcher:
+    """The scheduler for models with ``sequence_batching``."""
+
+    queues = True
+
+    def __init__(
+        self,
+        model: SequenceModel,
+        settings: SequenceSettings,
+        run_batch: RunBatch,
+        *,
+        clock: Clock = time.monotonic_ns,
+        start_threads: bool = True,
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.run_batch = run_batch
+        self.clock = clock
+        self.batched = model.config.max_batch_size > 0
+        self.max_batch = max(model.config.max_batch_size, 1)
+        self.instances = len(model.backends)
+        per_instance = self.max_batch
+        if settings.strategy == "oldest" and settings.max_candidates > 0:
+            per_instance = settings.max_candidates
+        self.slots_per_instance = per_instance
+        self.total_slots = per_instance * self.instances
+        self._by_id: dict[object, _Sequence] = {}
+        self._active: list[_Sequence] = []
+        self._backlog: deque[_Sequence] = deque()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._threads: list[threading.Thread] = []
+        if start_threads:
+            for index in range(self.instances):
+                thread = threading.Thread(target=self._work, args=(index,), daemon=True,
+                                          name=f"fastoip-seq-{model.name}-{index}")
+                thread.start()
+                self._threads.append(thread)
+
+    # -- the Scheduler contract ------------------------------------------------------
+    def run(self, job: Job) -> None:
+        """Queue ``job``; the caller waits with ``job.wait()``."""
+        self.submit(job)
+
+    def submit(self, job: Job) -> None:
+        job.arm()
+        try:
+            corrid, start, end = self._sequence_of(job)
+        except InvalidArgument as exc:
+            job.fail(exc)
+            return
+        with self._cond:
+            if self._stopped:
+                job.fail(Unavailable(f"model '{self.model.name}' is unloading and accepts no new sequence requests"))
+                return
+            now = self.clock()
+            self._reap(now)
+            sequence = self._by_id.get(corrid)
+            if sequence is None:
+                if not start:
+                    job.fail(InvalidArgument(
+                        f"inference request for sequence {corrid} to model '{self.model.name}' must specify the "
+                        "START flag on the first request of the sequence"
+                    ))
+                    return
+                sequence = _Sequence(corrid, now)
+                self._by_id[corrid] = sequence
+                self._admit(sequence)
+            elif start:
+                log.warning("sequence %s for model '%s' has a conflict: the previous sequence did not end before "
+                            "this sequence start; it starts anew", corrid, self.model.name)
+            sequence.queue.append(_Pending(job, start, end, now))
+            sequence.last_ns = now
+            if end:
+                sequence.ended = True
+                del self._by_id[corrid]  # a later START with this id is a new sequence
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return sum(len(s.queue) for s in self._active) + sum(len(s.queue) for s in self._backlog)
+
+    def stop(self) -> None:
+        """Fail what is still queued; executions in flight finish."""
+        with self._cond:
+            self._stopped = True
+            left = [p for s in [*self._active, *self._backlog] for p in s.queue]
+            for sequence in [*self._active, *self._backlog]:
+                sequence.queue.clear()
+            self._cond.notify_all()
+        for pending in left:
+            pending.job.fail(Unavailable(f"model '{self.model.name}' was unloaded"))
+
+    # -- slots --------------------------------------------------------------------
+    def _sequence_of(self, job: Job) -> tuple[object, bool, bool]:
+        name = self.model.name
+        params = job.request.parameters
+        corrid = params.get("sequence_id", 0)
+        if job.batch_size > 1:
+            raise InvalidArgument(
+                f"inference request to model '{name}' must specify batch-size 1 due to requirements of sequence batcher"
+            )
+        if corrid in (0, "") or isinstance(corrid, bool):
+            raise InvalidArgument(f"inference request to model '{name}' must specify a non-zero or non-empty "
+                                  "correlation ID")
+        wanted = self.settings.corrid_datatype
+        if wanted is not None and (wanted == "BYTES") != isinstance(corrid, str):
+            sent = "BYTES" if isinstance(corrid, str) else "UINT64"
+            raise InvalidArgument(
+                f"sequence batching control '{self._corrid_control()}' data-type is '{sent}', but model '{name}' "
+                f"expects '{wanted}'"
+            )
+        return corrid, bool(params.get("sequence_start", False)), bool(params.get("sequence_end", False))
+
+    def _corrid_control(self) -> str:
+        return next(c.name for c in self.settings.controls if c.kind == "CORRID")
+
+    def _admit(self, sequence: _Sequence) -> None:
+        if len(self._active) < self.total_slots:
+            self._activate(sequence)
+        else:
+            self._backlog.append(sequence)
+
+    def _activate(self, sequence: _Sequence) -> None:
+        sequence.active = True
+        if self.settings.strategy == "direct":
+            load = [0] * self.instances
+            for other in self._active:
+                load[other.instance] += 1
+            sequence.instance = min(range(self.instances), key=lambda i: (load[i], i))
+        self._active.append(sequence)
+
+    def _release(self, sequence: _Sequence) -> None:
+        sequence.active = False
+        self._active.remove(sequence)
+        if self._by_id.get(sequence.corrid) is sequence:
+            del self._by_id[sequence.corrid]
+        while self._backlog and len(self._active) < self.total_slots:
+            self._activate(self._backlog.popleft())
+
+    def _reap(self, now: int) -> None:
+        """Release slots of sequences idle longer than the limit (nothing queued or running)."""
+        idle = self.settings.idle_ns
+        for sequence in list(self._active):
+            if not sequence.busy and not sequence.queue and now - sequence.last_ns > idle:
+                log.info("sequence %s of model '%s' released after %.1f ms idle", sequence.corrid,
+                         self.model.name, (now - sequence.last_ns) / 1e6)
+                self._release(sequence)
+
+    # -- decisions ------------------------------------------------------------------
+    def next_batch(self, instance: int, now: int) -> "Batch | int | None":
+        """What ``instance`` should do at ``now`` (call with the lock held, or single-threaded).
+
+        A Batch to run; or the clock time to look again (waiting for the queue delay or
+        an idle release); or None when there is nothing to wait for.
+        """
+        self._reap(now)
+        direct = self.settings.strategy == "direct"
+        ready = [s for s in self._active if not s.busy and s.queue and (not direct or s.instance == instance)]
+        wake: Optional[int] = self._next_idle_deadline()
+        if ready:
+            ready.sort(key=lambda s: s.queue[0].queued_ns)
+            signature = _signature(ready[0].queue[0].job)
+            chosen = [s for s in ready if _signature(s.queue[0].job) == signature][: self.max_batch]
+            target = max(self.settings.preferred_batch_sizes or (self.max_batch,))
+            ripe_at = ready[0].queue[0].queued_ns + self.settings.queue_delay_ns
+            if len(chosen) >= min(target, self.max_batch) or now >= ripe_at:
+                return Batch(instance, tuple((s, s.queue[0]) for s in chosen))
+            wake = ripe_at if wake is None else min(wake, ripe_at)
+        return wake
+
+    def _next_idle_deadline(self) -> Optional[int]:
+        idle = [s.last_ns + self.settings.idle_ns + 1 for s in self._active if not s.busy and not s.queue]
+        return min(idle) if idle else None
+
+    def take(self, batch: Batch) -> None:
+        """Mark ``batch``'s sequences busy and take their requests off their queues."""
+        for sequence, pending in batch.entries:
+            sequence.busy = True
+            popped = sequence.queue.popleft()
+            assert popped is pending
+
+    def complete(self, batch: Batch, now: int) -> None:
+        """After ``batch`` ran: free its sequences; an END releases the slot."""
+        for sequence, pending in batch.entries:
+            sequence.busy = False
+            sequence.last_ns = now
+            if pending.end:  # nothing can follow an END in its queue: the id was forgotten at enqueue
+                self._release(sequence)
+
+    # -- execution ---------------------------------------------------------------------
+    def _work(self, instance: int) -> None:
+        backend = self.model.backends[instance]
+        while True:
+            with self._cond:
+                batch = None
+                while not self._stopped:
+                    now = self.clock()
+                    decision = self.next_batch(instance, now)
+                    if isinstance(decision, Batch):
+                        batch = decision
+                        self.take(batch)
+                        break
+                    timeout = None if decision is None else max(decision - now, 0) / 1e9
+                    self._cond.wait(timeout)
+                if batch is None:
+                    return
+            try:
+                self.execute(backend, batch)
+            finally:
+                with self._cond:
+                    self.complete(batch, self.clock())
+                    self._cond.notify_all()
+
+    def execute(self, backend: Any, batch: Batch) -> None:
+        """Run ``batch`` with its control and state inputs; finish each client job."""
+        inner_jobs = []
+        for sequence, pending in batch.entries:
+            job = pending.job
+            if job.finished:  # cancelled or expired while queued
+                continue
+            inner = Job(job.request, self._feeds(sequence, pending), job.batch_size, self._outputs(job))
+            inner.arrival_ns = job.arrival_ns
+            inner.deadline_ns = job.deadline_ns
+            inner.on_done(lambda done, s=sequence, p=pending: self._finish(s, p, done))
+            inner_jobs.append(inner)
+        if inner_jobs:
+            self.run_batch(backend, inner_jobs)
+
+    def _feeds(self, sequence: _Sequence, pending: _Pending) -> dict[str, np.ndarray]:
+        feeds = dict(pending.job.feeds)
+        values = {"START": pending.start, "END": pending.end, "READY": True, "CORRID": sequence.corrid}
+        for control in self.settings.controls:
+            feeds[control.name] = control_tensor(control, values[control.kind], self.batched)
+        if pending.start:
+            sequence.state = {}
+        for state in self.settings.states:
+            current = sequence.state.get(state.input_name, state.initial)
+            feeds[state.input_name] = current[np.newaxis] if self.batched else current
+        return feeds
+
+    def _outputs(self, job: Job) -> list[str]:
+        wanted = list(job.output_names)
+        return wanted + [s.output_name for s in self.settings.states if s.output_name not in wanted]
+
+    def _finish(self, sequence: _Sequence, pending: _Pending, inner: Job) -> None:
+        job = pending.job
+        job.queue_ns, job.compute_start_ns, job.compute_end_ns = inner.queue_ns, inner.compute_start_ns, \
+            inner.compute_end_ns
+        if inner.error is not None or inner.response is None:
+            job.fail(inner.error or Unavailable("the sequence request produced no response"))
+            return
+        by_name = {o.name: o for o in inner.response.outputs}
+        for state in self.settings.states:
+            produced = by_name[state.output_name].data
+            assert produced is not None
+            # a copy: the batch output this row views is released with the batch
+            sequence.state[state.input_name] = np.array(produced[0] if self.batched else produced, copy=True)
+        wanted = set(job.output_names)
+        outputs: list[InferOutput] = [o for o in inner.response.outputs if o.name in wanted]
+        response = inner.response
+        job.finish(InferResponse(response.model_name, response.model_version, response.id, response.parameters,
+                                 outputs))
+
+
+def _signature(job: Job) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Requests batch together only when their inputs have the same non-batch shapes."""
+    return tuple((name, tuple(array.shape[1:])) for name, array in job.feeds.items())
+
+
+def sequence_batcher_factory(settings: SequenceSettings, run_batch: RunBatch) -> Callable[[SequenceModel, Executor],
+                                                                                             SequenceBatcher]:
+    """The scheduler factory the repository hands a LoadedModel."""
+
+    def make(model: SequenceModel, executor: Executor) -> SequenceBatcher:
+        return SequenceBatcher(model, settings, run_batch)
+
+    return make

@@ -1,0 +1,71 @@
+"""One traced request: its identity, Triton's timestamps, its tensors, and the caller's trace context.
+
+Timestamps use Triton's names (REQUEST_START, QUEUE_START, COMPUTE_START,
+COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END, and the
+frontend's GRPC_* / HTTP_* ones) on the monotonic clock, in nanoseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+#: How many elements of a tensor a TENSORS trace writes (Triton writes all; a cap keeps traces bounded).
+TENSOR_ELEMENT_LIMIT = 1 << 16
+
+
+@dataclass
+class TraceRecord:
+    """What a trace writer gets for one request."""
+
+    trace_id: int
+    model_name: str
+    model_version: str
+    request_id: str
+    timestamps: list[tuple[str, int]] = field(default_factory=list)
+    #: (activity, name, datatype, shape, data) for TENSORS traces.
+    tensors: list[tuple[str, str, str, tuple[int, ...], Optional[np.ndarray]]] = field(default_factory=list)
+    #: W3C trace context from the caller (``traceparent``, ``tracestate``), if it sent one.
+    carrier: dict[str, str] = field(default_factory=dict)
+    parent_id: Optional[int] = None
+
+    def stamp(self, name: str, ns: int) -> None:
+        self.timestamps.append((name, ns))
+
+    def triton_entries(self) -> list[dict[str, Any]]:
+        """The entries of Triton's trace file format for this request."""
+        head: dict[str, Any] = {
+            "id": self.trace_id,
+            "model_name": self.model_name,
+            "model_version": int(self.model_version) if self.model_version.isdigit() else self.model_version,
+            "request_id": self.request_id,
+        }
+        if self.parent_id is not None:
+            head["parent_id"] = self.parent_id
+        entries: list[dict[str, Any]] = [head]
+        entries += [{"id": self.trace_id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.timestamps]
+        for activity, name, datatype, shape, data in self.tensors:
+            entries.append(
+                {
+                    "id": self.trace_id,
+                    "activity": activity,
+                    "tensor": {
+                        "name": name,
+                        "data": _tensor_text(data),
+                        "shape": ",".join(str(d) for d in shape),
+                        "dtype": datatype,
+                    },
+                }
+            )
+        return entries
+
+
+def _tensor_text(data: Optional[np.ndarray]) -> str:
+    if data is None:
+        return ""
+    flat = data.reshape(-1)[:TENSOR_ELEMENT_LIMIT]
+    if flat.dtype == object:
+        return ",".join(e.decode("utf-8", "backslashreplace") if isinstance(e, bytes) else str(e) for e in flat)
+    return ",".join(str(v) for v in flat.tolist())

@@ -1,0 +1,134 @@
+"""Ensembles end to end: pre-process -> classifier -> post-process as one model, over tritonclient.
+
+Steps (ONNX stand-ins built here): ``pre`` UINT8 [4] -> FP32 x0.5; ``net`` FP32 [4] -> MatMul [4x2];
+``post`` FP32 [2] -> ArgMax.  The ensemble also returns the intermediate scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.utils import InferenceServerException
+
+from serverproc import ServerProcess
+
+WEIGHTS = np.array([[1.0, -1.0], [0.5, 0.25], [-2.0, 1.0], [0.0, 3.0]], dtype=np.float32)
+
+
+def model(nodes: list, inputs: list, outputs: list, initializers: list | None = None) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=initializers or [])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString()
+
+
+def io(name: str, elem: int, width: int) -> object:
+    return helper.make_tensor_value_info(name, elem, ["N", width])
+
+
+ENSEMBLE = """
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 4 ] } ]
+output [ { name: "LABEL" data_type: TYPE_INT64 dims: [ 1 ] }, { name: "SCORES" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling { step [
+  { model_name: "pre" model_version: -1 input_map { key: "RAW" value: "IMAGE" } output_map { key: "SCALED" value: "x" } },
+  { model_name: "net" model_version: -1 input_map { key: "X" value: "x" } output_map { key: "Y" value: "SCORES" } },
+  { model_name: "post" model_version: -1 input_map { key: "SCORES" value: "SCORES" }
+    output_map { key: "LABEL" value: "LABEL" } }
+] }
+"""
+
+
+def write_repository(root: Path) -> None:
+    half = helper.make_tensor("HALF", TensorProto.FLOAT, [1], [0.5])
+    models = {
+        "pre": model([helper.make_node("Cast", ["RAW"], ["F"], to=TensorProto.FLOAT),
+                      helper.make_node("Mul", ["F", "HALF"], ["SCALED"])],
+                     [io("RAW", TensorProto.UINT8, 4)], [io("SCALED", TensorProto.FLOAT, 4)], [half]),
+        "net": model([helper.make_node("MatMul", ["X", "W"], ["Y"])],
+                     [io("X", TensorProto.FLOAT, 4)], [io("Y", TensorProto.FLOAT, 2)],
+                     [numpy_helper.from_array(WEIGHTS, "W")]),
+        "post": model([helper.make_node("ArgMax", ["SCORES"], ["LABEL"], axis=1, keepdims=1)],
+                      [io("SCORES", TensorProto.FLOAT, 2)], [io("LABEL", TensorProto.INT64, 1)]),
+    }
+    for name, data in models.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.onnx").write_bytes(data)
+        (root / name / "config.pbtxt").write_text("max_batch_size: 8\n")
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.pbtxt").write_text(ENSEMBLE)
+    broken = ENSEMBLE.replace('name: "pipeline"', 'name: "broken"').replace('value: "x" } }', 'value: "z" } }')
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "config.pbtxt").write_text(broken)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("ensembles")
+    write_repository(root)
+    with ServerProcess(root, "--strict-readiness", "false", http=True) as proc:
+        yield proc
+
+
+def expected(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scores = (images.astype(np.float32) * 0.5) @ WEIGHTS
+    return scores, scores.argmax(axis=1).reshape(-1, 1)
+
+
+def test_the_pipeline_answers_as_the_three_calls_would(server: ServerProcess) -> None:
+    images = np.array([[1, 2, 3, 4], [9, 0, 0, 1], [0, 0, 8, 0]], dtype=np.uint8)
+    scores, labels = expected(images)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.is_model_ready("pipeline")
+    inp = grpcclient.InferInput("IMAGE", list(images.shape), "UINT8")
+    inp.set_data_from_numpy(images)
+    result = client.infer("pipeline", [inp])
+    np.testing.assert_allclose(result.as_numpy("SCORES"), scores, rtol=1e-6)
+    np.testing.assert_array_equal(result.as_numpy("LABEL"), labels)
+
+    http = httpclient.InferenceServerClient(server.http_url)
+    hin = httpclient.InferInput("IMAGE", list(images.shape), "UINT8")
+    hin.set_data_from_numpy(images)
+    only_label = http.infer("pipeline", [hin], outputs=[httpclient.InferRequestedOutput("LABEL")])
+    np.testing.assert_array_equal(only_label.as_numpy("LABEL"), labels)
+    assert only_label.as_numpy("SCORES") is None
+
+
+def test_each_composing_model_reports_its_own_statistics(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def successes(name: str) -> int:
+        stats = client.get_inference_statistics(name).model_stats
+        return sum(s.inference_stats.success.count for s in stats)
+
+    before = {name: successes(name) for name in ("pipeline", "pre", "net", "post")}
+    inp = grpcclient.InferInput("IMAGE", [1, 4], "UINT8")
+    inp.set_data_from_numpy(np.ones((1, 4), dtype=np.uint8))
+    for _ in range(3):
+        client.infer("pipeline", [inp])
+    assert {name: successes(name) - count for name, count in before.items()} == {
+        "pipeline": 3, "pre": 3, "net": 3, "post": 3}
+
+
+def test_a_badly_wired_ensemble_is_refused_at_load_with_the_reason(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index["broken"].state == "UNAVAILABLE"
+    assert "ensemble tensor 'x' is never produced" in index["broken"].reason
+    assert not client.is_model_ready("broken")
+
+
+def test_a_step_error_names_the_step(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IMAGE", [9, 4], "UINT8")  # more than max_batch_size
+    inp.set_data_from_numpy(np.ones((9, 4), dtype=np.uint8))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("pipeline", [inp])
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert client.is_server_live()
