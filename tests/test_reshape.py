@@ -133,7 +133,7 @@ def test_batched_requests_are_merged_and_split_back_in_config_dims(core: Core) -
         assert results[index].shape == (index + 1, 6)
         assert (results[index] == index).all()
     stats = core.statistics("batched")[0]
-    assert stats["inference_count"] == 6  # 1 + 2 + 3 items went through
+    assert stats.inference_count == 6  # 1 + 2 + 3 items went through
 
 
 def test_dims_that_do_not_fit_the_model_are_refused_at_load_with_the_reason(core: Core) -> None:

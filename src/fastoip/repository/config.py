@@ -21,10 +21,9 @@ Rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import json_format, text_format
@@ -57,7 +56,7 @@ class TensorSpec:
         expected = self.shape
         if len(shape) != len(expected):
             return False
-        for got, want in zip(shape, expected, strict=False):  # lengths checked above
+        for got, want in zip(shape, expected):
             if want != -1 and got != want:
                 return False
         return True
@@ -112,7 +111,7 @@ class DiscoveredTensor:
     name: str
     datatype: str
     #: None for a dimension without a fixed size.
-    shape: tuple[int | None, ...]
+    shape: tuple[Optional[int], ...]
 
 
 def _moved_variable_dims(shape: tuple, source: tuple, target: tuple) -> tuple[int, ...]:
@@ -202,7 +201,7 @@ def complete_config(
 
 
 def _complete_tensors(
-    configured: mc.RepeatedCompositeFieldContainer,  # type: ignore[name-defined]
+    configured: "mc.RepeatedCompositeFieldContainer",  # type: ignore[name-defined]
     discovered: Sequence[DiscoveredTensor],
     batch_dims: int,
     model_name: str,
