@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastoip-installed
 ARGS ?=
 
-.PHONY: venv serve test bench build proto clean
+.PHONY: venv serve test test-compat bench build proto clean
 
 venv: $(STAMP)
 
@@ -28,8 +28,32 @@ bench: venv  ## throughput run against a fastoip on the demo repository
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# test-compat: the tritonclient-facing tests again, in a second venv with the OLDEST tritonclient fastoip supports.
+# 2.41.0 is the oldest release pip installs beside protobuf 6 and grpcio >= 1.81 (what fastoip needs): 2.41.1-2.66
+# pin protobuf < 5 or < 6, 2.67-2.71 pin grpcio < 1.68, and <= 2.40 pin protobuf < 4. Deselected, as bugs or API
+# changes of that client, not of the server: BF16 (2.41 takes BF16 data as float32, the tests pass ml_dtypes'
+# bfloat16 as >= 2.67 does) and the compressed-request cases of test_compression (2.41's http.aio forgot to import
+# gzip/zlib: NameError). test_proto.py is not run: it compares the generated protos with tritonclient 2.73's.
+COMPAT_VENV ?= .venv-compat
+TRITONCLIENT_OLDEST ?= 2.41.0
+COMPAT_STAMP := $(COMPAT_VENV)/.fastoip-tritonclient-$(TRITONCLIENT_OLDEST)
+COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_drop_in.py tests/test_http_drop_in.py
+COMPAT_DESELECT := -k 'not [BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
+	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
+
+$(COMPAT_STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -e . 'tritonclient[grpc,http]==$(TRITONCLIENT_OLDEST)' \
+		'pytest>=8' 'pytest-timeout>=2.3'
+	rm -f $(COMPAT_VENV)/.fastoip-tritonclient-*
+	touch $@
+
+test-compat: $(COMPAT_STAMP)  ## the tritonclient tests with the oldest supported tritonclient
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $(COMPAT_DESELECT) $(ARGS)
+
 proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py
 
 clean:
-	rm -rf $(VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c src/fastoip/_shmguard*.so
+	rm -rf $(VENV) $(COMPAT_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c src/fastoip/_shmguard*.so
