@@ -112,11 +112,14 @@ class DataPlane:
 
     # -- inference: one path -------------------------------------------------------------
     def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
-        """Run ``request`` and block until its response (or raise its error)."""
+        """Run ``request`` and block until its response (or raise its error): start, run, wait, complete.
+
+        A queue-less model runs on this thread; a queued one is armed by ``_start`` and this thread waits.
+        """
         model, job = self._start(request, call)
         try:
             model.scheduler.run(job)
-        except BaseException as exc:  # a scheduler that raises instead of failing the job
+        except Exception as exc:  # a scheduler that raises instead of failing the job: the job fails, once
             job.fail(exc)
         try:
             job.wait()  # returns at once when it ran on this thread
@@ -157,7 +160,7 @@ class DataPlane:
                 model.scheduler.run(job)
             else:
                 model.scheduler.submit(job)
-        except BaseException as exc:  # the job reaches on_done either way
+        except Exception as exc:  # the job reaches on_done either way
             job.fail(exc)
         return job
 
