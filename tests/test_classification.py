@@ -142,8 +142,8 @@ def test_label_file_outside_the_model_directory_is_refused_at_load(tmp_path: Pat
     core.load_models()
     try:
         [entry] = core.repository_index()
-        assert entry["state"] == "UNAVAILABLE"
-        assert "label_filename '../labels.txt' must be a file inside the model directory" in entry["reason"]
+        assert entry.state == "UNAVAILABLE"
+        assert "label_filename '../labels.txt' must be a file inside the model directory" in entry.reason
     finally:
         core.close()
 

@@ -38,12 +38,12 @@ def test_sections_that_change_results_are_refused_with_the_reason(tmp_path: Path
     write_model(tmp_path, "plain", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 4\n")
     core = _core(tmp_path)
     try:
-        index = {entry["name"]: entry for entry in core.repository_index()}
+        index = {entry.name: entry for entry in core.repository_index()}
         for name, (_, words) in REFUSED.items():
-            assert index[name]["state"] == "UNAVAILABLE", name
-            assert index[name]["reason"].startswith(f"failed to load '{name}'"), index[name]
-            assert words in index[name]["reason"] and "not implemented" in index[name]["reason"]
-        assert index["plain"]["state"] == "READY"
+            assert index[name].state == "UNAVAILABLE", name
+            assert index[name].reason.startswith(f"failed to load '{name}'"), index[name]
+            assert words in index[name].reason and "not implemented" in index[name].reason
+        assert index["plain"].state == "READY"
         assert not core.server_ready()  # the refused models count: strict readiness says not ready
     finally:
         core.close()
@@ -81,7 +81,7 @@ def test_bad_execution_mode_is_refused_naming_it(tmp_path: Path) -> None:
     core = _core(tmp_path)
     try:
         [entry] = core.repository_index()
-        assert entry["state"] == "UNAVAILABLE" and "execution_mode are 0 or 1 but got 2" in entry["reason"]
+        assert entry.state == "UNAVAILABLE" and "execution_mode are 0 or 1 but got 2" in entry.reason
     finally:
         core.close()
 
@@ -153,9 +153,9 @@ def test_strict_model_config_needs_a_complete_config(tmp_path: Path) -> None:
     write_model(tmp_path, "full", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 4\n" + IO)
     core = _core(tmp_path, auto_complete=False)
     try:
-        index = {entry["name"]: entry for entry in core.repository_index()}
-        assert index["bare"]["state"] == "UNAVAILABLE" and "auto-complete is disabled" in index["bare"]["reason"]
-        assert index["full"]["state"] == "READY"
+        index = {entry.name: entry for entry in core.repository_index()}
+        assert index["bare"].state == "UNAVAILABLE" and "auto-complete is disabled" in index["bare"].reason
+        assert index["full"].state == "READY"
         assert not core.model_config("full").HasField("dynamic_batching")  # no auto-complete: no batcher added
     finally:
         core.close()

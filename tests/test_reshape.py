@@ -88,8 +88,8 @@ def test_input_and_output_travel_in_the_configs_dims(core: Core) -> None:
     out = _run(core, "reshaped", data)
     assert out.shape == (2, 6)
     np.testing.assert_array_equal(out, data)
-    inputs, outputs = core.model_metadata("reshaped")["inputs"], core.model_metadata("reshaped")["outputs"]
-    assert inputs[0]["shape"] == [-1, 6] and outputs[0]["shape"] == [-1, 6]
+    meta = core.model_metadata("reshaped")
+    assert meta.inputs[0].shape == (-1, 6) and meta.outputs[0].shape == (-1, 6)
 
 
 def test_requests_are_validated_against_the_config_not_the_model(core: Core) -> None:
@@ -133,17 +133,17 @@ def test_batched_requests_are_merged_and_split_back_in_config_dims(core: Core) -
         assert results[index].shape == (index + 1, 6)
         assert (results[index] == index).all()
     stats = core.statistics("batched")[0]
-    assert stats["inference_count"] == 6  # 1 + 2 + 3 items went through
+    assert stats.inference_count == 6  # 1 + 2 + 3 items went through
 
 
 def test_dims_that_do_not_fit_the_model_are_refused_at_load_with_the_reason(core: Core) -> None:
-    index = {entry["name"]: entry for entry in core.repository_index()}
+    index = {entry.name: entry for entry in core.repository_index()}
     misfit = index["misfit"]
-    assert misfit["state"] == "UNAVAILABLE"
-    assert "tensor 'INPUT0': the model expects 3 dimensions (shape [-1, 2, 3])" in misfit["reason"]
-    assert "'reshape'" in misfit["reason"]
-    assert "has different size for dims and reshape" in index["wrong_count"]["reason"]
-    assert index["reshaped"]["state"] == "READY"
+    assert misfit.state == "UNAVAILABLE"
+    assert "tensor 'INPUT0': the model expects 3 dimensions (shape [-1, 2, 3])" in misfit.reason
+    assert "'reshape'" in misfit.reason
+    assert "has different size for dims and reshape" in index["wrong_count"].reason
+    assert index["reshaped"].state == "READY"
 
 
 def test_grpc_client_sees_config_dims(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2 as mc
-    from ..repository.repository import RepositoryOptions
+    from ..options import RepositoryOptions
 
 
 class BackendKind(Protocol):

@@ -68,7 +68,15 @@ from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES, V2_TO_CONFIG, bf16_bits_from
 from ..errors import InferenceError, InternalError, InvalidArgument, Unavailable
 from ..lifecycle import DEPLOYMENT, SHUTDOWN, STARTUP, hook_names, is_batchable
 from ..model import Model
-from ..repository.config import DiscoveredTensor, TensorSpec, complete_config, model_spec, parameter
+from ..repository.config import (  # read_model_settings: re-exported, it lived here
+    MODEL_SETTINGS,
+    DiscoveredTensor,
+    TensorSpec,
+    complete_config,
+    model_spec,
+    parameter,
+    read_model_settings,
+)
 from ..types import InferOutput, InferResponse
 
 if TYPE_CHECKING:
@@ -76,7 +84,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastoip.python")
 
-MODEL_SETTINGS = "model-settings.json"
 #: Request parameters that only steer the scheduler: requests that differ only in these batch together.
 SCHEDULER_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end"})
 #: How long an unload waits for requests in flight on an instance before running its shutdown hooks.
@@ -258,72 +265,6 @@ def _run_deployment_hooks(cls: type, path: Path, model_name: str, *, from_load: 
             _deployments[key] = message
             raise InvalidArgument(message) from exc
         _deployments[key] = None
-
-
-# -- model-settings.json -----------------------------------------------------------------------
-def read_model_settings(path: Path, model_name: str) -> mc.ModelConfig:
-    """MLServer's ``model-settings.json`` as a ModelConfig for the Python backend.
-
-    ``implementation`` -> parameter ``implementation``; ``parameters``
-    (``content_type``, ``version``, ``extra`` as JSON, anything else) ->
-    config parameters; ``inputs``/``outputs`` (name, datatype, shape,
-    ``parameters.content_type``) -> config tensors, their content types ->
-    parameters ``input.<name>.content_type`` / ``output.<name>.content_type``;
-    ``max_batch_size`` > 1 -> ``max_batch_size`` with a dynamic batcher whose
-    delay is ``max_batch_time`` seconds, and shapes lose their batch dimension.
-    """
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"{path}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"{path}: expected a JSON object")
-    config = mc.ModelConfig(name=model_name, backend="python")
-    name = doc.get("name")
-    if name and name != model_name:
-        raise InvalidArgument(
-            f"model '{model_name}': {MODEL_SETTINGS} name '{name}' does not match the directory name"
-        )
-
-    def put(key: str, value: Any) -> None:
-        config.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
-
-    if doc.get("implementation"):
-        put("implementation", str(doc["implementation"]))
-    max_batch_size = int(doc.get("max_batch_size") or 0)
-    batching = max_batch_size > 1
-    if batching:
-        config.max_batch_size = max_batch_size
-        delay_s = float(doc.get("max_batch_time") or 0.0)
-        config.dynamic_batching.max_queue_delay_microseconds = int(delay_s * 1e6)
-    parameters = doc.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidArgument(f"{path}: 'parameters' must be an object")
-    for key, value in parameters.items():
-        if value is not None:
-            put(key, value)
-    for kind, entries, add in (("input", doc.get("inputs") or [], config.input.add),
-                               ("output", doc.get("outputs") or [], config.output.add)):
-        for entry in entries:
-            tensor_name = entry.get("name") if isinstance(entry, dict) else None
-            if not tensor_name:
-                raise InvalidArgument(f"{path}: every {kind} needs a name")
-            datatype = entry.get("datatype", "")
-            if datatype not in V2_TO_CONFIG:
-                raise InvalidArgument(f"{path}: {kind} '{tensor_name}': unknown datatype '{datatype}'")
-            shape = [int(d) for d in entry.get("shape") or [-1]]
-            if batching:
-                if not shape:
-                    raise InvalidArgument(f"{path}: {kind} '{tensor_name}': a batching model needs a batch dimension")
-                shape = shape[1:]
-            tensor = add()
-            tensor.name = tensor_name
-            tensor.data_type = mc.DataType.Value(V2_TO_CONFIG[datatype])
-            tensor.dims.extend(shape)
-            content_type = (entry.get("parameters") or {}).get("content_type")
-            if content_type:
-                put(input_key(tensor_name) if kind == "input" else output_key(tensor_name), content_type)
-    return config
 
 
 # -- the backend kind -------------------------------------------------------------------------------

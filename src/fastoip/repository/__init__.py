@@ -1,5 +1,6 @@
 """The Triton-style model repository: scan, versions, config, load and unload."""
 
-from .repository import ModelRepository, ModelState, RepositoryOptions
+from ..options import RepositoryOptions
+from .repository import ModelRepository, ModelState
 
 __all__ = ["ModelRepository", "ModelState", "RepositoryOptions"]

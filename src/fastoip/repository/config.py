@@ -12,22 +12,31 @@ Rules:
   dimension; metadata shapes add a leading ``-1``.
 - :class:`TensorSpec` / :class:`ModelSpec` are the precomputed views the infer
   path validates against (no protobuf access per request).
+- This is the one home of every form a config takes: ``config.pbtxt``
+  (:func:`read_config_file`), JSON both ways (:func:`config_from_json` for a
+  load request's override, :func:`config_to_json` for Triton's HTTP answer),
+  and MLServer's ``model-settings.json`` (:func:`read_model_settings`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import json_format, text_format
 
 from .._proto import model_config_pb2 as mc
 from ..classification import read_labels
+from ..content_types import input_key, output_key
 from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from ..errors import InvalidArgument
 
 ONNX_PLATFORM = "onnxruntime_onnx"
+#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
+MODEL_SETTINGS = "model-settings.json"
 
 
 @dataclass(frozen=True)
@@ -347,3 +356,110 @@ def config_from_json(model: str, text: object) -> mc.ModelConfig:
     except json_format.ParseError as exc:
         raise InvalidArgument(f"failed to load '{model}': failed to parse the 'config' parameter: {exc}") from None
     return config
+
+
+# -- model-settings.json -----------------------------------------------------------------------
+def read_model_settings(path: Path, model_name: str) -> mc.ModelConfig:
+    """MLServer's ``model-settings.json`` as a ModelConfig for the Python backend.
+
+    ``implementation`` -> parameter ``implementation``; ``parameters``
+    (``content_type``, ``version``, ``extra`` as JSON, anything else) ->
+    config parameters; ``inputs``/``outputs`` (name, datatype, shape,
+    ``parameters.content_type``) -> config tensors, their content types ->
+    parameters ``input.<name>.content_type`` / ``output.<name>.content_type``;
+    ``max_batch_size`` > 1 -> ``max_batch_size`` with a dynamic batcher whose
+    delay is ``max_batch_time`` seconds, and shapes lose their batch dimension.
+    """
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"{path}: expected a JSON object")
+    config = mc.ModelConfig(name=model_name, backend="python")
+    name = doc.get("name")
+    if name and name != model_name:
+        raise InvalidArgument(
+            f"model '{model_name}': {MODEL_SETTINGS} name '{name}' does not match the directory name"
+        )
+
+    def put(key: str, value: Any) -> None:
+        config.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
+
+    if doc.get("implementation"):
+        put("implementation", str(doc["implementation"]))
+    max_batch_size = int(doc.get("max_batch_size") or 0)
+    batching = max_batch_size > 1
+    if batching:
+        config.max_batch_size = max_batch_size
+        delay_s = float(doc.get("max_batch_time") or 0.0)
+        config.dynamic_batching.max_queue_delay_microseconds = int(delay_s * 1e6)
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidArgument(f"{path}: 'parameters' must be an object")
+    for key, value in parameters.items():
+        if value is not None:
+            put(key, value)
+    for kind, entries, add in (("input", doc.get("inputs") or [], config.input.add),
+                               ("output", doc.get("outputs") or [], config.output.add)):
+        for entry in entries:
+            tensor_name = entry.get("name") if isinstance(entry, dict) else None
+            if not tensor_name:
+                raise InvalidArgument(f"{path}: every {kind} needs a name")
+            datatype = entry.get("datatype", "")
+            if datatype not in V2_TO_CONFIG:
+                raise InvalidArgument(f"{path}: {kind} '{tensor_name}': unknown datatype '{datatype}'")
+            shape = [int(d) for d in entry.get("shape") or [-1]]
+            if batching:
+                if not shape:
+                    raise InvalidArgument(f"{path}: {kind} '{tensor_name}': a batching model needs a batch dimension")
+                shape = shape[1:]
+            tensor = add()
+            tensor.name = tensor_name
+            tensor.data_type = mc.DataType.Value(V2_TO_CONFIG[datatype])
+            tensor.dims.extend(shape)
+            content_type = (entry.get("parameters") or {}).get("content_type")
+            if content_type:
+                put(input_key(tensor_name) if kind == "input" else output_key(tensor_name), content_type)
+    return config
+
+
+_INT64_TYPES = frozenset(
+    (
+        pb_descriptor.FieldDescriptor.TYPE_INT64,
+        pb_descriptor.FieldDescriptor.TYPE_UINT64,
+        pb_descriptor.FieldDescriptor.TYPE_SINT64,
+        pb_descriptor.FieldDescriptor.TYPE_FIXED64,
+        pb_descriptor.FieldDescriptor.TYPE_SFIXED64,
+    )
+)
+
+
+def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
+    """Triton's JSON form of a ModelConfig: proto field names, defaults printed, 64-bit ints as numbers."""
+    doc = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _int64_as_numbers(config.DESCRIPTOR, doc)
+    return doc
+
+
+def _int64_as_numbers(descriptor: pb_descriptor.Descriptor, doc: dict[str, Any]) -> None:
+    # Proto3 JSON writes 64-bit integers as strings; Triton (and perf_analyzer) expect numbers.
+    for entry in descriptor.fields:
+        value = doc.get(entry.name)
+        if value is None:
+            continue
+        message = entry.message_type
+        if message is not None and message.GetOptions().map_entry:
+            value_field = message.fields_by_name["value"]
+            if value_field.message_type is not None:
+                for item in value.values():
+                    _int64_as_numbers(value_field.message_type, item)
+            elif value_field.type in _INT64_TYPES:
+                doc[entry.name] = {key: int(item) for key, item in value.items()}
+        elif message is not None:
+            for item in value if entry.is_repeated else (value,):
+                _int64_as_numbers(message, item)
+        elif entry.type in _INT64_TYPES:
+            doc[entry.name] = [int(item) for item in value] if entry.is_repeated else int(value)

@@ -41,7 +41,8 @@ from typing import Optional
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
-from .config import read_config_file
+from ..options import RepositoryOptions
+from .config import MODEL_SETTINGS, read_config_file, read_model_settings
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
@@ -50,32 +51,12 @@ from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
 
-#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
-MODEL_SETTINGS = "model-settings.json"
-
 
 class ModelState(str, enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
     LOADING = "LOADING"
     READY = "READY"
     UNLOADING = "UNLOADING"
-
-
-@dataclass
-class RepositoryOptions:
-    """Server-wide defaults for models whose config leaves things out."""
-
-    #: Triton's default-max-batch-size backend setting (--backend-config), 4 as in Triton.
-    default_max_batch_size: int = 4
-    #: False with Triton's --strict-model-config / --disable-auto-complete-config.
-    auto_complete: bool = True
-    intra_op_threads: int = 1
-    inter_op_threads: int = 1
-    use_gpu: bool = True
-    #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
-    default_batching: Optional[dict] = None
-    #: Loads requested through the API may run code in the server (Python models, uploaded .py files).
-    allow_code_loads: bool = False
 
 
 @dataclass
@@ -306,8 +287,6 @@ class ModelRepository:
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
-            from ..backends.python import read_model_settings
-
             base = read_model_settings(model_dir / MODEL_SETTINGS, name)
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:

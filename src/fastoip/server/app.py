@@ -98,7 +98,7 @@ class Server:
 
     def start(self) -> None:
         options = self.options
-        log.info("model repository: %s", self.core.repository.root)
+        log.info("model repository: %s", self.core.repository_root)
         self.core.load_models()
         if options.grpc_enabled:
             self.grpc_server, self.grpc_port = create_server(

@@ -17,18 +17,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 import grpc
 from google.protobuf.message import Message
 
 from ... import _codec
-from ...core import Core
+from ...core import CallContext, Core, FinishedCall
 from ...errors import InferenceError
-from ...scheduling.job import Job
 from ...types import InferRequest
 from .service import (
     HEALTH_SERVICE,
@@ -61,7 +58,7 @@ class GrpcioFrontend:
         if type(request) is DecodeFailure:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
         try:
-            return self.core.infer(request, watch=partial(watch_call, context))  # type: ignore[arg-type]
+            return self.core.infer(request, call_context(context))  # type: ignore[arg-type]
         except InferenceError as exc:
             abort(context, exc)
 
@@ -77,7 +74,7 @@ class GrpcioFrontend:
         are cancelled.
         """
         finished: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        in_flight: set[Job] = set()
+        in_flight: set[FinishedCall] = set()
         started = [0]
         core = self.core
 
@@ -126,15 +123,10 @@ class GrpcioFrontend:
 _END = object()
 
 
-def watch_call(context: grpc.ServicerContext, job: Job) -> None:
-    """For a request that will wait in a queue: its client deadline, and cancel it when the call ends.
-
-    Only queued requests are watched: a direct request runs at once on this thread.
-    """
-    remaining = context.time_remaining()
-    if remaining is not None and remaining < 1e9:
-        job.deadline_ns = time.monotonic_ns() + int(remaining * 1e9)
-    context.add_callback(job.cancel)
+def call_context(context: grpc.ServicerContext) -> CallContext:
+    """The client's deadline, and cancel the request when the call ends (the Core registers that only
+    for a request that will wait in a queue: a direct request runs at once on this thread)."""
+    return CallContext(on_cancel=context.add_callback, time_remaining=context.time_remaining)
 
 
 def _wrap(method: Callable[[Message], Message]) -> Callable[[Message, grpc.ServicerContext], Message]:

@@ -12,16 +12,16 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf.message import Message
 
 from ... import _codec
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import health_pb2
-from ...core import Core
+from ...core import CUDA, SYSTEM, Core, CudaRegionStatus, Duration, SystemRegionStatus, TensorMetadata
 from ...errors import CodecError, NotFound
-from ...shared_memory import CUDA
 from ...types import InferRequest, InferResponse
 
 SERVICE = "inference.GRPCInferenceService"
@@ -42,7 +42,7 @@ class DecodeFailure:
         return f"malformed ModelInferRequest: {self.message}"
 
 
-def decode_request(data: bytes) -> Union[InferRequest, DecodeFailure]:
+def decode_request(data: bytes) -> InferRequest | DecodeFailure:
     """The codec, never raising (grpcio answers INTERNAL for a deserializer that raises)."""
     try:
         return _codec.decode_infer_request(data)
@@ -50,7 +50,7 @@ def decode_request(data: bytes) -> Union[InferRequest, DecodeFailure]:
         return DecodeFailure(str(exc))
 
 
-def error_echo(request: "InferRequest | DecodeFailure | None") -> "InferResponse | None":
+def error_echo(request: InferRequest | DecodeFailure | None) -> InferResponse | None:
     """The response shell Triton sends with a stream error: model name and request id."""
     if request is None or type(request) is DecodeFailure:
         return None
@@ -75,16 +75,17 @@ class GrpcService:
         return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
 
     def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(**self.core.server_metadata())
+        meta = self.core.server_metadata()
+        return pb.ServerMetadataResponse(name=meta.name, version=meta.version, extensions=meta.extensions)
 
     def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         meta = self.core.model_metadata(request.name, request.version)
         return pb.ModelMetadataResponse(
-            name=meta["name"],
-            versions=meta["versions"],
-            platform=meta["platform"],
-            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
-            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+            name=meta.name,
+            versions=meta.versions,
+            platform=meta.platform,
+            inputs=[_tensor_metadata(t) for t in meta.inputs],
+            outputs=[_tensor_metadata(t) for t in meta.outputs],
         )
 
     def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -94,28 +95,31 @@ class GrpcService:
 
     def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         response = pb.ModelStatisticsResponse()
-        for snap in self.core.statistics(request.name, request.version):
+        for model in self.core.statistics(request.name, request.version):
             stats = response.model_stats.add()
-            stats.name = snap["name"]
-            stats.version = snap["version"]
-            stats.last_inference = snap["last_inference"]
-            stats.inference_count = snap["inference_count"]
-            stats.execution_count = snap["execution_count"]
-            for key, value in snap["inference_stats"].items():
-                duration = getattr(stats.inference_stats, key)
-                duration.count, duration.ns = value["count"], value["ns"]
-            for batch in snap["batch_stats"]:
+            stats.name = model.name
+            stats.version = model.version
+            stats.last_inference = model.last_inference
+            stats.inference_count = model.inference_count
+            stats.execution_count = model.execution_count
+            durations = model.inference_stats
+            for key in type(durations).__dataclass_fields__:
+                _copy_duration(getattr(durations, key), getattr(stats.inference_stats, key))
+            for batch in model.batch_stats:
                 entry = stats.batch_stats.add()
-                entry.batch_size = batch["batch_size"]
-                for key in ("compute_input", "compute_infer", "compute_output"):
-                    duration = getattr(entry, key)
-                    duration.count, duration.ns = batch[key]["count"], batch[key]["ns"]
+                entry.batch_size = batch.batch_size
+                _copy_duration(batch.compute_input, entry.compute_input)
+                _copy_duration(batch.compute_infer, entry.compute_infer)
+                _copy_duration(batch.compute_output, entry.compute_output)
         return response
 
     # -- repository ----------------------------------------------------------------
     def RepositoryIndex(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         return pb.RepositoryIndexResponse(
-            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in self.core.repository_index(request.ready)]
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state, reason=e.reason)
+                for e in self.core.repository_index(request.ready)
+            ]
         )
 
     def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
@@ -131,57 +135,69 @@ class GrpcService:
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ----------------------------------------------------------------------
-    def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+    def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
         response = pb.SystemSharedMemoryStatusResponse()
-        for region in self.core.shared_memory.status(request.name):
-            response.regions[region["name"]].CopyFrom(
-                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+        for region in self.core.shared_memory_status(request.name, SYSTEM):
+            assert isinstance(region, SystemRegionStatus)
+            status = response.regions[region.name]
+            status.name, status.key, status.offset, status.byte_size = (
+                region.name, region.key, region.offset, region.byte_size
             )
         return response
 
-    def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
-        self.core.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+    def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.core.register_system_shared_memory(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.core.shared_memory.unregister(request.name)
+    def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.core.unregister_shared_memory(request.name, SYSTEM)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
         response = pb.CudaSharedMemoryStatusResponse()
-        for region in self.core.shared_memory.status(request.name, CUDA):
-            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        for region in self.core.shared_memory_status(request.name, CUDA):
+            assert isinstance(region, CudaRegionStatus)
+            status = response.regions[region.name]
+            status.name, status.device_id, status.byte_size = region.name, region.device_id, region.byte_size
         return response
 
-    def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
-        self.core.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+    def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self.core.register_cuda_shared_memory(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
-        self.core.shared_memory.unregister(request.name, CUDA)
+    def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.core.unregister_shared_memory(request.name, CUDA)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings ------------------------------------------------------------------
     def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
-        changes = {key: list(value.value) for key, value in request.settings.items()}
+        changes: dict[str, list[str] | None] = {key: list(value.value) for key, value in request.settings.items()}
         if changes:
-            values = self.core.trace_settings.update(changes, request.model_name)
+            values = self.core.update_trace_settings(changes, request.model_name)
         else:
-            if request.model_name:
-                self.core.repository.get(request.model_name)  # NOT_FOUND for unknown models
-            values = self.core.trace_settings.get(request.model_name)
+            values = self.core.trace_settings(request.model_name)  # NOT_FOUND for unknown models
         response = pb.TraceSettingResponse()
         for key, value in values.items():
             response.settings[key].value.extend(value)
         return response
 
     def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
-        changes = {}
+        changes: dict[str, Any] = {}
         for key, value in request.settings.items():
             choice = value.WhichOneof("parameter_choice")
             if choice is not None:
                 changes[key] = getattr(value, choice)
-        values = self.core.log_settings.update(changes)
+        values = self.core.update_log_settings(changes)
         response = pb.LogSettingsResponse()
         for key, value in values.items():
             entry = response.settings[key]
@@ -199,11 +215,19 @@ class GrpcService:
         if not request.service:
             ok = self.core.server_ready()
         else:
-            if self.core.repository.record(request.service) is None and request.service != SERVICE:
+            if request.service != SERVICE and not self.core.model_known(request.service):
                 # The health protocol: Check answers NOT_FOUND for a service it does not know.
                 raise NotFound(f"unknown service '{request.service}'")
             ok = self.core.server_ready() if request.service == SERVICE else self.core.model_ready(request.service)
         return status(status=status.SERVING if ok else status.NOT_SERVING)
+
+
+def _tensor_metadata(tensor: TensorMetadata) -> pb.ModelMetadataResponse.TensorMetadata:
+    return pb.ModelMetadataResponse.TensorMetadata(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+
+
+def _copy_duration(source: Duration, target: pb.StatisticDuration) -> None:
+    target.count, target.ns = source.count, source.ns
 
 
 #: Unary RPCs of inference.GRPCInferenceService: name -> (request type, response type).

@@ -2,7 +2,7 @@
 
 Rules:
 - Sans-I/O: bytes in, an InferRequest out; an InferResponse in, bytes out.
-  No sockets and no asyncio here; ``http.py`` does the I/O.
+  No sockets and no asyncio here; the frontend (``server/http/``) does the I/O.
 - Body layout (Triton's ``binary_tensor_data`` extension): with the header
   ``Inference-Header-Content-Length: N`` the first N bytes are the JSON
   request and the rest holds, in input order, the tensors of the inputs whose
@@ -38,7 +38,8 @@ Rules:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -48,6 +49,18 @@ from ..datatypes import NUMPY_DTYPES
 from ..errors import CodecError, InvalidArgument
 from ..shared_memory import BYTE_SIZE, OFFSET, REGION
 from ..types import InferInput, InferRequest, InferResponse, RequestedOutput
+
+
+class TensorDescription(Protocol):
+    """A model input as metadata states it (the Core's ``TensorMetadata`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def datatype(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+
 
 JSON_CONTENT_TYPE = b"application/json"
 BINARY_CONTENT_TYPE = b"application/octet-stream"
@@ -66,7 +79,7 @@ class OutputFormat:
 
     __slots__ = ("default_binary", "per_output")
 
-    def __init__(self, default_binary: bool = False, per_output: Optional[dict[str, bool]] = None) -> None:
+    def __init__(self, default_binary: bool = False, per_output: dict[str, bool] | None = None) -> None:
         self.default_binary = default_binary
         self.per_output = per_output or {}
 
@@ -80,7 +93,7 @@ class OutputFormat:
 
 
 def decode_infer_request(
-    model_name: str, model_version: str, body: bytes, header_length: Optional[int]
+    model_name: str, model_version: str, body: bytes, header_length: int | None
 ) -> tuple[InferRequest, OutputFormat]:
     """A JSON (+ binary tensors) request body as an InferRequest and its output format.
 
@@ -101,23 +114,22 @@ def decode_infer_request(
 
 
 def decode_raw_request(
-    model_name: str, model_version: str, body: bytes, metadata: dict, batching: bool
+    model_name: str, model_version: str, body: bytes, specs: Sequence[TensorDescription], batching: bool
 ) -> tuple[InferRequest, OutputFormat]:
     """A raw binary request (``Inference-Header-Content-Length: 0``): the body is the model's one input.
 
-    Name, datatype and dims come from the model metadata; a batching model gets
+    Name, datatype and dims come from the model metadata's inputs; a batching model gets
     a batch of one.  One variable (-1) dim is derived from the byte count;
     more than one, or a variable BYTES tensor, cannot be and is an error.
     """
-    specs = metadata["inputs"]
     if len(specs) != 1:
         raise InvalidArgument(
             f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; "
-            f"model '{model_name}' has {len(specs)}: {', '.join(s['name'] for s in specs)}"
+            f"model '{model_name}' has {len(specs)}: {', '.join(s.name for s in specs)}"
         )
     spec = specs[0]
-    name, datatype = spec["name"], spec["datatype"]
-    dims = list(spec["shape"][1:] if batching else spec["shape"])
+    name, datatype = spec.name, spec.datatype
+    dims = list(spec.shape[1:] if batching else spec.shape)
     where = f"raw binary request for model '{model_name}': input '{name}' ({datatype} {dims})"
     variable = [index for index, dim in enumerate(dims) if dim < 0]
     if datatype == "BYTES":
@@ -210,7 +222,7 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
                 raise InvalidArgument(f"input '{name}' has both 'data' and a 'binary_data_size' parameter")
             if type(size) is not int or size < 0:
                 raise InvalidArgument(
-                    f"input '{name}': 'binary_data_size' must be a non-negative integer, got {_short(size)}"
+                    f"input '{name}': 'binary_data_size' must be a non-negative integer, got {json_excerpt(size)}"
                 )
             if size and not has_binary:
                 raise InvalidArgument(
@@ -239,7 +251,9 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool) -> li
 
 def _shape(value: Any, name: str) -> list[int]:
     if type(value) is not list or any(type(dim) is not int or dim < 0 for dim in value):
-        raise InvalidArgument(f"input '{name}': 'shape' must be a list of non-negative integers, got {_short(value)}")
+        raise InvalidArgument(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got {json_excerpt(value)}"
+        )
     return value
 
 
@@ -346,7 +360,7 @@ def _decode_outputs(items: Any) -> tuple[list[RequestedOutput], dict[str, bool]]
     outputs, per_output = [], {}
     for index, item in enumerate(items):
         if type(item) is not dict or type(item.get("name")) is not str:
-            raise InvalidArgument(f"output #{index} must be an object with a string 'name', got {_short(item)}")
+            raise InvalidArgument(f"output #{index} must be an object with a string 'name', got {json_excerpt(item)}")
         name = item["name"]
         parameters = _parameters(item.get("parameters"), f"output '{name}'")
         if REGION in parameters:
@@ -374,18 +388,20 @@ def _check_shared_memory(parameters: dict, where: str) -> None:
     """The shared-memory parameters' JSON types: a region name and non-negative integers."""
     region = parameters[REGION]
     if type(region) is not str or not region:
-        raise InvalidArgument(f"{where}: '{REGION}' must be a region name (a non-empty string), got {_short(region)}")
+        raise InvalidArgument(
+            f"{where}: '{REGION}' must be a region name (a non-empty string), got {json_excerpt(region)}"
+        )
     for key in (OFFSET, BYTE_SIZE):
         value = parameters.get(key)
         if value is not None and (type(value) is not int or value < 0):
             raise InvalidArgument(
-                f"{where}: '{key}' must be a non-negative integer, got {_short(value)} (region '{region}')"
+                f"{where}: '{key}' must be a non-negative integer, got {json_excerpt(value)} (region '{region}')"
             )
 
 
 def _bool_parameter(value: Any, name: str) -> bool:
     if type(value) is not bool:
-        raise InvalidArgument(f"parameter '{name}' must be true or false, got {_short(value)}")
+        raise InvalidArgument(f"parameter '{name}' must be true or false, got {json_excerpt(value)}")
     return value
 
 
@@ -394,7 +410,7 @@ def _bool_parameter(value: Any, name: str) -> bool:
 # --------------------------------------------------------------------------- #
 
 
-def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> tuple[bytes, Optional[int], bytes]:
+def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> tuple[bytes, int | None, bytes]:
     """``(content_type, json_header_length or None, body)`` for an InferResponse.
 
     The JSON length is None when every output is JSON (the body is plain JSON).
@@ -476,6 +492,7 @@ def _json_type(value: Any) -> str:
     return _JSON_TYPE_WORDS.get(type(value), type(value).__name__)
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def json_excerpt(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON, cut to ``limit`` characters: how error messages quote what a client sent."""
     text = orjson.dumps(value, default=repr).decode()
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,74 @@
+"""What a frontend hands the Core with a call, and what it gets back when the call finishes.
+
+Rules:
+- A frontend never builds or reads scheduler internals: it passes a
+  :class:`CallContext` (the client's deadline, and a way to hear that the
+  client went away) and reads a finished call through :class:`FinishedCall`
+  (the request, then exactly one of ``response`` / ``error``).
+- ``on_cancel`` is a *registration*: the Core calls it, once, with the function
+  that cancels the request, and only for a request that will wait in a queue
+  (a request that runs at once on the caller's thread has nothing to cancel).
+  grpcio's ``context.add_callback`` has exactly this shape.
+- The deadline is absolute (``deadline_ns``), or read lazily from
+  ``time_remaining`` (seconds; grpcio's ``context.time_remaining``) only for a
+  request that will wait in a queue: one that runs at once has its turn
+  already, and the hot path skips the clock reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ..errors import InferenceError
+from ..types import InferRequest, InferResponse
+
+#: A remaining time at or above this many seconds means "no deadline" (grpcio reports ~forever as a huge number).
+NO_DEADLINE_S = 1e9
+
+CancelRegistration = Callable[[Callable[[], None]], object]
+
+
+class CallContext:
+    """The caller's side of one call: a deadline and an on-cancel registration."""
+
+    __slots__ = ("deadline_ns", "on_cancel", "time_remaining")
+
+    def __init__(
+        self,
+        deadline_ns: int = 0,
+        on_cancel: CancelRegistration | None = None,
+        time_remaining: Callable[[], float | None] | None = None,
+    ) -> None:
+        #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
+        self.deadline_ns = deadline_ns
+        self.on_cancel = on_cancel
+        self.time_remaining = time_remaining
+
+    @classmethod
+    def with_timeout(cls, remaining_s: float | None, on_cancel: CancelRegistration | None = None) -> CallContext:
+        """From a relative time left (seconds, None: no deadline), read now."""
+        return cls(_deadline_after(remaining_s), on_cancel)
+
+    def queued_deadline_ns(self) -> int:
+        """The deadline of a request about to wait in a queue: ``deadline_ns``, else from ``time_remaining``."""
+        if self.deadline_ns or self.time_remaining is None:
+            return self.deadline_ns
+        return _deadline_after(self.time_remaining())
+
+
+def _deadline_after(remaining_s: float | None) -> int:
+    if remaining_s is None or remaining_s >= NO_DEADLINE_S:
+        return 0
+    return time.monotonic_ns() + int(remaining_s * 1e9)
+
+
+class FinishedCall(Protocol):
+    """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread."""
+
+    request: InferRequest
+    response: InferResponse | None
+    error: InferenceError | None
+
+    def cancel(self) -> None: ...

@@ -1,0 +1,208 @@
+"""The Core: the one object every frontend calls; it owns the data plane and model control.
+
+Rules:
+- Frontends translate wire formats to :mod:`fastoip.types` and call the Core;
+  they hold no model logic and never reach past it (not into the repository,
+  the shared-memory registry or the settings).  The Core never knows which
+  frontend called.
+- The data plane (:mod:`.dataplane`: health, metadata, infer, statistics,
+  shared memory, settings) is apart from model control (:mod:`.control`:
+  index, load, unload, polling, extensions), as MLServer keeps its
+  ``dataplane.py`` beside ``model_repository.py``; this class delegates.
+- What needs both lives here: the server's "not ready" reason (from the index),
+  the Prometheus text, the shutdown stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .._proto import model_config_pb2 as mc
+from ..errors import InferenceError
+from ..metrics import prometheus_text
+from ..options import RepositoryOptions
+from ..repository import ModelRepository
+from ..scheduling.job import Job
+from ..shared_memory import SYSTEM
+from ..types import InferRequest, InferResponse
+from .answers import ModelMetadata, ModelStatistics, RegionStatus, RepositoryIndexEntry, ServerMetadata
+from .call import CallContext
+from .control import ModelControl
+from .dataplane import DataPlane
+
+
+class Core:
+    """Owns the repository, the worker threads, the data plane and model control."""
+
+    def __init__(
+        self,
+        repository_root: Path,
+        options: RepositoryOptions | None = None,
+        *,
+        worker_threads: int = 16,
+        strict_readiness: bool = True,
+        model_control_mode: str = "none",
+        startup_models: list[str] | None = None,
+        poll_interval: float = 15.0,
+    ) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
+        try:
+            self.repository = ModelRepository(repository_root, self.executor, options)
+            self.control = ModelControl(
+                self.repository,
+                model_control_mode=model_control_mode,
+                startup_models=startup_models,
+                poll_interval=poll_interval,
+            )
+        except BaseException:
+            self.executor.shutdown(wait=False)
+            raise
+        self.data = DataPlane(self.repository, self.control.extensions, strict_readiness=strict_readiness)
+
+    @property
+    def repository_root(self) -> Path:
+        return self.repository.root
+
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        return self.control.extensions
+
+    @property
+    def server_name(self) -> str:
+        """The server metadata name (Triton's --id); the app sets it from its options."""
+        return self.data.server_name
+
+    @server_name.setter
+    def server_name(self, name: str) -> None:
+        self.data.server_name = name
+
+    # -- model control --------------------------------------------------------------
+    def load_models(self) -> None:
+        self.control.load_models()
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        return self.control.repository_index(ready_only)
+
+    def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self.control.load_model(name, parameters)
+
+    def unload_model(self, name: str) -> None:
+        self.control.unload_model(name)
+
+    # -- health -----------------------------------------------------------------------
+    def server_live(self) -> bool:
+        return self.data.server_live()
+
+    def server_ready(self) -> bool:
+        return self.data.server_ready()
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.data.model_ready(name, version)
+
+    def model_known(self, name: str) -> bool:
+        return self.data.model_known(name)
+
+    def not_ready_reason(self) -> str:
+        """Why the server is not ready ("" when it is), the same for every frontend."""
+        if self.data.server_ready():
+            return ""
+        if self.data.draining or self.data.shutting_down:
+            return "the server is not ready: it is shutting down"
+        failed = [
+            f"'{entry.name}' is {entry.state or 'not loaded'}" + (f" ({entry.reason})" if entry.reason else "")
+            for entry in self.control.repository_index()
+            if entry.state != "READY"
+        ]
+        return "the server is not ready: " + ("; ".join(failed) if failed else "not every model is ready")
+
+    def model_not_ready_reason(self, name: str, version: str = "") -> str:
+        """Why model ``name`` is not ready ("" when it is): the lookup's error, or the shutdown."""
+        if self.data.model_ready(name, version):
+            return ""
+        try:
+            self.data.model_metadata(name, version)
+        except InferenceError as exc:
+            return exc.message
+        return f"model '{name}' is not ready: the server is shutting down"
+
+    # -- metadata -----------------------------------------------------------------------
+    def server_metadata(self) -> ServerMetadata:
+        return self.data.server_metadata()
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        return self.data.model_metadata(name, version)
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.data.model_config(name, version)
+
+    # -- inference ----------------------------------------------------------------------
+    def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
+        return self.data.infer(request, call)
+
+    def submit(
+        self, request: InferRequest, on_done: Callable[[Job], None], deadline_ns: int = 0, run_here: bool = False
+    ) -> Job:
+        return self.data.submit(request, on_done, deadline_ns, run_here)
+
+    async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
+        return await self.data.infer_async(request, deadline_ns)
+
+    # -- statistics -----------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        return self.data.statistics(name, version)
+
+    def prometheus_metrics(self) -> str:
+        """Every loaded version's statistics as Prometheus text, under Triton's metric names."""
+        models = [model for record in self.repository.records() for model in record.versions.values()]
+        pending = {(m.name, m.version_str): m.scheduler.pending() if m.scheduler.queues else 0 for m in models}
+        return prometheus_text(
+            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}
+        )
+
+    # -- shared memory and settings ---------------------------------------------------------
+    def shared_memory_status(self, name: str = "", kind: str = SYSTEM) -> list[RegionStatus]:
+        return self.data.shared_memory_status(name, kind)
+
+    def register_system_shared_memory(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.data.register_system_shared_memory(name, key, offset, byte_size)
+
+    def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.data.register_cuda_shared_memory(name, raw_handle, device_id, byte_size)
+
+    def unregister_shared_memory(self, name: str = "", kind: str = SYSTEM) -> None:
+        self.data.unregister_shared_memory(name, kind)
+
+    def trace_settings(self, model: str = "") -> dict[str, list[str]]:
+        return self.data.trace_settings(model)
+
+    def update_trace_settings(self, changes: dict[str, list[str] | None], model: str = "") -> dict[str, list[str]]:
+        return self.data.update_trace_settings(changes, model)
+
+    def log_settings(self) -> dict[str, Any]:
+        return self.data.log_settings()
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.data.update_log_settings(changes)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        return self.data.draining
+
+    def begin_shutdown(self) -> None:
+        """First shutdown stage: readiness goes false so load balancers stop routing here,
+        but requests that still arrive are served (no 'unknown model' while traffic drains)."""
+        self.data.draining = True
+
+    def stop_accepting(self) -> None:
+        """Second stage: the listeners are closing; anything new is refused."""
+        self.data.draining = True
+        self.data.shutting_down = True
+
+    def close(self) -> None:
+        self.control.stop_polling()
+        self.repository.close()
+        self.executor.shutdown(wait=True, cancel_futures=False)

@@ -1,0 +1,326 @@
+"""The data plane: health, metadata, inference, statistics, shared memory, trace and log settings.
+
+Rules:
+- Every inference goes one way: ``_start`` (find the model, resolve
+  shared-memory inputs, validate, count it in flight) -> the model's scheduler
+  -> ``_complete`` (reshape back and classify, shared-memory outputs, the
+  regions' intact check, in-flight count, statistics, trace).
+  ``_complete`` is the only place that writes those, whichever entry point
+  started the request: ``infer`` runs it on the caller's thread after the wait,
+  ``submit`` on the thread that finished the job, just before ``on_done``.
+- ``infer`` blocks the calling thread (thread-per-call frontends); ``submit``
+  never blocks and calls back on the finishing thread (event-loop frontends
+  hop back with ``call_soon_threadsafe``; see ``infer_async``).
+- Answers are the typed values of :mod:`.answers`; errors are
+  :mod:`fastoip.errors` values that the frontends map to statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import __version__, cuda
+from .._proto import model_config_pb2 as mc
+from ..errors import InferenceError, NotFound, Unavailable
+from ..repository import ModelRepository
+from ..repository.loaded import LoadedModel
+from ..response_outputs import finish_outputs
+from ..scheduling.job import Job
+from ..settings import LogSettings, TraceSettings
+from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
+from ..types import InferRequest, InferResponse
+from .answers import (
+    CudaRegionStatus,
+    ModelMetadata,
+    ModelStatistics,
+    RegionStatus,
+    ServerMetadata,
+    SystemRegionStatus,
+    TensorMetadata,
+)
+from .call import CallContext, FinishedCall
+
+SERVER_NAME = "fastoip"
+
+
+class DataPlane:
+    """What clients call per request: health, metadata, infer, statistics, shared memory, settings."""
+
+    def __init__(
+        self, repository: ModelRepository, extensions: tuple[str, ...], *, strict_readiness: bool = True
+    ) -> None:
+        self.repository = repository
+        self.extensions = extensions
+        #: The server metadata name (Triton's --id).
+        self.server_name = SERVER_NAME
+        self.strict_readiness = strict_readiness
+        #: Readiness is false from the first shutdown stage; requests are still served.
+        self.draining = False
+        #: New requests are refused (the listeners are closing).
+        self.shutting_down = False
+        self.shared_memory = SharedMemoryRegistry()
+        self.log_settings_store = LogSettings()
+        self.trace_settings_store = TraceSettings()
+
+    # -- health -----------------------------------------------------------
+    def server_live(self) -> bool:
+        return self.repository.all_alive()
+
+    def server_ready(self) -> bool:
+        if self.draining or self.shutting_down:
+            return False
+        if self.strict_readiness:
+            return self.repository.all_ready()
+        return True
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            model = self.repository.get(name, version)
+        except InferenceError:
+            return False
+        return not (self.draining or self.shutting_down) and model.is_ready()
+
+    def model_known(self, name: str) -> bool:
+        """True when the repository has a record of ``name`` (loaded or not)."""
+        return self.repository.record(name) is not None
+
+    # -- metadata -----------------------------------------------------------
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(self.server_name, __version__, self.extensions)
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        model = self.repository.get(name, version)
+        record = self.repository.record(name)
+        if record is None:  # unloaded between the two lookups
+            raise NotFound(f"requested model '{name}' is not found")
+        inputs, outputs = model.tensor_metadata()
+        return ModelMetadata(
+            name=name,
+            versions=tuple(str(v) for v in sorted(record.versions)),
+            platform=model.config.platform or model.config.backend,
+            inputs=_tensors(inputs),
+            outputs=_tensors(outputs),
+        )
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.repository.get(name, version).config
+
+    # -- inference: one path -------------------------------------------------------------
+    def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
+        """Run ``request`` and block until its response (or raise its error): start, run, wait, complete.
+
+        A queue-less model runs on this thread; a queued one is armed by ``_start`` and this thread waits.
+        """
+        model, job = self._start(request, call)
+        try:
+            model.scheduler.run(job)
+        except Exception as exc:  # a scheduler that raises instead of failing the job: the job fails, once
+            job.fail(exc)
+        try:
+            job.wait()  # returns at once when it ran on this thread
+        except InferenceError:
+            pass  # job.error holds it; _complete records it
+        self._complete(model, job)
+        if job.error is not None:
+            raise job.error
+        assert job.response is not None
+        return job.response
+
+    def submit(
+        self,
+        request: InferRequest,
+        on_done: Callable[[Job], None],
+        deadline_ns: int = 0,
+        run_here: bool = False,
+    ) -> Job:
+        """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
+
+        ``on_done`` reads ``job.response`` / ``job.error`` (see :class:`.call.FinishedCall`)
+        and must not block; the returned job's ``cancel()`` may be called from any thread.
+        ``run_here``: when the model has no queue (direct scheduler), execute on the
+        calling thread instead of handing off to a worker (for callers that are a
+        dedicated reader thread, like a gRPC stream).  Errors found before the
+        request starts (unknown model, invalid input) are raised here, not passed to ``on_done``.
+        """
+        model, job = self._start(request, CallContext(deadline_ns) if deadline_ns else None)
+
+        def done(finished: Job) -> None:
+            self._complete(model, finished)
+            on_done(finished)
+
+        job.on_done(done)
+        job.arm()  # the stream or event loop that called may cancel it from another thread
+        try:
+            if run_here and not model.scheduler.queues:
+                model.scheduler.run(job)
+            else:
+                model.scheduler.submit(job)
+        except Exception as exc:  # the job reaches on_done either way
+            job.fail(exc)
+        return job
+
+    async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
+        """``infer`` for asyncio frontends: the event loop never blocks, no thread waits for the call."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[InferResponse] = loop.create_future()
+
+        def resolve(job: FinishedCall) -> None:
+            if not future.done():
+                if job.error is not None:
+                    future.set_exception(job.error)
+                else:
+                    assert job.response is not None
+                    future.set_result(job.response)
+
+        def hop_to_loop(finished: Job) -> None:  # runs on the finishing thread
+            loop.call_soon_threadsafe(resolve, finished)
+
+        job = self.submit(request, hop_to_loop, deadline_ns)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+
+    def _start(self, request: InferRequest, call: CallContext | None) -> tuple[LoadedModel, Job]:
+        """Find the model and validate the request (the part that fails fast), and count it in flight."""
+        if self.shutting_down:
+            raise Unavailable("the server is shutting down and accepts no new requests")
+        model = self.repository.get(request.model_name, request.model_version)
+        regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
+        for tensor in request.inputs:
+            if tensor.data is None and uses_region(tensor.parameters):
+                tensor.data = self.shared_memory.input_view(
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
+                )
+        job = model.prepare(request)
+        if request.outputs:
+            job.destinations = self._output_destinations(request, regions)
+        job.regions = regions or None
+        if model.scheduler.queues:
+            job.arm()  # it will wait in a queue: other threads may finish or cancel it
+            if call is not None:
+                job.deadline_ns = call.queued_deadline_ns()
+                if call.on_cancel is not None:
+                    call.on_cancel(job.cancel)
+        elif call is not None:
+            job.deadline_ns = call.deadline_ns
+        model.enter()
+        return model, job
+
+    def _complete(self, model: LoadedModel, job: Job) -> None:
+        """The one completion step: outputs finished (reshape, classification, shared memory), the regions'
+        intact check, in-flight count, statistics, trace."""
+        response = job.response
+        if job.error is None and response is not None:
+            request = job.request
+            try:
+                if request.outputs or model.spec.reshaped:  # reshape back, classification; before shared memory
+                    finish_outputs(model.spec, request, response)
+                if job.destinations:
+                    _write_shared_memory_outputs(job.destinations, response)
+                if job.regions:
+                    check_intact(job.regions)
+            except InferenceError as exc:
+                job.error, job.response = exc, None
+        model.leave()
+        end_ns = time.monotonic_ns()
+        ok = job.error is None
+        model.stats.record_request(ok, end_ns - job.arrival_ns, job.queue_ns, job.error)
+        if ok and self.trace_settings_store.active:
+            self.trace_settings_store.record(
+                model.name,
+                model.version_str,
+                job.request.id,
+                [
+                    ("REQUEST_START", job.arrival_ns),
+                    ("QUEUE_START", job.arrival_ns),
+                    ("COMPUTE_START", job.compute_start_ns),
+                    ("COMPUTE_END", job.compute_end_ns),
+                    ("REQUEST_END", end_ns),
+                ],
+            )
+
+    def _output_destinations(self, request: InferRequest, regions: list[Any]) -> dict[str, Any] | None:
+        """Region bytes (numpy or CUDA) for the outputs the client wants in shared memory, or None."""
+        wanted: dict[str, np.ndarray | cuda.DeviceBytes] = {
+            o.name: self.shared_memory.output_view(o.name, o.parameters, regions)
+            for o in request.outputs
+            if uses_region(o.parameters)
+        }
+        return wanted or None
+
+    # -- statistics ---------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        return [ModelStatistics.from_snapshot(snap) for snap in self.statistics_snapshots(name, version)]
+
+    def statistics_snapshots(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """The raw per-version snapshots (Triton's JSON shape), for the Prometheus exporter."""
+        if name:
+            record = self.repository.record(name)
+            if record is None:
+                raise NotFound(f"requested model '{name}' is not found")
+            if version:
+                return [self.repository.get(name, version).stats.snapshot()]
+            return [m.stats.snapshot() for _, m in sorted(record.versions.items())]
+        return [
+            model.stats.snapshot()
+            for record in self.repository.records()
+            for _, model in sorted(record.versions.items())
+        ]
+
+    # -- shared memory ---------------------------------------------------------------------
+    def shared_memory_status(self, name: str = "", kind: str = SYSTEM) -> list[RegionStatus]:
+        """Registered regions of ``kind`` (``"system"`` or ``"cuda"``), or the one called ``name``."""
+        regions = self.shared_memory.status(name, kind)
+        if kind == CUDA:
+            return [CudaRegionStatus(r["name"], r["device_id"], r["byte_size"]) for r in regions]
+        return [SystemRegionStatus(r["name"], r["key"], r["offset"], r["byte_size"]) for r in regions]
+
+    def register_system_shared_memory(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Opens a cudaIPC handle (talks to the driver: event loops call it off the loop)."""
+        self.shared_memory.register_cuda(name, raw_handle, device_id, byte_size)
+
+    def unregister_shared_memory(self, name: str = "", kind: str = SYSTEM) -> None:
+        """Unregister ``name``, or every region of ``kind`` when ``name`` is empty."""
+        self.shared_memory.unregister(name, kind)
+
+    # -- trace and log settings ---------------------------------------------------------------
+    def trace_settings(self, model: str = "") -> dict[str, list[str]]:
+        """The trace settings of ``model`` (its own, else the global ones); NotFound for an unknown model."""
+        if model:
+            self.repository.get(model)
+        return self.trace_settings_store.get(model)
+
+    def update_trace_settings(self, changes: dict[str, list[str] | None], model: str = "") -> dict[str, list[str]]:
+        """Apply ``changes`` (None clears a model's own setting) and answer the settings now in force."""
+        if model:
+            self.repository.get(model)
+        return self.trace_settings_store.update(changes, model)
+
+    def log_settings(self) -> dict[str, Any]:
+        return self.log_settings_store.update({})
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.log_settings_store.update(changes)
+
+
+def _tensors(entries: list[dict[str, Any]]) -> tuple[TensorMetadata, ...]:
+    return tuple(TensorMetadata(t["name"], t["datatype"], tuple(t["shape"])) for t in entries)
+
+
+def _write_shared_memory_outputs(destinations: dict[str, Any], response: InferResponse) -> None:
+    """Put outputs into their regions; the response keeps an empty entry for each, as Triton sends."""
+    for output in response.outputs:
+        destination = destinations.get(output.name)
+        if destination is not None and output.data is not None:
+            write_output(output.name, output.data, output.datatype, destination)
+            output.data = None

@@ -1,0 +1,28 @@
+"""Server-wide options that several layers read (the ground floor: imports nothing of fastoip).
+
+Rules:
+- Plain dataclasses with defaults; the CLI and ``server/app.py`` fill them in,
+  the repository and the backends only read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RepositoryOptions:
+    """Server-wide defaults for models whose config leaves things out."""
+
+    #: Triton's default-max-batch-size backend setting (--backend-config), 4 as in Triton.
+    default_max_batch_size: int = 4
+    #: False with Triton's --strict-model-config / --disable-auto-complete-config.
+    auto_complete: bool = True
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    use_gpu: bool = True
+    #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
+    default_batching: dict[str, Any] | None = None
+    #: Loads requested through the API may run code in the server (Python models, uploaded .py files).
+    allow_code_loads: bool = False

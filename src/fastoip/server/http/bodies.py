@@ -1,0 +1,127 @@
+"""Request and response bodies: reading within the size limit, gzip / deflate both ways.
+
+Rules:
+- Request bodies are read incrementally and never beyond ``max_body_size``
+  (413, also when Content-Length says so up front); a compressed body
+  (Content-Encoding gzip/deflate) is never inflated beyond it either.  After a
+  413 uvicorn discards the rest of the body and keeps the connection, so the
+  client reads the answer instead of a reset.
+- Infer responses are compressed when Accept-Encoding asks for gzip or deflate
+  (Triton does the same; note that aiohttp, and so tritonclient.http.aio, asks
+  for "gzip, deflate" by default).  Large bodies are (de)compressed in the
+  executor: zlib releases the GIL, the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import InvalidArgument
+from .errors import too_large
+from .router import Request
+
+#: Bodies at least this large are (de)compressed in the executor, not on the loop.
+OFF_LOOP_ZLIB_BYTES = 256 * 1024
+#: zlib level for responses: the point is bandwidth, so the fastest level.
+RESPONSE_ZLIB_LEVEL = 1
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body, decompressed; 413 as soon as it is over ``limit``."""
+    declared = request.headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(f"the request body is {int(declared)} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidArgument("the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise too_large(f"the request body is more than {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    encoding = request.headers.get(b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        body = await off_loop_if_large(len(body), _decompress, body, encoding, limit)
+    return body
+
+
+
+def inference_header_length(headers: dict[bytes, bytes], body_length: int) -> int | None:
+    """The parsed Inference-Header-Content-Length (None when absent); 400 when it is not usable."""
+    value = headers.get(b"inference-header-content-length")
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip()
+    if not text.isdigit():
+        raise InvalidArgument(f"Inference-Header-Content-Length must be a non-negative integer, got '{text}'")
+    length = int(text)
+    if length > body_length:
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length is {length}, but the request body has only {body_length} bytes"
+        )
+    return length
+
+
+def response_encoding(accept: bytes) -> str | None:
+    """gzip or deflate when Accept-Encoding prefers one of them (highest q, first on ties), else None."""
+    best, best_q = None, 0.0
+    for part in accept.decode("latin-1").split(","):
+        name, _, params = part.partition(";")
+        name = name.strip().lower()
+        if name not in ("gzip", "deflate", "identity"):
+            continue
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                continue
+        if q > best_q:
+            best, best_q = name, q
+    return best if best in ("gzip", "deflate") else None
+
+
+def compress(data: bytes, encoding: str) -> bytes:
+    # gzip: a gzip wrapper (wbits 31); HTTP "deflate": a zlib stream (wbits 15), which tritonclient inflates.
+    compressor = zlib.compressobj(RESPONSE_ZLIB_LEVEL, zlib.DEFLATED, 31 if encoding == "gzip" else 15)
+    return compressor.compress(data) + compressor.flush()
+
+
+def _decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
+    name = encoding.strip().lower()
+    if name not in (b"gzip", b"deflate"):
+        raise InvalidArgument(
+            f"unsupported Content-Encoding '{encoding.decode('latin-1')}'; supported: gzip, deflate, identity"
+        )
+    # wbits 47 reads a gzip or a zlib stream; some clients send "deflate" as a raw stream (wbits -15).
+    for wbits in (47, -15) if name == b"deflate" else (47,):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(data, limit + 1)  # never inflate more than the limit allows
+        except zlib.error as exc:
+            error = exc
+            continue
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise too_large(f"the decompressed request body is more than {limit} bytes")
+        if not inflater.eof:
+            raise InvalidArgument(f"the {name.decode()} request body is truncated")
+        return out
+    raise InvalidArgument(f"the request body is not valid {name.decode()} data: {error}")
+
+
+async def off_loop_if_large(size: int, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``, in the executor when ``size`` is large (zlib releases the GIL there)."""
+    if size < OFF_LOOP_ZLIB_BYTES:
+        return function(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, function, *args)

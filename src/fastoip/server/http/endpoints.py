@@ -1,0 +1,228 @@
+"""The HTTP/REST endpoints: one handler per KServe V2 / Triton REST endpoint, translating only.
+
+Rules:
+- Translate only: HTTP <-> Core calls and the Core's typed answers -> JSON
+  (orjson writes the answer dataclasses as they are).  Inference bodies are
+  decoded and encoded by the wire codec :mod:`fastoip.wire.http` (sans-I/O).
+- The event loop never waits on a model: infer awaits ``core.infer_async``;
+  model load and unload, and opening a CUDA IPC handle, run in the loop's
+  default executor.  The other Core calls are dictionary lookups and run inline.
+- Shared memory, trace and log settings use Triton's paths and JSON forms, so
+  tritonclient.http works unchanged: region status is a list of
+  ``{"name", "key", "offset", "byte_size"}``; trace settings answer
+  ``trace_level`` as a list and every other setting as one string, and take
+  a string, a list of strings or null (clear) per setting; log settings are
+  plain JSON values (null: left as is).  CUDA shared memory answers 503
+  where the server has no GPU (as the gRPC frontend answers UNAVAILABLE).
+- Readiness answers carry the Core's not-ready reason, the same one every frontend has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ...core import CUDA, SYSTEM, Core, config_to_json
+from ...errors import InvalidArgument
+from ...wire import http as wire
+from ...wire.http import json_excerpt
+from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
+from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
+from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
+
+
+class HttpFrontend(Router):
+    """The ASGI application: the router's tables filled with one handler per endpoint."""
+
+    def __init__(self, core: Core, max_body_size: int) -> None:
+        super().__init__()
+        self.core = core
+        self.max_body_size = max_body_size
+        self.fixed_paths = {
+            "/v2": {"GET": self.server_metadata},
+            "/v2/health/live": {"GET": self.server_live},
+            "/v2/health/ready": {"GET": self.server_ready},
+            "/v2/models/stats": {"GET": self.all_model_stats},
+            "/v2/repository/index": {"POST": self.repository_index},
+            "/v2/trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
+            "/v2/logging": {"GET": self.get_log_settings, "POST": self.update_log_settings},
+        }
+        self.model_paths = {
+            None: {"GET": self.model_metadata},
+            "ready": {"GET": self.model_ready},
+            "infer": {"POST": self.infer},
+            "config": {"GET": self.model_config},
+            "stats": {"GET": self.model_stats},
+            "trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
+        }
+        self.repository_paths = {
+            "load": {"POST": self.load_model},
+            "unload": {"POST": self.unload_model},
+        }
+        self.shared_memory_paths = {
+            ("system", "status"): {"GET": self.system_shared_memory_status},
+            ("system", "register"): {"POST": self.register_system_shared_memory},
+            ("system", "unregister"): {"POST": self.unregister_system_shared_memory},
+            ("cuda", "status"): {"GET": self.cuda_shared_memory_status},
+            ("cuda", "register"): {"POST": self.register_cuda_shared_memory},
+            ("cuda", "unregister"): {"POST": self.unregister_cuda_shared_memory},
+        }
+
+    # -- health and metadata ---------------------------------------------------------------
+    async def server_live(self, request: Request) -> Response:
+        if self.core.server_live():
+            return EMPTY_OK
+        return error_response(400, "the server is not live")
+
+    async def server_ready(self, request: Request) -> Response:
+        if self.core.server_ready():
+            return EMPTY_OK
+        return error_response(400, self.core.not_ready_reason())
+
+    async def model_ready(self, request: Request, model: str, version: str) -> Response:
+        reason = self.core.model_not_ready_reason(model, version)
+        return error_response(400, reason) if reason else EMPTY_OK
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response(self.core.server_metadata())
+
+    async def model_metadata(self, request: Request, model: str, version: str) -> Response:
+        return json_response(self.core.model_metadata(model, version))
+
+    async def model_config(self, request: Request, model: str, version: str) -> Response:
+        return json_response(config_to_json(self.core.model_config(model, version)))
+
+    async def model_stats(self, request: Request, model: str, version: str) -> Response:
+        return json_response({"model_stats": self.core.statistics(model, version)})
+
+    async def all_model_stats(self, request: Request) -> Response:
+        return json_response({"model_stats": self.core.statistics()})
+
+    # -- repository -------------------------------------------------------------------------
+    async def repository_index(self, request: Request) -> Response:
+        doc = optional_json_object(await read_body(request, self.max_body_size), "repository index request")
+        ready = doc.get("ready", False)
+        if type(ready) is not bool:
+            raise InvalidArgument(f"'ready' must be true or false, got {ready!r}")
+        return json_response(self.core.repository_index(ready))
+
+    async def load_model(self, request: Request, model: str) -> Response:
+        doc = optional_json_object(await read_body(request, self.max_body_size), "load request")
+        parameters = parameters_of(doc, "load request")
+        for key, value in parameters.items():
+            if key.startswith("file:"):  # file contents travel base64-encoded in JSON
+                parameters[key] = base64_value(value, f"load request parameter '{key}'")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.core.load_model, model, parameters)
+        return EMPTY_OK
+
+    async def unload_model(self, request: Request, model: str) -> Response:
+        doc = optional_json_object(await read_body(request, self.max_body_size), "unload request")
+        parameters_of(doc, "unload request")  # unload_dependents: no ensembles, nothing depends on a model
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.core.unload_model, model)
+        return EMPTY_OK
+
+    # -- shared memory -------------------------------------------------------------------------
+    async def system_shared_memory_status(self, request: Request, region: str) -> Response:
+        return json_response(self.core.shared_memory_status(region, SYSTEM))
+
+    async def register_system_shared_memory(self, request: Request, region: str) -> Response:
+        if not region:
+            raise InvalidArgument(
+                "registering system shared memory needs a region name: "
+                "POST /v2/systemsharedmemory/region/<name>/register"
+            )
+        what = f"register request for system shared memory region '{region}'"
+        doc = optional_json_object(await read_body(request, self.max_body_size), what)
+        key = doc.get("key")
+        if type(key) is not str or not key:
+            raise InvalidArgument(f"the {what} needs 'key', the shared memory key (a string), got {json_excerpt(key)}")
+        offset = integer_field(doc, "offset", what, minimum=0, default=0)
+        byte_size = integer_field(doc, "byte_size", what, minimum=1)
+        self.core.register_system_shared_memory(region, key, offset, byte_size)
+        return EMPTY_OK
+
+    async def unregister_system_shared_memory(self, request: Request, region: str) -> Response:
+        await read_body(request, self.max_body_size)  # tritonclient sends an empty body; nothing in it is used
+        self.core.unregister_shared_memory(region, SYSTEM)
+        return EMPTY_OK
+
+    async def cuda_shared_memory_status(self, request: Request, region: str) -> Response:
+        return json_response(self.core.shared_memory_status(region, CUDA))
+
+    async def register_cuda_shared_memory(self, request: Request, region: str) -> Response:
+        if not region:
+            raise InvalidArgument(
+                "registering CUDA shared memory needs a region name: POST /v2/cudasharedmemory/region/<name>/register"
+            )
+        what = f"register request for CUDA shared memory region '{region}'"
+        doc = optional_json_object(await read_body(request, self.max_body_size), what)
+        handle = doc.get("raw_handle")
+        encoded = handle.get("b64") if isinstance(handle, dict) else None
+        if encoded is None:
+            raise InvalidArgument(
+                f"the {what} needs 'raw_handle' as {{\"b64\": <base64 of a cudaIpcMemHandle_t>}}, "
+                f"got {json_excerpt(handle)}"
+            )
+        raw_handle = base64_value(encoded, f"'raw_handle' of the {what}")
+        device_id = integer_field(doc, "device_id", what, minimum=0, default=0)
+        byte_size = integer_field(doc, "byte_size", what, minimum=1)
+        loop = asyncio.get_running_loop()
+        # Opening an IPC handle talks to the driver: not on the event loop.
+        await loop.run_in_executor(
+            None, self.core.register_cuda_shared_memory, region, raw_handle, device_id, byte_size
+        )
+        return EMPTY_OK
+
+    async def unregister_cuda_shared_memory(self, request: Request, region: str) -> Response:
+        await read_body(request, self.max_body_size)  # tritonclient sends an empty body; nothing in it is used
+        self.core.unregister_shared_memory(region, CUDA)
+        return EMPTY_OK
+
+    # -- trace and log settings ---------------------------------------------------------------------
+    async def get_trace_settings(self, request: Request, model: str = "", version: str = "") -> Response:
+        return json_response(trace_settings_json(self.core.trace_settings(model)))  # 404 for an unknown model
+
+    async def update_trace_settings(self, request: Request, model: str = "", version: str = "") -> Response:
+        doc = optional_json_object(await read_body(request, self.max_body_size), "trace setting request")
+        changes: dict[str, list[str] | None] = {}
+        for key, value in doc.items():
+            if value is None or type(value) is str:
+                changes[key] = value if value is None else [value]
+            elif type(value) is list and all(type(item) is str for item in value):
+                changes[key] = value
+            else:
+                raise InvalidArgument(
+                    f"trace setting '{key}' must be a string, a list of strings or null, got {json_excerpt(value)}"
+                )
+        return json_response(trace_settings_json(self.core.update_trace_settings(changes, model)))  # 404: unknown
+
+    async def get_log_settings(self, request: Request) -> Response:
+        return json_response(self.core.log_settings())
+
+    async def update_log_settings(self, request: Request) -> Response:
+        doc = optional_json_object(await read_body(request, self.max_body_size), "log setting request")
+        changes = {key: value for key, value in doc.items() if value is not None}  # Triton skips nulls
+        return json_response(self.core.update_log_settings(changes))
+
+    # -- inference -----------------------------------------------------------------------------
+    async def infer(self, request: Request, model: str, version: str) -> Response:
+        body = await read_body(request, self.max_body_size)
+        header_length = inference_header_length(request.headers, len(body))
+        if header_length == 0:
+            inputs = self.core.model_metadata(model, version).inputs
+            batching = self.core.model_config(model, version).max_batch_size > 0
+            infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
+        else:
+            infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+        response = await self.core.infer_async(infer_request)
+        content_type, json_length, payload = wire.encode_infer_response(response, output_format)
+        headers = [(b"content-type", content_type)]
+        if json_length is not None:
+            headers.append((b"inference-header-content-length", b"%d" % json_length))
+        accept = request.headers.get(b"accept-encoding")
+        encoding = response_encoding(accept) if accept else None
+        if encoding is not None:
+            payload = await off_loop_if_large(len(payload), compress, payload, encoding)
+            headers.append((b"content-encoding", encoding.encode()))
+        return Response(200, headers, payload)

@@ -1,0 +1,25 @@
+"""The HTTP frontend's own errors: statuses that only HTTP has (413, 405)."""
+
+from __future__ import annotations
+
+from ...errors import InvalidArgument
+
+
+class PayloadTooLarge(InvalidArgument):
+    """The request body (or its decompressed form) exceeds max_body_size."""
+
+    http_status = 413
+
+
+class MethodNotAllowed(InvalidArgument):
+    """A known path asked with a method it does not serve."""
+
+    http_status = 405
+
+    def __init__(self, message: str, allow: list[str]) -> None:
+        super().__init__(message)
+        self.allow = ", ".join(allow).encode()
+
+
+def too_large(what: str) -> PayloadTooLarge:
+    return PayloadTooLarge(f"{what}, over the server's limit (--http-max-input-size)")

@@ -1,0 +1,49 @@
+"""The small JSON documents of the non-infer endpoints: optional bodies, typed fields, base64 values."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from ...errors import InvalidArgument
+from ...wire.http import json_excerpt, parse_json_object
+
+
+def optional_json_object(body: bytes, what: str) -> dict[str, Any]:
+    """An optional JSON object body ({} when empty)."""
+    return parse_json_object(body, what) if body.strip() else {}
+
+
+def base64_value(value: Any, what: str) -> bytes:
+    """Bytes sent as a base64 JSON string, or a 400 saying which value was not."""
+    try:
+        if type(value) is str:
+            return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        pass
+    raise InvalidArgument(f"{what} must be a base64 string, got {json_excerpt(value)}")
+
+
+def integer_field(doc: dict[str, Any], field: str, what: str, minimum: int, default: int | None = None) -> int:
+    """``doc[field]`` as an int >= ``minimum`` (0 or 1; absent: ``default``), or a 400 naming the field."""
+    value = doc.get(field, default)
+    if type(value) is not int or value < minimum:
+        expected = "a non-negative integer" if minimum == 0 else "a positive integer"
+        raise InvalidArgument(f"the {what} needs '{field}' as {expected}, got {json_excerpt(value)}")
+    return value
+
+
+def trace_settings_json(values: dict[str, list[str]]) -> dict[str, Any]:
+    """Triton's HTTP form: ``trace_level`` is a list, every other setting one string."""
+    return {
+        key: value if key == "trace_level" else (value[0] if len(value) == 1 else value)
+        for key, value in values.items()
+    }
+
+
+def parameters_of(doc: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = doc.get("parameters", {})
+    if type(parameters) is not dict:
+        raise InvalidArgument(f"'parameters' of the {what} must be an object")
+    return parameters

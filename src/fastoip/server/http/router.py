@@ -1,0 +1,128 @@
+"""A small raw-ASGI router: one dict for the fixed paths, three precompiled regexes for the rest.
+
+Rules:
+- A known path with the wrong method is 405 (with ``Allow``); an unknown path is 404.
+- Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
+  core errors carry their HTTP status; anything else is a bug, logged and answered 500.
+- Subclasses fill the four tables with their handlers; this class knows no endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from ...errors import InferenceError, NotFound
+from .errors import MethodNotAllowed
+
+log = logging.getLogger("fastoip.http")
+
+
+class Response:
+    """Status, headers and the whole body of one answer."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(status, [(b"content-type", b"application/json")], orjson.dumps(value))
+
+
+def error_response(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
+
+
+EMPTY_OK = Response(200, [], b"")
+
+
+class Request:
+    """What a handler needs from one HTTP request."""
+
+    __slots__ = ("method", "path", "headers", "receive")
+
+    def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        #: Lower-case header names (ASGI guarantees them) -> the last value given.
+        self.headers: dict[bytes, bytes] = dict(scope["headers"])
+        self.receive = receive
+
+
+Handler = Callable[..., Awaitable[Response]]
+
+MODEL_PATH = re.compile(
+    r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+    r"(?:/(?P<action>ready|infer|config|stats|trace/setting))?"
+)
+REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)")
+SHARED_MEMORY_PATH = re.compile(
+    r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)"
+)
+
+
+class Router:
+    """The ASGI application: finds the handler of a request and sends what it answers."""
+
+    def __init__(self) -> None:
+        self.fixed_paths: dict[str, dict[str, Handler]] = {}
+        #: Keyed by the MODEL_PATH "action" group (None: the model itself).
+        self.model_paths: dict[str | None, dict[str, Handler]] = {}
+        self.repository_paths: dict[str, dict[str, Handler]] = {}
+        #: Keyed by the SHARED_MEMORY_PATH ("kind", "action") groups.
+        self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
+
+    # -- ASGI ------------------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":  # lifespan is off and websockets are not served
+            return
+        request = Request(scope, receive)
+        try:
+            handler, args = self.route(request.method, request.path)
+            response = await handler(request, *args)
+        except MethodNotAllowed as exc:
+            response = error_response(exc.http_status, exc.message)
+            response.headers.append((b"allow", exc.allow))
+        except InferenceError as exc:
+            response = error_response(exc.http_status, exc.message)
+        except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a half-sent request): retryable
+            response = error_response(503, "the server is shutting down; send the request again")
+        except Exception as exc:  # a bug: answer it, log it, keep serving
+            log.exception("%s %s failed", request.method, request.path)
+            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+    def route(self, method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
+        """The handler and its path arguments; NotFound / MethodNotAllowed otherwise."""
+        args: tuple[str, ...] = ()
+        methods = self.fixed_paths.get(path)
+        if methods is None:
+            match = MODEL_PATH.fullmatch(path)
+            if match is not None:
+                methods = self.model_paths[match["action"]]
+                args = (match["model"], match["version"] or "")
+            elif (match := REPOSITORY_PATH.fullmatch(path)) is not None:
+                methods = self.repository_paths[match["action"]]
+                args = (match["model"],)
+            elif (match := SHARED_MEMORY_PATH.fullmatch(path)) is not None:
+                methods = self.shared_memory_paths[match["kind"], match["action"]]
+                args = (match["region"] or "",)
+            else:
+                raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2)")
+        handler = methods.get(method)
+        if handler is None:
+            allowed = list(methods)
+            message = f"method {method} is not allowed on '{path}'; allowed: {', '.join(allowed)}"
+            raise MethodNotAllowed(message, allowed)
+        return handler, args

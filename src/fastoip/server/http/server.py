@@ -1,0 +1,124 @@
+"""The HTTP frontend's server: uvicorn (httptools + uvloop) in its own thread.
+
+Rules:
+- The server runs in its own thread with its own uvloop: ``start()`` returns
+  once the socket listens; ``stop()`` closes the listener, lets requests in
+  flight finish within the timeout, then joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+
+import uvicorn
+
+from ...core import Core
+from .endpoints import HttpFrontend
+
+log = logging.getLogger("fastoip.http")
+
+#: Idle keep-alive connections are closed after this many seconds.
+KEEP_ALIVE_SECONDS = 75
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn.Server that says when its listener is up."""
+
+    def __init__(self, config: uvicorn.Config, listening: threading.Event) -> None:
+        super().__init__(config)
+        self.listening = listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()
+
+
+class HttpServer:
+    """The HTTP frontend in a background thread with its own uvloop event loop."""
+
+    def __init__(self, core: Core, host: str, port: int, *, max_body_size: int = 64 * 1024 * 1024) -> None:
+        self.core = core
+        self.host = host
+        self.port = port
+        self.max_body_size = max_body_size
+        self._server: _Uvicorn | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def start(self) -> int:
+        """Bind, start serving in a thread, and return the bound port once listening."""
+        sock = _bind(self.host, self.port)
+        bound_port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            HttpFrontend(self.core, self.max_body_size),
+            http="httptools",
+            ws="none",
+            lifespan="off",
+            interface="asgi3",
+            log_config=None,  # keep the process's logging as app.py set it up
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
+        listening = threading.Event()
+        self._server = _Uvicorn(config, listening)
+        self._thread = threading.Thread(target=self._run, args=(sock, listening), name="fastoip-http", daemon=True)
+        self._thread.start()
+        listening.wait()
+        if self._failure is not None:
+            raise OSError(f"the HTTP server failed to start on {self.host}:{bound_port}: {self._failure}")
+        self.port = bound_port
+        return bound_port
+
+    def _run(self, sock: socket.socket, listening: threading.Event) -> None:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            assert self._server is not None
+            loop.run_until_complete(self._server.serve(sockets=[sock]))
+        except BaseException as exc:  # startup failures must reach start(), not vanish with the thread
+            self._failure = exc
+            log.exception("HTTP server stopped with an error")
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
+                listening.set()
+
+    def stop(self, timeout: float) -> None:
+        """Stop accepting; requests in flight get up to ``timeout`` seconds; join the thread."""
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        # uvicorn annotates int, but waits with asyncio, which takes float seconds
+        server.config.timeout_graceful_shutdown = max(timeout, 0.0)  # type: ignore[assignment]
+        server.should_exit = True
+        # uvicorn notices should_exit within 0.1 s; its shutdown waits at most timeout.
+        thread.join(timeout + 5.0)
+        if thread.is_alive():
+            log.warning("the HTTP server thread did not stop within %.1f s", timeout + 5.0)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0 picks a free one)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
