@@ -56,6 +56,7 @@ check: venv  ## the guard-rails CI runs before the tests: ruff, mypy (config in 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python scripts/gen_proto.py --check
+	$(BIN)/python scripts/import_graph.py
 
 # The bounds-checked codec (setup.py: FASTOIP_DEBUG=1) is built from a copy of the tree, so neither the release
 # extension nor its generated _codec.c is touched, and the codec tests run against it through PYTHONPATH.

@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "triton_flags": 4,
     "demo": 4,
     "__main__": 4,
+    "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench
 }
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
 

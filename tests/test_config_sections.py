@@ -19,10 +19,7 @@ IO = (
 )
 
 REFUSED = {
-    "sequence": ("max_batch_size: 4\nsequence_batching { }\n", "sequence_batching"),
-    "ensemble": ('platform: "ensemble"\nmax_batch_size: 4\n', "ensembles"),
     "decoupled": ("max_batch_size: 4\nmodel_transaction_policy { decoupled: true }\n", "decoupled"),
-    "cached": ("max_batch_size: 4\nresponse_cache { enable: true }\n", "response_cache"),
 }
 
 
@@ -89,7 +86,6 @@ def test_bad_execution_mode_is_refused_naming_it(tmp_path: Path) -> None:
 def test_hints_fastoip_cannot_honour_are_logged_as_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = (
         "max_batch_size: 4\n"
-        'model_warmup { name: "w" batch_size: 1 }\n'
         "optimization { execution_accelerators { cpu_execution_accelerator { name: \"openvino\" } } }\n"
     )
     write_model(tmp_path, "hinted", identity_model_bytes(TensorProto.FLOAT, [4]), config=config)
@@ -98,7 +94,6 @@ def test_hints_fastoip_cannot_honour_are_logged_as_ignored(tmp_path: Path, caplo
     try:
         assert core.model_ready("hinted")
         ignored = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
-        assert any("model_warmup" in m for m in ignored)
         assert any("optimization.execution_accelerators" in m for m in ignored)
     finally:
         core.close()

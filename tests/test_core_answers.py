@@ -12,8 +12,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import core_on, simple_request  # noqa: E402
-
 from fastoip import __version__  # noqa: E402
 from fastoip.core import (  # noqa: E402
     CUDA,
@@ -28,6 +26,7 @@ from fastoip.core import (  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.errors import NotFound, Unavailable  # noqa: E402
 from fastoip.shared_memory import cuda_unavailable  # noqa: E402
+from harness import core_on, simple_request  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import core_on, fp32_request  # noqa: E402
-
 from fastoip.core import RepositoryIndexEntry  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.errors import InvalidArgument, NotFound, Unavailable  # noqa: E402
+from harness import core_on, fp32_request  # noqa: E402
 
 
 def test_none_mode_refuses_load_and_unload(tmp_path: Path) -> None:

@@ -15,14 +15,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import DIRECT_SIMPLE, HOLDING_BATCHER, core_on, fp32_request, simple_request, success_and_failure  # noqa: E402
-
 import fastoip.core.dataplane as dataplane  # noqa: E402
 from fastoip.core import CallContext, Core, FinishedCall  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.errors import Cancelled, DeadlineExceeded, InvalidArgument, NotFound  # noqa: E402
 from fastoip.shared_memory import BYTE_SIZE, REGION  # noqa: E402
 from fastoip.types import RequestedOutput  # noqa: E402
+from harness import DIRECT_SIMPLE, HOLDING_BATCHER, core_on, fp32_request, simple_request, success_and_failure  # noqa: E402
 
 EXPECTED_SUM = np.arange(16, dtype=np.int32).reshape(1, 16) + 1
 EXPECTED_DIFFERENCE = np.arange(16, dtype=np.int32).reshape(1, 16) - 1

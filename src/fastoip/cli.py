@@ -38,6 +38,9 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
+    p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="Triton's response cache: 'local,size=N' keeps up to N bytes of responses for models whose "
+                        "config says response_cache { enable: true }")
     p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
                    help="Triton's metrics settings (repeatable): summary_latencies=true, histogram_latencies=true, "
                         "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
@@ -107,12 +110,14 @@ def serve_options(argv: Sequence[str]) -> ServeOptions:
 
 def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .metrics import MetricsConfig
+    from .response_cache import CacheSettings
     from .repository import RepositoryOptions
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
     try:
         metrics_config = MetricsConfig.parse(args.metrics_config)
+        cache = CacheSettings.parse(args.cache_config)
     except ValueError as exc:
         raise triton_flags.FlagError(str(exc)) from None
     return ServeOptions(
@@ -125,6 +130,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         metrics_port=args.metrics_port if triton.allow_metrics else -1,
         metrics_host=triton.metrics_host,
         metrics_config=metrics_config,
+        cache_size_bytes=cache.size_bytes,
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
         max_message_size=args.grpc_max_message_size,

@@ -225,6 +225,8 @@ class ModelStatistics:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
         self.batches: dict[int, BatchStats] = {}
         config = config or _config
         self.latency: LatencyMetrics | None = (
@@ -241,7 +243,15 @@ class ModelStatistics:
             self.success, self.fail, self.queue = Duration(), Duration(), Duration()
             self.failures = dict.fromkeys(FAILURE_REASONS, 0)
             self.compute_input, self.compute_infer, self.compute_output = Duration(), Duration(), Duration()
+            self.cache_hit, self.cache_miss = Duration(), Duration()
             self.batches = {}
+
+    def record_cache(self, hit: bool, lookup_ns: int) -> None:
+        """One response-cache lookup (Triton's cache_hit / cache_miss statistics: count and time)."""
+        with self.lock:
+            duration = self.cache_hit if hit else self.cache_miss
+            duration.count += 1
+            duration.ns += lookup_ns
 
     def record_execution(
         self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int
@@ -352,8 +362,8 @@ class ModelStatistics:
                     "compute_input": dur(self.compute_input),
                     "compute_infer": dur(self.compute_infer),
                     "compute_output": dur(self.compute_output),
-                    "cache_hit": {"count": 0, "ns": 0},
-                    "cache_miss": {"count": 0, "ns": 0},
+                    "cache_hit": dur(self.cache_hit),
+                    "cache_miss": dur(self.cache_miss),
                 },
                 "batch_stats": [
                     {

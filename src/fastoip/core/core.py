@@ -47,6 +47,7 @@ class Core:
         model_control_mode: str = "none",
         startup_models: list[str] | None = None,
         poll_interval: float = 15.0,
+        cache_size_bytes: int = 0,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
         try:
@@ -60,7 +61,10 @@ class Core:
         except BaseException:
             self.executor.shutdown(wait=False)
             raise
-        self.data = DataPlane(self.repository, self.control.extensions, strict_readiness=strict_readiness)
+        self.data = DataPlane(
+            self.repository, self.control.extensions, strict_readiness=strict_readiness,
+            cache_size_bytes=cache_size_bytes,
+        )
 
     @property
     def repository_root(self) -> Path:

@@ -29,6 +29,7 @@ from .._proto import model_config_pb2 as mc
 from ..errors import InferenceError, NotFound, Unavailable
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
+from ..response_cache import ResponseCache, request_key
 from ..response_outputs import finish_outputs
 from ..scheduling.job import Job
 from ..settings import LogSettings, TraceSettings
@@ -52,9 +53,16 @@ class DataPlane:
     """What clients call per request: health, metadata, infer, statistics, shared memory, settings."""
 
     def __init__(
-        self, repository: ModelRepository, extensions: tuple[str, ...], *, strict_readiness: bool = True
+        self,
+        repository: ModelRepository,
+        extensions: tuple[str, ...],
+        *,
+        strict_readiness: bool = True,
+        cache_size_bytes: int = 0,
     ) -> None:
         self.repository = repository
+        #: Triton's response cache (``--cache-config local,size=N``), for models with ``response_cache { enable }``.
+        self.response_cache = ResponseCache(cache_size_bytes) if cache_size_bytes > 0 else None
         self.extensions = extensions
         #: The server metadata name (Triton's --id).
         self.server_name = SERVER_NAME
@@ -118,7 +126,10 @@ class DataPlane:
         """
         model, job = self._start(request, call)
         try:
-            model.scheduler.run(job)
+            if job.cache_key is not None and not job.cache_leader:
+                self._answer_from_cache(job)
+            else:
+                model.scheduler.run(job)
         except Exception as exc:  # a scheduler that raises instead of failing the job: the job fails, once
             job.fail(exc)
         try:
@@ -155,6 +166,9 @@ class DataPlane:
 
         job.on_done(done)
         job.arm()  # the stream or event loop that called may cancel it from another thread
+        if job.cache_key is not None and not job.cache_leader:
+            self._answer_from_cache(job)
+            return job
         try:
             if run_here and not model.scheduler.queues:
                 model.scheduler.run(job)
@@ -202,8 +216,10 @@ class DataPlane:
         if request.outputs:
             job.destinations = self._output_destinations(request, regions)
         job.regions = regions or None
-        if model.scheduler.queues:
-            job.arm()  # it will wait in a queue: other threads may finish or cancel it
+        if self.response_cache is not None and model.uses_response_cache:
+            self._look_up(model, job)
+        if model.scheduler.queues or (job.cache_key is not None and not job.cache_leader):
+            job.arm()  # it will wait in a queue (or for an identical request): other threads may finish it
             if call is not None:
                 job.deadline_ns = call.queued_deadline_ns()
                 if call.on_cancel is not None:
@@ -216,6 +232,11 @@ class DataPlane:
     def _complete(self, model: LoadedModel, job: Job) -> None:
         """The one completion step: outputs finished (reshape, classification, shared memory), the regions'
         intact check, in-flight count, statistics, trace."""
+        if job.cache_leader and self.response_cache is not None:
+            assert job.cache_key is not None
+            # the raw response is stored (outputs are finished per request below); identical waiters get it
+            for waiter, answer, error in self.response_cache.complete(job.cache_key, job.response, job.error):
+                waiter(answer, error)
         response = job.response
         if job.error is None and response is not None:
             request = job.request
@@ -245,6 +266,28 @@ class DataPlane:
                     ("REQUEST_END", end_ns),
                 ],
             )
+
+    def _look_up(self, model: LoadedModel, job: Job) -> None:
+        """Ask the response cache: a hit finishes the job now, an identical request in flight answers it later,
+        a miss makes this job the one that runs (its response is stored when it completes)."""
+        cache = self.response_cache
+        assert cache is not None
+        started = time.monotonic_ns()
+        key = request_key(job.request, model.name, model.version_str)
+        job.cache_key = key
+        found = cache.claim(key, job.request, job.pending_cache_answer)
+        elapsed = time.monotonic_ns() - started
+        model.stats.record_cache(found is not True, elapsed)
+        if found is True:
+            job.cache_leader = True
+        elif found is not False:
+            job.cached = found
+
+    @staticmethod
+    def _answer_from_cache(job: Job) -> None:
+        if job.cached is not None:
+            job.finish(job.cached)
+        # else: an identical request is running; its completion finishes this job (job.pending_cache_answer)
 
     def _output_destinations(self, request: InferRequest, regions: list[Any]) -> dict[str, Any] | None:
         """Region bytes (numpy or CUDA) for the outputs the client wants in shared memory, or None."""

@@ -59,6 +59,12 @@ class LoadedModel:
         self._left = itertools.count()
         #: Backends that take whole requests (Python models) instead of merged tensors.
         self.runs_requests = any(getattr(b, "runs_requests", False) for b in backends)
+        #: Triton's response cache applies (never to sequence or decoupled models: their answers depend on more).
+        self.uses_response_cache = (
+            config.response_cache.enable
+            and not config.HasField("sequence_batching")
+            and not config.model_transaction_policy.decoupled
+        )
         self.scheduler = scheduler_factory(self, executor)
 
     # -- the infer path -------------------------------------------------

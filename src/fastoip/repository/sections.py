@@ -3,7 +3,7 @@
 Rules:
 - A config must mean what it says.  Sections that change a model's results or
   its protocol and are not built yet (decoupled transactions, batch_input /
-  batch_output, the response cache) are refused at load with the reason, which the repository
+  batch_output) are refused at load with the reason, which the repository
   index shows; the model is UNAVAILABLE instead of READY-and-failing.
 - Hints that only tune speed and that fastoip cannot honour (rate
   limiter, execution accelerators, optimisation settings ONNX Runtime has no
@@ -33,8 +33,6 @@ def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str) -> None:
         reason = "model_transaction_policy { decoupled: true } (decoupled responses) is not implemented"
     elif config.batch_input or config.batch_output:
         reason = "batch_input / batch_output are not implemented"
-    elif config.response_cache.enable:
-        reason = "response_cache { enable: true } is not implemented"
     if reason:
         raise Unsupported(f"failed to load '{model_name}': {reason}; remove it from the config to serve the model")
 

@@ -43,6 +43,9 @@ class Job:
         "compute_start_ns",
         "compute_end_ns",
         "cancelled",
+        "cache_key",
+        "cache_leader",
+        "cached",
         "_done",
         "_claim",
         "_on_done",
@@ -79,6 +82,10 @@ class Job:
         self.compute_start_ns = 0
         self.compute_end_ns = 0
         self.cancelled = False
+        #: Response cache: this request's digest, whether it is the one that runs, and a hit's stored answer.
+        self.cache_key: Optional[bytes] = None
+        self.cache_leader = False
+        self.cached: Optional[InferResponse] = None
         self._done: Optional[threading.Lock] = None
         self._claim: Optional[threading.Lock] = None
         self._on_done: Optional[Callable[["Job"], None]] = None
@@ -120,6 +127,13 @@ class Job:
             error = InternalError(f"{type(error).__name__}: {error}")
         self.error = error
         self._complete()
+
+    def pending_cache_answer(self, response: Optional[InferResponse], error: Optional[BaseException]) -> None:
+        """The identical request this job waited for (response cache) finished: its answer is this job's."""
+        if response is not None:
+            self.finish(response)
+        else:
+            self.fail(error if error is not None else InternalError("the identical request gave no answer"))
 
     def cancel(self) -> None:
         """The client went away: never run this job; finish it as cancelled."""

@@ -48,6 +48,8 @@ class ServeOptions:
     metrics_port: int = 8002
     #: Triton's ``--metrics-config``: latency summaries and histograms.
     metrics_config: metrics.MetricsConfig = field(default_factory=metrics.MetricsConfig)
+    #: Triton's response cache size in bytes (``--cache-config local,size=N``); 0: no cache.
+    cache_size_bytes: int = 0
     strict_readiness: bool = True
     model_control_mode: str = "none"
     load_models: list = field(default_factory=list)
@@ -85,6 +87,7 @@ class Server:
             model_control_mode=options.model_control_mode,
             startup_models=options.load_models,
             poll_interval=options.poll_interval,
+            cache_size_bytes=options.cache_size_bytes,
         )
         self.core.server_name = options.server_id
         self._stop = threading.Event()

@@ -448,7 +448,7 @@ def _binary_output(datatype: str, data: np.ndarray) -> Any:
     if datatype == "BYTES":
         return _codec.serialize_bytes_tensor(data)
     # A byte view of the array (no copy unless the array is not contiguous).
-    return memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
+    return memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers; numpy 2 stubs do not say so
 
 
 def _json_output(name: str, datatype: str, data: np.ndarray) -> Any:

@@ -1,0 +1,64 @@
+"""Triton's response cache in a real server: identical requests run once, hits and misses in the statistics."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from models import identity_model_bytes
+from onnx import TensorProto
+
+from serverproc import ServerProcess
+
+
+def write(root: Path, name: str, config: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.onnx").write_bytes(identity_model_bytes(TensorProto.FLOAT, [4], name="identity"))
+    (root / name / "config.pbtxt").write_text(config)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("cache")
+    write(root, "cached", "max_batch_size: 4\nresponse_cache { enable: true }\n")
+    write(root, "uncached", "max_batch_size: 4\n")
+    with ServerProcess(root, "--cache-config", "local,size=1048576") as proc:
+        yield proc
+
+
+def infer(url: str, model: str, values: list[float]) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.array([values], dtype=np.float32))
+    return client.infer(model, [inp]).as_numpy("OUTPUT0")
+
+
+def stats(url: str, model: str) -> grpcclient.service_pb2.ModelStatistics:  # type: ignore[name-defined]
+    return grpcclient.InferenceServerClient(url).get_inference_statistics(model).model_stats[0]
+
+
+def test_identical_concurrent_requests_run_once(server: ServerProcess) -> None:
+    values = [1.0, 2.0, 3.0, 4.0]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: infer(server.grpc_url, "cached", values), range(32)))
+    for answer in answers:
+        np.testing.assert_array_equal(answer, [values])
+    s = stats(server.grpc_url, "cached")
+    assert s.execution_count == 1  # one execution, 32 answers
+    assert s.inference_stats.cache_miss.count == 1
+    assert s.inference_stats.cache_hit.count == 31
+    assert s.inference_stats.success.count == 32
+
+
+def test_different_inputs_miss_and_uncached_models_always_run(server: ServerProcess) -> None:
+    before = stats(server.grpc_url, "cached").inference_stats.cache_miss.count
+    np.testing.assert_array_equal(infer(server.grpc_url, "cached", [9, 9, 9, 9]), [[9, 9, 9, 9]])
+    np.testing.assert_array_equal(infer(server.grpc_url, "cached", [8, 9, 9, 9]), [[8, 9, 9, 9]])
+    assert stats(server.grpc_url, "cached").inference_stats.cache_miss.count == before + 2
+    for _ in range(3):
+        infer(server.grpc_url, "uncached", [1, 1, 1, 1])
+    plain = stats(server.grpc_url, "uncached")
+    assert plain.execution_count == 3 and plain.inference_stats.cache_hit.count == 0
