@@ -24,6 +24,7 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
                    help="gRPC handler threads: bounds calls in progress (an open stream holds one); "
                         "16 measured best on 2 cores for small and batched models alike")
+    _native_grpc_flags(p)
     p.add_argument("--http-host", default=os.environ.get("FASTOIP_HTTP_HOST"),
                    help="HTTP bind address (default: --host)")
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),
@@ -60,6 +61,42 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
 
 
+def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default=os.environ.get("FASTOIP_GRPC_FRONTEND"),
+                   help="native: libnghttp2 on the uvloop loop, no thread per call (default when it was built); "
+                        "grpcio: the sync grpcio server (--grpc-workers threads)")
+    p.add_argument("--grpc-max-concurrent-streams", type=int, default=1024,
+                   help="native: HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS)")
+    p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000,
+                   help="native: ms of silence before the server PINGs a connection (0: never; Triton's default)")
+    p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000,
+                   help="native: ms to wait for that PING's ACK before closing the connection")
+    p.add_argument("--grpc-max-connection-age", type=float, default=0.0,
+                   help="native: seconds after which a connection gets GOAWAY so clients rebalance (0: never)")
+    p.add_argument("--grpc-use-ssl", action="store_true", help="native: TLS (ALPN h2)")
+    p.add_argument("--grpc-use-ssl-mutual", action="store_true", help="native: TLS requiring client certificates")
+    p.add_argument("--grpc-server-cert", default="", help="PEM certificate chain for --grpc-use-ssl")
+    p.add_argument("--grpc-server-key", default="", help="PEM private key for --grpc-use-ssl")
+    p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
+
+
+def _native_grpc_options(args: argparse.Namespace) -> object:
+    from .server.grpc.native_options import NativeGrpcOptions
+
+    return NativeGrpcOptions(
+        max_message_size=args.grpc_max_message_size,
+        max_concurrent_streams=args.grpc_max_concurrent_streams,
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        max_connection_age=args.grpc_max_connection_age,
+        use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
+        use_ssl_mutual=args.grpc_use_ssl_mutual,
+        server_cert=args.grpc_server_cert,
+        server_key=args.grpc_server_key,
+        root_cert=args.grpc_root_cert,
+    )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -84,6 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             host=args.host,
             grpc_port=args.grpc_port,
             grpc_workers=args.grpc_workers,
+            grpc_frontend=args.grpc_frontend,
+            grpc_native=_native_grpc_options(args),  # type: ignore[arg-type]
             http_host=args.http_host,
             http_port=args.http_port,
             metrics_port=args.metrics_port,

@@ -15,11 +15,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..core import Core
 from ..repository import RepositoryOptions
 from .grpc import INT32_MAX, create_server
+
+if TYPE_CHECKING:
+    from .grpc.native_options import NativeGrpcOptions
 
 log = logging.getLogger("fastoip")
 
@@ -36,6 +39,10 @@ class ServeOptions:
     host: str = "127.0.0.1"
     grpc_port: int = 8001
     grpc_workers: int = 16
+    #: "native" (libnghttp2 on uvloop), "grpcio", or None: native when it was built, else grpcio.
+    grpc_frontend: Optional[str] = None
+    #: The native frontend's settings (keepalive, TLS, windows); None: defaults.
+    grpc_native: Optional["NativeGrpcOptions"] = None
     max_message_size: int = INT32_MAX
     http_host: Optional[str] = None
     #: -1 turns HTTP off; 0 picks a free port.
@@ -85,13 +92,24 @@ class Server:
         options = self.options
         log.info("model repository: %s", self.core.repository.root)
         self.core.load_models()
-        self.grpc_server, self.grpc_port = create_server(
-            self.core,
-            options.host,
-            options.grpc_port,
-            workers=options.grpc_workers,
-            max_message_size=options.max_message_size,
-        )
+        frontend = choose_grpc_frontend(options.grpc_frontend)
+        if frontend == "native":
+            from .grpc.native_options import NativeGrpcOptions
+            from .grpc.native_server import create_native_server
+
+            native = options.grpc_native or NativeGrpcOptions()
+            native.max_message_size = options.max_message_size
+            self.grpc_server, self.grpc_port = create_native_server(self.core, options.host, options.grpc_port, native)
+        else:
+            if options.grpc_native is not None and options.grpc_native.use_ssl:
+                raise RuntimeError("--grpc-use-ssl needs the native gRPC frontend")
+            self.grpc_server, self.grpc_port = create_server(
+                self.core,
+                options.host,
+                options.grpc_port,
+                workers=options.grpc_workers,
+                max_message_size=options.max_message_size,
+            )
         # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
         # of the collector's sight so the frequent young-generation collections the request path
         # triggers stay cheap, and collect young objects less often.
@@ -101,6 +119,7 @@ class Server:
         self.grpc_server.start()
         # Tests and scripts read these lines to learn the bound ports.
         print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
+        print(f"fastoip: grpc frontend {frontend}", flush=True)
         if options.http_port >= 0:
             from .http import HttpServer
 
@@ -144,6 +163,21 @@ class Server:
             self.metrics_server.stop()
         self.core.close()
         print("fastoip: stopped", flush=True)
+
+
+def choose_grpc_frontend(requested: Optional[str]) -> str:
+    """The gRPC frontend to run: the one asked for, else native when its extension was built (else grpcio)."""
+    if requested == "grpcio":
+        return "grpcio"
+    try:
+        from .grpc import _http2  # noqa: F401
+    except ImportError as exc:
+        if requested == "native":
+            raise RuntimeError(f"--grpc-frontend native: the native extension is not built ({exc})") from None
+        log.info("gRPC frontend: grpcio (the native one was not built: %s; apt-get install libnghttp2-dev "
+                 "and reinstall to build it)", exc)
+        return "grpcio"
+    return "native"
 
 
 def serve(options: ServeOptions) -> int:
