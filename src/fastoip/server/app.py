@@ -118,8 +118,8 @@ class Server:
         gc.set_threshold(*GC_THRESHOLDS)
         self.grpc_server.start()
         # Tests and scripts read these lines to learn the bound ports.
-        print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
         print(f"fastoip: grpc frontend {frontend}", flush=True)
+        print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
         if options.http_port >= 0:
             from .http import HttpServer
 
