@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
+from models import slow_model_bytes, write_model
+from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip._proto import health_pb2
 from fastoip.server.grpc.service import HEALTH_UNARY, UNARY
-from models import slow_model_bytes, write_model
-from serverproc import ServerProcess
 
 pytest.importorskip("fastoip.server.grpc._http2", reason="the native gRPC frontend was not built (libnghttp2-dev)")
 
@@ -114,7 +114,7 @@ def test_every_rpc_is_answered(native: ServerProcess) -> None:
 
 def test_stream_many_requests_in_flight(native: ServerProcess) -> None:
     client = tg.InferenceServerClient(native.grpc_url)
-    answers: "queue.SimpleQueue[tuple[object, object]]" = queue.SimpleQueue()
+    answers: queue.SimpleQueue[tuple[object, object]] = queue.SimpleQueue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     count = 300
     try:
@@ -169,7 +169,7 @@ def test_deadline_and_cancel_reach_the_queue(slow: ServerProcess) -> None:
     """A queued request whose deadline passes, and one whose client cancels, never run."""
     client = tg.InferenceServerClient(slow.grpc_url)
     before = executions(client, "slow_cancel")
-    first: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+    first: queue.SimpleQueue[object] = queue.SimpleQueue()
     client.async_infer("slow_cancel", one(1.0), callback=lambda result, error: first.put(error or result))
     time.sleep(0.1)  # the first is running; what follows waits in the queue
     with pytest.raises(InferenceServerException) as info:

@@ -40,9 +40,9 @@ class ServeOptions:
     grpc_port: int = 8001
     grpc_workers: int = 16
     #: "native" (libnghttp2 on uvloop), "grpcio", or None: native when it was built, else grpcio.
-    grpc_frontend: Optional[str] = None
+    grpc_frontend: str | None = None
     #: The native frontend's settings (keepalive, TLS, windows); None: defaults.
-    grpc_native: Optional["NativeGrpcOptions"] = None
+    grpc_native: NativeGrpcOptions | None = None
     max_message_size: int = INT32_MAX
     http_host: Optional[str] = None
     #: -1 turns HTTP off; 0 picks a free port.
@@ -165,7 +165,7 @@ class Server:
         print("fastoip: stopped", flush=True)
 
 
-def choose_grpc_frontend(requested: Optional[str]) -> str:
+def choose_grpc_frontend(requested: str | None) -> str:
     """The gRPC frontend to run: the one asked for, else native when its extension was built (else grpcio)."""
     if requested == "grpcio":
         return "grpcio"

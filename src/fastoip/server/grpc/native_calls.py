@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Callable, Optional, Protocol
+from typing import Protocol
 
 from google.protobuf.message import DecodeError, Message
 
@@ -132,7 +133,7 @@ class InferCall(Call):
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
-        self.job: Optional[Job] = None
+        self.job: Job | None = None
 
     def run(self, data: bytes) -> None:
         request = decode_request(data)
@@ -269,7 +270,7 @@ class UnaryCall(Call):
             future = self.loop.run_in_executor(self.executor, self.invoke, request)
             future.add_done_callback(lambda f: self.complete(*f.result()))
 
-    def invoke(self, request: Message) -> tuple[int, "bytes | str"]:
+    def invoke(self, request: Message) -> tuple[int, bytes | str]:
         """(OK, response bytes) or (status, message); runs on the loop or a pool thread."""
         try:
             return wire.OK, self.method(request).SerializeToString()
@@ -279,7 +280,7 @@ class UnaryCall(Call):
             log.exception("gRPC %s failed", self.request_type.DESCRIPTOR.name)
             return wire.UNKNOWN, f"{type(exc).__name__}: {exc}"
 
-    def complete(self, code: int, result: "bytes | str") -> None:
+    def complete(self, code: int, result: bytes | str) -> None:
         if code == wire.OK:
             assert isinstance(result, bytes)
             self.reply(result)
@@ -304,7 +305,7 @@ class Dispatcher:
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
 
-    def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Optional[Call]:
+    def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:
             return InferCall(stream_id, out, deadline_ns, self.core_calls)
         if path == self.stream_path:
@@ -316,6 +317,6 @@ class Dispatcher:
         return UnaryCall(stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop)
 
 
-def deadline_from(timeout_ns: Optional[int]) -> int:
+def deadline_from(timeout_ns: int | None) -> int:
     """Absolute monotonic deadline for a grpc-timeout (0: none)."""
     return time.monotonic_ns() + timeout_ns if timeout_ns else 0

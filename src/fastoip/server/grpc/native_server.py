@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, cast
+from typing import cast
 
 from ...core import Core
 from . import _http2, wire
@@ -35,7 +35,7 @@ GOAWAY_PING_WAIT = 1.0
 class GrpcConnection(asyncio.Protocol):
     """One client connection: the HTTP/2 session, its calls, keepalive and drain."""
 
-    def __init__(self, server: "NativeGrpcServer") -> None:
+    def __init__(self, server: NativeGrpcServer) -> None:
         self.server = server
         self.options = server.options
         self.loop = server.loop
@@ -48,17 +48,17 @@ class GrpcConnection(asyncio.Protocol):
         self.calls: dict[int, Call] = {}
         self.encodings: dict[int, bytes] = {}
         self.timers: dict[int, asyncio.TimerHandle] = {}
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.paused = False
         self.flush_scheduled = False
         self.closed = False
         self.draining = False
         self.reset_after_flush: list[int] = []
         self.last_read = time.monotonic()
-        self.keepalive: Optional[asyncio.TimerHandle] = None
-        self.ping_wait: Optional[asyncio.TimerHandle] = None
-        self.goaway_wait: Optional[asyncio.TimerHandle] = None
-        self.age_timer: Optional[asyncio.TimerHandle] = None
+        self.keepalive: asyncio.TimerHandle | None = None
+        self.ping_wait: asyncio.TimerHandle | None = None
+        self.goaway_wait: asyncio.TimerHandle | None = None
+        self.age_timer: asyncio.TimerHandle | None = None
 
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,9 +90,9 @@ class GrpcConnection(asyncio.Protocol):
             return
         for kind, stream_id, payload, number in events:
             if kind == _http2.MESSAGE:
-                self.on_message(stream_id, payload, number)
+                self.on_message(stream_id, cast(bytes, payload), number)
             elif kind == _http2.REQUEST:
-                self.on_request(stream_id, payload)
+                self.on_request(stream_id, cast(wire.Headers, payload))
             elif kind == _http2.END_STREAM:
                 self.on_end_stream(stream_id, number)
             elif kind == _http2.CLOSED:
@@ -103,7 +103,7 @@ class GrpcConnection(asyncio.Protocol):
                 self.on_ping_ack()
         self.flush()
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
         for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer):
@@ -330,8 +330,8 @@ class NativeGrpcServer:
         self.ssl_context = _ssl_context(options) if options.use_ssl else None
         self.loop: asyncio.AbstractEventLoop = _new_loop()
         self.dispatcher = Dispatcher(core, self.loop, self.executor)
-        self._listener: Optional[asyncio.AbstractServer] = None
-        self._thread: Optional[threading.Thread] = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         ready = threading.Event()
@@ -358,7 +358,7 @@ class NativeGrpcServer:
         if failure:
             raise OSError(f"the native gRPC server failed to start: {failure[0]}")
 
-    def stop(self, grace: Optional[float] = None) -> threading.Event:
+    def stop(self, grace: float | None = None) -> threading.Event:
         """Drain: refuse new connections, GOAWAY, calls in flight get ``grace`` seconds; set when stopped."""
         stopped = threading.Event()
         thread = self._thread

@@ -10,7 +10,6 @@ Rules:
 from __future__ import annotations
 
 import zlib
-from typing import Optional
 from urllib.parse import quote
 
 import grpc
@@ -67,7 +66,7 @@ def trailers_only(code: int, message: str = "") -> Headers:
     return RESPONSE_HEADERS + trailers(code, message)
 
 
-def parse_timeout(value: bytes) -> Optional[int]:
+def parse_timeout(value: bytes) -> int | None:
     """grpc-timeout ("100m", "5S", at most 8 digits) in nanoseconds; None when malformed."""
     if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
         return None
