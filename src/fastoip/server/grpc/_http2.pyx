@@ -150,7 +150,7 @@ cdef extern from "nghttp2/nghttp2.h":
 
 # Event kinds: each event is a tuple (kind, stream_id, payload, number).
 REQUEST = 1        # payload: list of (name, value) bytes pairs; number: 0
-MESSAGE = 2        # payload: the message bytes; number: the compressed flag
+MESSAGE = 2        # payload: the message (bytes, or a bytearray nobody else holds); number: the compressed flag
 END_STREAM = 3     # payload: None; number: bytes of an incomplete message left over (0 when clean)
 CLOSED = 4         # payload: None; number: the HTTP/2 error code (0: closed normally)
 TOO_LARGE = 5      # payload: None; number: the declared message length (over the limit)
@@ -279,6 +279,7 @@ cdef class Http2Session:
         cdef size_t declared
         cdef const uint8_t *p
         cdef Py_ssize_t old_size
+        cdef uint8_t compressed
         if stream is None or stream.broken:
             return 0
         buf = stream.inbuf
@@ -304,6 +305,14 @@ cdef class Http2Session:
             if <Py_ssize_t>declared > self._max_message:
                 return self._too_large(stream, declared)
             if <size_t>len(buf) - PREFIX < declared:
+                break
+            if <size_t>len(buf) - PREFIX == declared:
+                # The buffer holds exactly this message (how large ones end): hand the buffer itself over
+                # (dropping the prefix moves its start, no copy) instead of copying it into a bytes object.
+                compressed = p[0]
+                del buf[:PREFIX]
+                stream.inbuf = bytearray()
+                self._events.append((MESSAGE, stream_id, buf, compressed))
                 break
             self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>p + PREFIX, declared),
                                  p[0]))

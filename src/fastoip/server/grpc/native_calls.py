@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Protocol
+from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError, Message
 
@@ -59,7 +59,10 @@ class CoreCalls:
         call_soon = self.loop.call_soon_threadsafe
 
         def finished_elsewhere(job: Job) -> None:
-            call_soon(on_finished, job)
+            try:
+                call_soon(on_finished, job)
+            except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
+                pass
 
         return self.core.submit(request, finished_elsewhere, deadline_ns, run_here=False)
 
@@ -88,9 +91,9 @@ class Call:
         self.deadline_ns = deadline_ns
         self.finished = False
         self.headers_sent = False
-        self.messages: list[bytes] = []
+        self.messages: list[wire.Payload] = []
 
-    def on_message(self, data: bytes) -> None:
+    def on_message(self, data: wire.Payload) -> None:
         self.messages.append(data)
 
     def on_end(self) -> None:
@@ -102,7 +105,7 @@ class Call:
             return
         self.run(self.messages.pop())
 
-    def run(self, data: bytes) -> None:
+    def run(self, data: wire.Payload) -> None:
         raise NotImplementedError
 
     def cancel(self) -> None:
@@ -135,8 +138,8 @@ class InferCall(Call):
         self.core = core
         self.job: Job | None = None
 
-    def run(self, data: bytes) -> None:
-        request = decode_request(data)
+    def run(self, data: wire.Payload) -> None:
+        request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
             self.fail(wire.INVALID_ARGUMENT, request.status_message)
             return
@@ -182,11 +185,11 @@ class StreamInferCall(Call):
         self.answered = 0
         self.half_closed = False
 
-    def on_message(self, data: bytes) -> None:
+    def on_message(self, data: wire.Payload) -> None:
         if self.finished:
             return
         self.started += 1
-        request = decode_request(data)
+        request = decode_request(cast(bytes, data))  # the codec reads any buffer
         if not isinstance(request, InferRequest):
             self.answer(_codec.encode_stream_response(None, request.status_message))
             return
@@ -258,9 +261,9 @@ class UnaryCall(Call):
         self.executor = executor
         self.loop = loop
 
-    def run(self, data: bytes) -> None:
+    def run(self, data: wire.Payload) -> None:
         try:
-            request = self.request_type.FromString(data)
+            request = self.request_type.FromString(bytes(data))
         except DecodeError as exc:
             self.fail(wire.INVALID_ARGUMENT, f"malformed {self.request_type.DESCRIPTOR.name}: {exc}")
             return

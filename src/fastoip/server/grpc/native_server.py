@@ -90,7 +90,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         for kind, stream_id, payload, number in events:
             if kind == _http2.MESSAGE:
-                self.on_message(stream_id, cast(bytes, payload), number)
+                self.on_message(stream_id, cast(wire.Payload, payload), number)
             elif kind == _http2.REQUEST:
                 self.on_request(stream_id, cast(wire.Headers, payload))
             elif kind == _http2.END_STREAM:
@@ -152,7 +152,7 @@ class GrpcConnection(asyncio.Protocol):
         if timeout_ns is not None:
             self.timers[stream_id] = self.loop.call_later(timeout_ns / 1e9, self.on_deadline, stream_id)
 
-    def on_message(self, stream_id: int, data: bytes, compressed: int) -> None:
+    def on_message(self, stream_id: int, data: wire.Payload, compressed: int) -> None:
         call = self.calls.get(stream_id)
         if call is None:
             return
@@ -162,7 +162,7 @@ class GrpcConnection(asyncio.Protocol):
                                        self.options.max_message_size)
             except wire.DecompressError as exc:
                 self.end_call(stream_id).cancel()
-                self.answer_early(stream_id, exc.code, exc.message)
+                self.answer_early(stream_id, exc.code, exc.message, call.headers_sent)
                 return
         call.on_message(data)
         self.forget_if_finished(stream_id, call)
@@ -174,7 +174,8 @@ class GrpcConnection(asyncio.Protocol):
         if leftover:
             self.end_call(stream_id).cancel()
             self.answer_early(stream_id, wire.INTERNAL,
-                              f"the request stream ended inside a gRPC message ({leftover} bytes of it arrived)")
+                              f"the request stream ended inside a gRPC message ({leftover} bytes of it arrived)",
+                              call.headers_sent)
             return
         call.on_end()
         self.forget_if_finished(stream_id, call)
@@ -185,7 +186,8 @@ class GrpcConnection(asyncio.Protocol):
             return
         self.end_call(stream_id).cancel()
         self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED,
-                          f"received message larger than max ({declared} vs. {self.options.max_message_size})")
+                          f"received message larger than max ({declared} vs. {self.options.max_message_size})",
+                          call.headers_sent)
 
     def on_closed(self, stream_id: int, error_code: int) -> None:
         """The stream is gone (answered, or reset by the client): a call still running is cancelled."""
@@ -201,7 +203,7 @@ class GrpcConnection(asyncio.Protocol):
         if call is None:
             return
         self.end_call(stream_id).cancel()
-        self.answer_early(stream_id, wire.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        self.answer_early(stream_id, wire.DEADLINE_EXCEEDED, "Deadline Exceeded", call.headers_sent)
         self.schedule_flush()
 
     # -- answering (the calls' Responder) -----------------------------------------------------
@@ -221,8 +223,12 @@ class GrpcConnection(asyncio.Protocol):
         self.forget(stream_id)
         self.schedule_flush()
 
-    def answer_early(self, stream_id: int, code: int, message: str) -> None:
-        """Trailers-Only for a call that ends before its request did; the rest of the request is refused."""
+    def answer_early(self, stream_id: int, code: int, message: str, headers_sent: bool = False) -> None:
+        """End a call before its request did: Trailers-Only then RST_STREAM(NO_ERROR) to stop the upload;
+        a stream that already answered messages gets its trailers after them instead."""
+        if headers_sent:
+            self.session.send_trailers(stream_id, wire.trailers(code, message))
+            return
         self.session.send_headers_only(stream_id, wire.trailers_only(code, message))
         self.reset_after_flush.append(stream_id)
 

@@ -15,6 +15,8 @@ from urllib.parse import quote
 import grpc
 
 Headers = list[tuple[bytes, bytes]]
+#: A received message: bytes, or the bytearray a large message was gathered in (no copy out of it).
+Payload = bytes | bytearray
 
 OK = 0
 CANCELLED = 1
@@ -83,7 +85,7 @@ class DecompressError(Exception):
         self.message = message
 
 
-def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
+def decompress(data: Payload, encoding: bytes, limit: int) -> bytes:
     """A message sent with the compressed flag, decoded; never more than ``limit`` bytes out (zip bombs)."""
     if encoding == b"gzip":
         wbits = 16 + zlib.MAX_WBITS
