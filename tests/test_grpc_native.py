@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import shutil
+import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -235,3 +238,40 @@ def test_not_http2_is_dropped_and_server_stays_up(native: ServerProcess) -> None
             data += chunk
     assert b"HTTP/1.1 200" not in data
     assert_simple(tg.InferenceServerClient(native.grpc_url))
+
+
+def test_sigterm_drains_calls_in_flight(tmp_path: Path) -> None:
+    """SIGTERM: unary calls and a stream in flight are all answered, then the process exits."""
+    write_model(tmp_path, "slow", slow_model_bytes(rows=1024, layers=24),
+                config="max_batch_size: 1\ndynamic_batching { }\n")
+    with ServerProcess(tmp_path, "--grpc-frontend", "native", "--exit-timeout", "60") as proc:
+        answers: queue.SimpleQueue[object] = queue.SimpleQueue()
+        client = tg.InferenceServerClient(proc.grpc_url)
+        for k in range(4):
+            client.async_infer("slow", one(k), callback=lambda result, error: answers.put(error or result))
+        streamer = tg.InferenceServerClient(proc.grpc_url)
+        streamer.start_stream(callback=lambda result, error: answers.put(error or result))
+        for k in range(3):
+            streamer.async_stream_infer("slow", one(k))
+        time.sleep(0.3)
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGTERM)
+        got = [answers.get(timeout=60) for _ in range(7)]
+        streamer.stop_stream()
+        assert not [g for g in got if isinstance(g, Exception)], got
+        assert proc.proc.wait(60) == 0
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls_with_alpn_h2(demo_repo: Path, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    with ServerProcess(demo_repo, "--grpc-frontend", "native", "--grpc-use-ssl", "--grpc-server-cert", str(cert),
+                       "--grpc-server-key", str(key)) as proc:
+        client = tg.InferenceServerClient(f"localhost:{proc.grpc_port}", ssl=True, root_certificates=str(cert))
+        assert client.is_server_live()
+        assert_simple(client)
+        with pytest.raises(InferenceServerException):  # plaintext h2c is not spoken on a TLS port
+            tg.InferenceServerClient(proc.grpc_url).is_server_live(client_timeout=5)
