@@ -275,3 +275,18 @@ def test_tls_with_alpn_h2(demo_repo: Path, tmp_path: Path) -> None:
         assert_simple(client)
         with pytest.raises(InferenceServerException):  # plaintext h2c is not spoken on a TLS port
             tg.InferenceServerClient(proc.grpc_url).is_server_live(client_timeout=5)
+
+
+def test_max_connection_age_rotates_connections_without_failing_calls(demo_repo: Path) -> None:
+    with ServerProcess(demo_repo, "--grpc-frontend", "native", "--grpc-max-connection-age", "300",
+                       "--log-level", "DEBUG") as proc:
+        client = tg.InferenceServerClient(proc.grpc_url)
+        until = time.monotonic() + 1.5
+        calls = 0
+        while time.monotonic() < until:
+            assert_simple(client, calls)
+            calls += 1
+            time.sleep(0.02)
+        goaways = sum("reached --grpc-max-connection-age" in line for line in proc.lines)
+    assert calls > 10
+    assert goaways >= 2, goaways  # the client reconnected after the first GOAWAY, and that one aged too

@@ -71,8 +71,10 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="native: ms of silence before the server PINGs a connection (0: never; Triton's default)")
     p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000,
                    help="native: ms to wait for that PING's ACK before closing the connection")
-    p.add_argument("--grpc-max-connection-age", type=float, default=0.0,
-                   help="native: seconds after which a connection gets GOAWAY so clients rebalance (0: never)")
+    p.add_argument("--grpc-max-connection-age", type=int, default=0,
+                   help="native: ms after which a connection gets GOAWAY so clients rebalance (0: never)")
+    p.add_argument("--grpc-max-connection-age-grace", type=int, default=0,
+                   help="native: ms a connection past its age keeps for its calls (0: until they end)")
     p.add_argument("--grpc-use-ssl", action="store_true", help="native: TLS (ALPN h2)")
     p.add_argument("--grpc-use-ssl-mutual", action="store_true", help="native: TLS requiring client certificates")
     p.add_argument("--grpc-server-cert", default="", help="PEM certificate chain for --grpc-use-ssl")
@@ -88,7 +90,8 @@ def _native_grpc_options(args: argparse.Namespace) -> object:
         max_concurrent_streams=args.grpc_max_concurrent_streams,
         keepalive_time_ms=args.grpc_keepalive_time,
         keepalive_timeout_ms=args.grpc_keepalive_timeout,
-        max_connection_age=args.grpc_max_connection_age,
+        max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         use_ssl_mutual=args.grpc_use_ssl_mutual,
         server_cert=args.grpc_server_cert,

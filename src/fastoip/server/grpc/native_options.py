@@ -20,8 +20,11 @@ class NativeGrpcOptions:
     keepalive_time_ms: int = 7_200_000
     #: ... and close it when the PING is not answered within this (ms, --grpc-keepalive-timeout).
     keepalive_timeout_ms: int = 20_000
-    #: GOAWAY a connection this old (seconds; 0: never) so clients reconnect through a load balancer.
-    max_connection_age: float = 0.0
+    #: GOAWAY a connection this old (ms, Triton's --grpc-max-connection-age; 0: never) so clients
+    #: reconnect through a load balancer ...
+    max_connection_age_ms: int = 0
+    #: ... and close it this long after that GOAWAY (ms, --grpc-max-connection-age-grace; 0: when its calls end).
+    max_connection_age_grace_ms: int = 0
     use_ssl: bool = False
     server_cert: str = ""
     server_key: str = ""

@@ -72,8 +72,8 @@ class GrpcConnection(asyncio.Protocol):
         self.server.connections.add(self)
         if self.options.keepalive_time_ms > 0:
             self.keepalive = self.loop.call_later(self.options.keepalive_time_ms / 1000, self.check_idle)
-        if self.options.max_connection_age > 0:
-            self.age_timer = self.loop.call_later(self.options.max_connection_age, self.drain)
+        if self.options.max_connection_age_ms > 0:
+            self.age_timer = self.loop.call_later(self.options.max_connection_age_ms / 1000, self.on_max_age)
         if self.server.draining:
             self.drain()
         self.flush()  # our SETTINGS go first
@@ -304,6 +304,13 @@ class GrpcConnection(asyncio.Protocol):
         if self.goaway_wait is not None:
             self.goaway_wait.cancel()
             self.final_goaway()
+
+    def on_max_age(self) -> None:
+        log.debug("gRPC connection reached --grpc-max-connection-age: GOAWAY")
+        self.drain()
+        grace = self.options.max_connection_age_grace_ms
+        if grace > 0:
+            self.age_timer = self.loop.call_later(grace / 1000, self.close)
 
     def drain(self) -> None:
         """Graceful GOAWAY: notice now, final GOAWAY after a PING round trip; streams in flight finish."""
