@@ -180,6 +180,7 @@ cdef class _Stream:
     cdef bint broken              # a message over the limit arrived: ignore the rest
     cdef list out                 # bytes chunks waiting to go out as DATA
     cdef Py_ssize_t out_offset    # bytes of out[0] already sent
+    cdef Py_ssize_t out_bytes     # bytes in out not sent yet
     cdef list trailers            # set once the response is complete
     cdef bint deferred            # the data provider said DEFERRED: resume on new data
     cdef bint responded           # response HEADERS submitted
@@ -201,6 +202,7 @@ cdef class Http2Session:
     cdef object _failure
     cdef uint8_t *_outbuf
     cdef size_t _outcap
+    cdef Py_ssize_t _queued       # response bytes waiting for the peer's flow-control window, all streams
 
     def __cinit__(self):
         self._session = NULL
@@ -215,6 +217,7 @@ cdef class Http2Session:
         cdef nghttp2_settings_entry settings[4]
         cdef int rv
         self._streams = {}
+        self._queued = 0
         self._events = []
         self._max_message = max_message_size
         self._failure = None
@@ -360,6 +363,10 @@ cdef class Http2Session:
     def open_streams(self) -> int:
         return len(self._streams)
 
+    def queued_bytes(self) -> int:
+        """Response bytes not yet handed to nghttp2 (a peer that does not read makes this grow)."""
+        return self._queued
+
     def is_open(self, int32_t stream_id) -> bool:
         return stream_id in self._streams
 
@@ -398,6 +405,8 @@ cdef class Http2Session:
         stream.out.append(prefix)
         if size:
             stream.out.append(message)
+        stream.out_bytes += PREFIX + size
+        self._queued += PREFIX + size
         self._resume(stream)
         return True
 
@@ -474,6 +483,8 @@ cdef class Http2Session:
             take = min(<size_t>left, length - written)
             memcpy(buf + written, PyBytes_AS_STRING(chunk) + stream.out_offset, take)
             written += take
+            stream.out_bytes -= take
+            self._queued -= take
             if take == <size_t>left:
                 del stream.out[0]
                 stream.out_offset = 0
@@ -558,8 +569,11 @@ cdef int _on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream_
 
 cdef int _on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) noexcept:
     cdef Http2Session self = <Http2Session>user_data
+    cdef _Stream stream
     try:
-        if self._streams.pop(stream_id, None) is not None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._queued -= stream.out_bytes  # a reset stream's unsent response is dropped with it
             self._events.append((CLOSED, stream_id, None, error_code))
         return 0
     except BaseException as exc:

@@ -28,6 +28,9 @@ from .native_options import NativeGrpcOptions
 
 log = logging.getLogger("fastoip.grpc")
 
+#: Responses waiting for a peer's flow-control window, per connection, above which its new requests are refused
+#: (a client that sends but never opens its window must not grow the server's memory without bound).
+QUEUED_LIMIT = 256 * 1024 * 1024
 #: How long the final GOAWAY waits for the PING that follows the notice (one round trip, bounded).
 GOAWAY_PING_WAIT = 1.0
 
@@ -50,6 +53,7 @@ class GrpcConnection(asyncio.Protocol):
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.transport: asyncio.Transport | None = None
         self.paused = False
+        self.reading_paused = False
         self.flush_scheduled = False
         self.closed = False
         self.draining = False
@@ -140,6 +144,8 @@ class GrpcConnection(asyncio.Protocol):
             if timeout_ns is None:
                 self.answer_early(stream_id, wire.INVALID_ARGUMENT, f"malformed grpc-timeout {timeout!r}")
                 return
+        if self.over_queued_limit(stream_id, False):
+            return
         path = fields.get(b":path", b"")
         call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
         if call is None:
@@ -154,7 +160,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def on_message(self, stream_id: int, data: wire.Payload, compressed: int) -> None:
         call = self.calls.get(stream_id)
-        if call is None:
+        if call is None or self.over_queued_limit(stream_id, call.headers_sent):
             return
         if compressed:
             try:
@@ -269,12 +275,38 @@ class GrpcConnection(asyncio.Protocol):
                     data += self.session.data_to_send()
                 if data:
                     self.transport.write(data)
+            self.limit_reading()
         except _http2.Http2Error as exc:
             log.debug("gRPC connection closed: %s", exc)
             self.close()
             return
         if not self.session.want_read() and not self.session.want_write():
             self.close()  # GOAWAY sent and nothing left in flight (or the session failed)
+
+    def limit_reading(self) -> None:
+        """Backpressure: while the socket does not drain (the peer does not read), read no more requests.
+
+        Only a full socket pauses reading: the peer's WINDOW_UPDATEs, which release responses held by
+        HTTP/2 flow control, must still be read (that case is bounded by QUEUED_LIMIT instead).
+        """
+        assert self.transport is not None
+        if self.paused and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        elif self.reading_paused and not self.paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def over_queued_limit(self, stream_id: int, headers_sent: bool) -> bool:
+        if self.session.queued_bytes() <= QUEUED_LIMIT:
+            return False
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self.end_call(stream_id).cancel()
+        self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED,
+                          f"more than {QUEUED_LIMIT} bytes of responses on this connection wait for the client "
+                          "to read them", headers_sent)
+        return True
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:
