@@ -290,3 +290,44 @@ def test_max_connection_age_rotates_connections_without_failing_calls(demo_repo:
         goaways = sum("reached --grpc-max-connection-age" in line for line in proc.lines)
     assert calls > 10
     assert goaways >= 2, goaways  # the client reconnected after the first GOAWAY, and that one aged too
+
+
+# -- the gRPC-over-HTTP/2 rules on their own (pure functions, no server) ----------------------------------
+def test_grpc_timeout_parsing() -> None:
+    from fastoip.server.grpc import wire
+
+    assert wire.parse_timeout(b"100m") == 100_000_000
+    assert wire.parse_timeout(b"5S") == 5_000_000_000
+    assert wire.parse_timeout(b"1H") == 3600 * 10**9
+    assert wire.parse_timeout(b"99999999n") == 99_999_999
+    for bad in (b"", b"m", b"123456789S", b"10x", b"-1S", b"1.5S"):
+        assert wire.parse_timeout(bad) is None, bad
+
+
+def test_grpc_message_is_percent_encoded() -> None:
+    from fastoip.server.grpc import wire
+
+    assert wire.percent_encode("plain text: ok") == b"plain text: ok"
+    assert wire.percent_encode("100% sure") == b"100%25 sure"
+    assert wire.percent_encode("caf\u00e9\n") == b"caf%C3%A9%0A"
+    assert wire.trailers_only(3, "x")[-2:] == [(b"grpc-status", b"3"), (b"grpc-message", b"x")]
+
+
+def test_decompression_is_bounded() -> None:
+    import gzip
+    import zlib
+
+    from fastoip.server.grpc import wire
+
+    data = b"abc" * 1000
+    assert wire.decompress(gzip.compress(data), b"gzip", 10_000) == data
+    assert wire.decompress(zlib.compress(data), b"deflate", 10_000) == data
+    bomb = gzip.compress(b"\0" * 10_000_000)
+    with pytest.raises(wire.DecompressError) as info:
+        wire.decompress(bomb, b"gzip", 1_000_000)
+    assert info.value.code == wire.RESOURCE_EXHAUSTED
+    with pytest.raises(wire.DecompressError) as info:
+        wire.decompress(data, b"snappy", 10_000)
+    assert info.value.code == wire.UNIMPLEMENTED
+    with pytest.raises(wire.DecompressError):
+        wire.decompress(b"not gzip at all", b"gzip", 10_000)
