@@ -286,6 +286,8 @@ cdef class Http2Session:
         if stream is None or stream.broken:
             return 0
         buf = stream.inbuf
+        # Copy on the way in: exactly one, from nghttp2's receive buffer into the message's bytes (fast
+        # path) or into the stream's bytearray (a message that arrives in pieces, handed over as it is).
         # Fast path: whole messages straight from nghttp2's buffer, one copy into a bytes object.
         while len(buf) == 0 and length >= PREFIX:
             declared = (<size_t>data[1] << 24) | (<size_t>data[2] << 16) | (<size_t>data[3] << 8) | data[4]
@@ -330,7 +332,13 @@ cdef class Http2Session:
 
     # -- output ------------------------------------------------------------------------------
     def data_to_send(self):
-        """Everything nghttp2 has ready to write (b'' when nothing)."""
+        """Everything nghttp2 has ready to write (b'' when nothing).
+
+        Copies on the way out: the data provider copies a response into nghttp2's frame buffer (_read),
+        each serialized frame is copied into one scratch buffer here, and that into the returned bytes
+        (one write per flush instead of one per frame).  Left for later: nghttp2_session_send with
+        NGHTTP2_DATA_FLAG_NO_COPY would skip the first for large responses.
+        """
         cdef const uint8_t *chunk
         cdef ssize_t n
         cdef size_t used = 0
