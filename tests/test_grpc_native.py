@@ -223,7 +223,7 @@ def test_message_over_the_limit_is_resource_exhausted(native: ServerProcess) -> 
     with pytest.raises(InferenceServerException) as info:
         client.infer("identity_fp32", [big])
     assert "RESOURCE_EXHAUSTED" in str(info.value.status())
-    assert "larger than max" in info.value.message()
+    assert "message larger than max" in info.value.message()
     assert_simple(client)
 
 

@@ -149,7 +149,7 @@ class GrpcConnection(asyncio.Protocol):
         path = fields.get(b":path", b"")
         call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
         if call is None:
-            self.answer_early(stream_id, wire.UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
+            self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
             return
         self.calls[stream_id] = call
         encoding = fields.get(b"grpc-encoding", b"identity")
@@ -192,7 +192,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         self.end_call(stream_id).cancel()
         self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED,
-                          f"received message larger than max ({declared} vs. {self.options.max_message_size})",
+                          f"SERVER: Received message larger than max ({declared} vs. {self.options.max_message_size})",
                           call.headers_sent)
 
     def on_closed(self, stream_id: int, error_code: int) -> None:
