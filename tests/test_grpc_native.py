@@ -331,3 +331,27 @@ def test_decompression_is_bounded() -> None:
     assert info.value.code == wire.UNIMPLEMENTED
     with pytest.raises(wire.DecompressError):
         wire.decompress(b"not gzip at all", b"gzip", 10_000)
+
+
+def test_without_the_extension_serve_falls_back_to_grpcio() -> None:
+    """A build without libnghttp2: `fastoip serve` says so and serves gRPC with grpcio."""
+    import sys
+
+    script = ("import sys; sys.modules['fastoip.server.grpc._http2'] = None; from fastoip.cli import main; "
+              "sys.exit(main(['serve', '--grpc-port', '0', '--http-port', '-1', '--metrics-port', '-1']))")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "grpc listening on" in line:
+                break
+        port = int(lines[-1].rsplit(":", 1)[1])
+        assert tg.InferenceServerClient(f"127.0.0.1:{port}").is_server_live()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    text = "".join(lines)
+    assert "fastoip: grpc frontend grpcio" in text
+    assert "the native one was not built" in text
