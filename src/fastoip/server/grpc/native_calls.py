@@ -270,7 +270,11 @@ class UnaryCall(Call):
         if self.inline:
             self.complete(*self.invoke(request))
         else:
-            future = self.loop.run_in_executor(self.executor, self.invoke, request)
+            try:
+                future = self.loop.run_in_executor(self.executor, self.invoke, request)
+            except RuntimeError:  # the control pool is shut down: the server is stopping
+                self.fail(wire.UNAVAILABLE, "the server is shutting down")
+                return
             future.add_done_callback(lambda f: self.complete(*f.result()))
 
     def invoke(self, request: Message) -> tuple[int, bytes | str]:
