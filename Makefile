@@ -10,13 +10,14 @@ ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx
+$(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
+	sh scripts/native_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
 
-build: venv  ## rebuild the codec after editing _codec.pyx
+build: venv  ## rebuild the native extensions after editing a .pyx
 	$(BIN)/python setup.py build_ext --inplace
 
 serve: venv  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
@@ -75,4 +76,5 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c src/fastoip/_shmguard*.so
+	rm -rf $(VENV) $(COMPAT_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
+		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so

@@ -1,6 +1,8 @@
-"""Build the native extensions (codec, shared-memory guard); all other metadata lives in pyproject.toml."""
+"""Build the native extensions: codec, shared-memory guard, HTTP/2 on libnghttp2 (when its headers exist)."""
 
 import os
+import shutil
+import subprocess
 
 import numpy
 from Cython.Build import cythonize
@@ -24,6 +26,41 @@ extensions = [
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
 ]
+
+
+
+def nghttp2_flags() -> "dict | None":
+    """Compiler/linker flags for libnghttp2, or None when its headers are not installed."""
+    if shutil.which("pkg-config"):
+        probe = subprocess.run(["pkg-config", "--cflags", "--libs", "libnghttp2"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            flags = probe.stdout.split()
+            return {
+                "include_dirs": [f[2:] for f in flags if f.startswith("-I")],
+                "library_dirs": [f[2:] for f in flags if f.startswith("-L")],
+                "libraries": [f[2:] for f in flags if f.startswith("-l")] or ["nghttp2"],
+            }
+    if os.path.exists("/usr/include/nghttp2/nghttp2.h"):
+        return {"libraries": ["nghttp2"]}
+    return None
+
+
+HTTP2 = nghttp2_flags()
+if HTTP2 is None or os.environ.get("FASTOIP_NO_NATIVE_GRPC") == "1":
+    print(
+        "fastoip: libnghttp2 headers not found (apt-get install libnghttp2-dev): the native gRPC frontend "
+        "is not built; fastoip serve falls back to the grpcio frontend",
+        flush=True,
+    )
+else:
+    extensions.append(
+        Extension(
+            "fastoip.server.grpc._http2",
+            ["src/fastoip/server/grpc/_http2.pyx"],
+            extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
+            **HTTP2,
+        )
+    )
 
 setup(
     ext_modules=cythonize(

@@ -222,6 +222,7 @@ def write_fastoip_repos(args: argparse.Namespace) -> None:
 # other people's servers on this machine may hold.
 PORTS = {
     "fastoip": (18001, 18000), "fastoip-batch": (18003, 18002), "fastoip-nobatch": (18005, 18004),
+    "fastoip-native": (18007, 18006),
     "fastoip-aio": (18021, None), "grpcio-sync": (18051, None), "grpcio-aio": (18052, None),
     "kserve": (18181, 18180), "mlserver": (18081, 18080), "mlserver-ab": (18081, 18080),
     "pytriton": (18101, 18100), "pytriton-db": (18101, 18100),
@@ -229,6 +230,7 @@ PORTS = {
 AUX_PORT = {"mlserver": 18082, "mlserver-ab": 18082, "pytriton": 18102, "pytriton-db": 18102}
 NOTES = {
     "fastoip": "fastoip serve (sync grpcio frontend), repository `std` (demo configs)",
+    "fastoip-native": "fastoip serve --grpc-frontend native (libnghttp2 on uvloop), repository `std`",
     "fastoip-batch": "fastoip serve, mlp with dynamic_batching (max_batch_size 64, queue delay {delay} us)",
     "fastoip-nobatch": "fastoip serve, mlp without dynamic_batching (max_batch_size 64)",
     "fastoip-aio": "benchmarks/aio_frontend.py: grpc.aio + uvloop, fastoip codec + Core.infer_async",
@@ -242,6 +244,7 @@ NOTES = {
 }
 SERVER_KINDS = {
     "fastoip": "fastoip", "fastoip-batch": "fastoip", "fastoip-nobatch": "fastoip", "fastoip-aio": "fastoip-aio",
+    "fastoip-native": "fastoip",
     "grpcio-sync": "ceiling", "grpcio-aio": "ceiling", "kserve": "kserve", "mlserver": "mlserver",
     "mlserver-ab": "mlserver", "pytriton": "pytriton", "pytriton-db": "pytriton",
 }
@@ -275,6 +278,10 @@ def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bo
                 "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
                 "--http-port", str(http_port if http else -1), "--metrics-port", "-1", "--exit-timeout", "5",
                 "--log-level", "WARNING"] + shlex.split(args.fastoip_args)
+        # "fastoip" stays the grpcio frontend it always measured; "fastoip-native" runs beside it.
+        frontend = {"fastoip": "grpcio", "fastoip-native": "native"}.get(name)
+        if frontend is not None:
+            argv += ["--grpc-frontend", frontend]
         if variant is not None:
             argv += variant["args"]
         spec.update(argv=argv, env=fastoip_env(), ready_line="fastoip: grpc listening")
@@ -878,10 +885,13 @@ def suite_plan(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "grpc-e2e": dict(
             conc=[1, 8, 64], models=["simple", "image_identity"],
-            entries=[("fastoip", None, ["grpc"]), ("grpcio-sync", None, ["grpc"]), ("grpcio-aio", None, ["grpc"]),
+            entries=[("fastoip", None, ["grpc"]), ("fastoip-native", None, ["grpc"]), ("grpcio-sync", None, ["grpc"]),
+                     ("grpcio-aio", None, ["grpc"]),
                      ("kserve", None, ["grpc"]), ("mlserver", None, ["grpc"]), ("pytriton", None, ["grpc"])],
-            peers_default=False, subjects=[("fastoip", "grpc")],
-            targets=[("ceiling", "fastoip", "simple", 64, 0.70), ("ceiling", "fastoip", "image_identity", 1, 0.60)]),
+            peers_default=False, subjects=[("fastoip", "grpc"), ("fastoip-native", "grpc")],
+            targets=[("ceiling", "fastoip", "simple", 64, 0.70), ("ceiling", "fastoip", "image_identity", 1, 0.60),
+                     ("ceiling", "fastoip-native", "simple", 64, 1.5),
+                     ("ceiling", "fastoip-native", "image_identity", 1, 1.5)]),
         "batching": dict(
             conc=[1, 16, 64], models=["mlp", "simple"],
             entries=[("fastoip-nobatch", ["mlp"], ["grpc"]), ("fastoip-batch", ["mlp", "simple"], ["grpc"]),

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from models import identity_model_bytes
 from onnx import TensorProto
 
+from models import identity_model_bytes
 from serverproc import ServerProcess
 
 

@@ -31,6 +31,7 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
                    help="gRPC handler threads: bounds calls in progress (an open stream holds one); "
                         "16 measured best on 2 cores for small and batched models alike")
+    _native_grpc_flags(p)
     p.add_argument("--http-host", default=os.environ.get("FASTOIP_HTTP_HOST"),
                    help="HTTP bind address (default: --host)")
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),
@@ -131,6 +132,8 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         metrics_host=triton.metrics_host,
         metrics_config=metrics_config,
         cache_size_bytes=cache.size_bytes,
+        grpc_frontend=args.grpc_frontend,
+        grpc_native=_native_grpc_options(args),  # type: ignore[arg-type]
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
         max_message_size=args.grpc_max_message_size,
@@ -156,6 +159,45 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
             use_gpu=not args.cpu_only,
             allow_code_loads=args.model_control_allow_code,
         ),
+    )
+
+
+def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default=os.environ.get("FASTOIP_GRPC_FRONTEND"),
+                   help="native: libnghttp2 on the uvloop loop, no thread per call (default when it was built); "
+                        "grpcio: the sync grpcio server (--grpc-workers threads)")
+    p.add_argument("--grpc-max-concurrent-streams", type=int, default=1024,
+                   help="native: HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS)")
+    p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000,
+                   help="native: ms of silence before the server PINGs a connection (0: never; Triton's default)")
+    p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000,
+                   help="native: ms to wait for that PING's ACK before closing the connection")
+    p.add_argument("--grpc-max-connection-age", type=int, default=0,
+                   help="native: ms after which a connection gets GOAWAY so clients rebalance (0: never)")
+    p.add_argument("--grpc-max-connection-age-grace", type=int, default=0,
+                   help="native: ms a connection past its age keeps for its calls (0: until they end)")
+    p.add_argument("--grpc-use-ssl", action="store_true", help="native: TLS (ALPN h2)")
+    p.add_argument("--grpc-use-ssl-mutual", action="store_true", help="native: TLS requiring client certificates")
+    p.add_argument("--grpc-server-cert", default="", help="PEM certificate chain for --grpc-use-ssl")
+    p.add_argument("--grpc-server-key", default="", help="PEM private key for --grpc-use-ssl")
+    p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
+
+
+def _native_grpc_options(args: argparse.Namespace) -> object:
+    from .server.grpc.native_options import NativeGrpcOptions
+
+    return NativeGrpcOptions(
+        max_message_size=args.grpc_max_message_size,
+        max_concurrent_streams=args.grpc_max_concurrent_streams,
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
+        use_ssl_mutual=args.grpc_use_ssl_mutual,
+        server_cert=args.grpc_server_cert,
+        server_key=args.grpc_server_key,
+        root_cert=args.grpc_root_cert,
     )
 
 

@@ -27,11 +27,6 @@ BACKENDS = ("onnxruntime", "python")
 
 #: Triton flags fastoip knows it cannot honour, and why (argparse names every other unknown flag).
 UNSUPPORTED = {
-    "--grpc-use-ssl": "TLS is terminated in front of fastoip (ingress or sidecar)",
-    "--grpc-use-ssl-mutual": "TLS is terminated in front of fastoip (ingress or sidecar)",
-    "--grpc-server-cert": "TLS is terminated in front of fastoip (ingress or sidecar)",
-    "--grpc-server-key": "TLS is terminated in front of fastoip (ingress or sidecar)",
-    "--grpc-root-cert": "TLS is terminated in front of fastoip (ingress or sidecar)",
     "--allow-sagemaker": "the SageMaker frontend is not implemented",
     "--allow-vertex-ai": "the Vertex AI frontend is not implemented",
     "--trace-config": "use the trace extension (POST v2/trace/setting) instead",

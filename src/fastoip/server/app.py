@@ -15,12 +15,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .. import metrics
 from ..core import Core
 from ..repository import RepositoryOptions
 from .grpc import INT32_MAX, create_server
+
+if TYPE_CHECKING:
+    from .grpc.native_options import NativeGrpcOptions
 
 log = logging.getLogger("fastoip")
 
@@ -39,6 +42,10 @@ class ServeOptions:
     host: str = "127.0.0.1"
     grpc_port: int = 8001
     grpc_workers: int = 16
+    #: "native" (libnghttp2 on uvloop), "grpcio", or None: native when it was built, else grpcio.
+    grpc_frontend: str | None = None
+    #: The native frontend's settings (keepalive, TLS, windows); None: defaults.
+    grpc_native: NativeGrpcOptions | None = None
     max_message_size: int = INT32_MAX
     http_host: Optional[str] = None
     #: -1 turns HTTP off; 0 picks a free port.
@@ -103,7 +110,17 @@ class Server:
         options = self.options
         log.info("model repository: %s", self.core.repository_root)
         self.core.load_models()
-        if options.grpc_enabled:
+        frontend = choose_grpc_frontend(options.grpc_frontend) if options.grpc_enabled else "off"
+        if frontend == "native":
+            from .grpc.native_options import NativeGrpcOptions
+            from .grpc.native_server import create_native_server
+
+            native = options.grpc_native or NativeGrpcOptions()
+            native.max_message_size = options.max_message_size
+            self.grpc_server, self.grpc_port = create_native_server(self.core, options.host, options.grpc_port, native)
+        elif frontend == "grpcio":
+            if options.grpc_native is not None and options.grpc_native.use_ssl:
+                raise RuntimeError("--grpc-use-ssl needs the native gRPC frontend")
             self.grpc_server, self.grpc_port = create_server(
                 self.core,
                 options.host,
@@ -120,6 +137,7 @@ class Server:
         if self.grpc_server is not None:
             self.grpc_server.start()
             # Tests and scripts read these lines to learn the bound ports.
+            print(f"fastoip: grpc frontend {frontend}", flush=True)
             print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
         if options.http_port >= 0:
             from .http import HttpServer
@@ -175,6 +193,21 @@ class Server:
             self.metrics_server.stop()
         self.core.close()
         print("fastoip: stopped", flush=True)
+
+
+def choose_grpc_frontend(requested: str | None) -> str:
+    """The gRPC frontend to run: the one asked for, else native when its extension was built (else grpcio)."""
+    if requested == "grpcio":
+        return "grpcio"
+    try:
+        from .grpc import _http2  # noqa: F401
+    except ImportError as exc:
+        if requested == "native":
+            raise RuntimeError(f"--grpc-frontend native: the native extension is not built ({exc})") from None
+        log.info("gRPC frontend: grpcio (the native one was not built: %s; apt-get install libnghttp2-dev "
+                 "and reinstall to build it)", exc)
+        return "grpcio"
+    return "native"
 
 
 def serve(options: ServeOptions) -> int:

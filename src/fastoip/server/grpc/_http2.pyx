@@ -1,0 +1,599 @@
+# cython: language_level=3
+"""A server-side HTTP/2 session on libnghttp2, shaped for gRPC.
+
+Rules:
+- nghttp2 does all of HTTP/2: framing, HPACK, flow control, SETTINGS/PING
+  acknowledgements, stream state and protocol-error handling.  This module only
+  moves bytes in and out of it and turns its callbacks into events.
+- gRPC's 5-byte message prefix is parsed here, bounds-checked against the
+  maximum message size before any buffering, so Python sees whole messages.
+- Nothing here touches sockets or the event loop: ``receive`` takes bytes and
+  returns events, ``data_to_send`` returns the bytes to write.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+
+cdef extern from "nghttp2/nghttp2.h":
+    ctypedef struct nghttp2_session:
+        pass
+    ctypedef struct nghttp2_session_callbacks:
+        pass
+    ctypedef struct nghttp2_option:
+        pass
+
+    ctypedef struct nghttp2_nv:
+        uint8_t *name
+        uint8_t *value
+        size_t namelen
+        size_t valuelen
+        uint8_t flags
+
+    ctypedef struct nghttp2_frame_hd:
+        size_t length
+        int32_t stream_id
+        uint8_t type
+        uint8_t flags
+
+    ctypedef enum nghttp2_headers_category:
+        NGHTTP2_HCAT_REQUEST
+        NGHTTP2_HCAT_RESPONSE
+        NGHTTP2_HCAT_PUSH_RESPONSE
+        NGHTTP2_HCAT_HEADERS
+
+    ctypedef struct nghttp2_headers:
+        nghttp2_frame_hd hd
+        nghttp2_headers_category cat
+
+    ctypedef union nghttp2_frame:
+        nghttp2_frame_hd hd
+        nghttp2_headers headers
+
+    ctypedef struct nghttp2_settings_entry:
+        int32_t settings_id
+        uint32_t value
+
+    ctypedef union nghttp2_data_source:
+        int fd
+        void *ptr
+
+    ctypedef ssize_t (*nghttp2_data_source_read_callback)(
+        nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+        uint32_t *data_flags, nghttp2_data_source *source, void *user_data) noexcept
+
+    ctypedef struct nghttp2_data_provider:
+        nghttp2_data_source source
+        nghttp2_data_source_read_callback read_callback
+
+    ctypedef int (*nghttp2_on_frame_recv_callback)(
+        nghttp2_session *session, const nghttp2_frame *frame, void *user_data) noexcept
+    ctypedef int (*nghttp2_on_begin_headers_callback)(
+        nghttp2_session *session, const nghttp2_frame *frame, void *user_data) noexcept
+    ctypedef int (*nghttp2_on_header_callback)(
+        nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+        const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) noexcept
+    ctypedef int (*nghttp2_on_data_chunk_recv_callback)(
+        nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+        void *user_data) noexcept
+    ctypedef int (*nghttp2_on_stream_close_callback)(
+        nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) noexcept
+
+    enum:
+        NGHTTP2_FLAG_NONE
+        NGHTTP2_FLAG_END_STREAM
+        NGHTTP2_FLAG_ACK
+        NGHTTP2_DATA
+        NGHTTP2_HEADERS
+        NGHTTP2_PING
+        NGHTTP2_NV_FLAG_NONE
+        NGHTTP2_DATA_FLAG_NONE
+        NGHTTP2_DATA_FLAG_EOF
+        NGHTTP2_DATA_FLAG_NO_END_STREAM
+        NGHTTP2_ERR_DEFERRED
+        NGHTTP2_ERR_CALLBACK_FAILURE
+        NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+        NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS
+        NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE
+        NGHTTP2_SETTINGS_MAX_FRAME_SIZE
+        NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
+        NGHTTP2_NO_ERROR
+        NGHTTP2_PROTOCOL_ERROR
+        NGHTTP2_INTERNAL_ERROR
+        NGHTTP2_CANCEL
+        NGHTTP2_REFUSED_STREAM
+
+    int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr)
+    void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks)
+    void nghttp2_session_callbacks_set_on_frame_recv_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_on_frame_recv_callback cb)
+    void nghttp2_session_callbacks_set_on_begin_headers_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_on_begin_headers_callback cb)
+    void nghttp2_session_callbacks_set_on_header_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_on_header_callback cb)
+    void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb)
+    void nghttp2_session_callbacks_set_on_stream_close_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_on_stream_close_callback cb)
+
+    int nghttp2_option_new(nghttp2_option **option_ptr)
+    void nghttp2_option_del(nghttp2_option *option)
+    void nghttp2_option_set_max_outbound_ack(nghttp2_option *option, size_t val)
+
+    int nghttp2_session_server_new2(
+        nghttp2_session **session_ptr, const nghttp2_session_callbacks *callbacks, void *user_data,
+        const nghttp2_option *option)
+    void nghttp2_session_del(nghttp2_session *session)
+    ssize_t nghttp2_session_mem_recv(nghttp2_session *session, const uint8_t *data, size_t inlen)
+    ssize_t nghttp2_session_mem_send(nghttp2_session *session, const uint8_t **data_ptr)
+    int nghttp2_session_want_read(nghttp2_session *session)
+    int nghttp2_session_want_write(nghttp2_session *session)
+    int nghttp2_session_set_local_window_size(
+        nghttp2_session *session, uint8_t flags, int32_t stream_id, int32_t window_size)
+    int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session *session)
+    int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags, const nghttp2_settings_entry *iv,
+                                size_t niv)
+    int nghttp2_submit_response(nghttp2_session *session, int32_t stream_id, const nghttp2_nv *nva, size_t nvlen,
+                                const nghttp2_data_provider *data_prd)
+    int nghttp2_submit_trailer(nghttp2_session *session, int32_t stream_id, const nghttp2_nv *nva, size_t nvlen)
+    int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id)
+    int nghttp2_submit_rst_stream(nghttp2_session *session, uint8_t flags, int32_t stream_id, uint32_t error_code)
+    int nghttp2_submit_shutdown_notice(nghttp2_session *session)
+    int nghttp2_submit_goaway(nghttp2_session *session, uint8_t flags, int32_t last_stream_id, uint32_t error_code,
+                              const uint8_t *opaque_data, size_t opaque_data_len)
+    int nghttp2_submit_ping(nghttp2_session *session, uint8_t flags, const uint8_t *opaque_data)
+    const char *nghttp2_strerror(int lib_error_code)
+
+
+# Event kinds: each event is a tuple (kind, stream_id, payload, number).
+REQUEST = 1        # payload: list of (name, value) bytes pairs; number: 0
+MESSAGE = 2        # payload: the message (bytes, or a bytearray nobody else holds); number: the compressed flag
+END_STREAM = 3     # payload: None; number: bytes of an incomplete message left over (0 when clean)
+CLOSED = 4         # payload: None; number: the HTTP/2 error code (0: closed normally)
+TOO_LARGE = 5      # payload: None; number: the declared message length (over the limit)
+PING_ACK = 6       # payload: None; number: 0
+
+NO_ERROR = NGHTTP2_NO_ERROR
+PROTOCOL_ERROR = NGHTTP2_PROTOCOL_ERROR
+INTERNAL_ERROR = NGHTTP2_INTERNAL_ERROR
+CANCEL = NGHTTP2_CANCEL
+REFUSED_STREAM = NGHTTP2_REFUSED_STREAM
+
+cdef enum:
+    PREFIX = 5  # gRPC's length prefix: 1 byte compressed flag + 4 bytes big-endian length
+
+
+class Http2Error(Exception):
+    """The peer broke the HTTP/2 protocol (or nghttp2 failed): close the connection."""
+
+
+cdef class _Stream:
+    """What this side keeps about one request stream."""
+
+    cdef int32_t stream_id
+    cdef list headers
+    cdef bint headers_done
+    cdef bytearray inbuf          # received bytes of a message not complete yet
+    cdef bint broken              # a message over the limit arrived: ignore the rest
+    cdef list out                 # bytes chunks waiting to go out as DATA
+    cdef Py_ssize_t out_offset    # bytes of out[0] already sent
+    cdef Py_ssize_t out_bytes     # bytes in out not sent yet
+    cdef list trailers            # set once the response is complete
+    cdef bint deferred            # the data provider said DEFERRED: resume on new data
+    cdef bint responded           # response HEADERS submitted
+
+    def __cinit__(self, int32_t stream_id):
+        self.stream_id = stream_id
+        self.headers = []
+        self.inbuf = bytearray()
+        self.out = []
+
+
+cdef class Http2Session:
+    """One HTTP/2 server connection's protocol state (see the module rules)."""
+
+    cdef nghttp2_session *_session
+    cdef dict _streams
+    cdef list _events
+    cdef Py_ssize_t _max_message
+    cdef object _failure
+    cdef uint8_t *_outbuf
+    cdef size_t _outcap
+    cdef Py_ssize_t _queued       # response bytes waiting for the peer's flow-control window, all streams
+
+    def __cinit__(self):
+        self._session = NULL
+        self._outbuf = NULL
+        self._outcap = 0
+
+    def __init__(self, Py_ssize_t max_message_size, uint32_t max_concurrent_streams=1024,
+                 int32_t stream_window=8 * 1024 * 1024, int32_t connection_window=64 * 1024 * 1024,
+                 uint32_t max_frame_size=256 * 1024, uint32_t max_header_list_size=64 * 1024):
+        cdef nghttp2_session_callbacks *callbacks
+        cdef nghttp2_option *option
+        cdef nghttp2_settings_entry settings[4]
+        cdef int rv
+        self._streams = {}
+        self._queued = 0
+        self._events = []
+        self._max_message = max_message_size
+        self._failure = None
+        if nghttp2_session_callbacks_new(&callbacks) != 0:
+            raise MemoryError()
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, _on_frame_recv)
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, _on_begin_headers)
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, _on_header)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, _on_data_chunk)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, _on_stream_close)
+        if nghttp2_option_new(&option) != 0:
+            nghttp2_session_callbacks_del(callbacks)
+            raise MemoryError()
+        # A flood of PINGs / SETTINGS whose ACKs pile up unsent ends the connection (nghttp2's guard).
+        nghttp2_option_set_max_outbound_ack(option, 1000)
+        rv = nghttp2_session_server_new2(&self._session, callbacks, <void *>self, option)
+        nghttp2_option_del(option)
+        nghttp2_session_callbacks_del(callbacks)
+        if rv != 0:
+            raise MemoryError(nghttp2_strerror(rv).decode())
+        settings[0].settings_id = NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS
+        settings[0].value = max_concurrent_streams
+        settings[1].settings_id = NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE
+        settings[1].value = <uint32_t>stream_window
+        settings[2].settings_id = NGHTTP2_SETTINGS_MAX_FRAME_SIZE
+        settings[2].value = max_frame_size
+        settings[3].settings_id = NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
+        settings[3].value = max_header_list_size
+        rv = nghttp2_submit_settings(self._session, NGHTTP2_FLAG_NONE, settings, 4)
+        if rv == 0:
+            # The connection window is not a SETTING: it grows by a WINDOW_UPDATE on stream 0.
+            rv = nghttp2_session_set_local_window_size(self._session, NGHTTP2_FLAG_NONE, 0, connection_window)
+        if rv != 0:
+            raise ValueError(nghttp2_strerror(rv).decode())
+
+    def __dealloc__(self):
+        if self._session != NULL:
+            nghttp2_session_del(self._session)
+            self._session = NULL
+        if self._outbuf != NULL:
+            free(self._outbuf)
+            self._outbuf = NULL
+
+    # -- input -------------------------------------------------------------------------------
+    def receive(self, const uint8_t[::1] data not None):
+        """Feed received bytes; the events they completed, in order."""
+        cdef ssize_t rv
+        cdef list events
+        if data.shape[0] > 0:
+            rv = nghttp2_session_mem_recv(self._session, &data[0], data.shape[0])
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise failure
+            if rv < 0:
+                raise Http2Error(nghttp2_strerror(<int>rv).decode())
+        events, self._events = self._events, []
+        return events
+
+    cdef int _data_chunk(self, int32_t stream_id, const uint8_t *data, size_t length) except -1:
+        cdef _Stream stream = self._streams.get(stream_id)
+        cdef bytearray buf
+        cdef size_t declared
+        cdef const uint8_t *p
+        cdef Py_ssize_t old_size
+        cdef uint8_t compressed
+        if stream is None or stream.broken:
+            return 0
+        buf = stream.inbuf
+        # Copy on the way in: exactly one, from nghttp2's receive buffer into the message's bytes (fast
+        # path) or into the stream's bytearray (a message that arrives in pieces, handed over as it is).
+        # Fast path: whole messages straight from nghttp2's buffer, one copy into a bytes object.
+        while len(buf) == 0 and length >= PREFIX:
+            declared = (<size_t>data[1] << 24) | (<size_t>data[2] << 16) | (<size_t>data[3] << 8) | data[4]
+            if <Py_ssize_t>declared > self._max_message:
+                return self._too_large(stream, declared)
+            if length - PREFIX < declared:
+                break
+            self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>data + PREFIX, declared),
+                                 data[0]))
+            data += PREFIX + declared
+            length -= PREFIX + declared
+        if length == 0:
+            return 0
+        old_size = PyByteArray_GET_SIZE(buf)
+        PyByteArray_Resize(buf, old_size + length)
+        memcpy(PyByteArray_AS_STRING(buf) + old_size, data, length)
+        while len(buf) >= PREFIX:
+            p = <const uint8_t *>PyByteArray_AS_STRING(buf)
+            declared = (<size_t>p[1] << 24) | (<size_t>p[2] << 16) | (<size_t>p[3] << 8) | p[4]
+            if <Py_ssize_t>declared > self._max_message:
+                return self._too_large(stream, declared)
+            if <size_t>len(buf) - PREFIX < declared:
+                break
+            if <size_t>len(buf) - PREFIX == declared:
+                # The buffer holds exactly this message (how large ones end): hand the buffer itself over
+                # (dropping the prefix moves its start, no copy) instead of copying it into a bytes object.
+                compressed = p[0]
+                del buf[:PREFIX]
+                stream.inbuf = bytearray()
+                self._events.append((MESSAGE, stream_id, buf, compressed))
+                break
+            self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>p + PREFIX, declared),
+                                 p[0]))
+            del buf[:PREFIX + declared]
+        return 0
+
+    cdef int _too_large(self, _Stream stream, size_t declared) except -1:
+        stream.broken = True
+        stream.inbuf = bytearray()
+        self._events.append((TOO_LARGE, stream.stream_id, None, declared))
+        return 0
+
+    # -- output ------------------------------------------------------------------------------
+    def data_to_send(self):
+        """Everything nghttp2 has ready to write (b'' when nothing).
+
+        Copies on the way out: the data provider copies a response into nghttp2's frame buffer (_read),
+        each serialized frame is copied into one scratch buffer here, and that into the returned bytes
+        (one write per flush instead of one per frame).  Left for later: nghttp2_session_send with
+        NGHTTP2_DATA_FLAG_NO_COPY would skip the first for large responses.
+        """
+        cdef const uint8_t *chunk
+        cdef ssize_t n
+        cdef size_t used = 0
+        cdef uint8_t *grown
+        while True:
+            n = nghttp2_session_mem_send(self._session, &chunk)
+            if n < 0:
+                raise Http2Error(nghttp2_strerror(<int>n).decode())
+            if n == 0:
+                break
+            if used + n > self._outcap:
+                grown = <uint8_t *>realloc(self._outbuf, max(self._outcap * 2, used + n, 65536))
+                if grown == NULL:
+                    raise MemoryError()
+                self._outbuf = grown
+                self._outcap = max(self._outcap * 2, used + n, 65536)
+            memcpy(self._outbuf + used, chunk, n)
+            used += n
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        return PyBytes_FromStringAndSize(<const char *>self._outbuf, used) if used else b""
+
+    def want_read(self) -> bool:
+        return nghttp2_session_want_read(self._session) != 0
+
+    def want_write(self) -> bool:
+        return nghttp2_session_want_write(self._session) != 0
+
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def queued_bytes(self) -> int:
+        """Response bytes not yet handed to nghttp2 (a peer that does not read makes this grow)."""
+        return self._queued
+
+    def is_open(self, int32_t stream_id) -> bool:
+        return stream_id in self._streams
+
+    def send_headers(self, int32_t stream_id, list headers):
+        """Response HEADERS; the body follows with send_message and ends with send_trailers."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        cdef nghttp2_data_provider provider
+        if stream is None or stream.responded:
+            return False
+        provider.source.ptr = NULL
+        provider.read_callback = _read_data
+        stream.responded = True
+        self._submit(stream_id, headers, &provider, False)
+        return True
+
+    def send_headers_only(self, int32_t stream_id, list headers):
+        """One HEADERS frame with END_STREAM (gRPC's Trailers-Only, or a plain HTTP error)."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        if stream is None or stream.responded:
+            return False
+        stream.responded = True
+        self._submit(stream_id, headers, NULL, False)
+        return True
+
+    def send_message(self, int32_t stream_id, bytes message not None, bint compressed=False):
+        """One gRPC message (prefix + bytes) as DATA on a stream whose HEADERS went out."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(message)
+        cdef bytes prefix
+        if stream is None or stream.trailers is not None:
+            return False
+        if size > 0xFFFFFFFF:
+            raise ValueError("gRPC message over 4 GiB")
+        prefix = bytes((1 if compressed else 0, (size >> 24) & 0xFF, (size >> 16) & 0xFF, (size >> 8) & 0xFF,
+                        size & 0xFF))
+        stream.out.append(prefix)
+        if size:
+            stream.out.append(message)
+        stream.out_bytes += PREFIX + size
+        self._queued += PREFIX + size
+        self._resume(stream)
+        return True
+
+    def send_trailers(self, int32_t stream_id, list trailers):
+        """End the response: trailers go out after the DATA already queued."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        if stream is None or stream.trailers is not None:
+            return False
+        stream.trailers = trailers
+        self._resume(stream)
+        return True
+
+    def reset(self, int32_t stream_id, uint32_t error_code):
+        """RST_STREAM (e.g. NO_ERROR after an early answer, CANCEL on a deadline)."""
+        if stream_id in self._streams:
+            nghttp2_submit_rst_stream(self._session, NGHTTP2_FLAG_NONE, stream_id, error_code)
+
+    def shutdown_notice(self):
+        """The first GOAWAY of a graceful shutdown (last stream id 2^31-1): stop opening streams."""
+        nghttp2_submit_shutdown_notice(self._session)
+
+    def goaway(self, uint32_t error_code=NGHTTP2_NO_ERROR):
+        """The final GOAWAY: streams above the last one processed are refused."""
+        nghttp2_submit_goaway(self._session, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(self._session),
+                              error_code, NULL, 0)
+
+    def ping(self):
+        nghttp2_submit_ping(self._session, NGHTTP2_FLAG_NONE, NULL)
+
+    cdef void _resume(self, _Stream stream):
+        if stream.deferred:
+            stream.deferred = False
+            nghttp2_session_resume_data(self._session, stream.stream_id)
+
+    cdef int _submit(self, int32_t stream_id, list headers, const nghttp2_data_provider *provider,
+                     bint trailer) except -1:
+        cdef Py_ssize_t count = len(headers)
+        cdef nghttp2_nv *nva = <nghttp2_nv *>malloc(max(count, 1) * sizeof(nghttp2_nv))
+        cdef Py_ssize_t i
+        cdef bytes name, value
+        cdef int rv
+        if nva == NULL:
+            raise MemoryError()
+        try:
+            for i in range(count):
+                name, value = headers[i]
+                nva[i].name = <uint8_t *>PyBytes_AS_STRING(name)
+                nva[i].namelen = PyBytes_GET_SIZE(name)
+                nva[i].value = <uint8_t *>PyBytes_AS_STRING(value)
+                nva[i].valuelen = PyBytes_GET_SIZE(value)
+                nva[i].flags = NGHTTP2_NV_FLAG_NONE
+            # nghttp2 copies the header block: the bytes objects need not outlive the call.
+            if trailer:
+                rv = nghttp2_submit_trailer(self._session, stream_id, nva, count)
+            else:
+                rv = nghttp2_submit_response(self._session, stream_id, nva, count, provider)
+        finally:
+            free(nva)
+        if rv != 0:
+            raise Http2Error(nghttp2_strerror(rv).decode())
+        return 0
+
+    cdef ssize_t _read(self, int32_t stream_id, uint8_t *buf, size_t length, uint32_t *data_flags) except? -999:
+        """Fill one DATA frame from the stream's queued chunks (nghttp2's data provider)."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        cdef size_t written = 0, take
+        cdef bytes chunk
+        cdef Py_ssize_t left
+        if stream is None:
+            return NGHTTP2_ERR_CALLBACK_FAILURE
+        while written < length and stream.out:
+            chunk = stream.out[0]
+            left = PyBytes_GET_SIZE(chunk) - stream.out_offset
+            take = min(<size_t>left, length - written)
+            memcpy(buf + written, PyBytes_AS_STRING(chunk) + stream.out_offset, take)
+            written += take
+            stream.out_bytes -= take
+            self._queued -= take
+            if take == <size_t>left:
+                del stream.out[0]
+                stream.out_offset = 0
+            else:
+                stream.out_offset += take
+        if not stream.out and stream.trailers is not None:
+            data_flags[0] |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM
+            self._submit(stream_id, stream.trailers, NULL, True)
+            return written
+        if written == 0:
+            stream.deferred = True
+            return NGHTTP2_ERR_DEFERRED
+        return written
+
+
+# -- nghttp2 callbacks: C entry points that hand over to the session object -------------------------
+
+cdef int _on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    try:
+        if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
+            self._streams[frame.hd.stream_id] = _Stream(frame.hd.stream_id)
+        return 0
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef int _on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                    const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    cdef _Stream stream
+    try:
+        if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
+            stream = self._streams.get(frame.hd.stream_id)
+            if stream is not None:
+                stream.headers.append((PyBytes_FromStringAndSize(<const char *>name, namelen),
+                                       PyBytes_FromStringAndSize(<const char *>value, valuelen)))
+        return 0
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    cdef _Stream stream
+    cdef int32_t stream_id = frame.hd.stream_id
+    try:
+        if frame.hd.type == NGHTTP2_PING:
+            if frame.hd.flags & NGHTTP2_FLAG_ACK:
+                self._events.append((PING_ACK, 0, None, 0))
+            return 0
+        if frame.hd.type != NGHTTP2_HEADERS and frame.hd.type != NGHTTP2_DATA:
+            return 0
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
+            stream.headers_done = True
+            self._events.append((REQUEST, stream_id, stream.headers, 0))
+            stream.headers = None
+        if frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
+            self._events.append((END_STREAM, stream_id, None, 0 if stream.broken else len(stream.inbuf)))
+            stream.inbuf = bytearray()
+        return 0
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef int _on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t length,
+                        void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    try:
+        self._data_chunk(stream_id, data, length)
+        return 0
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef int _on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    cdef _Stream stream
+    try:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._queued -= stream.out_bytes  # a reset stream's unsent response is dropped with it
+            self._events.append((CLOSED, stream_id, None, error_code))
+        return 0
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef ssize_t _read_data(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                        uint32_t *data_flags, nghttp2_data_source *source, void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    try:
+        return self._read(stream_id, buf, length, data_flags)
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE

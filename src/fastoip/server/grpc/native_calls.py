@@ -1,0 +1,329 @@
+"""The native frontend's calls: one object per HTTP/2 stream, from first message to trailers.
+
+Rules:
+- Everything here runs on the connection's event loop; model execution never
+  does.  Infer requests start through :class:`CoreCalls` (the one place that
+  calls the Core's completion API) and their completion comes back to the loop
+  by ``call_soon_threadsafe``.
+- ModelInfer / ModelStreamInfer use the codec (no protobuf objects); every
+  other RPC is the transport-free translation in :mod:`.service`, cheap ones on
+  the loop, the rest (model load, shared memory, settings) on a small pool.
+- A call answers once: ``finished`` guards against a late completion after a
+  cancel, a deadline or a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Protocol, cast
+
+from google.protobuf.message import DecodeError, Message
+
+from ... import _codec
+from ...core import Core
+from ...errors import InferenceError
+from ...scheduling.job import Job
+from ...types import InferRequest
+from . import wire
+from .service import HEALTH_SERVICE, HEALTH_UNARY, SERVICE, UNARY, GrpcService, decode_request, error_echo
+
+log = logging.getLogger("fastoip.grpc")
+
+#: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).
+INLINE_RPCS = frozenset({
+    "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+    "ModelStatistics", "RepositoryIndex", "Check",
+})
+
+
+class CoreCalls:
+    """Every call the native frontend makes into the Core's completion path.
+
+    The Core's completion API is being reshaped elsewhere: keep all of it here.
+    ``start`` submits without blocking; ``on_finished(job)`` runs on the loop,
+    where ``job.error`` (an InferenceError or None) and ``job.response`` are read.
+    Direct-scheduler models go to the Core's worker pool (``run_here=False``), so
+    the loop never executes a model.
+    """
+
+    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core
+        self.loop = loop
+
+    def start(self, request: InferRequest, deadline_ns: int, on_finished: Callable[[Job], None]) -> Job:
+        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down)."""
+        call_soon = self.loop.call_soon_threadsafe
+
+        def finished_elsewhere(job: Job) -> None:
+            try:
+                call_soon(on_finished, job)
+            except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
+                pass
+
+        return self.core.submit(request, finished_elsewhere, deadline_ns, run_here=False)
+
+    @staticmethod
+    def cancel(job: Job) -> None:
+        """The client went away or its deadline passed: a queued job leaves its queue."""
+        job.cancel()
+
+
+class Responder(Protocol):
+    """What a call needs from its connection to answer."""
+
+    def send_headers(self, stream_id: int) -> None: ...
+    def send_message(self, stream_id: int, message: bytes) -> None: ...
+    def finish(self, stream_id: int, code: int, message: str = "") -> None: ...
+
+
+class Call:
+    """One RPC on one stream; the connection feeds it messages and the end of the request side."""
+
+    __slots__ = ("stream_id", "out", "deadline_ns", "finished", "headers_sent", "messages")
+
+    def __init__(self, stream_id: int, out: Responder, deadline_ns: int) -> None:
+        self.stream_id = stream_id
+        self.out = out
+        self.deadline_ns = deadline_ns
+        self.finished = False
+        self.headers_sent = False
+        self.messages: list[wire.Payload] = []
+
+    def on_message(self, data: wire.Payload) -> None:
+        self.messages.append(data)
+
+    def on_end(self) -> None:
+        """The client half-closed: a unary call has its request now."""
+        if self.finished:
+            return
+        if len(self.messages) != 1:
+            self.fail(wire.INTERNAL, f"a unary call takes one request message, received {len(self.messages)}")
+            return
+        self.run(self.messages.pop())
+
+    def run(self, data: wire.Payload) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """Reset by the client, connection lost, or deadline: stop; the answer (if any) is the caller's."""
+        self.finished = True
+
+    def fail(self, code: int, message: str) -> None:
+        if not self.finished:
+            self.finished = True
+            self.out.finish(self.stream_id, code, message)
+
+    def reply(self, message: bytes) -> None:
+        """The one response message of a unary call, then OK."""
+        if self.finished:
+            return
+        self.finished = True
+        self.headers_sent = True
+        self.out.send_headers(self.stream_id)
+        self.out.send_message(self.stream_id, message)
+        self.out.finish(self.stream_id, wire.OK)
+
+
+class InferCall(Call):
+    """ModelInfer: codec in, Core completion path, codec out."""
+
+    __slots__ = ("core", "job")
+
+    def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
+        super().__init__(stream_id, out, deadline_ns)
+        self.core = core
+        self.job: Job | None = None
+
+    def run(self, data: wire.Payload) -> None:
+        request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
+        if not isinstance(request, InferRequest):
+            self.fail(wire.INVALID_ARGUMENT, request.status_message)
+            return
+        try:
+            self.job = self.core.start(request, self.deadline_ns, self.done)
+        except InferenceError as exc:
+            self.fail(wire.status_code(exc.grpc_code), exc.message)
+
+    def done(self, job: Job) -> None:
+        self.job = None
+        if self.finished:
+            return
+        if job.error is not None:
+            self.fail(wire.status_code(job.error.grpc_code), job.error.message)
+            return
+        try:
+            body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]
+        except Exception as exc:  # an output the codec cannot encode: the client hears why
+            self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
+            return
+        self.reply(body)
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self.job is not None:
+            self.core.cancel(self.job)
+
+
+class StreamInferCall(Call):
+    """ModelStreamInfer: every request starts as it arrives, every response goes out as it finishes.
+
+    An error on one request is that response's ``error_message``; the stream
+    ends (OK) once the client half-closed and every request was answered.
+    """
+
+    __slots__ = ("core", "jobs", "started", "answered", "half_closed")
+
+    def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
+        super().__init__(stream_id, out, deadline_ns)
+        self.core = core
+        self.jobs: set[Job] = set()
+        self.started = 0
+        self.answered = 0
+        self.half_closed = False
+
+    def on_message(self, data: wire.Payload) -> None:
+        if self.finished:
+            return
+        self.started += 1
+        request = decode_request(cast(bytes, data))  # the codec reads any buffer
+        if not isinstance(request, InferRequest):
+            self.answer(_codec.encode_stream_response(None, request.status_message))
+            return
+        try:
+            self.jobs.add(self.core.start(request, self.deadline_ns, self.done))
+        except InferenceError as exc:
+            self.answer(_codec.encode_stream_response(error_echo(request), exc.message))
+
+    def done(self, job: Job) -> None:
+        self.jobs.discard(job)
+        if self.finished:
+            return
+        if job.error is not None:
+            self.answer(_codec.encode_stream_response(error_echo(job.request), job.error.message))
+            return
+        try:
+            body = _codec.encode_stream_response(job.response)
+        except Exception as exc:
+            body = _codec.encode_stream_response(error_echo(job.request), f"cannot encode the response: {exc}")
+        self.answer(body)
+
+    def answer(self, body: bytes) -> None:
+        if not self.headers_sent:
+            self.headers_sent = True
+            self.out.send_headers(self.stream_id)
+        self.out.send_message(self.stream_id, body)
+        self.answered += 1
+        self.end_when_answered()
+
+    def on_end(self) -> None:
+        self.half_closed = True
+        self.end_when_answered()
+
+    def end_when_answered(self) -> None:
+        if self.half_closed and self.answered == self.started and not self.finished:
+            self.finished = True
+            if not self.headers_sent:
+                self.headers_sent = True
+                self.out.send_headers(self.stream_id)
+            self.out.finish(self.stream_id, wire.OK)
+
+    def cancel(self) -> None:
+        super().cancel()
+        for job in list(self.jobs):
+            self.core.cancel(job)
+        self.jobs.clear()
+
+
+class UnaryCall(Call):
+    """Any other unary RPC: protobuf in, the service's translation, protobuf out."""
+
+    __slots__ = ("method", "request_type", "inline", "executor", "loop")
+
+    def __init__(
+        self,
+        stream_id: int,
+        out: Responder,
+        deadline_ns: int,
+        method: Callable[[Message], Message],
+        request_type: type[Message],
+        inline: bool,
+        executor: Executor,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        super().__init__(stream_id, out, deadline_ns)
+        self.method = method
+        self.request_type = request_type
+        self.inline = inline
+        self.executor = executor
+        self.loop = loop
+
+    def run(self, data: wire.Payload) -> None:
+        try:
+            request = self.request_type.FromString(bytes(data))
+        except DecodeError as exc:
+            self.fail(wire.INVALID_ARGUMENT, f"malformed {self.request_type.DESCRIPTOR.name}: {exc}")
+            return
+        if self.inline:
+            self.complete(*self.invoke(request))
+        else:
+            try:
+                future = self.loop.run_in_executor(self.executor, self.invoke, request)
+            except RuntimeError:  # the control pool is shut down: the server is stopping
+                self.fail(wire.UNAVAILABLE, "the server is shutting down")
+                return
+            future.add_done_callback(lambda f: self.complete(*f.result()))
+
+    def invoke(self, request: Message) -> tuple[int, bytes | str]:
+        """(OK, response bytes) or (status, message); runs on the loop or a pool thread."""
+        try:
+            return wire.OK, self.method(request).SerializeToString()
+        except InferenceError as exc:
+            return wire.status_code(exc.grpc_code), exc.message
+        except Exception as exc:  # a bug: the client gets UNKNOWN as grpcio would answer, the log the trace
+            log.exception("gRPC %s failed", self.request_type.DESCRIPTOR.name)
+            return wire.UNKNOWN, f"{type(exc).__name__}: {exc}"
+
+    def complete(self, code: int, result: bytes | str) -> None:
+        if code == wire.OK:
+            assert isinstance(result, bytes)
+            self.reply(result)
+        else:
+            assert isinstance(result, str)
+            self.fail(code, result)
+
+
+class Dispatcher:
+    """``:path`` -> a new call for that RPC (None for paths this server does not serve)."""
+
+    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
+        self.core_calls = CoreCalls(core, loop)
+        self.loop = loop
+        self.executor = executor
+        service = GrpcService(core)
+        self.unary: dict[bytes, tuple[Callable[[Message], Message], type[Message], bool]] = {}
+        for name, (request_type, _) in UNARY.items():
+            self.unary[f"/{SERVICE}/{name}".encode()] = (getattr(service, name), request_type, name in INLINE_RPCS)
+        for name, (request_type, _) in HEALTH_UNARY.items():
+            self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (service.HealthCheck, request_type, True)
+        self.infer_path = f"/{SERVICE}/ModelInfer".encode()
+        self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
+
+    def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
+        if path == self.infer_path:
+            return InferCall(stream_id, out, deadline_ns, self.core_calls)
+        if path == self.stream_path:
+            return StreamInferCall(stream_id, out, deadline_ns, self.core_calls)
+        entry = self.unary.get(path)
+        if entry is None:
+            return None
+        method, request_type, inline = entry
+        return UnaryCall(stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop)
+
+
+def deadline_from(timeout_ns: int | None) -> int:
+    """Absolute monotonic deadline for a grpc-timeout (0: none)."""
+    return time.monotonic_ns() + timeout_ns if timeout_ns else 0

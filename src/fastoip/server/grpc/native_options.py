@@ -1,0 +1,34 @@
+"""Settings of the native gRPC frontend (importable without the native extension, for the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .service import INT32_MAX
+
+
+@dataclass
+class NativeGrpcOptions:
+    """The native frontend's settings (CLI flags named as Triton names them where Triton has one)."""
+
+    max_message_size: int = INT32_MAX
+    max_concurrent_streams: int = 1024
+    #: HTTP/2 stream window: large so a 602 KB request arrives without waiting for WINDOW_UPDATEs.
+    stream_window: int = 8 * 1024 * 1024
+    connection_window: int = 64 * 1024 * 1024
+    #: PING a connection idle this long (ms, Triton's --grpc-keepalive-time; 0 turns it off) ...
+    keepalive_time_ms: int = 7_200_000
+    #: ... and close it when the PING is not answered within this (ms, --grpc-keepalive-timeout).
+    keepalive_timeout_ms: int = 20_000
+    #: GOAWAY a connection this old (ms, Triton's --grpc-max-connection-age; 0: never) so clients
+    #: reconnect through a load balancer ...
+    max_connection_age_ms: int = 0
+    #: ... and close it this long after that GOAWAY (ms, --grpc-max-connection-age-grace; 0: when its calls end).
+    max_connection_age_grace_ms: int = 0
+    use_ssl: bool = False
+    server_cert: str = ""
+    server_key: str = ""
+    root_cert: str = ""
+    use_ssl_mutual: bool = False
+    #: Threads for the slow control RPCs (model load, shared memory); inference never uses them.
+    control_threads: int = 4
