@@ -176,8 +176,10 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="native: ms after which a connection gets GOAWAY so clients rebalance (0: never)")
     p.add_argument("--grpc-max-connection-age-grace", type=int, default=0,
                    help="native: ms a connection past its age keeps for its calls (0: until they end)")
-    p.add_argument("--grpc-use-ssl", action="store_true", help="native: TLS (ALPN h2)")
-    p.add_argument("--grpc-use-ssl-mutual", action="store_true", help="native: TLS requiring client certificates")
+    p.add_argument("--grpc-use-ssl", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
+                   metavar="BOOL", help="native: TLS (ALPN h2); Triton's --grpc-use-ssl=true or the bare switch")
+    p.add_argument("--grpc-use-ssl-mutual", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
+                   metavar="BOOL", help="native: TLS requiring client certificates (=true or the bare switch)")
     p.add_argument("--grpc-server-cert", default="", help="PEM certificate chain for --grpc-use-ssl")
     p.add_argument("--grpc-server-key", default="", help="PEM private key for --grpc-use-ssl")
     p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
