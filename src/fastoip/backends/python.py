@@ -26,7 +26,7 @@ Rules:
 - Schedulers see each instance as ``max_concurrency`` lanes (config
   parameter, default 1): the number of requests that may run on one model
   object at a time (more than 1 is for async models).
-- Requests reach the model whole (``runs_requests``): the content types of
+- Requests reach the model whole (a ``RequestBackend``): the content types of
   the request and of each input decide what ``predict`` gets, and outputs
   carry their content type back (see :mod:`fastoip.content_types`).  When
   the model is batchable, jobs merged by the dynamic batcher that agree on
@@ -742,8 +742,7 @@ def _describe(exc: BaseException) -> str:
 class PythonInstance:
     """What a scheduler holds: one lane into one model object."""
 
-    #: execute.run_jobs hands this backend whole jobs (parameters, content types).
-    runs_requests = True
+    # A RequestBackend (scheduling/contract.py): run_jobs hands it whole jobs (parameters, content types).
 
     def __init__(self, host: _Host) -> None:
         self.host = host

@@ -5,28 +5,31 @@ Rules:
 - Several jobs are merged along dim 0 into buffers from the model's
   :class:`~fastoip.scheduling.buffers.BufferPool` (one copy per input, named
   below) and every job gets views on its own rows of each output (no copy).
-- Any failure fails every job of the group; nothing is left unfinished.
+- Jobs of one batch may ask for different outputs: the backend computes the
+  union (in the order first asked), each job gets only what it asked for.
+- Any failure fails every job of the group; nothing is left unfinished, and
+  every pooled buffer goes back to the pool on every path.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
 from ..types import InferOutput, InferResponse
+from .buffers import Lease
+from .contract import Backend, ExecutionContext, RequestBackend, TensorBackend
 from .job import Job
 
-if TYPE_CHECKING:
-    from ..repository.loaded import LoadedModel
 
-
-def run_jobs(  # type: ignore[no-untyped-def]
-    model: "LoadedModel",
-    backend,
+def run_jobs(
+    context: ExecutionContext,
+    backend: Backend,
     jobs: Sequence[Job],
-    before_finish: Optional[Callable[[], object]] = None,
+    before_finish: Callable[[], object] | None = None,
 ) -> None:
     """Execute ``jobs`` (same signature) on ``backend`` and finish each of them.
 
@@ -42,36 +45,46 @@ def run_jobs(  # type: ignore[no-untyped-def]
     for job in live:
         job.queue_ns = start_ns - job.arrival_ns
         job.compute_start_ns = start_ns
-    if model.runs_requests:
-        _run_requests(model, backend, live, before_finish)
-        return
+    if context.runs_requests:
+        _run_requests(context, cast(RequestBackend, backend), live, before_finish)
+    else:
+        _run_tensors(context, cast(TensorBackend, backend), live, before_finish, start_ns)
+
+
+def _run_tensors(
+    context: ExecutionContext,
+    backend: TensorBackend,
+    live: list[Job],
+    before_finish: Callable[[], object] | None,
+    start_ns: int,
+) -> None:
     first = live[0]
+    leases: list[Lease] = []
     try:
         if len(live) == 1:
             feeds = first.feeds
             batch_size = first.batch_size
-            leases = ()
+            output_names = first.output_names
         else:
-            feeds, batch_size, leases = _merge(model, live)
+            feeds, batch_size = _merge(context, live, leases)
+            output_names = _union(live)
         input_done_ns = time.monotonic_ns()
         if len(live) == 1 and first.destinations:
             # The backend may compute outputs straight into their shared-memory regions.
-            outputs = backend.run(feeds, first.output_names, destinations=first.destinations)
+            outputs = backend.run(feeds, output_names, destinations=first.destinations)
         else:
-            outputs = backend.run(feeds, first.output_names)
+            outputs = backend.run(feeds, output_names)
         infer_done_ns = time.monotonic_ns()
         for job in live:
             job.compute_end_ns = infer_done_ns
         if before_finish is not None:
             before_finish()
         if len(live) == 1:
-            _finish_one(model, first, outputs)
+            first.finish(_response(context, first, outputs))
         else:
-            _split(model, live, outputs, batch_size)
-        for lease in leases:
-            model.buffers.give_back(lease)
+            _split(context, live, output_names, outputs, batch_size)
         end_ns = time.monotonic_ns()
-        model.stats.record_execution(
+        context.stats.record_execution(
             batch_size,
             len(live),
             input_done_ns - start_ns,
@@ -81,17 +94,19 @@ def run_jobs(  # type: ignore[no-untyped-def]
     except BaseException as exc:  # every job must finish, whatever went wrong
         for job in live:
             job.fail(exc)
+    finally:
+        # Responses hold views on the outputs, never on the merged inputs: the buffers can go back.
+        for lease in leases:
+            context.buffers.give_back(lease)
 
 
-def _run_requests(  # type: ignore[no-untyped-def]
-    model: "LoadedModel", backend, jobs: Sequence[Job], before_finish: Optional[Callable[[], object]]
+def _run_requests(
+    context: ExecutionContext,
+    backend: RequestBackend,
+    jobs: Sequence[Job],
+    before_finish: Callable[[], object] | None,
 ) -> None:
-    """Backends that take whole requests (Python models: parameters, content types).
-
-    ``backend.run_requests(jobs)`` returns, per job, an InferResponse or the
-    error for that job, and the executions it made as
-    ``(batch_size, job_count, input_ns, infer_ns, output_ns)`` tuples.
-    """
+    """Backends that take whole requests (Python models: parameters, content types)."""
     try:
         results, executions = backend.run_requests(jobs)
         end_ns = time.monotonic_ns()
@@ -99,65 +114,79 @@ def _run_requests(  # type: ignore[no-untyped-def]
             job.compute_end_ns = end_ns
         if before_finish is not None:
             before_finish()
-        for job, result in zip(jobs, results):
+        for job, result in zip(jobs, results, strict=True):
             if isinstance(result, BaseException):
                 job.fail(result)
             else:
                 job.finish(result)
         for execution in executions:
-            model.stats.record_execution(*execution)
+            context.stats.record_execution(*execution)
     except BaseException as exc:  # every job must finish, whatever went wrong
         for job in jobs:
             job.fail(exc)
 
 
-def _merge(model: "LoadedModel", jobs: Sequence[Job]) -> tuple[dict[str, np.ndarray], int, list]:
+def _merge(context: ExecutionContext, jobs: Sequence[Job], leases: list[Lease]) -> tuple[dict[str, np.ndarray], int]:
+    """The jobs' inputs concatenated along dim 0; pooled buffers taken are appended to ``leases``."""
     batch_size = sum(job.batch_size for job in jobs)
     feeds: dict[str, np.ndarray] = {}
-    leases = []
     for name, sample in jobs[0].feeds.items():
         shape = (batch_size, *sample.shape[1:])
         if sample.dtype == object:
             # BYTES: a list of references, not a byte copy.
             merged = np.concatenate([job.feeds[name] for job in jobs], axis=0)
         else:
-            lease = model.buffers.take(name, sample.dtype, shape)
+            lease = context.buffers.take(name, sample.dtype, shape)
             leases.append(lease)
             merged = lease.view
             # Copy: each request's rows into the pooled batch buffer (the one input copy).
             np.concatenate([job.feeds[name] for job in jobs], axis=0, out=merged)
         feeds[name] = merged
-    return feeds, batch_size, leases
+    return feeds, batch_size
 
 
-def _finish_one(model: "LoadedModel", job: Job, outputs: list[np.ndarray]) -> None:
-    job.finish(_response(model, job, outputs))
+def _union(jobs: Sequence[Job]) -> list[str]:
+    """Every output any job asked for, in the order first asked (usually all ask the same)."""
+    names = jobs[0].output_names
+    if all(job.output_names == names for job in jobs):
+        return names
+    union = list(names)
+    for job in jobs:
+        union.extend(name for name in job.output_names if name not in union)
+    return union
 
 
-def _split(model: "LoadedModel", jobs: Sequence[Job], outputs: list[np.ndarray], batch_size: int) -> None:
+def _split(
+    context: ExecutionContext,
+    jobs: Sequence[Job],
+    output_names: list[str],
+    outputs: list[np.ndarray],
+    batch_size: int,
+) -> None:
     for out in outputs:
         if out.shape[:1] != (batch_size,):
             raise ValueError(
-                f"model '{model.name}' returned an output of shape {list(out.shape)} for a batch of {batch_size}"
+                f"model '{context.name}' returned an output of shape {list(out.shape)} for a batch of {batch_size}"
             )
+    by_name = dict(zip(output_names, outputs, strict=True))
     offset = 0
     for job in jobs:
         end = offset + job.batch_size
         # Views on this job's rows: no copy (the codec copies once into the response).
-        job.finish(_response(model, job, [out[offset:end] for out in outputs]))
+        job.finish(_response(context, job, [by_name[name][offset:end] for name in job.output_names]))
         offset = end
 
 
-def _response(model: "LoadedModel", job: Job, outputs: list[np.ndarray]) -> InferResponse:
-    spec = model.spec.output_by_name
+def _response(context: ExecutionContext, job: Job, outputs: list[np.ndarray]) -> InferResponse:
+    datatypes = context.output_datatypes
     request = job.request
     return InferResponse(
         request.model_name,
-        model.version_str,
+        context.version_str,
         request.id,
         None,
         [
-            InferOutput(name, spec[name].datatype, out.shape, out)
-            for name, out in zip(job.output_names, outputs)
+            InferOutput(name, datatypes[name], out.shape, out)
+            for name, out in zip(job.output_names, outputs, strict=True)
         ],
     )
