@@ -68,7 +68,7 @@ from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES, V2_TO_CONFIG, bf16_bits_from
 from ..errors import InferenceError, InternalError, InvalidArgument, Unavailable
 from ..lifecycle import DEPLOYMENT, SHUTDOWN, STARTUP, hook_names, is_batchable
 from ..model import Model
-from ..repository.config import DiscoveredTensor, TensorSpec, complete_config, model_spec, parameter
+from ..repository.config import MODEL_SETTINGS, DiscoveredTensor, TensorSpec, complete_config, model_spec, parameter
 from ..types import InferOutput, InferResponse
 
 if TYPE_CHECKING:
@@ -76,7 +76,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastoip.python")
 
-MODEL_SETTINGS = "model-settings.json"
 #: Request parameters that only steer the scheduler: requests that differ only in these batch together.
 SCHEDULER_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end"})
 #: How long an unload waits for requests in flight on an instance before running its shutdown hooks.

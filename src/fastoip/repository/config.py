@@ -28,6 +28,8 @@ from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from ..errors import InvalidArgument
 
 ONNX_PLATFORM = "onnxruntime_onnx"
+#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
+MODEL_SETTINGS = "model-settings.json"
 
 
 @dataclass(frozen=True)

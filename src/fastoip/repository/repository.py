@@ -41,16 +41,12 @@ from typing import Optional
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
-from .config import read_config_file
+from .config import MODEL_SETTINGS, read_config_file
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 
 log = logging.getLogger("fastoip.repository")
-
-#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
-MODEL_SETTINGS = "model-settings.json"
-
 
 class ModelState(str, enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
