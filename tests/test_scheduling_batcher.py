@@ -21,7 +21,8 @@ from fastoip.errors import Cancelled, DeadlineExceeded, InferenceError, Internal
 from fastoip.metrics import ModelStatistics
 from fastoip.scheduling.batcher import DynamicBatcher
 from fastoip.scheduling.buffers import BufferPool
-from fastoip.scheduling.contract import ExecutionContext, TensorBackend
+from fastoip.scheduling.contract import Backend, ExecutionContext, TensorModel
+from fastoip.scheduling.execute import TensorBackend
 from fastoip.scheduling.job import Job, input_signature
 from fastoip.types import InferInput, InferRequest, ParameterValue
 
@@ -41,7 +42,7 @@ class Clock:
         self.now_ns += ns
 
 
-class RowBackend:
+class RowModel:
     """Deterministic tensor model: ``SUM`` = row sums of X, ``DOUBLE`` = 2 * X.  Records each batch."""
 
     on_gpu = False
@@ -75,7 +76,7 @@ class RowBackend:
 
 def make_batcher(
     clock: Clock,
-    backend: RowBackend,
+    model: RowModel,
     *,
     max_batch_size: int = 8,
     preferred: Sequence[int] = (),
@@ -100,7 +101,7 @@ def make_batcher(
         signature=functools.partial(input_signature, batching=max_batch_size > 0),
     )
     executor = ThreadPoolExecutor(1)
-    return DynamicBatcher(context, [backend], executor, clock=clock, start_threads=False)
+    return DynamicBatcher(context, [TensorBackend(model, context)], executor, clock=clock, start_threads=False)
 
 
 def job(
@@ -131,12 +132,16 @@ def error_of(j: Job) -> InferenceError:
     return caught.value
 
 
-def test_backend_meets_the_contract() -> None:
-    assert isinstance(RowBackend(), TensorBackend)
+def test_the_test_model_and_its_adapter_meet_the_contract() -> None:
+    clock = Clock()
+    model = RowModel()
+    assert isinstance(model, TensorModel)
+    batcher = make_batcher(clock, model)
+    assert all(isinstance(instance, Backend) for instance in batcher.instances)
 
 
 def test_a_request_past_the_largest_preferred_size_runs_at_once() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     big = job(7)
     batcher.submit(big)
@@ -146,7 +151,7 @@ def test_a_request_past_the_largest_preferred_size_runs_at_once() -> None:
 
 
 def test_the_request_that_would_pass_the_largest_preferred_size_waits_for_the_next_batch() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     three, four = job(3), job(4)
     batcher.submit(three)
@@ -162,7 +167,7 @@ def test_the_request_that_would_pass_the_largest_preferred_size_waits_for_the_ne
 
 
 def test_reaching_a_preferred_size_runs_at_once_and_the_largest_found_wins() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     jobs = [job(2), job(2), job(2)]
     for j in jobs:
@@ -173,7 +178,7 @@ def test_reaching_a_preferred_size_runs_at_once_and_the_largest_found_wins() -> 
 
 
 def test_a_smaller_preferred_size_runs_before_the_delay() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     first, second = job(1), job(1)
     batcher.submit(first)
@@ -186,7 +191,7 @@ def test_a_smaller_preferred_size_runs_before_the_delay() -> None:
 
 
 def test_past_max_batch_size_the_pending_batch_runs_at_once() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, max_batch_size=8)  # preferred defaults to [8]
     five, four = job(5), job(4)
     batcher.submit(five)
@@ -198,7 +203,7 @@ def test_past_max_batch_size_the_pending_batch_runs_at_once() -> None:
 
 
 def test_without_preferred_sizes_a_batch_waits_the_delay_then_runs_whole() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, max_batch_size=8)
     jobs = [job(1), job(2), job(3)]
     for j in jobs:
@@ -212,7 +217,7 @@ def test_without_preferred_sizes_a_batch_waits_the_delay_then_runs_whole() -> No
 
 
 def test_with_no_delay_the_best_preferred_batch_runs_and_the_rest_next() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6), delay_us=0)
     jobs = [job(1), job(1), job(1)]
     for j in jobs:
@@ -223,7 +228,7 @@ def test_with_no_delay_the_best_preferred_batch_runs_and_the_rest_next() -> None
 
 
 def test_a_request_of_another_shape_closes_the_batch_and_does_not_wait_behind_it() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(4,))
     narrow, wide, narrow_again = job(1, width=3), job(1, width=4), job(1, width=3)
     for j in (narrow, wide, narrow_again):
@@ -236,7 +241,7 @@ def test_a_request_of_another_shape_closes_the_batch_and_does_not_wait_behind_it
 
 
 def test_requests_asking_for_different_outputs_batch_together_and_get_only_theirs() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(3,))
     sums, doubles, both = job(1, outputs=["SUM"]), job(1, outputs=["DOUBLE"]), job(1, outputs=["DOUBLE", "SUM"])
     for j in (sums, doubles, both):
@@ -253,7 +258,7 @@ def test_requests_asking_for_different_outputs_batch_together_and_get_only_their
 
 
 def test_higher_priority_runs_first() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, max_batch_size=1, delay_us=0, priority_levels=2, default_priority_level=2)
     low, high = job(1), job(1, priority=1)
     batcher.submit(low)
@@ -263,7 +268,7 @@ def test_higher_priority_runs_first() -> None:
 
 
 def test_queue_timeout_rejects_and_the_wait_wakes_for_it() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     policy = mc.ModelQueuePolicy(default_timeout_microseconds=10_000)
     batcher = make_batcher(clock, backend, default_queue_policy=policy)
     waiting = job(1)
@@ -278,7 +283,7 @@ def test_queue_timeout_rejects_and_the_wait_wakes_for_it() -> None:
 
 
 def test_queue_timeout_with_delay_action_moves_the_request_behind_the_others() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     policy = mc.ModelQueuePolicy(default_timeout_microseconds=5_000, timeout_action=mc.ModelQueuePolicy.DELAY)
     batcher = make_batcher(clock, backend, max_batch_size=1, delay_us=0, default_queue_policy=policy)
     late, fresh = job(1), job(1)
@@ -291,7 +296,7 @@ def test_queue_timeout_with_delay_action_moves_the_request_behind_the_others() -
 
 
 def test_timeout_override_from_the_request() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     policy = mc.ModelQueuePolicy(allow_timeout_override=True)
     batcher = make_batcher(clock, backend, default_queue_policy=policy)
     j = job(1, timeout=2_000)
@@ -300,7 +305,7 @@ def test_timeout_override_from_the_request() -> None:
 
 
 def test_full_queue_refuses() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, default_queue_policy=mc.ModelQueuePolicy(max_queue_size=1))
     kept, refused = job(1), job(1)
     batcher.submit(kept)
@@ -311,7 +316,7 @@ def test_full_queue_refuses() -> None:
 
 
 def test_cancelled_and_past_deadline_requests_leave_without_running() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend)
     cancelled, late = job(1), job(1)
     late.deadline_ns = clock() + 3 * MS
@@ -327,7 +332,7 @@ def test_cancelled_and_past_deadline_requests_leave_without_running() -> None:
 
 
 def test_stopping_runs_what_is_queued_without_waiting() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend)
     j = job(1)
     batcher.submit(j)
@@ -339,7 +344,7 @@ def test_stopping_runs_what_is_queued_without_waiting() -> None:
 
 
 def test_a_failing_batch_fails_every_job_and_returns_every_pooled_buffer() -> None:
-    clock, backend = Clock(), RowBackend()
+    clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2,))
     pool = batcher.context.buffers
     backend.fail_with = RuntimeError("the model broke")

@@ -19,10 +19,12 @@ Rules:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +34,9 @@ from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
 from .ort_options import apply_session_options
+
+if TYPE_CHECKING:
+    from ..repository.repository import RepositoryOptions
 
 log = logging.getLogger("fastoip.onnx")
 
@@ -43,7 +48,7 @@ MAX_LEARNED_SHAPES = 256
 _preloaded = False
 
 
-def _ort():  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
+def _ort() -> Any:  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
     import onnxruntime
 
     global _preloaded
@@ -123,7 +128,7 @@ class OnnxBackend:
     def discover(self) -> tuple[list[DiscoveredTensor], list[DiscoveredTensor]]:
         """The model's inputs and outputs, for config auto-complete."""
 
-        def tensors(items) -> list[DiscoveredTensor]:  # type: ignore[no-untyped-def]
+        def tensors(items: Any) -> list[DiscoveredTensor]:
             found = []
             for item in items:
                 datatype = ORT_TYPE_TO_V2.get(item.type)
@@ -239,7 +244,7 @@ class OnnxBackend:
                 views.append(np.ndarray(shape, dtype, destination))
         return views
 
-    def _gpu_device(self):  # type: ignore[no-untyped-def]
+    def _gpu_device(self) -> Any:
         return _ort().OrtDevice.make("cuda", self.device_id)._get_c_device()
 
     def _run_with_ort_values(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
@@ -273,12 +278,12 @@ class OnnxBackend:
         self._inner = self._run = None
 
 
-def _bf16_bits(value) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _bf16_bits(value: Any) -> np.ndarray:
     """The raw bits of a bfloat16 OrtValue as uint16 (copy through the OrtValue's buffer)."""
     shape = tuple(value.shape())
     count = int(np.prod(shape)) if shape else 1
     raw = np.ctypeslib.as_array(
-        (np.ctypeslib.ctypes.c_uint16 * count).from_address(value.data_ptr())
+        (ctypes.c_uint16 * count).from_address(value.data_ptr())
     )
     return raw.copy().reshape(shape)  # copy: the OrtValue owns the memory and goes away
 
@@ -314,7 +319,9 @@ class OnnxKind:
     platforms = (ONNX_PLATFORM,)
     default_filename = "model.onnx"
 
-    def load(self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options) -> tuple:  # type: ignore[no-untyped-def]
+    def load(
+        self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: RepositoryOptions
+    ) -> tuple[mc.ModelConfig, list[OnnxBackend]]:
         intra = int(parameter(base, "intra_op_thread_count", "0") or 0) or options.intra_op_threads
         inter = int(parameter(base, "inter_op_thread_count", "0") or 0) or options.inter_op_threads
         wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)

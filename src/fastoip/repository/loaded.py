@@ -22,7 +22,8 @@ from ..cuda import pinned_allocator
 from ..errors import InvalidArgument
 from ..metrics import ModelStatistics
 from ..scheduling.buffers import BufferPool
-from ..scheduling.contract import Backend, ExecutionContext, RequestBackend, SchedulerFactory, TensorBackend
+from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
+from ..scheduling.execute import TensorBackend
 from ..scheduling.job import Job, input_signature
 from ..types import InferInput, InferRequest
 from .config import ModelSpec, TensorSpec, model_spec
@@ -39,7 +40,7 @@ class LoadedModel:
         version: int,
         path: Path,
         config: mc.ModelConfig,
-        backends: Sequence[Backend],
+        backends: Sequence[Backend | TensorModel],
         executor: Executor,
         scheduler_factory: SchedulerFactory,
     ) -> None:
@@ -50,12 +51,14 @@ class LoadedModel:
         self.config = config
         self.spec: ModelSpec = model_spec(config, path.parent.parent)
         self.all_output_names = [t.name for t in self.spec.outputs]
+        #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
         self.backends = list(backends)
         self.stats = ModelStatistics(name, self.version_str)
+        tensor_models = [b for b in backends if isinstance(b, TensorModel)]
         #: Backends that take whole requests (Python models) instead of merged tensors.
-        self.runs_requests = any(isinstance(b, RequestBackend) for b in backends)
+        self.runs_requests = not tensor_models
         # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
-        self.on_gpu = any(b.on_gpu for b in backends if isinstance(b, TensorBackend))
+        self.on_gpu = any(b.on_gpu for b in tensor_models)
         self.buffers = BufferPool(pinned_allocator if self.on_gpu and wants_pinned_inputs(config) else None)
         # A plain lock-guarded count: correct on every Python build (free-threaded too), ~0.1 µs a side.
         self._in_flight = 0
@@ -72,7 +75,11 @@ class LoadedModel:
             runs_requests=self.runs_requests,
             signature=self.signature,
         )
-        self.scheduler = scheduler_factory(self.context, self.backends, executor)
+        #: What the scheduler runs: tensor models get the merge/split adapter, the others are Backends already.
+        self.instances: list[Backend] = [
+            TensorBackend(b, self.context) if isinstance(b, TensorModel) else b for b in backends
+        ]
+        self.scheduler = scheduler_factory(self.context, self.instances, executor)
 
     # -- the infer path -------------------------------------------------
     def prepare(self, request: InferRequest) -> Job:
@@ -181,10 +188,10 @@ class LoadedModel:
 
     # -- health: every instance answers --------------------------------------------------
     def is_ready(self) -> bool:
-        return all(b.is_ready() for b in self.backends)
+        return all(b.is_ready() for b in self.instances)
 
     def is_alive(self) -> bool:
-        return all(b.is_alive() for b in self.backends)
+        return all(b.is_alive() for b in self.instances)
 
     # -- in-flight accounting: unload waits for requests that already started ----------
     def enter(self) -> None:
@@ -213,8 +220,8 @@ class LoadedModel:
         if not self.wait_idle(timeout):
             log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self.in_flight)
         self.scheduler.stop()
-        for backend in self.backends:
-            backend.close()
+        for instance in self.instances:
+            instance.close()
 
 
 def _names(names: Iterable[str]) -> str:
