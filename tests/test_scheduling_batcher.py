@@ -9,6 +9,7 @@ records every batch it was given.  The rules are Triton's (core
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +23,7 @@ from fastoip.metrics import ModelStatistics
 from fastoip.scheduling.batcher import DynamicBatcher
 from fastoip.scheduling.buffers import BufferPool
 from fastoip.scheduling.contract import Backend, ExecutionContext, TensorModel
+from fastoip.scheduling.direct import DirectScheduler
 from fastoip.scheduling.execute import TensorBackend
 from fastoip.scheduling.job import Job, input_signature
 from fastoip.types import InferInput, InferRequest, ParameterValue
@@ -81,8 +83,10 @@ def make_batcher(
     max_batch_size: int = 8,
     preferred: Sequence[int] = (),
     delay_us: int = 100_000,
+    threads: bool = False,
     **batching: Any,
 ) -> DynamicBatcher:
+    """A batcher on ``model``; without ``threads`` nothing runs but what ``step()`` runs."""
     config = mc.ModelConfig(name="rows", max_batch_size=max_batch_size)
     config.dynamic_batching.CopyFrom(
         mc.ModelDynamicBatching(
@@ -101,7 +105,7 @@ def make_batcher(
         signature=functools.partial(input_signature, batching=max_batch_size > 0),
     )
     executor = ThreadPoolExecutor(1)
-    return DynamicBatcher(context, [TensorBackend(model, context)], executor, clock=clock, start_threads=False)
+    return DynamicBatcher(context, [TensorBackend(model, context)], executor, clock=clock, start_threads=threads)
 
 
 def job(
@@ -363,3 +367,36 @@ def test_a_failing_batch_fails_every_job_and_returns_every_pooled_buffer() -> No
     batcher.step()
     assert pool.allocations == 1 and pool.idle() == 1  # and reused
     assert data(again[1], "SUM").shape == (1, 1)
+
+
+def test_instance_threads_run_a_due_batch_without_the_clock_moving() -> None:
+    """The threaded loop takes the same decisions: a batch due now runs; one that must wait does not."""
+    clock, model = Clock(), RowModel()
+    batcher = make_batcher(clock, model, preferred=(2, 6), threads=True)
+    try:
+        finished = threading.Event()
+        waiting, due = job(1), job(7)
+        waiting.on_done(lambda _: finished.set())
+        batcher.submit(waiting)  # 1 is below every preferred size: it waits for the (frozen) clock
+        ran = threading.Event()
+        due.on_done(lambda _: ran.set())
+        batcher.submit(due)  # 1 + 7 > 6: the 1 runs now, then the 7 (past the largest preferred size)
+        assert finished.wait(30) and ran.wait(30)
+        assert [size for size, _ in model.batches] == [1, 7]
+        lone = job(1)
+        batcher.submit(lone)
+        assert not lone.finished and batcher.pending() == 1  # waits for the delay on the frozen clock
+    finally:
+        batcher.stop()  # runs what is queued
+    assert lone.finished and data(lone, "SUM").shape == (1, 1)
+
+
+def test_direct_scheduler_runs_on_the_calling_thread() -> None:
+    model = RowModel()
+    context = make_batcher(Clock(), model).context
+    scheduler = DirectScheduler(context, [TensorBackend(model, context)], ThreadPoolExecutor(1))
+    j = job(2, outputs=["DOUBLE"])
+    scheduler.run(j)
+    assert j.finished and scheduler.pending() == 0
+    np.testing.assert_array_equal(data(j, "DOUBLE"), np.arange(6, dtype=np.float32).reshape(2, 3) * 2)
+    assert context.stats.execution_count == 1
