@@ -400,3 +400,19 @@ def test_direct_scheduler_runs_on_the_calling_thread() -> None:
     assert j.finished and scheduler.pending() == 0
     np.testing.assert_array_equal(data(j, "DOUBLE"), np.arange(6, dtype=np.float32).reshape(2, 3) * 2)
     assert context.stats.execution_count == 1
+
+
+def test_a_failing_single_request_fails_alone_and_the_batcher_goes_on() -> None:
+    clock, model = Clock(), RowModel()
+    batcher = make_batcher(clock, model, delay_us=0)
+    model.fail_with = RuntimeError("bad row")
+    broken = job(1)
+    batcher.submit(broken)
+    assert batcher.step()[0] == [broken]
+    assert "bad row" in str(error_of(broken))
+    model.fail_with = None
+    fine = job(1)
+    batcher.submit(fine)
+    batcher.step()
+    assert data(fine, "SUM").shape == (1, 1)
+    assert batcher.context.stats.execution_count == 1  # only the execution that succeeded is counted

@@ -36,6 +36,7 @@ decisions of core ``dynamic_batch_scheduler.cc`` ``GetDynamicBatch``):
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -86,7 +87,10 @@ class BatchQueue:
         self._queues: list[collections.deque[Job]] = [collections.deque() for _ in range(self.levels + 1)]
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues)
+        count = 0
+        for queue in self._queues:
+            count += len(queue)
+        return count
 
     def add(self, job: Job, now_ns: int) -> Unavailable | None:
         """Queue ``job`` (its level and timeout read from the request); the error when the queue is full."""
@@ -111,10 +115,20 @@ class BatchQueue:
         ``flush`` (the batcher is stopping): whatever is pending runs without waiting.
         """
         wake_ns = self._drop_dead(now_ns)
-        jobs = self._waiting()
-        head = next(jobs, None)
-        if head is None:
+        queues = self._queues
+        level = 0
+        while level < len(queues) and not queues[level]:
+            level += 1
+        if level == len(queues):
             return [], -1
+        queue = queues[level]
+        head = queue[0]
+        behind = queues[level + 1 :]
+        jobs: Iterator[Job]  # every waiting job after the head, in queue order
+        if len(queue) == 1 and not any(behind):
+            jobs = iter(())  # the common case under light load: one job waits
+        else:
+            jobs = itertools.chain(itertools.islice(queue, 1, None), *behind)
         batch = [head]
         size = head.batch_size
         signature = head.signature
@@ -150,10 +164,6 @@ class BatchQueue:
         if isinstance(priority, int) and not isinstance(priority, bool) and 1 <= priority <= self.levels:
             return priority - 1
         return self.default_level - 1
-
-    def _waiting(self) -> Iterator[Job]:
-        for queue in self._queues:
-            yield from queue
 
     def _remove(self, job: Job) -> None:
         queue = self._queues[job.priority]

@@ -51,6 +51,10 @@ def run_jobs(
     for job in live:
         job.queue_ns = start_ns - job.arrival_ns
         job.compute_start_ns = start_ns
+    if len(live) == 1 and type(backend) is TensorBackend:
+        # The hot path (one request, a tensor model): no results list, no per-job loops; ~2 us of ~40 us.
+        backend.run_one(live[0], start_ns, before_finish)
+        return
     try:
         results, executions = backend.execute(live)
         if len(results) != len(live):
@@ -123,6 +127,22 @@ class TensorBackend:
             time.monotonic_ns() - infer_done_ns,
         )
         return results, [execution]
+
+    def run_one(self, job: Job, start_ns: int, before_finish: Callable[[], object] | None) -> None:
+        """``execute([job])`` and finish the job, as ``run_jobs`` would, minus the lists (the hot path)."""
+        try:
+            # Shared-memory destinations: the model may compute outputs straight into their regions.
+            outputs = self.model.run(job.feeds, job.output_names, job.destinations or None)
+            infer_done_ns = time.monotonic_ns()
+            job.compute_end_ns = infer_done_ns
+            if before_finish is not None:
+                before_finish()
+            job.finish(self._response(job, outputs))
+            self.context.stats.record_execution(
+                job.batch_size, 1, 0, infer_done_ns - start_ns, time.monotonic_ns() - infer_done_ns
+            )
+        except BaseException as exc:  # the job must finish, whatever went wrong
+            job.fail(exc)
 
     def _response(self, job: Job, outputs: list[np.ndarray]) -> InferResponse:
         datatypes = self.context.output_datatypes

@@ -166,7 +166,5 @@ def input_signature(job: Job, batching: bool) -> Hashable:
     its jobs asked for (Triton batches such requests together too).
     """
     skip = 1 if batching else 0
-    inputs = job.request.inputs
-    if len(inputs) == 1:
-        return (inputs[0].name, tuple(inputs[0].shape[skip:]))
-    return tuple(sorted((t.name, tuple(t.shape[skip:])) for t in inputs))
+    # In the request's order (clients send a fixed order; sorting would cost on every request).
+    return tuple([(t.name, tuple(t.shape[skip:])) for t in job.request.inputs])
