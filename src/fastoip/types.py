@@ -13,7 +13,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
 import numpy as np
 
@@ -28,8 +28,27 @@ ParameterValue = Union[bool, int, float, str]
 Parameters = dict[str, ParameterValue]
 
 
+class TensorFields(Protocol):
+    """What :class:`InferInput` and :class:`InferOutput` both carry, for code that reads either.
+
+    The two are distinct classes, not one class under two names: an input's
+    ``data`` is None while it still lives in a shared-memory region the Core
+    has to map, an output's when it was already written into one; an input's
+    ``parameters`` are what the client sent with it, an output's what goes back
+    (e.g. ``binary_data_size``).  They share no base class on purpose: the
+    codec fills their slots in place and takes that fast path only for plain
+    ``object`` subclasses with exactly these slots (``_codec.pyx``, ``_init_layout``).
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | None
+    parameters: Parameters
+
+
 class InferInput:
-    """One input tensor of a request."""
+    """One input tensor of a request, as the client sent it."""
 
     __slots__ = ("name", "datatype", "shape", "data", "parameters")
 
@@ -44,7 +63,7 @@ class InferInput:
         self.name = name
         self.datatype = datatype
         self.shape = shape
-        #: None only while the data still lives elsewhere (a shared-memory region).
+        #: None only while the data still lives in a shared-memory region (the Core maps it before prepare).
         self.data = data
         self.parameters = parameters if parameters is not None else {}
 
@@ -95,7 +114,7 @@ class InferRequest:
 
 
 class InferOutput:
-    """One output tensor of a response."""
+    """One output tensor of a response, as it goes back to the client."""
 
     __slots__ = ("name", "datatype", "shape", "data", "parameters")
 
@@ -110,7 +129,7 @@ class InferOutput:
         self.name = name
         self.datatype = datatype
         self.shape = shape
-        #: None when the output was written into a shared-memory region instead.
+        #: None when the output was already written into a shared-memory region (nothing to send).
         self.data = data
         self.parameters = parameters if parameters is not None else {}
 

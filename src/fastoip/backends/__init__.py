@@ -10,10 +10,12 @@ picks the kind from the config, or from the files when there is no config.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import InvalidArgument
+from ..scheduling.contract import Backend, TensorModel
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2 as mc
@@ -26,9 +28,14 @@ class BackendKind(Protocol):
     default_filename: str
 
     def load(
-        self, model_name: str, version: int, path: Path, base: "mc.ModelConfig", options: "RepositoryOptions"
-    ) -> tuple["mc.ModelConfig", list[Any]]:
-        """Build every instance of one version; return the completed config and the instances."""
+        self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: RepositoryOptions
+    ) -> tuple[mc.ModelConfig, Sequence[Backend | TensorModel]]:
+        """Build every instance of one version; return the completed config and the instances.
+
+        Instances are :class:`~fastoip.scheduling.contract.TensorModel` (the
+        scheduler gets them through the merge/split adapter) or whole
+        :class:`~fastoip.scheduling.contract.Backend` s (see that module).
+        """
 
 
 #: backend name -> module that defines ``KIND``.
@@ -45,7 +52,7 @@ def kind_named(name: str) -> BackendKind:
     return importlib.import_module(module).KIND  # type: ignore[no-any-return]
 
 
-def kind_for(config: "mc.ModelConfig", model_dir: Path) -> BackendKind:
+def kind_for(config: mc.ModelConfig, model_dir: Path) -> BackendKind:
     """The backend a model uses: from its config, else from the files in its version folders."""
     if config.backend:
         return kind_named(config.backend)

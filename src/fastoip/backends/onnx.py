@@ -19,10 +19,12 @@ Rules:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +34,9 @@ from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
 from .ort_options import apply_session_options
+
+if TYPE_CHECKING:
+    from ..repository.repository import RepositoryOptions
 
 log = logging.getLogger("fastoip.onnx")
 
@@ -43,7 +48,7 @@ MAX_LEARNED_SHAPES = 256
 _preloaded = False
 
 
-def _ort():  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
+def _ort() -> Any:  # imported lazily: onnxruntime is heavy and not needed by the CLI's other commands
     import onnxruntime
 
     global _preloaded
@@ -79,7 +84,7 @@ class OnnxBackend:
         intra_op_threads: int = 1,
         inter_op_threads: int = 1,
         device_id: int = 0,
-        config: Optional[mc.ModelConfig] = None,
+        config: mc.ModelConfig | None = None,
     ) -> None:
         ort = _ort()
         options = ort.SessionOptions()
@@ -109,7 +114,7 @@ class OnnxBackend:
             name: numpy_dtype(datatype) for name, datatype in self.output_types.items() if ITEM_SIZES.get(datatype)
         }
         #: (output names, input names and shapes) -> output shapes, or None where they follow the data.
-        self._learned_shapes: dict[tuple, Optional[tuple]] = {}
+        self._learned_shapes: dict[tuple, tuple | None] = {}
         # A bound run whose output shapes changed fails by design; ORT need not log it as an error.
         self._quiet_run = ort.RunOptions()
         self._quiet_run.log_severity_level = 4
@@ -123,7 +128,7 @@ class OnnxBackend:
     def discover(self) -> tuple[list[DiscoveredTensor], list[DiscoveredTensor]]:
         """The model's inputs and outputs, for config auto-complete."""
 
-        def tensors(items) -> list[DiscoveredTensor]:  # type: ignore[no-untyped-def]
+        def tensors(items: Any) -> list[DiscoveredTensor]:
             found = []
             for item in items:
                 datatype = ORT_TYPE_TO_V2.get(item.type)
@@ -139,7 +144,7 @@ class OnnxBackend:
         self,
         feeds: dict[str, np.ndarray],
         output_names: Sequence[str],
-        destinations: Optional[dict[str, np.ndarray]] = None,
+        destinations: dict[str, np.ndarray] | None = None,
     ) -> list[np.ndarray]:
         """Execute once; outputs in ``output_names`` order.
 
@@ -153,7 +158,7 @@ class OnnxBackend:
                 return self._run(output_names, feeds, None)
             except Exception as exc:
                 raise InternalError(f"onnxruntime failed: {exc}") from None
-        text_codec: Optional[str] = None
+        text_codec: str | None = None
         ort_feeds: dict = {}
         for name, array in feeds.items():
             if array.dtype == object:
@@ -192,7 +197,7 @@ class OnnxBackend:
             binding = self._new_binding(self._inner)
             for name, array in feeds.items():
                 binding.bind_input(name, array)
-            for name, view in zip(output_names, views):
+            for name, view in zip(output_names, views, strict=False):
                 if type(view) is DeviceArray:  # a CUDA shared-memory region on this session's GPU
                     binding.bind_output(name, self._gpu_device(), view.dtype, view.shape, view.where.pointer)
                 else:
@@ -214,14 +219,14 @@ class OnnxBackend:
             self._learned_shapes[key] = tuple(out.shape for out in outputs)
         return outputs
 
-    def _bind_views(self, output_names: Sequence[str], shapes: tuple, destinations: dict) -> Optional[list]:
+    def _bind_views(self, output_names: Sequence[str], shapes: tuple, destinations: dict) -> list | None:
         """Typed views on each output's destination, or None when one does not fit or has none.
 
         Host destinations get numpy views; device memory (a CUDA region) is bound
         only on the CUDA EP of the same GPU, otherwise the caller copies it there.
         """
         views: list = []
-        for name, shape in zip(output_names, shapes):
+        for name, shape in zip(output_names, shapes, strict=False):
             destination = destinations.get(name)
             dtype = self._output_dtypes.get(name)
             if destination is None or dtype is None:
@@ -239,7 +244,7 @@ class OnnxBackend:
                 views.append(np.ndarray(shape, dtype, destination))
         return views
 
-    def _gpu_device(self):  # type: ignore[no-untyped-def]
+    def _gpu_device(self) -> Any:
         return _ort().OrtDevice.make("cuda", self.device_id)._get_c_device()
 
     def _run_with_ort_values(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
@@ -254,12 +259,18 @@ class OnnxBackend:
                 values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
         results = self.session.run_with_ort_values(list(output_names), values)
         outputs = []
-        for name, value in zip(output_names, results):
+        for name, value in zip(output_names, results, strict=False):
             if self.output_types.get(name) == "BF16":
                 outputs.append(_bf16_bits(value))
             else:
                 outputs.append(value.numpy())
         return outputs
+
+    def is_ready(self) -> bool:
+        return self.session is not None
+
+    def is_alive(self) -> bool:
+        return self.session is not None
 
     def close(self) -> None:
         # Every reference to the native session goes, or a reload keeps the old one (its weights, arena).
@@ -267,17 +278,17 @@ class OnnxBackend:
         self._inner = self._run = None
 
 
-def _bf16_bits(value) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _bf16_bits(value: Any) -> np.ndarray:
     """The raw bits of a bfloat16 OrtValue as uint16 (copy through the OrtValue's buffer)."""
     shape = tuple(value.shape())
     count = int(np.prod(shape)) if shape else 1
     raw = np.ctypeslib.as_array(
-        (np.ctypeslib.ctypes.c_uint16 * count).from_address(value.data_ptr())
+        (ctypes.c_uint16 * count).from_address(value.data_ptr())
     )
     return raw.copy().reshape(shape)  # copy: the OrtValue owns the memory and goes away
 
 
-def _strings_for_ort(array: np.ndarray, codec: Optional[str]) -> tuple[np.ndarray, str]:
+def _strings_for_ort(array: np.ndarray, codec: str | None) -> tuple[np.ndarray, str]:
     """Object array of bytes -> object array of str that ORT accepts (see module rules)."""
     flat = array.reshape(-1)
     out = np.empty(flat.shape, dtype=object)
@@ -308,7 +319,9 @@ class OnnxKind:
     platforms = (ONNX_PLATFORM,)
     default_filename = "model.onnx"
 
-    def load(self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options) -> tuple:  # type: ignore[no-untyped-def]
+    def load(
+        self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: RepositoryOptions
+    ) -> tuple[mc.ModelConfig, list[OnnxBackend]]:
         intra = int(parameter(base, "intra_op_thread_count", "0") or 0) or options.intra_op_threads
         inter = int(parameter(base, "inter_op_thread_count", "0") or 0) or options.inter_op_threads
         wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)

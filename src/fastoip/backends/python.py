@@ -26,7 +26,7 @@ Rules:
 - Schedulers see each instance as ``max_concurrency`` lanes (config
   parameter, default 1): the number of requests that may run on one model
   object at a time (more than 1 is for async models).
-- Requests reach the model whole (``runs_requests``): the content types of
+- Requests reach the model whole (a ``Backend`` of its own, ``scheduling/contract.py``): the content types of
   the request and of each input decide what ``predict`` gets, and outputs
   carry their content type back (see :mod:`fastoip.content_types`).  When
   the model is batchable, jobs merged by the dynamic batcher that agree on
@@ -48,9 +48,10 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,15 +69,9 @@ from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES, V2_TO_CONFIG, bf16_bits_from
 from ..errors import InferenceError, InternalError, InvalidArgument, Unavailable
 from ..lifecycle import DEPLOYMENT, SHUTDOWN, STARTUP, hook_names, is_batchable
 from ..model import Model
-from ..repository.config import (  # read_model_settings: re-exported, it lived here
-    MODEL_SETTINGS,
-    DiscoveredTensor,
-    TensorSpec,
-    complete_config,
-    model_spec,
-    parameter,
-    read_model_settings,
-)
+from ..repository.config import MODEL_SETTINGS, DiscoveredTensor, TensorSpec, complete_config, model_spec, parameter
+from ..scheduling.contract import Execution, Results
+from ..scheduling.execute import check_rows, merge_inputs, row_slices
 from ..types import InferOutput, InferResponse
 
 if TYPE_CHECKING:
@@ -98,8 +93,8 @@ class _EventLoop:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -118,7 +113,7 @@ class _EventLoop:
                 self._loop = loop
             return self._loop
 
-    def run(self, awaitable: Any, timeout: Optional[float] = None) -> Any:
+    def run(self, awaitable: Any, timeout: float | None = None) -> Any:
         """Run ``awaitable`` on the loop and wait for its result (from any other thread)."""
         loop = self.loop()
         if threading.current_thread() is self._thread:
@@ -138,7 +133,7 @@ class _EventLoop:
 EVENT_LOOP = _EventLoop()
 
 
-def call(function: Callable[..., Any], *args: Any, timeout: Optional[float] = None) -> Any:
+def call(function: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
     """Call a sync or async function; an awaitable result is run on the backend's loop."""
     result = function(*args)
     if inspect.isawaitable(result):
@@ -183,7 +178,7 @@ def _import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
         return module
 
 
-def _model_class(module: ModuleType, path: Path, config: mc.ModelConfig, model_name: str) -> type:
+def _model_class(module: ModuleType, path: Path, config: mc.ModelConfig, model_name: str) -> type[Model]:
     implementation = parameter(config, "implementation")
     if implementation:
         module_part, _, class_part = implementation.rpartition(".")
@@ -234,7 +229,7 @@ def _model_class(module: ModuleType, path: Path, config: mc.ModelConfig, model_n
 # -- deployment hooks: once per server ---------------------------------------------------------
 _deploy_lock = threading.Lock()
 #: (file, class) -> None once the hooks ran, or the failure message not reported by a load yet.
-_deployments: dict[tuple[str, str], Optional[str]] = {}
+_deployments: dict[tuple[str, str], str | None] = {}
 
 
 def _deployment_key(cls: type, path: Path) -> tuple[str, str]:
@@ -279,7 +274,7 @@ def _declared(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -
     return out
 
 
-def _truthy(text: str) -> Optional[bool]:
+def _truthy(text: str) -> bool | None:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
@@ -303,7 +298,9 @@ class PythonKind:
             cls = _model_class(module, path, base, model_name)
             _run_deployment_hooks(cls, path, model_name, from_load=False)
 
-    def load(self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: Any) -> tuple:
+    def load(
+        self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: Any
+    ) -> tuple[mc.ModelConfig, list[PythonInstance]]:
         module = _import_model_file(path, model_name, version)
         cls = _model_class(module, path, base, model_name)
         _run_deployment_hooks(cls, path, model_name, from_load=True)
@@ -375,7 +372,7 @@ class _Host:
 
     def __init__(
         self,
-        cls: type,
+        cls: type[Model],
         name: str,
         version: int,
         folder: Path,
@@ -397,7 +394,8 @@ class _Host:
         self._in_flight = 0
         self._started = False
         self._stopped = False
-        model = cls.__new__(cls)
+        # Built in two steps: the attributes below exist before the user's __init__ runs.
+        model: Any = cls.__new__(cls)
         model.name = name
         model.version = version
         model.path = folder
@@ -461,13 +459,13 @@ class _Host:
             return False
 
     # -- requests ------------------------------------------------------------------------------
-    def execute(self, jobs: Sequence["Job"]) -> tuple[list, list[tuple[int, int, int, int, int]]]:
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
         """Run ``jobs``: per job an InferResponse or its error, and per predict call
         ``(batch_size, job_count, decode_ns, predict_ns, encode_ns)`` for the statistics."""
         with self._state:
             if self._stopped:
                 error = Unavailable(f"model '{self.name}' is unloaded")
-                return [error] * len(jobs), []
+                return [error for _ in jobs], []
             self._in_flight += 1
         try:
             return self._execute(jobs)
@@ -477,9 +475,9 @@ class _Host:
                 if self._in_flight == 0:
                     self._state.notify_all()
 
-    def _execute(self, jobs: Sequence["Job"]) -> tuple[list, list[tuple[int, int, int, int, int]]]:
-        results: list = [None] * len(jobs)
-        executions = []
+    def _execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        results: Results = [InternalError("not run") for _ in jobs]  # each replaced below
+        executions: list[Execution] = []
         for indices in self._groups(jobs):
             group = [jobs[i] for i in indices]
             try:
@@ -491,7 +489,7 @@ class _Host:
                 responses = self._encode(value, group)
                 t3 = time.monotonic_ns()
                 executions.append((sum(job.batch_size for job in group), len(group), t1 - t0, t2 - t1, t3 - t2))
-                for index, response in zip(indices, responses):
+                for index, response in zip(indices, responses, strict=True):
                     results[index] = response
             except InferenceError as exc:
                 for index in indices:
@@ -503,7 +501,7 @@ class _Host:
                     results[index] = error
         return results, executions
 
-    def _groups(self, jobs: Sequence["Job"]) -> list[list[int]]:
+    def _groups(self, jobs: Sequence[Job]) -> list[list[int]]:
         if not self.batchable or len(jobs) == 1:
             return [[i] for i in range(len(jobs))]
         groups: dict[tuple, list[int]] = {}
@@ -511,15 +509,13 @@ class _Host:
             groups.setdefault(_batch_key(job), []).append(index)
         return list(groups.values())
 
-    def _decode(self, group: list["Job"]) -> tuple[Any, dict]:
+    def _decode(self, group: list[Job]) -> tuple[Any, dict]:
         request = group[0].request
+        # Several requests: their rows in one array (new arrays, not pooled: the model may keep them).
+        feeds = group[0].feeds if len(group) == 1 else merge_inputs(group)[0]
         tensors = []
         for tensor in request.inputs:
-            if len(group) == 1:
-                data = group[0].feeds[tensor.name]
-            else:
-                # Copy: the rows of every request of the batch into one array.
-                data = np.concatenate([job.feeds[tensor.name] for job in group], axis=0)
+            data = feeds[tensor.name]
             tensors.append(Tensor(tensor.name, tensor.datatype, tuple(data.shape), data, tensor.parameters))
         content_type = request.parameters.get("content_type")
         payload = decode_request(tensors, content_type if isinstance(content_type, str) else None, self.defaults)
@@ -537,7 +533,7 @@ class _Host:
             log.exception("model '%s': predict failed", self.name)
             raise InternalError(f"model '{self.name}': predict failed: {_describe(exc)}") from None
 
-    def _encode(self, value: Any, group: list["Job"]) -> list[InferResponse]:
+    def _encode(self, value: Any, group: list[Job]) -> list[InferResponse]:
         first = group[0]
         spec = self.spec
         declared = [t.name for t in spec.outputs]
@@ -554,7 +550,7 @@ class _Host:
                     f"model '{self.name}': predict returned {len(value)} values but the model has "
                     f"{len(declared)} outputs ({', '.join(declared)})"
                 )
-            parts = dict(zip(declared, value))
+            parts = dict(zip(declared, value, strict=True))
         elif len(declared) == 1:
             parts = {declared[0]: value}
         elif not declared:
@@ -572,17 +568,17 @@ class _Host:
                         f"declare (outputs: {', '.join(declared)})"
                     )
         wanted = first.output_names or list(parts)
-        requested = {
-            o.name: o.parameters["content_type"]
+        requested: dict[str, str] = {
+            o.name: asked
             for o in first.request.outputs
-            if isinstance(o.parameters.get("content_type"), str) and o.parameters["content_type"]
+            if isinstance(asked := o.parameters.get("content_type"), str) and asked
         }
         encoded = []
         for name in wanted:
             if name not in parts:
                 raise InternalError(f"model '{self.name}': predict did not return output '{name}'")
-            content_type = requested.get(name) or self.defaults.outputs.get(name)
-            tensor = encode_output(name, parts[name], content_type, from_request=name in requested)
+            output_type = requested.get(name) or self.defaults.outputs.get(name)
+            tensor = encode_output(name, parts[name], output_type, from_request=name in requested)
             datatype, data = self._conform(tensor, spec.output_by_name.get(name))
             encoded.append((name, datatype, data, tensor.parameters))
 
@@ -590,20 +586,14 @@ class _Host:
             return [self._response(first, encoded, response_parameters)]
         total = sum(job.batch_size for job in group)
         for name, _, data, _ in encoded:
-            if data.shape[:1] != (total,):
-                raise InternalError(
-                    f"model '{self.name}': output '{name}' has shape {list(data.shape)} for a batch of {total} rows"
-                )
-        responses = []
-        offset = 0
-        for job in group:
-            end = offset + job.batch_size
-            rows = [(name, datatype, data[offset:end], params) for name, datatype, data, params in encoded]
-            responses.append(self._response(job, rows, response_parameters))
-            offset = end
-        return responses
+            check_rows(self.name, name, data, total)
+        return [
+            self._response(job, [(name, datatype, data[rows], params) for name, datatype, data, params in encoded],
+                           response_parameters)
+            for job, rows in zip(group, row_slices(group), strict=True)
+        ]
 
-    def _response(self, job: "Job", outputs: list, parameters: dict) -> InferResponse:
+    def _response(self, job: Job, outputs: list, parameters: dict) -> InferResponse:
         request = job.request
         return InferResponse(
             request.model_name,
@@ -613,7 +603,7 @@ class _Host:
             [InferOutput(name, datatype, data.shape, data, dict(params)) for name, datatype, data, params in outputs],
         )
 
-    def _conform(self, tensor: Tensor, spec: Optional[TensorSpec]) -> tuple[str, np.ndarray]:
+    def _conform(self, tensor: Tensor, spec: TensorSpec | None) -> tuple[str, np.ndarray]:
         """The output as the config declares it: datatype cast within its kind, rank fitted."""
         data, datatype = tensor.data, tensor.datatype
         if spec is not None:
@@ -651,7 +641,7 @@ def _fit_rank(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return data
 
 
-def _batch_key(job: "Job") -> tuple:
+def _batch_key(job: Job) -> tuple:
     request = job.request
     return (
         tuple(sorted((k, v) for k, v in request.parameters.items() if k not in SCHEDULER_PARAMETERS)),
@@ -683,14 +673,13 @@ def _describe(exc: BaseException) -> str:
 class PythonInstance:
     """What a scheduler holds: one lane into one model object."""
 
-    #: execute.run_jobs hands this backend whole jobs (parameters, content types).
-    runs_requests = True
+    # A Backend (scheduling/contract.py) of its own: its model reads whole requests (parameters, content types).
 
     def __init__(self, host: _Host) -> None:
         self.host = host
         host.lanes += 1
 
-    def run_requests(self, jobs: Sequence["Job"]) -> tuple[list, list[tuple[int, int, int, int, int]]]:
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
         return self.host.execute(jobs)
 
     def is_ready(self) -> bool:

@@ -226,7 +226,8 @@ class EnsembleModel(LoadedModel):
         self.plan = plan
         self._resolve = resolve
         super().__init__(
-            name, version, path, config, [], executor, lambda model, _: EnsembleScheduler(plan, resolve)
+            name, version, path, config, [], executor,
+            lambda context, instances, executor: EnsembleScheduler(plan, resolve),
         )
 
     def is_ready(self) -> bool:

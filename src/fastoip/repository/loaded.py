@@ -9,10 +9,10 @@ Rules:
 
 from __future__ import annotations
 
-import itertools
 import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -22,9 +22,11 @@ from ..cuda import pinned_allocator
 from ..errors import InvalidArgument
 from ..metrics import ModelStatistics
 from ..scheduling.buffers import BufferPool
-from ..scheduling.job import Job
-from ..types import InferRequest, InferResponse
-from .config import ModelSpec, model_spec
+from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
+from ..scheduling.execute import TensorBackend
+from ..scheduling.job import Job, input_signature
+from ..types import InferInput, InferRequest, InferResponse
+from .config import ModelSpec, TensorSpec, model_spec
 
 log = logging.getLogger("fastoip.repository")
 
@@ -38,9 +40,9 @@ class LoadedModel:
         version: int,
         path: Path,
         config: mc.ModelConfig,
-        backends: list,
+        backends: Sequence[Backend | TensorModel],
         executor: Executor,
-        scheduler_factory,  # type: ignore[no-untyped-def]
+        scheduler_factory: SchedulerFactory,
     ) -> None:
         self.name = name
         self.version = version
@@ -49,23 +51,41 @@ class LoadedModel:
         self.config = config
         self.spec: ModelSpec = model_spec(config, path.parent.parent)
         self.all_output_names = [t.name for t in self.spec.outputs]
-        self.backends = backends
+        #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
+        self.backends = list(backends)
         self.stats = ModelStatistics(name, self.version_str)
-        # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
-        self.on_gpu = any(getattr(b, "on_gpu", False) for b in backends)
-        self.buffers = BufferPool(pinned_allocator if self.on_gpu and wants_pinned_inputs(config) else None)
-        # Lock-free in-flight accounting: next() on an itertools.count is atomic under the GIL.
-        self._entered = itertools.count()
-        self._left = itertools.count()
+        tensor_models = [b for b in backends if isinstance(b, TensorModel)]
         #: Backends that take whole requests (Python models) instead of merged tensors.
-        self.runs_requests = any(getattr(b, "runs_requests", False) for b in backends)
+        self.runs_requests = not tensor_models
+        # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
+        self.on_gpu = any(b.on_gpu for b in tensor_models)
+        self.buffers = BufferPool(pinned_allocator if self.on_gpu and wants_pinned_inputs(config) else None)
+        # A plain lock-guarded count: correct on every Python build (free-threaded too), ~0.1 µs a side.
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        #: What the scheduler may know of this model (it never sees the LoadedModel itself).
+        self.context = ExecutionContext(
+            name=name,
+            version_str=self.version_str,
+            config=config,
+            batching=self.spec.batching,
+            output_datatypes={t.name: t.datatype for t in self.spec.outputs},
+            stats=self.stats,
+            buffers=self.buffers,
+            runs_requests=self.runs_requests,
+            signature=self.signature,
+        )
+        #: What the scheduler runs: tensor models get the merge/split adapter, the others are Backends already.
+        self.instances: list[Backend] = [
+            TensorBackend(b, self.context) if isinstance(b, TensorModel) else b for b in backends
+        ]
         #: Triton's response cache applies (never to sequence or decoupled models: their answers depend on more).
         self.uses_response_cache = (
             config.response_cache.enable
             and not config.HasField("sequence_batching")
             and not config.model_transaction_policy.decoupled
         )
-        self.scheduler = scheduler_factory(self, executor)
+        self.scheduler = scheduler_factory(self.context, self.instances, executor)
 
     # -- the infer path -------------------------------------------------
     def prepare(self, request: InferRequest) -> Job:
@@ -133,15 +153,11 @@ class LoadedModel:
             feeds = spec.model_feeds(feeds)
         return Job(request, feeds, batch_size, output_names)
 
-    def signature(self, job: Job) -> tuple:
-        """Jobs merge into one batch only when these agree: non-batch shapes and requested outputs."""
-        skip = 1 if self.spec.batching else 0
-        return (
-            tuple((t.name, tuple(t.shape[skip:])) for t in job.request.inputs),
-            tuple(job.output_names),
-        )
+    def signature(self, job: Job) -> Hashable:
+        """Jobs merge into one batch only when these agree (see :func:`~fastoip.scheduling.job.input_signature`)."""
+        return input_signature(job, self.spec.batching)
 
-    def _reject_input(self, tensor, expected, feeds: dict) -> None:  # type: ignore[no-untyped-def]
+    def _reject_input(self, tensor: InferInput, expected: TensorSpec | None, feeds: dict) -> None:
         """Raise the precise error for an input that failed prepare's quick checks."""
         spec = self.spec
         if expected is None:
@@ -178,29 +194,30 @@ class LoadedModel:
 
     # -- metadata -----------------------------------------------------------
     def tensor_metadata(self) -> tuple[list[dict], list[dict]]:
-        def entries(specs) -> list[dict]:  # type: ignore[no-untyped-def]
+        def entries(specs: Iterable[TensorSpec]) -> list[dict]:
             return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]
 
         return entries(self.spec.inputs), entries(self.spec.outputs)
 
-    # -- health hooks (backends may define is_ready / is_alive) -------------------
+    # -- health: every instance answers --------------------------------------------------
     def is_ready(self) -> bool:
-        return all(getattr(b, "is_ready", _true)() for b in self.backends)
+        return all(b.is_ready() for b in self.instances)
 
     def is_alive(self) -> bool:
-        return all(getattr(b, "is_alive", _true)() for b in self.backends)
+        return all(b.is_alive() for b in self.instances)
 
     # -- in-flight accounting: unload waits for requests that already started ----------
     def enter(self) -> None:
-        next(self._entered)
+        with self._in_flight_lock:
+            self._in_flight += 1
 
     def leave(self) -> None:
-        next(self._left)
+        with self._in_flight_lock:
+            self._in_flight -= 1
 
     @property
     def in_flight(self) -> int:
-        # __reduce__ reads a count's next value without advancing it.
-        return self._entered.__reduce__()[1][0] - self._left.__reduce__()[1][0]  # type: ignore[index]
+        return self._in_flight
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no request is using this model (True) or ``timeout`` passes (False)."""
@@ -216,12 +233,8 @@ class LoadedModel:
         if not self.wait_idle(timeout):
             log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self.in_flight)
         self.scheduler.stop()
-        for backend in self.backends:
-            backend.close()
-
-
-def _true() -> bool:
-    return True
+        for instance in self.instances:
+            instance.close()
 
 
 def _names(names: Iterable[str]) -> str:

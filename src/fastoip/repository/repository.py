@@ -422,13 +422,14 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
 def _scheduler_for(config: mc.ModelConfig, model_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
     if config.HasField("sequence_batching"):
         from ..scheduling.execute import run_jobs
-        from ..scheduling.sequence_batcher import SequenceBatcher
+        from ..scheduling.sequence_batcher import SequenceBatcher, SequenceTarget
         from ..scheduling.sequence_settings import sequence_settings
 
         settings = sequence_settings(config, model_dir)
 
-        def sequence_batcher(model, executor):  # type: ignore[no-untyped-def]
-            return SequenceBatcher(model, settings, lambda backend, jobs: run_jobs(model, backend, jobs))
+        def sequence_batcher(context, instances, executor):  # type: ignore[no-untyped-def]
+            target = SequenceTarget(context.name, context.config, list(instances))
+            return SequenceBatcher(target, settings, lambda backend, jobs: run_jobs(context, backend, jobs))
 
         return sequence_batcher
     if config.HasField("dynamic_batching"):

@@ -1,16 +1,25 @@
-"""The dynamic batcher: per-model request merging with Triton's knobs.
+"""The dynamic batcher: per-model request merging with Triton's knobs and Triton's decisions.
 
-Rules (Triton's meaning, ``model_config.proto`` ModelDynamicBatching):
-- Requests wait in one FIFO per priority level (level 1 is served first).
-  ``priority`` (uint64 request parameter) picks the level; 0 or out of range
-  means ``default_priority_level``.
-- An executor thread per backend instance takes the oldest waiting request and
-  adds, in order, every waiting request with the same signature (non-batch
-  shapes, datatypes, outputs) while the batch stays <= max_batch_size.
-- With ``max_queue_delay_microseconds`` > 0 an incomplete batch waits up to
-  that long after its oldest request arrived, unless it already reached
-  max_batch_size or a ``preferred_batch_size``.  With 0 (the default) whatever
-  is waiting runs at once: under load, batches form by themselves.
+Rules (Triton's meaning, ``model_config.proto`` ModelDynamicBatching, and the
+decisions of core ``dynamic_batch_scheduler.cc`` ``GetDynamicBatch``):
+- Requests wait in one FIFO per priority level (level 1 is served first), then
+  the requests a ``DELAY`` timeout moved behind everything.  ``priority``
+  (uint64 request parameter) picks the level; 0 or out of range means
+  ``default_priority_level``.
+- A batch grows from the oldest waiting request, in queue order, and stops at
+  the first request that would take it past ``max_batch_size`` or whose
+  signature (non-batch input shapes) differs: that request starts the next
+  batch, so requests of another shape never wait behind this one.  Requests
+  that ask for different outputs batch together (``execute.py`` computes the
+  union and hands each job what it asked for).
+- ``preferred_batch_size`` defaults to ``[max_batch_size]`` (Triton's config
+  normalisation).  A batch runs at once when it reaches a preferred size (the
+  largest one found), when it reaches the largest preferred size, or when the
+  next request would take it past the largest preferred size or past
+  ``max_batch_size``, or the next request's shape differs.  Otherwise, with
+  ``max_queue_delay_microseconds`` > 0 it waits until its oldest request has
+  waited that long (then everything pending runs); with 0 (the default) it
+  runs at once.
 - Queue policy: ``max_queue_size`` refuses new requests with UNAVAILABLE
   "Exceeds maximum queue size"; a request that waited past its timeout
   (``default_timeout_microseconds`` or, when ``allow_timeout_override``, the
@@ -20,23 +29,24 @@ Rules (Triton's meaning, ``model_config.proto`` ModelDynamicBatching):
 - Cancelled requests and expired client deadlines leave the queue without running.
 - ``preserve_ordering``: batches finish in the order they were formed, even
   with several instances.
+- Every decision reads one injected clock (:data:`~fastoip.scheduling.contract.Clock`),
+  so tests drive the decisions with a controllable clock and no sleeps.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Optional
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument, Unavailable
+from .contract import Backend, Clock, ExecutionContext
 from .execute import run_jobs
 from .job import Job
-
-if TYPE_CHECKING:
-    from ..repository.loaded import LoadedModel
 
 
 class QueuePolicy:
@@ -51,39 +61,182 @@ class QueuePolicy:
         self.delay_on_timeout = policy.timeout_action == mc.ModelQueuePolicy.DELAY
 
 
+class BatchQueue:
+    """The waiting jobs and the decision of what runs next.  No threads, no locks: the caller serialises."""
+
+    def __init__(self, model_name: str, max_batch_size: int, settings: mc.ModelDynamicBatching) -> None:
+        self.model_name = model_name
+        self.max_batch_size = max(1, max_batch_size)
+        self.delay_ns = settings.max_queue_delay_microseconds * 1000
+        # Triton's config normalisation: no preferred sizes means [max_batch_size].
+        self.preferred = frozenset(settings.preferred_batch_size) or frozenset((self.max_batch_size,))
+        self.max_preferred = max(self.preferred)
+        self.levels = max(1, settings.priority_levels)
+        default_level = settings.default_priority_level or 1
+        if not 1 <= default_level <= self.levels:
+            raise InvalidArgument(
+                f"model '{model_name}': default_priority_level {default_level} is outside 1..{self.levels}"
+            )
+        self.default_level = default_level
+        base_policy = QueuePolicy(settings.default_queue_policy)
+        by_level = settings.priority_queue_policy
+        self.policies = [
+            QueuePolicy(by_level[level]) if level in by_level else base_policy for level in range(1, self.levels + 1)
+        ]
+        # One FIFO per level, then (index ``levels``) the jobs a DELAY timeout moved behind everything.
+        self._queues: list[collections.deque[Job]] = [collections.deque() for _ in range(self.levels + 1)]
+
+    def __len__(self) -> int:
+        count = 0
+        for queue in self._queues:
+            count += len(queue)
+        return count
+
+    def add(self, job: Job, now_ns: int) -> Unavailable | None:
+        """Queue ``job`` (its level and timeout read from the request); the error when the queue is full."""
+        level = self._level(job)
+        policy = self.policies[level]
+        timeout_us = job.request.parameters.get("timeout") if policy.allow_override else None
+        if isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us > 0:
+            job.timeout_ns = timeout_us * 1000
+        else:
+            job.timeout_ns = policy.default_timeout_ns
+        job.priority = level
+        queue = self._queues[level]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            return Unavailable("Exceeds maximum queue size")
+        job.enqueue_ns = now_ns
+        queue.append(job)
+        return None
+
+    def next_batch(self, now_ns: int, flush: bool = False) -> tuple[list[Job], int]:
+        """What runs now, taken off the queue; or ``([], ns to wait)``: ``-1`` when nothing waits.
+
+        ``flush`` (the batcher is stopping): whatever is pending runs without waiting.
+        """
+        wake_ns = self._drop_dead(now_ns)
+        queues = self._queues
+        level = 0
+        while level < len(queues) and not queues[level]:
+            level += 1
+        if level == len(queues):
+            return [], -1
+        queue = queues[level]
+        head = queue[0]
+        behind = queues[level + 1 :]
+        jobs: Iterator[Job]  # every waiting job after the head, in queue order
+        if len(queue) == 1 and not any(behind):
+            jobs = iter(())  # the common case under light load: one job waits
+        else:
+            jobs = itertools.chain(itertools.islice(queue, 1, None), *behind)
+        batch = [head]
+        size = head.batch_size
+        signature = head.signature
+        oldest_ns = head.enqueue_ns
+        best = 1 if size in self.preferred else 0  # how many jobs make the best batch found so far (0: none)
+        send_now = False
+        for job in jobs:
+            grown = size + job.batch_size
+            if grown > self.max_preferred and not best:
+                best = len(batch)  # what fits the largest preferred size runs now, unless the delay is over
+            if grown > self.max_batch_size or job.signature != signature:
+                send_now = True
+                break
+            batch.append(job)
+            size = grown
+            if job.enqueue_ns < oldest_ns:
+                oldest_ns = job.enqueue_ns
+            if size in self.preferred:
+                best = len(batch)
+        delay_over = self.delay_ns != 0 and now_ns - oldest_ns >= self.delay_ns
+        if best and not delay_over:
+            batch = batch[:best]
+        elif not (send_now or size >= self.max_preferred or delay_over or self.delay_ns == 0 or flush):
+            wait_ns = oldest_ns + self.delay_ns - now_ns
+            return [], wait_ns if wake_ns < 0 else min(wait_ns, wake_ns)
+        for job in batch:
+            self._remove(job)
+        return batch, 0
+
+    # -- internals ---------------------------------------------------------------
+    def _level(self, job: Job) -> int:
+        priority = job.request.parameters.get("priority", 0)
+        if isinstance(priority, int) and not isinstance(priority, bool) and 1 <= priority <= self.levels:
+            return priority - 1
+        return self.default_level - 1
+
+    def _remove(self, job: Job) -> None:
+        queue = self._queues[job.priority]
+        if queue[0] is job:
+            queue.popleft()
+        else:
+            queue.remove(job)
+
+    def _drop_dead(self, now_ns: int) -> int:
+        """Remove cancelled, finished and timed-out jobs; ns until the next timeout or deadline (-1: none)."""
+        wake_ns = -1
+        delayed = self._queues[self.levels]
+        for level in range(self.levels):
+            queue = self._queues[level]
+            if not queue:
+                continue
+            policy = self.policies[level]
+            keep: collections.deque[Job] = collections.deque()
+            changed = False
+            for job in queue:
+                if job.finished or job.expired(now_ns):
+                    changed = True
+                    continue
+                if job.timeout_ns:
+                    left = job.enqueue_ns + job.timeout_ns - now_ns
+                    if left <= 0:
+                        changed = True
+                        if policy.delay_on_timeout:
+                            job.timeout_ns = 0
+                            job.priority = self.levels
+                            delayed.append(job)
+                        else:
+                            job.fail(Unavailable("Request timeout expired"))
+                        continue
+                    wake_ns = left if wake_ns < 0 else min(wake_ns, left)
+                if job.deadline_ns:
+                    left = job.deadline_ns - now_ns
+                    wake_ns = left if wake_ns < 0 else min(wake_ns, left)
+                keep.append(job)
+            if changed:
+                self._queues[level] = keep
+        if delayed and any(job.finished or job.expired(now_ns) for job in delayed):
+            self._queues[self.levels] = collections.deque(job for job in delayed if not job.finished)
+        return wake_ns
+
+
 class DynamicBatcher:
     """Merges waiting requests into batches for a pool of instance threads."""
 
     #: Requests wait here, so a cancelled call must be able to leave the queue.
     queues = True
 
-    def __init__(self, model: "LoadedModel", executor: Executor) -> None:
-        settings = model.config.dynamic_batching
-        self.model = model
-        self.max_batch_size = max(1, model.config.max_batch_size)
-        self.delay_ns = settings.max_queue_delay_microseconds * 1000
-        self.preferred = frozenset(settings.preferred_batch_size)
-        self.levels = max(1, settings.priority_levels)
-        default_level = settings.default_priority_level or 1
-        if not 1 <= default_level <= self.levels:
-            raise InvalidArgument(
-                f"model '{model.name}': default_priority_level {default_level} is outside 1..{self.levels}"
-            )
-        self.default_level = default_level
-        base_policy = QueuePolicy(settings.default_queue_policy)
-        self.policies = [
-            QueuePolicy(settings.priority_queue_policy[level]) if level in settings.priority_queue_policy else base_policy
-            for level in range(1, self.levels + 1)
-        ]
-        self._queues: list[collections.deque] = [collections.deque() for _ in range(self.levels)]
-        self._delayed: collections.deque = collections.deque()
+    def __init__(
+        self,
+        context: ExecutionContext,
+        instances: Sequence[Backend],
+        executor: Executor,
+        clock: Clock = time.monotonic_ns,
+        start_threads: bool = True,
+    ) -> None:
+        """``start_threads=False`` (tests): no instance threads; :meth:`step` runs what is due on the caller."""
+        self.context = context
+        self.instances = list(instances)
+        self.clock = clock
+        config = context.config
+        self._queue = BatchQueue(context.name, config.max_batch_size, config.dynamic_batching)
         self._cond = threading.Condition(threading.Lock())
         self._stopping = False
-        self._preserve_ordering = settings.preserve_ordering and len(model.backends) > 1
-        self._last_gate: Optional[threading.Event] = None
+        self._preserve_ordering = config.dynamic_batching.preserve_ordering and len(self.instances) > 1
+        self._last_gate: threading.Event | None = None
         self._threads = [
-            threading.Thread(target=self._serve, args=(backend,), name=f"batcher-{model.name}-{i}", daemon=True)
-            for i, backend in enumerate(model.backends)
+            threading.Thread(target=self._serve, args=(backend,), name=f"batcher-{context.name}-{i}", daemon=True)
+            for i, backend in enumerate(self.instances if start_threads else ())
         ]
         for thread in self._threads:
             thread.start()
@@ -94,29 +247,20 @@ class DynamicBatcher:
         self.submit(job)
 
     def submit(self, job: Job) -> None:
-        level = self._level(job)
-        policy = self.policies[level]
-        timeout_us = job.request.parameters.get("timeout") if policy.allow_override else None
-        if isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us > 0:
-            job.timeout_ns = timeout_us * 1000
-        else:
-            job.timeout_ns = policy.default_timeout_ns
-        job.priority = level
-        job.signature = self.model.signature(job)
+        job.signature = self.context.signature(job)
         job.arm()
         with self._cond:
             if self._stopping:
-                job.fail(Unavailable(f"model '{self.model.name}' is being unloaded"))
+                job.fail(Unavailable(f"model '{self.context.name}' is being unloaded"))
                 return
-            queue = self._queues[level]
-            if policy.max_queue_size and len(queue) >= policy.max_queue_size:
-                job.fail(Unavailable("Exceeds maximum queue size"))
+            refused = self._queue.add(job, self.clock())
+            if refused is not None:
+                job.fail(refused)
                 return
-            queue.append(job)
             self._cond.notify()
 
     def pending(self) -> int:
-        return sum(len(q) for q in self._queues) + len(self._delayed)
+        return len(self._queue)
 
     def stop(self) -> None:
         """Run what is queued, then let the instance threads end."""
@@ -127,100 +271,46 @@ class DynamicBatcher:
             if thread is not threading.current_thread():
                 thread.join(timeout=60)
 
-    # -- the instance threads ------------------------------------------------------------
-    def _level(self, job: Job) -> int:
-        priority = job.request.parameters.get("priority", 0)
-        if isinstance(priority, int) and not isinstance(priority, bool) and 1 <= priority <= self.levels:
-            return priority - 1
-        return self.default_level - 1
+    def step(self) -> tuple[list[Job], int]:
+        """Form at most one batch at the clock's time and run it on the first instance, on this thread.
 
-    def _serve(self, backend) -> None:  # type: ignore[no-untyped-def]
+        For tests with ``start_threads=False``; returns the batch that ran (empty
+        when none is due) and the ns the batcher would wait (-1: nothing waits).
+        """
+        with self._cond:
+            batch, wait_ns = self._queue.next_batch(self.clock(), flush=self._stopping)
+        if batch:
+            run_jobs(self.context, self.instances[0], batch)
+        return batch, wait_ns
+
+    # -- the instance threads ------------------------------------------------------------
+    def _serve(self, backend: Backend) -> None:
         while True:
             batch, gate_in, gate_out = self._next_batch()
             if batch is None:
                 return
-            if gate_in is None and gate_out is None:
-                run_jobs(self.model, backend, batch)
+            if gate_out is None:
+                run_jobs(self.context, backend, batch)
             else:
-                run_jobs(self.model, backend, batch, before_finish=gate_in.wait if gate_in else None)
-                gate_out.set()  # type: ignore[union-attr]
+                run_jobs(self.context, backend, batch, before_finish=gate_in.wait if gate_in else None)
+                gate_out.set()
 
-    def _next_batch(self) -> tuple[Optional[list[Job]], Optional[threading.Event], Optional[threading.Event]]:
+    def _next_batch(self) -> tuple[list[Job] | None, threading.Event | None, threading.Event | None]:
         with self._cond:
             while True:
-                self._drop_dead(time.monotonic_ns())
-                head = self._head()
-                if head is None:
-                    if self._stopping:
-                        return None, None, None
-                    self._cond.wait()
+                batch, wait_ns = self._queue.next_batch(self.clock(), flush=self._stopping)
+                if not batch:
+                    if wait_ns < 0:
+                        if self._stopping:
+                            return None, None, None
+                        self._cond.wait()
+                    else:
+                        self._cond.wait(wait_ns / 1e9)
                     continue
-                batch, size = self._collect(head)
-                if self.delay_ns and size < self.max_batch_size and size not in self.preferred and not self._stopping:
-                    remaining = head.arrival_ns + self.delay_ns - time.monotonic_ns()
-                    if remaining > 0:
-                        self._cond.wait(remaining / 1e9)
-                        continue
-                for job in batch:
-                    self._remove(job)
                 gate_in = gate_out = None
                 if self._preserve_ordering:
                     gate_in, gate_out = self._last_gate, threading.Event()
                     self._last_gate = gate_out
-                if self.pending():
+                if len(self._queue):
                     self._cond.notify()  # another idle instance can take the rest
                 return batch, gate_in, gate_out
-
-    def _head(self) -> Optional[Job]:
-        for queue in self._queues:
-            if queue:
-                return queue[0]
-        return self._delayed[0] if self._delayed else None
-
-    def _collect(self, head: Job) -> tuple[list[Job], int]:
-        batch, size = [head], head.batch_size
-        signature = head.signature
-        for queue in (*self._queues, self._delayed):
-            for job in queue:
-                if job is head or job.signature != signature:
-                    continue
-                if size + job.batch_size > self.max_batch_size:
-                    return batch, size
-                batch.append(job)
-                size += job.batch_size
-                if size == self.max_batch_size:
-                    return batch, size
-        return batch, size
-
-    def _remove(self, job: Job) -> None:
-        queue = self._delayed if job in self._delayed else self._queues[job.priority]
-        if queue and queue[0] is job:
-            queue.popleft()
-        else:
-            queue.remove(job)
-
-    def _drop_dead(self, now_ns: int) -> None:
-        """Remove cancelled, finished and timed-out jobs from the queues."""
-        for level, queue in enumerate(self._queues):
-            if not queue:
-                continue
-            policy = self.policies[level]
-            keep = collections.deque()
-            changed = False
-            for job in queue:
-                if job.finished or job.expired(now_ns):
-                    changed = True
-                    continue
-                if job.timeout_ns and now_ns - job.arrival_ns >= job.timeout_ns:
-                    changed = True
-                    if policy.delay_on_timeout:
-                        job.timeout_ns = 0
-                        self._delayed.append(job)
-                    else:
-                        job.fail(Unavailable("Request timeout expired"))
-                    continue
-                keep.append(job)
-            if changed:
-                self._queues[level] = keep
-        if self._delayed and any(job.finished for job in self._delayed):
-            self._delayed = collections.deque(job for job in self._delayed if not job.finished)

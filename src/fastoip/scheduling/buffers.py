@@ -11,7 +11,7 @@ Rules:
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def host_allocator(nbytes: int) -> np.ndarray:
 class BufferPool:
     """Free buffers per (input, dtype); thread-safe."""
 
-    def __init__(self, allocator: Optional[Allocator] = None) -> None:
+    def __init__(self, allocator: Allocator | None = None) -> None:
         self._allocate = allocator or host_allocator
         self._free: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
@@ -56,6 +56,11 @@ class BufferPool:
             storage = self._allocate(max(nbytes, 64))
         view = storage[:nbytes].view(dtype).reshape(shape)
         return Lease(key, storage, view)
+
+    def idle(self) -> int:
+        """Buffers in the pool now (every buffer ever allocated is here when no execution runs)."""
+        with self._lock:
+            return sum(len(free) for free in self._free.values())
 
     def give_back(self, lease: Lease) -> None:
         with self._lock:

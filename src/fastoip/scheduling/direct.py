@@ -7,14 +7,12 @@ asynchronous callers are run on the core's executor.
 from __future__ import annotations
 
 import queue
+from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
 
+from .contract import Backend, ExecutionContext
 from .execute import run_jobs
 from .job import Job
-
-if TYPE_CHECKING:
-    from ..repository.loaded import LoadedModel
 
 
 class DirectScheduler:
@@ -23,18 +21,18 @@ class DirectScheduler:
     #: Requests never wait in a queue here, so there is nothing to cancel.
     queues = False
 
-    def __init__(self, model: "LoadedModel", executor: Executor) -> None:
-        self.model = model
+    def __init__(self, context: ExecutionContext, instances: Sequence[Backend], executor: Executor) -> None:
+        self.context = context
         self._executor = executor
-        self._instances: "queue.SimpleQueue" = queue.SimpleQueue()
-        for backend in model.backends:
+        self._instances: queue.SimpleQueue[Backend] = queue.SimpleQueue()
+        for backend in instances:
             self._instances.put(backend)
 
     def run(self, job: Job) -> None:
         """Run ``job`` on the calling thread (blocking until an instance is free)."""
         backend = self._instances.get()
         try:
-            run_jobs(self.model, backend, (job,))
+            run_jobs(self.context, backend, (job,))
         finally:
             self._instances.put(backend)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
@@ -34,6 +34,7 @@ class Job:
         "regions",
         "signature",
         "arrival_ns",
+        "enqueue_ns",
         "deadline_ns",
         "timeout_ns",
         "priority",
@@ -65,19 +66,21 @@ class Job:
         self.batch_size = batch_size
         self.output_names = output_names
         #: Output name -> the shared-memory bytes it goes to (set by the Core), or None.
-        self.destinations: Optional[dict[str, np.ndarray]] = None
+        self.destinations: dict[str, np.ndarray] | None = None
         #: System shared-memory regions the request reads or writes (set by the Core), or None.
-        self.regions: Optional[list] = None
+        self.regions: list | None = None
         #: Jobs batch together only when their signatures are equal (set by the batcher).
-        self.signature: tuple = ()
+        self.signature: Hashable = ()
         self.arrival_ns = time.monotonic_ns()
+        #: When a queueing scheduler took the job, on that scheduler's clock (its delay and timeouts count from it).
+        self.enqueue_ns = self.arrival_ns
         #: Absolute monotonic deadline from the client (gRPC deadline), or 0.
         self.deadline_ns = 0
         #: Queue timeout from policy or the request's ``timeout`` parameter, or 0.
         self.timeout_ns = 0
         self.priority = 0
-        self.response: Optional[InferResponse] = None
-        self.error: Optional[InferenceError] = None
+        self.response: InferResponse | None = None
+        self.error: InferenceError | None = None
         self.queue_ns = 0
         self.compute_start_ns = 0
         self.compute_end_ns = 0
@@ -86,9 +89,9 @@ class Job:
         self.cache_key: Optional[bytes] = None
         self.cache_leader = False
         self.cached: Optional[InferResponse] = None
-        self._done: Optional[threading.Lock] = None
-        self._claim: Optional[threading.Lock] = None
-        self._on_done: Optional[Callable[["Job"], None]] = None
+        self._done: threading.Lock | None = None
+        self._claim: threading.Lock | None = None
+        self._on_done: Callable[[Job], None] | None = None
         self._finished = False
 
     def arm(self) -> None:
@@ -100,7 +103,7 @@ class Job:
             # Whoever acquires _claim first finishes the job (atomic under races).
             self._claim = threading.Lock()
 
-    def on_done(self, callback: Callable[["Job"], None]) -> None:
+    def on_done(self, callback: Callable[[Job], None]) -> None:
         """Call ``callback(job)`` when the job finishes; set it before handing the job over."""
         self._on_done = callback
 
@@ -168,3 +171,14 @@ class Job:
             raise self.error
         assert self.response is not None
         return self.response
+
+
+def input_signature(job: Job, batching: bool) -> Hashable:
+    """Jobs merge into one batch only when their inputs agree in name and non-batch shape.
+
+    Requested outputs are not part of it: a batch computes every output any of
+    its jobs asked for (Triton batches such requests together too).
+    """
+    skip = 1 if batching else 0
+    # In the request's order (clients send a fixed order; sorting would cost on every request).
+    return tuple([(t.name, tuple(t.shape[skip:])) for t in job.request.inputs])

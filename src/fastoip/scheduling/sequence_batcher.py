@@ -62,6 +62,15 @@ class SequenceModel(Protocol):
 
 
 @dataclass
+class SequenceTarget:
+    """A SequenceModel made of the scheduler factory's arguments: the model's name, config and instances."""
+
+    name: str
+    config: mc.ModelConfig
+    backends: list[Any]
+
+
+@dataclass
 class _Pending:
     job: Job
     start: bool
@@ -357,13 +366,3 @@ class SequenceBatcher:
 def _signature(job: Job) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Requests batch together only when their inputs have the same non-batch shapes."""
     return tuple((name, tuple(array.shape[1:])) for name, array in job.feeds.items())
-
-
-def sequence_batcher_factory(settings: SequenceSettings, run_batch: RunBatch) -> Callable[[SequenceModel, Executor],
-                                                                                             SequenceBatcher]:
-    """The scheduler factory the repository hands a LoadedModel."""
-
-    def make(model: SequenceModel, executor: Executor) -> SequenceBatcher:
-        return SequenceBatcher(model, settings, run_batch)
-
-    return make

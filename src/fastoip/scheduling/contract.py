@@ -1,0 +1,134 @@
+"""What a backend and a scheduler must do: read this first.
+
+The seams, top to bottom (Triton's ``scheduler.h`` states the same split):
+
+- The repository loads a model version (``repository/loaded.py``), builds its
+  backend instances and one :class:`ExecutionContext`, and hands the context and
+  the instances to a :data:`SchedulerFactory`.  Schedulers never see the
+  ``LoadedModel``: ``scheduling/`` imports nothing from ``repository/``.
+- A :class:`Scheduler` decides *when* and *with which other requests* a
+  :class:`~fastoip.scheduling.job.Job` runs (Direct: at once, alone; the dynamic
+  batcher: merged along dim 0 under Triton's rules).
+- :func:`fastoip.scheduling.execute.run_jobs` hands a group of jobs to one
+  :class:`Backend` instance and finishes every job, whatever happens.
+- A :class:`Backend` has one calling shape: ``execute(jobs)`` returns one
+  response or error per job.  Python models implement it themselves (their
+  model reads request parameters and content types).  A tensor model (ONNX
+  Runtime) implements the smaller :class:`TensorModel` (merged arrays in, arrays
+  out) and is wrapped in :class:`fastoip.scheduling.execute.TensorBackend`, the
+  one place where jobs are merged along dim 0 into pooled buffers and split
+  back into per-job responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .._proto import model_config_pb2 as mc
+from ..metrics import ModelStatistics
+from ..types import InferResponse
+from .buffers import BufferPool
+from .job import Job
+
+#: ``(batch_size, request_count, input_ns, infer_ns, output_ns)`` of one model execution (for statistics).
+Execution = tuple[int, int, int, int, int]
+
+#: Per job, in the order given: its response, or the error that job alone failed with.
+Results = list["InferResponse | BaseException"]
+
+#: A monotonic clock in nanoseconds (``time.monotonic_ns``; tests pass a controllable one).
+Clock = Callable[[], int]
+
+
+class _Instance(Protocol):
+    """What every instance answers, whatever its kind."""
+
+    def is_ready(self) -> bool:
+        """Whether the instance can serve now (the model's readiness is every instance's)."""
+
+    def is_alive(self) -> bool:
+        """Whether the instance still works at all (a crashed worker is not)."""
+
+    def close(self) -> None:
+        """Release what the instance holds (sessions, threads); called once at unload."""
+
+
+@runtime_checkable
+class Backend(_Instance, Protocol):
+    """One instance of a model, as schedulers call it; ``execute`` is called by one thread at a time."""
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        """Run ``jobs`` (equal signatures): per job its response or error, and the executions made.
+
+        Raising fails every job of the call (``run_jobs`` sees to it).  The
+        backend may set ``job.compute_end_ns``; ``run_jobs`` sets what it left at 0.
+        """
+
+
+@runtime_checkable
+class TensorModel(_Instance, Protocol):
+    """A model that computes arrays from arrays (ONNX Runtime); wrapped by ``execute.TensorBackend``."""
+
+    #: True when the instance runs on a CUDA device (batches are then gathered in pinned host memory).
+    on_gpu: bool
+
+    def run(
+        self,
+        feeds: dict[str, np.ndarray],
+        output_names: Sequence[str],
+        destinations: dict[str, np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        """Compute ``output_names`` (in that order) from ``feeds`` (dim 0 is the batch when the model batches).
+
+        ``destinations`` (only for a batch of one request) maps output names to
+        shared-memory bytes the model may compute straight into.
+        """
+
+
+@dataclass(frozen=True)
+class ExecutionContext:
+    """What a scheduler and the tensor adapter may know about the model they serve."""
+
+    name: str
+    version_str: str
+    config: mc.ModelConfig
+    #: Whether dim 0 of every tensor is the batch.
+    batching: bool
+    #: Datatype of every output, by name (responses carry it).
+    output_datatypes: Mapping[str, str]
+    stats: ModelStatistics
+    #: Where merged batch inputs are gathered (pinned host memory on the CUDA EP).
+    buffers: BufferPool
+    #: True when the instances take whole requests (Python models), not merged tensors (for
+    #: observers such as statistics and logs: every instance has the one ``execute`` shape).
+    runs_requests: bool
+    #: Jobs merge into one batch only when these values are equal.
+    signature: Callable[[Job], Hashable]
+
+
+class Scheduler(Protocol):
+    """Decides when, and together with which others, a job runs on an instance."""
+
+    #: True when jobs wait in a queue here (so a cancelled call must leave it); False: they run at once.
+    queues: bool
+
+    def submit(self, job: Job) -> None:
+        """Hand ``job`` over (it is armed here); its ``on_done`` callback reports the result."""
+
+    def run(self, job: Job) -> None:
+        """Run ``job`` for a blocking caller (on the caller's thread where possible); then ``job.wait()``."""
+
+    def pending(self) -> int:
+        """Jobs waiting in this scheduler's queues (0 for schedulers without one)."""
+
+    def stop(self) -> None:
+        """Run or fail what is queued, then end the scheduler's threads; called once at unload."""
+
+
+#: How the repository makes a scheduler for one model version: ``factory(context, instances, executor)``.
+SchedulerFactory = Callable[[ExecutionContext, Sequence[Backend], Executor], Scheduler]
