@@ -169,7 +169,7 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-max-concurrent-streams", type=int, default=1024,
                    help="native: HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS)")
     p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000,
-                   help="native: ms of silence before the server PINGs a connection (0: never; Triton's default)")
+                   help="native: ms of silence before the server PINGs a connection (default 7200000 as Triton; 0: never)")
     p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000,
                    help="native: ms to wait for that PING's ACK before closing the connection")
     p.add_argument("--grpc-max-connection-age", type=int, default=0,

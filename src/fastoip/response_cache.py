@@ -12,7 +12,7 @@ Rules (Triton's ``docs/user_guide/response_cache.md``, with fastoip's additions)
 - Identical requests that arrive while the first is still running wait for it
   (one execution, N answers): :meth:`ResponseCache.claim` says who runs.
 - Never used for models whose answers depend on more than the request (sequence
-  and decoupled models): the caller decides, see :func:`cacheable`.
+  and decoupled models): the caller decides (``LoadedModel.uses_response_cache``).
 """
 
 from __future__ import annotations

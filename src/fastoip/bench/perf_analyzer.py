@@ -43,7 +43,7 @@ REFUSED: dict[str, str] = {
     "--ssl-https-client-certificate-type": "fastoip bench speaks plain HTTP only",
     "--ssl-https-private-key-file": "fastoip bench speaks plain HTTP only",
     "--ssl-https-private-key-type": "fastoip bench speaks plain HTTP only",
-    "--sequence-length": "sequence models are not supported (fastoip has no sequence batcher yet)",
+    "--sequence-length": "fastoip bench does not drive sequence models yet (the server has a sequence batcher)",
     "--sequence-length-variation": "sequence models are not supported",
     "--sequence-id-range": "sequence models are not supported",
     "--num-of-sequences": "sequence models are not supported",
