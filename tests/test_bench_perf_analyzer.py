@@ -235,7 +235,7 @@ def test_parsers() -> None:
     assert parse_request_parameter("max_tokens:256:int") == ("max_tokens", 256)
     assert parse_request_parameter("on:TRUE:bool") == ("on", True)
     assert parse_request_parameter("s:a b:STRING") == ("s", "a b")
-    assert parse_header("Authorization: Bearer x:y") == ("Authorization", " Bearer x:y")
+    assert parse_header("Authorization: Bearer x:y") == ("Authorization", "Bearer x:y")
     with pytest.raises(BenchError):
         parse_header("X-A: b\r\nX-Injected: c")
     stream = io.StringIO()
@@ -256,7 +256,8 @@ def test_headers_travel_as_grpc_metadata(client: str) -> None:
 
     import grpc
 
-    from fastoip.bench.load import INFER_METHOD, LoadSpec, make_generator
+    from fastoip.bench.generators import make_generator
+    from fastoip.bench.load import INFER_METHOD, LoadSpec
     from fastoip.bench.verify import ResponseCheck
 
     seen: list[tuple[dict, bytes]] = []

@@ -29,7 +29,7 @@ def one_second(flag: str) -> str:
     text = serve_help()
     if flag not in text:
         pytest.skip(f"this build has no {flag}")
-    start = text.index(flag)
+    start = text.index(f"\n  {flag} ")  # the option's own help entry, not its mention in the usage lines
     following = re.search(r"\n\s+--", text[start + len(flag):])
     paragraph = text[start : start + len(flag) + (following.start() if following else 400)]
     return "1000" if re.search(r"\bms\b|milli", paragraph) else "1"

@@ -282,7 +282,7 @@ def parse_header(text: str) -> tuple[str, str]:
         raise BenchError(f"-H {text!r}: expected HEADER:VALUE", stage="args")
     if any(c in text for c in "\r\n\0"):
         raise BenchError(f"-H {text!r}: a header holds no line breaks or NUL", stage="args")
-    return name.strip(), value
+    return name.strip(), value.strip()  # RFC 9110: whitespace around a field value is not part of it
 
 
 def settings_from(args: argparse.Namespace) -> Settings:

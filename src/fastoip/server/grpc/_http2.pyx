@@ -122,6 +122,7 @@ cdef extern from "nghttp2/nghttp2.h":
     int nghttp2_option_new(nghttp2_option **option_ptr)
     void nghttp2_option_del(nghttp2_option *option)
     void nghttp2_option_set_max_outbound_ack(nghttp2_option *option, size_t val)
+    void nghttp2_option_set_no_rfc9113_leading_and_trailing_ws_validation(nghttp2_option *option, int val)
 
     int nghttp2_session_server_new2(
         nghttp2_session **session_ptr, const nghttp2_session_callbacks *callbacks, void *user_data,
@@ -233,6 +234,8 @@ cdef class Http2Session:
             raise MemoryError()
         # A flood of PINGs / SETTINGS whose ACKs pile up unsent ends the connection (nghttp2's guard).
         nghttp2_option_set_max_outbound_ack(option, 1000)
+        # metadata values with surrounding spaces ("-H 'key: value'") are accepted, as grpcio's server does
+        nghttp2_option_set_no_rfc9113_leading_and_trailing_ws_validation(option, 1)
         rv = nghttp2_session_server_new2(&self._session, callbacks, <void *>self, option)
         nghttp2_option_del(option)
         nghttp2_session_callbacks_del(callbacks)
