@@ -126,14 +126,15 @@ class ModelRepository:
 
         A model that is unavailable because it was unloaded does not count, as in Triton's ``IsReady``.
         """
+        # Snapshots (list() runs under the GIL): a load on another thread may add records or versions meanwhile.
         return all(
-            r.state == ModelState.READY and all(m.is_ready() for m in r.versions.values())
-            for r in self._records.values()
+            r.state == ModelState.READY and all(m.is_ready() for m in list(r.versions.values()))
+            for r in list(self._records.values())
             if not r.unloaded
         )
 
     def all_alive(self) -> bool:
-        return all(m.is_alive() for r in self._records.values() for m in r.versions.values())
+        return all(m.is_alive() for r in list(self._records.values()) for m in list(r.versions.values()))
 
     # -- load / unload ------------------------------------------------------------
     def load_all(self) -> None:
