@@ -61,7 +61,7 @@ def test_500_concurrent_requests_each_get_their_own_result(server: ServerProcess
     futures = [call.future(p, timeout=120) for p in payloads]  # all 500 in flight at once
     responses = [_codec.decode_infer_response(f.result()) for f in futures]
     expected = [session.run(None, {"INPUT0": x})[0] for x in inputs]
-    for i, (response, want) in enumerate(zip(responses, expected)):
+    for i, (response, want) in enumerate(zip(responses, expected, strict=False)):
         assert response.id == str(i)
         got = response.outputs[0].data
         assert got.shape == want.shape

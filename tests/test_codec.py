@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,7 +139,7 @@ def norm_params(params: dict) -> dict[str, tuple[str, Any]]:
     return out
 
 
-def norm_array(datatype: str, shape: tuple[int, ...], data: Optional[np.ndarray]) -> Any:
+def norm_array(datatype: str, shape: tuple[int, ...], data: np.ndarray | None) -> Any:
     """Tensor data as a comparable value (NaNs made canonical: typed float contents go through
     Python floats in protobuf, which may quiet a signalling NaN)."""
     if data is None:
@@ -222,7 +222,7 @@ def expected_request(m: Any) -> dict:
     raw = list(m.raw_input_contents)
     headers = [_tensor_header(t) for t in m.inputs]
     needing = 0
-    for t, (_, _, _, _, shm, _) in zip(m.inputs, headers):
+    for t, (_, _, _, _, shm, _) in zip(m.inputs, headers, strict=False):
         has_contents = t.HasField("contents")
         if shm and has_contents:
             raise Reject("shared-memory input with contents")
@@ -233,7 +233,7 @@ def expected_request(m: Any) -> dict:
     if len(raw) != needing:
         raise Reject("raw count")
     inputs, j = [], 0
-    for t, (name, datatype, shape, params, shm, count) in zip(m.inputs, headers):
+    for t, (name, datatype, shape, params, shm, count) in zip(m.inputs, headers, strict=False):
         if shm:
             data = None
         elif t.HasField("contents"):
@@ -259,7 +259,7 @@ def expected_response(m: Any) -> dict:
     if raw and len(raw) != len(m.outputs):
         raise Reject("raw count")
     outputs = []
-    for i, (t, (name, datatype, shape, params, shm, count)) in enumerate(zip(m.outputs, headers)):
+    for i, (t, (name, datatype, shape, params, shm, count)) in enumerate(zip(m.outputs, headers, strict=False)):
         has_contents = t.HasField("contents")
         if raw:
             if has_contents:
@@ -466,7 +466,7 @@ def test_decode_non_contiguous_buffer_rejected() -> None:
         codec.decode_infer_request(strided)
 
 
-def _request(inputs: list[InferInput], outputs: Optional[list[RequestedOutput]] = None,
+def _request(inputs: list[InferInput], outputs: list[RequestedOutput] | None = None,
              **kw: Any) -> InferRequest:
     return InferRequest(kw.pop("model_name", "m"), kw.pop("model_version", ""), kw.pop("id", ""),
                         kw.pop("parameters", None), inputs, outputs)
@@ -645,7 +645,7 @@ def test_tritonclient_built_request_and_result() -> None:
     inputs = [grpcclient.InferInput("A", [1, 16], "INT32"), grpcclient.InferInput("S", [1, 3], "BYTES"),
               grpcclient.InferInput("H", [2], "FP16"), grpcclient.InferInput("B", [3], "BF16"),
               grpcclient.InferInput("SHM", [4], "FP32")]
-    for inp, arr in zip(inputs, (a, s, h, b)):
+    for inp, arr in zip(inputs, (a, s, h, b), strict=False):
         inp.set_data_from_numpy(arr)
     inputs[4].set_shared_memory("region0", 16, offset=8)
     outputs = [grpcclient.InferRequestedOutput("OUT", class_count=0)]
@@ -853,7 +853,7 @@ def test_decoded_datatype_strings_are_the_canonical_names() -> None:
 # Decoding errors                                                              #
 # --------------------------------------------------------------------------- #
 
-def _one_input(datatype: bytes, shape: list[int], raw: Optional[bytes], name: bytes = b"INPUT0",
+def _one_input(datatype: bytes, shape: list[int], raw: bytes | None, name: bytes = b"INPUT0",
                extra: bytes = b"") -> bytes:
     t = ld(1, name) + ld(2, datatype) + ld(3, b"".join(varint(d) for d in shape)) + extra
     return ld(1, b"m") + ld(5, t) + (ld(7, raw) if raw is not None else b"")

@@ -20,7 +20,7 @@ Never any other exception, never a crash.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,6 +31,10 @@ codec = pytest.importorskip(
 from google.protobuf.message import DecodeError  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+
+from fastoip.errors import CodecError  # noqa: E402
+from fastoip.types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput, UInt64  # noqa: E402
 from test_codec import (  # noqa: E402
     CONTENTS_FIELD,
     DATATYPES,
@@ -39,16 +43,12 @@ from test_codec import (  # noqa: E402
     Reject,
     expected_request,
     expected_response,
+    norm_params,
     normalize_request,
     normalize_response,
-    norm_params,
     pb_params,
     raw_bytes,
 )
-from tritonclient.grpc import service_pb2 as pb  # noqa: E402
-
-from fastoip.errors import CodecError  # noqa: E402
-from fastoip.types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput, UInt64  # noqa: E402
 
 #: FASTOIP_FUZZ_EXAMPLES=20000 for a long run; 300 by default.
 FUZZ = settings(max_examples=int(os.environ.get("FASTOIP_FUZZ_EXAMPLES", "300")), deadline=None,
@@ -239,7 +239,7 @@ def wire_leniency(buf: bytes, schema: dict) -> bool:
         return False
 
 
-def check_against_protobuf(data: bytes, response: bool = False) -> Optional[dict]:
+def check_against_protobuf(data: bytes, response: bool = False) -> dict | None:
     """The differential rule for one input; returns the decoded (normalized) result, if any."""
     cls = pb.ModelInferResponse if response else pb.ModelInferRequest
     decode = codec.decode_infer_response if response else codec.decode_infer_request
@@ -291,7 +291,7 @@ def test_encode_response_agrees_with_protobuf(resp: InferResponse) -> None:
     assert (m.model_name, m.model_version, m.id) == (resp.model_name, resp.model_version, resp.id)
     assert pb_params(m.parameters) == norm_params(resp.parameters)
     assert len(m.outputs) == len(resp.outputs) == len(m.raw_output_contents)
-    for out, t, raw in zip(resp.outputs, m.outputs, m.raw_output_contents):
+    for out, t, raw in zip(resp.outputs, m.outputs, m.raw_output_contents, strict=False):
         assert (t.name, t.datatype, tuple(t.shape)) == (out.name, out.datatype, out.shape)
         assert pb_params(t.parameters) == norm_params(out.parameters)
         assert not t.HasField("contents")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,7 +33,7 @@ from serverproc import ServerProcess
 pytestmark = pytest.mark.timeout(120)
 
 
-def tensor(name: str, data: Any, datatype: Optional[str] = None, content_type: Optional[str] = None) -> ct.Tensor:
+def tensor(name: str, data: Any, datatype: str | None = None, content_type: str | None = None) -> ct.Tensor:
     if datatype == "BYTES" or (datatype is None and isinstance(data, list) and isinstance(data[0], bytes)):
         array = np.empty(len(data), dtype=object)
         array[:] = data
@@ -358,7 +358,7 @@ class Merge(fastoip.Model):
 '''
 
 
-def settings(name: str, inputs: list, outputs: list, content_type: Optional[str] = None) -> str:
+def settings(name: str, inputs: list, outputs: list, content_type: str | None = None) -> str:
     doc: dict = {"name": name, "implementation": None, "inputs": inputs, "outputs": outputs}
     del doc["implementation"]
     if content_type:
@@ -366,14 +366,14 @@ def settings(name: str, inputs: list, outputs: list, content_type: Optional[str]
     return json.dumps(doc)
 
 
-def io(name: str, datatype: str, shape: list, content_type: Optional[str] = None) -> dict:
+def io(name: str, datatype: str, shape: list, content_type: str | None = None) -> dict:
     entry: dict = {"name": name, "datatype": datatype, "shape": shape}
     if content_type:
         entry["parameters"] = {"content_type": content_type}
     return entry
 
 
-def write(root: Path, name: str, source: str, *, settings_json: Optional[str] = None, config: Optional[str] = None) -> None:
+def write(root: Path, name: str, source: str, *, settings_json: str | None = None, config: str | None = None) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "1" / "model.py").write_text(source)
     if settings_json is not None:
@@ -431,7 +431,7 @@ class Client:
         self.lib: Any = grpcclient if protocol == "grpc" else httpclient
         self.client = self.lib.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
 
-    def input(self, name: str, data: Any, datatype: str, content_type: Optional[str] = None) -> Any:
+    def input(self, name: str, data: Any, datatype: str, content_type: str | None = None) -> Any:
         array = np.array(data, dtype=object) if datatype == "BYTES" else np.asarray(data)
         inp = self.lib.InferInput(name, list(array.shape), datatype)
         inp.set_data_from_numpy(array)
@@ -450,7 +450,7 @@ class Client:
             out._parameters["content_type"] = content_type
         return out
 
-    def infer(self, model: str, inputs: list, parameters: Optional[dict] = None, outputs: Optional[list] = None):  # type: ignore[no-untyped-def]
+    def infer(self, model: str, inputs: list, parameters: dict | None = None, outputs: list | None = None):  # type: ignore[no-untyped-def]
         result = self.client.infer(model, inputs, parameters=parameters, outputs=outputs)
         response = result.get_response()
         if self.protocol == "grpc":
@@ -464,7 +464,7 @@ class Client:
             names = [o["name"] for o in response["outputs"]]
         return {n: result.as_numpy(n) for n in names}, out_params, params
 
-    def fails(self, model: str, inputs: list, parameters: Optional[dict] = None) -> InferenceServerException:
+    def fails(self, model: str, inputs: list, parameters: dict | None = None) -> InferenceServerException:
         with pytest.raises(InferenceServerException) as info:
             self.client.infer(model, inputs, parameters=parameters)
         expected = "StatusCode.INVALID_ARGUMENT" if self.protocol == "grpc" else "400"
@@ -478,7 +478,7 @@ def client(request: pytest.FixtureRequest, server: ServerProcess) -> Client:
 
 
 def describe_inputs(
-    client: Client, model: str, a_ct: Optional[str] = None, parameters: Optional[dict] = None, a: Optional[list] = None
+    client: Client, model: str, a_ct: str | None = None, parameters: dict | None = None, a: list | None = None
 ) -> dict:
     inputs = [
         client.input("A", a or [b"x", b"y"], "BYTES", a_ct),
@@ -606,7 +606,7 @@ def test_user_registered_content_type(client: Client) -> None:
 def test_content_types_that_do_not_fit_are_invalid_argument(client: Client) -> None:
     b, c = np.array([1, 2], dtype=np.int32), np.zeros((2, 2), dtype=np.float32)
 
-    def three(a: list, a_ct: Optional[str] = None, b_ct: Optional[str] = None) -> list:
+    def three(a: list, a_ct: str | None = None, b_ct: str | None = None) -> list:
         return [client.input("A", a, "BYTES", a_ct), client.input("B", b, "INT32", b_ct), client.input("C", c, "FP32")]
 
     err = client.fails("describe_plain", three([b"x", b"y"], b_ct="str"))

@@ -39,7 +39,7 @@ def server(frontend_server: ServerProcess) -> ServerProcess:
 # -- streaming ------------------------------------------------------------------------------
 def test_stream_1000_in_flight_ids_matched_errors_mixed(server: ServerProcess) -> None:
     client = tg.InferenceServerClient(server.grpc_url)
-    results: "queue.Queue" = queue.Queue()
+    results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     expected = {}
     errors_sent = 0
@@ -225,7 +225,7 @@ class Hammer:
             except InferenceServerException as exc:
                 self.failures.append(f"{exc.status()}: {exc.message()}")
 
-    def __enter__(self) -> "Hammer":
+    def __enter__(self) -> Hammer:
         for thread in self._threads:
             thread.start()
         return self

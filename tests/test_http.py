@@ -13,8 +13,8 @@ import http.client
 import json
 import struct
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional, Union
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)
 
-Body = Union[bytes, str, dict, list, None]
+Body = bytes | str | dict | list | None
 
 
 class Client:
@@ -37,7 +37,7 @@ class Client:
         method: str,
         path: str,
         body: Body = None,
-        headers: Optional[dict] = None,
+        headers: dict | None = None,
         chunked: bool = False,
     ) -> tuple[int, dict, bytes]:
         if isinstance(body, (dict, list)):
@@ -52,7 +52,7 @@ class Client:
         payload = response.read()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, payload
 
-    def json(self, method: str, path: str, body: Body = None, headers: Optional[dict] = None) -> tuple[int, object]:
+    def json(self, method: str, path: str, body: Body = None, headers: dict | None = None) -> tuple[int, object]:
         status, response_headers, payload = self.call(method, path, body, headers)
         if status != 200 or payload:
             assert response_headers["content-type"] == "application/json", (status, payload)
@@ -68,7 +68,7 @@ def error_of(status_and_body: tuple[int, object]) -> tuple[int, str]:
     return status, body["error"]
 
 
-def simple_request(values: Optional[Iterable[int]] = None, request_id: str = "") -> dict:
+def simple_request(values: Iterable[int] | None = None, request_id: str = "") -> dict:
     data = list(values if values is not None else range(16))
     request: dict = {
         "inputs": [
@@ -453,7 +453,7 @@ def test_no_compression_unless_asked(client: Client) -> None:
 # --------------------------------------------------------------------------- #
 
 
-def _input(name: str = "INPUT0", datatype: str = "INT32", shape: Optional[list] = None, data: object = None) -> dict:
+def _input(name: str = "INPUT0", datatype: str = "INT32", shape: list | None = None, data: object = None) -> dict:
     return {
         "name": name,
         "datatype": datatype,
@@ -501,7 +501,7 @@ JSON_ERRORS = [
 @pytest.mark.parametrize(
     "path,body,headers,status,words", [case[1:] for case in JSON_ERRORS], ids=[case[0] for case in JSON_ERRORS]
 )
-def test_error_then_still_serving(client: Client, path: str, body: Body, headers: Optional[dict], status: int,
+def test_error_then_still_serving(client: Client, path: str, body: Body, headers: dict | None, status: int,
                                   words: list[str]) -> None:
     got_status, message = error_of(client.json("POST", path, body, headers))
     assert got_status == status, message
@@ -514,7 +514,7 @@ def _binary_case(sizes: list[int], tensors: list[bytes]) -> tuple[bytes, dict]:
     header = {
         "inputs": [
             {"name": name, "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": size}}
-            for name, size in zip(("INPUT0", "INPUT1"), sizes)
+            for name, size in zip(("INPUT0", "INPUT1"), sizes, strict=False)
         ]
     }
     return binary_body(header, *tensors)

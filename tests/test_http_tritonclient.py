@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -132,7 +132,7 @@ def http_request(module: Any, data: np.ndarray, datatype: str, binary: bool) -> 
     return [inp], [module.InferRequestedOutput("OUTPUT0", binary_data=binary)]
 
 
-def infer_aio(url: str, model: str, inputs: list, outputs: Optional[list], **kwargs: Any) -> Any:
+def infer_aio(url: str, model: str, inputs: list, outputs: list | None, **kwargs: Any) -> Any:
     async def run() -> Any:
         async with aiohttpclient.InferenceServerClient(url) as c:
             return await c.infer(model, inputs, outputs=outputs, **kwargs)
@@ -311,7 +311,7 @@ def test_http_and_grpc_agree_on_demo_models(demo_client: httpclient.InferenceSer
 @pytest.mark.parametrize("request_algorithm,response_algorithm", [("gzip", "gzip"), ("deflate", "deflate"),
                                                                    ("gzip", None), (None, "deflate")])
 def test_compression(demo_server: ServerProcess, demo_client: httpclient.InferenceServerClient,
-                     request_algorithm: Optional[str], response_algorithm: Optional[str]) -> None:
+                     request_algorithm: str | None, response_algorithm: str | None) -> None:
     server, client = demo_server, demo_client
     data = np.random.default_rng(4).standard_normal((4, 16)).astype(np.float32)
     inputs, outputs = http_request(httpclient, data, "FP32", True)
@@ -397,7 +397,7 @@ def test_many_concurrent_aio_requests(demo_server: ServerProcess) -> None:
     results = asyncio.run(run())
     c = httpclient.InferenceServerClient(server.http_url)
     try:
-        for x, got in zip(batches, results):
+        for x, got in zip(batches, results, strict=False):
             inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
             inp.set_data_from_numpy(x)
             expected = c.infer("mlp", [inp]).as_numpy("OUTPUT0")

@@ -352,7 +352,7 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path, grpc_frontend: str) -
 
         with ThreadPoolExecutor(10) as pool:
             futures = [pool.submit(one, i) for i in range(10)]
-            assert wait_until(lambda: sum(l.startswith("start") for l in read_log(log)) == 10, timeout=10)
+            assert wait_until(lambda: sum(entry.startswith("start") for entry in read_log(log)) == 10, timeout=10)
             ended_before = sum(line.startswith("end") for line in read_log(log))
             server.signal(signal.SIGTERM)
             results = [f.result(timeout=30) for f in futures]
@@ -364,8 +364,8 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Path, grpc_frontend: str) -
     lines = read_log(log)
     assert sorted(line for line in lines if line.startswith("shutdown")) == sorted(f"shutdown {i}" for i in range(10))
     # shutdown hooks ran after every request had finished
-    assert lines.index(next(l for l in lines if l.startswith("shutdown"))) > max(
-        i for i, l in enumerate(lines) if l.startswith("end")
+    assert lines.index(next(entry for entry in lines if entry.startswith("shutdown"))) > max(
+        i for i, entry in enumerate(lines) if entry.startswith("end")
     )
     assert "fastoip: stopped" in server.output()
 

@@ -15,7 +15,6 @@ import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from serverproc import ServerProcess
 pytestmark = pytest.mark.timeout(120)
 
 
-def write_python_model(root: Path, name: str, source: str, config: Optional[str] = None, version: int = 1) -> Path:
+def write_python_model(root: Path, name: str, source: str, config: str | None = None, version: int = 1) -> Path:
     """``<root>/<name>/<version>/model.py`` (+ config.pbtxt); returns the model directory."""
     folder = root / name / str(version)
     folder.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 from . import __version__, triton_flags
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from .server.app import ServeOptions
 
 if TYPE_CHECKING:
-    from .metrics import MetricsConfig
+    pass
 
 
 def _env(name: str, default: str) -> str:
@@ -111,8 +112,8 @@ def serve_options(argv: Sequence[str]) -> ServeOptions:
 
 def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .metrics import MetricsConfig
-    from .response_cache import CacheSettings
     from .repository import RepositoryOptions
+    from .response_cache import CacheSettings
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
@@ -169,7 +170,8 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-max-concurrent-streams", type=int, default=1024,
                    help="native: HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS)")
     p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000,
-                   help="native: ms of silence before the server PINGs a connection (default 7200000 as Triton; 0: never)")
+                   help="native: ms of silence before the server PINGs a connection "
+                        "(default 7200000 as Triton; 0: never)")
     p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000,
                    help="native: ms to wait for that PING's ACK before closing the connection")
     p.add_argument("--grpc-max-connection-age", type=int, default=0,
@@ -203,7 +205,7 @@ def _native_grpc_options(args: argparse.Namespace) -> object:
     )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         from .bench.cli import main as bench_main

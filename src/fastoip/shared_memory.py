@@ -33,7 +33,6 @@ import os
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -142,7 +141,7 @@ class SharedMemoryRegistry:
     """Registered system and CUDA regions by name; thread-safe."""
 
     def __init__(self) -> None:
-        self._regions: dict[str, "Region | CudaRegion"] = {}
+        self._regions: dict[str, Region | CudaRegion] = {}
         self._lock = threading.Lock()
 
     def _check_new(self, name: str) -> None:
@@ -151,7 +150,7 @@ class SharedMemoryRegistry:
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' is already registered")
 
-    def _add(self, region: "Region | CudaRegion") -> None:
+    def _add(self, region: Region | CudaRegion) -> None:
         with self._lock:
             self._check_new(region.name)
             self._regions[region.name] = region
@@ -232,15 +231,15 @@ class SharedMemoryRegistry:
                 return [region.status()]
             return [r.status() for r in self._regions.values() if isinstance(r, wanted)]
 
-    def _get(self, name: str) -> "Region | CudaRegion":
+    def _get(self, name: str) -> Region | CudaRegion:
         region = self._regions.get(name)  # one dict lookup is atomic; the lock guards check-then-act
         if region is None:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
         return region
 
     def _span(
-        self, tensor: str, parameters: dict, uses: "Optional[list[Region]]"
-    ) -> "tuple[Region | CudaRegion, int, int]":
+        self, tensor: str, parameters: dict, uses: list[Region] | None
+    ) -> tuple[Region | CudaRegion, int, int]:
         region = self._get(str(parameters[REGION]))
         if isinstance(region, Region):
             region.check_intact()  # the client may have shrunk it since the last use
@@ -267,7 +266,7 @@ class SharedMemoryRegistry:
         datatype: str,
         shape: tuple[int, ...],
         parameters: dict,
-        uses: "Optional[list[Region]]" = None,
+        uses: list[Region] | None = None,
     ) -> np.ndarray:
         """A zero-copy view of an input held in a region, checked against the region.
 
@@ -301,8 +300,8 @@ class SharedMemoryRegistry:
         return np.frombuffer(source, numpy_dtype(datatype), count, start).reshape(shape)
 
     def output_view(
-        self, name: str, parameters: dict, uses: "Optional[list[Region]]" = None
-    ) -> "np.ndarray | DeviceBytes":
+        self, name: str, parameters: dict, uses: list[Region] | None = None
+    ) -> np.ndarray | DeviceBytes:
         """The writable bytes of a region an output goes to, checked against the region.
 
         Resolved before the request runs, so a bad region fails fast and a backend
@@ -317,7 +316,7 @@ class SharedMemoryRegistry:
 
 
 def write_output(
-    name: str, array: "np.ndarray | DeviceArray", datatype: str, destination: "np.ndarray | DeviceBytes"
+    name: str, array: np.ndarray | DeviceArray, datatype: str, destination: np.ndarray | DeviceBytes
 ) -> None:
     """Put an output into its region bytes ``destination`` (the one output copy).
 
@@ -356,7 +355,7 @@ def _cuda_copy(mapping: CudaMapping, destination: int, source: int, nbytes: int,
         raise InvalidArgument(f"{what}: copying CUDA shared memory failed: {exc}") from None
 
 
-def check_intact(uses: "list[Region]") -> None:
+def check_intact(uses: list[Region]) -> None:
     """After a request: refuse its answer when a region it read or wrote shrank meanwhile.
 
     A shrink racing with the request was caught by the SIGBUS guard, which put zero
@@ -366,5 +365,5 @@ def check_intact(uses: "list[Region]") -> None:
         region.check_intact()
 
 
-def uses_region(parameters: Optional[dict]) -> bool:
+def uses_region(parameters: dict | None) -> bool:
     return bool(parameters) and REGION in parameters  # type: ignore[operator]

@@ -13,7 +13,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,7 +24,7 @@ class UInt64(int):
     __slots__ = ()
 
 
-ParameterValue = Union[bool, int, float, str]
+ParameterValue = bool | int | float | str
 Parameters = dict[str, ParameterValue]
 
 
@@ -57,8 +57,8 @@ class InferInput:
         name: str,
         datatype: str,
         shape: tuple[int, ...],
-        data: Optional[np.ndarray],
-        parameters: Optional[Parameters] = None,
+        data: np.ndarray | None,
+        parameters: Parameters | None = None,
     ) -> None:
         self.name = name
         self.datatype = datatype
@@ -76,7 +76,7 @@ class RequestedOutput:
 
     __slots__ = ("name", "parameters")
 
-    def __init__(self, name: str, parameters: Optional[Parameters] = None) -> None:
+    def __init__(self, name: str, parameters: Parameters | None = None) -> None:
         self.name = name
         self.parameters = parameters if parameters is not None else {}
 
@@ -94,9 +94,9 @@ class InferRequest:
         model_name: str,
         model_version: str = "",
         id: str = "",
-        parameters: Optional[Parameters] = None,
-        inputs: Optional[list[InferInput]] = None,
-        outputs: Optional[list[RequestedOutput]] = None,
+        parameters: Parameters | None = None,
+        inputs: list[InferInput] | None = None,
+        outputs: list[RequestedOutput] | None = None,
     ) -> None:
         self.model_name = model_name
         self.model_version = model_version
@@ -123,8 +123,8 @@ class InferOutput:
         name: str,
         datatype: str,
         shape: tuple[int, ...],
-        data: Optional[np.ndarray],
-        parameters: Optional[Parameters] = None,
+        data: np.ndarray | None,
+        parameters: Parameters | None = None,
     ) -> None:
         self.name = name
         self.datatype = datatype
@@ -147,8 +147,8 @@ class InferResponse:
         model_name: str,
         model_version: str = "",
         id: str = "",
-        parameters: Optional[Parameters] = None,
-        outputs: Optional[list[InferOutput]] = None,
+        parameters: Parameters | None = None,
+        outputs: list[InferOutput] | None = None,
     ) -> None:
         self.model_name = model_name
         self.model_version = model_version

@@ -49,7 +49,7 @@ def kind_named(name: str) -> BackendKind:
     module = MODULES.get(name)
     if module is None:
         raise InvalidArgument(f"backend '{name}' is not supported (supported: {', '.join(sorted(MODULES))})")
-    return importlib.import_module(module).KIND  # type: ignore[no-any-return]
+    return importlib.import_module(module).KIND
 
 
 def kind_for(config: mc.ModelConfig, model_dir: Path) -> BackendKind:

@@ -274,7 +274,7 @@ class OnnxBackend:
 
     def close(self) -> None:
         # Every reference to the native session goes, or a reload keeps the old one (its weights, arena).
-        self.session = None  # type: ignore[assignment]
+        self.session = None
         self._inner = self._run = None
 
 

@@ -61,11 +61,9 @@ from ..content_types import (
     Tensor,
     decode_request,
     encode_output,
-    input_key,
-    output_key,
     split_response,
 )
-from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES, V2_TO_CONFIG, bf16_bits_from_float32
+from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES, bf16_bits_from_float32
 from ..errors import InferenceError, InternalError, InvalidArgument, Unavailable
 from ..lifecycle import DEPLOYMENT, SHUTDOWN, STARTUP, hook_names, is_batchable
 from ..model import Model

@@ -21,9 +21,10 @@ Rules:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import json_format, text_format
@@ -49,14 +50,14 @@ class TensorSpec:
     shape: tuple[int, ...]
     optional: bool = False
     #: The model's own shape (without the batch dim) when the config has ``reshape``, else None.
-    reshape: Optional[tuple[int, ...]] = None
+    reshape: tuple[int, ...] | None = None
 
     def accepts(self, shape: tuple) -> bool:
         """True when ``shape`` fits this spec (-1 matches any size)."""
         expected = self.shape
         if len(shape) != len(expected):
             return False
-        for got, want in zip(shape, expected):
+        for got, want in zip(shape, expected, strict=False):
             if want != -1 and got != want:
                 return False
         return True
@@ -111,7 +112,7 @@ class DiscoveredTensor:
     name: str
     datatype: str
     #: None for a dimension without a fixed size.
-    shape: tuple[Optional[int], ...]
+    shape: tuple[int | None, ...]
 
 
 def _moved_variable_dims(shape: tuple, source: tuple, target: tuple) -> tuple[int, ...]:
@@ -201,7 +202,7 @@ def complete_config(
 
 
 def _complete_tensors(
-    configured: "mc.RepeatedCompositeFieldContainer",  # type: ignore[name-defined]
+    configured: mc.RepeatedCompositeFieldContainer,  # type: ignore[name-defined]
     discovered: Sequence[DiscoveredTensor],
     batch_dims: int,
     model_name: str,
@@ -306,7 +307,7 @@ def check_model_shape(entry: Any, model_tensor: DiscoveredTensor, batching: bool
         )
 
 
-def model_spec(config: mc.ModelConfig, model_dir: Optional[Path] = None) -> ModelSpec:
+def model_spec(config: mc.ModelConfig, model_dir: Path | None = None) -> ModelSpec:
     """The infer path's view of a completed config; ``model_dir`` holds the outputs' label files."""
     batch = (-1,) if config.max_batch_size > 0 else ()
 
@@ -416,7 +417,7 @@ def read_model_settings(path: Path, model_name: str) -> mc.ModelConfig:
                 shape = shape[1:]
             tensor = add()
             tensor.name = tensor_name
-            tensor.data_type = mc.DataType.Value(V2_TO_CONFIG[datatype])
+            tensor.data_type = mc.DataType.Value(V2_TO_CONFIG[datatype])  # type: ignore[assignment]  # the stubs type the enum setter as DataType, Value() gives its int
             tensor.dims.extend(shape)
             content_type = (entry.get("parameters") or {}).get("content_type")
             if content_type:
@@ -440,7 +441,7 @@ def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
     doc = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    _int64_as_numbers(config.DESCRIPTOR, doc)
+    _int64_as_numbers(config.DESCRIPTOR, doc)  # type: ignore[arg-type]  # the upb Descriptor is the same API
     return doc
 
 

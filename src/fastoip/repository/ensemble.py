@@ -18,11 +18,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2
 from ..errors import InferenceError, InvalidArgument
-from ..scheduling.ensemble import EnsembleScheduler
+from ..scheduling.ensemble import EnsembleScheduler, Resolve
 from .loaded import LoadedModel
 
 
@@ -105,25 +106,25 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
     producer: dict[str, int] = {}
     known: dict[str, TensorShape] = dict(declared_inputs)
     steps: list[EnsembleStep] = []
-    for index, step in enumerate(steps_config):
-        where = f"ensemble '{name}' step {index} ('{step.model_name}')"
-        model = lookup(step.model_name)
+    for index, configured in enumerate(steps_config):
+        where = f"ensemble '{name}' step {index} ('{configured.model_name}')"
+        model = lookup(configured.model_name)
         if model is None:
-            raise InvalidArgument(f"{where}: model '{step.model_name}' is not available")
+            raise InvalidArgument(f"{where}: model '{configured.model_name}' is not available")
         if model.max_batch_size == 0 and config.max_batch_size > 0:
             raise InvalidArgument(
                 f"{where}: the ensemble batches (max_batch_size {config.max_batch_size}) "
-                f"but model '{step.model_name}' does not"
+                f"but model '{configured.model_name}' does not"
             )
-        missing = sorted(set(model.inputs) - set(step.input_map))
+        missing = sorted(set(model.inputs) - set(configured.input_map))
         if missing:
             raise InvalidArgument(f"{where}: model input(s) {missing} are not mapped in input_map")
-        for model_input in step.input_map:
+        for model_input in configured.input_map:
             if model_input not in model.inputs:
-                raise InvalidArgument(f"{where}: model '{step.model_name}' has no input '{model_input}'")
-        for model_output, tensor in step.output_map.items():
+                raise InvalidArgument(f"{where}: model '{configured.model_name}' has no input '{model_input}'")
+        for model_output, tensor in configured.output_map.items():
             if model_output not in model.outputs:
-                raise InvalidArgument(f"{where}: model '{step.model_name}' has no output '{model_output}'")
+                raise InvalidArgument(f"{where}: model '{configured.model_name}' has no output '{model_output}'")
             if tensor in producer:
                 raise InvalidArgument(
                     f"{where}: ensemble tensor '{tensor}' is already produced by step {producer[tensor]}"
@@ -134,10 +135,10 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
                 )
             producer[tensor] = index
             _agree(where, tensor, known, model.outputs[model_output])
-        version = "" if step.model_version < 0 else str(step.model_version)
+        version = "" if configured.model_version < 0 else str(configured.model_version)
         steps.append(
-            EnsembleStep(index, step.model_name, version, dict(step.input_map), dict(step.output_map),
-                         frozenset(step.input_map.values()))
+            EnsembleStep(index, configured.model_name, version, dict(configured.input_map),
+                         dict(configured.output_map), frozenset(configured.input_map.values()))
         )
     for step in steps:
         where = f"ensemble '{name}' step {step.index} ('{step.model_name}')"
@@ -227,7 +228,7 @@ class EnsembleModel(LoadedModel):
         self._resolve = resolve
         super().__init__(
             name, version, path, config, [], executor,
-            lambda context, instances, executor: EnsembleScheduler(plan, resolve),
+            lambda context, instances, executor: EnsembleScheduler(plan, cast(Resolve, resolve)),
         )
 
     def is_ready(self) -> bool:

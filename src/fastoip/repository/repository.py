@@ -36,7 +36,7 @@ import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import cast
 
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
@@ -68,9 +68,9 @@ class ModelRecord:
     reason: str = ""
     versions: dict[int, LoadedModel] = field(default_factory=dict)
     #: Highest version first: what an empty requested version resolves to.
-    newest: Optional[LoadedModel] = None
+    newest: LoadedModel | None = None
     #: The private directory of files that came with the last load, if they did.
-    uploaded_dir: Optional[Path] = None
+    uploaded_dir: Path | None = None
     #: Unavailable because it was unloaded on purpose: strict readiness ignores it.
     unloaded: bool = False
 
@@ -78,7 +78,7 @@ class ModelRecord:
 class ModelRepository:
     """Loads models from a directory and hands out the loaded versions."""
 
-    def __init__(self, root: Path, executor: Executor, options: Optional[RepositoryOptions] = None) -> None:
+    def __init__(self, root: Path, executor: Executor, options: RepositoryOptions | None = None) -> None:
         self.root = Path(root)
         self.executor = executor
         self.options = options or RepositoryOptions()
@@ -115,7 +115,7 @@ class ModelRepository:
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return model
 
-    def record(self, name: str) -> Optional[ModelRecord]:
+    def record(self, name: str) -> ModelRecord | None:
         return self._records.get(name)
 
     def records(self) -> list[ModelRecord]:
@@ -150,8 +150,8 @@ class ModelRepository:
     def load(
         self,
         name: str,
-        config_override: Optional[mc.ModelConfig] = None,
-        files: Optional[dict[str, bytes]] = None,
+        config_override: mc.ModelConfig | None = None,
+        files: dict[str, bytes] | None = None,
         from_client: bool = False,
     ) -> None:
         """Load (or reload) every version the policy selects; swap in when all are ready.
@@ -181,7 +181,7 @@ class ModelRepository:
                 raise
 
     def _load_locked(
-        self, name: str, config_override: Optional[mc.ModelConfig], uploaded: Optional[Path], from_client: bool
+        self, name: str, config_override: mc.ModelConfig | None, uploaded: Path | None, from_client: bool
     ) -> None:
         model_dir = uploaded or self.root / name
         record = self._records.get(name)
@@ -280,7 +280,7 @@ class ModelRepository:
             return False
 
     def _plan(
-        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
+        self, name: str, model_dir: Path, config_override: mc.ModelConfig | None, from_client: bool = False
     ) -> tuple[mc.ModelConfig, BackendKind, list[tuple[int, Path]]]:
         """The base config, the backend kind and the (version, model file) pairs to load."""
         if config_override is not None:
@@ -299,7 +299,8 @@ class ModelRepository:
             if not versions:
                 raise Unavailable(f"model '{name}': an ensemble needs a version directory (e.g. '{name}/1/')")
             selected = _select_versions(base, versions, name)
-            return base, ENSEMBLE_KIND, [(version, model_dir / str(version)) for version in selected]
+            paths = [(version, model_dir / str(version)) for version in selected]
+            return base, cast(BackendKind, ENSEMBLE_KIND), paths
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
         kind = kind_for(base, model_dir)
@@ -323,7 +324,7 @@ class ModelRepository:
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
 
     def _load_versions(
-        self, name: str, model_dir: Path, config_override: Optional[mc.ModelConfig], from_client: bool = False
+        self, name: str, model_dir: Path, config_override: mc.ModelConfig | None, from_client: bool = False
     ) -> dict[int, LoadedModel]:
         base, kind, paths = self._plan(name, model_dir, config_override, from_client)
         if from_client:
@@ -374,14 +375,16 @@ class ModelRepository:
         config = mc.ModelConfig()
         config.CopyFrom(base)
         if config.name and config.name != name:
-            raise InvalidArgument(f"model '{name}': config.pbtxt name '{config.name}' does not match the directory name")
+            raise InvalidArgument(
+                f"model '{name}': config.pbtxt name '{config.name}' does not match the directory name"
+            )
         config.name = name
         for step in config.ensemble_scheduling.step:
             if self.record(step.model_name) is None or not self.record(step.model_name).versions:  # type: ignore[union-attr]
                 if step.model_name != name and (self.root / step.model_name).is_dir():
-                    self._load_locked(step.model_name, None, None)  # Triton loads an ensemble's models with it
+                    self._load_locked(step.model_name, None, None, False)  # Triton loads an ensemble's models with it
 
-        def lookup(model_name: str) -> Optional[ComposingModel]:
+        def lookup(model_name: str) -> ComposingModel | None:
             try:
                 return composing_model_of(self.get(model_name).config)
             except InferenceError:
@@ -420,7 +423,7 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     return root
 
 
-def _scheduler_for(config: mc.ModelConfig, model_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
+def _scheduler_for(config: mc.ModelConfig, model_dir: Path | None = None):  # type: ignore[no-untyped-def]
     if config.HasField("sequence_batching"):
         from ..scheduling.execute import run_jobs
         from ..scheduling.sequence_batcher import SequenceBatcher, SequenceTarget

@@ -112,7 +112,7 @@ def _from_file(
         )
     raw = path.read_bytes()
     if datatype == "BYTES":
-        items = []
+        items: list[bytes] = []
         offset = 0
         while offset < len(raw) and len(items) < count:
             if offset + 4 > len(raw):

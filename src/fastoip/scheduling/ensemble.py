@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Optional, Protocol
+from typing import Protocol
 
 from ..errors import InferenceError
 from ..types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
@@ -209,6 +209,6 @@ class _EnsembleRun:
         self.job.finish(InferResponse(request.model_name, request.model_version, request.id, outputs=outputs))
 
 
-def _as_input(name: str, tensor: Optional[InferInput | InferOutput]) -> InferInput:
+def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:
     assert tensor is not None
     return InferInput(name, tensor.datatype, tuple(tensor.shape), tensor.data)

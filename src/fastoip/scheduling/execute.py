@@ -207,7 +207,8 @@ def row_slices(jobs: Sequence[Job]) -> list[slice]:
     return slices
 
 
-from ..datatypes import v2_datatype_of
+
+
 def check_rows(model_name: str, output_name: str, array: np.ndarray, batch_size: int) -> None:
     """Refuse an output whose dim 0 is not the batch it was computed for (it could not be split)."""
     if array.shape[:1] != (batch_size,):

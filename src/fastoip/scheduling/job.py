@@ -86,9 +86,9 @@ class Job:
         self.compute_end_ns = 0
         self.cancelled = False
         #: Response cache: this request's digest, whether it is the one that runs, and a hit's stored answer.
-        self.cache_key: Optional[bytes] = None
+        self.cache_key: bytes | None = None
         self.cache_leader = False
-        self.cached: Optional[InferResponse] = None
+        self.cached: InferResponse | None = None
         self._done: threading.Lock | None = None
         self._claim: threading.Lock | None = None
         self._on_done: Callable[[Job], None] | None = None
@@ -131,7 +131,7 @@ class Job:
         self.error = error
         self._complete()
 
-    def pending_cache_answer(self, response: Optional[InferResponse], error: Optional[BaseException]) -> None:
+    def pending_cache_answer(self, response: InferResponse | None, error: BaseException | None) -> None:
         """The identical request this job waited for (response cache) finished: its answer is this job's."""
         if response is not None:
             self.finish(response)

@@ -34,9 +34,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from functools import partial
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -248,7 +248,7 @@ class SequenceBatcher:
                 self._release(sequence)
 
     # -- decisions ------------------------------------------------------------------
-    def next_batch(self, instance: int, now: int) -> "Batch | int | None":
+    def next_batch(self, instance: int, now: int) -> Batch | int | None:
         """What ``instance`` should do at ``now`` (call with the lock held, or single-threaded).
 
         A Batch to run; or the clock time to look again (waiting for the queue delay or
@@ -257,7 +257,7 @@ class SequenceBatcher:
         self._reap(now)
         direct = self.settings.strategy == "direct"
         ready = [s for s in self._active if not s.busy and s.queue and (not direct or s.instance == instance)]
-        wake: Optional[int] = self._next_idle_deadline()
+        wake: int | None = self._next_idle_deadline()
         if ready:
             ready.sort(key=lambda s: s.queue[0].queued_ns)
             signature = _signature(ready[0].queue[0].job)
@@ -269,7 +269,7 @@ class SequenceBatcher:
             wake = ripe_at if wake is None else min(wake, ripe_at)
         return wake
 
-    def _next_idle_deadline(self) -> Optional[int]:
+    def _next_idle_deadline(self) -> int | None:
         idle = [s.last_ns + self.settings.idle_ns + 1 for s in self._active if not s.busy and not s.queue]
         return min(idle) if idle else None
 
@@ -322,7 +322,7 @@ class SequenceBatcher:
             inner = Job(job.request, self._feeds(sequence, pending), job.batch_size, self._outputs(job))
             inner.arrival_ns = job.arrival_ns
             inner.deadline_ns = job.deadline_ns
-            inner.on_done(lambda done, s=sequence, p=pending: self._finish(s, p, done))
+            inner.on_done(partial(self._finish, sequence, pending))
             inner_jobs.append(inner)
         if inner_jobs:
             self.run_batch(backend, inner_jobs)

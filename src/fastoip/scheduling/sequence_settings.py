@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +71,7 @@ class SequenceSettings:
     max_candidates: int
     preferred_batch_sizes: tuple[int, ...]
     queue_delay_ns: int
-    corrid_datatype: Optional[str]
+    corrid_datatype: str | None
 
     @property
     def injected_inputs(self) -> frozenset[str]:
@@ -83,7 +83,7 @@ class SequenceSettings:
         return frozenset(s.output_name for s in self.states)
 
 
-def sequence_settings(config: mc.ModelConfig, model_dir: Optional[Path] = None) -> SequenceSettings:
+def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> SequenceSettings:
     """Check ``config.sequence_batching`` and precompute what the batcher needs."""
     block = config.sequence_batching
     name = config.name
@@ -130,7 +130,7 @@ def _control(model: str, entry: mc.ModelSequenceBatching.ControlInput) -> Contro
                 "must specify a data_type of TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
             )
         return ControlSpec(entry.name, kind, datatype)
-    given = [(len(control.int32_false_true), "INT32", list(control.int32_false_true)),
+    given: list[tuple[int, str, list[Any]]] = [(len(control.int32_false_true), "INT32", list(control.int32_false_true)),
              (len(control.fp32_false_true), "FP32", list(control.fp32_false_true)),
              (len(control.bool_false_true), "BOOL", list(control.bool_false_true))]
     present = [g for g in given if g[0]]
@@ -148,7 +148,7 @@ def _control(model: str, entry: mc.ModelSequenceBatching.ControlInput) -> Contro
     return ControlSpec(entry.name, kind, datatype, values[0], values[1])
 
 
-def _state(model: str, entry: mc.ModelSequenceBatching.State, model_dir: Optional[Path]) -> StateSpec:
+def _state(model: str, entry: mc.ModelSequenceBatching.State, model_dir: Path | None) -> StateSpec:
     datatype = CONFIG_TO_V2.get(mc.DataType.Name(entry.data_type), "")
     where = f"state '{entry.input_name}' of model '{model}'"
     if not entry.input_name or not entry.output_name:
@@ -172,13 +172,15 @@ def _state(model: str, entry: mc.ModelSequenceBatching.State, model_dir: Optiona
 
 
 def _initial_from_file(where: str, filename: str, dtype: np.dtype, dims: tuple[int, ...],
-                       model_dir: Optional[Path]) -> np.ndarray:
+                       model_dir: Path | None) -> np.ndarray:
     if model_dir is None:
         raise InvalidArgument(f"{where}: initial_state data_file needs the model's directory")
     folder = (model_dir / INITIAL_STATE_FOLDER).resolve()
     path = (folder / filename).resolve()
     if not path.is_relative_to(folder) or not path.is_file():
-        raise InvalidArgument(f"{where}: initial_state data_file '{filename}' is not a file in '{INITIAL_STATE_FOLDER}/'")
+        raise InvalidArgument(
+            f"{where}: initial_state data_file '{filename}' is not a file in '{INITIAL_STATE_FOLDER}/'"
+        )
     raw = path.read_bytes()
     count = int(np.prod(dims))
     if len(raw) != count * dtype.itemsize:

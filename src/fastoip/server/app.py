@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..core import Core
@@ -38,7 +38,7 @@ DEFAULT_SHUTDOWN_GRACE = 5.0
 class ServeOptions:
     """Everything ``fastoip serve`` can be told."""
 
-    model_repository: Optional[Path] = None
+    model_repository: Path | None = None
     host: str = "127.0.0.1"
     grpc_port: int = 8001
     grpc_workers: int = 16
@@ -47,7 +47,7 @@ class ServeOptions:
     #: The native frontend's settings (keepalive, TLS, windows); None: defaults.
     grpc_native: NativeGrpcOptions | None = None
     max_message_size: int = INT32_MAX
-    http_host: Optional[str] = None
+    http_host: str | None = None
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
@@ -68,7 +68,7 @@ class ServeOptions:
     log_level: str = "INFO"
     # Triton's command line (fastoip.triton_flags): --allow-grpc, --metrics-address, --log-format/-file, --id.
     grpc_enabled: bool = True
-    metrics_host: Optional[str] = None
+    metrics_host: str | None = None
     log_format: str = "default"
     log_file: str = ""
     server_id: str = "fastoip"
@@ -99,11 +99,12 @@ class Server:
         self.core.server_name = options.server_id
         self._stop = threading.Event()
         self._hurry = threading.Event()  # a second signal: no more grace period
-        self.grpc_server = None
+        # the running frontends (grpc.Server or the native server; HttpServer; MetricsServer), None until started
+        self.grpc_server: Any = None
         self.grpc_port = 0
-        self.http_server = None
+        self.http_server: Any = None
         self.http_port = 0
-        self.metrics_server = None
+        self.metrics_server: Any = None
         self.metrics_port = 0
 
     def start(self) -> None:
@@ -179,7 +180,7 @@ class Server:
         self.core.begin_shutdown()
         if options.shutdown_grace > 0:
             self._hurry.wait(options.shutdown_grace)
-        stopped = []
+        stopped: list[Any] = []
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
             stopped.append(self.grpc_server.stop(grace=options.exit_timeout))
@@ -216,7 +217,7 @@ def serve(options: ServeOptions) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         # Triton's --log-format ISO8601: an ISO 8601 UTC timestamp on every line.
         datefmt="%Y-%m-%dT%H:%M:%SZ" if options.log_format == "ISO8601" else None,
-        **({"filename": options.log_file} if options.log_file else {"stream": sys.stderr}),  # type: ignore[arg-type]
+        **({"filename": options.log_file} if options.log_file else {"stream": sys.stderr}),
     )
     if options.log_format == "ISO8601":
         logging.Formatter.converter = time.gmtime

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, cast
 
 import grpc
 from google.protobuf.message import Message
@@ -54,7 +55,7 @@ class GrpcioFrontend:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def ModelInfer(self, request: "InferRequest | DecodeFailure", context: grpc.ServicerContext) -> Any:
+    def ModelInfer(self, request: InferRequest | DecodeFailure, context: grpc.ServicerContext) -> Any:
         if type(request) is DecodeFailure:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
         try:
@@ -63,7 +64,7 @@ class GrpcioFrontend:
             abort(context, exc)
 
     def ModelStreamInfer(
-        self, requests: Iterable["InferRequest | DecodeFailure"], context: grpc.ServicerContext
+        self, requests: Iterable[InferRequest | DecodeFailure], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """Bidirectional stream: many requests in flight, responses as they finish.
 
@@ -73,7 +74,7 @@ class GrpcioFrontend:
         When the call ends (client cancelled, stream stopped) queued requests
         are cancelled.
         """
-        finished: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         in_flight: set[FinishedCall] = set()
         started = [0]
         core = self.core
@@ -166,7 +167,7 @@ def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
         )
     health = {
         name: grpc.unary_unary_rpc_method_handler(
-            _wrap(service.HealthCheck),
+            _wrap(cast("Callable[[Message], Message]", service.HealthCheck)),
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )

@@ -308,7 +308,8 @@ class Dispatcher:
         for name, (request_type, _) in UNARY.items():
             self.unary[f"/{SERVICE}/{name}".encode()] = (getattr(service, name), request_type, name in INLINE_RPCS)
         for name, (request_type, _) in HEALTH_UNARY.items():
-            self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (service.HealthCheck, request_type, True)
+            check = cast("Callable[[Message], Message]", service.HealthCheck)
+            self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
 

@@ -13,7 +13,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.message import Message
 
@@ -263,5 +263,5 @@ def unary_methods(service: GrpcService) -> dict[str, Callable[[Message], Message
     methods: dict[str, Callable[[Message], Message]] = {
         f"/{SERVICE}/{name}": getattr(service, name) for name in UNARY
     }
-    methods[f"/{HEALTH_SERVICE}/Check"] = service.HealthCheck
+    methods[f"/{HEALTH_SERVICE}/Check"] = cast("Callable[[Message], Message]", service.HealthCheck)
     return methods
