@@ -133,3 +133,15 @@ def test_a_step_error_names_the_step(server: ServerProcess) -> None:
         client.infer("pipeline", [inp])
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert client.is_server_live()
+
+
+def test_loading_an_ensemble_in_explicit_mode_loads_its_models(tmp_path: Path) -> None:
+    write_repository(tmp_path)
+    with ServerProcess(tmp_path, "--model-control-mode", "explicit", "--load-model", "pipeline") as proc:
+        client = grpcclient.InferenceServerClient(proc.grpc_url)
+        assert all(client.is_model_ready(name) for name in ("pipeline", "pre", "net", "post"))
+        assert not client.is_model_ready("broken")
+        inp = grpcclient.InferInput("IMAGE", [1, 4], "UINT8")
+        images = np.array([[1, 2, 3, 4]], dtype=np.uint8)
+        inp.set_data_from_numpy(images)
+        np.testing.assert_array_equal(client.infer("pipeline", [inp]).as_numpy("LABEL"), expected(images)[1])
