@@ -147,3 +147,18 @@ def test_missing_input_is_worded_as_triton_words_it(tmp_path: Path) -> None:
         )
     finally:
         core.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_request_errors_name_the_request_id_as_triton_does(server: ServerProcess, protocol: str) -> None:
+    module = grpcclient if protocol == "grpc" else httpclient
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    client = module.InferenceServerClient(url)  # type: ignore[attr-defined]
+    wrong = module.InferInput("INPUT0", [1, 3], "FP32")  # type: ignore[attr-defined]
+    wrong.set_data_from_numpy(np.ones((1, 3), np.float32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("identity", [wrong], request_id="req-42")
+    assert err.value.message().startswith("[request id: req-42] "), err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("identity", [wrong])
+    assert not err.value.message().startswith("[request id"), err.value.message()

@@ -212,7 +212,12 @@ class DataPlane:
                 tensor.data = self.shared_memory.input_view(
                     tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
                 )
-        job = model.prepare(request)
+        try:
+            job = model.prepare(request)
+        except InferenceError as exc:
+            if request.id:  # Triton's LogRequest(): request errors name the request they belong to
+                raise type(exc)(f"[request id: {request.id}] {exc.message}") from None
+            raise
         if request.outputs:
             job.destinations = self._output_destinations(request, regions)
         job.regions = regions or None

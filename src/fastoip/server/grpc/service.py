@@ -39,7 +39,8 @@ class DecodeFailure:
 
     @property
     def status_message(self) -> str:
-        return f"malformed ModelInferRequest: {self.message}"
+        # the codec's message first: it begins with Triton's words for the same mistake
+        return f"{self.message} (malformed ModelInferRequest)"
 
 
 def decode_request(data: bytes) -> InferRequest | DecodeFailure:
