@@ -39,7 +39,7 @@ COMPAT_VENV ?= .venv-compat
 TRITONCLIENT_OLDEST ?= 2.41.0
 COMPAT_STAMP := $(COMPAT_VENV)/.fastoip-tritonclient-$(TRITONCLIENT_OLDEST)
 COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_drop_in.py tests/test_http_drop_in.py
-COMPAT_DESELECT := -k 'not [BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
+COMPAT_DESELECT := -k 'not BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
 	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
 
 $(COMPAT_STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx
