@@ -546,10 +546,6 @@ def test_streaming_generator_against_the_ceiling(tmp_path: Path) -> None:
         os.unlink(response_file)
 
 
-@pytest.mark.skipif(
-    not (Path(__file__).parents[1] / "src/fastoip/server/http.py").exists(),
-    reason="fastoip's HTTP frontend is not there yet",
-)
 def test_http_against_fastoip(demo_repo: Path, tmp_path: Path, capsys: Capture) -> None:
     with ServerProcess(demo_repo, http=True) as proc:
         for binary in ("--http-binary", "--no-http-binary"):
