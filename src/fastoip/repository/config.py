@@ -135,6 +135,18 @@ def read_config_file(path: Path) -> mc.ModelConfig:
     return config
 
 
+def named_copy(config: mc.ModelConfig, model_name: str) -> mc.ModelConfig:
+    """A copy of ``config`` named after its directory; a config.pbtxt that names another model is refused."""
+    done = mc.ModelConfig()
+    done.CopyFrom(config)
+    if done.name and done.name != model_name:
+        raise InvalidArgument(
+            f"model '{model_name}': config.pbtxt name '{done.name}' does not match the directory name"
+        )
+    done.name = model_name
+    return done
+
+
 def complete_config(
     config: mc.ModelConfig,
     model_name: str,
@@ -149,13 +161,7 @@ def complete_config(
     ``on_gpu``: the instances run on GPU 0, so the instance groups say KIND_GPU as Triton's do.
     Returns a new message; ``config`` is not modified.
     """
-    done = mc.ModelConfig()
-    done.CopyFrom(config)
-    if done.name and done.name != model_name:
-        raise InvalidArgument(
-            f"model '{model_name}': config.pbtxt name '{done.name}' does not match the directory name"
-        )
-    done.name = model_name
+    done = named_copy(config, model_name)
     if not done.platform and not done.backend:
         done.platform = platform
     if done.platform == ONNX_PLATFORM and not done.backend:

@@ -42,7 +42,7 @@ from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..options import RepositoryOptions
-from .config import MODEL_SETTINGS, read_config_file, read_model_settings
+from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
@@ -372,17 +372,12 @@ class ModelRepository:
         return model
 
     def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
-        config = mc.ModelConfig()
-        config.CopyFrom(base)
-        if config.name and config.name != name:
-            raise InvalidArgument(
-                f"model '{name}': config.pbtxt name '{config.name}' does not match the directory name"
-            )
-        config.name = name
+        config = named_copy(base, name)
         for step in config.ensemble_scheduling.step:
-            if self.record(step.model_name) is None or not self.record(step.model_name).versions:  # type: ignore[union-attr]
-                if step.model_name != name and (self.root / step.model_name).is_dir():
-                    self._load_locked(step.model_name, None, None, False)  # Triton loads an ensemble's models with it
+            record = self.record(step.model_name)
+            loaded = record is not None and bool(record.versions)
+            if not loaded and step.model_name != name and (self.root / step.model_name).is_dir():
+                self._load_locked(step.model_name, None, None, False)  # Triton loads an ensemble's models with it
 
         def lookup(model_name: str) -> ComposingModel | None:
             try:
