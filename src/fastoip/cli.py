@@ -13,6 +13,7 @@ from . import __version__, triton_flags
 
 if TYPE_CHECKING:
     from .server.app import ServeOptions
+    from .server.grpc.native_options import NativeGrpcOptions
 
 if TYPE_CHECKING:
     pass
@@ -134,7 +135,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         metrics_config=metrics_config,
         cache_size_bytes=cache.size_bytes,
         grpc_frontend=args.grpc_frontend,
-        grpc_native=_native_grpc_options(args),  # type: ignore[arg-type]
+        grpc_native=_native_grpc_options(args),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
         max_message_size=args.grpc_max_message_size,
@@ -187,7 +188,7 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
 
 
-def _native_grpc_options(args: argparse.Namespace) -> object:
+def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
     from .server.grpc.native_options import NativeGrpcOptions
 
     return NativeGrpcOptions(

@@ -366,4 +366,4 @@ def check_intact(uses: list[Region]) -> None:
 
 
 def uses_region(parameters: dict | None) -> bool:
-    return bool(parameters) and REGION in parameters  # type: ignore[operator]
+    return parameters is not None and REGION in parameters

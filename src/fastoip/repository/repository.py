@@ -33,6 +33,7 @@ import logging
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..options import RepositoryOptions
+from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
 from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
@@ -418,7 +420,7 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     return root
 
 
-def _scheduler_for(config: mc.ModelConfig, model_dir: Path | None = None):  # type: ignore[no-untyped-def]
+def _scheduler_for(config: mc.ModelConfig, model_dir: Path | None = None) -> SchedulerFactory:
     if config.HasField("sequence_batching"):
         from ..scheduling.execute import run_jobs
         from ..scheduling.sequence_batcher import SequenceBatcher, SequenceTarget
@@ -426,7 +428,9 @@ def _scheduler_for(config: mc.ModelConfig, model_dir: Path | None = None):  # ty
 
         settings = sequence_settings(config, model_dir)
 
-        def sequence_batcher(context, instances, executor):  # type: ignore[no-untyped-def]
+        def sequence_batcher(
+            context: ExecutionContext, instances: Sequence[Backend], executor: Executor
+        ) -> SequenceBatcher:
             target = SequenceTarget(context.name, context.config, list(instances))
             return SequenceBatcher(target, settings, lambda backend, jobs: run_jobs(context, backend, jobs))
 

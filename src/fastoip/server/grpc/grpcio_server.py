@@ -59,7 +59,7 @@ class GrpcioFrontend:
         if type(request) is DecodeFailure:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
         try:
-            return self.core.infer(request, call_context(context))  # type: ignore[arg-type]
+            return self.core.infer(request, call_context(context))  # type: ignore[arg-type]  # abort() raised for a DecodeFailure
         except InferenceError as exc:
             abort(context, exc)
 

@@ -156,7 +156,7 @@ class InferCall(Call):
             self.fail(wire.status_code(job.error.grpc_code), job.error.message)
             return
         try:
-            body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]
+            body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]  # no error: a response is set
         except Exception as exc:  # an output the codec cannot encode: the client hears why
             self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
             return

@@ -99,7 +99,7 @@ class HttpServer:
         if server is None or thread is None:
             return
         # uvicorn annotates int, but waits with asyncio, which takes float seconds
-        server.config.timeout_graceful_shutdown = max(timeout, 0.0)  # type: ignore[assignment]
+        server.config.timeout_graceful_shutdown = max(timeout, 0.0)  # type: ignore[assignment]  # uvicorn types it int, takes float
         server.should_exit = True
         # uvicorn notices should_exit within 0.1 s; its shutdown waits at most timeout.
         thread.join(timeout + 5.0)
