@@ -87,7 +87,6 @@ class _Sequence:
     instance: int = -1
     active: bool = False
     busy: bool = False
-    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,6 @@ class SequenceBatcher:
             sequence.queue.append(_Pending(job, start, end, now))
             sequence.last_ns = now
             if end:
-                sequence.ended = True
                 del self._by_id[corrid]  # a later START with this id is a new sequence
             self._cond.notify_all()
 
