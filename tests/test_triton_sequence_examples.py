@@ -3,10 +3,10 @@
 Each test makes the calls of one example of ``triton-inference-server/client`` (``src/python/examples``)
 and asserts what the example asserts (our own code, the examples' expectations):
 
-- ``simple_grpc_sequence_sync_infer_client.py``, ``simple_grpc_sequence_stream_infer_client.py`` and
-  ``simple_http_sequence_sync_infer_client.py``, each plain and with ``--dyna``: two integer sequences
-  and one string sequence, sent step by step (sync) or all at once on one stream (answers routed by
-  the echoed request id);
+- ``simple_grpc_sequence_sync_infer_client.py``, ``simple_grpc_sequence_stream_infer_client.py``,
+  ``simple_grpc_aio_sequence_stream_infer_client.py`` and ``simple_http_sequence_sync_infer_client.py``,
+  each plain and with ``--dyna``: two integer sequences and one string sequence, sent step by step (sync)
+  or all at once on one stream (answers routed by the echoed request id);
 - ``ensemble_image_client.py``: encoded image files (BYTES) into an ensemble of an image decoder and a
   classifier, ``class_count`` answers "score:index:label".
 
@@ -18,9 +18,10 @@ backend's accumulator with a string correlation id, here an implicit state.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -164,15 +165,50 @@ def test_sequence_stream_example(server: ServerProcess, dyna: bool) -> None:
                                           outputs=[grpcclient.InferRequestedOutput("OUTPUT")],
                                           request_id=f"{sequence_id}_{count}", sequence_id=sequence_id,
                                           sequence_start=count == 1, sequence_end=count == len(values))
-        by_sequence: dict[str, list[int]] = {str(sequence_id): [] for sequence_id, _ in plan}
-        for _ in range(3 * (len(VALUES) + 1)):
-            item = completed.get(timeout=60)
-            assert not isinstance(item, Exception), item
-            this_id = item.get_response().id.split("_")[0]  # the example routes answers by the echoed id
-            by_sequence[this_id].append(int(item.as_numpy("OUTPUT")[0][0]))
+        items = [completed.get(timeout=60) for _ in range(3 * (len(VALUES) + 1))]
         client.stop_stream()
+    check_stream_results(dyna, plan, items)
+
+
+def check_stream_results(dyna: bool, plan: list[tuple[Any, list[int]]], items: list[Any]) -> None:
+    """The stream examples route each answer to its sequence by the echoed request id, then check as the others."""
+    by_sequence: dict[str, list[int]] = {str(sequence_id): [] for sequence_id, _ in plan}
+    assert len(items) == 3 * (len(VALUES) + 1)
+    for item in items:
+        assert not isinstance(item, Exception), item
+        this_id = item.get_response().id.split("_")[0]
+        by_sequence[this_id].append(int(item.as_numpy("OUTPUT")[0][0]))
     check_results(dyna, [by_sequence[str(sequence_id)] for sequence_id, _ in plan],
                   [sequence_id for sequence_id, _ in plan])
+
+
+# -- simple_grpc_aio_sequence_stream_infer_client.py [-d] -----------------------------------------------
+@pytest.mark.parametrize("dyna", [False, True], ids=["plain", "dyna"])
+def test_sequence_aio_stream_example(server: ServerProcess, dyna: bool) -> None:
+    import tritonclient.grpc.aio as aioclient
+
+    int_model, string_model = model_names(dyna)
+    plan = sequences(dyna, "1004" if dyna else None)
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:  # the example's async_stream_yield, three times
+        for (sequence_id, values), model in zip(plan, [int_model, int_model, string_model], strict=True):
+            for count, value in enumerate(values, start=1):
+                data = np.full(shape=[1, 1], fill_value=value, dtype=np.int32)
+                inputs = [aioclient.InferInput("INPUT", data.shape, "INT32")]
+                inputs[0].set_data_from_numpy(data)
+                yield {"model_name": model, "inputs": inputs, "outputs": [aioclient.InferRequestedOutput("OUTPUT")],
+                       "request_id": f"{sequence_id}_{count}", "sequence_id": sequence_id,
+                       "sequence_start": count == 1, "sequence_end": count == len(values)}
+
+    async def run() -> list[Any]:
+        items = []
+        async with aioclient.InferenceServerClient(url=server.grpc_url) as client:
+            # the example reads until the server ends the stream: every answer must come before that
+            async for result, error in client.stream_infer(inputs_iterator=requests(), stream_timeout=60):
+                items.append(error if error else result)
+        return items
+
+    check_stream_results(dyna, plan, asyncio.run(run()))
 
 
 # -- ensemble_image_client.py -m preprocess_inception_ensemble -c 1 [-i grpc] <folder> -----------------
