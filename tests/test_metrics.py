@@ -339,3 +339,20 @@ def test_response_cache_families_follow_statistics(tmp_path: Path) -> None:
     assert ("nv_inference_request_summary_us_count", "uncached", "1") in got
     assert ("nv_inference_request_summary_us_count", "cached", "1") not in got
     assert got[("nv_inference_count", "cached", "1")] == misses  # hits do not run the model
+
+
+def test_cache_families_follow_counter_latencies_and_the_cached_set() -> None:
+    """Triton creates the cache counters only with latency counters on, and only for cached versions."""
+    from fastoip.metrics import MetricsConfig, ModelStatistics, model_families
+
+    stats = ModelStatistics("m", "1", MetricsConfig())
+    stats.record_cache(True, 4_000)
+    stats.record_cache(False, 9_000)
+    snapshots = [stats.snapshot()]
+    on = {f.name: f for f in model_families(snapshots, {}, cached=frozenset({("m", "1")}))}
+    assert [s.value for s in on["nv_cache_num_hits_per_model"].samples] == [1]
+    assert [s.value for s in on["nv_cache_miss_duration_per_model"].samples] == [9]
+    assert not any(name.startswith("nv_cache_") for name in
+                   {f.name for f in model_families(snapshots, {})})  # not a cached version
+    off = model_families(snapshots, {}, config=MetricsConfig(counter_latencies=False), cached=frozenset({("m", "1")}))
+    assert not any(f.name.startswith("nv_cache_") for f in off)
