@@ -65,6 +65,8 @@ class Server:
         if not values["grpc_enabled"] and values["http_port"] < 0:
             raise ValueError("fastoip.Server with neither gRPC nor HTTP has nothing to serve")
         root = Path(model_repository) if model_repository is not None else None
+        if root is not None and not root.is_dir():
+            raise FileNotFoundError(f"model repository '{root}' is not a directory")
         self.options = ServeOptions(model_repository=root, **values)
         self._app: ServerApp | None = None
         self._lock = threading.Lock()
