@@ -13,7 +13,7 @@ from fastoip.demo import write_repository
 from fastoip.errors import InferenceError, InvalidArgument, NotFound, Unavailable
 from fastoip.testing import InProcessClient
 from fastoip.types import InferInput
-from test_python_models import BROKEN_LOAD, DOUBLER, INT_IO, MISBEHAVE, write_python_model
+from test_python_models import BATCHED_CONFIG, BROKEN_LOAD, DOUBLER, INT_IO, MISBEHAVE, write_python_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,13 +31,8 @@ GREETER_SETTINGS = """
      "outputs": [{"name": "greeting", "datatype": "BYTES", "shape": [-1]}]}
 """
 
-BATCHED = """
-    backend: "python"
-    max_batch_size: 16
-    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-             { name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+#: The doubler's config without its 0.5 s batching delay (one request at a time here).
+BATCHED = BATCHED_CONFIG.split("dynamic_batching")[0]
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,22 @@ TENSOR_DATA: dict[str, Any] = {
     "Absent when the tensor travels as binary data after the JSON header or in shared memory.",
 }
 
+
+def _tensor(parameters: str) -> dict[str, Any]:
+    """A tensor in JSON (a request's input, a response's output): the V2 spec's shape for both."""
+    return {
+        "type": "object",
+        "required": ["name", "shape", "datatype"],
+        "properties": {
+            "name": {"type": "string"},
+            "shape": SHAPE,
+            "datatype": {"type": "string", "description": "A V2 datatype: BOOL, UINT8 .. FP64, BYTES, BF16"},
+            "parameters": {"$ref": "#/components/schemas/Parameters", "description": parameters},
+            "data": TENSOR_DATA,
+        },
+    }
+
+
 #: The JSON documents that are not Core answers: inference bodies (``wire/http.py``) and small request bodies.
 SCHEMAS: dict[str, dict[str, Any]] = {
     "ErrorResponse": {
@@ -46,21 +62,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"error": {"type": "string", "description": "What went wrong, naming what was expected"}},
     },
     "Parameters": PARAMETERS,
-    "RequestInput": {
-        "type": "object",
-        "required": ["name", "shape", "datatype"],
-        "properties": {
-            "name": {"type": "string"},
-            "shape": SHAPE,
-            "datatype": {"type": "string", "description": "A V2 datatype: BOOL, UINT8 .. FP64, BYTES, BF16"},
-            "parameters": {
-                "$ref": "#/components/schemas/Parameters",
-                "description": "binary_data_size (Triton's binary tensor extension); shared_memory_region, "
-                "shared_memory_byte_size, shared_memory_offset; content_type",
-            },
-            "data": TENSOR_DATA,
-        },
-    },
+    "RequestInput": _tensor(
+        "binary_data_size (Triton's binary tensor extension); shared_memory_region, shared_memory_byte_size, "
+        "shared_memory_offset; content_type"
+    ),
     "RequestOutput": {
         "type": "object",
         "required": ["name"],
@@ -87,17 +92,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/RequestOutput"}},
         },
     },
-    "ResponseOutput": {
-        "type": "object",
-        "required": ["name", "shape", "datatype"],
-        "properties": {
-            "name": {"type": "string"},
-            "shape": SHAPE,
-            "datatype": {"type": "string"},
-            "parameters": {"$ref": "#/components/schemas/Parameters"},
-            "data": TENSOR_DATA,
-        },
-    },
+    "ResponseOutput": _tensor("binary_data_size (the tensor follows the JSON as binary data); content_type"),
     "InferenceResponse": {
         "type": "object",
         "required": ["model_name", "outputs"],
