@@ -104,6 +104,20 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/ResponseOutput"}},
         },
     },
+    "GenerateRequest": {
+        "type": "object",
+        "description": "Triton's generate extension: each input by name (a value, or a list of values), and "
+        "optional parameters",
+        "properties": {"id": {"type": "string"}, "parameters": {"$ref": "#/components/schemas/Parameters"}},
+        "additionalProperties": True,
+    },
+    "GenerateResponse": {
+        "type": "object",
+        "description": "Triton's generate extension: model_name, model_version and each output by name",
+        "properties": {"model_name": {"type": "string"}, "model_version": {"type": "string"},
+                       "id": {"type": "string"}},
+        "additionalProperties": True,
+    },
     "ModelConfig": {
         "type": "object",
         "description": "Triton's model configuration (model_config.proto) in its JSON form",
@@ -225,6 +239,17 @@ OPERATIONS: dict[str, Operation] = {
         "with the header's length in Inference-Header-Content-Length (the answer says the same when any output "
         "is binary). Request bodies may be gzip- or deflate-encoded (Content-Encoding); Accept-Encoding asks "
         "the same of the answer.",
+    ),
+    # Triton's generate extension (server/http/generate.py, when that frontend module is present)
+    "generate": Operation(
+        "Run a model on a plain JSON object (Triton's generate extension); exactly one response",
+        INFERENCE, request="GenerateRequest", response="GenerateResponse",
+    ),
+    "generate_stream": Operation(
+        "Run a model and stream each response as a Server-Sent Event (Triton's generate extension)",
+        INFERENCE, request="GenerateRequest", response_type="text/event-stream",
+        description="Each event is 'data: ' and a GenerateResponse object; an error after the first response is "
+        'an {"error": ...} event.',
     ),
     "model_stats": Operation("Statistics of a model (all its versions, or one)", STATISTICS,
                              response="ModelStatisticsResponse"),
