@@ -285,7 +285,7 @@ def drive(args: argparse.Namespace, run: Run, server: Server) -> Run:
     sigterm_sent, stop, messages = ctx.Event(), ctx.Event(), ctx.Queue()
     clients: list[tuple[str, Any, Any]] = []
     for kind, (transport, _) in KINDS.items():
-        for _ in range(args.clients_per_kind):
+        for _ in range(args.clients_per_kind if kind in args.kinds else 0):
             counters = ctx.RawArray("q", 6)
             proc = ctx.Process(target=client_main, daemon=True, args=(
                 kind, server.url(transport), counters, sigterm_sent, stop, messages, args.request_timeout))
@@ -379,7 +379,7 @@ def drive(args: argparse.Namespace, run: Run, server: Server) -> Run:
     errors = sum(k["errors_before_sigterm"] for k in run.kinds.values())
     failed_reloads = sum(1 for r in run.reloads if r["error"])
     lost = sum(k["lost_after_sigterm"] + k["no_answer"] for k in run.kinds.values())
-    idle = [kind for kind, k in run.kinds.items() if k["answered_before_sigterm"] == 0]
+    idle = [kind for kind, k in run.kinds.items() if k["answered_before_sigterm"] == 0 and kind in args.kinds]
     run.checks = [
         {"name": "errors before SIGTERM (wrong answers included)", "value": errors, "bound": "0",
          "passed": errors == 0 and not died_early},
@@ -436,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-interval", type=float, default=10.0, help="seconds between RSS samples (10)")
     parser.add_argument("--clients-per-kind", type=int, default=2, help="client processes per kind (2)")
     parser.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request may take (30)")
+    parser.add_argument("--kinds", default=",".join(KINDS), type=lambda text: text.split(","),
+                        help=f"client kinds to run, comma-separated (default all: {','.join(KINDS)}); "
+                             "the others get no client, to attribute a finding to one transport or size")
     parser.add_argument("--repository", type=Path, default=None, help="model repository (default: the demo one)")
     parser.add_argument("--server-cpus", default=os.environ.get("SERVER_CPUS", "0"))
     parser.add_argument("--client-cpus", default=os.environ.get("CLIENT_CPUS", "1"))
@@ -447,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=results / "soak-latest.json")
     parser.add_argument("--markdown", type=Path, default=results / "soak-latest.md")
     args = parser.parse_args(argv)
+    if unknown := set(args.kinds) - set(KINDS):
+        parser.error(f"unknown kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
     if args.quick:
         args.duration = 60.0
         args.reload_interval = args.reload_interval or 15.0

@@ -237,6 +237,7 @@ class LoadedModel:
         self.scheduler.stop()
         for instance in self.instances:
             instance.close()
+        self.buffers.close()  # now, not when the garbage collector finds this model's reference cycle
 
 
 def _names(names: Iterable[str]) -> str:

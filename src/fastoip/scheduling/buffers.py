@@ -41,6 +41,7 @@ class BufferPool:
         self._allocate = allocator or host_allocator
         self._free: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self.allocations = 0
 
     def take(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Lease:
@@ -64,4 +65,15 @@ class BufferPool:
 
     def give_back(self, lease: Lease) -> None:
         with self._lock:
-            self._free.setdefault(lease.key, []).append(lease.storage)
+            if not self._closed:  # a lease that outlived close() is simply dropped
+                self._free.setdefault(lease.key, []).append(lease.storage)
+
+    def close(self) -> None:
+        """Drop every free buffer now and keep none given back later.
+
+        Why: an unloaded model is cyclic garbage, freed only by a full collection, which a busy server may not
+        run for many reloads; its pool (concurrency x the largest batch) would stay resident until then.
+        """
+        with self._lock:
+            self._closed = True
+            self._free.clear()
