@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import core_on, simple_request
-from otlp_receiver import otlp_receiver
 
 from fastoip.errors import InvalidArgument, Unsupported
 from fastoip.tracing import TraceManager, TraceRecord, parse_trace_config
 from fastoip.tracing.triton_file import TraceFile
+from harness import core_on, simple_request
+from otlp_receiver import otlp_receiver
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -111,7 +111,8 @@ def test_model_settings_mirror_the_global_ones_where_not_set(tmp_path: Path) -> 
     assert model["trace_level"] == ["TIMESTAMPS"] and model["trace_rate"] == ["1000"]
     assert traces.active and traces.settings()["trace_level"] == ["OFF"]
     traces.update({"trace_rate": ["5"]})  # global change: the model follows in what it did not set
-    assert traces.settings("simple")["trace_rate"] == ["5"] and traces.settings("simple")["trace_level"] == ["TIMESTAMPS"]
+    model = traces.settings("simple")
+    assert model["trace_rate"] == ["5"] and model["trace_level"] == ["TIMESTAMPS"]
     assert traces.settings("other")["trace_level"] == ["OFF"]  # a model without its own setting: the global one
     traces.update({"trace_level": None}, "simple")  # cleared: nothing of its own left
     assert traces.settings("simple") == traces.settings() and not traces.active

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
 from otlp_receiver import OtlpReceiver, otlp_receiver
 from serverproc import ServerProcess, wait_until
-from tritonclient.utils import InferenceServerException
 
 pytest.importorskip("opentelemetry.sdk")
 
