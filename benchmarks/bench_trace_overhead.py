@@ -20,6 +20,7 @@ import inspect
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = write_repository(Path(tmp) / "repo")
         (root / "simple" / "config.pbtxt").write_text(DIRECT_SIMPLE)
-        options = {}
+        options: dict[str, Any] = {}  # nothing for "off": a build before tracing was wired takes no trace_config
         if args.mode != "off":
             from fastoip.tracing import parse_trace_config
 
