@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +68,19 @@ def test_deprecated_flags_give_the_start_and_trace_config_wins() -> None:
 def test_bad_trace_config_is_refused_by_name(entry: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_trace_config([entry])
+
+
+def test_opentelemetry_mode_without_the_sdk_stops_the_start_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastoip.cli import serve_options
+    from fastoip.triton_flags import FlagError
+
+    assert serve_options(["--trace-config", "mode=opentelemetry"]).trace_config.mode == "opentelemetry"
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)  # not installed
+    with pytest.raises(FlagError, match=r"pip install 'fastoip\[otel\]'"):
+        serve_options(["--trace-config", "mode=opentelemetry"])
+    with pytest.raises(FlagError, match="--trace-config level"):
+        serve_options(["--trace-config", "level=LOUD"])
+    assert serve_options(["--trace-level", "TIMESTAMPS", "--trace-rate", "5"]).trace_config.rate == 5
 
 
 # -- Triton's trace file ----------------------------------------------------------------------------

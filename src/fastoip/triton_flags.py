@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .tracing import TraceConfig, parse_trace_config
+from .tracing.otel import require_sdk
 
 #: Triton's ``default-max-batch-size`` backend setting when none is given.
 TRITON_DEFAULT_MAX_BATCH_SIZE = 4
@@ -154,7 +155,7 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
 
 def _trace_config(args: argparse.Namespace) -> TraceConfig:
     try:
-        return parse_trace_config(
+        config = parse_trace_config(
             args.trace_config,
             trace_file=args.trace_file,
             trace_levels=args.trace_level,
@@ -162,8 +163,11 @@ def _trace_config(args: argparse.Namespace) -> TraceConfig:
             trace_count=args.trace_count,
             trace_log_frequency=args.trace_log_frequency,
         )
-    except ValueError as exc:
+        if config.mode == "opentelemetry":
+            require_sdk()  # at start, not at the first traced request
+    except (ValueError, RuntimeError) as exc:
         raise FlagError(str(exc)) from None
+    return config
 
 
 def _model_repository(given: list[Path] | None) -> Path | None:

@@ -38,21 +38,30 @@ _COMPUTE_PARTS = (
 )
 
 
+SDK_MISSING = "--trace-config mode=opentelemetry needs the OpenTelemetry SDK: pip install 'fastoip[otel]'"
+
+
+def require_sdk() -> None:
+    """Raise RuntimeError (:data:`SDK_MISSING`) when the OpenTelemetry SDK or its OTLP/HTTP exporter is absent."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(SDK_MISSING) from exc
+
+
 class OtelExporter:
     """Turns finished TraceRecords into spans and hands them to the SDK's batch exporter."""
 
     def __init__(self, config: TraceConfig, exporter: Any | None = None) -> None:
-        try:
-            from opentelemetry import trace as otel_trace
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-        except ImportError as exc:
-            raise RuntimeError(
-                "--trace-config mode=opentelemetry needs the OpenTelemetry SDK: pip install 'fastoip[otel]'"
-            ) from exc
+        require_sdk()
+        from opentelemetry import trace as otel_trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
         self._api = otel_trace
         self._server_kind = otel_trace.SpanKind.SERVER
         self._provider = TracerProvider(resource=Resource.create(dict(config.otel_resource)))
