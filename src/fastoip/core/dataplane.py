@@ -13,8 +13,9 @@ Rules:
   hop back with ``call_soon_threadsafe``; see ``infer_async``).
 - Answers are the typed values of :mod:`.answers`; errors are
   :mod:`fastoip.errors` values that the frontends map to statuses.
-- Tracing (:mod:`fastoip.tracing`) costs one check per request while it is
-  off (``tracer.active`` in ``_start``); a traced request carries its
+- Tracing (:mod:`fastoip.tracing`) costs a request two attribute checks
+  while it is off (``tracer.active`` in ``_start``, ``job.trace`` in
+  ``_complete``); a traced request carries its
   :class:`~fastoip.tracing.Trace` on the job, and ``_complete`` fills in
   Triton's timestamps and tensors from the job and hands it back.
 """
@@ -244,7 +245,7 @@ class DataPlane:
                     call.on_cancel(job.cancel)
         elif call is not None:
             job.deadline_ns = call.deadline_ns
-        if self.tracer.active:  # the one check tracing costs while it is off
+        if self.tracer.active:  # while tracing is off, this and job.trace in _complete are all it costs
             if trace_headers is None and call is not None:
                 trace_headers = call.trace_headers
             job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
