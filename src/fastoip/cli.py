@@ -149,6 +149,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         log_format=triton.log_format,
         log_file=triton.log_file,
         server_id=triton.server_id,
+        trace_config=triton.trace,
         repository=RepositoryOptions(
             default_max_batch_size=triton.default_max_batch_size,
             auto_complete=triton.auto_complete,

@@ -6,6 +6,9 @@ Rules:
   Triton's getopt_long).
 - A Triton flag fastoip cannot honour is refused with a message naming it and
   why; nothing is accepted and then silently ignored.
+- ``--trace-config`` and the deprecated ``--trace-file``, ``--trace-level``,
+  ``--trace-rate``, ``--trace-count``, ``--trace-log-frequency`` read as Triton
+  reads them (:mod:`fastoip.tracing.config`).
 - ``--backend-config`` takes Triton's ``[<backend>,]<setting>=<value>``; the one
   setting fastoip has is ``default-max-batch-size`` (Triton's default: 4).
 - A model repository that does not exist is a start-time error with Triton's
@@ -19,6 +22,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .tracing import TraceConfig, parse_trace_config
+from .tracing.otel import require_sdk
+
 #: Triton's ``default-max-batch-size`` backend setting when none is given.
 TRITON_DEFAULT_MAX_BATCH_SIZE = 4
 
@@ -29,7 +35,6 @@ BACKENDS = ("onnxruntime", "python")
 UNSUPPORTED = {
     "--allow-sagemaker": "the SageMaker frontend is not implemented",
     "--allow-vertex-ai": "the Vertex AI frontend is not implemented",
-    "--trace-config": "use the trace extension (POST v2/trace/setting) instead",
     "--response-cache-byte-size": "Triton deprecated it: use --cache-config local,size=N",
     "--rate-limit": "the rate limiter is not implemented",
     "--model-namespacing": "model namespacing is not implemented",
@@ -79,6 +84,16 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
                    help="same as --strict-model-config=true")
     g.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
                    help="Triton's backend settings; fastoip has default-max-batch-size")
+    g.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="Triton's tracing (repeatable): level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, "
+                        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+                        "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_*=N")
+    g.add_argument("--trace-file", default=None, help="deprecated by Triton: --trace-config triton,file=PATH")
+    g.add_argument("--trace-level", action="append", default=[], help="deprecated by Triton: --trace-config level=")
+    g.add_argument("--trace-rate", type=int, default=None, help="deprecated by Triton: --trace-config rate=N")
+    g.add_argument("--trace-count", type=int, default=None, help="deprecated by Triton: --trace-config count=N")
+    g.add_argument("--trace-log-frequency", type=int, default=None,
+                   help="deprecated by Triton: --trace-config triton,log-frequency=N")
 
 
 def unknown_flags_message(unknown: list[str]) -> str:
@@ -114,6 +129,7 @@ class TritonSettings:
     log_file: str
     auto_complete: bool
     default_max_batch_size: int
+    trace: TraceConfig
 
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
@@ -133,7 +149,25 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         log_file=args.log_file,
         auto_complete=not (args.strict_model_config or args.disable_auto_complete_config),
         default_max_batch_size=_default_max_batch_size(args),
+        trace=_trace_config(args),
     )
+
+
+def _trace_config(args: argparse.Namespace) -> TraceConfig:
+    try:
+        config = parse_trace_config(
+            args.trace_config,
+            trace_file=args.trace_file,
+            trace_levels=args.trace_level,
+            trace_rate=args.trace_rate,
+            trace_count=args.trace_count,
+            trace_log_frequency=args.trace_log_frequency,
+        )
+        if config.mode == "opentelemetry":
+            require_sdk()  # at start, not at the first traced request
+    except (ValueError, RuntimeError) as exc:
+        raise FlagError(str(exc)) from None
+    return config
 
 
 def _model_repository(given: list[Path] | None) -> Path | None:

@@ -111,6 +111,7 @@ class TensorBackend:
             for lease in leases:
                 self.context.buffers.give_back(lease)
         for job in jobs:
+            job.compute_input_end_ns = input_done_ns
             job.compute_end_ns = infer_done_ns
         by_name = dict(zip(output_names, outputs, strict=True))
         for name, out in by_name.items():

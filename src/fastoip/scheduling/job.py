@@ -15,11 +15,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
 from ..types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from ..tracing import Trace
 
 
 class Job:
@@ -42,12 +46,14 @@ class Job:
         "error",
         "queue_ns",
         "compute_start_ns",
+        "compute_input_end_ns",
         "compute_end_ns",
         "cancelled",
         "cache_key",
         "cache_leader",
         "cached",
         "cache_lookup_ns",
+        "trace",
         "_done",
         "_claim",
         "_on_done",
@@ -84,6 +90,8 @@ class Job:
         self.error: InferenceError | None = None
         self.queue_ns = 0
         self.compute_start_ns = 0
+        #: When a merged batch's inputs were gathered (0: the model read the request's own arrays, no input step).
+        self.compute_input_end_ns = 0
         self.compute_end_ns = 0
         self.cancelled = False
         #: Response cache: this request's digest, whether it is the one that runs, and a hit's stored answer.
@@ -92,6 +100,8 @@ class Job:
         self.cached: InferResponse | None = None
         #: A miss's lookup time: the miss is recorded with its insert time when the job completes (as Triton).
         self.cache_lookup_ns = 0
+        #: The Core's trace of this request, or None: not traced.
+        self.trace: Trace | None = None
         self._done: threading.Lock | None = None
         self._claim: threading.Lock | None = None
         self._on_done: Callable[[Job], None] | None = None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import metrics
 from ..core import Core
 from ..repository import RepositoryOptions
+from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class ServeOptions:
     log_format: str = "default"
     log_file: str = ""
     server_id: str = "fastoip"
+    #: Triton's ``--trace-config`` (and its deprecated ``--trace-*`` flags).
+    trace_config: TraceConfig = field(default_factory=TraceConfig)
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
 
 
@@ -105,6 +108,7 @@ class ServerApp:
             startup_models=options.load_models,
             poll_interval=options.poll_interval,
             cache_size_bytes=options.cache_size_bytes,
+            trace_config=options.trace_config,
         )
         self.core.server_name = options.server_id
         self._stop = threading.Event()

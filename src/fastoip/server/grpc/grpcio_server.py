@@ -93,7 +93,9 @@ class GrpcioFrontend:
                         finished.put(_codec.encode_stream_response(None, request.status_message))
                         continue
                     try:
-                        job = core.submit(request, finished.put, run_here=True)
+                        job = core.submit(
+                            request, finished.put, run_here=True, trace_headers=context.invocation_metadata
+                        )
                         in_flight.add(job)
                     except InferenceError as exc:
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
@@ -126,8 +128,13 @@ _END = object()
 
 def call_context(context: grpc.ServicerContext) -> CallContext:
     """The client's deadline, and cancel the request when the call ends (the Core registers that only
-    for a request that will wait in a queue: a direct request runs at once on this thread)."""
-    return CallContext(on_cancel=context.add_callback, time_remaining=context.time_remaining)
+    for a request that will wait in a queue: a direct request runs at once on this thread); the metadata is
+    read only for a traced request."""
+    return CallContext(
+        on_cancel=context.add_callback,
+        time_remaining=context.time_remaining,
+        trace_headers=context.invocation_metadata,
+    )
 
 
 def _wrap(method: Callable[[Message], Message]) -> Callable[[Message, grpc.ServicerContext], Message]:

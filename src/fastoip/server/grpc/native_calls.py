@@ -54,8 +54,15 @@ class CoreCalls:
         self.core = core
         self.loop = loop
 
-    def start(self, request: InferRequest, deadline_ns: int, on_finished: Callable[[Job], None]) -> Job:
-        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down)."""
+    def start(
+        self,
+        request: InferRequest,
+        deadline_ns: int,
+        on_finished: Callable[[Job], None],
+        headers: dict[bytes, bytes] | None = None,
+    ) -> Job:
+        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
+        ``headers``: the call's request headers, for the Core's tracing (read only while tracing is on)."""
         call_soon = self.loop.call_soon_threadsafe
 
         def finished_elsewhere(job: Job) -> None:
@@ -64,7 +71,7 @@ class CoreCalls:
             except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
                 pass
 
-        return self.core.submit(request, finished_elsewhere, deadline_ns, run_here=False)
+        return self.core.submit(request, finished_elsewhere, deadline_ns, run_here=False, trace_headers=headers)
 
     @staticmethod
     def cancel(job: Job) -> None:
@@ -83,7 +90,7 @@ class Responder(Protocol):
 class Call:
     """One RPC on one stream; the connection feeds it messages and the end of the request side."""
 
-    __slots__ = ("stream_id", "out", "deadline_ns", "finished", "headers_sent", "messages")
+    __slots__ = ("stream_id", "out", "deadline_ns", "finished", "headers_sent", "messages", "headers")
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int) -> None:
         self.stream_id = stream_id
@@ -92,6 +99,8 @@ class Call:
         self.finished = False
         self.headers_sent = False
         self.messages: list[wire.Payload] = []
+        #: The request's headers (set by the connection); the Core's tracing reads traceparent from them.
+        self.headers: dict[bytes, bytes] | None = None
 
     def on_message(self, data: wire.Payload) -> None:
         self.messages.append(data)
@@ -144,7 +153,7 @@ class InferCall(Call):
             self.fail(wire.INVALID_ARGUMENT, request.status_message)
             return
         try:
-            self.job = self.core.start(request, self.deadline_ns, self.done)
+            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
         except InferenceError as exc:
             self.fail(wire.status_code(exc.grpc_code), exc.message)
 
@@ -194,7 +203,7 @@ class StreamInferCall(Call):
             self.answer(_codec.encode_stream_response(None, request.status_message))
             return
         try:
-            self.jobs.add(self.core.start(request, self.deadline_ns, self.done))
+            self.jobs.add(self.core.start(request, self.deadline_ns, self.done, self.headers))
         except InferenceError as exc:
             self.answer(_codec.encode_stream_response(error_echo(request), exc.message))
 

@@ -152,6 +152,7 @@ class GrpcConnection(asyncio.Protocol):
             self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
             return
         self.calls[stream_id] = call
+        call.headers = fields  # read by the Core only for a traced request (W3C traceparent)
         encoding = fields.get(b"grpc-encoding", b"identity")
         if encoding != b"identity":
             self.encodings[stream_id] = encoding

@@ -228,7 +228,7 @@ class HttpFrontend(Router):
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
             infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
-        response = await self.core.infer_async(infer_request)
+        response = await self.core.infer_async(infer_request, trace_headers=request.headers)
         content_type, json_length, payload = wire.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:
