@@ -223,7 +223,7 @@ def serve(options: ServeOptions) -> int:
         logging.Formatter.converter = time.gmtime
     server = Server(options)
 
-    def on_signal(signum, frame):  # type: ignore[no-untyped-def]
+    def on_signal(signum: int, frame: object) -> None:
         log.info("signal %s received", signal.Signals(signum).name)
         server.stop()
 
