@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 from fastoip import _codec
 from fastoip.types import InferInput, InferRequest
 from models import write_model
-from serverproc import ServerProcess
+from serverproc import ServerProcess, wait_until
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -78,13 +78,16 @@ def test_500_concurrent_requests_each_get_their_own_result(server: ServerProcess
 
 #: A model that holds its one instance for a fixed time per item: a sleep, so the queue fills the same way on a
 #: busy machine as on a quiet one, and waiting burns no CPU (ONNX matmul models took 4x longer under load).
+#: It touches ``started`` when an execution begins: a test can wait for "running" instead of guessing.
 SLEEPER = """
+import pathlib
 import time
 import fastoip
 
 class Sleeper(fastoip.Model):
     @fastoip.batchable
     def predict(self, inputs, parameters):
+        pathlib.Path({started!r}).touch()
         time.sleep({seconds} * len(inputs["INPUT0"]))
         return {{"OUTPUT0": inputs["INPUT0"]}}
 """
@@ -100,14 +103,19 @@ max_batch_size: {max_batch_size}
 def write_sleeper(root: Path, name: str, seconds: float, max_batch_size: int, scheduling: str) -> None:
     """A Python model ``name`` (INPUT0 FP32 [batch, 1] -> OUTPUT0, the same) that sleeps ``seconds`` an item."""
     (root / name / "1").mkdir(parents=True)
-    (root / name / "1" / "model.py").write_text(SLEEPER.format(seconds=seconds))
+    (root / name / "1" / "model.py").write_text(SLEEPER.format(seconds=seconds, started=str(started(root, name))))
     config = SLEEPER_CONFIG.format(max_batch_size=max_batch_size, scheduling=scheduling)
     (root / name / "config.pbtxt").write_text(config)
 
 
+def started(root: Path, name: str) -> Path:
+    """The file the sleeper ``name`` touches when an execution begins."""
+    return root / f"{name}.started"
+
+
 @pytest.fixture()
 def slow_repo(tmp_path: Path) -> Path:
-    write_sleeper(tmp_path, "slow_queue", 0.1, 8, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    write_sleeper(tmp_path, "slow_queue", 0.5, 8, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
     write_sleeper(tmp_path, "slow_timeout", 0.1, 1, (
         "dynamic_batching { default_queue_policy { default_timeout_microseconds: 20000 allow_timeout_override: true } }"
     ))
@@ -136,7 +144,11 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: 
                 except InferenceServerException as exc:
                     return f"{exc.status()} {exc.message()}"
 
-            outcomes = list(pool.map(attempt, range(12)))
+            # The first runs before the others arrive (else two may wait in the queue and one less succeeds).
+            running = pool.submit(attempt, 0)
+            assert wait_until(started(slow_repo, "slow_queue").exists, timeout=60), proc.output()
+            others = list(pool.map(attempt, range(1, 12)))
+            outcomes = [running.result(), *others]
         refused = [o for o in outcomes if o != "ok"]
         assert refused, outcomes
         assert all(o == "StatusCode.UNAVAILABLE Exceeds maximum queue size" for o in refused), refused
