@@ -5,7 +5,9 @@ Reads ModelInferRequest / ModelInferResponse wire bytes straight into the
 objects of :mod:`fastoip.types` and writes them back, with no protobuf objects
 in between.  Public functions: decode_infer_request, decode_infer_response,
 encode_infer_request, encode_infer_response, encode_stream_response,
-serialize_bytes_tensor, deserialize_bytes_tensor (see _codec.pyi).
+serialize_bytes_tensor, deserialize_bytes_tensor (see _codec.pyi).  This file
+holds them and the declarations; the code is in the include files
+``wire/codec/*.pxi``, one concern each (listed at the ``include`` lines).
 
 Invariants
 ----------
