@@ -4,13 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastoip-installed
+CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
 ARGS ?=
 
 .PHONY: venv serve test test-compat bench build proto clean check debug
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
 	sh scripts/native_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -42,7 +43,7 @@ COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_dr
 COMPAT_DESELECT := -k 'not BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
 	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
 
-$(COMPAT_STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx
+$(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -e . 'tritonclient[grpc,http]==$(TRITONCLIENT_OLDEST)' \

@@ -23,7 +23,7 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"FASTOIP_{name}", default)
 
 
-def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
     p.add_argument("--model-repository", "--model-store", type=Path, action="append",
                    default=None, help="Triton-style repository (Triton's --model-store too); "

@@ -244,7 +244,7 @@ def serve(options: ServeOptions) -> int:
         logging.Formatter.converter = time.gmtime
     server = ServerApp(options, own_process=True)
 
-    def on_signal(signum, frame):  # type: ignore[no-untyped-def]
+    def on_signal(signum: int, frame: object) -> None:
         log.info("signal %s received", signal.Signals(signum).name)
         server.stop()
 
