@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx src
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
 
-build: venv  ## rebuild the native extensions after editing a .pyx
+build: venv  ## rebuild the native extensions after editing a .pyx (pip builds them in isolation: Cython is not in .venv)
+	$(BIN)/python -c 'import Cython' 2>/dev/null || $(BIN)/python -m pip install --quiet 'Cython>=3.1,<4'
 	$(BIN)/python setup.py build_ext --inplace
 
 serve: venv  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
