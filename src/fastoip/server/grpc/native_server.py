@@ -63,6 +63,9 @@ class GrpcConnection(asyncio.Protocol):
         self.ping_wait: asyncio.TimerHandle | None = None
         self.goaway_wait: asyncio.TimerHandle | None = None
         self.age_timer: asyncio.TimerHandle | None = None
+        #: Streams whose request side is open -> (DATA bytes received when last seen, when that changed).
+        self.open_requests: dict[int, tuple[int, float]] = {}
+        self.idle_sweep: asyncio.TimerHandle | None = None
 
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -78,6 +81,8 @@ class GrpcConnection(asyncio.Protocol):
             self.keepalive = self.loop.call_later(self.options.keepalive_time_ms / 1000, self.check_idle)
         if self.options.max_connection_age_ms > 0:
             self.age_timer = self.loop.call_later(self.options.max_connection_age_ms / 1000, self.on_max_age)
+        if self.options.stream_idle_timeout_ms > 0:
+            self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
         if self.server.draining:
             self.drain()
         self.flush()  # our SETTINGS go first
@@ -110,7 +115,7 @@ class GrpcConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer):
+        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer, self.idle_sweep):
             if handle is not None:
                 handle.cancel()
         for stream_id in list(self.calls):
@@ -152,6 +157,7 @@ class GrpcConnection(asyncio.Protocol):
             self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
             return
         self.calls[stream_id] = call
+        self.open_requests[stream_id] = (0, time.monotonic())
         encoding = fields.get(b"grpc-encoding", b"identity")
         if encoding != b"identity":
             self.encodings[stream_id] = encoding
@@ -174,6 +180,7 @@ class GrpcConnection(asyncio.Protocol):
         self.forget_if_finished(stream_id, call)
 
     def on_end_stream(self, stream_id: int, leftover: int) -> None:
+        self.open_requests.pop(stream_id, None)
         call = self.calls.get(stream_id)
         if call is None:
             return
@@ -245,6 +252,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def forget(self, stream_id: int) -> None:
         self.calls.pop(stream_id, None)
+        self.open_requests.pop(stream_id, None)
         self.encodings.pop(stream_id, None)
         timer = self.timers.pop(stream_id, None)
         if timer is not None:
@@ -267,14 +275,14 @@ class GrpcConnection(asyncio.Protocol):
             return
         try:
             if not self.paused:
-                data = self.session.data_to_send()
+                chunks = self.session.data_to_send()
                 if self.reset_after_flush:
                     for stream_id in self.reset_after_flush:
                         self.session.reset(stream_id, _http2.NO_ERROR)
                     self.reset_after_flush.clear()
-                    data += self.session.data_to_send()
-                if data:
-                    self.transport.write(data)
+                    chunks += self.session.data_to_send()
+                if chunks:
+                    self.transport.writelines(chunks)  # one writev; large DATA as views of the responses
             self.limit_reading()
         except _http2.Http2Error as exc:
             log.debug("gRPC connection closed: %s", exc)
@@ -312,6 +320,42 @@ class GrpcConnection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()
+
+    # -- idle streams ---------------------------------------------------------------------------
+    def idle_sweep_interval(self) -> float:
+        return max(self.options.stream_idle_timeout_ms / 4000, 0.01)
+
+    def sweep_idle_streams(self) -> None:
+        """Answer the streams whose open request side got no DATA for the idle timeout (one timer a connection).
+
+        A ModelStreamInfer stream between messages is not idle (clients keep them open between requests);
+        one stalled inside a message is, as is a unary call that never ends its request.
+        """
+        now = time.monotonic()
+        limit = self.options.stream_idle_timeout_ms / 1000
+        expired = []
+        for stream_id, (seen, since) in self.open_requests.items():
+            received, partial = self.session.progress(stream_id)
+            call = self.calls.get(stream_id)
+            if received != seen or (call is not None and call.streaming and not partial):
+                self.open_requests[stream_id] = (received, now)
+            elif now - since >= limit:
+                expired.append(stream_id)
+        for stream_id in expired:
+            self.open_requests.pop(stream_id, None)
+            call = self.calls.get(stream_id)
+            if call is None:
+                continue
+            self.end_call(stream_id).cancel()
+            self.answer_early(stream_id, wire.DEADLINE_EXCEEDED,
+                              f"no request data on this stream for {limit:g} s (--grpc-stream-idle-timeout)",
+                              call.headers_sent)
+            if call.headers_sent:
+                self.reset_after_flush.append(stream_id)  # after the trailers: stop the client's side too
+        if expired:
+            self.flush()
+        if not self.closed:
+            self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
 
     # -- keepalive, age and drain ---------------------------------------------------------------
     def check_idle(self) -> None:
