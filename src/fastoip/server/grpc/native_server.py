@@ -33,9 +33,12 @@ log = logging.getLogger("fastoip.grpc")
 QUEUED_LIMIT = 256 * 1024 * 1024
 #: How long the final GOAWAY waits for the PING that follows the notice (one round trip, bounded).
 GOAWAY_PING_WAIT = 1.0
+#: The socket read size: the loop reads into one buffer of this size that every connection shares (each read
+#: is consumed by nghttp2 before the next), so received bytes are not first copied into a bytes object.
+READ_BUFFER = 256 * 1024
 
 
-class GrpcConnection(asyncio.Protocol):
+class GrpcConnection(asyncio.BufferedProtocol):
     """One client connection: the HTTP/2 session, its calls, keepalive and drain."""
 
     def __init__(self, server: NativeGrpcServer) -> None:
@@ -87,7 +90,13 @@ class GrpcConnection(asyncio.Protocol):
             self.drain()
         self.flush()  # our SETTINGS go first
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.receive(self.server.read_buffer[:nbytes])
+
+    def receive(self, data: memoryview) -> None:
         self.last_read = time.monotonic()
         try:
             events = self.session.receive(data)
@@ -418,6 +427,7 @@ class NativeGrpcServer:
         self.port: int = self.sock.getsockname()[1]
         self.ssl_context = _ssl_context(options) if options.use_ssl else None
         self.loop: asyncio.AbstractEventLoop = _new_loop()
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))
         self.dispatcher = Dispatcher(core, self.loop, self.executor)
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
