@@ -111,7 +111,8 @@ def one_gib_call(server: ServerProcess, model: str) -> tuple[float, float, np.nd
     del inp
     wait_until(lambda: (rss_bytes(pid) - idle) / GIB < LEFT_BOUND, timeout=10.0, interval=0.1)
     peak, left = (sampler.peak - idle) / GIB, (rss_bytes(pid) - idle) / GIB
-    print(f"\n1 GiB to {model}, native frontend: idle {idle / GIB:.2f} GiB, peak +{peak:.2f} GiB, after +{left:.2f} GiB")
+    print(f"\n1 GiB to {model}, native frontend: idle {idle / GIB:.2f} GiB, peak +{peak:.2f} GiB, "
+          f"after +{left:.2f} GiB")
     assert client.is_server_live()
     return peak, left, x, got
 
