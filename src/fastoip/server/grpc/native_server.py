@@ -203,13 +203,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.forget_if_finished(stream_id, call)
 
     def on_too_large(self, stream_id: int, declared: int) -> None:
-        call = self.calls.get(stream_id)
-        if call is None:
-            return
-        self.end_call(stream_id).cancel()
-        self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED,
-                          f"SERVER: Received message larger than max ({declared} vs. {self.options.max_message_size})",
-                          call.headers_sent)
+        self.abort_call(stream_id, wire.RESOURCE_EXHAUSTED,
+                        f"SERVER: Received message larger than max ({declared} vs. {self.options.max_message_size})")
 
     def on_closed(self, stream_id: int, error_code: int) -> None:
         """The stream is gone (answered, or reset by the client): a call still running is cancelled."""
@@ -253,6 +248,14 @@ class GrpcConnection(asyncio.BufferedProtocol):
             return
         self.session.send_headers_only(stream_id, wire.trailers_only(code, message))
         self.reset_after_flush.append(stream_id)
+
+    def abort_call(self, stream_id: int, code: int, message: str) -> Call | None:
+        """Cancel a call still running and answer it ``code`` (Trailers-Only, or trailers after its messages)."""
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self.end_call(stream_id).cancel()
+            self.answer_early(stream_id, code, message, call.headers_sent)
+        return call
 
     def end_call(self, stream_id: int) -> Call:
         call = self.calls[stream_id]
@@ -352,14 +355,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
                 expired.append(stream_id)
         for stream_id in expired:
             self.open_requests.pop(stream_id, None)
-            call = self.calls.get(stream_id)
-            if call is None:
-                continue
-            self.end_call(stream_id).cancel()
-            self.answer_early(stream_id, wire.DEADLINE_EXCEEDED,
-                              f"no request data on this stream for {limit:g} s (--grpc-stream-idle-timeout)",
-                              call.headers_sent)
-            if call.headers_sent:
+            call = self.abort_call(stream_id, wire.DEADLINE_EXCEEDED,
+                                   f"no request data on this stream for {limit:g} s (--grpc-stream-idle-timeout)")
+            if call is not None and call.headers_sent:
                 self.reset_after_flush.append(stream_id)  # after the trailers: stop the client's side too
         if expired:
             self.flush()
