@@ -180,6 +180,10 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="native: ms after which a connection gets GOAWAY so clients rebalance (0: never)")
     p.add_argument("--grpc-max-connection-age-grace", type=int, default=0,
                    help="native: ms a connection past its age keeps for its calls (0: until they end)")
+    p.add_argument("--grpc-stream-idle-timeout", type=int, default=60_000,
+                   help="native: ms a stream may go without request DATA while its request is open (a unary "
+                        "call, or a stream message half received) before it is answered DEADLINE_EXCEEDED "
+                        "(default 60000; 0: never; fastoip only)")
     p.add_argument("--grpc-use-ssl", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
                    metavar="BOOL", help="native: TLS (ALPN h2); Triton's --grpc-use-ssl=true or the bare switch")
     p.add_argument("--grpc-use-ssl-mutual", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
@@ -199,6 +203,7 @@ def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
         keepalive_timeout_ms=args.grpc_keepalive_timeout,
         max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        stream_idle_timeout_ms=args.grpc_stream_idle_timeout,
         use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         use_ssl_mutual=args.grpc_use_ssl_mutual,
         server_cert=args.grpc_server_cert,

@@ -91,6 +91,8 @@ class Call:
     """One RPC on one stream; the connection feeds it messages and the end of the request side."""
 
     __slots__ = ("stream_id", "out", "deadline_ns", "finished", "headers_sent", "messages", "headers")
+    #: Whether the request side is a stream of messages (it may idle between them).
+    streaming = False
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int) -> None:
         self.stream_id = stream_id
@@ -185,6 +187,7 @@ class StreamInferCall(Call):
     """
 
     __slots__ = ("core", "jobs", "started", "answered", "half_closed")
+    streaming = True
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)

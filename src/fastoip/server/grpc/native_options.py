@@ -25,6 +25,11 @@ class NativeGrpcOptions:
     max_connection_age_ms: int = 0
     #: ... and close it this long after that GOAWAY (ms, --grpc-max-connection-age-grace; 0: when its calls end).
     max_connection_age_grace_ms: int = 0
+    #: A stream whose request side stays open with no DATA arriving for this long (ms; 0: never) is answered
+    #: DEADLINE_EXCEEDED and reset: a unary call that never ends its request, or a ModelStreamInfer stalled
+    #: inside a message (between messages a stream may idle, as sequence clients do).  nginx's
+    #: client_body_timeout default; Triton has no such bound.
+    stream_idle_timeout_ms: int = 60_000
     use_ssl: bool = False
     server_cert: str = ""
     server_key: str = ""
