@@ -147,9 +147,14 @@ class Core:
         return self.data.infer(request, call)
 
     def submit(
-        self, request: InferRequest, on_done: Callable[[Job], None], deadline_ns: int = 0, run_here: bool = False
+        self,
+        request: InferRequest,
+        on_done: Callable[[Job], None],
+        deadline_ns: int = 0,
+        run_here: bool = False,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
-        return self.data.submit(request, on_done, deadline_ns, run_here)
+        return self.data.submit(request, on_done, deadline_ns, run_here, on_response)
 
     async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
         return await self.data.infer_async(request, deadline_ns)

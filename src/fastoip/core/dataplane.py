@@ -13,6 +13,13 @@ Rules:
   hop back with ``call_soon_threadsafe``; see ``infer_async``).
 - Answers are the typed values of :mod:`.answers`; errors are
   :mod:`fastoip.errors` values that the frontends map to statuses.
+- Decoupled models (``model_transaction_policy { decoupled: true }``) answer
+  through ``submit(..., on_response=...)`` only: each response but the final
+  flag goes to ``on_response`` as the model produces it (outputs finished per
+  response), then ``on_done`` once, with an error or with neither error nor
+  response (the final flag alone).  ``infer`` / ``infer_async`` and a submit
+  without ``on_response`` answer :class:`~fastoip.errors.OneResponseCall`
+  (Triton's refusal).  Statistics count one inference per request, as Triton does.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 
 from .. import __version__, cuda
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, NotFound, Unavailable
+from ..errors import InferenceError, InvalidArgument, NotFound, OneResponseCall, Unavailable
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..response_cache import ResponseCache, request_key
@@ -148,6 +155,7 @@ class DataPlane:
         on_done: Callable[[Job], None],
         deadline_ns: int = 0,
         run_here: bool = False,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
         """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
 
@@ -157,8 +165,10 @@ class DataPlane:
         calling thread instead of handing off to a worker (for callers that are a
         dedicated reader thread, like a gRPC stream).  Errors found before the
         request starts (unknown model, invalid input) are raised here, not passed to ``on_done``.
+        ``on_response(job, response)``: where a decoupled model's responses go, on the producing thread
+        (a decoupled model never runs on the calling thread: its responses must reach the caller meanwhile).
         """
-        model, job = self._start(request, CallContext(deadline_ns) if deadline_ns else None)
+        model, job = self._start(request, CallContext(deadline_ns) if deadline_ns else None, on_response)
 
         def done(finished: Job) -> None:
             self._complete(model, finished)
@@ -170,7 +180,7 @@ class DataPlane:
             self._answer_from_cache(job)
             return job
         try:
-            if run_here and not model.scheduler.queues:
+            if run_here and not model.scheduler.queues and not model.decoupled:
                 model.scheduler.run(job)
             else:
                 model.scheduler.submit(job)
@@ -201,11 +211,18 @@ class DataPlane:
             job.cancel()
             raise
 
-    def _start(self, request: InferRequest, call: CallContext | None) -> tuple[LoadedModel, Job]:
+    def _start(
+        self,
+        request: InferRequest,
+        call: CallContext | None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
+    ) -> tuple[LoadedModel, Job]:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.repository.get(request.model_name, request.model_version)
+        if model.decoupled and on_response is None:
+            raise OneResponseCall()
         regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
@@ -221,6 +238,9 @@ class DataPlane:
         if request.outputs:
             job.destinations = self._output_destinations(request, regions)
         job.regions = regions or None
+        if model.decoupled:
+            assert on_response is not None
+            self._stream(model, job, on_response)
         if self.response_cache is not None and model.uses_response_cache:
             self._look_up(model, job)
         if model.scheduler.queues or (job.cache_key is not None and not job.cache_leader):
@@ -233,6 +253,24 @@ class DataPlane:
             job.deadline_ns = call.deadline_ns
         model.enter()
         return model, job
+
+    @staticmethod
+    def _stream(model: LoadedModel, job: Job, on_response: Callable[[Job, InferResponse], None]) -> None:
+        """Give a decoupled model's job its response sink: each response finished (reshape, classification)
+        as ``_complete`` finishes a single one, then handed to ``on_response``."""
+        if job.destinations:
+            raise InvalidArgument(
+                f"model '{model.name}' is decoupled: its responses cannot be written to shared-memory outputs"
+            )
+        spec = model.spec
+        request = job.request
+
+        def deliver(streamed: Job, response: InferResponse) -> None:
+            if request.outputs or spec.reshaped:
+                finish_outputs(spec, request, response)
+            on_response(streamed, response)
+
+        job.stream_to(deliver)
 
     def _complete(self, model: LoadedModel, job: Job) -> None:
         """The one completion step: outputs finished (reshape, classification, shared memory), the regions'

@@ -16,7 +16,9 @@ from ...errors import InferenceError, InternalError, InvalidArgument, Unavailabl
 from ...lifecycle import SHUTDOWN, STARTUP, hook_names
 from ...model import Model
 from ...repository.config import ModelSpec
-from ...scheduling.contract import Execution, Results
+from ...scheduling.contract import END_OF_STREAM, Execution, Results
+from ...types import InferResponse
+from .decoupled import close, values_of
 from .describe import describe as _describe
 from .event_loop import call
 from .payloads import PayloadCodec, batch_key
@@ -54,6 +56,7 @@ class _Host:
         self.spec = spec
         self.payloads = PayloadCodec(name, self.version_str, spec, defaults)
         self.batchable = batchable
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.lanes = 0
         self._state = threading.Condition()
         self._in_flight = 0
@@ -139,6 +142,8 @@ class _Host:
                     self._state.notify_all()
 
     def _execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        if self.decoupled:
+            return self._execute_decoupled(jobs)
         results: Results = [InternalError("not run") for _ in jobs]  # each replaced below
         executions: list[Execution] = []
         for indices in self._groups(jobs):
@@ -163,6 +168,54 @@ class _Host:
                 for index in indices:
                     results[index] = error
         return results, executions
+
+    def _execute_decoupled(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        """One ``predict`` per job; each value it produces is encoded and sent as soon as it exists."""
+        results: Results = []
+        executions: list[Execution] = []
+        for job in jobs:
+            try:
+                t0 = time.monotonic_ns()
+                payload, parameters = self.payloads.decode([job])
+                t1 = time.monotonic_ns()
+                encode_ns, last = self._stream(self._predict(payload, parameters), job)
+                t2 = time.monotonic_ns()
+                executions.append((job.batch_size, 1, t1 - t0, t2 - t1 - encode_ns, encode_ns))
+                if job.decoupled:
+                    results.append(END_OF_STREAM)
+                else:  # a caller without a response sink (warm-up): the last response stands for all
+                    results.append(last or self.payloads.empty_response(job))
+            except InferenceError as exc:
+                results.append(exc)
+            except Exception as exc:  # a bug in the backend itself: still answer the job
+                log.exception("model '%s': request failed", self.name)
+                results.append(InternalError(f"model '{self.name}': {_describe(exc)}"))
+        return results, executions
+
+    def _stream(self, produced: Any, job: Job) -> tuple[int, InferResponse | None]:
+        """Send each response ``produced`` gives; the time spent encoding them, and the last response."""
+        encode_ns = 0
+        last = None
+        values = values_of(produced)
+        try:
+            while True:
+                try:
+                    value = next(values)
+                except StopIteration:
+                    break
+                except InferenceError:
+                    raise
+                except Exception as exc:
+                    log.exception("model '%s': predict failed", self.name)
+                    raise InternalError(f"model '{self.name}': predict failed: {_describe(exc)}") from None
+                started = time.monotonic_ns()
+                last = self.payloads.encode(value, [job])[0]
+                encode_ns += time.monotonic_ns() - started
+                if not job.send(last):  # finished meanwhile (the client cancelled): stop producing
+                    break
+        finally:
+            close(produced)
+        return encode_ns, last
 
     def _groups(self, jobs: Sequence[Job]) -> list[list[int]]:
         if not self.batchable or len(jobs) == 1:

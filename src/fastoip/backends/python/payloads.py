@@ -116,6 +116,10 @@ class PayloadCodec:
             for job, rows in zip(group, row_slices(group), strict=True)
         ]
 
+    def empty_response(self, job: Job) -> InferResponse:
+        """A response with no outputs (a decoupled model that produced nothing, for a caller that needs one)."""
+        return self._response(job, [], {})
+
     def _response(self, job: Job, outputs: list, parameters: dict) -> InferResponse:
         request = job.request
         return InferResponse(

@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from ... import _codec
 from ...core import CallContext, Core, FinishedCall
 from ...errors import InferenceError
-from ...types import InferRequest
+from ...types import InferRequest, InferResponse
 from .service import (
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -37,7 +37,10 @@ from .service import (
     DecodeFailure,
     GrpcService,
     decode_request,
+    encode_final,
+    encode_partial,
     error_echo,
+    take_empty_final_flag,
 )
 
 log = logging.getLogger("fastoip.grpc")
@@ -76,6 +79,7 @@ class GrpcioFrontend:
         """
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         in_flight: set[FinishedCall] = set()
+        empty_final: set[FinishedCall] = set()
         started = [0]
         core = self.core
 
@@ -85,6 +89,9 @@ class GrpcioFrontend:
 
         context.add_callback(cancel_all)
 
+        def partial(job: FinishedCall, response: InferResponse) -> None:  # a decoupled model's thread
+            finished.put(response)
+
         def read() -> None:
             try:
                 for request in requests:
@@ -93,10 +100,14 @@ class GrpcioFrontend:
                         finished.put(_codec.encode_stream_response(None, request.status_message))
                         continue
                     try:
-                        job = core.submit(request, finished.put, run_here=True)
-                        in_flight.add(job)
+                        wants_empty_final = take_empty_final_flag(request) if request.parameters else False
+                        job = core.submit(request, finished.put, run_here=True, on_response=partial)
                     except InferenceError as exc:
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
+                        continue
+                    in_flight.add(job)
+                    if wants_empty_final:
+                        empty_final.add(job)
             except Exception:  # the call ended (cancelled or broken): stop reading
                 pass
             finished.put(_END)
@@ -110,15 +121,21 @@ class GrpcioFrontend:
             if item is _END:
                 total = started[0]
                 continue
+            if type(item) is InferResponse:  # a decoupled request's response that is not its last
+                yield encode_partial(item)
+                continue
             answered += 1
             if isinstance(item, bytes):
                 yield item
                 continue
             in_flight.discard(item)
-            if item.error is not None:
-                yield _codec.encode_stream_response(error_echo(item.request), item.error.message)
-            else:
+            if item.response is not None:
                 yield _codec.encode_stream_response(item.response)
+                continue
+            last = encode_final(item, item in empty_final)  # an error, or a decoupled request's final flag
+            empty_final.discard(item)
+            if last is not None:
+                yield last
 
 
 _END = object()

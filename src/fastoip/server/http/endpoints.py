@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 
 from ...core import CUDA, SYSTEM, Core, config_to_json
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, OneResponseCall
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
@@ -215,7 +215,10 @@ class HttpFrontend(Router):
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
             infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
-        response = await self.core.infer_async(infer_request)
+        try:
+            response = await self.core.infer_async(infer_request)
+        except OneResponseCall:
+            raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
         content_type, json_length, payload = wire.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:
