@@ -28,15 +28,19 @@ from serverproc import ServerProcess
 pytestmark = pytest.mark.timeout(180)
 
 COUNTER = """
+    import time
     import numpy as np
     import fastoip
 
     class Counter(fastoip.Model):
         def predict(self, inputs, parameters):
             fail_at = int(parameters.get("fail_at", -1))
+            delay = float(parameters.get("delay", 0))
             for index in range(int(inputs["COUNT"].reshape(-1)[0])):
                 if index == fail_at:
                     raise ValueError(f"no response {index}")
+                if delay:
+                    time.sleep(delay)
                 yield {"INDEX": np.array([index], dtype=np.int32)}
 """
 

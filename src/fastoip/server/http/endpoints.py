@@ -26,6 +26,7 @@ from ...errors import InvalidArgument, OneResponseCall
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
+from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
 
@@ -46,10 +47,13 @@ class HttpFrontend(Router):
             "/v2/trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
             "/v2/logging": {"GET": self.get_log_settings, "POST": self.update_log_settings},
         }
+        generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},
             "ready": {"GET": self.model_ready},
             "infer": {"POST": self.infer},
+            "generate": {"POST": generate.generate},
+            "generate_stream": {"POST": generate.generate_stream},
             "config": {"GET": self.model_config},
             "stats": {"GET": self.model_stats},
             "trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
