@@ -270,3 +270,20 @@ def test_statistics_count_one_inference_per_request(decoupled_server: ServerProc
     )
     assert success == 3
     assert int(after.get("inference_count", 0)) - int(before.get("inference_count", 0)) == 3
+
+
+def test_a_stream_the_client_cancels_stops_the_generator(decoupled_server: ServerProcess) -> None:
+    endless = Stream(decoupled_server.grpc_url)
+    endless.send("counter", 1_000_000, "endless", delay=0.01)  # hours, unless the cancel stops it
+    for _ in range(3):
+        result, error = endless.results.get(timeout=60)
+        assert error is None and not result.get_response().parameters["triton_final_response"].bool_param
+    endless.client.stop_stream(cancel_requests=True)
+    endless.client.close()
+    # counter has one instance: it serves another request only once the cancelled generator has stopped
+    after = Stream(decoupled_server.grpc_url)
+    try:
+        after.send("counter", 2, "next")
+        assert indices(after.read(timeout=30)) == [0, 1]
+    finally:
+        after.close()
