@@ -10,7 +10,6 @@ Unary ModelInfer and HTTP infer to a decoupled model answer Triton's refusal.
 from __future__ import annotations
 
 import queue
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from fastoip._proto import grpc_service_pb2 as pb
 from serverproc import ServerProcess
+from test_python_models import write_python_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -89,13 +89,6 @@ WORDS_CONFIG = """
              { name: "position" data_type: TYPE_INT64 dims: [ 1 ] } ]
     model_transaction_policy { decoupled: true }
 """
-
-
-def write_python_model(root: Path, name: str, source: str, config: str) -> None:
-    folder = root / name / "1"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.py").write_text(textwrap.dedent(source))
-    (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
 
 
 def decoupled_repository(root: Path) -> Path:

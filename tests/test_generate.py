@@ -16,7 +16,8 @@ import pytest
 from httpx_sse import connect_sse
 
 from serverproc import ServerProcess
-from test_decoupled import COUNTER, COUNTER_CONFIG, WORDS, WORDS_CONFIG, write_python_model
+from test_decoupled import COUNTER, COUNTER_CONFIG, WORDS, WORDS_CONFIG
+from test_python_models import write_python_model
 
 pytestmark = pytest.mark.timeout(180)
 
