@@ -32,12 +32,16 @@ Rules:
   the model is batchable, jobs merged by the dynamic batcher that agree on
   parameters and content types go to one ``predict`` call; others run one
   by one.
+- A decoupled model (``model_transaction_policy { decoupled: true }``) runs
+  one ``predict`` per request; each value its generator (or async generator)
+  yields is encoded and sent at once through the job's response sink.
 
 Modules, one job each: ``event_loop`` (the loop async model code runs on),
 ``model_file`` (importing model.py, finding its class), ``deployment``
 (``@on_deployment`` hooks), ``kind`` (the backend kind: config and instances),
-``host`` (one model object: lifecycle, health, running jobs) and ``payloads``
-(requests to ``predict`` arguments, its return value to responses).
+``host`` (one model object: lifecycle, health, running jobs), ``payloads``
+(requests to ``predict`` arguments, its return value to responses) and
+``decoupled`` (a decoupled model's generator stepped into responses).
 """
 
 from __future__ import annotations
