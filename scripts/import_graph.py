@@ -16,8 +16,8 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 1. wire: where tensor bytes come from and go: the codecs (``_codec``,
    ``wire/``) and the shared-memory regions;
 2. models: ``repository/``, ``scheduling/``, ``backends/``, the response cache and output finishing;
-3. core: ``core/``;
-4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository.
+3. core: ``core/`` and ``testing`` (an in-process client on the Core);
+4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository, ``embed``.
 """
 
 from __future__ import annotations
@@ -57,13 +57,16 @@ LAYERS: dict[str, int] = {
     "response_outputs": 2,
     "response_cache": 2,
     "core": 3,
+    "testing": 3,  # an in-process client on the Core, for users' tests
     "server": 4,
     "bench": 4,
     "cli": 4,
     "triton_flags": 4,
     "demo": 4,
+    "embed": 4,  # fastoip.Server: the server app inside the caller's process
     "__main__": 4,
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench
+    "allocator": 0,  # standard library only (ctypes): glibc's malloc settings for `fastoip serve`
 }
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
 

@@ -112,3 +112,135 @@ def nonzero_model_bytes() -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def image_model_bytes(channels: int = 3, size: int = 8, classes: int = 10) -> bytes:
+    """NCHW image -> per-channel mean -> linear layer -> class scores (FP32 [batch, classes])."""
+    from onnx import numpy_helper
+
+    weights = np.arange(channels * classes, dtype=np.float32).reshape(channels, classes) / 10.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["INPUT"], ["pooled"], axes=[2, 3], keepdims=0),
+            helper.make_node("MatMul", ["pooled", "W"], ["OUTPUT"]),
+        ],
+        "image_classifier",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", channels, size, size])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", classes])],
+        initializer=[numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def ppm_decoder_model_bytes(size: int = 8) -> bytes:
+    """Image pre-processing: an encoded plain-PPM file (BYTES [batch, 1]) -> FP32 NCHW [batch, 3, size, size] / 255.
+
+    The file is ``P3 <w> <h> <maxval> r g b r g b ...`` with single spaces (a valid plain PPM; ONNX
+    Runtime's StringSplit splits on one separator): split, drop the four header tokens, parse the
+    numbers, reshape HWC and transpose to CHW.
+    """
+    ints = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
+    nodes = [
+        helper.make_node("StringSplit", ["IMAGE"], ["tokens", "counts"], delimiter=" "),
+        helper.make_node("Slice", ["tokens", "FIRST", "LAST", "AXIS"], ["pixels_text"]),
+        helper.make_node("Cast", ["pixels_text"], ["pixels"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["pixels", "HWC"], ["hwc"]),
+        helper.make_node("Transpose", ["hwc"], ["chw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Div", ["chw", "MAXVAL"], ["SCALED"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ppm_decoder",
+        [helper.make_tensor_value_info("IMAGE", TensorProto.STRING, ["batch", 1])],
+        [helper.make_tensor_value_info("SCALED", TensorProto.FLOAT, ["batch", 3, size, size])],
+        initializer=[
+            ints("FIRST", [4]), ints("LAST", [4 + 3 * size * size]), ints("AXIS", [2]),
+            ints("HWC", [-1, size, size, 3]), helper.make_tensor("MAXVAL", TensorProto.FLOAT, [1], [255.0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def _sequence_graph(name: str, nodes: list, inputs: dict[str, int], outputs: dict[str, int],
+                    initializers: list) -> bytes:
+    """A batched sequence model: every tensor is ``[batch, 1]``."""
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info(n, t, ["batch", 1]) for n, t in inputs.items()],
+        [helper.make_tensor_value_info(n, t, ["batch", 1]) for n, t in outputs.items()],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def sequence_controls(*kinds: str, corrid_type: str = "TYPE_UINT64") -> str:
+    """``control_input [...]`` for the given kinds (START, END, READY, CORRID), named as the kinds,
+    with the int32 false/true values of Triton's example sequence models."""
+    entries = []
+    for kind in kinds:
+        if kind == "CORRID":
+            control = f"kind: CONTROL_SEQUENCE_CORRID data_type: {corrid_type}"
+        else:
+            control = f"kind: CONTROL_SEQUENCE_{kind} int32_false_true: [ 0, 1 ]"
+        entries.append(f'{{ name: "{kind}" control [ {{ {control} }} ] }}')
+    return "control_input [ " + ", ".join(entries) + " ]"
+
+
+def simple_sequence_model_bytes() -> bytes:
+    """Triton's ``simple_sequence`` semantics: OUTPUT = (INPUT + START) * READY (stateless, INT32)."""
+    i32 = TensorProto.INT32
+    return _sequence_graph(
+        "simple_sequence",
+        [helper.make_node("Add", ["INPUT", "START"], ["started"]),
+         helper.make_node("Mul", ["started", "READY"], ["OUTPUT"])],
+        {"INPUT": i32, "START": i32, "READY": i32}, {"OUTPUT": i32}, [],
+    )
+
+
+def dyna_sequence_model_bytes() -> bytes:
+    """Triton's ``simple_dyna_sequence`` semantics: OUTPUT = (INPUT + START + END * CORRID) * READY."""
+    i32 = TensorProto.INT32
+    return _sequence_graph(
+        "simple_dyna_sequence",
+        [helper.make_node("Cast", ["CORRID"], ["corrid"], to=i32),
+         helper.make_node("Mul", ["END", "corrid"], ["ending"]),
+         helper.make_node("Add", ["INPUT", "START"], ["started"]),
+         helper.make_node("Add", ["started", "ending"], ["total"]),
+         helper.make_node("Mul", ["total", "READY"], ["OUTPUT"])],
+        {"INPUT": i32, "START": i32, "END": i32, "READY": i32, "CORRID": TensorProto.UINT64}, {"OUTPUT": i32}, [],
+    )
+
+
+def accumulator_sequence_model_bytes(corrid: int = TensorProto.STRING) -> bytes:
+    """Triton's dyna_sequence backend as an ONNX model with implicit state (``simple_string_dyna_sequence``).
+
+    Per sequence an INT32 accumulator: START sets it to INPUT, later steps add INPUT, END adds the
+    correlation id (a string decoded as an integer, or an integer); READY=0 rows leave it unchanged
+    and answer 0.  OUTPUT = accumulator * READY; the state ACC_OUT -> ACC_IN carries it.
+    """
+    i32 = TensorProto.INT32
+    one = helper.make_tensor("ONE", i32, [1], [1])
+    nodes = [
+        helper.make_node("Cast", ["CORRID"], ["corrid64"], to=TensorProto.INT64),
+        helper.make_node("Cast", ["corrid64"], ["corrid"], to=i32),
+        helper.make_node("Sub", ["ONE", "START"], ["keep"]),
+        helper.make_node("Mul", ["ACC_IN", "keep"], ["kept"]),
+        helper.make_node("Add", ["kept", "INPUT"], ["added"]),
+        helper.make_node("Mul", ["END", "corrid"], ["ending"]),
+        helper.make_node("Add", ["added", "ending"], ["updated"]),
+        helper.make_node("Mul", ["updated", "READY"], ["OUTPUT"]),
+        helper.make_node("Sub", ["ONE", "READY"], ["idle"]),
+        helper.make_node("Mul", ["ACC_IN", "idle"], ["unchanged"]),
+        helper.make_node("Add", ["OUTPUT", "unchanged"], ["ACC_OUT"]),
+    ]
+    return _sequence_graph(
+        "accumulator_sequence", nodes,
+        {"INPUT": i32, "START": i32, "END": i32, "READY": i32, "CORRID": corrid, "ACC_IN": i32},
+        {"OUTPUT": i32, "ACC_OUT": i32}, [one],
+    )

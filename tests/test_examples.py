@@ -108,3 +108,25 @@ def test_token_stream_example_streams_each_word(tmp_path: Path, grpc_frontend: s
         )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n") == ["one", "two", "three", ""]
+
+TESTING_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "testing_your_model"
+
+
+def test_the_testing_example_passes_under_pytest(tmp_path: Path) -> None:
+    # the README's "Testing your model" example, run as a user runs it: pytest on the example folder
+    copy = tmp_path / "testing_your_model"
+    shutil.copytree(TESTING_EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(copy), str(copy)],
+        capture_output=True, text=True, timeout=110, cwd=copy,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 passed" in out.stdout, out.stdout
+
+
+def test_the_readme_shows_the_testing_example_as_it_is() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in ("test_word_count.py", "repository/word_count/1/model.py"):
+        source = (TESTING_EXAMPLE / name).read_text()
+        body = source.split('"""', 2)[2].lstrip("\n") if source.startswith('"""') else source
+        assert body in readme, f"README.md's 'Testing your model' no longer shows {name} as it is"

@@ -290,3 +290,69 @@ def test_failure_reasons_follow_tritons() -> None:
     assert failure_reason(Cancelled("request cancelled by the client")) == "CANCELED"
     assert failure_reason(InternalError("onnxruntime failed")) == "BACKEND"
     assert failure_reason(InvalidArgument("bad")) == "OTHER"
+
+
+def test_response_cache_families_follow_statistics(tmp_path: Path) -> None:
+    """Triton's ``nv_cache_*`` families: only for models the cache applies to, equal to ModelStatistics."""
+    from onnx import TensorProto
+
+    from models import identity_model_bytes
+
+    for name, extra in (("cached", "response_cache { enable: true }\n"), ("uncached", "")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.onnx").write_bytes(identity_model_bytes(TensorProto.FLOAT, [4], name=name))
+        (tmp_path / name / "config.pbtxt").write_text("max_batch_size: 4\n" + extra)
+    with ServerProcess(tmp_path, "--cache-config", "local,size=1048576", "--metrics-config",
+                       "summary_latencies=true", metrics=True) as proc:
+        client = tg.InferenceServerClient(proc.grpc_url)
+        for model in ("cached", "uncached"):
+            for values in ([1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8]):
+                x = tg.InferInput("INPUT0", [1, 4], "FP32")
+                x.set_data_from_numpy(np.array([values], dtype=np.float32))
+                client.infer(model, [x])
+        text = scrape(proc.metrics_port)[2]
+        stats = client.get_inference_statistics("cached", as_json=True)["model_stats"][0]["inference_stats"]
+
+    kinds = families(text)
+    assert kinds["nv_cache_num_hits_per_model"] == ("counter", "Number of cache hits per model")
+    assert kinds["nv_cache_num_misses_per_model"] == ("counter", "Number of cache misses per model")
+    assert kinds["nv_cache_hit_duration_per_model"] == (
+        "counter", "Total cache hit duration per model, in microseconds")
+    assert kinds["nv_cache_miss_duration_per_model"] == (
+        "counter", "Total cache miss (insert+lookup) duration per model, in microseconds")
+    assert kinds["nv_cache_hit_summary_per_model"][0] == "summary"
+    assert kinds["nv_cache_miss_summary_per_model"][0] == "summary"
+    assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
+    got = samples(text)
+    hits, misses = int(stats["cache_hit"]["count"]), int(stats["cache_miss"]["count"])
+    assert (hits, misses) == (3, 2)
+    assert got[("nv_cache_num_hits_per_model", "cached", "1")] == hits
+    assert got[("nv_cache_num_misses_per_model", "cached", "1")] == misses
+    assert got[("nv_cache_hit_duration_per_model", "cached", "1")] == int(stats["cache_hit"]["ns"]) // 1000
+    assert got[("nv_cache_miss_duration_per_model", "cached", "1")] == int(stats["cache_miss"]["ns"]) // 1000
+    assert got[("nv_cache_hit_summary_per_model_count", "cached", "1")] == hits
+    assert got[("nv_cache_miss_summary_per_model_count", "cached", "1")] == misses
+    assert got[("nv_cache_hit_summary_per_model_sum", "cached", "1")] == pytest.approx(
+        int(stats["cache_hit"]["ns"]) / 1000)
+    # a model without the cache has no cache samples; with the cache, Triton drops the request summary
+    assert not any(name.startswith("nv_cache_") and model == "uncached" for name, model, _ in got)
+    assert ("nv_inference_request_summary_us_count", "uncached", "1") in got
+    assert ("nv_inference_request_summary_us_count", "cached", "1") not in got
+    assert got[("nv_inference_count", "cached", "1")] == misses  # hits do not run the model
+
+
+def test_cache_families_follow_counter_latencies_and_the_cached_set() -> None:
+    """Triton creates the cache counters only with latency counters on, and only for cached versions."""
+    from fastoip.metrics import MetricsConfig, ModelStatistics, model_families
+
+    stats = ModelStatistics("m", "1", MetricsConfig())
+    stats.record_cache(True, 4_000)
+    stats.record_cache(False, 9_000)
+    snapshots = [stats.snapshot()]
+    on = {f.name: f for f in model_families(snapshots, {}, cached=frozenset({("m", "1")}))}
+    assert [s.value for s in on["nv_cache_num_hits_per_model"].samples] == [1]
+    assert [s.value for s in on["nv_cache_miss_duration_per_model"].samples] == [9]
+    assert not any(name.startswith("nv_cache_") for name in
+                   {f.name for f in model_families(snapshots, {})})  # not a cached version
+    off = model_families(snapshots, {}, config=MetricsConfig(counter_latencies=False), cached=frozenset({("m", "1")}))
+    assert not any(f.name.startswith("nv_cache_") for f in off)

@@ -14,31 +14,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.model_config_pb2 as mc
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
-from models import identity_model_bytes, write_model
+from models import identity_model_bytes, image_model_bytes, write_model
 from serverproc import ServerProcess
 
 CLASSES = [f"class_{i}" for i in range(10)]
-
-
-def image_model_bytes(channels: int = 3, size: int = 8, classes: int = 10) -> bytes:
-    """NCHW image -> per-channel mean -> linear layer -> class scores (FP32 [batch, classes])."""
-    weights = np.arange(channels * classes, dtype=np.float32).reshape(channels, classes) / 10.0
-    graph = helper.make_graph(
-        [
-            helper.make_node("ReduceMean", ["INPUT"], ["pooled"], axes=[2, 3], keepdims=0),
-            helper.make_node("MatMul", ["pooled", "W"], ["OUTPUT"]),
-        ],
-        "image_classifier",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", channels, size, size])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", classes])],
-        initializer=[numpy_helper.from_array(weights, "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,9 @@ stays cheap for the CLI):
   :func:`content_type_names`, :func:`unregister_content_type`.
 - Errors a model may raise: :class:`InvalidArgument` (400 / INVALID_ARGUMENT),
   :class:`Unavailable`, :class:`InferenceError`.
+
+Embedding and testing: :class:`Server` (a whole fastoip in this process, on free ports);
+:mod:`fastoip.testing` (an in-process client on a repository, no sockets).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ _EXPORTS = {
     "InferenceError": "fastoip.errors",
     "InvalidArgument": "fastoip.errors",
     "Unavailable": "fastoip.errors",
+    "Server": "fastoip.embed",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(_parser(), argv)
     if args.command == "serve":
         from . import _codec
+        from .allocator import pin_mmap_threshold
         from .server.app import serve
 
         try:
@@ -226,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
         _codec.set_max_bytes_elements(args.max_bytes_elements)
+        pin_mmap_threshold()
         return serve(options)
     if args.command == "demo-repository":
         from .demo import write_repository

@@ -191,7 +191,7 @@ class WindowQuantiles:
 class LatencyMetrics:
     """The per-request latency summaries and histogram that ``--metrics-config`` turns on."""
 
-    SUMMARIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+    SUMMARIES = ("request", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
     def __init__(self, config: MetricsConfig) -> None:
         self.config = config
@@ -252,6 +252,8 @@ class ModelStatistics:
             duration = self.cache_hit if hit else self.cache_miss
             duration.count += 1
             duration.ns += lookup_ns
+            if self._summaries is not None:
+                self._summaries["cache_hit" if hit else "cache_miss"].observe(lookup_ns / 1000)
 
     def record_execution(
         self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int
@@ -314,16 +316,23 @@ class ModelStatistics:
         with self.lock:
             return dict(self.failures)
 
-    def latency_families(self, labels: Mapping[str, str]) -> list[Metric]:
-        """Summary and histogram families of this version (empty unless turned on)."""
+    def latency_families(self, labels: Mapping[str, str], cache_enabled: bool = False) -> list[Metric]:
+        """Summary and histogram families of this version (empty unless turned on).
+
+        ``cache_enabled``: the response cache applies to this version.  Then, as in Triton,
+        the cache hit/miss summaries appear and the request summary does not (Triton
+        leaves it out because cache bookkeeping would make it misleading).
+        """
         latency = self.latency
         if latency is None:
             return []
         families = []
         if latency.summaries is not None:
             qs = [q for q, _ in latency.config.summary_quantiles]
+            hidden = ("request",) if cache_enabled else _CACHE_SUMMARIES
             with self.lock:
-                snapshot = {key: (s.quantiles(qs), s.count, s.sum) for key, s in latency.summaries.items()}
+                snapshot = {key: (s.quantiles(qs), s.count, s.sum)
+                            for key, s in latency.summaries.items() if key not in hidden}
             for key, (values, count, total) in snapshot.items():
                 name, help_text = _SUMMARIES[key]
                 family = Metric(name, help_text, "summary")
@@ -389,7 +398,13 @@ _SUMMARIES = {
     "compute_output": ("nv_inference_compute_output_summary_us",
                        "Cumulative inference compute output duration in microseconds "
                        "(does not include cached requests)"),
+    "cache_hit": ("nv_cache_hit_summary_per_model",
+                  "Summary of cache hit counts/durations per model, in microseconds."),
+    "cache_miss": ("nv_cache_miss_summary_per_model",
+                   "Summary of cache miss counts/durations per model, in microseconds."),
 }
+#: Summaries only a version with the response cache has.
+_CACHE_SUMMARIES = ("cache_hit", "cache_miss")
 
 
 @dataclass(frozen=True)
@@ -407,6 +422,10 @@ class ModelCounters:
     compute_input_ns: int
     compute_infer_ns: int
     compute_output_ns: int
+    cache_hits: int = 0
+    cache_hit_ns: int = 0
+    cache_misses: int = 0
+    cache_miss_ns: int = 0
 
 
 def model_counters(statistics: Iterable[Any]) -> list[ModelCounters]:
@@ -433,6 +452,10 @@ def model_counters(statistics: Iterable[Any]) -> list[ModelCounters]:
             compute_input_ns=int(get(get(inference, "compute_input"), "ns")),
             compute_infer_ns=int(get(get(inference, "compute_infer"), "ns")),
             compute_output_ns=int(get(get(inference, "compute_output"), "ns")),
+            cache_hits=int(get(get(inference, "cache_hit"), "count")),
+            cache_hit_ns=int(get(get(inference, "cache_hit"), "ns")),
+            cache_misses=int(get(get(inference, "cache_miss"), "count")),
+            cache_miss_ns=int(get(get(inference, "cache_miss"), "ns")),
         ))
     return counters
 
@@ -465,9 +488,20 @@ _LATENCY_COUNTERS: tuple[tuple[str, str, Callable[[ModelCounters], int]], ...] =
      lambda c: c.compute_output_ns // 1000),
 )
 
+#: Triton's per-model response-cache counters, only for versions the cache applies to (and, as in Triton,
+#: only while latency counters are on).
+_CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelCounters], int]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda c: c.cache_hits),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda c: c.cache_misses),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda c: c.cache_hit_ns // 1000),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda c: c.cache_miss_ns // 1000),
+)
+
 #: Every metric family name fastoip can export (the dashboard and autoscaling manifests use only these).
 EXPORTED_NAMES: frozenset[str] = frozenset(
-    [name for name, _, _ in _COUNTERS + _LATENCY_COUNTERS]
+    [name for name, _, _ in _COUNTERS + _LATENCY_COUNTERS + _CACHE_COUNTERS]
     + ["nv_inference_request_failure", "nv_inference_pending_request_count",
        "nv_inference_first_response_histogram_ms"]
     + [name for name, _ in _SUMMARIES.values()]
@@ -480,8 +514,13 @@ def model_families(
     failures: Mapping[tuple[str, str], Mapping[str, int]] | None = None,
     latency: Mapping[tuple[str, str], ModelStatistics] | None = None,
     config: MetricsConfig | None = None,
+    cached: frozenset[tuple[str, str]] = frozenset(),
 ) -> list[Metric]:
-    """Triton's per-model families from the Core's statistics, pending counts and failure reasons."""
+    """Triton's per-model families from the Core's statistics, pending counts and failure reasons.
+
+    ``cached``: the (model, version) pairs the response cache applies to; only they get the
+    ``nv_cache_*`` families, as in Triton.
+    """
     config = config or _config
     counters = model_counters(statistics)
     labelled = [({"model": c.model, "version": c.version}, c) for c in counters]
@@ -503,10 +542,15 @@ def model_families(
         "gauge",
         ((labels, pending.get((c.model, c.version), 0)) for labels, c in labelled),
     ))
+    with_cache = [(labels, c) for labels, c in labelled if (c.model, c.version) in cached]
+    if with_cache and config.counter_latencies:
+        for name, help_text, value in _CACHE_COUNTERS:
+            families.append(_family(name, help_text, "counter", ((labels, value(c)) for labels, c in with_cache)))
     by_name: dict[str, Metric] = {}
     for labels, c in labelled:
         stats = (latency or {}).get((c.model, c.version))
-        for family in stats.latency_families(labels) if stats is not None else ():
+        uses_cache = (c.model, c.version) in cached
+        for family in stats.latency_families(labels, uses_cache) if stats is not None else ():
             merged = by_name.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             merged.samples.extend(family.samples)
     families.extend(by_name.values())
@@ -524,13 +568,15 @@ def prometheus_text(
     snapshots: list[dict],
     pending: dict[tuple[str, str], int],
     models: Mapping[tuple[str, str], ModelStatistics] | None = None,
+    cached: frozenset[tuple[str, str]] = frozenset(),
 ) -> str:
     """Prometheus text exposition (format 0.0.4) of ``snapshots``; ``pending``: queued requests per model.
 
-    ``models``: the versions' ``ModelStatistics``, for failure reasons and latency summaries/histograms.
+    ``models``: the versions' ``ModelStatistics``, for failure reasons and latency summaries/histograms;
+    ``cached``: the versions the response cache applies to.
     """
     failures = {key: stats.failure_counts() for key, stats in (models or {}).items()}
-    return exposition_text(model_families(snapshots, pending, failures, models))
+    return exposition_text(model_families(snapshots, pending, failures, models, cached=cached))
 
 
 def exposition_text(families: Iterable[Metric]) -> str:

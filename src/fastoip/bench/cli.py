@@ -15,6 +15,7 @@ failed (see the errors column); 1 a failure before or between measurements
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from .target import BenchError, Target
+from .tls import tls_from_args
 
 LOCAL_MODELS = ["simple", "mlp"]
 LOCAL_LEVELS = [1, 8, 64]
@@ -228,8 +230,31 @@ def _perf_analyzer_flags(p: argparse.ArgumentParser) -> None:
                         "the reported windows (request_inputs and response_outputs left empty)")
     p.add_argument("--data-directory", metavar="DIR",
                    help="a file per input named after it: raw little-endian values, or one BYTES element a line")
+    _tls_flags(p)
     for flag in sorted(REFUSED):
         p.add_argument(flag, nargs="?", action=_Refuse, help=argparse.SUPPRESS)
+
+
+def _tls_flags(p: argparse.ArgumentParser) -> None:
+    """perf_analyzer's TLS flags (fastoip.bench.tls); HTTPS itself is asked for with an https:// URL."""
+    from ..triton_flags import parse_bool
+
+    p.add_argument("--ssl-grpc-use-ssl", nargs="?", const=True, default=False, type=parse_bool, metavar="BOOL",
+                   help="gRPC over TLS (the bare switch, or =true)")
+    p.add_argument("--ssl-grpc-root-certifications-file", metavar="PEM",
+                   help="CA certificates the server's certificate must chain to (default: gRPC's roots)")
+    p.add_argument("--ssl-grpc-private-key-file", metavar="PEM", help="the client's key (mutual TLS)")
+    p.add_argument("--ssl-grpc-certificate-chain-file", metavar="PEM", help="the client's certificate chain")
+    p.add_argument("--ssl-https-verify-peer", type=int, choices=(0, 1), default=None,
+                   help="https:// URL: check the server's certificate (curl's meaning; default 1)")
+    p.add_argument("--ssl-https-verify-host", type=int, choices=(0, 1, 2), default=None,
+                   help="https:// URL: check the certificate's name against the host (0 off; default 2)")
+    p.add_argument("--ssl-https-ca-certificates-file", metavar="PEM", help="https:// URL: CA bundle")
+    p.add_argument("--ssl-https-client-certificate-file", metavar="PEM", help="https:// URL: client certificate")
+    p.add_argument("--ssl-https-client-certificate-type", metavar="PEM|DER", default=None,
+                   help="PEM only (DER is refused)")
+    p.add_argument("--ssl-https-private-key-file", metavar="PEM", help="https:// URL: the client certificate's key")
+    p.add_argument("--ssl-https-private-key-type", metavar="PEM|DER", default=None, help="PEM only (DER is refused)")
 
 
 @dataclass
@@ -294,6 +319,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
     local = url is None
     target = Target.parse(url, args.protocol) if url else None
     protocol = target.protocol if target else (args.protocol or "grpc")
+    https = target is not None and target.tls is not None
+    tls = tls_from_args(args, protocol, https, local)
+    if target is not None:
+        target = dataclasses.replace(target, tls=tls)
+    if tls is not None and args.ceiling:
+        raise BenchError("--ceiling measures a local plaintext server: not with TLS", stage="args")
     models = [m for item in (args.models or []) for m in item.split(",") if m]
     if not models:
         if not local:
@@ -581,6 +612,7 @@ class Run:
             distribution=args.request_distribution,
             metadata=tuple((name.lower(), value) for name, value in self.s.headers),
             compression=args.grpc_compression_algorithm,
+            tls=target.tls,
         )
 
     def _sweep(

@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .target import BenchError, Target
+from .tls import grpc_channel, ssl_context
 
 if TYPE_CHECKING:  # grpc is imported by the gRPC client only: an HTTP bench does without it
     import grpc
@@ -120,7 +121,7 @@ class GrpcControl(ControlClient):
         self._pb = pb
         self.target = target
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(target.address, options=GRPC_OPTIONS)
+        self.channel = grpc_channel(target.address, GRPC_OPTIONS, target.tls)
 
     def _call(self, method: str, request: Any, response_type: Any, stage: str) -> Any:
         fn: grpc.UnaryUnaryMultiCallable[bytes, Any] = self.channel.unary_unary(
@@ -258,7 +259,12 @@ class HttpControl(ControlClient):
         data = json.dumps(body).encode() if body is not None else None
         for attempt in (0, 1):
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.timeout)
+                self._conn = (
+                    http.client.HTTPSConnection(self.target.host, self.target.port, timeout=self.timeout,
+                                                context=ssl_context(self.target.tls))
+                    if self.target.tls is not None
+                    else http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.timeout)
+                )
             try:
                 self._conn.request(method, path, body=data)
                 response = self._conn.getresponse()

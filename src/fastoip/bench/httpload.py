@@ -15,9 +15,11 @@ Errors are counted by HTTP status code ("404", "503"), or
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 
 from .load import LATE_NS, LoadSpec, LoopThreadGenerator, Sample, now_ns, schedule
+from .tls import ssl_context
 
 #: Pause after a failed connect before the slot tries again (keeps a dead server from spinning the CPU).
 RECONNECT_DELAY_S = 0.01
@@ -133,6 +135,8 @@ class HttpLoad(LoopThreadGenerator):
         self._conns: set = set()
         self._idle: list = []
         self._ok_lengths = spec.check.lengths
+        #: https:// targets: one client context for every connection (its session cache resumes handshakes).
+        self._ssl: ssl.SSLContext | None = ssl_context(spec.tls) if spec.tls is not None else None
 
     def _take(self) -> bytes:
         k = self._next
@@ -180,7 +184,7 @@ class HttpLoad(LoopThreadGenerator):
         assert self._loop is not None
         try:
             _, conn = await asyncio.wait_for(
-                self._loop.create_connection(lambda: _Conn(self), self.spec.host, self.spec.port),
+                self._loop.create_connection(lambda: _Conn(self), self.spec.host, self.spec.port, ssl=self._ssl),
                 timeout=self.spec.timeout_s,
             )
         except asyncio.TimeoutError:
@@ -188,6 +192,9 @@ class HttpLoad(LoopThreadGenerator):
             return None
         except ConnectionRefusedError:
             self.recorder.error(now_ns(), "CONNECTION_REFUSED")
+            return None
+        except ssl.SSLError:
+            self.recorder.error(now_ns(), "TLS_ERROR")
             return None
         except OSError:
             self.recorder.error(now_ns(), "CONNECTION_ERROR")

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .target import TlsSettings
+from .tls import grpc_aio_channel, grpc_channel
 from .verify import ResponseCheck
 
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -82,6 +84,8 @@ class LoadSpec:
     #: gRPC metadata on every call (perf_analyzer's -H).
     metadata: tuple[tuple[str, str], ...] = ()
     compression: str = "none"  # none | gzip | deflate
+    #: TLS to the target (--ssl-grpc-*, or an https:// URL with --ssl-https-*); None: plaintext.
+    tls: TlsSettings | None = None
 
     @property
     def address(self) -> str:
@@ -265,9 +269,8 @@ class GrpcFutureLoad(Generator):
         self._ok_lengths = spec.check.lengths
 
     def _open_channels(self, count: int) -> None:
-        grpc = self._grpc
         for index in range(count):
-            channel = grpc.insecure_channel(self.spec.address, options=channel_options(index, self.spec.compression))
+            channel = grpc_channel(self.spec.address, channel_options(index, self.spec.compression), self.spec.tls)
             self._channels.append(channel)
             self._calls.append(channel.unary_unary(INFER_METHOD, request_serializer=None, response_deserializer=None))
 
@@ -408,7 +411,7 @@ class GrpcAioLoad(LoopThreadGenerator):
         self._stop_event = asyncio.Event()
         count = self.spec.channels or auto_channels(int(level) if mode == "concurrency" else int(level // 1000) + 1)
         options = [channel_options(i, self.spec.compression) for i in range(count)]
-        channels = [grpc.aio.insecure_channel(self.spec.address, options=option) for option in options]
+        channels = [grpc_aio_channel(self.spec.address, option, self.spec.tls) for option in options]
         calls: list[Any]  # raw-bytes multicallables (no serializers), unary or streaming
         if self.spec.streaming:
             calls = [

@@ -32,17 +32,6 @@ GPU_COLUMNS = ("Avg GPU Utilization", "Avg GPU Power Usage", "Max GPU Memory Usa
 
 #: perf_analyzer flags fastoip bench does not honour, with the reason given when one is passed.
 REFUSED: dict[str, str] = {
-    "--ssl-grpc-use-ssl": "fastoip bench speaks plaintext gRPC only",
-    "--ssl-grpc-root-certifications-file": "fastoip bench speaks plaintext gRPC only",
-    "--ssl-grpc-private-key-file": "fastoip bench speaks plaintext gRPC only",
-    "--ssl-grpc-certificate-chain-file": "fastoip bench speaks plaintext gRPC only",
-    "--ssl-https-verify-peer": "fastoip bench speaks plain HTTP only",
-    "--ssl-https-verify-host": "fastoip bench speaks plain HTTP only",
-    "--ssl-https-ca-certificates-file": "fastoip bench speaks plain HTTP only",
-    "--ssl-https-client-certificate-file": "fastoip bench speaks plain HTTP only",
-    "--ssl-https-client-certificate-type": "fastoip bench speaks plain HTTP only",
-    "--ssl-https-private-key-file": "fastoip bench speaks plain HTTP only",
-    "--ssl-https-private-key-type": "fastoip bench speaks plain HTTP only",
     "--sequence-length": "fastoip bench does not drive sequence models yet (the server has a sequence batcher)",
     "--sequence-length-variation": "sequence models are not supported",
     "--sequence-id-range": "sequence models are not supported",

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import http.client
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .target import BenchError, Target
+from .tls import grpc_channel, ssl_context
 from .verify import KNOWN_MODELS, check_shapes, check_values, decode_grpc, decode_http
 
 if TYPE_CHECKING:  # grpc is imported by the gRPC probes only: an HTTP bench does without it
@@ -41,7 +43,7 @@ class _GrpcCaller:
 
         self._grpc = grpc
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(target.address, options=channel_options(0))
+        self.channel = grpc_channel(target.address, channel_options(0), target.tls)
         self.call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(
             INFER_METHOD, request_serializer=None, response_deserializer=None
         )
@@ -63,7 +65,7 @@ def _grpc_stream_probe(target: Target, request: bytes, timeout: float) -> bytes:
     from .load import STREAM_METHOD, channel_options
     from .verify import decode_stream_frame
 
-    channel = grpc.insecure_channel(target.address, options=channel_options(0))
+    channel = grpc_channel(target.address, channel_options(0), target.tls)
     try:
         call: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(
             STREAM_METHOD, request_serializer=None, response_deserializer=None
@@ -94,6 +96,12 @@ def _grpc_stream_probe(target: Target, request: bytes, timeout: float) -> bytes:
 def _http_probe(target: Target, request: bytes, timeout: float) -> tuple[int, dict[str, str], bytes]:
     try:
         sock = socket.create_connection((target.host, target.port), timeout=timeout)
+        if target.tls is not None:
+            sock = ssl_context(target.tls).wrap_socket(sock, server_hostname=target.host)
+    except ssl.SSLError as exc:
+        raise BenchError(
+            f"probe request failed: TLS with {target.address}: {exc}", stage="probe", status="TLS_ERROR"
+        ) from None
     except OSError as exc:
         raise BenchError(
             f"probe request failed: cannot connect to {target.address}: {exc}",

@@ -167,8 +167,11 @@ class Core:
         """Every loaded version's statistics as Prometheus text, under Triton's metric names."""
         models = [model for record in self.repository.records() for model in record.versions.values()]
         pending = {(m.name, m.version_str): m.scheduler.pending() if m.scheduler.queues else 0 for m in models}
+        cached = frozenset(
+            (m.name, m.version_str) for m in models if m.uses_response_cache and self.data.response_cache is not None
+        )
         return prometheus_text(
-            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}
+            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached
         )
 
     # -- shared memory and settings ---------------------------------------------------------

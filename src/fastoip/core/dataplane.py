@@ -278,7 +278,10 @@ class DataPlane:
         if job.cache_leader and self.response_cache is not None:
             assert job.cache_key is not None
             # the raw response is stored (outputs are finished per request below); identical waiters get it
-            for waiter, answer, error in self.response_cache.complete(job.cache_key, job.response, job.error):
+            insert_start = time.monotonic_ns()
+            answers = self.response_cache.complete(job.cache_key, job.response, job.error)
+            model.stats.record_cache(False, job.cache_lookup_ns + time.monotonic_ns() - insert_start)
+            for waiter, answer, error in answers:
                 waiter(answer, error)
         response = job.response
         if job.error is None and response is not None:
@@ -320,10 +323,12 @@ class DataPlane:
         job.cache_key = key
         found = cache.claim(key, job.request, job.pending_cache_answer)
         elapsed = time.monotonic_ns() - started
-        model.stats.record_cache(found is not True, elapsed)
-        if found is True:
+        if found is True:  # a miss: recorded with its insert time when the job completes
             job.cache_leader = True
-        elif found is not False:
+            job.cache_lookup_ns = elapsed
+            return
+        model.stats.record_cache(True, elapsed)
+        if found is not False:
             job.cached = found
 
     @staticmethod

@@ -237,6 +237,7 @@ class EnsembleModel(LoadedModel):
         super().__init__(
             name, version, path, config, [], executor,
             lambda context, instances, executor: EnsembleScheduler(plan, cast(Resolve, resolve)),
+            model_dir=path.parent,  # ``path`` is the version directory: an ensemble has no model file
         )
 
     def is_ready(self) -> bool:

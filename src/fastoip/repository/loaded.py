@@ -43,13 +43,15 @@ class LoadedModel:
         backends: Sequence[Backend | TensorModel],
         executor: Executor,
         scheduler_factory: SchedulerFactory,
+        model_dir: Path | None = None,
     ) -> None:
         self.name = name
         self.version = version
         self.version_str = str(version)
         self.path = path
         self.config = config
-        self.spec: ModelSpec = model_spec(config, path.parent.parent)
+        # the model directory holds the label files; ``path`` is a file in its version directory unless given
+        self.spec: ModelSpec = model_spec(config, model_dir or path.parent.parent)
         self.all_output_names = [t.name for t in self.spec.outputs]
         #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
         self.backends = list(backends)

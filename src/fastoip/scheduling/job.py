@@ -52,6 +52,7 @@ class Job:
         "cache_key",
         "cache_leader",
         "cached",
+        "cache_lookup_ns",
         "_done",
         "_claim",
         "_on_done",
@@ -95,6 +96,8 @@ class Job:
         self.cache_key: bytes | None = None
         self.cache_leader = False
         self.cached: InferResponse | None = None
+        #: A miss's lookup time: the miss is recorded with its insert time when the job completes (as Triton).
+        self.cache_lookup_ns = 0
         self._done: threading.Lock | None = None
         self._claim: threading.Lock | None = None
         self._on_done: Callable[[Job], None] | None = None

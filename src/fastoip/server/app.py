@@ -1,6 +1,11 @@
-"""The server process: Core + frontends, signals and draining.
+"""One server from its options: the Core and its frontends, started and drained in stages.
 
-Shutdown happens in stages (SIGTERM or SIGINT): readiness goes false, an
+:class:`ServerApp` is the one assembly both users share: ``fastoip serve`` (:func:`serve`, which adds
+what only a process of its own may do: logging set-up, signal handlers, collector tuning, the listening
+lines scripts read) and the embedded :class:`fastoip.Server` (``fastoip/embed.py``), which runs it
+inside a user's process.
+
+Shutdown happens in stages (SIGTERM or SIGINT, or ``shutdown()``): readiness goes false, an
 optional grace delay lets load balancers notice, the listeners stop taking new
 calls, calls in flight finish within the exit timeout, then models unload.
 """
@@ -75,11 +80,16 @@ class ServeOptions:
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
 
 
-class Server:
-    """A running fastoip: start(), then wait() until a signal or stop()."""
+class ServerApp:
+    """The Core and its frontends built from :class:`ServeOptions`: start(), then wait() until stop(), or shutdown().
 
-    def __init__(self, options: ServeOptions) -> None:
+    ``own_process``: this server is the whole process (``fastoip serve``): the collector is tuned for it and
+    the listening lines are printed. An embedded server leaves the host process's settings alone.
+    """
+
+    def __init__(self, options: ServeOptions, *, own_process: bool = False) -> None:
         self.options = options
+        self.own_process = own_process
         root = options.model_repository
         if root is None:
             from ..demo import default_repository
@@ -129,17 +139,18 @@ class Server:
                 workers=options.grpc_workers,
                 max_message_size=options.max_message_size,
             )
-        # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
-        # of the collector's sight so the frequent young-generation collections the request path
-        # triggers stay cheap, and collect young objects less often.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
+        if self.own_process:
+            # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
+            # of the collector's sight so the frequent young-generation collections the request path
+            # triggers stay cheap, and collect young objects less often.
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
         if self.grpc_server is not None:
             self.grpc_server.start()
             # Tests and scripts read these lines to learn the bound ports.
-            print(f"fastoip: grpc frontend {frontend}", flush=True)
-            print(f"fastoip: grpc listening on {options.host}:{self.grpc_port}", flush=True)
+            self._announce(f"fastoip: grpc frontend {frontend}")
+            self._announce(f"fastoip: grpc listening on {options.host}:{self.grpc_port}")
         if options.http_port >= 0:
             from .http import HttpServer
 
@@ -148,14 +159,20 @@ class Server:
                 self.core, http_host, options.http_port, max_body_size=options.http_max_body_size
             )
             self.http_port = self.http_server.start()
-            print(f"fastoip: http listening on {http_host}:{self.http_port}", flush=True)
+            self._announce(f"fastoip: http listening on {http_host}:{self.http_port}")
         if options.metrics_port >= 0:
             from .metrics_http import MetricsServer
 
             metrics_host = options.metrics_host or options.http_host or options.host
             self.metrics_server = MetricsServer(self.core, metrics_host, options.metrics_port)
             self.metrics_port = self.metrics_server.start()
-            print(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}", flush=True)
+            self._announce(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}")
+
+    def _announce(self, line: str) -> None:
+        if self.own_process:
+            print(line, flush=True)
+        else:
+            log.info("%s", line)
 
     def stop(self) -> None:
         """Begin shutting down; called again (a second signal), skip what is left of the grace period."""
@@ -193,7 +210,7 @@ class Server:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.core.close()
-        print("fastoip: stopped", flush=True)
+        self._announce("fastoip: stopped")
 
 
 def choose_grpc_frontend(requested: str | None) -> str:
@@ -221,7 +238,7 @@ def serve(options: ServeOptions) -> int:
     )
     if options.log_format == "ISO8601":
         logging.Formatter.converter = time.gmtime
-    server = Server(options)
+    server = ServerApp(options, own_process=True)
 
     def on_signal(signum, frame):  # type: ignore[no-untyped-def]
         log.info("signal %s received", signal.Signals(signum).name)

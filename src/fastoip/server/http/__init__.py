@@ -5,6 +5,7 @@ Rooms, one job each:
 - :mod:`.endpoints`: one handler per endpoint, translating HTTP <-> Core calls;
 - :mod:`.bodies`: reading bodies within the limit, gzip / deflate both ways;
 - :mod:`.json_docs`: the small JSON documents of the non-infer endpoints;
+- :mod:`.openapi`: the OpenAPI document of the routes (``/v2/docs``);
 - :mod:`.errors`: the statuses only HTTP has (405, 413);
 - :mod:`.server`: uvicorn in its own thread.
 Inference bodies are decoded and encoded by the wire codec :mod:`fastoip.wire.http`.

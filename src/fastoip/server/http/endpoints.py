@@ -25,6 +25,7 @@ from ...core import CUDA, SYSTEM, Core, config_to_json
 from ...errors import InvalidArgument, OneResponseCall
 from ...wire import http as wire
 from ...wire.http import json_excerpt
+from . import openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
@@ -46,6 +47,8 @@ class HttpFrontend(Router):
             "/v2/repository/index": {"POST": self.repository_index},
             "/v2/trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
             "/v2/logging": {"GET": self.get_log_settings, "POST": self.update_log_settings},
+            "/v2/docs": {"GET": self.docs_page},
+            "/v2/docs/openapi.json": {"GET": self.openapi_document},
         }
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
@@ -70,6 +73,7 @@ class HttpFrontend(Router):
             ("cuda", "register"): {"POST": self.register_cuda_shared_memory},
             ("cuda", "unregister"): {"POST": self.unregister_cuda_shared_memory},
         }
+        self._openapi: Response | None = None  # built on first request: the tables above do not change
 
     # -- health and metadata ---------------------------------------------------------------
     async def server_live(self, request: Request) -> Response:
@@ -208,6 +212,15 @@ class HttpFrontend(Router):
         doc = optional_json_object(await read_body(request, self.max_body_size), "log setting request")
         changes = {key: value for key, value in doc.items() if value is not None}  # Triton skips nulls
         return json_response(self.core.update_log_settings(changes))
+
+    # -- documentation -------------------------------------------------------------------------
+    async def openapi_document(self, request: Request) -> Response:
+        if self._openapi is None:
+            self._openapi = json_response(openapi.openapi_document(self))
+        return self._openapi
+
+    async def docs_page(self, request: Request) -> Response:
+        return Response(200, [(b"content-type", b"text/html; charset=utf-8")], openapi.DOCS_PAGE.encode())
 
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: Request, model: str, version: str) -> Response:

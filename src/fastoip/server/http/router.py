@@ -16,7 +16,7 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -74,6 +74,14 @@ class Request:
 
 Handler = Callable[..., Awaitable[Response | StreamingResponse]]
 
+
+class Route(NamedTuple):
+    """One (method, path) the router serves; ``path`` in OpenAPI's template form (``/v2/models/{model_name}``)."""
+
+    method: str
+    path: str
+    handler: Handler
+
 MODEL_PATH = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
     r"(?:/(?P<action>ready|infer|generate|generate_stream|config|stats|trace/setting))?"
@@ -120,6 +128,24 @@ class Router:
         headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
+
+    def routes(self) -> list[Route]:
+        """Every (method, path template) the four tables serve: what the OpenAPI document is made from.
+
+        The templates are the regexes' shapes: each named group becomes a ``{parameter}``; optional parts
+        (a model's version, a shared-memory region) give one template with and one without them.
+        """
+        templates: list[tuple[str, dict[str, Handler]]] = list(self.fixed_paths.items())
+        for action, methods in self.model_paths.items():
+            suffix = f"/{action}" if action else ""
+            templates.append(("/v2/models/{model_name}" + suffix, methods))
+            templates.append(("/v2/models/{model_name}/versions/{model_version}" + suffix, methods))
+        for action, methods in self.repository_paths.items():
+            templates.append((f"/v2/repository/models/{{model_name}}/{action}", methods))
+        for (kind, action), methods in self.shared_memory_paths.items():
+            templates.append((f"/v2/{kind}sharedmemory/{action}", methods))
+            templates.append((f"/v2/{kind}sharedmemory/region/{{region_name}}/{action}", methods))
+        return [Route(method, path, handler) for path, methods in templates for method, handler in methods.items()]
 
     def route(self, method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
         """The handler and its path arguments; NotFound / MethodNotAllowed otherwise."""
