@@ -79,7 +79,8 @@ class GrpcioFrontend:
         """
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         in_flight: set[FinishedCall] = set()
-        empty_final: set[FinishedCall] = set()
+        #: Requests that asked for an empty final response (noted before they start: they may finish at once).
+        empty_final: set[InferRequest] = set()
         started = [0]
         core = self.core
 
@@ -100,14 +101,14 @@ class GrpcioFrontend:
                         finished.put(_codec.encode_stream_response(None, request.status_message))
                         continue
                     try:
-                        wants_empty_final = take_empty_final_flag(request) if request.parameters else False
+                        if request.parameters and take_empty_final_flag(request):
+                            empty_final.add(request)
                         job = core.submit(request, finished.put, run_here=True, on_response=partial)
                     except InferenceError as exc:
+                        empty_final.discard(request)
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
                         continue
                     in_flight.add(job)
-                    if wants_empty_final:
-                        empty_final.add(job)
             except Exception:  # the call ended (cancelled or broken): stop reading
                 pass
             finished.put(_END)
@@ -130,10 +131,12 @@ class GrpcioFrontend:
                 continue
             in_flight.discard(item)
             if item.response is not None:
+                if empty_final:  # asked for by a request that had one response anyway
+                    empty_final.discard(item.request)
                 yield _codec.encode_stream_response(item.response)
                 continue
-            last = encode_final(item, item in empty_final)  # an error, or a decoupled request's final flag
-            empty_final.discard(item)
+            last = encode_final(item, item.request in empty_final)  # an error, or a decoupled request's final flag
+            empty_final.discard(item.request)
             if last is not None:
                 yield last
 

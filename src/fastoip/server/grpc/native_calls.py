@@ -253,6 +253,8 @@ class StreamInferCall(Call):
             self.answer(encode_final(job, job in self.empty_final))
             self.empty_final.discard(job)
             return
+        if self.empty_final:  # asked for by a request that had one response anyway
+            self.empty_final.discard(job)
         try:
             body = _codec.encode_stream_response(response)
         except Exception as exc:
