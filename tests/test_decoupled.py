@@ -91,7 +91,19 @@ WORDS_CONFIG = """
 """
 
 
+#: Not decoupled: one response per request, whatever the request asks of the final flag.
+PLAIN = """
+    import numpy as np
+    import fastoip
+
+    class Plain(fastoip.Model):
+        def predict(self, inputs):
+            return {"INDEX": inputs["COUNT"].astype(np.int32)}
+"""
+
+
 def decoupled_repository(root: Path) -> Path:
+    write_python_model(root, "plain", PLAIN, COUNTER_CONFIG.replace("model_transaction_policy { decoupled: true }", ""))
     write_python_model(root, "counter", COUNTER, COUNTER_CONFIG)
     write_python_model(root, "async_counter", ASYNC_COUNTER, COUNTER_CONFIG)
     write_python_model(root, "words", WORDS, WORDS_CONFIG)
@@ -280,3 +292,15 @@ def test_a_stream_the_client_cancels_stops_the_generator(decoupled_server: Serve
         assert indices(after.read(timeout=30)) == [0, 1]
     finally:
         after.close()
+
+
+def test_an_ordinary_model_on_the_stream_answers_once_whatever_the_flag(stream: Stream) -> None:
+    for index in range(3):
+        stream.send("plain", 7, f"plain{index}", empty_final=True)
+    got = [stream.results.get(timeout=60) for _ in range(3)]
+    assert all(error is None for _, error in got)
+    assert sorted(result.get_response().id for result, _ in got) == ["plain0", "plain1", "plain2"]
+    assert [int(result.as_numpy("INDEX")[0]) for result, _ in got] == [7, 7, 7]
+    stream.send("counter", 1, "then")  # a decoupled request after them ends with its own empty final response
+    assert indices(stream.read()) == [0]
+    assert stream.results.empty()
