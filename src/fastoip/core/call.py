@@ -72,10 +72,17 @@ def _deadline_after(remaining_s: float | None) -> int:
 
 
 class FinishedCall(Protocol):
-    """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread."""
+    """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread.
+
+    Exactly one of ``response`` / ``error`` is set, except for a decoupled call (``decoupled``), which
+    finishes with its error or with neither (its responses went to ``on_response``; this is the final flag).
+    """
 
     request: InferRequest
     response: InferResponse | None
     error: InferenceError | None
+
+    @property
+    def decoupled(self) -> bool: ...
 
     def cancel(self) -> None: ...

@@ -155,8 +155,9 @@ class Core:
         deadline_ns: int = 0,
         run_here: bool = False,
         trace_headers: TraceHeaders | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
-        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers)
+        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response)
 
     async def infer_async(
         self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None

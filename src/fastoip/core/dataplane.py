@@ -18,6 +18,13 @@ Rules:
   ``_complete``); a traced request carries its
   :class:`~fastoip.tracing.Trace` on the job, and ``_complete`` fills in
   Triton's timestamps and tensors from the job and hands it back.
+- Decoupled models (``model_transaction_policy { decoupled: true }``) answer
+  through ``submit(..., on_response=...)`` only: each response but the final
+  flag goes to ``on_response`` as the model produces it (outputs finished per
+  response), then ``on_done`` once, with an error or with neither error nor
+  response (the final flag alone).  ``infer`` / ``infer_async`` and a submit
+  without ``on_response`` answer :class:`~fastoip.errors.OneResponseCall`
+  (Triton's refusal).  Statistics count one inference per request, as Triton does.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import numpy as np
 
 from .. import __version__, cuda
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, InvalidArgument, NotFound, Unavailable
+from ..errors import InferenceError, InvalidArgument, NotFound, OneResponseCall, Unavailable
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..response_cache import ResponseCache, request_key
@@ -157,6 +164,7 @@ class DataPlane:
         deadline_ns: int = 0,
         run_here: bool = False,
         trace_headers: TraceHeaders | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
         """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
 
@@ -167,8 +175,11 @@ class DataPlane:
         dedicated reader thread, like a gRPC stream).  Errors found before the
         request starts (unknown model, invalid input) are raised here, not passed to ``on_done``.
         ``trace_headers``: the request's headers, read only while tracing is on (see :mod:`.call`).
+        ``on_response(job, response)``: where a decoupled model's responses go, on the producing thread
+        (a decoupled model never runs on the calling thread: its responses must reach the caller meanwhile).
         """
-        model, job = self._start(request, CallContext(deadline_ns) if deadline_ns else None, trace_headers)
+        call = CallContext(deadline_ns) if deadline_ns else None
+        model, job = self._start(request, call, trace_headers, on_response)
 
         def done(finished: Job) -> None:
             self._complete(model, finished)
@@ -180,7 +191,7 @@ class DataPlane:
             self._answer_from_cache(job)
             return job
         try:
-            if run_here and not model.scheduler.queues:
+            if run_here and not model.scheduler.queues and not model.decoupled:
                 model.scheduler.run(job)
             else:
                 model.scheduler.submit(job)
@@ -214,12 +225,18 @@ class DataPlane:
             raise
 
     def _start(
-        self, request: InferRequest, call: CallContext | None, trace_headers: TraceHeaders | None = None
+        self,
+        request: InferRequest,
+        call: CallContext | None,
+        trace_headers: TraceHeaders | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> tuple[LoadedModel, Job]:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.repository.get(request.model_name, request.model_version)
+        if model.decoupled and on_response is None:
+            raise OneResponseCall()
         regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
@@ -235,6 +252,9 @@ class DataPlane:
         if request.outputs:
             job.destinations = self._output_destinations(request, regions)
         job.regions = regions or None
+        if model.decoupled:
+            assert on_response is not None
+            self._stream(model, job, on_response)
         if self.response_cache is not None and model.uses_response_cache:
             self._look_up(model, job)
         if model.scheduler.queues or (job.cache_key is not None and not job.cache_leader):
@@ -251,6 +271,24 @@ class DataPlane:
             job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
         model.enter()
         return model, job
+
+    @staticmethod
+    def _stream(model: LoadedModel, job: Job, on_response: Callable[[Job, InferResponse], None]) -> None:
+        """Give a decoupled model's job its response sink: each response finished (reshape, classification)
+        as ``_complete`` finishes a single one, then handed to ``on_response``."""
+        if job.destinations:
+            raise InvalidArgument(
+                f"model '{model.name}' is decoupled: its responses cannot be written to shared-memory outputs"
+            )
+        spec = model.spec
+        request = job.request
+
+        def deliver(streamed: Job, response: InferResponse) -> None:
+            if request.outputs or spec.reshaped:
+                finish_outputs(spec, request, response)
+            on_response(streamed, response)
+
+        job.stream_to(deliver)
 
     def _complete(self, model: LoadedModel, job: Job) -> None:
         """The one completion step: outputs finished (reshape, classification, shared memory), the regions'

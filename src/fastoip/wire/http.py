@@ -496,3 +496,9 @@ def json_excerpt(value: Any, limit: int = 80) -> str:
     """``value`` as JSON, cut to ``limit`` characters: how error messages quote what a client sent."""
     text = orjson.dumps(value, default=repr).decode()
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: A JSON input's data as an array, and an output's data as JSON: shared with the generate extension (.generate).
+json_tensor = _json_tensor
+json_output = _json_output
+json_type = _json_type

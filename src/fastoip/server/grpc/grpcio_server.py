@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from ... import _codec
 from ...core import CallContext, Core, FinishedCall
 from ...errors import InferenceError
-from ...types import InferRequest
+from ...types import InferRequest, InferResponse
 from .service import (
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -37,7 +37,10 @@ from .service import (
     DecodeFailure,
     GrpcService,
     decode_request,
+    encode_final,
+    encode_partial,
     error_echo,
+    take_empty_final_flag,
 )
 
 log = logging.getLogger("fastoip.grpc")
@@ -76,6 +79,8 @@ class GrpcioFrontend:
         """
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         in_flight: set[FinishedCall] = set()
+        #: Requests that asked for an empty final response (noted before they start: they may finish at once).
+        empty_final: set[InferRequest] = set()
         started = [0]
         core = self.core
 
@@ -85,6 +90,9 @@ class GrpcioFrontend:
 
         context.add_callback(cancel_all)
 
+        def partial(job: FinishedCall, response: InferResponse) -> None:  # a decoupled model's thread
+            finished.put(response)
+
         def read() -> None:
             try:
                 for request in requests:
@@ -93,12 +101,17 @@ class GrpcioFrontend:
                         finished.put(_codec.encode_stream_response(None, request.status_message))
                         continue
                     try:
+                        if request.parameters and take_empty_final_flag(request):
+                            empty_final.add(request)
                         job = core.submit(
-                            request, finished.put, run_here=True, trace_headers=context.invocation_metadata
+                            request, finished.put, run_here=True, trace_headers=context.invocation_metadata,
+                            on_response=partial,
                         )
-                        in_flight.add(job)
                     except InferenceError as exc:
+                        empty_final.discard(request)
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
+                        continue
+                    in_flight.add(job)
             except Exception:  # the call ended (cancelled or broken): stop reading
                 pass
             finished.put(_END)
@@ -112,15 +125,23 @@ class GrpcioFrontend:
             if item is _END:
                 total = started[0]
                 continue
+            if type(item) is InferResponse:  # a decoupled request's response that is not its last
+                yield encode_partial(item)
+                continue
             answered += 1
             if isinstance(item, bytes):
                 yield item
                 continue
             in_flight.discard(item)
-            if item.error is not None:
-                yield _codec.encode_stream_response(error_echo(item.request), item.error.message)
-            else:
+            if item.response is not None:
+                if empty_final:  # asked for by a request that had one response anyway
+                    empty_final.discard(item.request)
                 yield _codec.encode_stream_response(item.response)
+                continue
+            last = encode_final(item, item.request in empty_final)  # an error, or a decoupled request's final flag
+            empty_final.discard(item.request)
+            if last is not None:
+                yield last
 
 
 _END = object()

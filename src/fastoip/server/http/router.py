@@ -5,6 +5,9 @@ Rules:
 - Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
   core errors carry their HTTP status; anything else is a bug, logged and answered 500.
 - Subclasses fill the four tables with their handlers; this class knows no endpoint.
+- A :class:`StreamingResponse` sends its status and headers at once and its
+  body chunk by chunk as they come (Server-Sent Events); when the client goes
+  away the chunks stop and the source is closed (which cancels its request).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, NamedTuple
 
 import orjson
@@ -42,6 +45,17 @@ def error_response(status: int, message: str) -> Response:
     return json_response({"error": message}, status)
 
 
+class StreamingResponse:
+    """Status and headers now, then the body as ``chunks`` produces it (no content-length)."""
+
+    __slots__ = ("status", "headers", "chunks")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncGenerator[bytes, None]) -> None:
+        self.status = status
+        self.headers = headers
+        self.chunks = chunks
+
+
 EMPTY_OK = Response(200, [], b"")
 
 
@@ -58,7 +72,7 @@ class Request:
         self.receive = receive
 
 
-Handler = Callable[..., Awaitable[Response]]
+Handler = Callable[..., Awaitable[Response | StreamingResponse]]
 
 
 class Route(NamedTuple):
@@ -70,7 +84,7 @@ class Route(NamedTuple):
 
 MODEL_PATH = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-    r"(?:/(?P<action>ready|infer|config|stats|trace/setting))?"
+    r"(?:/(?P<action>ready|infer|generate|generate_stream|config|stats|trace/setting))?"
 )
 REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)")
 SHARED_MEMORY_PATH = re.compile(
@@ -107,6 +121,10 @@ class Router:
         except Exception as exc:  # a bug: answer it, log it, keep serving
             log.exception("%s %s failed", request.method, request.path)
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        if type(response) is StreamingResponse:
+            await _stream(request, response, send)
+            return
+        assert isinstance(response, Response)
         headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
@@ -152,3 +170,32 @@ class Router:
             message = f"method {method} is not allowed on '{path}'; allowed: {', '.join(allowed)}"
             raise MethodNotAllowed(message, allowed)
         return handler, args
+
+
+async def _stream(request: Request, response: StreamingResponse, send: Callable[..., Any]) -> None:
+    """Send each chunk as it comes; stop (closing the source) as soon as the client disconnects."""
+    await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+    chunks = response.chunks
+    disconnected = asyncio.ensure_future(_disconnect(request))
+    try:
+        while True:
+            next_chunk = asyncio.ensure_future(anext(chunks))
+            await asyncio.wait((next_chunk, disconnected), return_when=asyncio.FIRST_COMPLETED)
+            if disconnected.done():
+                next_chunk.cancel()
+                return
+            try:
+                chunk = next_chunk.result()
+            except StopAsyncIteration:
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        disconnected.cancel()
+        await chunks.aclose()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone away (the request body was read before the response started)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
