@@ -67,7 +67,6 @@ LAYERS: dict[str, int] = {
     "embed": 4,  # fastoip.Server: the server app inside the caller's process
     "__main__": 4,
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench
-    "allocator": 0,  # standard library only (ctypes): glibc's malloc settings for `fastoip serve`
 }
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
 
