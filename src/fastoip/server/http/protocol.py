@@ -8,6 +8,7 @@ Rules:
 - ``header_timeout``: the whole head must arrive within it, from its first byte (slowloris); else 408.
   ``body_timeout``: a body being read must not stall longer than it between reads; else 408.
   ``keep_alive_timeout``: a connection with no request in progress (a fresh one included) is closed after it.
+  Time while the server itself has stopped reading (flow control, pipelining) does not count against the client.
 - Every refusal the server writes itself (limits, timeouts, framing errors the parser finds) is
   ``{"error": "..."}`` JSON with ``connection: close``, as the router answers everything else.
 """
@@ -179,6 +180,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self.head_timer = None
+        if self.flow.read_paused:  # the server stopped reading (pipelining): the client is not the slow one
+            self.head_started = self.loop.time()
+            self.head_timer = self.loop.call_at(self.head_started + self.limits.header_timeout, self._head_timed_out)
+            return
         if self.reading_head and self.head_bytes_fed:
             self.refuse(408, f"the request headers did not arrive within {self.limits.header_timeout:g} s "
                              "(--http-header-timeout)")
@@ -188,6 +193,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if self.reading_head or cycle is None or not cycle.more_body:
             return
+        if self.flow.read_paused:  # the application has not taken what arrived: the client is not the slow one
+            self.body_seen = self.loop.time()
         due = self.body_seen + self.limits.body_timeout
         if self.loop.time() < due:  # bytes came since the timer was set: wait for the rest of the gap
             self.body_timer = self.loop.call_at(due, self._body_stalled)
