@@ -210,3 +210,89 @@ def test_grpc_health_check_is_in_the_health_group(grpc_server: ServerProcess) ->
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
         answer = check(health_pb2.HealthCheckRequest(), timeout=10, metadata=list(GRPC_HEALTH_KEY.items()))
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# -- every endpoint and RPC is in its group ----------------------------------------------------------------
+def _one_key_per_group(flag: str) -> list[str]:
+    return [f"{flag}={group}:key-{group}=v" for group in restricted.CATEGORIES]
+
+
+HTTP_ENDPOINTS = [
+    ("GET", "/v2", "metadata"),
+    ("GET", "/v2/health/live", "health"),
+    ("GET", "/v2/health/ready", "health"),
+    ("GET", "/v2/models/simple", "metadata"),
+    ("GET", "/v2/models/simple/versions/1", "metadata"),
+    ("GET", "/v2/models/simple/ready", "health"),
+    ("POST", "/v2/models/simple/infer", "inference"),
+    ("POST", "/v2/models/simple/versions/1/infer", "inference"),
+    ("GET", "/v2/models/simple/config", "model-config"),
+    ("GET", "/v2/models/simple/stats", "statistics"),
+    ("GET", "/v2/models/stats", "statistics"),
+    ("GET", "/v2/trace/setting", "trace"),
+    ("POST", "/v2/models/simple/trace/setting", "trace"),
+    ("GET", "/v2/logging", "logging"),
+    ("POST", "/v2/logging", "logging"),
+    ("GET", "/v2/systemsharedmemory/status", "shared-memory"),
+    ("POST", "/v2/systemsharedmemory/region/r/register", "shared-memory"),
+    ("POST", "/v2/cudasharedmemory/region/r/unregister", "shared-memory"),
+    ("POST", "/v2/repository/index", "model-repository"),
+    ("POST", "/v2/repository/models/simple/load", "model-repository"),
+    ("POST", "/v2/repository/models/simple/unload", "model-repository"),
+]
+
+
+@pytest.fixture(scope="module")
+def all_groups_http(demo_repo: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(demo_repo, *_one_key_per_group("--http-restricted-api"), http=True) as proc:
+        yield proc
+
+
+def test_every_http_endpoint_is_in_tritons_group(all_groups_http: ServerProcess) -> None:
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", all_groups_http.http_port, timeout=10)
+    try:
+        for method, path, group in HTTP_ENDPOINTS:
+            conn.request(method, path, body=b"{}" if method == "POST" else None)
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == 403, (method, path, body)
+            assert json.loads(body)["error"] == f"This API is restricted, expecting header 'key-{group}'", path
+            conn.request("GET", "/v2/models/simple/config", headers={"key-model-config": "v"})  # a good request
+            response = conn.getresponse()
+            assert response.status == 200, response.read()
+            response.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def all_groups_grpc(demo_repo: Path, grpc_frontend: str) -> Iterator[ServerProcess]:
+    with ServerProcess(demo_repo, *_one_key_per_group("--grpc-restricted-protocol"),
+                       grpc_frontend=grpc_frontend) as proc:
+        yield proc
+
+
+def test_every_grpc_method_is_in_tritons_group(all_groups_grpc: ServerProcess) -> None:
+    from fastoip.server.grpc.service import HEALTH_SERVICE, SERVICE
+
+    with grpc.insecure_channel(all_groups_grpc.grpc_url) as channel:
+        for method, group in restricted.GRPC_METHOD_CATEGORIES.items():
+            path = f"/{HEALTH_SERVICE if method == 'Check' else SERVICE}/{method}"
+            header = f"triton-grpc-protocol-key-{group}"
+            if method == "ModelStreamInfer":
+                call = channel.stream_stream(path)
+                with pytest.raises(grpc.RpcError) as info:
+                    list(call(iter([b""]), timeout=10))
+            else:
+                with pytest.raises(grpc.RpcError) as info:
+                    channel.unary_unary(path)(b"", timeout=10)
+            error = info.value
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, method  # type: ignore[attr-defined]
+            assert error.details() == f"This protocol is restricted, expecting header '{header}'"  # type: ignore[attr-defined]
+        # with its key a call gets past the check (ServerLive answers; the health group has its own key)
+        live = channel.unary_unary(f"/{SERVICE}/ServerLive")(b"", timeout=10,
+                                                               metadata=[("triton-grpc-protocol-key-health", "v")])
+        assert live == b"\x08\x01"  # ServerLiveResponse(live=true)
