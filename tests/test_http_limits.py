@@ -194,7 +194,7 @@ def test_a_slow_body_that_keeps_coming_is_served(server: ServerProcess) -> None:
                      b"Content-Length: %d\r\n\r\n" % len(body))
         start = time.monotonic()
         for i in range(0, len(body), 6):
-            time.sleep(BODY_TIMEOUT * 0.6)
+            time.sleep(BODY_TIMEOUT * 0.5)
             sock.sendall(body[i:i + 6])
         status, _, answer = read_response(sock)
         assert time.monotonic() - start > BODY_TIMEOUT  # longer than the timeout in all
