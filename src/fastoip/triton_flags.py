@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .tracing import TraceConfig, parse_trace_config
 from .tracing.otel import require_sdk
+from .server import restricted
+from .server.restricted import RestrictedFeatures
 
 #: Triton's ``default-max-batch-size`` backend setting when none is given.
 TRITON_DEFAULT_MAX_BATCH_SIZE = 4
@@ -41,8 +44,6 @@ UNSUPPORTED = {
     "--model-config-name": "only config.pbtxt is read",
     "--backend-directory": "backends are built in (onnxruntime, python)",
     "--repoagent-directory": "repository agents are not implemented",
-    "--http-restricted-api": "restricted APIs are not implemented",
-    "--grpc-restricted-protocol": "restricted protocols are not implemented",
 }
 
 
@@ -94,6 +95,13 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--trace-count", type=int, default=None, help="deprecated by Triton: --trace-config count=N")
     g.add_argument("--trace-log-frequency", type=int, default=None,
                    help="deprecated by Triton: --trace-config triton,log-frequency=N")
+    groups = ", ".join(restricted.CATEGORIES)
+    g.add_argument("--http-restricted-api", action="append", default=[], metavar="<apis>:<key>=<value>",
+                   help="HTTP endpoints of these comma-separated groups answer 403 unless the request has header "
+                        f"<key> with <value> (repeatable). Groups: {groups}")
+    g.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<protocols>:<key>=<value>",
+                   help="gRPC methods of these groups answer UNAVAILABLE unless the call has metadata "
+                        f"'triton-grpc-protocol-<key>' with <value> (repeatable). Groups: {groups}")
 
 
 def unknown_flags_message(unknown: list[str]) -> str:
@@ -130,6 +138,8 @@ class TritonSettings:
     auto_complete: bool
     default_max_batch_size: int
     trace: TraceConfig
+    http_restricted: RestrictedFeatures
+    grpc_restricted: RestrictedFeatures
 
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
@@ -150,6 +160,8 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         auto_complete=not (args.strict_model_config or args.disable_auto_complete_config),
         default_max_batch_size=_default_max_batch_size(args),
         trace=_trace_config(args),
+        http_restricted=_restrictions(restricted.parse_http_restrictions, args.http_restricted_api),
+        grpc_restricted=_restrictions(restricted.parse_grpc_restrictions, args.grpc_restricted_protocol),
     )
 
 
@@ -168,6 +180,14 @@ def _trace_config(args: argparse.Namespace) -> TraceConfig:
     except (ValueError, RuntimeError) as exc:
         raise FlagError(str(exc)) from None
     return config
+
+
+
+def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: list[str]) -> RestrictedFeatures:
+    try:
+        return parse(options)
+    except restricted.RestrictionError as exc:
+        raise FlagError(str(exc)) from None
 
 
 def _model_repository(given: list[Path] | None) -> Path | None:

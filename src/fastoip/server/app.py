@@ -30,6 +30,9 @@ from .grpc import INT32_MAX, create_server
 
 if TYPE_CHECKING:
     from .grpc.native_options import NativeGrpcOptions
+    from .http.protocol import HttpLimits
+    from .http.server import HttpTls
+    from .restricted import RestrictedFeatures
 
 log = logging.getLogger("fastoip")
 
@@ -57,6 +60,13 @@ class ServeOptions:
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
+    #: Head size and field count limits, keep-alive / header / body timeouts (None: the defaults).
+    http_limits: HttpLimits | None = None
+    #: HTTPS (None: plain HTTP).
+    http_tls: HttpTls | None = None
+    #: Triton's --http-restricted-api / --grpc-restricted-protocol (None: nothing restricted).
+    http_restricted: RestrictedFeatures | None = None
+    grpc_restricted: RestrictedFeatures | None = None
     #: Prometheus ``/metrics`` (Triton's port); -1 turns it off, 0 picks a free port.
     metrics_port: int = 8002
     #: Triton's ``--metrics-config``: latency summaries and histograms.
@@ -132,6 +142,8 @@ class ServerApp:
 
             native = options.grpc_native or NativeGrpcOptions()
             native.max_message_size = options.max_message_size
+            if options.grpc_restricted is not None:
+                native.restricted_protocols = options.grpc_restricted
             self.grpc_server, self.grpc_port = create_native_server(self.core, options.host, options.grpc_port, native)
         elif frontend == "grpcio":
             if options.grpc_native is not None and options.grpc_native.use_ssl:
@@ -142,6 +154,7 @@ class ServerApp:
                 options.grpc_port,
                 workers=options.grpc_workers,
                 max_message_size=options.max_message_size,
+                restricted=options.grpc_restricted,
             )
         if self.own_process:
             # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
@@ -160,7 +173,13 @@ class ServerApp:
 
             http_host = options.http_host or options.host
             self.http_server = HttpServer(
-                self.core, http_host, options.http_port, max_body_size=options.http_max_body_size
+                self.core,
+                http_host,
+                options.http_port,
+                max_body_size=options.http_max_body_size,
+                limits=options.http_limits,
+                tls=options.http_tls,
+                restricted=options.http_restricted,
             )
             self.http_port = self.http_server.start()
             self._announce(f"fastoip: http listening on {http_host}:{self.http_port}")

@@ -28,6 +28,7 @@ from ... import _codec
 from ...core import CallContext, Core, FinishedCall
 from ...errors import InferenceError
 from ...types import InferRequest, InferResponse
+from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from .service import (
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -207,6 +208,38 @@ def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
     ]
 
 
+class RestrictedMethods(grpc.ServerInterceptor):
+    """Triton's --grpc-restricted-protocol: a restricted RPC without its header key=value is UNAVAILABLE.
+
+    Installed only when a restriction is configured; other methods pass straight through.
+    """
+
+    def __init__(self, restricted: dict[str, Restriction]) -> None:
+        self.restricted = restricted
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        restriction = self.restricted.get(handler_call_details.method)
+        handler = continuation(handler_call_details)
+        if restriction is None or handler is None:
+            return handler
+        metadata = handler_call_details.invocation_metadata
+        given = next((value for key, value in metadata if key == restriction.lookup_name), None)
+        if restriction.allows(given):
+            return handler
+        message = restriction.grpc_refusal()
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 def create_server(
     core: Core,
     host: str,
@@ -214,10 +247,13 @@ def create_server(
     *,
     workers: int = 16,
     max_message_size: int = INT32_MAX,
+    restricted: RestrictedFeatures | None = None,
 ) -> tuple[grpc.Server, int]:
     """A ready (not yet started) grpc server and the port it bound."""
+    restricted_methods = grpc_method_restrictions(restricted or RestrictedFeatures({}), SERVICE, HEALTH_SERVICE)
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastoip-grpc"),
+        interceptors=[RestrictedMethods(restricted_methods)] if restricted_methods else None,
         options=[
             ("grpc.max_receive_message_length", max_message_size),
             ("grpc.max_send_message_length", max_message_size),

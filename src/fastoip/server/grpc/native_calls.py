@@ -28,6 +28,7 @@ from ...core import Core
 from ...errors import InferenceError
 from ...scheduling.job import Job
 from ...types import InferRequest, InferResponse
+from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from . import wire
 from .service import (
     HEALTH_SERVICE,
@@ -362,8 +363,21 @@ class UnaryCall(Call):
 class Dispatcher:
     """``:path`` -> a new call for that RPC (None for paths this server does not serve)."""
 
-    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
+    def __init__(
+        self,
+        core: Core,
+        loop: asyncio.AbstractEventLoop,
+        executor: Executor,
+        restricted: RestrictedFeatures | None = None,
+    ) -> None:
         self.core_calls = CoreCalls(core, loop)
+        #: :path of a restricted RPC -> the header it needs (--grpc-restricted-protocol); empty: none.
+        self.restricted: dict[bytes, Restriction] = {
+            path.encode(): restriction
+            for path, restriction in grpc_method_restrictions(
+                restricted or RestrictedFeatures({}), SERVICE, HEALTH_SERVICE
+            ).items()
+        }
         self.loop = loop
         self.executor = executor
         service = GrpcService(core)
@@ -375,6 +389,13 @@ class Dispatcher:
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
+
+    def refusal(self, path: bytes, headers: dict[bytes, bytes]) -> str | None:
+        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on."""
+        restriction = self.restricted.get(path)
+        if restriction is None or restriction.allows(headers.get(restriction.lookup_key)):
+            return None
+        return restriction.grpc_refusal()
 
     def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..restricted import RestrictedFeatures
 from .service import INT32_MAX
 
 
@@ -35,5 +36,7 @@ class NativeGrpcOptions:
     server_key: str = ""
     root_cert: str = ""
     use_ssl_mutual: bool = False
+    #: Triton's --grpc-restricted-protocol: RPC groups that need a header key=value.
+    restricted_protocols: RestrictedFeatures = field(default_factory=lambda: RestrictedFeatures({}))
     #: Threads for the slow control RPCs (model load, shared memory); inference never uses them.
     control_threads: int = 4

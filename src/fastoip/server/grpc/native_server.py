@@ -161,6 +161,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
         if self.over_queued_limit(stream_id, False):
             return
         path = fields.get(b":path", b"")
+        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, fields)):
+            self.answer_early(stream_id, wire.UNAVAILABLE, refusal)  # Triton's --grpc-restricted-protocol
+            return
         call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
         if call is None:
             self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
@@ -427,7 +430,7 @@ class NativeGrpcServer:
         self.ssl_context = _ssl_context(options) if options.use_ssl else None
         self.loop: asyncio.AbstractEventLoop = _new_loop()
         self.read_buffer = memoryview(bytearray(READ_BUFFER))
-        self.dispatcher = Dispatcher(core, self.loop, self.executor)
+        self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols)
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 

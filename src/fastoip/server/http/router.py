@@ -8,6 +8,10 @@ Rules:
 - A :class:`StreamingResponse` sends its status and headers at once and its
   body chunk by chunk as they come (Server-Sent Events); when the client goes
   away the chunks stop and the source is closed (which cancels its request).
+- Routing reads the decoded path, but an encoded '/' (``%2F``) in the raw path is 404: a model name
+  cannot smuggle a separator into a route.
+- Triton's ``--http-restricted-api``: a restricted endpoint without its header is 403, checked before
+  the method (as Triton does); with no restriction configured the check is one empty-dict test.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Any, NamedTuple
 import orjson
 
 from ...errors import InferenceError, NotFound
-from .errors import MethodNotAllowed
+from .. import restricted
+from ..restricted import RestrictedFeatures, Restriction
+from .errors import Forbidden, MethodNotAllowed
 
 log = logging.getLogger("fastoip.http")
 
@@ -90,6 +96,8 @@ REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action
 SHARED_MEMORY_PATH = re.compile(
     r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)"
 )
+#: '/' percent-encoded: routing would otherwise see a separator the client did not send as one.
+ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
 
 
 class Router:
@@ -102,6 +110,11 @@ class Router:
         self.repository_paths: dict[str, dict[str, Handler]] = {}
         #: Keyed by the SHARED_MEMORY_PATH ("kind", "action") groups.
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
+        #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
+        self.restrictions: dict[str, Restriction] = {}
+
+    def restrict(self, features: RestrictedFeatures) -> None:
+        self.restrictions = dict(features.by_category)
 
     # -- ASGI ------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
@@ -109,7 +122,10 @@ class Router:
             return
         request = Request(scope, receive)
         try:
-            handler, args = self.route(request.method, request.path)
+            if b"%" in scope.get("raw_path", b"") and ENCODED_SLASH.search(scope["raw_path"]):
+                raise NotFound(f"no endpoint at '{scope['raw_path'].decode('latin-1')}' (an encoded '/' is not a "
+                               "path separator, and no name contains '/')")
+            handler, args = self.route(request.method, request.path, request.headers)
             response = await handler(request, *args)
         except MethodNotAllowed as exc:
             response = error_response(exc.http_status, exc.message)
@@ -147,23 +163,33 @@ class Router:
             templates.append((f"/v2/{kind}sharedmemory/region/{{region_name}}/{action}", methods))
         return [Route(method, path, handler) for path, methods in templates for method, handler in methods.items()]
 
-    def route(self, method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
-        """The handler and its path arguments; NotFound / MethodNotAllowed otherwise."""
+    def route(
+        self, method: str, path: str, headers: dict[bytes, bytes] | None = None
+    ) -> tuple[Handler, tuple[str, ...]]:
+        """The handler and its path arguments; NotFound / Forbidden / MethodNotAllowed otherwise."""
         args: tuple[str, ...] = ()
         methods = self.fixed_paths.get(path)
+        category = restricted.HTTP_FIXED_PATH_CATEGORIES.get(path)
         if methods is None:
             match = MODEL_PATH.fullmatch(path)
             if match is not None:
                 methods = self.model_paths[match["action"]]
                 args = (match["model"], match["version"] or "")
+                category = restricted.HTTP_MODEL_ACTION_CATEGORIES.get(match["action"])
             elif (match := REPOSITORY_PATH.fullmatch(path)) is not None:
                 methods = self.repository_paths[match["action"]]
                 args = (match["model"],)
+                category = restricted.MODEL_REPOSITORY
             elif (match := SHARED_MEMORY_PATH.fullmatch(path)) is not None:
                 methods = self.shared_memory_paths[match["kind"], match["action"]]
                 args = (match["region"] or "",)
+                category = restricted.SHARED_MEMORY
             else:
                 raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2)")
+        if self.restrictions and category in self.restrictions:
+            restriction = self.restrictions[category]
+            if not restriction.allows((headers or {}).get(restriction.lookup_key)):
+                raise Forbidden(restriction.http_refusal())
         handler = methods.get(method)
         if handler is None:
             allowed = list(methods)
