@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tracing import TraceConfig, parse_trace_config
-from .tracing.otel import require_sdk
 from .server import restricted
 from .server.restricted import RestrictedFeatures
+from .tracing import TraceConfig, parse_trace_config
+from .tracing.otel import require_sdk
 
 #: Triton's ``default-max-batch-size`` backend setting when none is given.
 TRITON_DEFAULT_MAX_BATCH_SIZE = 4
