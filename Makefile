@@ -4,20 +4,22 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastoip-installed
+CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
 ARGS ?=
 
 .PHONY: venv serve test test-compat bench build proto clean check debug
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
 	sh scripts/native_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
 
-build: venv  ## rebuild the native extensions after editing a .pyx
+build: venv  ## rebuild the native extensions after editing a .pyx (pip builds them in isolation: Cython is not in .venv)
+	$(BIN)/python -c 'import Cython' 2>/dev/null || $(BIN)/python -m pip install --quiet 'Cython>=3.1,<4'
 	$(BIN)/python setup.py build_ext --inplace
 
 serve: venv  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
@@ -42,7 +44,7 @@ COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_dr
 COMPAT_DESELECT := -k 'not BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
 	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
 
-$(COMPAT_STAMP): pyproject.toml setup.py src/fastoip/_codec.pyx src/fastoip/_shmguard.pyx
+$(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -e . 'tritonclient[grpc,http]==$(TRITONCLIENT_OLDEST)' \

@@ -1,5 +1,6 @@
 """Build the native extensions: codec, shared-memory guard, HTTP/2 on libnghttp2 (when its headers exist)."""
 
+import glob
 import os
 import shutil
 import subprocess
@@ -9,11 +10,15 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DEBUG = os.environ.get("FASTOIP_DEBUG") == "1"
+# The codec's include files (one concern each, compiled into the one module fastoip._codec): an edit to any
+# of them rebuilds it (cythonize also follows `include`; `depends` covers setuptools' own staleness check).
+CODEC_INCLUDES = sorted(glob.glob("src/fastoip/wire/codec/*.pxi"))
 
 extensions = [
     Extension(
         "fastoip._codec",
         ["src/fastoip/_codec.pyx"],
+        depends=CODEC_INCLUDES,
         # numpy's C API makes the zero-copy views (several times cheaper than np.ndarray(...)).
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

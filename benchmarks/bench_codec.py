@@ -18,11 +18,17 @@ same machine load) and the median per-message time is reported (the minimum
 goes to the JSON too).  Run:
 
     PYTHONPATH=src python benchmarks/bench_codec.py [--repeat 7] [--json out.json]
+
+``--against OTHER/_codec*.so`` also times another build of the codec (say the
+previous commit's) in alternation with this one, in the same process, and
+prints this build's time over the other's: an A/B of a codec change that the
+machine's load cannot skew.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
@@ -30,11 +36,13 @@ import sys
 import timeit
 from collections.abc import Callable
 from functools import partial
+from types import ModuleType
 
 import numpy as np
 from google.protobuf.internal import api_implementation
 from tritonclient.grpc import service_pb2 as pb
 
+from fastoip import _codec
 from fastoip._codec import decode_infer_request, encode_infer_response
 from fastoip.datatypes import NUMPY_DTYPES
 from fastoip.types import InferOutput, InferResponse
@@ -79,6 +87,31 @@ def codec_path(data: bytes, output_names: tuple[str, ...]) -> bytes:
     return encode_infer_response(
         InferResponse(req.model_name, req.model_version, req.id, None, outputs)
     )
+
+
+def load_codec(path: str) -> ModuleType:
+    """Another build of ``fastoip._codec`` (a compiled file), loaded beside the imported one."""
+    spec = importlib.util.spec_from_file_location("fastoip._codec", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--against: {path} is not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def codec_path_of(codec: ModuleType, data: bytes, output_names: tuple[str, ...]) -> bytes:
+    """codec_path through the functions of ``codec``."""
+    req = codec.decode_infer_request(data)
+    outputs = [
+        InferOutput(name, tensor.datatype, tensor.shape, tensor.data)
+        for name, tensor in zip(output_names, req.inputs, strict=True)
+    ]
+    response = InferResponse(req.model_name, req.model_version, req.id, None, outputs)
+    return bytes(codec.encode_infer_response(response))
+
+
+def codec_parse_of(codec: ModuleType, data: bytes) -> list[np.ndarray | None]:
+    return [tensor.data for tensor in codec.decode_infer_request(data).inputs]
 
 
 def protobuf_parse(data: bytes) -> list[np.ndarray]:
@@ -138,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=9, help="timed repeats per case (median)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--against", metavar="SO", help="another build of fastoip._codec to time beside this one")
     args = parser.parse_args(argv)
+    if args.against:
+        return compare_builds(load_codec(args.against), args.repeat)
 
     results = []
     for label, (data, names) in workloads().items():
@@ -181,6 +217,30 @@ def main(argv: list[str] | None = None) -> int:
                 "repeat": args.repeat,
                 "results": results,
             }, f, indent=2)
+    return 0
+
+
+def compare_builds(other: ModuleType, repeat: int) -> int:
+    """This build against ``other``, case by case, timed in alternation: median time ratio this / other."""
+    print(f"this build: {_codec.__file__}\nother build: {other.__file__}")
+    header = f"{'workload':32} {'case':16} {'other µs':>10} {'this µs':>10} {'this/other':>11} {'(min)':>7}"
+    print(header)
+    print("-" * len(header))
+    for label, (data, names) in workloads().items():
+        assert codec_path_of(other, data, names) == codec_path(data, names), "the two builds answer differently"
+        # both through the same Python code, so only the builds differ
+        cases: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+            ("parse+serialise",
+             partial(codec_path_of, other, data, names), partial(codec_path_of, _codec, data, names)),
+            ("parse only", partial(codec_parse_of, other, data), partial(codec_parse_of, _codec, data)),
+        ]
+        for what, other_fn, this_fn in cases:
+            other_runs, this_runs = time_pair(other_fn, this_fn, repeat)
+            other_med, this_med = statistics.median(other_runs), statistics.median(this_runs)
+            ratio_min = min(this_runs) / min(other_runs)
+            print(f"{label:32} {what:16} {other_med * 1e6:10.2f} {this_med * 1e6:10.2f} {this_med / other_med:10.3f}x "
+                  f"{ratio_min:6.3f}x")
+    print(f"(median, and min, of {repeat} alternating repeats in one process)")
     return 0
 
 

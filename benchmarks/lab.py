@@ -224,6 +224,7 @@ PORTS = {
     "fastoip": (18001, 18000), "fastoip-batch": (18003, 18002), "fastoip-nobatch": (18005, 18004),
     "fastoip-native": (18007, 18006),
     "fastoip-aio": (18021, None), "grpcio-sync": (18051, None), "grpcio-aio": (18052, None),
+    "grpc-cpp": (18053, None),
     "kserve": (18181, 18180), "mlserver": (18081, 18080), "mlserver-ab": (18081, 18080),
     "pytriton": (18101, 18100), "pytriton-db": (18101, 18100),
 }
@@ -236,6 +237,7 @@ NOTES = {
     "fastoip-aio": "benchmarks/aio_frontend.py: grpc.aio + uvloop, fastoip codec + Core.infer_async",
     "grpcio-sync": "ceiling: grpcio sync server, ThreadPoolExecutor(8), raw bytes, pre-built response (peers)",
     "grpcio-aio": "ceiling: grpc.aio server, raw bytes, pre-built response (peers)",
+    "grpc-cpp": "native ceiling: C++ grpc++ completion-queue server, one polling thread, pre-built response (peers)",
     "kserve": "KServe ModelServer + custom kserve.Model on onnxruntime (peers)",
     "mlserver": "MLServer, custom onnxruntime runtime, adaptive batching off, parallel_workers=1 (peers)",
     "mlserver-ab": "MLServer, adaptive batching on mlp (max 32, 2 ms) (peers)",
@@ -245,15 +247,15 @@ NOTES = {
 SERVER_KINDS = {
     "fastoip": "fastoip", "fastoip-batch": "fastoip", "fastoip-nobatch": "fastoip", "fastoip-aio": "fastoip-aio",
     "fastoip-native": "fastoip",
-    "grpcio-sync": "ceiling", "grpcio-aio": "ceiling", "kserve": "kserve", "mlserver": "mlserver",
+    "grpcio-sync": "ceiling", "grpcio-aio": "ceiling", "grpc-cpp": "cpp", "kserve": "kserve", "mlserver": "mlserver",
     "mlserver-ab": "mlserver", "pytriton": "pytriton", "pytriton-db": "pytriton",
 }
 PEER_VENV = {"kserve": "kserve", "mlserver": "mlserver", "pytriton": "triton"}
 
 
-def fastoip_env() -> dict[str, str]:
+def fastoip_env(tree: str = REPO) -> dict[str, str]:
     env = dict(os.environ)
-    src = os.path.join(REPO, "src")
+    src = os.path.join(tree, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -274,7 +276,9 @@ def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bo
         repo = {"fastoip": "std", "fastoip-batch": "mlp-batch", "fastoip-nobatch": "mlp-nobatch"}.get(name, "std")
         if variant is not None:
             repo = variant["repo"]
-        argv = [FASTOIP_PY, "-m", "fastoip.cli", "serve", "--model-repository", os.path.join(REPOS, repo),
+        tree = (variant or {}).get("tree") or REPO
+        argv = [os.path.join(tree, ".venv", "bin", "python"), "-m", "fastoip.cli", "serve",
+                "--model-repository", os.path.join(REPOS, repo),
                 "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
                 "--http-port", str(http_port if http else -1), "--metrics-port", "-1", "--exit-timeout", "5",
                 "--log-level", "WARNING"] + shlex.split(args.fastoip_args)
@@ -284,7 +288,7 @@ def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bo
             argv += ["--grpc-frontend", frontend]
         if variant is not None:
             argv += variant["args"]
-        spec.update(argv=argv, env=fastoip_env(), ready_line="fastoip: grpc listening")
+        spec.update(argv=argv, env=fastoip_env(tree), ready_line="fastoip: grpc listening")
     elif kind == "fastoip-aio":
         argv = [FASTOIP_PY, os.path.join(HERE, "aio_frontend.py"), "--model-repository",
                 os.path.join(REPOS, "std"), "--port", str(grpc_port), "--loop", args.aio_loop]
@@ -292,6 +296,11 @@ def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bo
     elif kind == "ceiling":
         argv = [VENV["base"], os.path.join(PEERS, "bench", "grpc_ceiling.py"), "--mode", name.split("-")[1],
                 "--port", str(grpc_port), "--payloads", PAYLOADS]
+        spec.update(argv=argv, ready_line="CEILING_SERVING", http=None, stats=False)
+    elif kind == "cpp":
+        # Built by setup.sh (peers' grpc_cpp): says what h2load itself reaches against a native server.
+        argv = [os.path.join(WORK, "grpc-cpp", "grpc_cpp_server"), "--mode", "async", "--port", str(grpc_port),
+                "--payloads", PAYLOADS]
         spec.update(argv=argv, ready_line="CEILING_SERVING", http=None, stats=False)
     elif kind == "kserve":
         argv = [VENV["kserve"], os.path.join(PEERS, "peers", "kserve", "serve_kserve.py"), "--models-dir",
@@ -886,7 +895,7 @@ def suite_plan(args: argparse.Namespace) -> dict[str, Any]:
         "grpc-e2e": dict(
             conc=[1, 8, 64], models=["simple", "image_identity"],
             entries=[("fastoip", None, ["grpc"]), ("fastoip-native", None, ["grpc"]), ("grpcio-sync", None, ["grpc"]),
-                     ("grpcio-aio", None, ["grpc"]),
+                     ("grpcio-aio", None, ["grpc"]), ("grpc-cpp", None, ["grpc"]),
                      ("kserve", None, ["grpc"]), ("mlserver", None, ["grpc"]), ("pytriton", None, ["grpc"])],
             peers_default=False, subjects=[("fastoip", "grpc"), ("fastoip-native", "grpc")],
             targets=[("ceiling", "fastoip", "simple", 64, 0.70), ("ceiling", "fastoip", "image_identity", 1, 0.60),
@@ -927,6 +936,8 @@ def build_sessions(suite: str, args: argparse.Namespace) -> tuple[Any, ...]:
             entries.insert(1, (vname, main[1], main[2]))
     chosen = []
     for server, smodels, transports in entries:
+        if server == "grpc-cpp" and not (args.servers and server in args.servers):
+            continue  # the native ceiling runs only when named (--servers grpc-cpp)
         if server in PEER_SERVERS and not peers:
             continue
         if args.servers and server not in args.servers:
@@ -1174,6 +1185,9 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                     help="an extra fastoip server with extra `fastoip serve` args, e.g. "
                          "'fastoip-w8=--grpc-workers 8' (repeatable)")
+    ap.add_argument("--variant-tree", action="append", default=[], metavar="NAME=PATH[ ARGS]",
+                    help="an extra fastoip server run from another checkout (its .venv and src), e.g. "
+                         "'fastoip-main=/work/main' for a before/after in one run (repeatable)")
     ap.add_argument("--variant-config", action="append", default=[], metavar="NAME:MODEL=FILE",
                     help="config.pbtxt override for MODEL in variant NAME's repository")
     ap.add_argument("--fastoip-args", default="", help="extra args for every `fastoip serve`")
@@ -1214,6 +1228,16 @@ def main() -> int:
             ap.error(f"--variant name must start with 'fastoip' and be new: {name}")
         args.variants[name] = dict(args=shlex.split(rest), repo="std", ports=(18031 + 2 * i, 18030 + 2 * i),
                                    note=f"fastoip serve {rest}")
+    for v in args.variant_tree:
+        name, _, rest = v.partition("=")
+        tree, *extra = shlex.split(rest)
+        if not name.startswith("fastoip") or name in SERVER_KINDS or name in args.variants:
+            ap.error(f"--variant-tree name must start with 'fastoip' and be new: {name}")
+        if not os.path.exists(os.path.join(tree, ".venv", "bin", "python")):
+            ap.error(f"--variant-tree {name}: no {tree}/.venv/bin/python (run make venv there)")
+        i = len(args.variants)
+        args.variants[name] = dict(args=extra, repo="std", ports=(18031 + 2 * i, 18030 + 2 * i),
+                                   tree=os.path.abspath(tree), note=f"fastoip serve from {tree} {' '.join(extra)}")
     args.variant_configs = []
     for v in args.variant_config:
         name, _, rest = v.partition(":")

@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "lifecycle": 0,
     "classification": 0,
     "host_metrics": 0,
+    "allocator": 0,  # standard library only: the serve process's malloc setting
     "tracing": 0,
     "_codec": 1,
     "wire": 1,

@@ -244,3 +244,14 @@ def accumulator_sequence_model_bytes(corrid: int = TensorProto.STRING) -> bytes:
         {"INPUT": i32, "START": i32, "END": i32, "READY": i32, "CORRID": corrid, "ACC_IN": i32},
         {"OUTPUT": i32, "ACC_OUT": i32}, [one],
     )
+
+
+def reduce_max_model_bytes() -> bytes:
+    """INPUT0 FP32 [batch, n] -> ReduceMax over n -> OUTPUT0 FP32 [batch, 1]: a large request, a tiny answer."""
+    inp = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])
+    out = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 1])
+    node = helper.make_node("ReduceMax", ["INPUT0"], ["OUTPUT0"], axes=[1], keepdims=1)
+    graph = helper.make_graph([node], "reduce_max", [inp], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()

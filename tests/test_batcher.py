@@ -15,8 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from fastoip import _codec
 from fastoip.types import InferInput, InferRequest
-from models import slow_model_bytes, write_model
-from serverproc import ServerProcess
+from models import write_model
+from serverproc import ServerProcess, wait_until
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -76,23 +76,52 @@ def test_500_concurrent_requests_each_get_their_own_result(server: ServerProcess
     assert max(after["batch_sizes"]) > 8
 
 
+#: A model that holds its one instance for a fixed time per item: a sleep, so the queue fills the same way on a
+#: busy machine as on a quiet one, and waiting burns no CPU (ONNX matmul models took 4x longer under load).
+#: It touches ``started`` when an execution begins: a test can wait for "running" instead of guessing.
+SLEEPER = """
+import pathlib
+import time
+import fastoip
+
+class Sleeper(fastoip.Model):
+    @fastoip.batchable
+    def predict(self, inputs, parameters):
+        pathlib.Path({started!r}).touch()
+        time.sleep({seconds} * len(inputs["INPUT0"]))
+        return {{"OUTPUT0": inputs["INPUT0"]}}
+"""
+SLEEPER_CONFIG = """backend: "python"
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+max_batch_size: {max_batch_size}
+{scheduling}
+"""
+
+
+def write_sleeper(root: Path, name: str, seconds: float, max_batch_size: int, scheduling: str) -> None:
+    """A Python model ``name`` (INPUT0 FP32 [batch, 1] -> OUTPUT0, the same) that sleeps ``seconds`` an item."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(SLEEPER.format(seconds=seconds, started=str(started(root, name))))
+    config = SLEEPER_CONFIG.format(max_batch_size=max_batch_size, scheduling=scheduling)
+    (root / name / "config.pbtxt").write_text(config)
+
+
+def started(root: Path, name: str) -> Path:
+    """The file the sleeper ``name`` touches when an execution begins."""
+    return root / f"{name}.started"
+
+
 @pytest.fixture()
 def slow_repo(tmp_path: Path) -> Path:
-    data = slow_model_bytes(rows=1024, layers=8)  # ~0.1 s an item on one core
-    write_model(tmp_path, "slow_queue", data, config=(
-        'max_batch_size: 8\n'
-        'dynamic_batching { default_queue_policy { max_queue_size: 2 } }\n'
+    write_sleeper(tmp_path, "slow_queue", 0.5, 8, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    write_sleeper(tmp_path, "slow_timeout", 0.1, 1, (
+        "dynamic_batching { default_queue_policy { default_timeout_microseconds: 20000 allow_timeout_override: true } }"
     ))
-    write_model(tmp_path, "slow_timeout", data, config=(
-        'max_batch_size: 1\n'
-        'dynamic_batching { default_queue_policy { default_timeout_microseconds: 20000 allow_timeout_override: true } }\n'
-    ))
-    write_model(tmp_path, "slow_priority", slow_model_bytes(rows=1024, layers=32), config=(
-        'max_batch_size: 1\n'
-        'dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n'
-    ))
-    # ~0.6 s an item: the queued requests are cancelled long before the instance is free, even on a busy machine.
-    write_model(tmp_path, "slow_cancel", slow_model_bytes(rows=1024, layers=48), config='max_batch_size: 1\ndynamic_batching { }\n')
+    write_sleeper(tmp_path, "slow_priority", 0.4, 1, "dynamic_batching { priority_levels: 2 default_priority_level: 2 }")
+    # 0.6 s an item: the queued requests are cancelled long before the instance is free, even on a busy machine.
+    write_sleeper(tmp_path, "slow_cancel", 0.6, 1, "dynamic_batching { }")
     return tmp_path
 
 
@@ -115,7 +144,11 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: 
                 except InferenceServerException as exc:
                     return f"{exc.status()} {exc.message()}"
 
-            outcomes = list(pool.map(attempt, range(12)))
+            # The first runs before the others arrive (else two may wait in the queue and one less succeeds).
+            running = pool.submit(attempt, 0)
+            assert wait_until(started(slow_repo, "slow_queue").exists, timeout=60), proc.output()
+            others = list(pool.map(attempt, range(1, 12)))
+            outcomes = [running.result(), *others]
         refused = [o for o in outcomes if o != "ok"]
         assert refused, outcomes
         assert all(o == "StatusCode.UNAVAILABLE Exceeds maximum queue size" for o in refused), refused

@@ -151,7 +151,8 @@ def test_http_only_server_logging_to_a_file_in_iso8601(repo: Path, tmp_path: Pat
     log_file = tmp_path / "fastoip.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "fastoip.cli", "serve", f"--model-store={repo}", "--allow-grpc=false",
-         "--http-port=0", "--allow-metrics=false", "--log-format=ISO8601", f"--log-file={log_file}", "--log-info=true"],
+         "--http-port=0", "--allow-metrics=false", "--log-format=ISO8601", f"--log-file={log_file}", "--log-info=true",
+         "--shutdown-grace=0"],  # no 5 s of readiness-false on terminate: nothing here reads it
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

@@ -24,7 +24,7 @@ from fastoip.core import (  # noqa: E402
     config_to_json,
 )
 from fastoip.demo import write_repository  # noqa: E402
-from fastoip.errors import NotFound, Unavailable  # noqa: E402
+from fastoip.errors import InvalidArgument, NotFound, Unavailable  # noqa: E402
 from fastoip.shared_memory import cuda_unavailable  # noqa: E402
 from harness import core_on, simple_request  # noqa: E402
 
@@ -131,9 +131,9 @@ def test_ready_and_then_shutting_down(tmp_path: Path) -> None:
 def test_trace_and_log_settings(core: Core) -> None:
     assert core.trace_settings()["trace_level"] == ["OFF"]
     assert core.trace_settings("simple")["trace_level"] == ["OFF"]
-    with pytest.raises(NotFound):
+    with pytest.raises(InvalidArgument, match="Request for unknown model : no_such_model"):  # Triton's answer
         core.trace_settings("no_such_model")
-    with pytest.raises(NotFound):
+    with pytest.raises(InvalidArgument, match="Request for unknown model"):
         core.update_trace_settings({"trace_level": ["TIMESTAMPS"]}, "no_such_model")
     assert isinstance(core.log_settings()["log_info"], bool)
 

@@ -337,30 +337,21 @@ def test_poll_mode_swaps_versions_without_downtime(tmp_path: Path, grpc_frontend
 
 # -- trace and log settings --------------------------------------------------------------------
 def test_trace_and_log_settings(server: ServerProcess, tmp_path: Path) -> None:
+    """The trace settings RPC with Triton's rules (tests/test_tracing_server.py writes traces end to end)."""
     client = tg.InferenceServerClient(server.grpc_url)
-    trace_file = tmp_path / "trace.jsonl"
     settings = client.get_trace_settings(as_json=True)["settings"]
-    assert settings["trace_level"]["value"] == ["OFF"]
-    updated = client.update_trace_settings(
-        model_name="simple",
-        settings={"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"], "trace_file": [str(trace_file)]},
-        as_json=True,
-    )["settings"]
-    assert updated["trace_level"]["value"] == ["TIMESTAMPS"]
-    a = np.ones((1, 16), np.int32)
-    for _ in range(3):
-        client.infer("simple", simple_inputs(a, a), request_id="traced")
-    lines = [json.loads(line) for line in trace_file.read_text().splitlines()]
-    assert len(lines) == 3
-    names = [stamp["name"] for stamp in lines[0]["timestamps"]]
-    assert names == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
-    stamps = [stamp["ns"] for stamp in lines[0]["timestamps"]]
-    assert stamps == sorted(stamps)
-    assert client.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]  # global unchanged
-    client.update_trace_settings(model_name="simple", settings={"trace_level": ["OFF"]})
-    with pytest.raises(InferenceServerException) as err:
+    assert settings["trace_level"]["value"] == ["OFF"] and settings["trace_file"]["value"] == [""]
+    updated = client.update_trace_settings(model_name="simple", settings={"trace_rate": ["7"]}, as_json=True)
+    assert updated["settings"]["trace_rate"]["value"] == ["7"]
+    assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]  # global unchanged
+    client.update_trace_settings(model_name="simple", settings={"trace_rate": []})  # empty: cleared
+    assert client.get_trace_settings(model_name="simple", as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]
+    with pytest.raises(InferenceServerException) as err:  # no --trace-config triton,file=: nothing to write to
         client.update_trace_settings(settings={"trace_level": ["TENSORS"]})
-    assert "not supported" in err.value.message()
+    assert "trace file name is not given" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.update_trace_settings(settings={"trace_file": [str(tmp_path / "trace.json")]})
+    assert "can not be updated" in err.value.message() and err.value.status() == "StatusCode.UNIMPLEMENTED"
 
     log = client.get_log_settings(as_json=True)["settings"]
     assert log["log_info"]["bool_param"] is True

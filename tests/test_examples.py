@@ -94,6 +94,21 @@ def test_example_client_script_runs(pandas_server: ServerProcess) -> None:
     assert "Michael" in out.stdout and "review" in out.stdout
 
 
+TOKENS = Path(__file__).resolve().parents[1] / "examples" / "token_stream"
+
+
+@pytest.mark.timeout(240)  # a server and a client process: slow on a loaded machine
+def test_token_stream_example_streams_each_word(tmp_path: Path, grpc_frontend: str) -> None:
+    root = tmp_path / "repository"
+    shutil.copytree(TOKENS / "repository", root)
+    with ServerProcess(root, grpc_frontend=grpc_frontend) as proc:
+        out = subprocess.run(
+            [sys.executable, str(TOKENS / "client.py"), "--url", proc.grpc_url, "--text", "one two  three"],
+            capture_output=True, text=True, timeout=150,
+        )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n") == ["one", "two", "three", ""]
+
 TESTING_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "testing_your_model"
 
 

@@ -29,6 +29,9 @@ FIRST_ANSWERS_S = 30.0
 #: The issue asks for 1 s on a quiet machine; this is the correctness bound on a shared 2-core one
 #: (grpcio never answers at all here: its 16 handler threads are all held by streams).
 OTHER_CLIENT_S = 5.0
+#: grpcio's expected failure needs no 30 s to show: its 16 handler threads are held by the first 16 streams, so
+#: stream 17 is not answered at all (it waits for a thread, however long the bound).
+GRPCIO_FIRST_ANSWERS_S = 5.0
 GRPCIO_REASON = "grpcio holds a handler thread per open stream (--grpc-workers 16): stream 17 and every other call wait"
 
 
@@ -55,7 +58,7 @@ async def first_answer(call: grpc.aio.StreamStreamCall, request_id: str) -> pb.M
     return pb.ModelStreamInferResponse.FromString(answer)
 
 
-async def idle_streams_then_other_calls(url: str) -> None:
+async def idle_streams_then_other_calls(url: str, first_answers_s: float = FIRST_ANSWERS_S) -> None:
     channels = [new_connection(url) for _ in range(CONNECTIONS)]
     other = new_connection(url)
     try:
@@ -65,7 +68,7 @@ async def idle_streams_then_other_calls(url: str) -> None:
             calls.append(open_stream())  # no deadline: the stream stays open as long as the client wants
         started = time.monotonic()
         answers = await asyncio.wait_for(
-            asyncio.gather(*(first_answer(call, f"idle-{i}") for i, call in enumerate(calls))), FIRST_ANSWERS_S
+            asyncio.gather(*(first_answer(call, f"idle-{i}") for i, call in enumerate(calls))), first_answers_s
         )
         assert [a.error_message for a in answers] == [""] * STREAMS
         assert [a.infer_response.id for a in answers] == [f"idle-{i}" for i in range(STREAMS)]
@@ -91,7 +94,7 @@ async def idle_streams_then_other_calls(url: str) -> None:
             await call.done_writing()
         leftovers = await asyncio.wait_for(asyncio.gather(*(call.read() for call in calls)), FIRST_ANSWERS_S)
         assert all(item is grpc.aio.EOF for item in leftovers)  # each stream then ends cleanly
-        assert opened_s < FIRST_ANSWERS_S
+        assert opened_s < first_answers_s
     finally:
         for channel in [*channels, other]:
             await channel.close(grace=None)
@@ -100,7 +103,9 @@ async def idle_streams_then_other_calls(url: str) -> None:
 def test_1000_idle_streams_do_not_starve_other_calls(
     stream_server: ServerProcess, grpc_frontend: str, request: pytest.FixtureRequest
 ) -> None:
+    bound = FIRST_ANSWERS_S
     if grpc_frontend == "grpcio":
         request.applymarker(pytest.mark.xfail(strict=False, reason=GRPCIO_REASON))
-    asyncio.run(idle_streams_then_other_calls(stream_server.grpc_url))
+        bound = GRPCIO_FIRST_ANSWERS_S
+    asyncio.run(idle_streams_then_other_calls(stream_server.grpc_url, bound))
     assert stream_server.proc is not None and stream_server.proc.poll() is None

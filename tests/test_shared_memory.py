@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -107,36 +108,43 @@ def test_unregistering_output_region_in_use_is_safe(regions, shm_server: ServerP
 
 
 # -- CUDA shared memory calls on any host (Triton answers them on every build) ---------------------
+@pytest.fixture(scope="module")
+def cuda_calls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server (gRPC and HTTP) for both protocols: the calls below register nothing that outlives them."""
+    root = tmp_path_factory.mktemp("cuda-calls")
+    write_model(root, "identity_fp32", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
+    with ServerProcess(root, http=True) as proc:
+        yield proc
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_cuda_status_and_unregister_work_without_a_gpu(tmp_path_factory: pytest.TempPathFactory, protocol: str) -> None:
+def test_cuda_status_and_unregister_work_without_a_gpu(cuda_calls_server: ServerProcess, protocol: str) -> None:
     """Client clean-up code calls unregister_cuda_shared_memory() unconditionally; it must not fail on a CPU host."""
     import tritonclient.http as th
 
     from fastoip import cuda
 
-    root = tmp_path_factory.mktemp("cuda-calls")
-    write_model(root, "identity_fp32", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
-    with ServerProcess(root, http=True) as proc:
-        client = (
-            tg.InferenceServerClient(proc.grpc_url) if protocol == "grpc" else th.InferenceServerClient(proc.http_url)
-        )
-        client.unregister_cuda_shared_memory()
-        client.unregister_cuda_shared_memory("never_registered")
-        status = client.get_cuda_shared_memory_status()
-        if protocol == "grpc":
-            assert len(status.regions) == 0
-        else:
-            assert status == []
-        with pytest.raises(InferenceServerException, match="Unable to find cuda shared memory region: 'nope'"):
-            client.get_cuda_shared_memory_status("nope")
-        if cuda.runtime() is None:  # only registering needs CUDA
-            with pytest.raises(InferenceServerException) as info:
-                client.register_cuda_shared_memory("r", base64.b64encode(b"\0" * 64), 0, 64)
-            assert info.value.status() in ("StatusCode.UNAVAILABLE", "503")
-            assert "needs a GPU" in info.value.message()
-        # System shared memory status is unaffected, and inference still works.
-        client.unregister_system_shared_memory()
-        data = np.arange(4, dtype=np.float32).reshape(1, 4)
-        inp = (tg if protocol == "grpc" else th).InferInput("INPUT0", [1, 4], "FP32")
-        inp.set_data_from_numpy(data)
-        np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), data)
+    proc = cuda_calls_server
+    client = (
+        tg.InferenceServerClient(proc.grpc_url) if protocol == "grpc" else th.InferenceServerClient(proc.http_url)
+    )
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("never_registered")
+    status = client.get_cuda_shared_memory_status()
+    if protocol == "grpc":
+        assert len(status.regions) == 0
+    else:
+        assert status == []
+    with pytest.raises(InferenceServerException, match="Unable to find cuda shared memory region: 'nope'"):
+        client.get_cuda_shared_memory_status("nope")
+    if cuda.runtime() is None:  # only registering needs CUDA
+        with pytest.raises(InferenceServerException) as info:
+            client.register_cuda_shared_memory("r", base64.b64encode(b"\0" * 64), 0, 64)
+        assert info.value.status() in ("StatusCode.UNAVAILABLE", "503")
+        assert "needs a GPU" in info.value.message()
+    # System shared memory status is unaffected, and inference still works.
+    client.unregister_system_shared_memory()
+    data = np.arange(4, dtype=np.float32).reshape(1, 4)
+    inp = (tg if protocol == "grpc" else th).InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(data)
+    np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), data)

@@ -1,19 +1,23 @@
-"""Tracing on its own: Triton's --trace-config, its trace file format, and OTLP/HTTP spans sent to a real receiver."""
+"""Tracing without sockets: Triton's --trace-config, its settings semantics, its trace file, and the Core's traces
+(timestamps and tensors of real requests on real ONNX Runtime); OTLP spans reach a real receiver."""
 
 from __future__ import annotations
 
 import json
-import threading
+import sys
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fastoip.tracing import TraceRecord, parse_trace_config
+from fastoip.errors import InvalidArgument, Unsupported
+from fastoip.tracing import TraceManager, TraceRecord, parse_trace_config
 from fastoip.tracing.triton_file import TraceFile
+from harness import core_on, simple_request
+from otlp_receiver import otlp_receiver
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def record(trace_id: int = 1, carrier: dict[str, str] | None = None) -> TraceRecord:
@@ -26,14 +30,15 @@ def record(trace_id: int = 1, carrier: dict[str, str] | None = None) -> TraceRec
     return rec
 
 
+# -- --trace-config ---------------------------------------------------------------------------------
 def test_trace_config_reads_tritons_spelling() -> None:
     config = parse_trace_config([
-        "level=TIMESTAMPS", "level=TENSORS", "rate=5", "count=10", "mode=opentelemetry",
+        "level=TIMESTAMPS", "level=tensors", "rate=5", "count=10", "mode=opentelemetry",
         "triton,file=/tmp/a,b.json", "triton,log-frequency=50", "opentelemetry,url=collector:4318/v1/traces",
         "opentelemetry,resource=service.name=svc", "opentelemetry,resource=deployment=blue",
         "opentelemetry,bsp_schedule_delay=100",
     ])
-    assert config.levels == ["TIMESTAMPS", "TENSORS"] and config.enabled
+    assert config.levels == ("TIMESTAMPS", "TENSORS") and config.enabled
     assert (config.rate, config.count, config.mode) == (5, 10, "opentelemetry")
     assert (config.file, config.log_frequency) == ("/tmp/a,b.json", 50)
     assert config.otel_url == "http://collector:4318/v1/traces"
@@ -42,12 +47,22 @@ def test_trace_config_reads_tritons_spelling() -> None:
     assert not parse_trace_config([]).enabled
 
 
+def test_deprecated_flags_give_the_start_and_trace_config_wins() -> None:
+    config = parse_trace_config(["rate=7"], trace_file="/tmp/t.json", trace_levels=["max"], trace_rate=3,
+                                trace_count=2, trace_log_frequency=4)
+    assert (config.file, config.levels, config.rate, config.count, config.log_frequency) == (
+        "/tmp/t.json", ("TIMESTAMPS",), 7, 2, 4)
+    # levels add up; an explicit OFF anywhere turns tracing off (Triton's parser)
+    assert parse_trace_config(["level=TENSORS"], trace_levels=["TIMESTAMPS"]).levels == ("TIMESTAMPS", "TENSORS")
+    assert parse_trace_config(["level=TIMESTAMPS", "level=off"]).levels == ()
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ("level=LOUD", "level"), ("rate=x", "integer"), ("mode=jaeger", "mode"), ("colour=red", "unknown global"),
-        ("triton,colour=red", "triton: unknown"), ("zipkin,url=x", "unknown mode"), ("level", "expected"),
-        ("opentelemetry,resource=novalue", "key=value"),
+        ("level=LOUD", "level"), ("rate=x", "integer"), ("mode=jaeger", "trace mode"), ("colour=red", "unknown global"),
+        ("triton,colour=red", "triton: unknown"), ("zipkin,url=x", "unknown mode"), ("level", "format"),
+        ("opentelemetry,resource=novalue", "key=value"), ("count=-2", ">= -1"),
     ],
 )
 def test_bad_trace_config_is_refused_by_name(entry: str, message: str) -> None:
@@ -55,79 +70,164 @@ def test_bad_trace_config_is_refused_by_name(entry: str, message: str) -> None:
         parse_trace_config([entry])
 
 
+def test_opentelemetry_mode_without_the_sdk_stops_the_start_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastoip.cli import serve_options
+    from fastoip.triton_flags import FlagError
+
+    assert serve_options(["--trace-config", "mode=opentelemetry"]).trace_config.mode == "opentelemetry"
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)  # not installed
+    with pytest.raises(FlagError, match=r"pip install 'fastoip\[otel\]'"):
+        serve_options(["--trace-config", "mode=opentelemetry"])
+    with pytest.raises(FlagError, match="--trace-config level"):
+        serve_options(["--trace-config", "level=LOUD"])
+    assert serve_options(["--trace-level", "TIMESTAMPS", "--trace-rate", "5"]).trace_config.rate == 5
+
+
+# -- Triton's trace file ----------------------------------------------------------------------------
 def test_trace_file_is_a_json_array_after_every_trace(tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     writer = TraceFile(str(path))
     first = record(1)
     first.tensors.append(("TENSOR_QUEUE_INPUT", "INPUT0", "INT32", (1, 3), np.array([[1, 2, 3]], dtype=np.int32)))
-    writer.write(first.triton_entries())
+    first.tensors.append(("TENSOR_BACKEND_OUTPUT", "OUT", "FP32", (2,), np.array([0.5, 1e-7], dtype=np.float32)))
+    first.tensors.append(("TENSOR_BACKEND_OUTPUT", "TEXT", "BYTES", (2,), np.array([b"ab", b"c"], dtype=object)))
+    writer.append(first.triton_entries())
     entries = json.loads(path.read_text())
     assert entries[0] == {"id": 1, "model_name": "simple", "model_version": 1, "request_id": "req-7"}
     assert [e["timestamps"][0]["name"] for e in entries if "timestamps" in e][0] == "REQUEST_START"
-    assert entries[-1]["tensor"] == {"name": "INPUT0", "data": "1,2,3", "shape": "1,3", "dtype": "INT32"}
-    writer.write(record(2).triton_entries())
+    tensors = [e["tensor"] for e in entries if "tensor" in e]
+    assert tensors[0] == {"name": "INPUT0", "data": "1,2,3", "shape": "1,3", "dtype": "INT32"}
+    assert tensors[1]["data"] == "0.5,1e-07"  # C++ stream formatting, as Triton prints floats
+    assert tensors[2]["data"] == '"ab","c"'
+    writer.append(record(2).triton_entries())
     assert {e["id"] for e in json.loads(path.read_text())} == {1, 2}
+    writer.write_indexed(record(3).triton_entries())
+    assert {e["id"] for e in json.loads((tmp_path / "trace.json.0").read_text())} == {3}
 
 
-def test_trace_file_rotates_every_log_frequency_traces(tmp_path: Path) -> None:
-    path = tmp_path / "trace.json"
-    writer = TraceFile(str(path), log_frequency=2)
-    for trace_id in (1, 2, 3):
-        writer.write(record(trace_id).triton_entries())
-    assert {e["id"] for e in json.loads((tmp_path / "trace.json.0").read_text())} == {1, 2}
+# -- settings: Triton's semantics --------------------------------------------------------------------
+def manager(tmp_path: Path, *entries: str) -> TraceManager:
+    return TraceManager(parse_trace_config([f"triton,file={tmp_path / 'trace.json'}", *entries]))
+
+
+def test_rate_traces_every_nth_request_and_count_counts_down(tmp_path: Path) -> None:
+    traces = manager(tmp_path, "level=TIMESTAMPS", "rate=3", "count=2")
+    assert traces.active
+    taken = [traces.begin("simple", "1", "", None) is not None for _ in range(12)]
+    assert taken == [False, False, True, False, False, True] + [False] * 6  # the 3rd, the 6th, then none left
+    assert traces.settings()["trace_count"] == ["0"]
+
+
+def test_model_settings_mirror_the_global_ones_where_not_set(tmp_path: Path) -> None:
+    traces = manager(tmp_path)
+    assert not traces.active  # level OFF: the Core skips tracing altogether
+    model = traces.update({"trace_level": ["TIMESTAMPS"]}, "simple")
+    assert model["trace_level"] == ["TIMESTAMPS"] and model["trace_rate"] == ["1000"]
+    assert traces.active and traces.settings()["trace_level"] == ["OFF"]
+    traces.update({"trace_rate": ["5"]})  # global change: the model follows in what it did not set
+    model = traces.settings("simple")
+    assert model["trace_rate"] == ["5"] and model["trace_level"] == ["TIMESTAMPS"]
+    assert traces.settings("other")["trace_level"] == ["OFF"]  # a model without its own setting: the global one
+    traces.update({"trace_level": None}, "simple")  # cleared: nothing of its own left
+    assert traces.settings("simple") == traces.settings() and not traces.active
+
+
+def test_settings_api_refusals_use_tritons_words(tmp_path: Path) -> None:
+    traces = manager(tmp_path)
+    with pytest.raises(Unsupported, match="trace file location can not be updated"):
+        traces.update({"trace_file": ["/tmp/elsewhere.json"]})
+    with pytest.raises(InvalidArgument, match="Expect only one trace level 'OFF'"):
+        traces.update({"trace_level": ["OFF", "TIMESTAMPS"]})
+    with pytest.raises(InvalidArgument, match="Unable to parse 'trace_rate', got: often"):
+        traces.update({"trace_rate": ["often"]})
+    with pytest.raises(InvalidArgument, match="out of range"):
+        traces.update({"trace_count": ["-2"]})
+    with pytest.raises(InvalidArgument, match="sample rate must be non-zero"):
+        traces.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["0"]})
+    with pytest.raises(InvalidArgument, match="no_such_setting"):
+        traces.update({"no_such_setting": ["1"]})
+    no_file = TraceManager(parse_trace_config([]))
+    with pytest.raises(InvalidArgument, match="trace file name is not given"):
+        no_file.update({"trace_level": ["TIMESTAMPS"]})
+    assert traces.settings()["trace_level"] == ["OFF"]  # nothing half-applied
+
+
+def test_log_frequency_writes_every_n_traces_to_indexed_files(tmp_path: Path) -> None:
+    traces = manager(tmp_path, "level=TIMESTAMPS", "rate=1", "triton,log-frequency=2")
+    for _ in range(3):
+        trace = traces.begin("simple", "1", "", None)
+        assert trace is not None
+        trace.record.stamp("REQUEST_START", 1)
+        traces.finish(trace)
+    assert len(json.loads((tmp_path / "trace.json.0").read_text())) == 4  # 2 traces: head + one stamp each
     assert not (tmp_path / "trace.json.1").exists()
-    writer.flush()
-    assert {e["id"] for e in json.loads((tmp_path / "trace.json.1").read_text())} == {3}
+    traces.close()  # the rest at shutdown
+    assert len(json.loads((tmp_path / "trace.json.1").read_text())) == 2
+    assert not (tmp_path / "trace.json").exists()
 
 
-class Receiver(BaseHTTPRequestHandler):
-    """A real OTLP/HTTP trace receiver: decodes ExportTraceServiceRequest bodies."""
+# -- the Core's traces: real requests on real ONNX Runtime ---------------------------------------------
+def test_core_writes_timestamps_and_tensors_of_a_request(demo_repo: Path, tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    config = parse_trace_config([f"triton,file={path}", "level=TIMESTAMPS", "level=TENSORS", "rate=1"])
+    with core_on(demo_repo, trace_config=config) as core:
+        core.infer(simple_request(request_id="traced"))
+    entries = json.loads(path.read_text())
+    (head,) = [e for e in entries if "model_name" in e]
+    assert head == {"id": head["id"], "model_name": "simple", "model_version": 1, "request_id": "traced"}
+    stamps = [e["timestamps"][0] for e in entries if "timestamps" in e]
+    assert [s["name"] for s in stamps] == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                                           "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+    assert [s["ns"] for s in stamps] == sorted(s["ns"] for s in stamps)
+    tensors = {(e["activity"], e["tensor"]["name"]): e["tensor"] for e in entries if "tensor" in e}
+    assert tensors["TENSOR_QUEUE_INPUT", "INPUT0"] == {
+        "name": "INPUT0", "data": ",".join(str(i) for i in range(16)), "shape": "1,16", "dtype": "INT32"}
+    assert tensors["TENSOR_BACKEND_OUTPUT", "OUTPUT0"]["data"] == ",".join(str(i + 1) for i in range(16))
+    assert tensors["TENSOR_BACKEND_OUTPUT", "OUTPUT1"]["data"] == ",".join(str(i - 1) for i in range(16))
+    assert {e["id"] for e in entries} == {head["id"]}
 
-    spans: list = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+def test_core_traces_only_what_the_settings_api_turns_on(demo_repo: Path, tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    with core_on(demo_repo, trace_config=parse_trace_config([f"triton,file={path}"])) as core:
+        core.infer(simple_request())
+        assert not path.exists()
+        core.update_trace_settings({"trace_level": ["TIMESTAMPS"], "trace_rate": ["2"]}, "simple")
+        for _ in range(4):
+            core.infer(simple_request())
+        assert len({e["id"] for e in json.loads(path.read_text())}) == 2  # every 2nd request
+        core.update_trace_settings({"trace_level": ["OFF"]}, "simple")
+        core.infer(simple_request())
+        assert len({e["id"] for e in json.loads(path.read_text())}) == 2
+        with pytest.raises(InvalidArgument, match="Request for unknown model : nope"):
+            core.trace_settings("nope")
 
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        message = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
-        for resource_spans in message.resource_spans:
-            for scope_spans in resource_spans.scope_spans:
-                Receiver.spans.extend(scope_spans.spans)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
 
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture()
-def receiver() -> Iterator[str]:
+# -- OpenTelemetry ---------------------------------------------------------------------------------
+def test_spans_reach_an_otlp_receiver_with_the_callers_trace_id() -> None:
     pytest.importorskip("opentelemetry.sdk")
-    Receiver.spans = []
-    server = HTTPServer(("127.0.0.1", 0), Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    server.shutdown()
-
-
-def test_spans_reach_an_otlp_receiver_with_the_callers_trace_id(receiver: str) -> None:
     from fastoip.tracing.otel import OtelExporter
 
-    exporter = OtelExporter(parse_trace_config([f"opentelemetry,url={receiver}", "mode=opentelemetry"]))
-    client_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
-    exporter.export(record(carrier={"traceparent": f"00-{client_trace}-00f067aa0ba902b7-01"}))
-    exporter.shutdown()
-    by_name = {span.name: span for span in Receiver.spans}
+    with otlp_receiver() as receiver:
+        exporter = OtelExporter(parse_trace_config([f"opentelemetry,url={receiver.url}", "mode=opentelemetry"]))
+        assert exporter.is_valid_parent({"traceparent": TRACEPARENT})
+        assert not exporter.is_valid_parent({"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"})
+        exporter.export(record(carrier={"traceparent": TRACEPARENT}))
+        exporter.shutdown()
+    by_name = receiver.spans_of("4bf92f3577b34da6a3ce929d0e0e4736")
     assert set(by_name) == {"InferRequest", "simple", "queue", "compute", "compute_input", "compute_infer",
                             "compute_output"}
-    assert {span.trace_id.hex() for span in Receiver.spans} == {client_trace}
+    assert receiver.trace_ids() == {"4bf92f3577b34da6a3ce929d0e0e4736"}
     assert by_name["InferRequest"].parent_span_id.hex() == "00f067aa0ba902b7"
     assert by_name["simple"].parent_span_id == by_name["InferRequest"].span_id
+    assert by_name["queue"].parent_span_id == by_name["simple"].span_id
+    assert by_name["compute"].parent_span_id == by_name["simple"].span_id
     assert by_name["compute_infer"].parent_span_id == by_name["compute"].span_id
-    assert [e.name for e in by_name["simple"].events][0] == "REQUEST_START"
+    assert [e.name for e in by_name["simple"].events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert [e.name for e in by_name["compute"].events] == ["COMPUTE_START", "COMPUTE_INPUT_END",
+                                                           "COMPUTE_OUTPUT_START", "COMPUTE_END"]
     attributes = {a.key: a.value for a in by_name["simple"].attributes}
     assert attributes["triton.model_name"].string_value == "simple"
+    assert attributes["triton.model_version"].int_value == 1
     assert attributes["triton.request_id"].string_value == "req-7"
     assert by_name["queue"].end_time_unix_nano - by_name["queue"].start_time_unix_nano == 1000

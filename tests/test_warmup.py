@@ -1,15 +1,19 @@
-"""Model warmup (Triton's model_warmup): run at load before READY; a failing warmup fails the load."""
+"""Model warmup (Triton's model_warmup): run at load before READY; a failing warmup fails the load.
+
+Warm-up happens inside the repository's load, below every frontend: the Core is driven in-process
+(tests/harness.py, real ONNX Runtime); what the frontends make of readiness, statistics and the index is
+tested with them.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 
+from harness import core_on
 from models import identity_model_bytes
-from serverproc import ServerProcess
 
 WARMUP = """
 max_batch_size: 4
@@ -31,12 +35,11 @@ def test_warmup_runs_before_ready_and_a_bad_warmup_fails_the_load(tmp_path: Path
     (tmp_path / "fromfile" / "warmup" / "raw.bin").write_bytes(np.arange(8, dtype=np.float32).tobytes())
     write(tmp_path, "wrongname", WARMUP.format(name="oops", input="NOPE", data="random_data: true"))
     write(tmp_path, "escapes", WARMUP.format(name="esc", input="INPUT0", data='input_data_file: "../../etc"'))
-    with ServerProcess(tmp_path, "--strict-readiness", "false") as server:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        assert client.is_model_ready("zeros") and client.is_model_ready("fromfile")
-        stats = client.get_inference_statistics("zeros").model_stats[0]
+    with core_on(tmp_path, strict_readiness=False) as core:
+        assert core.model_ready("zeros") and core.model_ready("fromfile")
+        (stats,) = core.statistics("zeros")
         assert stats.inference_count == 0 and stats.execution_count == 0  # warm-up is not traffic
-        index = {m.name: m for m in client.get_model_repository_index().models}
+        index = {m.name: m for m in core.repository_index()}
         assert index["wrongname"].state == "UNAVAILABLE"
         assert "model_warmup 'oops' failed" in index["wrongname"].reason
         assert "NOPE" in index["wrongname"].reason

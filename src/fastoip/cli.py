@@ -14,6 +14,8 @@ from . import __version__, triton_flags
 if TYPE_CHECKING:
     from .server.app import ServeOptions
     from .server.grpc.native_options import NativeGrpcOptions
+    from .server.http.protocol import HttpLimits
+    from .server.http.server import HttpTls
 
 if TYPE_CHECKING:
     pass
@@ -23,7 +25,7 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"FASTOIP_{name}", default)
 
 
-def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
     p.add_argument("--model-repository", "--model-store", type=Path, action="append",
                    default=None, help="Triton-style repository (Triton's --model-store too); "
@@ -49,6 +51,7 @@ def _serve_parser(sub) -> None:  # type: ignore[no-untyped-def]
                         "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
+    _http_connection_flags(p)
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
@@ -138,6 +141,10 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         grpc_native=_native_grpc_options(args),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
+        http_limits=_http_limits(args),
+        http_tls=_http_tls(args),
+        http_restricted=triton.http_restricted,
+        grpc_restricted=triton.grpc_restricted,
         max_message_size=args.grpc_max_message_size,
         strict_readiness=args.strict_readiness,
         model_control_mode=args.model_control_mode,
@@ -149,6 +156,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         log_format=triton.log_format,
         log_file=triton.log_file,
         server_id=triton.server_id,
+        trace_config=triton.trace,
         repository=RepositoryOptions(
             default_max_batch_size=triton.default_max_batch_size,
             auto_complete=triton.auto_complete,
@@ -161,6 +169,63 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
             use_gpu=not args.cpu_only,
             allow_code_loads=args.model_control_allow_code,
         ),
+    )
+
+
+def _http_connection_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP connections: limits, timeouts and TLS (fastoip's own; Triton has none)")
+    g.add_argument("--http-max-header-size", type=int, default=64 * 1024, metavar="BYTES",
+                   help="largest request line plus headers; larger is answered 431 and closed (default 65536)")
+    g.add_argument("--http-max-header-count", type=int, default=100, metavar="N",
+                   help="most header fields a request may have; more is answered 431 and closed (default 100)")
+    g.add_argument("--http-keep-alive-timeout", type=float, default=75.0, metavar="SECONDS",
+                   help="close a connection idle this long, a fresh one included (default 75)")
+    g.add_argument("--http-header-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a request's headers must arrive within this from their first byte, else 408 and close "
+                        "(slow-header attacks; default 30)")
+    g.add_argument("--http-body-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a request body may pause this long between reads, else 408 and close (default 60)")
+    g.add_argument("--http-ssl-certfile", default="", metavar="PEM",
+                   help="serve HTTPS with this certificate chain (uvicorn's ssl_certfile)")
+    g.add_argument("--http-ssl-keyfile", default="", metavar="PEM",
+                   help="the certificate's private key (omit when the certfile holds it)")
+    g.add_argument("--http-ssl-ca-certs", default="", metavar="PEM",
+                   help="CA certificates that client certificates must chain to")
+    g.add_argument("--http-ssl-require-client-cert", nargs="?", const=True, default=False,
+                   type=triton_flags.parse_bool, metavar="BOOL",
+                   help="mutual TLS: refuse clients without a certificate from --http-ssl-ca-certs")
+
+
+def _http_limits(args: argparse.Namespace) -> HttpLimits:
+    from .server.http.protocol import HttpLimits
+
+    for flag in ("http_max_header_size", "http_max_header_count", "http_keep_alive_timeout",
+                 "http_header_timeout", "http_body_timeout"):
+        if getattr(args, flag) <= 0:
+            raise triton_flags.FlagError(f"--{flag.replace('_', '-')} must be greater than 0")
+    return HttpLimits(
+        max_header_bytes=args.http_max_header_size,
+        max_header_count=args.http_max_header_count,
+        keep_alive_timeout=args.http_keep_alive_timeout,
+        header_timeout=args.http_header_timeout,
+        body_timeout=args.http_body_timeout,
+    )
+
+
+def _http_tls(args: argparse.Namespace) -> HttpTls | None:
+    from .server.http.server import HttpTls
+
+    if not args.http_ssl_certfile:
+        if args.http_ssl_keyfile or args.http_ssl_ca_certs or args.http_ssl_require_client_cert:
+            raise triton_flags.FlagError("HTTPS needs --http-ssl-certfile")
+        return None
+    if args.http_ssl_require_client_cert and not args.http_ssl_ca_certs:
+        raise triton_flags.FlagError("--http-ssl-require-client-cert needs --http-ssl-ca-certs")
+    return HttpTls(
+        certfile=args.http_ssl_certfile,
+        keyfile=args.http_ssl_keyfile,
+        ca_certs=args.http_ssl_ca_certs,
+        require_client_cert=args.http_ssl_require_client_cert,
     )
 
 
@@ -179,6 +244,10 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="native: ms after which a connection gets GOAWAY so clients rebalance (0: never)")
     p.add_argument("--grpc-max-connection-age-grace", type=int, default=0,
                    help="native: ms a connection past its age keeps for its calls (0: until they end)")
+    p.add_argument("--grpc-stream-idle-timeout", type=int, default=60_000,
+                   help="native: ms a stream may go without request DATA while its request is open (a unary "
+                        "call, or a stream message half received) before it is answered DEADLINE_EXCEEDED "
+                        "(default 60000; 0: never; fastoip only)")
     p.add_argument("--grpc-use-ssl", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
                    metavar="BOOL", help="native: TLS (ALPN h2); Triton's --grpc-use-ssl=true or the bare switch")
     p.add_argument("--grpc-use-ssl-mutual", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
@@ -198,6 +267,7 @@ def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
         keepalive_timeout_ms=args.grpc_keepalive_timeout,
         max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        stream_idle_timeout_ms=args.grpc_stream_idle_timeout,
         use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         use_ssl_mutual=args.grpc_use_ssl_mutual,
         server_cert=args.grpc_server_cert,

@@ -81,3 +81,16 @@ class InternalError(InferenceError):
 
     grpc_code = "INTERNAL"
     http_status = 500
+
+
+class OneResponseCall(Unsupported):
+    """A call that takes exactly one response (ModelInfer, HTTP infer) made to a decoupled model.
+
+    Worded per protocol as Triton words it; the frontend picks the wording.
+    """
+
+    GRPC = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+
+    def __init__(self, message: str = GRPC) -> None:
+        super().__init__(message)

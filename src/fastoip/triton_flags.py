@@ -6,6 +6,9 @@ Rules:
   Triton's getopt_long).
 - A Triton flag fastoip cannot honour is refused with a message naming it and
   why; nothing is accepted and then silently ignored.
+- ``--trace-config`` and the deprecated ``--trace-file``, ``--trace-level``,
+  ``--trace-rate``, ``--trace-count``, ``--trace-log-frequency`` read as Triton
+  reads them (:mod:`fastoip.tracing.config`).
 - ``--backend-config`` takes Triton's ``[<backend>,]<setting>=<value>``; the one
   setting fastoip has is ``default-max-batch-size`` (Triton's default: 4).
 - A model repository that does not exist is a start-time error with Triton's
@@ -16,8 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .server import restricted
+from .server.restricted import RestrictedFeatures
+from .tracing import TraceConfig, parse_trace_config
+from .tracing.otel import require_sdk
 
 #: Triton's ``default-max-batch-size`` backend setting when none is given.
 TRITON_DEFAULT_MAX_BATCH_SIZE = 4
@@ -29,15 +38,12 @@ BACKENDS = ("onnxruntime", "python")
 UNSUPPORTED = {
     "--allow-sagemaker": "the SageMaker frontend is not implemented",
     "--allow-vertex-ai": "the Vertex AI frontend is not implemented",
-    "--trace-config": "use the trace extension (POST v2/trace/setting) instead",
     "--response-cache-byte-size": "Triton deprecated it: use --cache-config local,size=N",
     "--rate-limit": "the rate limiter is not implemented",
     "--model-namespacing": "model namespacing is not implemented",
     "--model-config-name": "only config.pbtxt is read",
     "--backend-directory": "backends are built in (onnxruntime, python)",
     "--repoagent-directory": "repository agents are not implemented",
-    "--http-restricted-api": "restricted APIs are not implemented",
-    "--grpc-restricted-protocol": "restricted protocols are not implemented",
 }
 
 
@@ -79,6 +85,23 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
                    help="same as --strict-model-config=true")
     g.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
                    help="Triton's backend settings; fastoip has default-max-batch-size")
+    g.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="Triton's tracing (repeatable): level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, "
+                        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+                        "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_*=N")
+    g.add_argument("--trace-file", default=None, help="deprecated by Triton: --trace-config triton,file=PATH")
+    g.add_argument("--trace-level", action="append", default=[], help="deprecated by Triton: --trace-config level=")
+    g.add_argument("--trace-rate", type=int, default=None, help="deprecated by Triton: --trace-config rate=N")
+    g.add_argument("--trace-count", type=int, default=None, help="deprecated by Triton: --trace-config count=N")
+    g.add_argument("--trace-log-frequency", type=int, default=None,
+                   help="deprecated by Triton: --trace-config triton,log-frequency=N")
+    groups = ", ".join(restricted.CATEGORIES)
+    g.add_argument("--http-restricted-api", action="append", default=[], metavar="<apis>:<key>=<value>",
+                   help="HTTP endpoints of these comma-separated groups answer 403 unless the request has header "
+                        f"<key> with <value> (repeatable). Groups: {groups}")
+    g.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<protocols>:<key>=<value>",
+                   help="gRPC methods of these groups answer UNAVAILABLE unless the call has metadata "
+                        f"'triton-grpc-protocol-<key>' with <value> (repeatable). Groups: {groups}")
 
 
 def unknown_flags_message(unknown: list[str]) -> str:
@@ -114,6 +137,9 @@ class TritonSettings:
     log_file: str
     auto_complete: bool
     default_max_batch_size: int
+    trace: TraceConfig
+    http_restricted: RestrictedFeatures
+    grpc_restricted: RestrictedFeatures
 
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
@@ -133,7 +159,35 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         log_file=args.log_file,
         auto_complete=not (args.strict_model_config or args.disable_auto_complete_config),
         default_max_batch_size=_default_max_batch_size(args),
+        trace=_trace_config(args),
+        http_restricted=_restrictions(restricted.parse_http_restrictions, args.http_restricted_api),
+        grpc_restricted=_restrictions(restricted.parse_grpc_restrictions, args.grpc_restricted_protocol),
     )
+
+
+def _trace_config(args: argparse.Namespace) -> TraceConfig:
+    try:
+        config = parse_trace_config(
+            args.trace_config,
+            trace_file=args.trace_file,
+            trace_levels=args.trace_level,
+            trace_rate=args.trace_rate,
+            trace_count=args.trace_count,
+            trace_log_frequency=args.trace_log_frequency,
+        )
+        if config.mode == "opentelemetry":
+            require_sdk()  # at start, not at the first traced request
+    except (ValueError, RuntimeError) as exc:
+        raise FlagError(str(exc)) from None
+    return config
+
+
+
+def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: list[str]) -> RestrictedFeatures:
+    try:
+        return parse(options)
+    except restricted.RestrictionError as exc:
+        raise FlagError(str(exc)) from None
 
 
 def _model_repository(given: list[Path] | None) -> Path | None:

@@ -37,7 +37,7 @@ class TensorFields(Protocol):
     ``parameters`` are what the client sent with it, an output's what goes back
     (e.g. ``binary_data_size``).  They share no base class on purpose: the
     codec fills their slots in place and takes that fast path only for plain
-    ``object`` subclasses with exactly these slots (``_codec.pyx``, ``_init_layout``).
+    ``object`` subclasses with exactly these slots (``wire/codec/objects.pxi``, ``_init_layout``).
     """
 
     name: str

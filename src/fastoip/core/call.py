@@ -13,6 +13,10 @@ Rules:
   ``time_remaining`` (seconds; grpcio's ``context.time_remaining``) only for a
   request that will wait in a queue: one that runs at once has its turn
   already, and the hot path skips the clock reads.
+- ``trace_headers`` are the request's headers (gRPC metadata, HTTP headers) as
+  the frontend has them, unread (:data:`fastoip.tracing.TraceHeaders`): the
+  Core reads the caller's W3C ``traceparent`` / ``tracestate`` from them only
+  while tracing is on.  Frontends never write traces themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import InferenceError
+from ..tracing import TraceHeaders
 from ..types import InferRequest, InferResponse
 
 #: A remaining time at or above this many seconds means "no deadline" (grpcio reports ~forever as a huge number).
@@ -31,20 +36,22 @@ CancelRegistration = Callable[[Callable[[], None]], object]
 
 
 class CallContext:
-    """The caller's side of one call: a deadline and an on-cancel registration."""
+    """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
-    __slots__ = ("deadline_ns", "on_cancel", "time_remaining")
+    __slots__ = ("deadline_ns", "on_cancel", "time_remaining", "trace_headers")
 
     def __init__(
         self,
         deadline_ns: int = 0,
         on_cancel: CancelRegistration | None = None,
         time_remaining: Callable[[], float | None] | None = None,
+        trace_headers: TraceHeaders | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
         self.on_cancel = on_cancel
         self.time_remaining = time_remaining
+        self.trace_headers = trace_headers
 
     @classmethod
     def with_timeout(cls, remaining_s: float | None, on_cancel: CancelRegistration | None = None) -> CallContext:
@@ -65,10 +72,17 @@ def _deadline_after(remaining_s: float | None) -> int:
 
 
 class FinishedCall(Protocol):
-    """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread."""
+    """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread.
+
+    Exactly one of ``response`` / ``error`` is set, except for a decoupled call (``decoupled``), which
+    finishes with its error or with neither (its responses went to ``on_response``; this is the final flag).
+    """
 
     request: InferRequest
     response: InferResponse | None
     error: InferenceError | None
+
+    @property
+    def decoupled(self) -> bool: ...
 
     def cancel(self) -> None: ...

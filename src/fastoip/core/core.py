@@ -27,6 +27,7 @@ from ..options import RepositoryOptions
 from ..repository import ModelRepository
 from ..scheduling.job import Job
 from ..shared_memory import SYSTEM
+from ..tracing import TraceConfig, TraceHeaders
 from ..types import InferRequest, InferResponse
 from .answers import ModelMetadata, ModelStatistics, RegionStatus, RepositoryIndexEntry, ServerMetadata
 from .call import CallContext
@@ -48,6 +49,7 @@ class Core:
         startup_models: list[str] | None = None,
         poll_interval: float = 15.0,
         cache_size_bytes: int = 0,
+        trace_config: TraceConfig | None = None,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
         try:
@@ -63,7 +65,7 @@ class Core:
             raise
         self.data = DataPlane(
             self.repository, self.control.extensions, strict_readiness=strict_readiness,
-            cache_size_bytes=cache_size_bytes,
+            cache_size_bytes=cache_size_bytes, trace_config=trace_config,
         )
 
     @property
@@ -147,12 +149,20 @@ class Core:
         return self.data.infer(request, call)
 
     def submit(
-        self, request: InferRequest, on_done: Callable[[Job], None], deadline_ns: int = 0, run_here: bool = False
+        self,
+        request: InferRequest,
+        on_done: Callable[[Job], None],
+        deadline_ns: int = 0,
+        run_here: bool = False,
+        trace_headers: TraceHeaders | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
-        return self.data.submit(request, on_done, deadline_ns, run_here)
+        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response)
 
-    async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
-        return await self.data.infer_async(request, deadline_ns)
+    async def infer_async(
+        self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None
+    ) -> InferResponse:
+        return await self.data.infer_async(request, deadline_ns, trace_headers)
 
     # -- statistics -----------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
@@ -213,3 +223,4 @@ class Core:
         self.control.stop_polling()
         self.repository.close()
         self.executor.shutdown(wait=True, cancel_futures=False)
+        self.data.tracer.close()  # after the workers: the last traces are written, queued spans exported

@@ -13,6 +13,18 @@ Rules:
   hop back with ``call_soon_threadsafe``; see ``infer_async``).
 - Answers are the typed values of :mod:`.answers`; errors are
   :mod:`fastoip.errors` values that the frontends map to statuses.
+- Tracing (:mod:`fastoip.tracing`) costs a request two attribute checks
+  while it is off (``tracer.active`` in ``_start``, ``job.trace`` in
+  ``_complete``); a traced request carries its
+  :class:`~fastoip.tracing.Trace` on the job, and ``_complete`` fills in
+  Triton's timestamps and tensors from the job and hands it back.
+- Decoupled models (``model_transaction_policy { decoupled: true }``) answer
+  through ``submit(..., on_response=...)`` only: each response but the final
+  flag goes to ``on_response`` as the model produces it (outputs finished per
+  response), then ``on_done`` once, with an error or with neither error nor
+  response (the final flag alone).  ``infer`` / ``infer_async`` and a submit
+  without ``on_response`` answer :class:`~fastoip.errors.OneResponseCall`
+  (Triton's refusal).  Statistics count one inference per request, as Triton does.
 """
 
 from __future__ import annotations
@@ -26,14 +38,15 @@ import numpy as np
 
 from .. import __version__, cuda
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, NotFound, Unavailable
+from ..errors import InferenceError, InvalidArgument, NotFound, OneResponseCall, Unavailable
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..response_cache import ResponseCache, request_key
 from ..response_outputs import finish_outputs
 from ..scheduling.job import Job
-from ..settings import LogSettings, TraceSettings
+from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
+from ..tracing import Trace, TraceConfig, TraceHeaders, TraceManager
 from ..types import InferRequest, InferResponse
 from .answers import (
     CudaRegionStatus,
@@ -59,6 +72,7 @@ class DataPlane:
         *,
         strict_readiness: bool = True,
         cache_size_bytes: int = 0,
+        trace_config: TraceConfig | None = None,
     ) -> None:
         self.repository = repository
         #: Triton's response cache (``--cache-config local,size=N``), for models with ``response_cache { enable }``.
@@ -73,7 +87,8 @@ class DataPlane:
         self.shutting_down = False
         self.shared_memory = SharedMemoryRegistry()
         self.log_settings_store = LogSettings()
-        self.trace_settings_store = TraceSettings()
+        #: Trace settings and sampling (``--trace-config``, the trace settings API).
+        self.tracer = TraceManager(trace_config)
 
     # -- health -----------------------------------------------------------
     def server_live(self) -> bool:
@@ -148,6 +163,8 @@ class DataPlane:
         on_done: Callable[[Job], None],
         deadline_ns: int = 0,
         run_here: bool = False,
+        trace_headers: TraceHeaders | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
         """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
 
@@ -157,8 +174,12 @@ class DataPlane:
         calling thread instead of handing off to a worker (for callers that are a
         dedicated reader thread, like a gRPC stream).  Errors found before the
         request starts (unknown model, invalid input) are raised here, not passed to ``on_done``.
+        ``trace_headers``: the request's headers, read only while tracing is on (see :mod:`.call`).
+        ``on_response(job, response)``: where a decoupled model's responses go, on the producing thread
+        (a decoupled model never runs on the calling thread: its responses must reach the caller meanwhile).
         """
-        model, job = self._start(request, CallContext(deadline_ns) if deadline_ns else None)
+        call = CallContext(deadline_ns) if deadline_ns else None
+        model, job = self._start(request, call, trace_headers, on_response)
 
         def done(finished: Job) -> None:
             self._complete(model, finished)
@@ -170,7 +191,7 @@ class DataPlane:
             self._answer_from_cache(job)
             return job
         try:
-            if run_here and not model.scheduler.queues:
+            if run_here and not model.scheduler.queues and not model.decoupled:
                 model.scheduler.run(job)
             else:
                 model.scheduler.submit(job)
@@ -178,7 +199,9 @@ class DataPlane:
             job.fail(exc)
         return job
 
-    async def infer_async(self, request: InferRequest, deadline_ns: int = 0) -> InferResponse:
+    async def infer_async(
+        self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None
+    ) -> InferResponse:
         """``infer`` for asyncio frontends: the event loop never blocks, no thread waits for the call."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferResponse] = loop.create_future()
@@ -194,18 +217,26 @@ class DataPlane:
         def hop_to_loop(finished: Job) -> None:  # runs on the finishing thread
             loop.call_soon_threadsafe(resolve, finished)
 
-        job = self.submit(request, hop_to_loop, deadline_ns)
+        job = self.submit(request, hop_to_loop, deadline_ns, trace_headers=trace_headers)
         try:
             return await future
         except asyncio.CancelledError:
             job.cancel()
             raise
 
-    def _start(self, request: InferRequest, call: CallContext | None) -> tuple[LoadedModel, Job]:
+    def _start(
+        self,
+        request: InferRequest,
+        call: CallContext | None,
+        trace_headers: TraceHeaders | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
+    ) -> tuple[LoadedModel, Job]:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.repository.get(request.model_name, request.model_version)
+        if model.decoupled and on_response is None:
+            raise OneResponseCall()
         regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
@@ -221,6 +252,9 @@ class DataPlane:
         if request.outputs:
             job.destinations = self._output_destinations(request, regions)
         job.regions = regions or None
+        if model.decoupled:
+            assert on_response is not None
+            self._stream(model, job, on_response)
         if self.response_cache is not None and model.uses_response_cache:
             self._look_up(model, job)
         if model.scheduler.queues or (job.cache_key is not None and not job.cache_leader):
@@ -231,8 +265,30 @@ class DataPlane:
                     call.on_cancel(job.cancel)
         elif call is not None:
             job.deadline_ns = call.deadline_ns
+        if self.tracer.active:  # while tracing is off, this and job.trace in _complete are all it costs
+            if trace_headers is None and call is not None:
+                trace_headers = call.trace_headers
+            job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
         model.enter()
         return model, job
+
+    @staticmethod
+    def _stream(model: LoadedModel, job: Job, on_response: Callable[[Job, InferResponse], None]) -> None:
+        """Give a decoupled model's job its response sink: each response finished (reshape, classification)
+        as ``_complete`` finishes a single one, then handed to ``on_response``."""
+        if job.destinations:
+            raise InvalidArgument(
+                f"model '{model.name}' is decoupled: its responses cannot be written to shared-memory outputs"
+            )
+        spec = model.spec
+        request = job.request
+
+        def deliver(streamed: Job, response: InferResponse) -> None:
+            if request.outputs or spec.reshaped:
+                finish_outputs(spec, request, response)
+            on_response(streamed, response)
+
+        job.stream_to(deliver)
 
     def _complete(self, model: LoadedModel, job: Job) -> None:
         """The one completion step: outputs finished (reshape, classification, shared memory), the regions'
@@ -261,19 +317,37 @@ class DataPlane:
         end_ns = time.monotonic_ns()
         ok = job.error is None
         model.stats.record_request(ok, end_ns - job.arrival_ns, job.queue_ns, job.error)
-        if ok and self.trace_settings_store.active:
-            self.trace_settings_store.record(
-                model.name,
-                model.version_str,
-                job.request.id,
-                [
-                    ("REQUEST_START", job.arrival_ns),
-                    ("QUEUE_START", job.arrival_ns),
-                    ("COMPUTE_START", job.compute_start_ns),
-                    ("COMPUTE_END", job.compute_end_ns),
-                    ("REQUEST_END", end_ns),
-                ],
-            )
+        if job.trace is not None:
+            self._finish_trace(job.trace, job, end_ns)
+
+    def _finish_trace(self, trace: Trace, job: Job, outputs_done_ns: int) -> None:
+        """Triton's timestamps and tensors of a traced request, from its job; then the trace is written.
+
+        COMPUTE_OUTPUT_START is when the model returned, COMPUTE_END when its outputs were finished
+        (reshaped, classified, written to shared memory) in the completion step; a request that never
+        reached a model (a cache hit, a failure before it ran) has no COMPUTE_* stamps.
+        """
+        record = trace.record
+        if trace.timestamps:
+            stamp = record.stamp
+            stamp("REQUEST_START", job.arrival_ns)
+            stamp("QUEUE_START", job.enqueue_ns)
+            if job.compute_start_ns:
+                stamp("COMPUTE_START", job.compute_start_ns)
+                stamp("COMPUTE_INPUT_END", job.compute_input_end_ns or job.compute_start_ns)
+                stamp("COMPUTE_OUTPUT_START", job.compute_end_ns or outputs_done_ns)
+                stamp("COMPUTE_END", outputs_done_ns)
+            stamp("REQUEST_END", time.monotonic_ns())
+        if trace.tensors:
+            tensors = record.tensors
+            for tensor in job.request.inputs:
+                tensors.append(("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype, tuple(tensor.shape), tensor.data))
+            if job.response is not None:  # outputs sent through shared memory have no data left here
+                for output in job.response.outputs:
+                    tensors.append(
+                        ("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, tuple(output.shape), output.data)
+                    )
+        self.tracer.finish(trace)
 
     def _look_up(self, model: LoadedModel, job: Job) -> None:
         """Ask the response cache: a hit finishes the job now, an identical request in flight answers it later,
@@ -348,16 +422,21 @@ class DataPlane:
 
     # -- trace and log settings ---------------------------------------------------------------
     def trace_settings(self, model: str = "") -> dict[str, list[str]]:
-        """The trace settings of ``model`` (its own, else the global ones); NotFound for an unknown model."""
-        if model:
-            self.repository.get(model)
-        return self.trace_settings_store.get(model)
+        """The trace settings of ``model`` (its own, else the global ones); InvalidArgument for an unknown model."""
+        self._check_trace_model(model)
+        return self.tracer.settings(model)
 
     def update_trace_settings(self, changes: dict[str, list[str] | None], model: str = "") -> dict[str, list[str]]:
-        """Apply ``changes`` (None clears a model's own setting) and answer the settings now in force."""
+        """Apply ``changes`` (None or [] clears a setting) and answer the settings now in force."""
+        self._check_trace_model(model)
+        return self.tracer.update(changes, model)
+
+    def _check_trace_model(self, model: str) -> None:
         if model:
-            self.repository.get(model)
-        return self.trace_settings_store.update(changes, model)
+            try:
+                self.repository.get(model)
+            except InferenceError:  # Triton's words and status for a model it cannot trace
+                raise InvalidArgument(f"Request for unknown model : {model}") from None
 
     def log_settings(self) -> dict[str, Any]:
         return self.log_settings_store.update({})

@@ -21,10 +21,10 @@ Rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import json_format, text_format
@@ -34,6 +34,9 @@ from ..classification import read_labels
 from ..content_types import input_key, output_key
 from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from ..errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 #: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
@@ -207,8 +210,14 @@ def complete_config(
     return done
 
 
+def config_data_type(datatype: str) -> mc.DataType:
+    """The config.pbtxt ``TYPE_*`` value of a V2 datatype name ("FP32" -> TYPE_FP32)."""
+    # protoc's stubs give the field the enum's type and Value() a plain int: the same value at run time.
+    return cast("mc.DataType", mc.DataType.Value(V2_TO_CONFIG[datatype]))
+
+
 def _complete_tensors(
-    configured: mc.RepeatedCompositeFieldContainer,  # type: ignore[name-defined]
+    configured: RepeatedCompositeFieldContainer[mc.ModelInput] | RepeatedCompositeFieldContainer[mc.ModelOutput],
     discovered: Sequence[DiscoveredTensor],
     batch_dims: int,
     model_name: str,
@@ -220,7 +229,7 @@ def _complete_tensors(
         for tensor in discovered:
             entry = configured.add()
             entry.name = tensor.name
-            entry.data_type = mc.DataType.Value(V2_TO_CONFIG[tensor.datatype])
+            entry.data_type = config_data_type(tensor.datatype)
             entry.dims.extend(-1 if d is None else int(d) for d in tensor.shape[batch_dims:])
         return
     for entry in configured:
@@ -231,7 +240,7 @@ def _complete_tensors(
                 f"(model {kind}s: {', '.join(sorted(found)) or 'none'})"
             )
         if entry.data_type == mc.TYPE_INVALID:
-            entry.data_type = mc.DataType.Value(V2_TO_CONFIG[model_tensor.datatype])
+            entry.data_type = config_data_type(model_tensor.datatype)
         configured_type = CONFIG_TO_V2.get(mc.DataType.Name(entry.data_type))
         if configured_type != model_tensor.datatype:
             raise InvalidArgument(
@@ -317,7 +326,7 @@ def model_spec(config: mc.ModelConfig, model_dir: Path | None = None) -> ModelSp
     """The infer path's view of a completed config; ``model_dir`` holds the outputs' label files."""
     batch = (-1,) if config.max_batch_size > 0 else ()
 
-    def specs(entries) -> tuple[TensorSpec, ...]:  # type: ignore[no-untyped-def]
+    def specs(entries: Iterable[mc.ModelInput | mc.ModelOutput]) -> tuple[TensorSpec, ...]:
         return tuple(
             TensorSpec(
                 name=e.name,
@@ -423,7 +432,7 @@ def read_model_settings(path: Path, model_name: str) -> mc.ModelConfig:
                 shape = shape[1:]
             tensor = add()
             tensor.name = tensor_name
-            tensor.data_type = mc.DataType.Value(V2_TO_CONFIG[datatype])  # type: ignore[assignment]  # the stubs type the enum setter as DataType, Value() gives its int
+            tensor.data_type = config_data_type(datatype)
             tensor.dims.extend(shape)
             content_type = (entry.get("parameters") or {}).get("content_type")
             if content_type:

@@ -43,6 +43,8 @@ class ComposingModel:
     max_batch_size: int
     inputs: dict[str, TensorShape]
     outputs: dict[str, TensorShape]
+    #: Decoupled models answer with any number of responses: not a step fastoip's ensembles can take.
+    decoupled: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ def composing_model_of(config: mc.ModelConfig) -> ComposingModel:
         config.max_batch_size,
         {t.name: _shape(t) for t in config.input},
         {t.name: _shape(t) for t in config.output},
+        bool(config.model_transaction_policy.decoupled),
     )
 
 
@@ -111,6 +114,11 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         model = lookup(configured.model_name)
         if model is None:
             raise InvalidArgument(f"{where}: model '{configured.model_name}' is not available")
+        if model.decoupled:
+            raise InvalidArgument(
+                f"{where}: model '{configured.model_name}' is decoupled; fastoip's ensembles take models that "
+                "answer each request once"
+            )
         if model.max_batch_size == 0 and config.max_batch_size > 0:
             raise InvalidArgument(
                 f"{where}: the ensemble batches (max_batch_size {config.max_batch_size}) "

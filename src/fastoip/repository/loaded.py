@@ -81,6 +81,8 @@ class LoadedModel:
         self.instances: list[Backend] = [
             TensorBackend(b, self.context) if isinstance(b, TensorModel) else b for b in backends
         ]
+        #: Decoupled (``model_transaction_policy { decoupled }``): any number of responses per request.
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
         #: Triton's response cache applies (never to sequence or decoupled models: their answers depend on more).
         self.uses_response_cache = (
             config.response_cache.enable

@@ -294,8 +294,8 @@ class ModelRepository:
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
-        refuse_unbuilt_sections(base, name)
         if is_ensemble(base):
+            refuse_unbuilt_sections(base, name, "ensemble")
             # an ensemble has no model file: each version is a directory (Triton's layout)
             versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
             if not versions:
@@ -306,6 +306,7 @@ class ModelRepository:
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
         kind = kind_for(base, model_dir)
+        refuse_unbuilt_sections(base, name, kind.name)
         if from_client and kind.name == "python" and not self.options.allow_code_loads:
             raise InvalidArgument(
                 f"failed to load '{name}': it is a Python model, and this server does not load code through "

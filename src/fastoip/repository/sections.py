@@ -2,9 +2,10 @@
 
 Rules:
 - A config must mean what it says.  Sections that change a model's results or
-  its protocol and are not built yet (decoupled transactions, batch_input /
-  batch_output) are refused at load with the reason, which the repository
-  index shows; the model is UNAVAILABLE instead of READY-and-failing.
+  its protocol and are not built yet (batch_input / batch_output; decoupled
+  transactions for any backend but Python models) are refused at load with
+  the reason, which the repository index shows; the model is UNAVAILABLE
+  instead of READY-and-failing.
 - Hints that only tune speed and that fastoip cannot honour (rate
   limiter, execution accelerators, optimisation settings ONNX Runtime has no
   knob for) are logged as ignored once, at load.
@@ -26,11 +27,19 @@ log = logging.getLogger("fastoip.repository")
 IGNORED_MODEL_SETTINGS = ("parallel_workers", "uri", "warm_workers")
 
 
-def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str) -> None:
-    """Unsupported naming the first section that would change results or the protocol."""
+#: Backend kinds whose models may be decoupled (answer a request with any number of responses).
+DECOUPLED_BACKENDS = ("python",)
+
+
+def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str, backend: str) -> None:
+    """Unsupported naming the first section that would change results or the protocol (``backend``: the
+    kind that serves the model, ``"ensemble"`` for an ensemble)."""
     reason = ""
-    if config.model_transaction_policy.decoupled:
-        reason = "model_transaction_policy { decoupled: true } (decoupled responses) is not implemented"
+    if config.model_transaction_policy.decoupled and backend not in DECOUPLED_BACKENDS:
+        reason = (
+            f"model_transaction_policy {{ decoupled: true }} (decoupled responses) is not implemented for {backend} "
+            "models (Python models may be decoupled)"
+        )
     elif config.batch_input or config.batch_output:
         reason = "batch_input / batch_output are not implemented"
     if reason:

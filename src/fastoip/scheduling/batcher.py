@@ -294,6 +294,9 @@ class DynamicBatcher:
             else:
                 run_jobs(self.context, backend, batch, before_finish=gate_in.wait if gate_in else None)
                 gate_out.set()
+            # Let go of the batch before waiting for the next: its requests and responses (a 1 GiB message)
+            # would otherwise stay alive for as long as the queue stays empty.
+            del batch, gate_in, gate_out
 
     def _next_batch(self) -> tuple[list[Job] | None, threading.Event | None, threading.Event | None]:
         with self._cond:

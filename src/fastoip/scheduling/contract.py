@@ -12,8 +12,10 @@ The seams, top to bottom (Triton's ``scheduler.h`` states the same split):
 - :func:`fastoip.scheduling.execute.run_jobs` hands a group of jobs to one
   :class:`Backend` instance and finishes every job, whatever happens.
 - A :class:`Backend` has one calling shape: ``execute(jobs)`` returns one
-  response or error per job.  Python models implement it themselves (their
-  model reads request parameters and content types).  A tensor model (ONNX
+  response or error per job (a decoupled model's job: its responses went out
+  through ``job.send`` while it ran, and its result is :data:`END_OF_STREAM`).
+  Python models implement it themselves (their model reads request parameters
+  and content types).  A tensor model (ONNX
   Runtime) implements the smaller :class:`TensorModel` (merged arrays in, arrays
   out) and is wrapped in :class:`fastoip.scheduling.execute.TensorBackend`, the
   one place where jobs are merged along dim 0 into pooled buffers and split
@@ -38,8 +40,18 @@ from .job import Job
 #: ``(batch_size, request_count, input_ns, infer_ns, output_ns)`` of one model execution (for statistics).
 Execution = tuple[int, int, int, int, int]
 
-#: Per job, in the order given: its response, or the error that job alone failed with.
-Results = list["InferResponse | BaseException"]
+class EndOfStream:
+    """A decoupled job's result: its responses went out through ``job.send``; this is the final flag alone."""
+
+    __slots__ = ()
+
+
+#: The one :class:`EndOfStream` value.
+END_OF_STREAM = EndOfStream()
+
+#: Per job, in the order given: its response, the error that job alone failed with, or (a decoupled job)
+#: :data:`END_OF_STREAM`.
+Results = list["InferResponse | BaseException | EndOfStream"]
 
 #: A monotonic clock in nanoseconds (``time.monotonic_ns``; tests pass a controllable one).
 Clock = Callable[[], int]

@@ -28,7 +28,7 @@ from ..datatypes import v2_datatype_of
 from ..errors import InternalError
 from ..types import InferOutput, InferResponse
 from .buffers import BufferPool, Lease
-from .contract import Backend, Execution, ExecutionContext, Results, TensorModel
+from .contract import END_OF_STREAM, Backend, Execution, ExecutionContext, Results, TensorModel
 from .job import Job
 
 
@@ -69,6 +69,8 @@ def run_jobs(
         for job, result in zip(live, results, strict=False):  # lengths checked above
             if type(result) is InferResponse:
                 job.finish(result)
+            elif result is END_OF_STREAM:
+                job.end_stream()
             else:
                 job.fail(result)  # type: ignore[arg-type]  # anything else is that job's error
         record = context.stats.record_execution
@@ -111,6 +113,7 @@ class TensorBackend:
             for lease in leases:
                 self.context.buffers.give_back(lease)
         for job in jobs:
+            job.compute_input_end_ns = input_done_ns
             job.compute_end_ns = infer_done_ns
         by_name = dict(zip(output_names, outputs, strict=True))
         for name, out in by_name.items():

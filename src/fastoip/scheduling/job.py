@@ -8,6 +8,11 @@ Rules:
   claim and blocking callers wait on a plain lock (the cheapest wake-up there is).
 - Asynchronous callers pass ``on_done`` before the job is handed over; it
   runs on the thread that finished the job and must not block.
+- A job for a decoupled model (``model_transaction_policy { decoupled }``) may
+  have any number of responses: each but the final one goes to its response
+  sink (``send``) as it is produced, on the producing thread; the job then
+  finishes once, with an error or with ``end_stream`` (no response: the
+  final flag alone).  A job without a sink drops what is sent (warmup).
 """
 
 from __future__ import annotations
@@ -15,11 +20,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
 from ..types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from ..tracing import Trace
 
 
 class Job:
@@ -42,16 +51,19 @@ class Job:
         "error",
         "queue_ns",
         "compute_start_ns",
+        "compute_input_end_ns",
         "compute_end_ns",
         "cancelled",
         "cache_key",
         "cache_leader",
         "cached",
         "cache_lookup_ns",
+        "trace",
         "_done",
         "_claim",
         "_on_done",
         "_finished",
+        "_sink",
     )
 
     def __init__(
@@ -84,6 +96,8 @@ class Job:
         self.error: InferenceError | None = None
         self.queue_ns = 0
         self.compute_start_ns = 0
+        #: When a merged batch's inputs were gathered (0: the model read the request's own arrays, no input step).
+        self.compute_input_end_ns = 0
         self.compute_end_ns = 0
         self.cancelled = False
         #: Response cache: this request's digest, whether it is the one that runs, and a hit's stored answer.
@@ -92,10 +106,14 @@ class Job:
         self.cached: InferResponse | None = None
         #: A miss's lookup time: the miss is recorded with its insert time when the job completes (as Triton).
         self.cache_lookup_ns = 0
+        #: The Core's trace of this request, or None: not traced.
+        self.trace: Trace | None = None
         self._done: threading.Lock | None = None
         self._claim: threading.Lock | None = None
         self._on_done: Callable[[Job], None] | None = None
         self._finished = False
+        #: Where a decoupled model's responses go as they are produced (set by the Core), or None.
+        self._sink: Callable[[Job, InferResponse], None] | None = None
 
     def arm(self) -> None:
         """Make the job safe to finish, cancel and wait for from other threads."""
@@ -109,6 +127,31 @@ class Job:
     def on_done(self, callback: Callable[[Job], None]) -> None:
         """Call ``callback(job)`` when the job finishes; set it before handing the job over."""
         self._on_done = callback
+
+    def stream_to(self, sink: Callable[[Job, InferResponse], None]) -> None:
+        """Make this a decoupled job: ``sink(job, response)`` gets each response ``send`` is given."""
+        self._sink = sink
+
+    @property
+    def decoupled(self) -> bool:
+        """True for a job whose responses stream (it finishes with ``end_stream`` or an error)."""
+        return self._sink is not None
+
+    def send(self, response: InferResponse) -> bool:
+        """One response of a decoupled model, delivered now; False once the job is finished (cancelled):
+        the producer should stop."""
+        if self._finished:
+            return False
+        sink = self._sink
+        if sink is not None:
+            sink(self, response)
+        return True
+
+    def end_stream(self) -> None:
+        """A decoupled job's final flag: no more responses (``response`` stays None)."""
+        if not self._take():
+            return
+        self._complete()
 
     def _take(self) -> bool:
         claim = self._claim

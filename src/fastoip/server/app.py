@@ -25,10 +25,14 @@ from typing import TYPE_CHECKING, Any
 from .. import metrics
 from ..core import Core
 from ..repository import RepositoryOptions
+from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 
 if TYPE_CHECKING:
     from .grpc.native_options import NativeGrpcOptions
+    from .http.protocol import HttpLimits
+    from .http.server import HttpTls
+    from .restricted import RestrictedFeatures
 
 log = logging.getLogger("fastoip")
 
@@ -56,6 +60,13 @@ class ServeOptions:
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
+    #: Head size and field count limits, keep-alive / header / body timeouts (None: the defaults).
+    http_limits: HttpLimits | None = None
+    #: HTTPS (None: plain HTTP).
+    http_tls: HttpTls | None = None
+    #: Triton's --http-restricted-api / --grpc-restricted-protocol (None: nothing restricted).
+    http_restricted: RestrictedFeatures | None = None
+    grpc_restricted: RestrictedFeatures | None = None
     #: Prometheus ``/metrics`` (Triton's port); -1 turns it off, 0 picks a free port.
     metrics_port: int = 8002
     #: Triton's ``--metrics-config``: latency summaries and histograms.
@@ -77,6 +88,8 @@ class ServeOptions:
     log_format: str = "default"
     log_file: str = ""
     server_id: str = "fastoip"
+    #: Triton's ``--trace-config`` (and its deprecated ``--trace-*`` flags).
+    trace_config: TraceConfig = field(default_factory=TraceConfig)
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
 
 
@@ -105,6 +118,7 @@ class ServerApp:
             startup_models=options.load_models,
             poll_interval=options.poll_interval,
             cache_size_bytes=options.cache_size_bytes,
+            trace_config=options.trace_config,
         )
         self.core.server_name = options.server_id
         self._stop = threading.Event()
@@ -128,6 +142,8 @@ class ServerApp:
 
             native = options.grpc_native or NativeGrpcOptions()
             native.max_message_size = options.max_message_size
+            if options.grpc_restricted is not None:
+                native.restricted_protocols = options.grpc_restricted
             self.grpc_server, self.grpc_port = create_native_server(self.core, options.host, options.grpc_port, native)
         elif frontend == "grpcio":
             if options.grpc_native is not None and options.grpc_native.use_ssl:
@@ -138,6 +154,7 @@ class ServerApp:
                 options.grpc_port,
                 workers=options.grpc_workers,
                 max_message_size=options.max_message_size,
+                restricted=options.grpc_restricted,
             )
         if self.own_process:
             # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
@@ -156,7 +173,13 @@ class ServerApp:
 
             http_host = options.http_host or options.host
             self.http_server = HttpServer(
-                self.core, http_host, options.http_port, max_body_size=options.http_max_body_size
+                self.core,
+                http_host,
+                options.http_port,
+                max_body_size=options.http_max_body_size,
+                limits=options.http_limits,
+                tls=options.http_tls,
+                restricted=options.http_restricted,
             )
             self.http_port = self.http_server.start()
             self._announce(f"fastoip: http listening on {http_host}:{self.http_port}")
@@ -240,7 +263,7 @@ def serve(options: ServeOptions) -> int:
         logging.Formatter.converter = time.gmtime
     server = ServerApp(options, own_process=True)
 
-    def on_signal(signum, frame):  # type: ignore[no-untyped-def]
+    def on_signal(signum: int, frame: object) -> None:
         log.info("signal %s received", signal.Signals(signum).name)
         server.stop()
 

@@ -35,16 +35,20 @@ class TraceRecord:
         self.timestamps.append((name, ns))
 
     def triton_entries(self) -> list[dict[str, Any]]:
-        """The entries of Triton's trace file format for this request."""
+        """The entries of Triton's trace file format for this request (a TENSORS-only trace has no head entry:
+        Triton writes it with the REQUEST_START timestamp)."""
+        entries: list[dict[str, Any]] = []
         head: dict[str, Any] = {
             "id": self.trace_id,
             "model_name": self.model_name,
             "model_version": int(self.model_version) if self.model_version.isdigit() else self.model_version,
-            "request_id": self.request_id,
         }
+        if self.request_id:  # Triton writes request_id and parent_id only when there is one
+            head["request_id"] = self.request_id
         if self.parent_id is not None:
             head["parent_id"] = self.parent_id
-        entries: list[dict[str, Any]] = [head]
+        if self.timestamps:
+            entries.append(head)
         entries += [{"id": self.trace_id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.timestamps]
         for activity, name, datatype, shape, data in self.tensors:
             entries.append(
@@ -53,7 +57,7 @@ class TraceRecord:
                     "activity": activity,
                     "tensor": {
                         "name": name,
-                        "data": _tensor_text(data),
+                        "data": _tensor_text(datatype, data),
                         "shape": ",".join(str(d) for d in shape),
                         "dtype": datatype,
                     },
@@ -62,10 +66,18 @@ class TraceRecord:
         return entries
 
 
-def _tensor_text(data: np.ndarray | None) -> str:
-    if data is None:
+def _tensor_text(datatype: str, data: np.ndarray | None) -> str:
+    """Elements as Triton's tracer prints them: C++ stream formatting (``%g`` for floats), BOOL as 0/1,
+    BYTES quoted, FP16/BF16 left empty (Triton writes no data for them)."""
+    if data is None or datatype in ("FP16", "BF16"):
         return ""
     flat = data.reshape(-1)[:TENSOR_ELEMENT_LIMIT]
-    if flat.dtype == object:
-        return ",".join(e.decode("utf-8", "backslashreplace") if isinstance(e, bytes) else str(e) for e in flat)
-    return ",".join(str(v) for v in flat.tolist())
+    if datatype == "BYTES":
+        return ",".join(
+            '"' + (e.decode("utf-8", "backslashreplace") if isinstance(e, bytes) else str(e)) + '"' for e in flat
+        )
+    if datatype in ("FP32", "FP64"):
+        return ",".join(map("%g".__mod__, flat.tolist()))
+    if datatype == "BOOL":
+        return ",".join("1" if v else "0" for v in flat.tolist())
+    return ",".join(map(str, flat.tolist()))

@@ -1,11 +1,13 @@
 """Triton's trace file: a JSON array of trace entries, as ``trace_summary.py`` reads it.
 
 Rules:
-- ``log_frequency`` 0: one file, rewritten in place so it is a complete JSON
-  array after every trace (Triton completes it at exit; a reader here never
-  sees a half-written file).
-- ``log_frequency`` N > 0: every N traces go to a new file ``<file>.<k>``
-  (k = 0, 1, ...), each a complete JSON array, as Triton rotates them.
+- ``append``: into the one file ``<file>``, which stays a complete JSON array
+  after every write (Triton writes ``[`` first and ``]`` at exit; here a reader,
+  or a crash, never sees a half-written file).
+- ``write_indexed``: a complete JSON array into the next ``<file>.<k>``
+  (k = 0, 1, ... for the life of the server), as Triton does every
+  ``log_frequency`` traces.
+- One :class:`TraceFile` per path (settings sharing a path share it); writes are serialised.
 """
 
 from __future__ import annotations
@@ -18,48 +20,34 @@ import orjson
 
 
 class TraceFile:
-    """Appends traces to Triton's JSON-array trace file(s)."""
+    """The trace file(s) at one path."""
 
-    def __init__(self, path: str, log_frequency: int = 0) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.log_frequency = log_frequency
-        self._pending: list[dict[str, Any]] = []
-        self._traces = 0
         self._index = 0
         self._lock = threading.Lock()
 
-    def write(self, entries: list[dict[str, Any]]) -> None:
-        """Add one trace's entries."""
-        with self._lock:
-            if self.log_frequency == 0:
-                self._append_in_place(entries)
-                return
-            self._pending += entries
-            self._traces += 1
-            if self._traces >= self.log_frequency:
-                self._rotate()
-
-    def flush(self) -> None:
-        """Write what a rotating writer still holds (at shutdown or when settings change)."""
-        with self._lock:
-            if self._pending:
-                self._rotate()
-
-    def _rotate(self) -> None:
-        with open(f"{self.path}.{self._index}", "wb") as out:
-            out.write(orjson.dumps(self._pending))
-        self._index += 1
-        self._pending = []
-        self._traces = 0
-
-    def _append_in_place(self, entries: list[dict[str, Any]]) -> None:
+    def append(self, entries: list[dict[str, Any]]) -> None:
+        """Add entries to ``<file>``'s array."""
+        if not entries:
+            return
         body = b",".join(orjson.dumps(entry) for entry in entries)
-        with open(self.path, "ab+") as out:
-            size = out.seek(0, os.SEEK_END)
-            if size == 0:
-                out.write(b"[" + body + b"]")
-                return
-        # replace the closing bracket: the file stays one valid JSON array
-        with open(self.path, "r+b") as out:
-            out.seek(-1, os.SEEK_END)
-            out.write(b"," + body + b"]")
+        with self._lock:
+            with open(self.path, "ab+") as out:
+                if out.seek(0, os.SEEK_END) == 0:
+                    out.write(b"[" + body + b"]")
+                    return
+            # replace the closing bracket: the file stays one valid JSON array
+            with open(self.path, "r+b") as out:
+                out.seek(-1, os.SEEK_END)
+                out.write(b"," + body + b"]")
+
+    def write_indexed(self, entries: list[dict[str, Any]]) -> None:
+        """Write entries as the array of the next ``<file>.<k>``."""
+        if not entries:
+            return
+        with self._lock:
+            name = f"{self.path}.{self._index}"
+            self._index += 1
+            with open(name, "wb") as out:
+                out.write(orjson.dumps(entries))

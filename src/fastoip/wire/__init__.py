@@ -4,12 +4,13 @@
   ModelInferResponse / ModelStreamInferResponse), one extension module that
   stays at the package top so the compiled file keeps its import path;
   re-exported here as :data:`grpc`.
-- HTTP/REST: :mod:`.http` (V2 JSON and Triton's binary tensor extension).
+- HTTP/REST: :mod:`.http` (V2 JSON and Triton's binary tensor extension) and
+  :mod:`.generate` (Triton's generate extension: flat JSON, Server-Sent Events).
 
 Both are sans-I/O: frontends read and write the bytes, the codecs only translate.
 """
 
 from .. import _codec as grpc
-from . import http
+from . import generate, http
 
-__all__ = ["grpc", "http"]
+__all__ = ["generate", "grpc", "http"]

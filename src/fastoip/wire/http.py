@@ -17,6 +17,8 @@ Rules:
   orjson straight from the array.  BYTES elements are strings in JSON, so they
   are encoded and decoded one by one (UTF-8): there is no bulk form of that.
 - FP16 and BF16 have no JSON form (as in Triton): binary only, both ways.
+  A JSON number beyond FP32's range for an FP32 input is refused (400 naming
+  the input), never turned into inf.
 - A BYTES output asked for as JSON whose bytes are not UTF-8 is an error (400,
   naming the output and the element), not a silent switch to binary: a
   JSON-only client could not read a binary body.  Ask for it with
@@ -330,7 +332,18 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
                     f"input '{name}': {datatype} values must lie in [{info.min}, {info.max}], got a value of "
                     f"{low if low < info.min else high}"
                 )
-    return values.astype(dtype, copy=False).reshape(shape)
+    if dtype.kind != "f":
+        return values.astype(dtype, copy=False).reshape(shape)
+    with np.errstate(over="ignore"):  # an overflow is reported below, naming the input
+        result = values.astype(dtype, copy=False)
+    if count and not np.isfinite(result).all():
+        # JSON has no inf or NaN (the parser refuses both), so a non-finite value here overflowed the type.
+        info = np.finfo(dtype)
+        raise InvalidArgument(
+            f"input '{name}': {datatype} values must lie in [{-info.max:g}, {info.max:g}], got a value of "
+            f"{values.reshape(-1)[~np.isfinite(result.reshape(-1))][0]:g}"
+        )
+    return result.reshape(shape)
 
 
 def _json_bytes(data: list, count: int, name: str) -> np.ndarray:
@@ -496,3 +509,9 @@ def json_excerpt(value: Any, limit: int = 80) -> str:
     """``value`` as JSON, cut to ``limit`` characters: how error messages quote what a client sent."""
     text = orjson.dumps(value, default=repr).decode()
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: A JSON input's data as an array, and an output's data as JSON: shared with the generate extension (.generate).
+json_tensor = _json_tensor
+json_output = _json_output
+json_type = _json_type

@@ -35,13 +35,15 @@ class Http2Session:
     ) -> None: ...
     def receive(self, data: bytes | bytearray | memoryview) -> list[Event]:
         """Feed received bytes; the events they completed, in order."""
-    def data_to_send(self) -> bytes:
-        """Everything nghttp2 has ready to write (b'' when nothing)."""
+    def data_to_send(self) -> list[bytes | memoryview]:
+        """Everything nghttp2 has ready to write, as buffers for one writelines ([] when nothing)."""
     def want_read(self) -> bool: ...
     def want_write(self) -> bool: ...
     def open_streams(self) -> int: ...
     def queued_bytes(self) -> int:
         """Response bytes not yet handed to nghttp2 (a peer that does not read makes this grow)."""
+    def progress(self, stream_id: int) -> tuple[int, int]:
+        """(DATA bytes received, bytes of an incomplete message held) on a stream; (-1, 0) when it is gone."""
     def is_open(self, stream_id: int) -> bool: ...
     def send_headers(self, stream_id: int, headers: Headers) -> bool:
         """Response HEADERS; the body follows with send_message and ends with send_trailers."""

@@ -11,7 +11,7 @@ Rules:
   returns events, ``data_to_send`` returns the bytes to write.
 """
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, uint8_t, uint32_t
 from libc.stdlib cimport free, malloc, realloc
@@ -81,6 +81,12 @@ cdef extern from "nghttp2/nghttp2.h":
         void *user_data) noexcept
     ctypedef int (*nghttp2_on_stream_close_callback)(
         nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) noexcept
+    ctypedef int (*nghttp2_send_data_callback)(
+        nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
+        nghttp2_data_source *source, void *user_data) noexcept
+    ctypedef ssize_t (*nghttp2_data_source_read_length_callback)(
+        nghttp2_session *session, uint8_t frame_type, int32_t stream_id, int32_t session_remote_window_size,
+        int32_t stream_remote_window_size, uint32_t remote_max_frame_size, void *user_data) noexcept
 
     enum:
         NGHTTP2_FLAG_NONE
@@ -93,6 +99,7 @@ cdef extern from "nghttp2/nghttp2.h":
         NGHTTP2_DATA_FLAG_NONE
         NGHTTP2_DATA_FLAG_EOF
         NGHTTP2_DATA_FLAG_NO_END_STREAM
+        NGHTTP2_DATA_FLAG_NO_COPY
         NGHTTP2_ERR_DEFERRED
         NGHTTP2_ERR_CALLBACK_FAILURE
         NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
@@ -118,6 +125,10 @@ cdef extern from "nghttp2/nghttp2.h":
         nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb)
     void nghttp2_session_callbacks_set_on_stream_close_callback(
         nghttp2_session_callbacks *cbs, nghttp2_on_stream_close_callback cb)
+    void nghttp2_session_callbacks_set_send_data_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_send_data_callback cb)
+    void nghttp2_session_callbacks_set_data_source_read_length_callback(
+        nghttp2_session_callbacks *cbs, nghttp2_data_source_read_length_callback cb)
 
     int nghttp2_option_new(nghttp2_option **option_ptr)
     void nghttp2_option_del(nghttp2_option *option)
@@ -165,6 +176,13 @@ REFUSED_STREAM = NGHTTP2_REFUSED_STREAM
 
 cdef enum:
     PREFIX = 5  # gRPC's length prefix: 1 byte compressed flag + 4 bytes big-endian length
+    FRAME_HEADER = 9  # an HTTP/2 frame header
+    # Response chunks at least this long leave as DATA frames written straight from the message
+    # (NGHTTP2_DATA_FLAG_NO_COPY); shorter ones are copied into nghttp2's frame buffer.
+    NO_COPY_MIN = 16 * 1024
+    # A message in pieces gets its whole declared size up front up to this much; above it the buffer
+    # grows (doubling) with what arrives, so a length prefix alone reserves little.
+    EAGER_RESERVE = 64 * 1024 * 1024
 
 
 class Http2Error(Exception):
@@ -177,11 +195,17 @@ cdef class _Stream:
     cdef int32_t stream_id
     cdef list headers
     cdef bint headers_done
-    cdef bytearray inbuf          # received bytes of a message not complete yet
+    cdef uint8_t head[PREFIX]     # the length prefix of the next message, while it arrives in pieces
+    cdef int head_len
+    cdef bytearray message        # the message being received (allocated from its prefix), or None
+    cdef Py_ssize_t declared      # its length
+    cdef Py_ssize_t filled        # its bytes received so far
     cdef bint broken              # a message over the limit arrived: ignore the rest
+    cdef Py_ssize_t received      # DATA bytes received on the stream (its idle check reads them)
     cdef list out                 # bytes chunks waiting to go out as DATA
     cdef Py_ssize_t out_offset    # bytes of out[0] already sent
     cdef Py_ssize_t out_bytes     # bytes in out not sent yet
+    cdef object pending           # the slice of out a NO_COPY DATA frame is about to carry
     cdef list trailers            # set once the response is complete
     cdef bint deferred            # the data provider said DEFERRED: resume on new data
     cdef bint responded           # response HEADERS submitted
@@ -189,8 +213,11 @@ cdef class _Stream:
     def __cinit__(self, int32_t stream_id):
         self.stream_id = stream_id
         self.headers = []
-        self.inbuf = bytearray()
         self.out = []
+
+    cdef Py_ssize_t partial(self):
+        """Bytes of an incomplete message received so far (prefix included)."""
+        return self.head_len + (PREFIX + self.filled if self.message is not None else 0)
 
 
 cdef class Http2Session:
@@ -203,6 +230,8 @@ cdef class Http2Session:
     cdef object _failure
     cdef uint8_t *_outbuf
     cdef size_t _outcap
+    cdef size_t _outlen           # bytes in _outbuf not yet moved to _outchunks
+    cdef list _outchunks          # what data_to_send returns: frame bytes and NO_COPY payload views
     cdef Py_ssize_t _queued       # response bytes waiting for the peer's flow-control window, all streams
 
     def __cinit__(self):
@@ -229,6 +258,8 @@ cdef class Http2Session:
         nghttp2_session_callbacks_set_on_header_callback(callbacks, _on_header)
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, _on_data_chunk)
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, _on_stream_close)
+        nghttp2_session_callbacks_set_send_data_callback(callbacks, _send_data)
+        nghttp2_session_callbacks_set_data_source_read_length_callback(callbacks, _read_length)
         if nghttp2_option_new(&option) != 0:
             nghttp2_session_callbacks_del(callbacks)
             raise MemoryError()
@@ -280,90 +311,133 @@ cdef class Http2Session:
         return events
 
     cdef int _data_chunk(self, int32_t stream_id, const uint8_t *data, size_t length) except -1:
+        """Cut DATA into gRPC messages, copying each message byte once, from nghttp2's input into the message.
+
+        A message that arrived whole becomes bytes; one that comes in pieces gets a bytearray allocated from
+        its length prefix (all of it up to EAGER_RESERVE, growing by doubling above) that the pieces are
+        copied into and that is handed over as it is: no buffer is joined or grown by copying.
+        """
         cdef _Stream stream = self._streams.get(stream_id)
-        cdef bytearray buf
-        cdef size_t declared
-        cdef const uint8_t *p
-        cdef Py_ssize_t old_size
+        cdef const uint8_t *head
+        cdef size_t take, declared
+        cdef Py_ssize_t size
         cdef uint8_t compressed
-        if stream is None or stream.broken:
+        if stream is None:
             return 0
-        buf = stream.inbuf
-        # Copy on the way in: exactly one, from nghttp2's receive buffer into the message's bytes (fast
-        # path) or into the stream's bytearray (a message that arrives in pieces, handed over as it is).
-        # Fast path: whole messages straight from nghttp2's buffer, one copy into a bytes object.
-        while len(buf) == 0 and length >= PREFIX:
-            declared = (<size_t>data[1] << 24) | (<size_t>data[2] << 16) | (<size_t>data[3] << 8) | data[4]
-            if <Py_ssize_t>declared > self._max_message:
-                return self._too_large(stream, declared)
-            if length - PREFIX < declared:
-                break
-            self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>data + PREFIX, declared),
-                                 data[0]))
-            data += PREFIX + declared
-            length -= PREFIX + declared
-        if length == 0:
+        stream.received += length
+        if stream.broken:
             return 0
-        old_size = PyByteArray_GET_SIZE(buf)
-        PyByteArray_Resize(buf, old_size + length)
-        memcpy(PyByteArray_AS_STRING(buf) + old_size, data, length)
-        while len(buf) >= PREFIX:
-            p = <const uint8_t *>PyByteArray_AS_STRING(buf)
-            declared = (<size_t>p[1] << 24) | (<size_t>p[2] << 16) | (<size_t>p[3] << 8) | p[4]
-            if <Py_ssize_t>declared > self._max_message:
-                return self._too_large(stream, declared)
-            if <size_t>len(buf) - PREFIX < declared:
-                break
-            if <size_t>len(buf) - PREFIX == declared:
-                # The buffer holds exactly this message (how large ones end): hand the buffer itself over
-                # (dropping the prefix moves its start, no copy) instead of copying it into a bytes object.
-                compressed = p[0]
-                del buf[:PREFIX]
-                stream.inbuf = bytearray()
-                self._events.append((MESSAGE, stream_id, buf, compressed))
-                break
-            self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>p + PREFIX, declared),
-                                 p[0]))
-            del buf[:PREFIX + declared]
+        while length > 0:
+            if stream.message is None:
+                if stream.head_len == 0 and length >= PREFIX:
+                    head = data
+                    data += PREFIX
+                    length -= PREFIX
+                else:
+                    take = min(<size_t>(PREFIX - stream.head_len), length)
+                    memcpy(stream.head + stream.head_len, data, take)
+                    stream.head_len += take
+                    data += take
+                    length -= take
+                    if stream.head_len < PREFIX:
+                        return 0
+                    stream.head_len = 0
+                    head = stream.head
+                compressed = head[0]
+                declared = (<size_t>head[1] << 24) | (<size_t>head[2] << 16) | (<size_t>head[3] << 8) | head[4]
+                if <Py_ssize_t>declared > self._max_message:
+                    return self._too_large(stream, declared)
+                if length >= declared:
+                    self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>data, declared),
+                                         compressed))
+                    data += declared
+                    length -= declared
+                    continue
+                stream.message = PyByteArray_FromStringAndSize(NULL, min(<Py_ssize_t>declared, EAGER_RESERVE))
+                stream.declared = declared
+                stream.filled = 0
+                stream.head[0] = compressed
+            take = min(length, <size_t>(stream.declared - stream.filled))
+            size = PyByteArray_GET_SIZE(stream.message)
+            if stream.filled + <Py_ssize_t>take > size:
+                # large messages are mmap-ed by malloc, so growing one remaps pages instead of copying them
+                PyByteArray_Resize(stream.message, min(stream.declared, max(2 * size, stream.filled + <Py_ssize_t>take)))
+            memcpy(PyByteArray_AS_STRING(stream.message) + stream.filled, data, take)
+            stream.filled += take
+            data += take
+            length -= take
+            if stream.filled == stream.declared:
+                self._events.append((MESSAGE, stream_id, stream.message, stream.head[0]))
+                stream.message = None
         return 0
 
     cdef int _too_large(self, _Stream stream, size_t declared) except -1:
         stream.broken = True
-        stream.inbuf = bytearray()
+        stream.message = None
+        stream.head_len = 0
         self._events.append((TOO_LARGE, stream.stream_id, None, declared))
         return 0
 
     # -- output ------------------------------------------------------------------------------
     def data_to_send(self):
-        """Everything nghttp2 has ready to write (b'' when nothing).
+        """Everything nghttp2 has ready to write, as a list of buffers for one ``writelines`` ([] when nothing).
 
-        Copies on the way out: the data provider copies a response into nghttp2's frame buffer (_read),
-        each serialized frame is copied into one scratch buffer here, and that into the returned bytes
-        (one write per flush instead of one per frame).  Left for later: nghttp2_session_send with
-        NGHTTP2_DATA_FLAG_NO_COPY would skip the first for large responses.
+        Frames nghttp2 serializes (control frames, HEADERS, DATA from short chunks, which the data provider
+        copies into its frame buffer) are gathered into one bytes object per run; DATA from long response
+        chunks leaves as its 9-byte header plus a memoryview of the message (NGHTTP2_DATA_FLAG_NO_COPY), so
+        a large response is not copied on its way to the socket.
         """
         cdef const uint8_t *chunk
         cdef ssize_t n
-        cdef size_t used = 0
-        cdef uint8_t *grown
+        cdef list chunks
+        self._outlen = 0
+        self._outchunks = []
         while True:
             n = nghttp2_session_mem_send(self._session, &chunk)
             if n < 0:
                 raise Http2Error(nghttp2_strerror(<int>n).decode())
             if n == 0:
                 break
-            if used + n > self._outcap:
-                grown = <uint8_t *>realloc(self._outbuf, max(self._outcap * 2, used + n, 65536))
-                if grown == NULL:
-                    raise MemoryError()
-                self._outbuf = grown
-                self._outcap = max(self._outcap * 2, used + n, 65536)
-            memcpy(self._outbuf + used, chunk, n)
-            used += n
+            self._append(chunk, n)
+        self._cut()
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
-        return PyBytes_FromStringAndSize(<const char *>self._outbuf, used) if used else b""
+        chunks, self._outchunks = self._outchunks, []
+        return chunks
+
+    cdef int _append(self, const uint8_t *data, size_t n) except -1:
+        """Copy serialized frame bytes into the scratch buffer (one write per flush instead of one per frame)."""
+        cdef uint8_t *grown
+        cdef size_t cap
+        if self._outlen + n > self._outcap:
+            cap = max(self._outcap * 2, self._outlen + n, 65536)
+            grown = <uint8_t *>realloc(self._outbuf, cap)
+            if grown == NULL:
+                raise MemoryError()
+            self._outbuf = grown
+            self._outcap = cap
+        memcpy(self._outbuf + self._outlen, data, n)
+        self._outlen += n
+        return 0
+
+    cdef int _cut(self) except -1:
+        """The scratch buffer's bytes so far become one output chunk."""
+        if self._outlen:
+            self._outchunks.append(PyBytes_FromStringAndSize(<const char *>self._outbuf, self._outlen))
+            self._outlen = 0
+        return 0
+
+    cdef int _send_data(self, int32_t stream_id, const uint8_t *framehd, size_t length) except -1:
+        """A NO_COPY DATA frame: its header, then the slice of the message the data provider set aside."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        if stream is None or stream.pending is None or len(stream.pending) != <Py_ssize_t>length:
+            raise Http2Error(f"DATA frame of {length} bytes on stream {stream_id} has no payload set aside")
+        self._append(framehd, FRAME_HEADER)
+        self._cut()
+        self._outchunks.append(stream.pending)
+        stream.pending = None
+        return 0
 
     def want_read(self) -> bool:
         return nghttp2_session_want_read(self._session) != 0
@@ -377,6 +451,13 @@ cdef class Http2Session:
     def queued_bytes(self) -> int:
         """Response bytes not yet handed to nghttp2 (a peer that does not read makes this grow)."""
         return self._queued
+
+    def progress(self, int32_t stream_id):
+        """(DATA bytes received, bytes of an incomplete message held) on a stream; (-1, 0) when it is gone."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        if stream is None:
+            return -1, 0
+        return stream.received, stream.partial()
 
     def is_open(self, int32_t stream_id) -> bool:
         return stream_id in self._streams
@@ -481,7 +562,11 @@ cdef class Http2Session:
         return 0
 
     cdef ssize_t _read(self, int32_t stream_id, uint8_t *buf, size_t length, uint32_t *data_flags) except? -999:
-        """Fill one DATA frame from the stream's queued chunks (nghttp2's data provider)."""
+        """Fill one DATA frame from the stream's queued chunks (nghttp2's data provider).
+
+        A frame that starts on a long chunk is not copied: it carries a slice of that chunk, set aside for
+        ``_send_data`` (NO_COPY); short chunks (the 5-byte prefix, small messages) are copied into ``buf``.
+        """
         cdef _Stream stream = self._streams.get(stream_id)
         cdef size_t written = 0, take
         cdef bytes chunk
@@ -491,8 +576,15 @@ cdef class Http2Session:
         while written < length and stream.out:
             chunk = stream.out[0]
             left = PyBytes_GET_SIZE(chunk) - stream.out_offset
-            take = min(<size_t>left, length - written)
-            memcpy(buf + written, PyBytes_AS_STRING(chunk) + stream.out_offset, take)
+            if written == 0 and left >= NO_COPY_MIN:
+                take = min(<size_t>left, length)
+                stream.pending = memoryview(chunk)[stream.out_offset:stream.out_offset + <Py_ssize_t>take]
+                data_flags[0] |= NGHTTP2_DATA_FLAG_NO_COPY
+            else:
+                # a long chunk behind a short one (a message behind its prefix) lends this frame only a
+                # little, so the frames after it start on it and go without a copy
+                take = min(<size_t>left, length - written, <size_t>NO_COPY_MIN)
+                memcpy(buf + written, PyBytes_AS_STRING(chunk) + stream.out_offset, take)
             written += take
             stream.out_bytes -= take
             self._queued -= take
@@ -501,6 +593,8 @@ cdef class Http2Session:
                 stream.out_offset = 0
             else:
                 stream.out_offset += take
+            if left >= NO_COPY_MIN:
+                break  # the rest of a long chunk goes in frames of its own
         if not stream.out and stream.trailers is not None:
             data_flags[0] |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM
             self._submit(stream_id, stream.trailers, NULL, True)
@@ -559,8 +653,9 @@ cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, vo
             self._events.append((REQUEST, stream_id, stream.headers, 0))
             stream.headers = None
         if frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
-            self._events.append((END_STREAM, stream_id, None, 0 if stream.broken else len(stream.inbuf)))
-            stream.inbuf = bytearray()
+            self._events.append((END_STREAM, stream_id, None, 0 if stream.broken else stream.partial()))
+            stream.message = None
+            stream.head_len = 0
         return 0
     except BaseException as exc:
         self._failure = exc
@@ -600,3 +695,22 @@ cdef ssize_t _read_data(nghttp2_session *session, int32_t stream_id, uint8_t *bu
     except BaseException as exc:
         self._failure = exc
         return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef int _send_data(nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
+                    nghttp2_data_source *source, void *user_data) noexcept:
+    cdef Http2Session self = <Http2Session>user_data
+    try:
+        self._send_data(frame.hd.stream_id, framehd, length)
+        return 0
+    except BaseException as exc:
+        self._failure = exc
+        return NGHTTP2_ERR_CALLBACK_FAILURE
+
+
+cdef ssize_t _read_length(nghttp2_session *session, uint8_t frame_type, int32_t stream_id,
+                          int32_t session_remote_window_size, int32_t stream_remote_window_size,
+                          uint32_t remote_max_frame_size, void *user_data) noexcept:
+    # DATA frames as large as the peer accepts (nghttp2's default is 16 KiB whatever the peer allows):
+    # fewer frames and callbacks for a large response.  nghttp2 clamps this to the flow-control windows.
+    return remote_max_frame_size

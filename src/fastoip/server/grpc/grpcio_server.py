@@ -27,7 +27,8 @@ from google.protobuf.message import Message
 from ... import _codec
 from ...core import CallContext, Core, FinishedCall
 from ...errors import InferenceError
-from ...types import InferRequest
+from ...types import InferRequest, InferResponse
+from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from .service import (
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -37,7 +38,10 @@ from .service import (
     DecodeFailure,
     GrpcService,
     decode_request,
+    encode_final,
+    encode_partial,
     error_echo,
+    take_empty_final_flag,
 )
 
 log = logging.getLogger("fastoip.grpc")
@@ -76,6 +80,8 @@ class GrpcioFrontend:
         """
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         in_flight: set[FinishedCall] = set()
+        #: Requests that asked for an empty final response (noted before they start: they may finish at once).
+        empty_final: set[InferRequest] = set()
         started = [0]
         core = self.core
 
@@ -85,6 +91,9 @@ class GrpcioFrontend:
 
         context.add_callback(cancel_all)
 
+        def partial(job: FinishedCall, response: InferResponse) -> None:  # a decoupled model's thread
+            finished.put(response)
+
         def read() -> None:
             try:
                 for request in requests:
@@ -93,10 +102,17 @@ class GrpcioFrontend:
                         finished.put(_codec.encode_stream_response(None, request.status_message))
                         continue
                     try:
-                        job = core.submit(request, finished.put, run_here=True)
-                        in_flight.add(job)
+                        if request.parameters and take_empty_final_flag(request):
+                            empty_final.add(request)
+                        job = core.submit(
+                            request, finished.put, run_here=True, trace_headers=context.invocation_metadata,
+                            on_response=partial,
+                        )
                     except InferenceError as exc:
+                        empty_final.discard(request)
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
+                        continue
+                    in_flight.add(job)
             except Exception:  # the call ended (cancelled or broken): stop reading
                 pass
             finished.put(_END)
@@ -110,15 +126,23 @@ class GrpcioFrontend:
             if item is _END:
                 total = started[0]
                 continue
+            if type(item) is InferResponse:  # a decoupled request's response that is not its last
+                yield encode_partial(item)
+                continue
             answered += 1
             if isinstance(item, bytes):
                 yield item
                 continue
             in_flight.discard(item)
-            if item.error is not None:
-                yield _codec.encode_stream_response(error_echo(item.request), item.error.message)
-            else:
+            if item.response is not None:
+                if empty_final:  # asked for by a request that had one response anyway
+                    empty_final.discard(item.request)
                 yield _codec.encode_stream_response(item.response)
+                continue
+            last = encode_final(item, item.request in empty_final)  # an error, or a decoupled request's final flag
+            empty_final.discard(item.request)
+            if last is not None:
+                yield last
 
 
 _END = object()
@@ -126,8 +150,13 @@ _END = object()
 
 def call_context(context: grpc.ServicerContext) -> CallContext:
     """The client's deadline, and cancel the request when the call ends (the Core registers that only
-    for a request that will wait in a queue: a direct request runs at once on this thread)."""
-    return CallContext(on_cancel=context.add_callback, time_remaining=context.time_remaining)
+    for a request that will wait in a queue: a direct request runs at once on this thread); the metadata is
+    read only for a traced request."""
+    return CallContext(
+        on_cancel=context.add_callback,
+        time_remaining=context.time_remaining,
+        trace_headers=context.invocation_metadata,
+    )
 
 
 def _wrap(method: Callable[[Message], Message]) -> Callable[[Message, grpc.ServicerContext], Message]:
@@ -179,6 +208,38 @@ def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
     ]
 
 
+class RestrictedMethods(grpc.ServerInterceptor):
+    """Triton's --grpc-restricted-protocol: a restricted RPC without its header key=value is UNAVAILABLE.
+
+    Installed only when a restriction is configured; other methods pass straight through.
+    """
+
+    def __init__(self, restricted: dict[str, Restriction]) -> None:
+        self.restricted = restricted
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        restriction = self.restricted.get(handler_call_details.method)
+        handler = continuation(handler_call_details)
+        if restriction is None or handler is None:
+            return handler
+        metadata = handler_call_details.invocation_metadata
+        given = next((value for key, value in metadata if key == restriction.lookup_name), None)
+        if restriction.allows(given):
+            return handler
+        message = restriction.grpc_refusal()
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 def create_server(
     core: Core,
     host: str,
@@ -186,10 +247,13 @@ def create_server(
     *,
     workers: int = 16,
     max_message_size: int = INT32_MAX,
+    restricted: RestrictedFeatures | None = None,
 ) -> tuple[grpc.Server, int]:
     """A ready (not yet started) grpc server and the port it bound."""
+    restricted_methods = grpc_method_restrictions(restricted or RestrictedFeatures({}), SERVICE, HEALTH_SERVICE)
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastoip-grpc"),
+        interceptors=[RestrictedMethods(restricted_methods)] if restricted_methods else None,
         options=[
             ("grpc.max_receive_message_length", max_message_size),
             ("grpc.max_send_message_length", max_message_size),

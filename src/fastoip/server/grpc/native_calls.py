@@ -27,9 +27,21 @@ from ... import _codec
 from ...core import Core
 from ...errors import InferenceError
 from ...scheduling.job import Job
-from ...types import InferRequest
+from ...types import InferRequest, InferResponse
+from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from . import wire
-from .service import HEALTH_SERVICE, HEALTH_UNARY, SERVICE, UNARY, GrpcService, decode_request, error_echo
+from .service import (
+    HEALTH_SERVICE,
+    HEALTH_UNARY,
+    SERVICE,
+    UNARY,
+    GrpcService,
+    decode_request,
+    encode_final,
+    encode_partial,
+    error_echo,
+    take_empty_final_flag,
+)
 
 log = logging.getLogger("fastoip.grpc")
 
@@ -54,8 +66,19 @@ class CoreCalls:
         self.core = core
         self.loop = loop
 
-    def start(self, request: InferRequest, deadline_ns: int, on_finished: Callable[[Job], None]) -> Job:
-        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down)."""
+    def start(
+        self,
+        request: InferRequest,
+        deadline_ns: int,
+        on_finished: Callable[[Job], None],
+        headers: dict[bytes, bytes] | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
+    ) -> Job:
+        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
+
+        ``headers``: the call's request headers, for the Core's tracing (read only while tracing is on).
+        ``on_response`` (from :meth:`on_loop`): where a decoupled model's responses go.
+        """
         call_soon = self.loop.call_soon_threadsafe
 
         def finished_elsewhere(job: Job) -> None:
@@ -64,7 +87,19 @@ class CoreCalls:
             except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
                 pass
 
-        return self.core.submit(request, finished_elsewhere, deadline_ns, run_here=False)
+        return self.core.submit(request, finished_elsewhere, deadline_ns, False, headers, on_response)
+
+    def on_loop(self, on_response: Callable[[Job, InferResponse], None]) -> Callable[[Job, InferResponse], None]:
+        """``on_response`` run on the loop (the responses of one job keep their order: one thread sends them)."""
+        call_soon = self.loop.call_soon_threadsafe
+
+        def produced_elsewhere(job: Job, response: InferResponse) -> None:
+            try:
+                call_soon(on_response, job, response)
+            except RuntimeError:  # the loop closed: nobody to answer
+                pass
+
+        return produced_elsewhere
 
     @staticmethod
     def cancel(job: Job) -> None:
@@ -83,7 +118,9 @@ class Responder(Protocol):
 class Call:
     """One RPC on one stream; the connection feeds it messages and the end of the request side."""
 
-    __slots__ = ("stream_id", "out", "deadline_ns", "finished", "headers_sent", "messages")
+    __slots__ = ("stream_id", "out", "deadline_ns", "finished", "headers_sent", "messages", "headers")
+    #: Whether the request side is a stream of messages (it may idle between them).
+    streaming = False
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int) -> None:
         self.stream_id = stream_id
@@ -92,6 +129,8 @@ class Call:
         self.finished = False
         self.headers_sent = False
         self.messages: list[wire.Payload] = []
+        #: The request's headers (set by the connection); the Core's tracing reads traceparent from them.
+        self.headers: dict[bytes, bytes] | None = None
 
     def on_message(self, data: wire.Payload) -> None:
         self.messages.append(data)
@@ -144,7 +183,7 @@ class InferCall(Call):
             self.fail(wire.INVALID_ARGUMENT, request.status_message)
             return
         try:
-            self.job = self.core.start(request, self.deadline_ns, self.done)
+            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
         except InferenceError as exc:
             self.fail(wire.status_code(exc.grpc_code), exc.message)
 
@@ -172,10 +211,12 @@ class StreamInferCall(Call):
     """ModelStreamInfer: every request starts as it arrives, every response goes out as it finishes.
 
     An error on one request is that response's ``error_message``; the stream
-    ends (OK) once the client half-closed and every request was answered.
+    ends (OK) once the client half-closed and every request was answered.  A
+    decoupled model's responses go out as they are produced (see :mod:`.service`).
     """
 
-    __slots__ = ("core", "jobs", "started", "answered", "half_closed")
+    __slots__ = ("core", "jobs", "started", "answered", "half_closed", "partial_sink", "empty_final")
+    streaming = True
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
@@ -184,6 +225,9 @@ class StreamInferCall(Call):
         self.started = 0
         self.answered = 0
         self.half_closed = False
+        self.partial_sink = core.on_loop(self.partial)
+        #: Jobs whose request asked for an empty final response.
+        self.empty_final: set[Job] = set()
 
     def on_message(self, data: wire.Payload) -> None:
         if self.finished:
@@ -194,28 +238,47 @@ class StreamInferCall(Call):
             self.answer(_codec.encode_stream_response(None, request.status_message))
             return
         try:
-            self.jobs.add(self.core.start(request, self.deadline_ns, self.done))
+            empty_final = take_empty_final_flag(request) if request.parameters else False
+            job = self.core.start(request, self.deadline_ns, self.done, self.headers, self.partial_sink)
         except InferenceError as exc:
             self.answer(_codec.encode_stream_response(error_echo(request), exc.message))
+            return
+        self.jobs.add(job)
+        if empty_final:
+            self.empty_final.add(job)
+
+    def partial(self, job: Job, response: InferResponse) -> None:
+        """A decoupled model's response that is not the last (on the loop, in the order produced)."""
+        if not self.finished:
+            self.send(encode_partial(response))
 
     def done(self, job: Job) -> None:
         self.jobs.discard(job)
         if self.finished:
             return
-        if job.error is not None:
-            self.answer(_codec.encode_stream_response(error_echo(job.request), job.error.message))
+        response = job.response
+        if response is None:  # an error, or a decoupled request's final flag
+            self.answer(encode_final(job, job in self.empty_final))
+            self.empty_final.discard(job)
             return
+        if self.empty_final:  # asked for by a request that had one response anyway
+            self.empty_final.discard(job)
         try:
-            body = _codec.encode_stream_response(job.response)
+            body = _codec.encode_stream_response(response)
         except Exception as exc:
             body = _codec.encode_stream_response(error_echo(job.request), f"cannot encode the response: {exc}")
         self.answer(body)
 
-    def answer(self, body: bytes) -> None:
+    def send(self, body: bytes) -> None:
         if not self.headers_sent:
             self.headers_sent = True
             self.out.send_headers(self.stream_id)
         self.out.send_message(self.stream_id, body)
+
+    def answer(self, body: bytes | None) -> None:
+        """The last message of one request (None: the request ends without one)."""
+        if body is not None:
+            self.send(body)
         self.answered += 1
         self.end_when_answered()
 
@@ -236,6 +299,7 @@ class StreamInferCall(Call):
         for job in list(self.jobs):
             self.core.cancel(job)
         self.jobs.clear()
+        self.empty_final.clear()
 
 
 class UnaryCall(Call):
@@ -299,8 +363,21 @@ class UnaryCall(Call):
 class Dispatcher:
     """``:path`` -> a new call for that RPC (None for paths this server does not serve)."""
 
-    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
+    def __init__(
+        self,
+        core: Core,
+        loop: asyncio.AbstractEventLoop,
+        executor: Executor,
+        restricted: RestrictedFeatures | None = None,
+    ) -> None:
         self.core_calls = CoreCalls(core, loop)
+        #: :path of a restricted RPC -> the header it needs (--grpc-restricted-protocol); empty: none.
+        self.restricted: dict[bytes, Restriction] = {
+            path.encode(): restriction
+            for path, restriction in grpc_method_restrictions(
+                restricted or RestrictedFeatures({}), SERVICE, HEALTH_SERVICE
+            ).items()
+        }
         self.loop = loop
         self.executor = executor
         service = GrpcService(core)
@@ -312,6 +389,13 @@ class Dispatcher:
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
+
+    def refusal(self, path: bytes, headers: dict[bytes, bytes]) -> str | None:
+        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on."""
+        restriction = self.restricted.get(path)
+        if restriction is None or restriction.allows(headers.get(restriction.lookup_key)):
+            return None
+        return restriction.grpc_refusal()
 
     def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..restricted import RestrictedFeatures
 from .service import INT32_MAX
 
 
@@ -25,10 +26,17 @@ class NativeGrpcOptions:
     max_connection_age_ms: int = 0
     #: ... and close it this long after that GOAWAY (ms, --grpc-max-connection-age-grace; 0: when its calls end).
     max_connection_age_grace_ms: int = 0
+    #: A stream whose request side stays open with no DATA arriving for this long (ms; 0: never) is answered
+    #: DEADLINE_EXCEEDED and reset: a unary call that never ends its request, or a ModelStreamInfer stalled
+    #: inside a message (between messages a stream may idle, as sequence clients do).  nginx's
+    #: client_body_timeout default; Triton has no such bound.
+    stream_idle_timeout_ms: int = 60_000
     use_ssl: bool = False
     server_cert: str = ""
     server_key: str = ""
     root_cert: str = ""
     use_ssl_mutual: bool = False
+    #: Triton's --grpc-restricted-protocol: RPC groups that need a header key=value.
+    restricted_protocols: RestrictedFeatures = field(default_factory=lambda: RestrictedFeatures({}))
     #: Threads for the slow control RPCs (model load, shared memory); inference never uses them.
     control_threads: int = 4

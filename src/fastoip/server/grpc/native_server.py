@@ -33,9 +33,12 @@ log = logging.getLogger("fastoip.grpc")
 QUEUED_LIMIT = 256 * 1024 * 1024
 #: How long the final GOAWAY waits for the PING that follows the notice (one round trip, bounded).
 GOAWAY_PING_WAIT = 1.0
+#: The socket read size: the loop reads into one buffer of this size that every connection shares (each read
+#: is consumed by nghttp2 before the next), so received bytes are not first copied into a bytes object.
+READ_BUFFER = 256 * 1024
 
 
-class GrpcConnection(asyncio.Protocol):
+class GrpcConnection(asyncio.BufferedProtocol):
     """One client connection: the HTTP/2 session, its calls, keepalive and drain."""
 
     def __init__(self, server: NativeGrpcServer) -> None:
@@ -63,6 +66,9 @@ class GrpcConnection(asyncio.Protocol):
         self.ping_wait: asyncio.TimerHandle | None = None
         self.goaway_wait: asyncio.TimerHandle | None = None
         self.age_timer: asyncio.TimerHandle | None = None
+        #: Streams whose request side is open -> (DATA bytes received when last seen, when that changed).
+        self.open_requests: dict[int, tuple[int, float]] = {}
+        self.idle_sweep: asyncio.TimerHandle | None = None
 
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -78,11 +84,19 @@ class GrpcConnection(asyncio.Protocol):
             self.keepalive = self.loop.call_later(self.options.keepalive_time_ms / 1000, self.check_idle)
         if self.options.max_connection_age_ms > 0:
             self.age_timer = self.loop.call_later(self.options.max_connection_age_ms / 1000, self.on_max_age)
+        if self.options.stream_idle_timeout_ms > 0:
+            self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
         if self.server.draining:
             self.drain()
         self.flush()  # our SETTINGS go first
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.receive(self.server.read_buffer[:nbytes])
+
+    def receive(self, data: memoryview) -> None:
         self.last_read = time.monotonic()
         try:
             events = self.session.receive(data)
@@ -110,7 +124,7 @@ class GrpcConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
-        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer):
+        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer, self.idle_sweep):
             if handle is not None:
                 handle.cancel()
         for stream_id in list(self.calls):
@@ -147,11 +161,16 @@ class GrpcConnection(asyncio.Protocol):
         if self.over_queued_limit(stream_id, False):
             return
         path = fields.get(b":path", b"")
+        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, fields)):
+            self.answer_early(stream_id, wire.UNAVAILABLE, refusal)  # Triton's --grpc-restricted-protocol
+            return
         call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
         if call is None:
             self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
             return
         self.calls[stream_id] = call
+        call.headers = fields  # read by the Core only for a traced request (W3C traceparent)
+        self.open_requests[stream_id] = (0, time.monotonic())
         encoding = fields.get(b"grpc-encoding", b"identity")
         if encoding != b"identity":
             self.encodings[stream_id] = encoding
@@ -174,6 +193,7 @@ class GrpcConnection(asyncio.Protocol):
         self.forget_if_finished(stream_id, call)
 
     def on_end_stream(self, stream_id: int, leftover: int) -> None:
+        self.open_requests.pop(stream_id, None)
         call = self.calls.get(stream_id)
         if call is None:
             return
@@ -187,13 +207,8 @@ class GrpcConnection(asyncio.Protocol):
         self.forget_if_finished(stream_id, call)
 
     def on_too_large(self, stream_id: int, declared: int) -> None:
-        call = self.calls.get(stream_id)
-        if call is None:
-            return
-        self.end_call(stream_id).cancel()
-        self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED,
-                          f"SERVER: Received message larger than max ({declared} vs. {self.options.max_message_size})",
-                          call.headers_sent)
+        self.abort_call(stream_id, wire.RESOURCE_EXHAUSTED,
+                        f"SERVER: Received message larger than max ({declared} vs. {self.options.max_message_size})")
 
     def on_closed(self, stream_id: int, error_code: int) -> None:
         """The stream is gone (answered, or reset by the client): a call still running is cancelled."""
@@ -238,6 +253,14 @@ class GrpcConnection(asyncio.Protocol):
         self.session.send_headers_only(stream_id, wire.trailers_only(code, message))
         self.reset_after_flush.append(stream_id)
 
+    def abort_call(self, stream_id: int, code: int, message: str) -> Call | None:
+        """Cancel a call still running and answer it ``code`` (Trailers-Only, or trailers after its messages)."""
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self.end_call(stream_id).cancel()
+            self.answer_early(stream_id, code, message, call.headers_sent)
+        return call
+
     def end_call(self, stream_id: int) -> Call:
         call = self.calls[stream_id]
         self.forget(stream_id)
@@ -245,6 +268,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def forget(self, stream_id: int) -> None:
         self.calls.pop(stream_id, None)
+        self.open_requests.pop(stream_id, None)
         self.encodings.pop(stream_id, None)
         timer = self.timers.pop(stream_id, None)
         if timer is not None:
@@ -267,14 +291,14 @@ class GrpcConnection(asyncio.Protocol):
             return
         try:
             if not self.paused:
-                data = self.session.data_to_send()
+                chunks = self.session.data_to_send()
                 if self.reset_after_flush:
                     for stream_id in self.reset_after_flush:
                         self.session.reset(stream_id, _http2.NO_ERROR)
                     self.reset_after_flush.clear()
-                    data += self.session.data_to_send()
-                if data:
-                    self.transport.write(data)
+                    chunks += self.session.data_to_send()
+                if chunks:
+                    self.transport.writelines(chunks)  # one writev; large DATA as views of the responses
             self.limit_reading()
         except _http2.Http2Error as exc:
             log.debug("gRPC connection closed: %s", exc)
@@ -312,6 +336,37 @@ class GrpcConnection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()
+
+    # -- idle streams ---------------------------------------------------------------------------
+    def idle_sweep_interval(self) -> float:
+        return max(self.options.stream_idle_timeout_ms / 4000, 0.01)
+
+    def sweep_idle_streams(self) -> None:
+        """Answer the streams whose open request side got no DATA for the idle timeout (one timer a connection).
+
+        A ModelStreamInfer stream between messages is not idle (clients keep them open between requests);
+        one stalled inside a message is, as is a unary call that never ends its request.
+        """
+        now = time.monotonic()
+        limit = self.options.stream_idle_timeout_ms / 1000
+        expired = []
+        for stream_id, (seen, since) in self.open_requests.items():
+            received, partial = self.session.progress(stream_id)
+            call = self.calls.get(stream_id)
+            if received != seen or (call is not None and call.streaming and not partial):
+                self.open_requests[stream_id] = (received, now)
+            elif now - since >= limit:
+                expired.append(stream_id)
+        for stream_id in expired:
+            self.open_requests.pop(stream_id, None)
+            call = self.abort_call(stream_id, wire.DEADLINE_EXCEEDED,
+                                   f"no request data on this stream for {limit:g} s (--grpc-stream-idle-timeout)")
+            if call is not None and call.headers_sent:
+                self.reset_after_flush.append(stream_id)  # after the trailers: stop the client's side too
+        if expired:
+            self.flush()
+        if not self.closed:
+            self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
 
     # -- keepalive, age and drain ---------------------------------------------------------------
     def check_idle(self) -> None:
@@ -374,7 +429,8 @@ class NativeGrpcServer:
         self.port: int = self.sock.getsockname()[1]
         self.ssl_context = _ssl_context(options) if options.use_ssl else None
         self.loop: asyncio.AbstractEventLoop = _new_loop()
-        self.dispatcher = Dispatcher(core, self.loop, self.executor)
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))
+        self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols)
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -8,6 +8,12 @@ Rules:
   them, and each transport drives the Core's completion path itself.
 - Nothing here knows about grpcio or HTTP/2, so the grpcio frontend and the
   native frontend answer every RPC with the same code.
+- ModelStreamInfer to a decoupled model (Triton's ``stream_infer_handler.cc``):
+  every response goes out as it is produced with the parameter
+  ``triton_final_response: false``; the final flag alone becomes an empty
+  response (``triton_final_response: true``, no outputs) only when the request
+  asked with ``triton_enable_empty_final_response: true``; an error is the
+  final response (its ``error_message``).  Both frontends use the helpers below.
 """
 
 from __future__ import annotations
@@ -20,8 +26,17 @@ from google.protobuf.message import Message
 from ... import _codec
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import health_pb2
-from ...core import CUDA, SYSTEM, Core, CudaRegionStatus, Duration, SystemRegionStatus, TensorMetadata
-from ...errors import CodecError, NotFound
+from ...core import (
+    CUDA,
+    SYSTEM,
+    Core,
+    CudaRegionStatus,
+    Duration,
+    FinishedCall,
+    SystemRegionStatus,
+    TensorMetadata,
+)
+from ...errors import CodecError, InvalidArgument, NotFound
 from ...types import InferRequest, InferResponse
 
 SERVICE = "inference.GRPCInferenceService"
@@ -57,6 +72,53 @@ def error_echo(request: InferRequest | DecodeFailure | None) -> InferResponse | 
         return None
     assert isinstance(request, InferRequest)
     return InferResponse(request.model_name, request.model_version, request.id)
+
+
+#: Triton's response parameter on ModelStreamInfer: whether this is the request's last response.
+FINAL_RESPONSE = "triton_final_response"
+#: Triton's request parameter: send the final flag of a decoupled request as an empty response.
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+
+
+def take_empty_final_flag(request: InferRequest) -> bool:
+    """Whether the request asks for an empty final response; the parameter is Triton's, the model never sees it."""
+    value = request.parameters.pop(EMPTY_FINAL_RESPONSE, None)
+    if value is None:
+        return False
+    if type(value) is not bool:
+        raise InvalidArgument(f"invalid value type for '{EMPTY_FINAL_RESPONSE}' parameter, expected bool_param.")
+    return value
+
+
+def encode_partial(response: InferResponse) -> bytes:
+    """One response of a decoupled request that is not its last."""
+    response.parameters[FINAL_RESPONSE] = False
+    try:
+        return _codec.encode_stream_response(response)
+    except Exception as exc:  # an output the codec cannot encode: the client hears why
+        return _codec.encode_stream_response(_shell(response, False), f"cannot encode the response: {exc}")
+
+
+def encode_final(call: FinishedCall, empty_final: bool) -> bytes | None:
+    """What a finished stream request sends last: its error, its one response, or for a decoupled request
+    the final flag (an empty response when asked for, else nothing)."""
+    if call.error is not None:
+        echo = error_echo(call.request)
+        if echo is not None and call.decoupled:
+            echo.parameters[FINAL_RESPONSE] = True
+        return _codec.encode_stream_response(echo, call.error.message)
+    response = call.response
+    if response is None:  # a decoupled request's final flag alone
+        return _codec.encode_stream_response(_shell(call.request, True)) if empty_final else None
+    try:
+        return _codec.encode_stream_response(response)
+    except Exception as exc:
+        return _codec.encode_stream_response(error_echo(call.request), f"cannot encode the response: {exc}")
+
+
+def _shell(source: InferRequest | InferResponse, final: bool) -> InferResponse:
+    """A response with no outputs: model name, version and id of ``source``, and the final flag."""
+    return InferResponse(source.model_name, source.model_version, source.id, {FINAL_RESPONSE: final})
 
 
 class GrpcService:

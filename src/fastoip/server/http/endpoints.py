@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 
 from ...core import CUDA, SYSTEM, Core, config_to_json
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, OneResponseCall
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from . import openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
+from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
 
@@ -49,10 +50,13 @@ class HttpFrontend(Router):
             "/v2/docs": {"GET": self.docs_page},
             "/v2/docs/openapi.json": {"GET": self.openapi_document},
         }
+        generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},
             "ready": {"GET": self.model_ready},
             "infer": {"POST": self.infer},
+            "generate": {"POST": generate.generate},
+            "generate_stream": {"POST": generate.generate_stream},
             "config": {"GET": self.model_config},
             "stats": {"GET": self.model_stats},
             "trace/setting": {"GET": self.get_trace_settings, "POST": self.update_trace_settings},
@@ -228,7 +232,10 @@ class HttpFrontend(Router):
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
             infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
-        response = await self.core.infer_async(infer_request)
+        try:
+            response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+        except OneResponseCall:
+            raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
         content_type, json_length, payload = wire.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:

@@ -1,4 +1,4 @@
-"""The HTTP frontend's own errors: statuses that only HTTP has (413, 405)."""
+"""The HTTP frontend's own errors: statuses that only HTTP has (413, 405, 403)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ class PayloadTooLarge(InvalidArgument):
     """The request body (or its decompressed form) exceeds max_body_size."""
 
     http_status = 413
+
+
+class Forbidden(InvalidArgument):
+    """A restricted endpoint asked without the header --http-restricted-api names (Triton answers 403)."""
+
+    http_status = 403
 
 
 class MethodNotAllowed(InvalidArgument):

@@ -5,6 +5,13 @@ Rules:
 - Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
   core errors carry their HTTP status; anything else is a bug, logged and answered 500.
 - Subclasses fill the four tables with their handlers; this class knows no endpoint.
+- A :class:`StreamingResponse` sends its status and headers at once and its
+  body chunk by chunk as they come (Server-Sent Events); when the client goes
+  away the chunks stop and the source is closed (which cancels its request).
+- Routing reads the decoded path, but an encoded '/' (``%2F``) in the raw path is 404: a model name
+  cannot smuggle a separator into a route.
+- Triton's ``--http-restricted-api``: a restricted endpoint without its header is 403, checked before
+  the method (as Triton does); with no restriction configured the check is one empty-dict test.
 """
 
 from __future__ import annotations
@@ -12,13 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, NamedTuple
 
 import orjson
 
 from ...errors import InferenceError, NotFound
-from .errors import MethodNotAllowed
+from .. import restricted
+from ..restricted import RestrictedFeatures, Restriction
+from .errors import Forbidden, MethodNotAllowed
 
 log = logging.getLogger("fastoip.http")
 
@@ -42,6 +51,17 @@ def error_response(status: int, message: str) -> Response:
     return json_response({"error": message}, status)
 
 
+class StreamingResponse:
+    """Status and headers now, then the body as ``chunks`` produces it (no content-length)."""
+
+    __slots__ = ("status", "headers", "chunks")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncGenerator[bytes, None]) -> None:
+        self.status = status
+        self.headers = headers
+        self.chunks = chunks
+
+
 EMPTY_OK = Response(200, [], b"")
 
 
@@ -58,7 +78,7 @@ class Request:
         self.receive = receive
 
 
-Handler = Callable[..., Awaitable[Response]]
+Handler = Callable[..., Awaitable[Response | StreamingResponse]]
 
 
 class Route(NamedTuple):
@@ -70,12 +90,14 @@ class Route(NamedTuple):
 
 MODEL_PATH = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-    r"(?:/(?P<action>ready|infer|config|stats|trace/setting))?"
+    r"(?:/(?P<action>ready|infer|generate|generate_stream|config|stats|trace/setting))?"
 )
 REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)")
 SHARED_MEMORY_PATH = re.compile(
     r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)"
 )
+#: '/' percent-encoded: routing would otherwise see a separator the client did not send as one.
+ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
 
 
 class Router:
@@ -88,6 +110,11 @@ class Router:
         self.repository_paths: dict[str, dict[str, Handler]] = {}
         #: Keyed by the SHARED_MEMORY_PATH ("kind", "action") groups.
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
+        #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
+        self.restrictions: dict[str, Restriction] = {}
+
+    def restrict(self, features: RestrictedFeatures) -> None:
+        self.restrictions = dict(features.by_category)
 
     # -- ASGI ------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
@@ -95,7 +122,10 @@ class Router:
             return
         request = Request(scope, receive)
         try:
-            handler, args = self.route(request.method, request.path)
+            if b"%" in scope.get("raw_path", b"") and ENCODED_SLASH.search(scope["raw_path"]):
+                raise NotFound(f"no endpoint at '{scope['raw_path'].decode('latin-1')}' (an encoded '/' is not a "
+                               "path separator, and no name contains '/')")
+            handler, args = self.route(request.method, request.path, request.headers)
             response = await handler(request, *args)
         except MethodNotAllowed as exc:
             response = error_response(exc.http_status, exc.message)
@@ -107,6 +137,10 @@ class Router:
         except Exception as exc:  # a bug: answer it, log it, keep serving
             log.exception("%s %s failed", request.method, request.path)
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        if type(response) is StreamingResponse:
+            await _stream(request, response, send)
+            return
+        assert isinstance(response, Response)
         headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
@@ -129,26 +163,65 @@ class Router:
             templates.append((f"/v2/{kind}sharedmemory/region/{{region_name}}/{action}", methods))
         return [Route(method, path, handler) for path, methods in templates for method, handler in methods.items()]
 
-    def route(self, method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
-        """The handler and its path arguments; NotFound / MethodNotAllowed otherwise."""
+    def route(
+        self, method: str, path: str, headers: dict[bytes, bytes] | None = None
+    ) -> tuple[Handler, tuple[str, ...]]:
+        """The handler and its path arguments; NotFound / Forbidden / MethodNotAllowed otherwise."""
         args: tuple[str, ...] = ()
         methods = self.fixed_paths.get(path)
+        category = restricted.HTTP_FIXED_PATH_CATEGORIES.get(path)
         if methods is None:
             match = MODEL_PATH.fullmatch(path)
             if match is not None:
                 methods = self.model_paths[match["action"]]
                 args = (match["model"], match["version"] or "")
+                category = restricted.HTTP_MODEL_ACTION_CATEGORIES.get(match["action"])
             elif (match := REPOSITORY_PATH.fullmatch(path)) is not None:
                 methods = self.repository_paths[match["action"]]
                 args = (match["model"],)
+                category = restricted.MODEL_REPOSITORY
             elif (match := SHARED_MEMORY_PATH.fullmatch(path)) is not None:
                 methods = self.shared_memory_paths[match["kind"], match["action"]]
                 args = (match["region"] or "",)
+                category = restricted.SHARED_MEMORY
             else:
                 raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2)")
+        if self.restrictions and category in self.restrictions:
+            restriction = self.restrictions[category]
+            if not restriction.allows((headers or {}).get(restriction.lookup_key)):
+                raise Forbidden(restriction.http_refusal())
         handler = methods.get(method)
         if handler is None:
             allowed = list(methods)
             message = f"method {method} is not allowed on '{path}'; allowed: {', '.join(allowed)}"
             raise MethodNotAllowed(message, allowed)
         return handler, args
+
+
+async def _stream(request: Request, response: StreamingResponse, send: Callable[..., Any]) -> None:
+    """Send each chunk as it comes; stop (closing the source) as soon as the client disconnects."""
+    await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+    chunks = response.chunks
+    disconnected = asyncio.ensure_future(_disconnect(request))
+    try:
+        while True:
+            next_chunk = asyncio.ensure_future(anext(chunks))
+            await asyncio.wait((next_chunk, disconnected), return_when=asyncio.FIRST_COMPLETED)
+            if disconnected.done():
+                next_chunk.cancel()
+                return
+            try:
+                chunk = next_chunk.result()
+            except StopAsyncIteration:
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        disconnected.cancel()
+        await chunks.aclose()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone away (the request body was read before the response started)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

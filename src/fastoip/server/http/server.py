@@ -4,6 +4,8 @@ Rules:
 - The server runs in its own thread with its own uvloop: ``start()`` returns
   once the socket listens; ``stop()`` closes the listener, lets requests in
   flight finish within the timeout, then joins the thread.
+- Connections are uvicorn's httptools protocol with fastoip's limits and timeouts
+  (:mod:`.protocol`); TLS is uvicorn's (``ssl`` module) when a certificate is given.
 """
 
 from __future__ import annotations
@@ -11,17 +13,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
+from dataclasses import dataclass
 
 import uvicorn
 
 from ...core import Core
+from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
+from .protocol import HttpLimits, protocol_with
 
 log = logging.getLogger("fastoip.http")
 
-#: Idle keep-alive connections are closed after this many seconds.
-KEEP_ALIVE_SECONDS = 75
+
+@dataclass(frozen=True)
+class HttpTls:
+    """HTTPS with Python's ssl module, as uvicorn configures it."""
+
+    #: PEM certificate chain (may hold the key too).
+    certfile: str
+    #: PEM private key ("" when certfile holds it).
+    keyfile: str = ""
+    #: PEM CA certificates client certificates must chain to.
+    ca_certs: str = ""
+    #: Refuse clients without a certificate chaining to ca_certs (mutual TLS).
+    require_client_cert: bool = False
 
 
 class _Uvicorn(uvicorn.Server):
@@ -39,11 +56,24 @@ class _Uvicorn(uvicorn.Server):
 class HttpServer:
     """The HTTP frontend in a background thread with its own uvloop event loop."""
 
-    def __init__(self, core: Core, host: str, port: int, *, max_body_size: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        core: Core,
+        host: str,
+        port: int,
+        *,
+        max_body_size: int = 64 * 1024 * 1024,
+        limits: HttpLimits | None = None,
+        tls: HttpTls | None = None,
+        restricted: RestrictedFeatures | None = None,
+    ) -> None:
         self.core = core
         self.host = host
         self.port = port
         self.max_body_size = max_body_size
+        self.limits = limits or HttpLimits()
+        self.tls = tls
+        self.restricted = restricted
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -52,9 +82,13 @@ class HttpServer:
         """Bind, start serving in a thread, and return the bound port once listening."""
         sock = _bind(self.host, self.port)
         bound_port = sock.getsockname()[1]
+        app = HttpFrontend(self.core, self.max_body_size)
+        if self.restricted:
+            app.restrict(self.restricted)
+        tls = self.tls
         config = uvicorn.Config(
-            HttpFrontend(self.core, self.max_body_size),
-            http="httptools",
+            app,
+            http=protocol_with(self.limits),
             ws="none",
             lifespan="off",
             interface="asgi3",
@@ -63,7 +97,11 @@ class HttpServer:
             access_log=False,
             proxy_headers=False,
             server_header=False,
-            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            timeout_keep_alive=int(self.limits.keep_alive_timeout),  # the protocol reads the float from limits
+            ssl_certfile=tls.certfile if tls else None,
+            ssl_keyfile=(tls.keyfile or None) if tls else None,
+            ssl_ca_certs=(tls.ca_certs or None) if tls else None,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls and tls.require_client_cert else ssl.CERT_NONE,
         )
         listening = threading.Event()
         self._server = _Uvicorn(config, listening)

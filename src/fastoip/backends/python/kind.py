@@ -1,0 +1,133 @@
+"""The ``python`` backend kind: completes a Python model's config and builds its instances."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..._proto import model_config_pb2 as mc
+from ...content_types import ModelContentTypes
+from ...datatypes import CONFIG_TO_V2
+from ...errors import InvalidArgument
+from ...lifecycle import is_batchable
+from ...repository.config import MODEL_SETTINGS, DiscoveredTensor, complete_config, model_spec
+from .deployment import run_deployment_hooks as _run_deployment_hooks
+from .host import PythonInstance, _Host
+from .model_file import import_model_file as _import_model_file
+from .model_file import model_class as _model_class
+
+log = logging.getLogger("fastoip.python")
+
+
+def _declared(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -> list[DiscoveredTensor]:
+    out = []
+    for entry in entries:
+        if entry.data_type == mc.TYPE_INVALID:
+            raise InvalidArgument(f"model '{model_name}': {kind} '{entry.name}' needs a data_type")
+        dims = tuple(None if d < 0 else int(d) for d in entry.dims)
+        out.append(
+            DiscoveredTensor(
+                entry.name, CONFIG_TO_V2[mc.DataType.Name(entry.data_type)], ((None,) if batch else ()) + dims
+            )
+        )
+    return out
+
+
+def _truthy(text: str) -> bool | None:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+class PythonKind:
+    """The ``python`` backend kind: ``model.py`` holding a ``fastoip.Model`` subclass."""
+
+    name = "python"
+    platforms: tuple[str, ...] = ()
+    default_filename = "model.py"
+
+    def prepare(self, model_name: str, paths: Sequence[Path], base: mc.ModelConfig, options: Any) -> None:
+        """Before any model loads: import model.py and run its ``@on_deployment`` hooks."""
+        for path in paths:
+            version = int(path.parent.name) if path.parent.name.isdigit() else 0
+            module = _import_model_file(path, model_name, version)
+            cls = _model_class(module, path, base, model_name)
+            _run_deployment_hooks(cls, path, model_name, from_load=False)
+
+    def load(
+        self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: Any
+    ) -> tuple[mc.ModelConfig, list[PythonInstance]]:
+        module = _import_model_file(path, model_name, version)
+        cls = _model_class(module, path, base, model_name)
+        _run_deployment_hooks(cls, path, model_name, from_load=True)
+
+        if not base.input and not base.output:
+            raise InvalidArgument(
+                f"model '{model_name}': a Python model declares its inputs and outputs "
+                f"in config.pbtxt or {MODEL_SETTINGS}"
+            )
+        batch = base.max_batch_size > 0
+        config = complete_config(
+            base,
+            model_name,
+            _declared(base.input, batch, model_name, "input"),
+            _declared(base.output, batch, model_name, "output"),
+            options.default_max_batch_size,
+            platform="",
+        )
+        if not config.backend:
+            config.backend = "python"
+        spec = model_spec(config)
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        defaults = ModelContentTypes.from_parameters(
+            parameters, [t.name for t in spec.inputs], [t.name for t in spec.outputs]
+        )
+        defaults.check(model_name)
+        extra: dict = {}
+        if parameters.get("extra"):
+            try:
+                extra = json.loads(parameters["extra"])
+            except json.JSONDecodeError as exc:
+                raise InvalidArgument(f"model '{model_name}': parameter 'extra' is not JSON: {exc}") from None
+
+        said = _truthy(parameters.get("batchable", ""))
+        marked = is_batchable(getattr(cls, "predict", None))
+        batchable = config.max_batch_size > 0 and (
+            said if said is not None else marked if marked is not None else config.HasField("dynamic_batching")
+        )
+        try:
+            concurrency = max(1, int(parameters.get("max_concurrency") or 1))
+        except ValueError:
+            raise InvalidArgument(f"model '{model_name}': parameter 'max_concurrency' must be an integer") from None
+
+        count = sum(group.count for group in config.instance_group) or 1
+        hosts: list[_Host] = []
+        try:
+            for index in range(count):
+                host = _Host(
+                    cls, model_name, version, path.parent, config, spec, parameters, extra, index, defaults, batchable
+                )
+                hosts.append(host)
+                host.start()
+        except BaseException:
+            for host in reversed(hosts):
+                host.stop(drain=False)
+            raise
+        log.info(
+            "model '%s' version %d: %s x%d%s",
+            model_name,
+            version,
+            cls.__qualname__,
+            count,
+            " (batchable)" if batchable else "",
+        )
+        return config, [PythonInstance(host) for host in hosts for _ in range(concurrency)]
+
+
+KIND = PythonKind()

@@ -1,0 +1,103 @@
+"""Importing ``model.py`` (once per file version) and finding the ``fastoip.Model`` class it holds."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import re
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from ..._proto import model_config_pb2 as mc
+from ...errors import InvalidArgument
+from ...model import Model
+from ...repository.config import parameter
+from .describe import describe as _describe
+
+_import_lock = threading.RLock()
+_modules: dict[str, tuple[tuple[int, int], ModuleType]] = {}
+_generation = itertools.count(1)
+
+
+def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
+    key = str(path.resolve())
+    stat = path.stat()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    with _import_lock:
+        cached = _modules.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        safe = re.sub(r"\W", "_", model_name)
+        module_name = f"_fastoip_model_{safe}_v{version}_{next(_generation)}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise InvalidArgument(f"model '{model_name}': cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        folder = str(path.parent)
+        sys.path.insert(0, folder)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(module_name, None)
+            raise InvalidArgument(f"model '{model_name}': importing {path} failed: {_describe(exc)}") from exc
+        finally:
+            try:
+                sys.path.remove(folder)
+            except ValueError:
+                pass
+        _modules[key] = (stamp, module)
+        return module
+
+
+def model_class(module: ModuleType, path: Path, config: mc.ModelConfig, model_name: str) -> type[Model]:
+    implementation = parameter(config, "implementation")
+    if implementation:
+        module_part, _, class_part = implementation.rpartition(".")
+        if module_part and module_part != path.stem:
+            sys.path.insert(0, str(path.parent))
+            try:
+                source = importlib.import_module(module_part)
+            except Exception as exc:
+                raise InvalidArgument(
+                    f"model '{model_name}': implementation '{implementation}': cannot import "
+                    f"'{module_part}': {_describe(exc)}"
+                ) from exc
+            finally:
+                try:
+                    sys.path.remove(str(path.parent))
+                except ValueError:
+                    pass
+        else:
+            source = module
+        cls = getattr(source, class_part, None)
+        if not (isinstance(cls, type) and issubclass(cls, Model)):
+            raise InvalidArgument(
+                f"model '{model_name}': implementation '{implementation}' is not a fastoip.Model subclass"
+            )
+        return cls
+    found = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, Model)
+        and value is not Model
+        and value.__module__ == module.__name__
+    ]
+    # A base class defined next to its subclass is not a candidate: the most derived class wins.
+    found = [c for c in found if not any(other is not c and issubclass(other, c) for other in found)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        hint = ""
+        if "TritonPythonModel" in vars(module):
+            hint = " (Triton's TritonPythonModel is not supported: subclass fastoip.Model instead)"
+        raise InvalidArgument(f"model '{model_name}': {path} defines no fastoip.Model subclass{hint}")
+    names = ", ".join(sorted(c.__name__ for c in found))
+    raise InvalidArgument(
+        f"model '{model_name}': {path} defines several fastoip.Model subclasses ({names}); "
+        'say which with parameters { key: "implementation" value { string_value: "ClassName" } }'
+    )

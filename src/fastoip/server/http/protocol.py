@@ -1,0 +1,214 @@
+"""uvicorn's httptools protocol with limits: head size and field count, and the timeouts a server needs.
+
+Rules:
+- httptools parses; this class only counts and times what the parser is fed.  A request head (request
+  line and headers) larger than ``max_header_bytes`` or with more than ``max_header_count`` fields is
+  answered 431 and the connection closed.  The parser buffers a partial header itself, so the bytes fed
+  while a head is incomplete are counted too: at most one read past the limit is ever held.
+- ``header_timeout``: the whole head must arrive within it, from its first byte (slowloris); else 408.
+  ``body_timeout``: a body being read must not stall longer than it between reads; else 408.
+  ``keep_alive_timeout``: a connection with no request in progress (a fresh one included) is closed after it.
+  Time while the server itself has stopped reading (flow control, pipelining) does not count against the client.
+- Every refusal the server writes itself (limits, timeouts, framing errors the parser finds) is
+  ``{"error": "..."}`` JSON with ``connection: close``, as the router answers everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one HTTP connection may send, and how slowly."""
+
+    #: Request line plus headers, in bytes (nginx and Node allow 8-16 KiB per line or in all).
+    max_header_bytes: int = 64 * 1024
+    #: Header fields per request (Apache's LimitRequestFields).
+    max_header_count: int = 100
+    #: Seconds an idle connection is kept open (above the 60 s idle timeout of common load balancers).
+    keep_alive_timeout: float = 75.0
+    #: Seconds the whole request head may take to arrive, from its first byte.
+    header_timeout: float = 30.0
+    #: Seconds a request body may go without a byte arriving (nginx's client_body_timeout).
+    body_timeout: float = 60.0
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback; httptools wraps it, data_received answers ``refusal``."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """One HTTP/1.1 connection: uvicorn's protocol, counting and timing what the parser is fed."""
+
+    limits = HttpLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # uvicorn types it int; call_later takes float
+        #: True from the end of one request (or the connection's start) until the next head is complete.
+        self.reading_head = True
+        self.head_started = 0.0
+        #: Bytes fed while the head was incomplete (chunks: an upper bound of the head's size).
+        self.head_bytes_fed = 0
+        #: The head's size and field count as the parser reports them (exact).
+        self.head_size = 0
+        self.head_fields = 0
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.body_seen = 0.0
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.refusal: tuple[int, str] | None = None
+        self.refused = False
+
+    # -- connection ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows the transport type too
+        super().connection_made(transport)
+        # uvicorn arms its keep-alive timer only after a response: a connection that never sends is idle too.
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if self.refused:
+            return
+        if self.reading_head:
+            if self.head_bytes_fed == 0:
+                self.head_started = self.loop.time()
+            self.head_bytes_fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._unsupported_upgrade_warning()  # no websockets here: uvicorn's answer
+            return
+        except httptools.HttpParserError as exc:
+            if self.refusal is not None:
+                self.refuse(*self.refusal)
+            else:
+                self.refuse(400, f"malformed HTTP request: {exc}")
+            return
+        if self.reading_head:
+            if self.head_bytes_fed > self.limits.max_header_bytes:
+                self.refuse(431, self._head_too_large())
+            elif self.head_timer is None and self.head_bytes_fed:
+                self.head_timer = self.loop.call_at(self.head_started + self.limits.header_timeout,
+                                                    self._head_timed_out)
+        elif self.cycle is not None and self.cycle.more_body and not self.cycle.response_complete:
+            self.body_seen = self.loop.time()
+            if self.body_timer is None:
+                self.body_timer = self.loop.call_at(self.body_seen + self.limits.body_timeout, self._body_stalled)
+
+    # -- parser callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_size = 0
+        self.head_fields = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.head_size += len(url)
+        if self.head_size > self.limits.max_header_bytes:
+            self._refuse_in_parser(431, self._head_too_large())
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_fields += 1
+        self.head_size += len(name) + len(value) + 4  # ": " and CRLF
+        if self.head_fields > self.limits.max_header_count:
+            self._refuse_in_parser(
+                431, f"too many header fields: more than {self.limits.max_header_count} (--http-max-header-count)"
+            )
+        if self.head_size > self.limits.max_header_bytes:
+            self._refuse_in_parser(431, self._head_too_large())
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.reading_head = False
+        self.head_bytes_fed = 0
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self.reading_head = True
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        super().on_message_complete()
+
+    # -- refusals ----------------------------------------------------------------------------
+    def send_400_response(self, msg: str) -> None:
+        self.refuse(400, msg)
+
+    def refuse(self, status: int, message: str) -> None:
+        """Answer ``{"error": message}`` with ``status`` (unless a response is under way) and close."""
+        self.refused = True
+        self._cancel_timers()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.response_started:  # a response is half-written: closing is all that is left
+                self.transport.close()
+                return
+            cycle.disconnected = True  # the request's task must not answer after this one
+            cycle.message_event.set()
+        body = orjson.dumps({"error": message})
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        if not self.transport.is_closing():
+            self.transport.write(head.encode("latin-1") + body)
+            self.transport.close()
+
+    def _refuse_in_parser(self, status: int, message: str) -> None:
+        self.refusal = (status, message)
+        raise _Refused(message)
+
+    def _head_too_large(self) -> str:
+        return (
+            f"the request line and headers exceed {self.limits.max_header_bytes} bytes (--http-max-header-size)"
+        )
+
+    def _head_timed_out(self) -> None:
+        self.head_timer = None
+        if self.flow.read_paused:  # the server stopped reading (pipelining): the client is not the slow one
+            self.head_started = self.loop.time()
+            self.head_timer = self.loop.call_at(self.head_started + self.limits.header_timeout, self._head_timed_out)
+            return
+        if self.reading_head and self.head_bytes_fed:
+            self.refuse(408, f"the request headers did not arrive within {self.limits.header_timeout:g} s "
+                             "(--http-header-timeout)")
+
+    def _body_stalled(self) -> None:
+        self.body_timer = None
+        cycle = self.cycle
+        if self.reading_head or cycle is None or not cycle.more_body:
+            return
+        if self.flow.read_paused:  # the application has not taken what arrived: the client is not the slow one
+            self.body_seen = self.loop.time()
+        due = self.body_seen + self.limits.body_timeout
+        if self.loop.time() < due:  # bytes came since the timer was set: wait for the rest of the gap
+            self.body_timer = self.loop.call_at(due, self._body_stalled)
+            return
+        self.refuse(408, f"the request body stalled: no bytes for {self.limits.body_timeout:g} s "
+                         "(--http-body-timeout)")
+
+    def _cancel_timers(self) -> None:
+        for timer in (self.head_timer, self.body_timer):
+            if timer is not None:
+                timer.cancel()
+        self.head_timer = self.body_timer = None
+
+
+def protocol_with(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class for one server's limits (uvicorn instantiates the class it is given)."""
+    return type("HttpToolsProtocolWithLimits", (LimitedHttpToolsProtocol,), {"limits": limits})
