@@ -240,3 +240,22 @@ def test_region_too_small_fails_the_request_once(core: Core, region: tuple[str, 
         core.infer(simple_request(outputs=outputs))
     # the size is known only once the model has run: the write fails, and the request counts once, as failed
     assert success_and_failure(core, "simple") == (before[0], before[1] + 1)
+
+
+def test_a_request_that_found_a_retired_version_runs_on_its_successor(tmp_path: Path) -> None:
+    """A reload swaps versions, then retires the old one once idle; a request whose lookup raced the swap (it got
+    the old version) moves to the new one instead of failing with "is being unloaded"."""
+    root = write_repository(tmp_path, ["identity_fp32"])
+    with core_on(root, model_control_mode="explicit", startup_models=["identity_fp32"]) as core:
+        old = core.repository.get("identity_fp32", "")
+        core.load_model("identity_fp32")  # reload: the old version is retired (its batcher stopped)
+        new = core.repository.get("identity_fp32", "")
+        assert new is not old and old.retiring and not new.retiring
+        lookup = core.repository.get
+        stale = [old]  # the racing request's lookup answers the old version once, as if it ran before the swap
+        core.repository.get = lambda name, version: stale.pop() if stale else lookup(name, version)  # type: ignore[method-assign]  # the race, made deterministic
+        response = core.infer(fp32_request("identity_fp32", rows=2))
+        assert not stale
+        np.testing.assert_array_equal(response.outputs[0].data, np.arange(32, dtype=np.float32).reshape(2, 16))
+        assert (new.in_flight, old.in_flight) == (0, 0)
+        assert success_and_failure(core, "identity_fp32") == (1, 0)  # counted on the new version

@@ -234,7 +234,37 @@ class DataPlane:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
+        model = self._enter(request)
+        try:
+            return model, self._prepare(model, request, call, trace_headers, on_response)
+        except BaseException:
+            model.leave()
+            raise
+
+    def _enter(self, request: InferRequest) -> LoadedModel:
+        """The model version that will run ``request``, counted in flight.
+
+        A reload swaps the versions first and then retires the old one once nothing is in flight on it; a request
+        that looked the old one up just before the swap would otherwise reach its stopped scheduler ("is being
+        unloaded"). Counted first, checked second: either the retiring model waits for this request, or the
+        request sees it retiring and goes to its successor (as Triton's reload serves throughout).
+        """
         model = self.repository.get(request.model_name, request.model_version)
+        model.enter()
+        if model.retiring:
+            model.leave()
+            model = self.repository.get(request.model_name, request.model_version)
+            model.enter()
+        return model
+
+    def _prepare(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        call: CallContext | None,
+        trace_headers: TraceHeaders | None,
+        on_response: Callable[[Job, InferResponse], None] | None,
+    ) -> Job:
         if model.decoupled and on_response is None:
             raise OneResponseCall()
         regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
@@ -269,8 +299,7 @@ class DataPlane:
             if trace_headers is None and call is not None:
                 trace_headers = call.trace_headers
             job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
-        model.enter()
-        return model, job
+        return job
 
     @staticmethod
     def _stream(model: LoadedModel, job: Job, on_response: Callable[[Job, InferResponse], None]) -> None:

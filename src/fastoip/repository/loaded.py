@@ -65,6 +65,8 @@ class LoadedModel:
         # A plain lock-guarded count: correct on every Python build (free-threaded too), ~0.1 µs a side.
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
+        #: Set when the version is retired (reload or unload): new requests must not start on it.
+        self.retiring = False
         #: What the scheduler may know of this model (it never sees the LoadedModel itself).
         self.context = ExecutionContext(
             name=name,
@@ -234,6 +236,7 @@ class LoadedModel:
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish what is in flight (up to ``timeout``), then release the instances."""
+        self.retiring = True  # requests that find this version from now on go to its successor (DataPlane._enter)
         if not self.wait_idle(timeout):
             log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self.in_flight)
         self.scheduler.stop()
