@@ -261,3 +261,29 @@ def test_fp32_json_values_out_of_range_are_refused(server: ServerProcess) -> Non
     status, _, body = exchange(server, _fp32_request([1.5] * 15 + [3.4e38]))
     assert status == 200
     assert json.loads(body)["outputs"][0]["data"][-1] == pytest.approx(3.4e38, rel=1e-6)
+
+
+def test_a_request_on_an_idle_connection_at_shutdown_is_answered(demo_repo: Path) -> None:
+    """At the listener close an idle keep-alive connection lingers: a request the client had already written on it
+    is answered (``connection: close``), not lost to a closed connection; new connections are refused."""
+    with ServerProcess(demo_repo, "--shutdown-grace", "0.3", http=True) as proc:
+        sock = connect(proc)
+        ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+        sock.sendall(ready)
+        assert read_response(sock)[0] == 200  # the connection is now idle, kept alive
+        proc.signal()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # wait for the listener to close (readiness went false before)
+            try:
+                socket.create_connection(("127.0.0.1", proc.http_port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the listener did not close after SIGTERM")
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_response(sock)
+        assert (status, headers.get("connection")) == (200, "close")
+        assert closed_by_server(sock, within=5)
+        sock.close()
+        assert proc.proc is not None and proc.proc.wait(timeout=30) == 0

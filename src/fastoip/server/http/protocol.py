@@ -9,6 +9,11 @@ Rules:
   ``body_timeout``: a body being read must not stall longer than it between reads; else 408.
   ``keep_alive_timeout``: a connection with no request in progress (a fresh one included) is closed after it.
   Time while the server itself has stopped reading (flow control, pipelining) does not count against the client.
+- Graceful shutdown (uvicorn calls ``shutdown`` once the listeners are closed): a connection with no request in
+  progress is not closed at once but after ``DRAIN_LINGER_S``, and a request that arrives on it meanwhile is
+  answered with ``connection: close``.  A client of a keep-alive connection may have written its next request
+  just as the server closed the connection: that request was lost (``HTTPConnectionClosed``, which clients do not
+  retry); now it is answered, and the client's next connection is refused (retryable).
 - Every refusal the server writes itself (limits, timeouts, framing errors the parser finds) is
   ``{"error": "..."}`` JSON with ``connection: close``, as the router answers everything else.
 """
@@ -41,6 +46,10 @@ class HttpLimits:
     body_timeout: float = 60.0
 
 
+#: Seconds an idle connection stays open after the listeners closed, for a request already on its way.
+DRAIN_LINGER_S = 1.0
+
+
 class _Refused(Exception):
     """Raised inside a parser callback; httptools wraps it, data_received answers ``refusal``."""
 
@@ -66,6 +75,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.body_timer: asyncio.TimerHandle | None = None
         self.refusal: tuple[int, str] | None = None
         self.refused = False
+        #: Set by ``shutdown``: every request from now on is the connection's last.
+        self.draining = False
+        self.drain_timer: asyncio.TimerHandle | None = None
 
     # -- connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows the transport type too
@@ -76,6 +88,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        self.draining = True
+        if self.cycle is None or self.cycle.response_complete:
+            self.drain_timer = self.loop.call_later(DRAIN_LINGER_S, self._close_when_idle)
+        else:
+            self.cycle.keep_alive = False
+
+    def _close_when_idle(self) -> None:
+        self.drain_timer = None
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+        else:  # a request came in while lingering: it closes the connection when answered
+            self.cycle.keep_alive = False
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -137,6 +163,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.head_timer.cancel()
             self.head_timer = None
         super().on_headers_complete()
+        if self.draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered with connection: close
 
     def on_message_complete(self) -> None:
         self.reading_head = True
@@ -203,10 +231,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                          "(--http-body-timeout)")
 
     def _cancel_timers(self) -> None:
-        for timer in (self.head_timer, self.body_timer):
+        for timer in (self.head_timer, self.body_timer, self.drain_timer):
             if timer is not None:
                 timer.cancel()
-        self.head_timer = self.body_timer = None
+        self.head_timer = self.body_timer = self.drain_timer = None
 
 
 def protocol_with(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
