@@ -38,6 +38,8 @@ class StepModel(Protocol):
     name: str
     scheduler: StepScheduler
     stats: StepStatistics
+    #: Retired by a reload or unload: a step that found it must go to its successor.
+    retiring: bool
 
     def prepare(self, request: InferRequest) -> Job: ...
 
@@ -147,9 +149,14 @@ class _EnsembleRun:
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
         try:
-            model = self.scheduler.resolve(step.model_name, step.model_version)
+            model = self._enter(step)
+        except InferenceError as exc:
+            self._fail(step, exc)
+            return
+        try:
             sub = model.prepare(request)
         except InferenceError as exc:
+            model.leave()
             self._fail(step, exc)
             return
         sub.deadline_ns = self.job.deadline_ns
@@ -157,12 +164,22 @@ class _EnsembleRun:
         started = time.monotonic_ns()
         with self.lock:
             self.running[step.index] = sub
-        model.enter()
         sub.on_done(lambda finished: self._step_done(step, model, finished, started))
         try:
             model.scheduler.submit(sub)
         except InferenceError as exc:
             sub.fail(exc)
+
+    def _enter(self, step: Step) -> StepModel:
+        """The step's model counted in flight; one that a reload retired meanwhile hands over to its successor
+        (as the data plane's lookup does)."""
+        model = self.scheduler.resolve(step.model_name, step.model_version)
+        model.enter()
+        if model.retiring:
+            model.leave()
+            model = self.scheduler.resolve(step.model_name, step.model_version)
+            model.enter()
+        return model
 
     def _step_done(self, step: Step, model: StepModel, sub: Job, started_ns: int) -> None:
         model.leave()
