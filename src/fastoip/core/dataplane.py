@@ -43,6 +43,7 @@ from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..response_cache import ResponseCache, request_key
 from ..response_outputs import finish_outputs
+from ..scheduling.contract import enter_current
 from ..scheduling.job import Job
 from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
@@ -234,28 +235,12 @@ class DataPlane:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
-        model = self._enter(request)
+        model = enter_current(lambda: self.repository.get(request.model_name, request.model_version))
         try:
             return model, self._prepare(model, request, call, trace_headers, on_response)
         except BaseException:
             model.leave()
             raise
-
-    def _enter(self, request: InferRequest) -> LoadedModel:
-        """The model version that will run ``request``, counted in flight.
-
-        A reload swaps the versions first and then retires the old one once nothing is in flight on it; a request
-        that looked the old one up just before the swap would otherwise reach its stopped scheduler ("is being
-        unloaded"). Counted first, checked second: either the retiring model waits for this request, or the
-        request sees it retiring and goes to its successor (as Triton's reload serves throughout).
-        """
-        model = self.repository.get(request.model_name, request.model_version)
-        model.enter()
-        if model.retiring:
-            model.leave()
-            model = self.repository.get(request.model_name, request.model_version)
-            model.enter()
-        return model
 
     def _prepare(
         self,

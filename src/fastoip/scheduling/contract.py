@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -144,3 +144,33 @@ class Scheduler(Protocol):
 
 #: How the repository makes a scheduler for one model version: ``factory(context, instances, executor)``.
 SchedulerFactory = Callable[[ExecutionContext, Sequence[Backend], Executor], Scheduler]
+
+
+class InFlight(Protocol):
+    """A model version's in-flight count and whether a reload or unload retired it."""
+
+    retiring: bool
+
+    def enter(self) -> None: ...
+
+    def leave(self) -> None: ...
+
+
+M = TypeVar("M", bound=InFlight)
+
+
+def enter_current(look_up: Callable[[], M]) -> M:
+    """The version ``look_up`` finds, counted in flight, never a retired one.
+
+    A reload swaps the versions first and then retires the old one once nothing is in flight on it; a caller that
+    looked the old one up just before the swap would otherwise reach its stopped scheduler ("is being unloaded").
+    Counted first, checked second: either the retiring version waits for this caller, or the caller sees it
+    retiring and takes its successor (as Triton's reload serves throughout).
+    """
+    model = look_up()
+    model.enter()
+    if model.retiring:
+        model.leave()
+        model = look_up()
+        model.enter()
+    return model

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ..errors import InferenceError
 from ..types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
+from .contract import enter_current
 from .job import Job
 
 
@@ -149,7 +150,7 @@ class _EnsembleRun:
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
         try:
-            model = self._enter(step)
+            model = enter_current(lambda: self.scheduler.resolve(step.model_name, step.model_version))
         except InferenceError as exc:
             self._fail(step, exc)
             return
@@ -169,17 +170,6 @@ class _EnsembleRun:
             model.scheduler.submit(sub)
         except InferenceError as exc:
             sub.fail(exc)
-
-    def _enter(self, step: Step) -> StepModel:
-        """The step's model counted in flight; one that a reload retired meanwhile hands over to its successor
-        (as the data plane's lookup does)."""
-        model = self.scheduler.resolve(step.model_name, step.model_version)
-        model.enter()
-        if model.retiring:
-            model.leave()
-            model = self.scheduler.resolve(step.model_name, step.model_version)
-            model.enter()
-        return model
 
     def _step_done(self, step: Step, model: StepModel, sub: Job, started_ns: int) -> None:
         model.leave()
