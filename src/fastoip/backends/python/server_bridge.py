@@ -31,8 +31,8 @@ from ...errors import (
     Unsupported,
 )
 from ...metrics import exposition_text
+from ...pyworker import utils as pb
 from ...types import InferInput, InferRequest, InferResponse, RequestedOutput
-from . import triton_utils as pb
 
 log = logging.getLogger("fastoip.python.model")
 
@@ -195,14 +195,14 @@ class InProcessBridge:
     """pb_utils' bridge when the model runs in the server process."""
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
-        from .triton_runner import request_data, response_of
+        from ...pyworker.runner import request_data, response_of
 
         return response_of(infer(request.model_name, request.model_version, request_data(request), request.timeout()))
 
     def infer_stream(self, request: pb.InferenceRequest) -> Any:
         import queue
 
-        from .triton_runner import request_data, response_of
+        from ...pyworker.runner import request_data, response_of
 
         answers: queue.SimpleQueue = queue.SimpleQueue()
         stream(

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from ...datatypes import to_bytes_elements
 from ...errors import InferenceError, InternalError, Unavailable
+from ...pyworker import transport as shm
+from ...pyworker import utils as pb
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
 from ...types import InferOutput, InferResponse
 from . import server_bridge as bridge
-from . import shm_transport as shm
-from . import triton_utils as pb
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
 if TYPE_CHECKING:
+    from ...pyworker.runner import TritonRunner
     from ...scheduling.job import Job
-    from .triton_runner import TritonRunner
 
 log = logging.getLogger("fastoip.python")
 

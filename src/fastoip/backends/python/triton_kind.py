@@ -106,9 +106,9 @@ def load_triton(
 
     runner = None
     if hosting == "in_process":
+        from ...pyworker import utils as pb
+        from ...pyworker.runner import import_runner
         from . import server_bridge
-        from . import triton_utils as pb
-        from .triton_runner import import_runner
 
         pb.BRIDGE.current = server_bridge.InProcessBridge()
         try:
@@ -171,7 +171,7 @@ def load_triton(
                     "model_name": model_name,
                 }
                 if runner is not None:
-                    from .triton_runner import import_runner
+                    from ...pyworker.runner import import_runner
 
                     instance_runner = runner if index == 0 else import_runner(path, model_name, version)
                     try:

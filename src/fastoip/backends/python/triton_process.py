@@ -1,4 +1,4 @@
-"""The server's handle on one worker process (:mod:`.triton_worker`): start, control, execute, death.
+"""The server's handle on one worker process (:mod:`fastoip.pyworker.worker`): start, control, execute, death.
 
 Rules:
 - The worker is ``python -m fastoip.backends.python.triton_worker FD`` on one
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ...pyworker import transport as shm
 from . import server_bridge as bridge
-from . import shm_transport as shm
 
 log = logging.getLogger("fastoip.python")
 
@@ -83,7 +83,7 @@ class WorkerProcess:
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.backends.python.triton_worker", str(child.fileno())],
+            [sys.executable, "-m", "fastoip.pyworker.worker", str(child.fileno())],
             pass_fds=[child.fileno()],
             env=env,
             close_fds=True,

@@ -1,8 +1,8 @@
-"""The worker process of one ``TritonPythonModel`` instance (``python -m ...triton_worker FD``).
+"""The worker process of one ``TritonPythonModel`` instance (``python -m fastoip.pyworker.worker FD``).
 
-The server's side is :mod:`.triton_process`.  Messages are pickled tuples on
+The server's side is ``fastoip.backends.python.triton_process``.  Messages are pickled tuples on
 one socket (``multiprocessing.connection`` framing); tensors cross through
-shared memory (:mod:`.shm_transport`).
+shared memory (:mod:`.transport`).
 
 Server -> worker: ``("load", path, name, version, memory_limit_mb)``,
 ``("auto_complete", config)``, ``("initialize", args, decoupled)``,
@@ -33,9 +33,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from . import shm_transport as shm
-from . import triton_utils as pb
-from .triton_runner import RequestData, TritonRunner, import_runner, request_data, response_of
+from . import transport as shm
+from . import utils as pb
+from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
 
 
 class _Channel:

@@ -12,6 +12,9 @@ Rules:
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -20,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from . import triton_utils as pb
-from .event_loop import call
+from . import utils as pb
+from .loop import call
 
 #: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names)
 RequestData = tuple[str, Any, int, dict, list, list]
@@ -31,6 +34,7 @@ ResponseData = tuple[list, "tuple[int, str] | None", dict]
 Emit = Callable[[int, "ResponseData | None", bool], None]
 
 UTILS_MODULE = "triton_python_backend_utils"
+_generation = itertools.count(1)
 
 
 def register_utils() -> None:
@@ -152,11 +156,30 @@ def _emitter(emit: Emit, index: int) -> Callable[[Any, bool], None]:
 
 
 def import_runner(path: Path, model_name: str, version: int) -> TritonRunner:
-    """Import model.py (``triton_python_backend_utils`` registered first) and wrap its model class."""
-    from .model_file import import_model_file
+    """Import model.py (``triton_python_backend_utils`` registered first) and wrap its model class.
 
+    Each call imports the file afresh under a module name of its own, with its folder on
+    ``sys.path`` while it imports (so model.py may import files beside it)."""
     register_utils()
-    module = import_model_file(path, model_name, version)
+    safe = re.sub(r"\W", "_", model_name)
+    module_name = f"_fastoip_triton_{safe}_v{version}_{next(_generation)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise pb.TritonModelException(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        raise pb.TritonModelException(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        try:
+            sys.path.remove(folder)
+        except ValueError:
+            pass
     if not defines_triton_model(module):
         raise pb.TritonModelException(f"{path} defines no TritonPythonModel class")
     return TritonRunner(module, model_name)
