@@ -716,3 +716,82 @@ def test_count_two_runs_two_worker_processes(server: ServerProcess) -> None:
                                                                         np.ones(4, np.float32))), range(8)))
     assert time.monotonic() - started < 30
 
+
+
+# -- in-process hosting, unload and reload ------------------------------------------------------------------
+IN_PROCESS = 'parameters { key: "hosting" value: { string_value: "in_process" } }\n'
+
+
+def test_in_process_hosting_and_unload_reload(tmp_path: Path) -> None:
+    write_python_model(tmp_path, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
+    write_python_model(tmp_path, "add_sub_here", ADD_SUB, ADD_SUB_CONFIG.replace('"add_sub"', '"add_sub_here"')
+                       + IN_PROCESS)
+    write_python_model(tmp_path, "square_here", SQUARE, SQUARE_CONFIG + IN_PROCESS)
+    write_python_model(tmp_path, "args_echo", ARGS_ECHO, ARGS_ECHO_CONFIG)
+    with ServerProcess(tmp_path, "--model-control-mode=explicit", "--load-model=*", "--model-control-allow-code",
+                       "--log-level", "INFO") as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        a, b = np.full(4, 3, np.float32), np.ones(4, np.float32)
+        np.testing.assert_allclose(client.infer("add_sub_here", _add_sub_inputs(a, b)).as_numpy("OUTPUT0"), a + b)
+        inp = grpcclient.InferInput("IN", [1], "INT32")
+        inp.set_data_from_numpy(np.array([2], dtype=np.int32))
+        got = _stream(server, "square_here", [inp])
+        assert [int(r.as_numpy("OUT")[0]) for r, _ in got if r.as_numpy("OUT") is not None] == [2, 2]
+
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], dtype=np.int32))
+        worker_pid = json.loads(client.infer("args_echo", [x]).as_numpy("INFO")[0])["pid"]
+        client.unload_model("add_sub")
+        client.unload_model("args_echo")
+        assert wait_until(lambda: "add_sub finalize" in server.output(), timeout=20)  # finalize() ran, logged
+        assert wait_until(lambda: not Path(f"/proc/{worker_pid}").exists(), timeout=20)  # the worker is gone
+
+        # Reload with new code: a new worker serves it.
+        (tmp_path / "args_echo" / "1" / "model.py").write_text(
+            textwrap.dedent(ARGS_ECHO).replace('self.args["pid"] = os.getpid()',
+                                               'self.args["pid"] = os.getpid(); self.args["v"] = 2'))
+        client.load_model("args_echo")
+        info = json.loads(client.infer("args_echo", [x]).as_numpy("INFO")[0])
+        assert info["v"] == 2 and info["pid"] != worker_pid
+
+
+def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
+    """A 602 KB tensor is written once into shared memory by each side and read as a view: no pickled copy."""
+    from fastoip.backends.python.triton_process import WorkerProcess
+    from fastoip.pyworker import transport
+
+    folder = tmp_path / "identity" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(textwrap.dedent("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
+                        for r in requests]
+    """))
+    worker = WorkerProcess("identity", lambda *a: None, lambda cause: None)
+    try:
+        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
+        worker.control(("initialize", {}, False))
+        data = np.random.rand(1, 3, 224, 224).astype(np.float32)
+        before = transport.COPIED.bytes_to_shm
+        packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"]))
+        assert transport.COPIED.bytes_to_shm - before == data.nbytes == 602_112
+        assert packed[4][0][2][0] == "s"  # the message names a shared-memory file, it carries no data
+        _, (responses, error) = worker.execute_open([packed], lambda call: None)
+        assert error is None
+        ((name, datatype, out_packed),), _, _ = responses[0]
+        assert out_packed[0] == "s"
+        out = transport.unpack(out_packed)
+        import mmap
+
+        root = out
+        while isinstance(root, np.ndarray):
+            root = root.base
+        if isinstance(root, memoryview):
+            root = root.obj
+        assert isinstance(root, mmap.mmap)  # a view on the worker's shared memory, not a copy
+        np.testing.assert_array_equal(out, data)
+    finally:
+        worker.finalize()

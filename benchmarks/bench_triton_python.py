@@ -1,0 +1,187 @@
+"""Benchmark: Triton Python-backend models (``TritonPythonModel``) on fastoip's worker processes, in one run.
+
+1. ``cpu2ms``: about 2 ms of pure-Python work per request, ``instance_group { count: 1 }`` vs ``count: 2``
+   (two worker processes), closed loop at c=8 over gRPC.  The server is NOT pinned to one core here (its
+   workers inherit its CPU set and need both); the load generator is pinned to CPU 1.  While count:2 runs,
+   a thread samples the server's gRPC ``ServerLive`` every 50 ms (max and p99 latency).
+2. ``tiny``: a 16 x FP32 identity, hosted in worker processes (default) vs in the server process
+   (``parameters { key: "hosting" value: { string_value: "in_process" } }``), c=16, server on CPU 0 and load
+   generator on CPU 1 (SERVER_CPUS / CLIENT_CPUS).
+3. ``large``: the same for a 602 KB tensor (1 x 3 x 224 x 224 FP32).
+
+Run: ``PYTHONPATH=src python benchmarks/bench_triton_python.py [--window-ms 3000] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import Fastoip, fastoip_bench, markdown_table  # noqa: E402
+
+CPU2MS = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return n
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                spin(0.002)
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+            return out
+"""
+
+IDENTITY = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests
+            ]
+"""
+
+
+def config(dims: str, count: int = 1, hosting: str = "process") -> str:
+    return textwrap.dedent(f"""
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+        parameters {{ key: "hosting" value: {{ string_value: "{hosting}" }} }}
+    """)
+
+
+def write(root: Path, name: str, source: str, cfg: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
+    (root / name / "config.pbtxt").write_text(cfg)
+
+
+def point(url: str, model: str, concurrency: int, window_ms: int) -> dict:
+    result = fastoip_bench(
+        url, "-m", model, "--concurrency-range", f"{concurrency}:{concurrency}:1",
+        "-p", str(window_ms), "--max-trials", "4", "--warmup-ms", "1000",
+    )
+    row = result["results"][0]
+    return {
+        "req_per_s": round(row["throughput_req_per_s"], 1),
+        "p50_ms": round((row["latency_us"]["p50"] or 0) / 1000, 3),
+        "p99_ms": round((row["latency_us"]["p99"] or 0) / 1000, 3),
+        "errors": sum(row["errors"].values()),
+        "other_cpu_percent": row.get("other_cpu_percent"),
+    }
+
+
+def probe_liveness(url: str, stop: threading.Event, samples: list[float]) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    while not stop.is_set():
+        started = time.perf_counter()
+        client.is_server_live()
+        samples.append((time.perf_counter() - started) * 1000)
+        time.sleep(0.05)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write(root, "cpu2ms_1", CPU2MS, config("16", count=1))
+        write(root, "cpu2ms_2", CPU2MS, config("16", count=2))
+        write(root, "tiny_process", IDENTITY, config("16"))
+        write(root, "tiny_in_process", IDENTITY, config("16", hosting="in_process"))
+        write(root, "large_process", IDENTITY, config("1, 3, 224, 224"))
+        write(root, "large_in_process", IDENTITY, config("1, 3, 224, 224", hosting="in_process"))
+
+        # 1. count:1 vs count:2, the server on both cores.
+        saved = os.environ.get("SERVER_CPUS")
+        os.environ["SERVER_CPUS"] = "0-1"
+        import _harness
+
+        _harness.SERVER_CPUS = "0-1"
+        with Fastoip(root) as server:
+            url = f"grpc://{server.grpc}"
+            one = point(url, "cpu2ms_1", 8, args.window_ms)
+            stop = threading.Event()
+            samples: list[float] = []
+            prober = threading.Thread(target=probe_liveness, args=(server.grpc, stop, samples), daemon=True)
+            prober.start()
+            two = point(url, "cpu2ms_2", 8, args.window_ms)
+            stop.set()
+            prober.join()
+        samples.sort()
+        results["cpu2ms"] = {
+            "count1": one,
+            "count2": two,
+            "ratio": round(two["req_per_s"] / one["req_per_s"], 2),
+            "live_ms_max": round(samples[-1], 2) if samples else None,
+            "live_ms_p99": round(samples[int(len(samples) * 0.99) - 1], 2) if samples else None,
+            "live_samples": len(samples),
+        }
+        print(json.dumps(results["cpu2ms"]), flush=True)
+        _harness.SERVER_CPUS = saved or "0"
+        if saved is None:
+            os.environ.pop("SERVER_CPUS", None)
+        else:
+            os.environ["SERVER_CPUS"] = saved
+
+        # 2./3. process vs in-process hosting, the server on CPU 0.
+        with Fastoip(root) as server:
+            url = f"grpc://{server.grpc}"
+            for size in ("tiny", "large"):
+                process = point(url, f"{size}_process", 16, args.window_ms)
+                in_process = point(url, f"{size}_in_process", 16, args.window_ms)
+                results[size] = {
+                    "process": process,
+                    "in_process": in_process,
+                    "throughput_ratio": round(process["req_per_s"] / in_process["req_per_s"], 2),
+                    "p99_ratio": round(process["p99_ms"] / in_process["p99_ms"], 2) if in_process["p99_ms"] else None,
+                }
+                print(json.dumps({size: results[size]}), flush=True)
+
+    rows = [
+        ["cpu2ms count:1 (c=8)", results["cpu2ms"]["count1"]["req_per_s"], results["cpu2ms"]["count1"]["p99_ms"], ""],
+        ["cpu2ms count:2 (c=8)", results["cpu2ms"]["count2"]["req_per_s"], results["cpu2ms"]["count2"]["p99_ms"],
+         f"{results['cpu2ms']['ratio']}x count:1"],
+    ]
+    for size in ("tiny", "large"):
+        r = results[size]
+        rows.append([f"{size} in-process (c=16)", r["in_process"]["req_per_s"], r["in_process"]["p99_ms"], ""])
+        rows.append([f"{size} process (c=16)", r["process"]["req_per_s"], r["process"]["p99_ms"],
+                     f"{r['throughput_ratio']}x in-process, p99 {r['p99_ratio']}x"])
+    print(markdown_table(["point", "req/s", "p99 ms", "ratio"], rows))
+    print(f"gRPC ServerLive during count:2: max {results['cpu2ms']['live_ms_max']} ms, "
+          f"p99 {results['cpu2ms']['live_ms_p99']} ms over {results['cpu2ms']['live_samples']} probes")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
