@@ -516,6 +516,17 @@ def test_decoupled_square_two_requests(server: ServerProcess) -> None:
     assert outputs == [3] * 6
 
 
+def test_decoupled_on_generate_stream(server: ServerProcess) -> None:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/square/generate_stream",
+        data=json.dumps({"IN": 2}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    body = urllib.request.urlopen(request, timeout=30).read().decode()
+    events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
+    assert [event["OUT"] for event in events] == [2, 2]
+
+
 def test_bls_sync_into_python_and_onnx_and_errors(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     a = np.arange(4, dtype=np.float32)
