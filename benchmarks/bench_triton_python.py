@@ -8,6 +8,10 @@
    (``parameters { key: "hosting" value: { string_value: "in_process" } }``), c=16, server on CPU 0 and load
    generator on CPU 1 (SERVER_CPUS / CLIENT_CPUS).
 3. ``large``: the same for a 602 KB tensor (1 x 3 x 224 x 224 FP32).
+4. ``--triton``: an add_sub model (two FP32 [4] inputs, sum and difference; ``instance_group count: 1``) on
+   fastoip and on real Triton (``tritonserver`` and its Python backend from the nvidia-pytriton wheel, through the
+   peers' ``serve_repo.sh``; needs the lab: ``PEERS_WORK``, default ``benchmarks/.work``), the same repository
+   files, c=16 over gRPC; both servers on CPU 0 (their Python processes inherit it), the load generator on CPU 1.
 
 Run: ``PYTHONPATH=src python benchmarks/bench_triton_python.py [--window-ms 3000] [--json out.json]``
 """
@@ -61,6 +65,95 @@ IDENTITY = """
 """
 
 
+ADD_SUB = """
+    import json
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            config = json.loads(args["model_config"])
+            self.dtype = pb_utils.triton_string_to_numpy(
+                pb_utils.get_output_config_by_name(config, "OUTPUT0")["data_type"])
+
+        def execute(self, requests):
+            out = []
+            for request in requests:
+                a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+                out.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtype)),
+                    pb_utils.Tensor("OUTPUT1", (a - b).astype(self.dtype))]))
+            return out
+"""
+
+ADD_SUB_CONFIG = """
+name: "add_sub"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def against_triton(window_ms: int) -> dict:
+    """add_sub on fastoip, then on real Triton, from the same repository files."""
+    import signal
+    import subprocess
+
+    import tritonclient.grpc as grpcclient
+
+    import _harness
+
+    peers = Path(__file__).resolve().parent.parent.parent.parent / "shared" / "peers"
+    script = Path(os.environ.get("FASTOIP_PEERS_DIR", str(peers))) / "peers" / "tritonserver" / "serve_repo.sh"
+    work = os.environ.get("PEERS_WORK", str(Path(__file__).resolve().parent / ".work"))
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
+        with Fastoip(root) as server:
+            out["fastoip"] = point(f"grpc://{server.grpc}", "add_sub", 16, window_ms)
+        grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+        log = open(root / "triton.log", "w")
+        triton = subprocess.Popen(
+            ["taskset", "-c", _harness.SERVER_CPUS, "bash", str(script), str(root), "--grpc-port", str(grpc_port),
+             "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
+            env={**os.environ, "PEERS_WORK": work}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if client.is_model_ready("add_sub"):
+                        break
+                except Exception:
+                    pass
+                if time.monotonic() > deadline or triton.poll() is not None:
+                    raise RuntimeError("Triton did not start: " + (root / "triton.log").read_text()[-2000:])
+                time.sleep(0.5)
+            out["triton"] = point(f"grpc://127.0.0.1:{grpc_port}", "add_sub", 16, window_ms)
+        finally:
+            if triton.poll() is None:
+                os.killpg(triton.pid, signal.SIGTERM)
+                try:
+                    triton.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(triton.pid, signal.SIGKILL)
+            log.close()
+    out["ratio"] = round(out["fastoip"]["req_per_s"] / out["triton"]["req_per_s"], 2)
+    out["p99_ratio"] = round(out["fastoip"]["p99_ms"] / out["triton"]["p99_ms"], 2)
+    return out
+
+
 def config(dims: str, count: int = 1, hosting: str = "process") -> str:
     return textwrap.dedent(f"""
         backend: "python"
@@ -108,8 +201,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--triton", action="store_true", help="also add_sub on fastoip vs real Triton")
+    parser.add_argument("--only-triton", action="store_true", help="only the add_sub comparison")
     args = parser.parse_args()
     results: dict = {}
+    if args.triton or args.only_triton:
+        results["add_sub"] = against_triton(args.window_ms)
+        print(json.dumps({"add_sub": results["add_sub"]}), flush=True)
+        if args.only_triton:
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2))
+            return 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write(root, "cpu2ms_1", CPU2MS, config("16", count=1))
