@@ -103,7 +103,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def against_triton(window_ms: int) -> dict:
+def against_triton(window_ms: int, rounds: int) -> dict:
     """add_sub on fastoip, then on real Triton, from the same repository files."""
     import signal
     import subprocess
@@ -119,8 +119,6 @@ def against_triton(window_ms: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
-        with Fastoip(root) as server:
-            out["fastoip"] = point(f"grpc://{server.grpc}", "add_sub", 16, window_ms)
         grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
         log = open(root / "triton.log", "w")
         triton = subprocess.Popen(
@@ -140,7 +138,11 @@ def against_triton(window_ms: int) -> dict:
                 if time.monotonic() > deadline or triton.poll() is not None:
                     raise RuntimeError("Triton did not start: " + (root / "triton.log").read_text()[-2000:])
                 time.sleep(0.5)
-            out["triton"] = point(f"grpc://127.0.0.1:{grpc_port}", "add_sub", 16, window_ms)
+            with Fastoip(root) as server:  # both servers up, measured in turn
+                out.update(alternate({
+                    "fastoip": lambda: point(f"grpc://{server.grpc}", "add_sub", 16, window_ms),
+                    "triton": lambda: point(f"grpc://127.0.0.1:{grpc_port}", "add_sub", 16, window_ms),
+                }, rounds))
         finally:
             if triton.poll() is None:
                 os.killpg(triton.pid, signal.SIGTERM)
@@ -174,7 +176,7 @@ def write(root: Path, name: str, source: str, cfg: str) -> None:
 def point(url: str, model: str, concurrency: int, window_ms: int) -> dict:
     result = fastoip_bench(
         url, "-m", model, "--concurrency-range", f"{concurrency}:{concurrency}:1",
-        "-p", str(window_ms), "--max-trials", "4", "--warmup-ms", "1000",
+        "-p", str(window_ms), "--max-trials", "2", "--warmup-ms", "500",
     )
     row = result["results"][0]
     return {
@@ -184,6 +186,20 @@ def point(url: str, model: str, concurrency: int, window_ms: int) -> dict:
         "errors": sum(row["errors"].values()),
         "other_cpu_percent": row.get("other_cpu_percent"),
     }
+
+
+def alternate(points: dict, rounds: int) -> dict:
+    """Measure each named point in turn, ``rounds`` times (A B A B ...: the shared machine's load drifts
+    within a run); per name the median round by throughput, and every round's req/s."""
+    seen: dict[str, list[dict]] = {name: [] for name in points}
+    for _ in range(rounds):
+        for name, measure in points.items():
+            seen[name].append(measure())
+    out = {}
+    for name, rows in seen.items():
+        ordered = sorted(rows, key=lambda r: r["req_per_s"])
+        out[name] = {**ordered[len(ordered) // 2], "rounds_req_per_s": [r["req_per_s"] for r in rows]}
+    return out
 
 
 def probe_liveness(url: str, stop: threading.Event, samples: list[float]) -> None:
@@ -201,12 +217,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per comparison (median reported)")
     parser.add_argument("--triton", action="store_true", help="also add_sub on fastoip vs real Triton")
     parser.add_argument("--only-triton", action="store_true", help="only the add_sub comparison")
     args = parser.parse_args()
     results: dict = {}
     if args.triton or args.only_triton:
-        results["add_sub"] = against_triton(args.window_ms)
+        results["add_sub"] = against_triton(args.window_ms, args.rounds)
         print(json.dumps({"add_sub": results["add_sub"]}), flush=True)
         if args.only_triton:
             if args.json:
@@ -229,14 +246,22 @@ def main() -> int:
         _harness.SERVER_CPUS = "0-1"
         with Fastoip(root) as server:
             url = f"grpc://{server.grpc}"
-            one = point(url, "cpu2ms_1", 8, args.window_ms)
             stop = threading.Event()
             samples: list[float] = []
-            prober = threading.Thread(target=probe_liveness, args=(server.grpc, stop, samples), daemon=True)
-            prober.start()
-            two = point(url, "cpu2ms_2", 8, args.window_ms)
-            stop.set()
-            prober.join()
+
+            def with_probe() -> dict:
+                prober = threading.Thread(target=probe_liveness, args=(server.grpc, stop, samples), daemon=True)
+                stop.clear()
+                prober.start()
+                try:
+                    return point(url, "cpu2ms_2", 8, args.window_ms)
+                finally:
+                    stop.set()
+                    prober.join()
+
+            both = alternate({"count1": lambda: point(url, "cpu2ms_1", 8, args.window_ms), "count2": with_probe},
+                             args.rounds)
+            one, two = both["count1"], both["count2"]
         samples.sort()
         results["cpu2ms"] = {
             "count1": one,
@@ -257,8 +282,11 @@ def main() -> int:
         with Fastoip(root) as server:
             url = f"grpc://{server.grpc}"
             for size in ("tiny", "large"):
-                process = point(url, f"{size}_process", 16, args.window_ms)
-                in_process = point(url, f"{size}_in_process", 16, args.window_ms)
+                pair = alternate({
+                    "process": lambda size=size: point(url, f"{size}_process", 16, args.window_ms),
+                    "in_process": lambda size=size: point(url, f"{size}_in_process", 16, args.window_ms),
+                }, args.rounds)
+                process, in_process = pair["process"], pair["in_process"]
                 results[size] = {
                     "process": process,
                     "in_process": in_process,

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -75,8 +76,13 @@ class WorkerProcess:
         self._write_lock = threading.Lock()
         self._state = threading.Lock()
         self._control: _Waiter | None = None
-        self._results: dict[int, _Waiter] = {}
+        #: Only its holder reads the socket: the thread running a batch reads its own result (no hand-off
+        #: between threads on the hot path); the background reader takes what comes while no batch runs.
+        self._read_lock = threading.Lock()
+        self._executing = 0
+        self._finished: dict[int, Any] = {}
         self._ids = itertools.count(1)
+        self._dead = False
         self.cause: str | None = None
         parent, child = socket.socketpair()
         env = dict(os.environ)
@@ -124,64 +130,100 @@ class WorkerProcess:
         """Run one batch; ``(exec_id, (responses | None, error | None))``; WorkerDied if it dies meanwhile.
 
         ``before(exec_id)`` runs before the batch is sent (decoupled streams open there: their
-        responses may arrive before the result does)."""
+        responses may arrive before the result does).  The calling thread reads the socket until its
+        result comes, handling whatever else arrives meanwhile (decoupled responses, the worker's calls)."""
         exec_id = next(self._ids)
         before(exec_id)
-        waiter = _Waiter()
         with self._state:
             if self.cause is not None:
                 raise WorkerDied(self.cause)
-            self._results[exec_id] = waiter
-        self._send(("execute", exec_id, requests))
-        waiter.event.wait()
-        kind, value = waiter.value
-        if kind == "died":
-            raise WorkerDied(value)
-        return exec_id, value
+            self._executing += 1
+        try:
+            with self._read_lock:
+                self._send(("execute", exec_id, requests))
+                while exec_id not in self._finished:
+                    message = self._read_one()
+                    if message is None:
+                        break
+                    self._dispatch(message)
+        finally:
+            with self._state:
+                self._executing -= 1
+        if exec_id not in self._finished:
+            self._died()
+            raise WorkerDied(self.cause or "died")
+        return exec_id, self._finished.pop(exec_id)
 
     # -- reading -------------------------------------------------------------------------------------------
     def _read(self) -> None:
+        """The background reader: takes messages while no batch runs (control answers, decoupled responses
+        sent after ``execute`` returned, the worker's calls)."""
         connection = self._connection
-        while True:
+        while not self._dead:
+            if self._executing:
+                time.sleep(0.02)  # the batch's own thread reads meanwhile
+                continue
             try:
-                message = pickle.loads(connection.recv_bytes())
-            except (EOFError, OSError):
+                if not connection.poll(0.05):
+                    continue
+            except (OSError, EOFError, ValueError):
                 break
-            except Exception:
-                log.exception("%s: unreadable message from its worker", self.label)
-                break
-            kind = message[0]
-            if kind in ("ok", "error"):
-                waiter = self._control
-                self._control = None
-                if waiter is not None:
-                    waiter.value = (kind, message[1])
-                    waiter.event.set()
-            elif kind == "result":
-                _, exec_id, responses, error = message
-                with self._state:
-                    result_waiter = self._results.pop(exec_id, None)
-                if result_waiter is not None:
-                    result_waiter.value = ("result", (responses, error))
-                    result_waiter.event.set()
-            elif kind == "send":
-                _, exec_id, index, response, final = message
+            with self._read_lock:
+                if self._executing or self._dead:
+                    continue
                 try:
-                    self._on_send(exec_id, index, response, final)
-                except Exception:
-                    log.exception("%s: delivering a decoupled response failed", self.label)
-            elif kind == "call":
-                _CALLS.submit(self._serve_call, message[1], message[2], message[3])
-            elif kind == "log":
-                logging.getLogger("fastoip.python.model").log(message[1], "%s: %s", self.label, message[2])
-            elif kind == "metric":
-                try:
-                    bridge.CUSTOM_METRICS.apply(message[1], message[2], message[3], message[4])
-                except Exception as exc:
-                    log.warning("%s: custom metric: %s", self.label, exc)
+                    if not connection.poll(0):
+                        continue
+                except (OSError, EOFError, ValueError):
+                    break
+                message = self._read_one()
+                if message is None:
+                    break
+                self._dispatch(message)
         self._died()
 
+    def _read_one(self) -> tuple | None:
+        """The next message (the read lock is held), or None when the worker is gone."""
+        try:
+            return pickle.loads(self._connection.recv_bytes())
+        except (EOFError, OSError):
+            return None
+        except Exception:
+            log.exception("%s: unreadable message from its worker", self.label)
+            return None
+
+    def _dispatch(self, message: tuple) -> None:
+        kind = message[0]
+        if kind in ("ok", "error"):
+            waiter = self._control
+            self._control = None
+            if waiter is not None:
+                waiter.value = (kind, message[1])
+                waiter.event.set()
+        elif kind == "result":
+            _, exec_id, responses, error = message
+            self._finished[exec_id] = (responses, error)
+        elif kind == "send":
+            _, exec_id, index, response, final = message
+            try:
+                self._on_send(exec_id, index, response, final)
+            except Exception:
+                log.exception("%s: delivering a decoupled response failed", self.label)
+        elif kind == "call":
+            _CALLS.submit(self._serve_call, message[1], message[2], message[3])
+        elif kind == "log":
+            logging.getLogger("fastoip.python.model").log(message[1], "%s: %s", self.label, message[2])
+        elif kind == "metric":
+            try:
+                bridge.CUSTOM_METRICS.apply(message[1], message[2], message[3], message[4])
+            except Exception as exc:
+                log.warning("%s: custom metric: %s", self.label, exc)
+
     def _died(self) -> None:
+        with self._state:
+            if self._dead:
+                return
+            self._dead = True
         try:
             code = self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -198,17 +240,11 @@ class WorkerProcess:
         shm.remove_files_of(self.pid)
         with self._state:
             self.cause = cause
-            waiters = list(self._results.values())
-            self._results.clear()
             control = self._control
             self._control = None
-        for waiter in waiters + ([control] if control is not None else []):
-            waiter.value = ("died", cause)
-            waiter.event.set()
-        try:
-            self._connection.close()
-        except OSError:
-            pass
+        if control is not None:
+            control.value = ("died", cause)
+            control.event.set()
         self._on_death(cause)
 
     def _serve_call(self, call_id: int, what: str, args: tuple) -> None:
@@ -263,6 +299,10 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self._reader.join(timeout=10)
+        try:
+            self._connection.close()
+        except OSError:
+            pass
 
     @property
     def alive(self) -> bool:
