@@ -786,23 +786,27 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
         worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
         worker.control(("initialize", {}, False))
         data = np.random.rand(1, 3, 224, 224).astype(np.float32)
-        before = transport.COPIED.bytes_to_shm
-        packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"]))
-        assert transport.COPIED.bytes_to_shm - before == data.nbytes == 602_112
-        assert packed[4][0][2][0] == "s"  # the message names a shared-memory file, it carries no data
-        _, (responses, error) = worker.execute_open([packed], lambda call: None)
-        assert error is None
-        ((name, datatype, out_packed),), _, _ = responses[0]
-        assert out_packed[0] == "s"
-        out = transport.unpack(out_packed)
-        import mmap
+        for round_ in range(3):
+            before, made = transport.COPIED.bytes_to_shm, transport.COPIED.segments_made
+            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"]))
+            assert transport.COPIED.bytes_to_shm - before == data.nbytes == 602_112  # one copy in
+            assert packed[4][0][2][0] == "p"  # the message names a shared-memory segment, it carries no data
+            if round_:
+                assert transport.COPIED.segments_made == made  # the segment of the last round is reused
+            _, (responses, error) = worker.execute_open([packed], lambda call: None)
+            assert error is None
+            ((name, datatype, out_packed),), _, _ = responses[0]
+            assert out_packed[0] == "p"
+            out = transport.unpack(out_packed)
+            import mmap
 
-        root = out
-        while isinstance(root, np.ndarray):
-            root = root.base
-        if isinstance(root, memoryview):
-            root = root.obj
-        assert isinstance(root, mmap.mmap)  # a view on the worker's shared memory, not a copy
-        np.testing.assert_array_equal(out, data)
+            root = out
+            while isinstance(root, np.ndarray):
+                root = root.base
+            if isinstance(root, memoryview):
+                root = root.obj
+            assert isinstance(root, mmap.mmap)  # a view on the worker's shared memory, not a copy
+            np.testing.assert_array_equal(out, data)
+            del out, root  # the worker may reuse its segment now
     finally:
         worker.finalize()

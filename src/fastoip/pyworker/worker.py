@@ -153,6 +153,8 @@ def serve(connection: Connection) -> None:
 
                 responses = runner.execute(requests, emit)
                 packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
+                # Drop the views on the server's segments now, so it can reuse them (see transport).
+                del requests, responses
                 channel.send(("result", exec_id, packed_out, None))
             except BaseException as exc:  # the model's error fails the batch; the worker lives on
                 logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
