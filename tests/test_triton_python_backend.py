@@ -13,7 +13,9 @@ their restarts do not disturb the rest.
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import textwrap
 import time
 import urllib.request
@@ -225,9 +227,9 @@ BLS_SYNC = """
                         raise pb_utils.TritonModelException(result.error().message())
                     out0 = pb_utils.get_output_tensor_by_name(result, "OUTPUT0").as_numpy()
                     out1 = pb_utils.get_output_tensor_by_name(result, "OUTPUT1").as_numpy()
-                elif target == "identity":
+                elif target in ("identity", "ensemble"):  # the ONNX model, or an ensemble around it
                     inner = pb_utils.InferenceRequest(
-                        model_name="identity",
+                        model_name=target,
                         inputs=[pb_utils.Tensor("INPUT0", a.as_numpy().reshape(1, 4))],
                         requested_output_names=["OUTPUT0"])
                     result = inner.exec()
@@ -378,6 +380,18 @@ CONDA_CONFIG = FAILING_CONFIG + """
 """
 
 
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "identity" model_version: -1 input_map { key: "INPUT0" value: "INPUT0" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("triton_python")
@@ -392,6 +406,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "metrics", METRICS, METRICS_CONFIG)
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "conda", CONDA, CONDA_CONFIG)
+    (root / "ensemble" / "1").mkdir(parents=True)
+    (root / "ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     write_model(
         root,
         "identity",
@@ -450,8 +466,6 @@ def test_initialize_args_and_request_fields(server: ServerProcess, repo: Path) -
     assert config["input"][0]["dims"] == [1] and config["output"][0]["data_type"] == "TYPE_STRING"
     assert info["request_id"] == "req-7" and info["parameters"] == {"temperature": "hot"}
     assert info["requested"] == ["INFO"]
-    import os
-
     assert info["pid"] != os.getpid() and info["pid"] != server.proc.pid  # type: ignore[union-attr]
 
 
@@ -547,6 +561,8 @@ def test_bls_sync_into_python_and_onnx_and_errors(server: ServerProcess) -> None
         results = list(pool.map(lambda _: call("identity"), range(6)))
     for r in results:
         np.testing.assert_allclose(r.as_numpy("OUTPUT0"), a)
+
+    np.testing.assert_allclose(call("ensemble").as_numpy("OUTPUT0"), a)  # BLS into an ensemble
 
     with pytest.raises(InferenceServerException) as err:
         call("no_such_model")
@@ -810,3 +826,42 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
             del out, root  # the worker may reuse its segment now
     finally:
         worker.finalize()
+
+
+SLOW = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(1.5)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy())]) for r in requests]
+
+        def finalize(self):
+            pb_utils.Logger.log_warn("slow finalize")
+"""
+
+
+def test_sigterm_drains_requests_in_flight_on_workers(tmp_path: Path) -> None:
+    write_python_model(tmp_path, "slow", SLOW, FAILING_CONFIG + "instance_group [ { count: 3 } ]\n")
+    server = ServerProcess(tmp_path, "--shutdown-grace", "1").start()
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+
+        def one(i: int) -> int:
+            x = grpcclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([i], dtype=np.int32))
+            return int(grpcclient.InferenceServerClient(server.grpc_url).infer("slow", [x]).as_numpy("Y")[0])
+
+        assert client.is_model_ready("slow")
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(one, i) for i in range(3)]
+            time.sleep(0.5)
+            # To the server's whole process group (it leads one), workers included, as a shell's ^C would.
+            os.killpg(server.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            assert [f.result(timeout=30) for f in futures] == [0, 1, 2]
+        assert server.wait(30) == 0
+        assert server.output().count("slow finalize") == 3
+    finally:
+        server.stop()

@@ -26,6 +26,7 @@ import logging
 import os
 import pickle
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -204,6 +205,10 @@ def serve(connection: Connection) -> None:
 
 def main() -> None:
     fd = int(sys.argv[1])
+    # The server decides when a worker ends (finalize, or its socket closing): a Ctrl+C or SIGTERM sent to the
+    # whole process group must not kill requests in flight while the server drains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
     serve(Connection(fd))
 
