@@ -145,12 +145,15 @@ AUTO_BATCH_CONFIG = """
 
 # decoupled "repeat": each element of IN is one response, sent from a thread the model starts.
 REPEAT = """
-    import threading, time
+    import json, threading, time
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
     class TritonPythonModel:
         def initialize(self, args):
+            config = json.loads(args["model_config"])
+            if not pb_utils.using_decoupled_model_transaction_policy(config):
+                raise pb_utils.TritonModelException("repeat must be decoupled")
             self.threads = []
 
         def execute(self, requests):
@@ -219,8 +222,9 @@ BLS_SYNC = """
                 target = pb_utils.get_input_tensor_by_name(request, "MODEL").as_numpy()[0].decode()
                 a = pb_utils.get_input_tensor_by_name(request, "INPUT0")
                 b = pb_utils.get_input_tensor_by_name(request, "INPUT1")
-                if target == "add_sub":
-                    inner = pb_utils.InferenceRequest(model_name="add_sub", inputs=[a, b],
+                if target == "add_sub":  # the name as the BYTES element it came in (Triton takes bytes too)
+                    name = pb_utils.get_input_tensor_by_name(request, "MODEL").as_numpy()[0]
+                    inner = pb_utils.InferenceRequest(model_name=name, inputs=[a, b],
                                                       requested_output_names=["OUTPUT0", "OUTPUT1"])
                     result = inner.exec()
                     if result.has_error():

@@ -31,6 +31,19 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
+#: ``PreferredMemory`` kinds (host memory is what this server gives; the preference is accepted and ignored).
+TRITONSERVER_MEMORY_GPU = 2
+TRITONSERVER_MEMORY_CPU = 0
+
+
+class PreferredMemory:
+    """Where a BLS request would like its outputs (accepted; outputs are in host memory here)."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
     "TYPE_BOOL": bool,
     "TYPE_UINT8": np.uint8,
@@ -192,6 +205,12 @@ class Tensor:
     def is_cpu(self) -> bool:
         return True
 
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0
+
     def to_dlpack(self) -> Any:
         if self._array.dtype == object:
             raise TritonModelException("to_dlpack: BYTES tensors cannot be shared through DLPack")
@@ -335,6 +354,22 @@ class InferenceResponseSender:
         return False
 
 
+class ResponseIterator:
+    """The responses of ``exec(decoupled=True)``, in order, until the final one."""
+
+    def __init__(self, responses: Iterator[InferenceResponse]) -> None:
+        self._responses = responses
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        """Accepted; the inner request is not cancelled (not built: see COMPATIBILITY.md)."""
+
+
 class InferenceRequest:
     """A request the model received (in ``execute``), or one it builds to call another model (BLS)."""
 
@@ -352,7 +387,8 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self.model_name = model_name
+        # Triton's binding takes bytes as well (models pass a BYTES input's element straight in).
+        self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self.model_version = model_version
         self._inputs = list(inputs or [])
         self._requested = list(requested_output_names or [])
@@ -407,7 +443,7 @@ class InferenceRequest:
         if not self.model_name:
             raise TritonModelException("exec(): the request needs a model_name")
         if decoupled:
-            return BRIDGE.current.infer_stream(self)
+            return ResponseIterator(BRIDGE.current.infer_stream(self))
         return BRIDGE.current.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
@@ -418,7 +454,7 @@ class InferenceRequest:
             responses = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: list(self.exec(decoupled=True))
             )
-            return iter(responses)
+            return ResponseIterator(iter(responses))
         return await asyncio.get_running_loop().run_in_executor(None, self.exec)
 
 
@@ -451,6 +487,11 @@ def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
     return None
 
 
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    """Whether the model's config says ``model_transaction_policy { decoupled: true }``."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     return BRIDGE.current.model_ready(model_name, str(model_version))
 
@@ -464,7 +505,7 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 
 
 # -- logging --------------------------------------------------------------------------------------------------
-class LogLevel:
+class LogLevel:  # also Logger.LogLevel, as Triton nests it
     INFO = logging.INFO
     WARNING = logging.WARNING
     ERROR = logging.ERROR
@@ -473,6 +514,12 @@ class LogLevel:
 
 class Logger:
     """Triton's model logger: lines go to the server's log."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
