@@ -210,6 +210,35 @@ SQUARE_CONFIG = """
     output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 
+# decoupled "ticker": one response every 20 ms from a thread until the client cancels the request.
+TICKER = """
+    import threading, time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                threading.Thread(target=self.tick, args=(request, request.get_response_sender())).start()
+            return None
+
+        def tick(self, request, sender):
+            sent = 0
+            while sent < 500 and not request.is_cancelled():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([sent], dtype=np.int32))]))
+                sent += 1
+                time.sleep(0.02)
+            pb_utils.Logger.log_warn(f"ticker saw the cancellation after {sent} responses: {sender.is_cancelled()}")
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+TICKER_CONFIG = """
+    backend: "python"
+    model_transaction_policy { decoupled: true }
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
 # BLS: MODEL names which model to call (add_sub or the ONNX identity); the call goes through the server's Core.
 BLS_SYNC = """
     import numpy as np
@@ -404,6 +433,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "auto_batch", AUTO_BATCH, AUTO_BATCH_CONFIG)
     write_python_model(root, "repeat", REPEAT, REPEAT_CONFIG)
     write_python_model(root, "square", SQUARE, SQUARE_CONFIG)
+    write_python_model(root, "ticker", TICKER, TICKER_CONFIG)
     write_python_model(root, "bls_sync", BLS_SYNC, BLS_CONFIG)
     write_python_model(root, "bls_async", BLS_ASYNC, BLS_ASYNC_CONFIG)
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
@@ -543,6 +573,22 @@ def test_decoupled_on_generate_stream(server: ServerProcess) -> None:
     body = urllib.request.urlopen(request, timeout=30).read().decode()
     events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
     assert [event["OUT"] for event in events] == [2, 2]
+
+
+def test_cancelling_a_stream_is_seen_by_the_model(server: ServerProcess) -> None:
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([0], dtype=np.int32))
+    client.async_stream_infer("ticker", [inp])
+    for _ in range(3):
+        result, error = results.get(timeout=30)
+        assert error is None
+    client.stop_stream(cancel_requests=True)
+    assert wait_until(lambda: "ticker saw the cancellation after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "ticker saw the cancellation" in line)
+    assert int(line.split("after ")[1].split()[0]) < 500 and line.endswith("True")
 
 
 def test_bls_sync_into_python_and_onnx_and_errors(server: ServerProcess) -> None:

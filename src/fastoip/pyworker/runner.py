@@ -12,6 +12,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import re
@@ -114,7 +115,9 @@ class TritonRunner:
         if init is not None:
             call(init, args)
 
-    def execute(self, requests: list[RequestData], emit: Emit | None) -> list[ResponseData] | None:
+    def execute(
+        self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
+    ) -> list[ResponseData] | None:
         built = []
         for index, (request_id, correlation_id, flags, parameters, inputs, requested) in enumerate(requests):
             request = pb.InferenceRequest(
@@ -125,8 +128,10 @@ class TritonRunner:
                 flags=flags,
                 parameters=parameters,
             )
+            if cancelled is not None:
+                request._cancelled = functools.partial(cancelled, index)
             if self.decoupled and emit is not None:
-                request._sender = pb.InferenceResponseSender(_emitter(emit, index), True)
+                request._sender = pb.InferenceResponseSender(_emitter(emit, index), True, request._cancelled)
             built.append(request)
         responses = call(self.model.execute, built)
         if self.decoupled:

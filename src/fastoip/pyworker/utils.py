@@ -333,9 +333,10 @@ class InferenceResponse:
 class InferenceResponseSender:
     """A decoupled model's way to answer: any number of ``send`` calls, the last with the final flag."""
 
-    def __init__(self, emit: Any, decoupled: bool) -> None:
+    def __init__(self, emit: Any, decoupled: bool, cancelled: Any = None) -> None:
         self._emit = emit
         self._decoupled = decoupled
+        self._cancelled = cancelled
         self._closed = False
         self._lock = threading.Lock()
 
@@ -351,7 +352,9 @@ class InferenceResponseSender:
         self._emit(response, final)
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client cancelled the request (asks the server: a model loop may poll it)."""
+        check = self._cancelled
+        return bool(check()) if check is not None else False
 
 
 class ResponseIterator:
@@ -424,6 +427,7 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
+        """True once the client cancelled the request (gone away, deadline passed)."""
         check = self._cancelled
         return bool(check()) if check is not None else False
 

@@ -75,7 +75,7 @@ class _WorkerBridge:
     def __init__(self, channel: _Channel) -> None:
         self.channel = channel
 
-    def _ask(self, what: str, *args: Any) -> Any:
+    def ask(self, what: str, *args: Any) -> Any:
         value, _ = self.channel.call(what, *args).get()
         if isinstance(value, tuple) and value and value[0] == "__error__":
             raise pb.TritonModelException(value[1])
@@ -83,7 +83,7 @@ class _WorkerBridge:
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
         packed = shm.pack_request(request_data(request))
-        answer = self._ask("infer", request.model_name, request.model_version, packed, request.timeout())
+        answer = self.ask("infer", request.model_name, request.model_version, packed, request.timeout())
         return response_of(shm.unpack_response(answer))
 
     def infer_stream(self, request: pb.InferenceRequest) -> Iterator[pb.InferenceResponse]:
@@ -101,20 +101,20 @@ class _WorkerBridge:
         return responses()
 
     def model_ready(self, name: str, version: str) -> bool:
-        return bool(self._ask("ready", name, version))
+        return bool(self.ask("ready", name, version))
 
     def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None:
-        self._ask("load", name, config, files)
+        self.ask("load", name, config, files)
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
-        self._ask("unload", name, unload_dependents)
+        self.ask("unload", name, unload_dependents)
 
     def log(self, level: int, message: str) -> None:
         self.channel.send(("log", level, message))
 
     def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
         if op == "value":
-            return float(self._ask("metric", family, labels, op, value))
+            return float(self.ask("metric", family, labels, op, value))
         self.channel.send(("metric", family, labels, op, value))
         return 0.0
 
@@ -135,7 +135,8 @@ def _limit_memory(megabytes: int) -> None:
 
 def serve(connection: Connection) -> None:
     channel = _Channel(connection)
-    pb.BRIDGE.current = _WorkerBridge(channel)
+    bridge = _WorkerBridge(channel)
+    pb.BRIDGE.current = bridge
     runner: TritonRunner | None = None
     jobs: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -152,7 +153,10 @@ def serve(connection: Connection) -> None:
                 def emit(index: int, response: Any, final: bool, exec_id: int = exec_id) -> None:
                     channel.send(("send", exec_id, index, shm.pack_response(response), final))
 
-                responses = runner.execute(requests, emit)
+                def cancelled(index: int, exec_id: int = exec_id) -> bool:
+                    return bool(bridge.ask("cancelled", exec_id, index))
+
+                responses = runner.execute(requests, emit, cancelled)
                 packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
                 # Drop the views on the server's segments now, so it can reuse them (see transport).
                 del requests, responses

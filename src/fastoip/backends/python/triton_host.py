@@ -120,6 +120,10 @@ class _Streams:
                 request = job.request
                 job.finish(InferResponse(request.model_name, self.version_str, request.id))
 
+    def job(self, call: int, index: int) -> Job | None:
+        with self._lock:
+            return self._open.get((call, index))
+
     def fail_all(self, error: InferenceError, call: int | None = None) -> None:
         with self._lock:
             keys = [k for k in self._open if call is None or k[0] == call]
@@ -156,6 +160,14 @@ class _Base:
         self._in_flight = 0
         self._closed = False
         self._calls = 0
+        #: The batch running now, by call id (whether a request was cancelled is asked while it runs).
+        self._batches: dict[int, Sequence[Job]] = {}
+
+    def is_cancelled(self, call: int, index: int) -> bool:
+        """Whether the client cancelled request ``index`` of batch ``call`` (running, or streaming)."""
+        jobs = self._batches.get(call)
+        job = jobs[index] if jobs is not None and index < len(jobs) else self.streams.job(call, index)
+        return job is not None and job.cancelled
 
     def _enter(self) -> bool:
         with self._busy:
@@ -201,17 +213,21 @@ class InProcessInstance(_Base):
             call = self._ids
             if self.decoupled:
                 self.streams.open(call, jobs)
+            self._batches[call] = jobs
             try:
                 responses = self.runner.execute(
                     [job_data(job) for job in jobs],
                     (lambda index, data, final: self.streams.deliver(call, index, data, final))
                     if self.decoupled
                     else None,
+                    lambda index: self.is_cancelled(call, index),
                 )
                 error = None
             except Exception as exc:
                 responses, error = None, (exc.message() if isinstance(exc, pb.TritonModelException) else
                                           f"{type(exc).__name__}: {exc}")
+            finally:
+                self._batches.pop(call, None)
             if self.decoupled:
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
@@ -253,7 +269,7 @@ class ProcessInstance(_Base):
         self.worker = self._start()
 
     def _start(self) -> WorkerProcess:
-        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death)
+        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled)
         try:
             for message in self._start_messages:
                 worker.control(message)
@@ -287,7 +303,9 @@ class ProcessInstance(_Base):
                 packed = [shm.pack_request(job_data(job)) for job in jobs]
                 try:
                     call, (responses, error) = self.worker.execute_open(packed, self._opener(jobs))
+                    self._batches.pop(call, None)
                 except WorkerDied as died:
+                    self._batches.clear()
                     for request in packed:
                         for _, _, tensor in request[4]:
                             shm.discard(tensor)
@@ -309,6 +327,7 @@ class ProcessInstance(_Base):
 
     def _opener(self, jobs: Sequence[Job]) -> Any:
         def open_streams(call: int) -> None:
+            self._batches[call] = jobs
             if self.decoupled:
                 self.streams.open(call, jobs)
 

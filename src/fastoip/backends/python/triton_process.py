@@ -69,8 +69,10 @@ class WorkerProcess:
         label: str,
         on_send: Callable[[int, int, Any, bool], None],
         on_death: Callable[[str], None],
+        is_cancelled: Callable[[int, int], bool] | None = None,
     ) -> None:
         self.label = label
+        self._is_cancelled = is_cancelled
         self._on_send = on_send
         self._on_death = on_death
         self._write_lock = threading.Lock()
@@ -263,6 +265,8 @@ class WorkerProcess:
 
                 bridge.stream(name, version, shm.unpack_request(packed), deliver, timeout)
                 return
+            elif what == "cancelled":
+                answer = bool(self._is_cancelled(*args)) if self._is_cancelled is not None else False
             elif what == "ready":
                 answer = bridge.model_ready(*args)
             elif what == "load":
