@@ -799,12 +799,32 @@ def test_count_two_runs_two_worker_processes(server: ServerProcess) -> None:
 IN_PROCESS = 'parameters { key: "hosting" value: { string_value: "in_process" } }\n'
 
 
+CONTROLLER = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for request in requests:
+                load = bool(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+                if load:
+                    pb_utils.load_model("add_sub")
+                else:
+                    pb_utils.unload_model("add_sub")
+                ready = pb_utils.is_model_ready("add_sub")
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([int(ready)], dtype=np.int32))]))
+            return out
+"""
+
+
 def test_in_process_hosting_and_unload_reload(tmp_path: Path) -> None:
     write_python_model(tmp_path, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
     write_python_model(tmp_path, "add_sub_here", ADD_SUB, ADD_SUB_CONFIG.replace('"add_sub"', '"add_sub_here"')
                        + IN_PROCESS)
     write_python_model(tmp_path, "square_here", SQUARE, SQUARE_CONFIG + IN_PROCESS)
     write_python_model(tmp_path, "args_echo", ARGS_ECHO, ARGS_ECHO_CONFIG)
+    write_python_model(tmp_path, "controller", CONTROLLER, FAILING_CONFIG)
     with ServerProcess(tmp_path, "--model-control-mode=explicit", "--load-model=*", "--model-control-allow-code",
                        "--log-level", "INFO") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -818,6 +838,14 @@ def test_in_process_hosting_and_unload_reload(tmp_path: Path) -> None:
         x = grpcclient.InferInput("X", [1], "INT32")
         x.set_data_from_numpy(np.array([1], dtype=np.int32))
         worker_pid = json.loads(client.infer("args_echo", [x]).as_numpy("INFO")[0])["pid"]
+        def control(load: int) -> int:
+            flag = grpcclient.InferInput("X", [1], "INT32")
+            flag.set_data_from_numpy(np.array([load], dtype=np.int32))
+            return int(client.infer("controller", [flag]).as_numpy("Y")[0])
+
+        # pb_utils.unload_model / load_model / is_model_ready from inside a model (explicit model control).
+        assert control(0) == 0 and not client.is_model_ready("add_sub")
+        assert control(1) == 1 and client.is_model_ready("add_sub")
         client.unload_model("add_sub")
         client.unload_model("args_echo")
         assert wait_until(lambda: "add_sub finalize" in server.output(), timeout=20)  # finalize() ran, logged
