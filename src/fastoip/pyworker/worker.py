@@ -15,12 +15,14 @@ control messages), ``("result", id, responses | None, error | None)``,
 server: ``("call", call_id, what, args)`` (BLS, readiness, model control,
 metrics) answered by ``("reply", ...)`` or, for a BLS stream, by several
 ``("stream", call_id, response, final)``.
-The main thread reads; ``execute`` runs on a thread of its own (one at a time,
-as an instance runs one batch at a time), so BLS answers reach it meanwhile.
+The main thread reads and runs each batch itself (one at a time, as an instance
+runs one batch at a time); a thread waiting for an answer reads meanwhile
+(see :class:`_Channel`).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -40,13 +42,72 @@ from .runner import RequestData, TritonRunner, import_runner, request_data, resp
 
 
 class _Channel:
-    """The socket to the server, shared by the reader, the execute thread and model threads."""
+    """The socket to the server, shared by the main thread (which runs ``execute``) and the model's threads.
+
+    Whoever waits reads: only the holder of the read lock reads the socket.  The main thread holds it while it
+    waits for the next message; a thread waiting for the answer to its own call (BLS, readiness, cancellation)
+    reads while the main thread runs the model, and hands over what is not an answer (:attr:`inbox`).  So a batch
+    runs on the thread that received it: no hand-off between threads on the way in.
+    """
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._calls = itertools.count(1)
         self._waiting: dict[int, queue.SimpleQueue] = {}
+        #: Messages for the main loop that another thread read.
+        self.inbox: collections.deque = collections.deque()
+
+    def _read_one(self) -> tuple:
+        try:
+            return pickle.loads(self.connection.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the server went away: nothing to finish
+
+    def _route(self, message: tuple) -> bool:
+        """Deliver an answer to its waiter; False for anything else."""
+        kind = message[0]
+        if kind == "reply":
+            self.answer(message[1], message[2])
+        elif kind == "stream":
+            self.answer(message[1], message[2], final=message[3])
+        else:
+            return False
+        return True
+
+    def next_message(self) -> tuple:
+        """The main loop's next message (answers to other threads' calls are delivered on the way)."""
+        while True:
+            if self.inbox:
+                return self.inbox.popleft()
+            with self._read_lock:
+                if self.inbox:
+                    continue
+                message = self._read_one()
+            if not self._route(message):
+                return message
+
+    def wait(self, answers: queue.SimpleQueue) -> tuple:
+        """The next answer of one call: read the socket meanwhile when nobody else does."""
+        while True:
+            try:
+                return answers.get_nowait()
+            except queue.Empty:
+                pass
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    if answers.empty() and self.connection.poll(0.005):
+                        message = self._read_one()
+                        if not self._route(message):
+                            self.inbox.append(message)
+                finally:
+                    self._read_lock.release()
+            else:
+                try:
+                    return answers.get(timeout=0.005)
+                except queue.Empty:
+                    pass
 
     def send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -76,7 +137,7 @@ class _WorkerBridge:
         self.channel = channel
 
     def ask(self, what: str, *args: Any) -> Any:
-        value, _ = self.channel.call(what, *args).get()
+        value, _ = self.channel.wait(self.channel.call(what, *args))
         if isinstance(value, tuple) and value and value[0] == "__error__":
             raise pb.TritonModelException(value[1])
         return value
@@ -92,7 +153,7 @@ class _WorkerBridge:
 
         def responses() -> Iterator[pb.InferenceResponse]:
             while True:
-                value, final = answers.get()
+                value, final = self.channel.wait(answers)
                 if value is not None:
                     yield response_of(shm.unpack_response(value))
                 if final:
@@ -138,47 +199,32 @@ def serve(connection: Connection) -> None:
     bridge = _WorkerBridge(channel)
     pb.BRIDGE.current = bridge
     runner: TritonRunner | None = None
-    jobs: queue.SimpleQueue = queue.SimpleQueue()
 
-    def execute_loop() -> None:
-        while True:
-            item = jobs.get()
-            if item is None:
-                return
-            exec_id, packed = item
-            assert runner is not None
-            try:
-                requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
-
-                def emit(index: int, response: Any, final: bool, exec_id: int = exec_id) -> None:
-                    channel.send(("send", exec_id, index, shm.pack_response(response), final))
-
-                def cancelled(index: int, exec_id: int = exec_id) -> bool:
-                    return bool(bridge.ask("cancelled", exec_id, index))
-
-                responses = runner.execute(requests, emit, cancelled)
-                packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
-                # Drop the views on the server's segments now, so it can reuse them (see transport).
-                del requests, responses
-                channel.send(("result", exec_id, packed_out, None))
-            except BaseException as exc:  # the model's error fails the batch; the worker lives on
-                logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
-                channel.send(("result", exec_id, None, _describe(exc)))
-
-    executor = threading.Thread(target=execute_loop, name="fastoip-execute", daemon=True)
-    executor.start()
-    while True:
+    def execute(exec_id: int, packed: list) -> None:
+        assert runner is not None
         try:
-            message = pickle.loads(connection.recv_bytes())
-        except (EOFError, OSError):
-            os._exit(0)  # the server went away: nothing to finish
+            requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
+
+            def emit(index: int, response: Any, final: bool) -> None:
+                channel.send(("send", exec_id, index, shm.pack_response(response), final))
+
+            def cancelled(index: int) -> bool:
+                return bool(bridge.ask("cancelled", exec_id, index))
+
+            responses = runner.execute(requests, emit, cancelled)
+            packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
+            # Drop the views on the server's segments now, so it can reuse them (see transport).
+            del requests, responses
+            channel.send(("result", exec_id, packed_out, None))
+        except BaseException as exc:  # the model's error fails the batch; the worker lives on
+            logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
+            channel.send(("result", exec_id, None, _describe(exc)))
+
+    while True:
+        message = channel.next_message()
         kind = message[0]
-        if kind == "reply":
-            channel.answer(message[1], message[2])
-        elif kind == "stream":
-            channel.answer(message[1], message[2], final=message[3])
-        elif kind == "execute":
-            jobs.put((message[1], message[2]))
+        if kind == "execute":
+            execute(message[1], message[2])  # on this thread, the one that received it
         else:
             try:
                 if kind == "load":
@@ -194,8 +240,6 @@ def serve(connection: Connection) -> None:
                     runner.initialize(message[1], message[2])
                     value = None
                 elif kind == "finalize":
-                    jobs.put(None)
-                    executor.join()
                     if runner is not None and runner.model is not None:
                         runner.finalize()
                     channel.send(("ok", None))
