@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import utils as pb
 from .loop import call
 
@@ -188,7 +186,3 @@ def import_runner(path: Path, model_name: str, version: int) -> TritonRunner:
     if not defines_triton_model(module):
         raise pb.TritonModelException(f"{path} defines no TritonPythonModel class")
     return TritonRunner(module, model_name)
-
-
-def as_array(value: Any) -> np.ndarray:
-    return value if isinstance(value, np.ndarray) else np.asarray(value)

@@ -159,7 +159,6 @@ class _Base:
         self._busy = threading.Condition()
         self._in_flight = 0
         self._closed = False
-        self._calls = 0
         #: The batch running now, by call id (whether a request was cancelled is asked while it runs).
         self._batches: dict[int, Sequence[Job]] = {}
 
@@ -174,7 +173,6 @@ class _Base:
             if self._closed:
                 return False
             self._in_flight += 1
-            self._calls += 1
             return True
 
     def _leave(self) -> None:
