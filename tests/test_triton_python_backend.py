@@ -18,6 +18,7 @@ import queue
 import signal
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -727,7 +728,7 @@ def crash_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
     root = tmp_path_factory.mktemp("crashes")
     write_python_model(root, "crasher", CRASHER, CRASHER_CONFIG)
     write_python_model(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
-    with ServerProcess(root) as proc:
+    with ServerProcess(root, http=True) as proc:
         yield proc
 
 
@@ -779,6 +780,12 @@ def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) ->
             _how(client, 0)
         assert err.value.status() == "StatusCode.UNAVAILABLE" and "crashed 3 times" in err.value.message()
         assert wait_until(lambda: not client.is_model_ready("crasher"))
+        entry = next(m for m in client.get_model_repository_index().models if m.name == "crasher")
+        assert entry.state == "UNAVAILABLE" and "crashed 3 times" in entry.reason
+        ready = urllib.request.Request(f"http://{crash_server.http_url}/v2/models/crasher/ready")
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(ready, timeout=10)
+        assert answer.value.code == 400 and "crashed 3 times" in answer.value.read().decode()
         stop = True
         assert background.result(timeout=30) > 0
     assert client.is_model_ready("add_sub") and client.is_server_live()

@@ -134,6 +134,11 @@ class Core:
             self.data.model_metadata(name, version)
         except InferenceError as exc:
             return exc.message
+        if not (self.data.draining or self.data.shutting_down):
+            for entry in self.control.repository_index():
+                if entry.name == name and entry.reason and entry.state != "READY":
+                    return f"model '{name}' is not ready: {entry.reason}"
+            return f"model '{name}' is not ready"
         return f"model '{name}' is not ready: the server is shutting down"
 
     # -- metadata -----------------------------------------------------------------------

@@ -263,6 +263,7 @@ class ProcessInstance(_Base):
         self._start_messages = start_messages
         self._lock = threading.Lock()  # one execute at a time; held while a replacement starts
         self._crashes: list[float] = []
+        #: Why the instance stopped serving for good (the repository index reports it), or None.
         self.down_reason: str | None = None
         self.worker = self._start()
 
@@ -357,9 +358,6 @@ class ProcessInstance(_Base):
 
     def is_alive(self) -> bool:
         return True
-
-    def not_ready_reason(self) -> str:
-        return self.down_reason or ""
 
     def close(self) -> None:
         self._drain()
