@@ -24,6 +24,10 @@ Rules:
   files, or any Python-backend model) loads through the API only with
   ``allow_code_loads`` (``--model-control-allow-code``).  Loads the operator asks
   for (start-up, ``--load-model``, polling) are not limited.
+- Every name that becomes a path under the root (a load, an unload, an ensemble
+  step's model, a config override's steps) goes through ``_model_dir``, which
+  refuses anything but a plain name; a model an ensemble brings with it loads
+  under the same rules as the ensemble (the code guard included).
 """
 
 from __future__ import annotations
@@ -162,7 +166,7 @@ class ModelRepository:
         the repository's (needs ``config_override``).  ``from_client``: the load API
         asked for it, so only what the operator allows is loaded.
         """
-        check_model_name(name)
+        model_dir = self._model_dir(name)
         if from_client and not self.options.allow_code_loads and files:
             code = sorted(path for path in files if path.endswith(".py"))
             if code:
@@ -172,7 +176,7 @@ class ModelRepository:
                 )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
-            if uploaded is None and not (self.root / name).is_dir():
+            if uploaded is None and not model_dir.is_dir():
                 # Nothing to load: answer the error and leave no record behind (readiness, index).
                 raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
@@ -185,7 +189,7 @@ class ModelRepository:
     def _load_locked(
         self, name: str, config_override: mc.ModelConfig | None, uploaded: Path | None, from_client: bool
     ) -> None:
-        model_dir = uploaded or self.root / name
+        model_dir = uploaded or self._model_dir(name)
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
@@ -225,7 +229,7 @@ class ModelRepository:
 
     def unload(self, name: str) -> None:
         """Stop serving ``name``; requests in flight finish first."""
-        check_model_name(name)
+        self._model_dir(name)
         with self._load_lock:
             record = self._records.get(name)
             if record is None:
@@ -272,6 +276,11 @@ class ModelRepository:
                     prepare(name, [path for _, path in paths], base, self.options)
             except Exception as exc:
                 log.debug("model '%s': preparing failed: %s", name, exc)
+
+    def _model_dir(self, name: str) -> Path:
+        """The one place a model name becomes a path: refused unless it is a plain name under the root."""
+        check_model_name(name)
+        return self.root / name
 
     # -- building versions ---------------------------------------------------------
     def _is_ensemble_dir(self, name: str) -> bool:
@@ -336,7 +345,7 @@ class ModelRepository:
         loaded: dict[int, LoadedModel] = {}
         try:
             for version, path in paths:
-                loaded[version] = self._load_version(name, version, path, base, kind)
+                loaded[version] = self._load_version(name, version, path, base, kind, from_client)
         except BaseException:
             for model in loaded.values():  # versions built before the failure release their instances
                 model.close()
@@ -344,11 +353,11 @@ class ModelRepository:
         return loaded
 
     def _load_version(
-        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind, from_client: bool
     ) -> LoadedModel:
         options = self.options
         if kind is ENSEMBLE_KIND:
-            return self._load_ensemble(name, version, path, base)
+            return self._load_ensemble(name, version, path, base, from_client)
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
         # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
@@ -374,13 +383,20 @@ class ModelRepository:
             model.stats.clear()
         return model
 
-    def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
+    def _load_ensemble(
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, from_client: bool
+    ) -> LoadedModel:
         config = named_copy(base, name)
-        for step in config.ensemble_scheduling.step:
+        for index, step in enumerate(config.ensemble_scheduling.step):
+            try:
+                step_dir = self._model_dir(step.model_name)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"ensemble '{name}' step {index}: {exc}") from None
             record = self.record(step.model_name)
             loaded = record is not None and bool(record.versions)
-            if not loaded and step.model_name != name and (self.root / step.model_name).is_dir():
-                self._load_locked(step.model_name, None, None, False)  # Triton loads an ensemble's models with it
+            if not loaded and step.model_name != name and step_dir.is_dir():
+                # Triton loads an ensemble's models with it, under the ensemble's rules (the code guard too).
+                self._load_locked(step.model_name, None, None, from_client)
 
         def lookup(model_name: str) -> ComposingModel | None:
             try:
