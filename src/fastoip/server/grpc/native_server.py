@@ -23,6 +23,7 @@ from typing import cast
 
 from ...core import Core
 from . import _http2, wire
+from .intake import MessageIntake
 from .native_calls import Call, Dispatcher, deadline_from
 from .native_options import NativeGrpcOptions
 
@@ -69,6 +70,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         #: Streams whose request side is open -> (DATA bytes received when last seen, when that changed).
         self.open_requests: dict[int, tuple[int, float]] = {}
         self.idle_sweep: asyncio.TimerHandle | None = None
+        # issue 27: request messages are checked and inflated (off the loop when large) by the intake
+        self.intake = MessageIntake(self, self.options.max_message_size)
 
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -181,19 +184,30 @@ class GrpcConnection(asyncio.BufferedProtocol):
         call = self.calls.get(stream_id)
         if call is None or self.over_queued_limit(stream_id, call.headers_sent):
             return
-        if compressed:
-            try:
-                data = wire.decompress(data, self.encodings.get(stream_id, b"identity"),
-                                       self.options.max_message_size)
-            except wire.DecompressError as exc:
-                self.end_call(stream_id).cancel()
-                self.answer_early(stream_id, exc.code, exc.message, call.headers_sent)
-                return
+        self.intake.message(stream_id, call.streaming, data, compressed,
+                            self.encodings.get(stream_id, b"identity"))  # -> deliver_message / refuse_message
+
+    def deliver_message(self, stream_id: int, data: wire.Payload) -> None:
+        """A request message, checked and inflated by the intake."""
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
         call.on_message(data)
         self.forget_if_finished(stream_id, call)
 
+    def refuse_message(self, stream_id: int, code: int, message: str) -> None:
+        """The intake refused a request message: the call ends with ``code``."""
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
+        self.end_call(stream_id).cancel()
+        self.answer_early(stream_id, code, message, call.headers_sent)
+
     def on_end_stream(self, stream_id: int, leftover: int) -> None:
         self.open_requests.pop(stream_id, None)
+        self.intake.end(stream_id, leftover)  # -> deliver_end, after any message still inflating
+
+    def deliver_end(self, stream_id: int, leftover: int) -> None:
         call = self.calls.get(stream_id)
         if call is None:
             return
@@ -270,6 +284,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.calls.pop(stream_id, None)
         self.open_requests.pop(stream_id, None)
         self.encodings.pop(stream_id, None)
+        self.intake.forget(stream_id)
         timer = self.timers.pop(stream_id, None)
         if timer is not None:
             timer.cancel()
