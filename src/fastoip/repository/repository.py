@@ -306,7 +306,7 @@ class ModelRepository:
         if is_ensemble(base):
             refuse_unbuilt_sections(base, name, "ensemble")
             # an ensemble has no model file: each version is a directory (Triton's layout)
-            versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+            versions = _version_numbers(name, model_dir, None)
             if not versions:
                 raise Unavailable(f"model '{name}': an ensemble needs a version directory (e.g. '{name}/1/')")
             selected = _select_versions(base, versions, name)
@@ -327,9 +327,7 @@ class ModelRepository:
                 "so config.pbtxt must declare max_batch_size, every input and every output"
             )
         filename = base.default_model_filename or kind.default_filename
-        available = sorted(
-            int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
-        )
+        available = _version_numbers(name, model_dir, filename)
         if not available:
             raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
         selected = _select_versions(base, available, name)
@@ -406,6 +404,25 @@ class ModelRepository:
 
         plan = plan_ensemble(config, lookup)
         return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+
+
+#: Triton's version numbers are int64: a directory named by a larger number is not a version.
+VERSION_MAX = 2**63 - 1
+
+
+def _version_numbers(name: str, model_dir: Path, filename: str | None) -> list[int]:
+    """The version directories of ``model_dir`` (holding ``filename`` when given), sorted; a number past int64
+    (e.g. 10^20) is skipped with a warning (issue 27)."""
+    versions = []
+    for path in model_dir.iterdir():
+        if not (path.name.isdigit() and path.is_dir()) or (filename is not None and not (path / filename).is_file()):
+            continue
+        number = int(path.name)
+        if number > VERSION_MAX:
+            log.warning("model '%s': version directory '%s' is past int64 and is not a version", name, path.name[:40])
+            continue
+        versions.append(number)
+    return sorted(versions)
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
