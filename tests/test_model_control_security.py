@@ -195,6 +195,10 @@ def test_uploaded_file_names_are_checked(server: ServerProcess, protocol: str) -
     assert error.status() == _refused(protocol, "internal"), error
     assert "failed to load 'uploaded'" in error.message(), error
     assert "/tmp" not in error.message() and "fastoip-upload" not in error.message(), error
+    # A model file the backend cannot read: ONNX Runtime's message names the file's path (issue 27).
+    error = _load_error(client, "uploaded", config=config, files={"file:1/model.onnx": b"not an onnx model"})
+    assert "failed to load 'uploaded'" in error.message(), error
+    assert "/tmp" not in error.message() and "fastoip-upload" not in error.message(), error
     client.load_model("uploaded", config=config, files={"file:1/model.onnx": model})
     np.testing.assert_array_equal(_infer(client, "uploaded"), np.arange(4, dtype=np.float32).reshape(1, 4))
     client.unload_model("uploaded")

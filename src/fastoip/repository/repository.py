@@ -205,14 +205,16 @@ class ModelRepository:
         try:
             loaded = self._load_versions(name, model_dir, config_override, from_client)
         except InferenceError as exc:
-            record.reason = str(exc)
+            record.reason = self._without_paths(str(exc), name, model_dir)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
             if record.reason.startswith("failed to load"):
-                raise
+                if record.reason == str(exc):
+                    raise
+                raise type(exc)(record.reason) from None
             # Triton's words first: clients (and Triton's examples) match on "failed to load".
             raise type(exc)(f"failed to load '{name}': {record.reason}") from None
         except Exception as exc:  # a bug or an unexpected backend error: still keep serving
-            record.reason = f"{type(exc).__name__}: {exc}"
+            record.reason = self._without_paths(f"{type(exc).__name__}: {exc}", name, model_dir)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
             raise InvalidArgument(f"failed to load '{name}': {record.reason}") from exc
         old = record.versions
@@ -276,6 +278,14 @@ class ModelRepository:
                     prepare(name, [path for _, path in paths], base, self.options)
             except Exception as exc:
                 log.debug("model '%s': preparing failed: %s", name, exc)
+
+    def _without_paths(self, message: str, name: str, model_dir: Path) -> str:
+        """A load error as a client may read it: the model's directory (a private upload directory, or the
+        repository's) named by the model instead (backends such as ONNX Runtime put file paths in theirs)."""
+        for path, shown in ((model_dir, f"<model '{name}'>"), (self.root, "<repository>")):
+            for text in {str(path.resolve()), str(path)}:
+                message = message.replace(text, shown)
+        return message
 
     def _model_dir(self, name: str) -> Path:
         """The one place a model name becomes a path: refused unless it is a plain name under the root."""
