@@ -280,3 +280,14 @@ def test_control_is_off_by_default(tmp_path: Path) -> None:
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert "model control mode 'none'" in info.value.message()
         _good_request(client)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_load_cannot_ask_for_a_hundred_instances(server: ServerProcess, protocol: str) -> None:
+    """Issue 27: 100 instances in one load request cost 526 MB and 100 threads; the API allows 32."""
+    client = _client(server, protocol)
+    config = json.dumps({**ONNX_CONFIG, "instance_group": [{"count": 100, "kind": "KIND_CPU"}]})
+    error = _load_error(client, "good", config=config)
+    assert error.status() == _refused(protocol), error
+    assert "100 instances" in error.message() and "at most 32" in error.message(), error
+    _good_request(client)

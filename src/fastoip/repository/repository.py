@@ -324,6 +324,8 @@ class ModelRepository:
             return base, cast(BackendKind, ENSEMBLE_KIND), paths
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
+        if from_client:
+            _check_instance_count(name, base)
         kind = kind_for(base, model_dir)
         refuse_unbuilt_sections(base, name, kind.name)
         if from_client and kind.name == "python" and not self.options.allow_code_loads:
@@ -414,6 +416,20 @@ class ModelRepository:
 
         plan = plan_ensemble(config, lookup)
         return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+
+
+#: Instances one load through the API may ask for (issue 27: each is a session and a thread; 100 took 526 MB).
+CLIENT_INSTANCES_MAX = 32
+
+
+def _check_instance_count(name: str, config: mc.ModelConfig) -> None:
+    """Refuse a client's config whose instance groups add up to more than CLIENT_INSTANCES_MAX instances."""
+    total = sum(max(group.count, 1) * max(len(group.gpus), 1) for group in config.instance_group)
+    if total > CLIENT_INSTANCES_MAX:
+        raise InvalidArgument(
+            f"failed to load '{name}': instance_group asks for {total} instances; a load through the API may ask "
+            f"for at most {CLIENT_INSTANCES_MAX} (the operator's config.pbtxt is not limited)"
+        )
 
 
 #: Triton's version numbers are int64: a directory named by a larger number is not a version.
