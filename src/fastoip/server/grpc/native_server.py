@@ -190,7 +190,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         if self.over_queued_limit(stream_id, False):
             return
         path = fields.get(b":path", b"")
-        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, fields)):
+        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, headers)):
             self.answer_early(stream_id, wire.UNAVAILABLE, refusal)  # Triton's --grpc-restricted-protocol
             return
         call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
