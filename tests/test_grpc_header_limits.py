@@ -128,3 +128,29 @@ def test_headers_under_the_limit_still_work(server: ServerProcess) -> None:
         result = conn.wait(stream_id, 20)
     assert result.status == 0, (result.status, result.message, result.reset_code)
     assert_good_request_on_new_connection(server.grpc_port)
+
+
+def vm_size(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize")
+
+
+def test_stalled_streams_reserve_little_address_space(demo_repo, native_frontend: str) -> None:  # type: ignore[no-untyped-def]
+    """Issue 27: 1,000 streams that each announce a 64 MiB message and send 10 bytes of it reserved 64 GiB of
+    address space (each message buffer was allocated whole up to 64 MiB); now 1 MiB each at most."""
+    import struct
+
+    with ServerProcess(demo_repo, grpc_frontend=native_frontend) as proc:
+        before = vm_size(proc.proc.pid)  # type: ignore[union-attr]
+        with RawGrpcConnection(proc.grpc_port) as conn:
+            conn.handshake()
+            for _ in range(1000):
+                stream_id = conn.start_call(MODEL_INFER)
+                conn.send_data(stream_id, struct.pack(">BI", 0, 64 << 20) + b"x" * 10, end_stream=False)
+            conn.drain(1.0)
+            grew = vm_size(proc.proc.pid) - before  # type: ignore[union-attr]
+        print(f"1,000 stalled 64 MiB messages: address space +{grew >> 20} MiB")
+        assert grew < 4 << 30, f"address space grew by {grew >> 20} MiB"
+        assert_good_request_on_new_connection(proc.grpc_port)

@@ -181,8 +181,10 @@ cdef enum:
     # (NGHTTP2_DATA_FLAG_NO_COPY); shorter ones are copied into nghttp2's frame buffer.
     NO_COPY_MIN = 16 * 1024
     # A message in pieces gets its whole declared size up front up to this much; above it the buffer
-    # grows (doubling) with what arrives, so a length prefix alone reserves little.
-    EAGER_RESERVE = 64 * 1024 * 1024
+    # grows (doubling) with what arrives, so a length prefix alone reserves little.  Issue 27: 1 MiB, not
+    # 64 MiB (1,000 stalled streams reserved 64 GiB of address space); buffers this large are mmap-ed by
+    # malloc (fastoip serve pins the threshold at 1 MiB), so growing one remaps pages instead of copying.
+    EAGER_RESERVE = 1024 * 1024
 
 
 class Http2Error(Exception):
