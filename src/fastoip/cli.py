@@ -185,6 +185,12 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
                         "(slow-header attacks; default 30)")
     g.add_argument("--http-body-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a request body may pause this long between reads, else 408 and close (default 60)")
+    g.add_argument("--http-body-min-rate", type=float, default=500.0, metavar="BYTES_PER_S",
+                   help="after a 20 s grace a request body must keep arriving at this rate on average (each 500 "
+                        "bytes buy a second, as Apache's mod_reqtimeout MinRate), else 408 and close (default "
+                        "500; 0: no minimum)")
+    g.add_argument("--http-body-min-rate-grace", type=float, default=20.0, metavar="SECONDS",
+                   help="seconds from a body's first byte before --http-body-min-rate applies (default 20)")
     g.add_argument("--http-ssl-certfile", default="", metavar="PEM",
                    help="serve HTTPS with this certificate chain (uvicorn's ssl_certfile)")
     g.add_argument("--http-ssl-keyfile", default="", metavar="PEM",
@@ -209,6 +215,8 @@ def _http_limits(args: argparse.Namespace) -> HttpLimits:
         keep_alive_timeout=args.http_keep_alive_timeout,
         header_timeout=args.http_header_timeout,
         body_timeout=args.http_body_timeout,
+        body_min_rate=max(args.http_body_min_rate, 0.0),
+        body_rate_grace=max(args.http_body_min_rate_grace, 0.0),
     )
 
 
