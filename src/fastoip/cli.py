@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -101,11 +102,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour)."""
+    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour),
+    with the nearest spelling fastoip takes (argparse suggests only from Python 3.12, and not for options)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        parser.error(triton_flags.unknown_flags_message(unknown))
+        flags = _option_strings(parser, args.command)
+        problems = []
+        for index, item in enumerate(unknown):
+            before = unknown[index - 1] if index else ""
+            if not item.startswith("-") and before.startswith("-") and "=" not in before:
+                continue  # the value of the unknown flag before it
+            hint = _nearest_flag(item, flags)
+            problems.append(triton_flags.unknown_flags_message([item]) + (f" ({hint})" if hint else ""))
+        parser.error("; ".join(problems))
     return args
+
+
+def _option_strings(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """Every --flag the command's parser takes."""
+    for action in parser._actions:  # argparse has no public accessor for subparsers
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            parser = action.choices[command]
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+
+
+def _nearest_flag(item: str, flags: list[str]) -> str:
+    """'did you mean ...' for an unknown flag, or what to write instead of a stray argument ('' for none)."""
+    flag = item.split("=", 1)[0]
+    if flag in triton_flags.UNSUPPORTED:
+        return ""
+    if not flag.startswith("-"):
+        if Path(item).is_dir():
+            return f"to serve the models in {item}: --model-repository {item}"
+        return ""
+    wanted = "--" + flag.lstrip("-").replace("_", "-").lower()
+    if wanted in flags:
+        return f"did you mean {wanted}?"
+    close = difflib.get_close_matches(wanted, flags, n=2, cutoff=0.75)
+    return f"did you mean {' or '.join(close)}?" if close else ""
 
 
 def serve_options(argv: Sequence[str]) -> ServeOptions:
@@ -121,6 +155,12 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
+    if triton.model_repository is not None:
+        from .repository.layout import model_folder_given_as_repository
+
+        mistake = model_folder_given_as_repository(triton.model_repository)
+        if mistake:
+            raise triton_flags.FlagError(mistake)
     try:
         metrics_config = MetricsConfig.parse(args.metrics_config)
         cache = CacheSettings.parse(args.cache_config)

@@ -1,0 +1,129 @@
+"""The first hour of a new user: each common mistake gets an error that says what to do, and fast.
+
+Real ``fastoip serve`` processes: the errors are what a user reads on the terminal.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto
+
+from fastoip.cli import serve_options
+from fastoip.repository.layout import missing_version_hint, model_folder_given_as_repository
+from fastoip.triton_flags import FlagError
+from models import identity_model_bytes, write_model
+from serverproc import ServerProcess
+
+SERVE = [sys.executable, "-m", "fastoip.cli", "serve"]
+NO_PORTS = ["--grpc-port=0", "--http-port=-1", "--metrics-port=-1"]
+
+
+@pytest.fixture(scope="module")
+def model_bytes() -> bytes:
+    return identity_model_bytes(TensorProto.FLOAT, [4])
+
+
+def _model_error(root: Path, name: str) -> str:
+    """The reason the server gives for a model that did not load (its HTTP model-ready answer's log)."""
+    with ServerProcess(root, http=True) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert not client.is_model_ready(name)
+        index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+        return str(index[name].get("reason", "")) + server.output()
+
+
+# -- layout mistakes ------------------------------------------------------------------
+def test_a_model_file_outside_a_version_folder_says_where_to_move_it(tmp_path: Path, model_bytes: bytes) -> None:
+    (tmp_path / "mymodel").mkdir()
+    (tmp_path / "mymodel" / "model.onnx").write_bytes(model_bytes)
+    error = _model_error(tmp_path, "mymodel")
+    assert "move it to mymodel/1/model.onnx" in error
+
+
+def test_a_version_folder_with_another_file_name_says_how_to_name_it(tmp_path: Path, model_bytes: bytes) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "resnet.onnx").write_bytes(model_bytes)
+    hint = missing_version_hint("m", tmp_path / "m", "model.onnx")
+    assert "m/1/ holds resnet.onnx" in hint and "default_model_filename" in hint
+
+
+def test_a_model_folder_given_as_the_repository_names_its_parent(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "simple", model_bytes, config='name: "simple"\n')
+    write_model(tmp_path, "bare", model_bytes)  # no config: only the version folder marks it
+    for name in ("simple", "bare"):
+        with pytest.raises(FlagError, match=f"give its parent, --model-repository {tmp_path}"):
+            serve_options([f"--model-repository={tmp_path / name}"])
+    assert model_folder_given_as_repository(tmp_path) == ""  # the repository itself is fine
+    done = subprocess.run([*SERVE, f"--model-repository={tmp_path / 'simple'}", *NO_PORTS],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "looks like one model's folder" in done.stderr
+
+
+def test_a_malformed_config_names_the_file_and_line(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "bad", model_bytes, config='name: "bad"\nmax_batch_size: 0\ninput [\n { name: "x" }\n'
+                                                      '{ name: "y" }\n')
+    error = _model_error(tmp_path, "bad")
+    assert f"{tmp_path / 'bad' / 'config.pbtxt'}, line 5, column 1: " in error
+
+
+# -- flags -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("given", "nearest"), [
+    ("--grpc-prot", "did you mean --grpc-port"),
+    ("--http_port", "did you mean --http-port?"),
+    ("--exit-timout-secs", "did you mean --exit-timeout-secs"),
+    ("--log-verbse", "did you mean --log-verbose?"),
+    ("--model-respository", "did you mean --model-repository"),
+])
+def test_an_unknown_flag_gets_the_nearest_spelling(capsys: pytest.CaptureFixture, given: str, nearest: str) -> None:
+    with pytest.raises(SystemExit):
+        serve_options([given, "7"])
+    err = capsys.readouterr().err
+    assert nearest in err
+    assert "'7'" not in err  # the unknown flag's value is not a second complaint
+
+
+def test_a_repository_given_without_its_flag_says_which_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        serve_options([str(tmp_path)])
+    assert f"--model-repository {tmp_path}" in capsys.readouterr().err
+
+
+# -- timing: a port in use, Ctrl-C on an idle server --------------------------------------
+def test_a_port_in_use_fails_before_any_model_loads(tmp_path: Path, model_bytes: bytes) -> None:
+    for index in range(20):  # many models: loading them would take a while
+        write_model(tmp_path, f"m{index}", model_bytes)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run([*SERVE, f"--model-repository={tmp_path}", "--grpc-port=0", f"--http-port={port}",
+                               "--metrics-port=-1"], capture_output=True, text=True, timeout=120)
+        elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    assert f"--http-port {port}: cannot bind 127.0.0.1:{port}" in done.stderr
+    assert "pick another port with --http-port" in done.stderr
+    assert "model repository" not in done.stderr  # nothing was loaded
+    # the interpreter's start and imports dominate; on a shared 2-core machine allow some slack
+    assert elapsed < 5.0, elapsed
+
+
+def test_ctrl_c_on_an_idle_server_exits_without_the_grace_period(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "identity", model_bytes)
+    server = ServerProcess(tmp_path, "--shutdown-grace=20").start()
+    try:
+        started = time.monotonic()
+        server.signal(signal.SIGINT)
+        assert server.wait(15) == 0
+        assert time.monotonic() - started < 10  # not the 20 s grace
+        assert "no grace period" in server.output()
+    finally:
+        server.stop()
