@@ -5,6 +5,8 @@ Real ``fastoip serve`` processes: the errors are what a user reads on the termin
 
 from __future__ import annotations
 
+import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto
 
+from fastoip import cli, serve_help
 from fastoip.cli import serve_options
 from fastoip.repository.layout import missing_version_hint, model_folder_given_as_repository
 from fastoip.triton_flags import FlagError
@@ -127,3 +130,48 @@ def test_ctrl_c_on_an_idle_server_exits_without_the_grace_period(tmp_path: Path,
         assert "no grace period" in server.output()
     finally:
         server.stop()
+
+
+# -- serve --help ---------------------------------------------------------------------------
+def _serve_help() -> str:
+    done = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "100"})
+    assert done.returncode == 0
+    return done.stdout
+
+
+def _serve_actions() -> list[argparse.Action]:
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [action for action in sub.choices["serve"]._actions if action.option_strings != ["-h", "--help"]]
+
+
+def test_serve_help_is_in_groups_in_a_readers_order() -> None:
+    text = _serve_help()
+    titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles == ["options", *(title for title, _, _ in serve_help.GROUPS)]
+    assert text.startswith("usage: fastoip serve [--model-repository DIR] [options]\n")
+
+
+def test_every_flag_with_a_default_states_it() -> None:
+    text = _serve_help()
+    for action in _serve_actions():
+        default = action.default
+        if default in (None, "", [], False) and not (default is False and action.nargs != 0):
+            continue
+        assert action.help and serve_help.states_default(action.help, default) or (
+            f"(default: {'true' if default is True else 'false' if default is False else default})"
+            in " ".join(text.split())
+        ), action.option_strings
+    flat = " ".join(text.split())
+    for words in ("--grpc-port GRPC_PORT 0 picks a free port (default: 8001)", "(default: none)",
+                  "(default: 30.0)", "(default: 1)", "(default: INFO)"):
+        assert words in flat
+
+
+def test_each_alias_pair_says_once_which_spelling_to_prefer() -> None:
+    flat = " ".join(_serve_help().split())
+    for alias, preferred in serve_help.PREFERRED.items():
+        spelling = preferred.split()[0].rstrip(",")
+        assert flat.count(f"prefer {spelling}") == 1, alias
+    assert "--model-store is Triton's older name, --model-repository preferred" in flat

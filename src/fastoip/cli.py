@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__, triton_flags
+from . import __version__, serve_help, triton_flags
 
 if TYPE_CHECKING:
     from .server.app import ServeOptions
@@ -27,11 +27,17 @@ def _env(name: str, default: str) -> str:
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
+    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)",
+                       usage="fastoip serve [--model-repository DIR] [options]",
+                       formatter_class=serve_help.DefaultsFormatter)
     p.add_argument("--model-repository", "--model-store", type=Path, action="append",
-                   default=None, help="Triton-style repository (Triton's --model-store too); "
-                   "default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository")
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
+                   default=None, metavar="DIR",
+                   help="the models: DIR/<model>/<version>/model.onnx (or model.py), optional DIR/<model>/config.pbtxt "
+                        "(default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository); --model-store is "
+                        "Triton's older name, --model-repository preferred")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"),
+                   help="bind address of gRPC, and of HTTP and metrics unless --http-address / --metrics-address "
+                        "say otherwise (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
                    help="gRPC handler threads: bounds calls in progress (an open stream holds one); "
@@ -88,6 +94,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     triton_flags.add_triton_flags(p)
+    serve_help.arrange(p)
 
 
 def _parser() -> argparse.ArgumentParser:
