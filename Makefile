@@ -42,8 +42,8 @@ $(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.p
 serve: $(SERVE_STAMP)  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
 	$(SERVE_VENV)/bin/fastoip serve $(ARGS)
 
-bench: $(SERVE_STAMP)  ## throughput run against a fastoip on the demo repository
-	$(SERVE_VENV)/bin/fastoip bench $(ARGS)
+bench: $(SERVE_STAMP)  ## throughput sweep of a private fastoip on the demo repository (ARGS=... for perf_analyzer-style flags)
+	$(SERVE_VENV)/bin/fastoip bench $(if $(ARGS),$(ARGS),--local-server)
 
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tritonclient.http as httpclient
@@ -175,3 +176,31 @@ def test_each_alias_pair_says_once_which_spelling_to_prefer() -> None:
         spelling = preferred.split()[0].rstrip(",")
         assert flat.count(f"prefer {spelling}") == 1, alias
     assert "--model-store is Triton's older name, --model-repository preferred" in flat
+
+
+# -- fastoip bench as a perf_analyzer user expects ---------------------------------------
+def _bench_settings(*argv: str) -> Any:
+    from fastoip.bench.cli import build_parser, settings_from
+
+    return settings_from(build_parser().parse_args(list(argv)))
+
+
+def test_bench_defaults_are_perf_analyzers() -> None:
+    settings = _bench_settings("-m", "simple")  # no URL: localhost:8000 over HTTP, as perf_analyzer
+    assert (settings.protocol, settings.target.host, settings.target.port) == ("http", "localhost", 8000)
+    assert not settings.local
+    settings = _bench_settings("-m", "simple", "-i", "grpc")
+    assert (settings.protocol, settings.target.port) == ("grpc", 8001)
+    settings = _bench_settings("-m", "simple", "-u", "localhost:8000")  # the spelling that failed before
+    assert (settings.protocol, settings.target.port) == ("http", 8000)
+    assert _bench_settings("-m", "s", "grpc://h:9").protocol == "grpc"
+
+
+def test_bench_private_server_is_explicit() -> None:
+    from fastoip.bench.cli import BenchError
+
+    assert _bench_settings("--local-server").local
+    with pytest.raises(BenchError, match="--local-server"):
+        _bench_settings()  # no -m: perf_analyzer requires one; the message names the private-server mode
+    with pytest.raises(BenchError, match="give no URL"):
+        _bench_settings("--local-server", "-u", "localhost:8000")
