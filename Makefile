@@ -9,7 +9,7 @@ STAMP := $(VENV)/.fastoip-installed
 CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
 ARGS ?=
 
-.PHONY: venv serve-venv serve test test-compat bench build proto clean check debug
+.PHONY: venv serve-venv serve test test-compat bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -97,3 +97,10 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(SERVE_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
 		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so
+
+# The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
+# limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run.
+gpu-check:  ## prepare the GPU run's files and dry-run it (scripts/gpu_check.sh says how to run it on a GPU)
+	bash scripts/gpu_check.sh prepare
+	rm -rf /tmp/fastoip-gpu && for n in $$(seq 1 $$(cat .gpu/BATCHES)); do bash scripts/gpu_check.sh stage $$n; done
+	bash scripts/gpu_check.sh run

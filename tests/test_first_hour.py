@@ -204,3 +204,46 @@ def test_bench_private_server_is_explicit() -> None:
         _bench_settings()  # no -m: perf_analyzer requires one; the message names the private-server mode
     with pytest.raises(BenchError, match="give no URL"):
         _bench_settings("--local-server", "-u", "localhost:8000")
+
+
+def _row(model: str, target: str, level: int, stable: bool = True) -> dict:
+    latency = {key: 123_456.7 for key in ("avg", "p50", "p90", "p95", "p99")}
+    return {"model": model, "target": target, "mode": "concurrency", "concurrency": level,
+            "throughput_infer_per_s": 123_456.0, "throughput_req_per_s": 123_456.0, "latency_us": latency,
+            "errors": {"UNAVAILABLE": 12, "DEADLINE_EXCEEDED": 3}, "stable": stable, "client_cpu_percent": 99.0,
+            "server_cpu_percent": 180.0, "other_cpu_percent": 1.0,
+            "server": {"queue_us": 1.0, "compute_input_us": 2.0, "compute_infer_us": 3.0, "compute_output_us": 4.0,
+                       "avg_batch_size": 7.5}}
+
+
+def test_the_bench_table_fits_80_columns_and_wide_has_everything() -> None:
+    import io
+
+    from fastoip.bench.report import render_table
+
+    rows = [_row("a_rather_long_model_name_indeed", "server", 1024, stable=False), _row("mlp", "ceiling", 64)]
+    document = {"url": "grpc://some-host.example:8001", "batch_size": 8, "results": rows,
+                "settings": {"stability_pct": 10, "max_trials": 10}}
+    compact = io.StringIO()
+    render_table(document, compact)
+    lines = compact.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80, compact.getvalue()
+    text = compact.getvalue()
+    assert "p95" in text and "latency in ms" in text and "c=1024" in text
+    assert "123456*" in text  # the unstable level is marked
+    wide = io.StringIO()
+    render_table(document, wide, wide=True)
+    assert "srv cpu%" in wide.getvalue() and "queue µs" in wide.getvalue()
+
+
+def test_bench_in_a_ci_log_prints_a_line_per_window_and_level_k_of_n(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "identity", model_bytes)
+    with ServerProcess(tmp_path, http=True) as server:
+        done = subprocess.run([sys.executable, "-m", "fastoip.cli", "bench", "-u", server.http_url, "-m", "identity",
+                               "--concurrency-range", "1:2", "-p", "200", "-r", "2", "--warmup-ms", "50"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "level 1 of 2: identity [server] c=1  window 1:" in done.stderr
+    assert "level 2 of 2: identity [server] c=2  window 1:" in done.stderr
+    assert f"http://{server.http_url}" in done.stdout  # HTTP: the default protocol
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80

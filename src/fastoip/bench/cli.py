@@ -188,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress display and no notes (the table is still printed)"
     )
+    p.add_argument(
+        "--wide", action="store_true",
+        help="the full results table (req/s, avg, stability, CPU, the server's queue/compute split, batch); "
+        "default: a table that fits 80 columns"
+    )
     p.add_argument("--no-pin", action="store_true", help="without a URL: do not pin server and client to separate CPUs")
     return p
 
@@ -646,9 +651,10 @@ class Run:
         metrics = self.metrics if role == "server" else None
         shared = ProcessLoad(spec, self.args.processes, self.client_cpus) if self.args.processes > 1 else None
         try:
-            for level in self.s.levels:
+            for index, level in enumerate(self.s.levels, 1):
                 generator = shared or make_generator(spec, self.s.mode, level)
-                label = f"{model} [{role}] " + (f"c={level}" if self.s.mode == "concurrency" else f"r={level:g}/s")
+                label = f"level {index} of {len(self.s.levels)}: {model} [{role}] " + (
+                    f"c={level}" if self.s.mode == "concurrency" else f"r={level:g}/s")
                 if metrics is not None:
                     metrics.start()
                 try:
@@ -756,7 +762,7 @@ class Run:
             write_perf_analyzer_csv(rows, self.args.csv, self.args.verbose_csv, self.args.percentile,
                                     self.args.collect_metrics)
         if self.rows:
-            render_table(document)
+            render_table(document, wide=self.args.wide)
         if self.error is not None:
             print(f"fastoip bench: error: {self.error}", file=sys.stderr, flush=True)
             return 1
