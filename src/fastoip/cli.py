@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__, triton_flags
+from . import __version__, serve_help, triton_flags
 
 if TYPE_CHECKING:
     from .server.app import ServeOptions
@@ -26,11 +27,17 @@ def _env(name: str, default: str) -> str:
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
+    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)",
+                       usage="fastoip serve [--model-repository DIR] [options]",
+                       formatter_class=serve_help.DefaultsFormatter)
     p.add_argument("--model-repository", "--model-store", type=Path, action="append",
-                   default=None, help="Triton-style repository (Triton's --model-store too); "
-                   "default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository")
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
+                   default=None, metavar="DIR",
+                   help="the models: DIR/<model>/<version>/model.onnx (or model.py), optional DIR/<model>/config.pbtxt "
+                        "(default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository); --model-store is "
+                        "Triton's older name, --model-repository preferred")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"),
+                   help="bind address of gRPC, and of HTTP and metrics unless --http-address / --metrics-address "
+                        "say otherwise (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
                    help="gRPC handler threads: bounds calls in progress (an open stream holds one); "
@@ -87,6 +94,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     triton_flags.add_triton_flags(p)
+    serve_help.arrange(p)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,11 +109,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour)."""
+    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour),
+    with the nearest spelling fastoip takes (argparse suggests only from Python 3.12, and not for options)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        parser.error(triton_flags.unknown_flags_message(unknown))
+        flags = _option_strings(parser, args.command)
+        problems = []
+        for index, item in enumerate(unknown):
+            before = unknown[index - 1] if index else ""
+            if not item.startswith("-") and before.startswith("-") and "=" not in before:
+                continue  # the value of the unknown flag before it
+            hint = _nearest_flag(item, flags)
+            problems.append(triton_flags.unknown_flags_message([item]) + (f" ({hint})" if hint else ""))
+        parser.error("; ".join(problems))
     return args
+
+
+def _option_strings(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """Every --flag the command's parser takes."""
+    for action in parser._actions:  # argparse has no public accessor for subparsers
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            parser = action.choices[command]
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+
+
+def _nearest_flag(item: str, flags: list[str]) -> str:
+    """'did you mean ...' for an unknown flag, or what to write instead of a stray argument ('' for none)."""
+    flag = item.split("=", 1)[0]
+    if flag in triton_flags.UNSUPPORTED:
+        return ""
+    if not flag.startswith("-"):
+        if Path(item).is_dir():
+            return f"to serve the models in {item}: --model-repository {item}"
+        return ""
+    wanted = "--" + flag.lstrip("-").replace("_", "-").lower()
+    if wanted in flags:
+        return f"did you mean {wanted}?"
+    close = difflib.get_close_matches(wanted, flags, n=2, cutoff=0.75)
+    return f"did you mean {' or '.join(close)}?" if close else ""
 
 
 def serve_options(argv: Sequence[str]) -> ServeOptions:
@@ -121,6 +162,12 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
+    if triton.model_repository is not None:
+        from .repository.layout import model_folder_given_as_repository
+
+        mistake = model_folder_given_as_repository(triton.model_repository)
+        if mistake:
+            raise triton_flags.FlagError(mistake)
     try:
         metrics_config = MetricsConfig.parse(args.metrics_config)
         cache = CacheSettings.parse(args.cache_config)
@@ -185,6 +232,12 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
                         "(slow-header attacks; default 30)")
     g.add_argument("--http-body-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a request body may pause this long between reads, else 408 and close (default 60)")
+    g.add_argument("--http-body-min-rate", type=float, default=500.0, metavar="BYTES_PER_S",
+                   help="after a 20 s grace a request body must keep arriving at this rate on average (each 500 "
+                        "bytes buy a second, as Apache's mod_reqtimeout MinRate), else 408 and close (default "
+                        "500; 0: no minimum)")
+    g.add_argument("--http-body-min-rate-grace", type=float, default=20.0, metavar="SECONDS",
+                   help="seconds from a body's first byte before --http-body-min-rate applies (default 20)")
     g.add_argument("--http-ssl-certfile", default="", metavar="PEM",
                    help="serve HTTPS with this certificate chain (uvicorn's ssl_certfile)")
     g.add_argument("--http-ssl-keyfile", default="", metavar="PEM",
@@ -209,6 +262,8 @@ def _http_limits(args: argparse.Namespace) -> HttpLimits:
         keep_alive_timeout=args.http_keep_alive_timeout,
         header_timeout=args.http_header_timeout,
         body_timeout=args.http_body_timeout,
+        body_min_rate=max(args.http_body_min_rate, 0.0),
+        body_rate_grace=max(args.http_body_min_rate_grace, 0.0),
     )
 
 
@@ -248,6 +303,19 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="native: ms a stream may go without request DATA while its request is open (a unary "
                         "call, or a stream message half received) before it is answered DEADLINE_EXCEEDED "
                         "(default 60000; 0: never; fastoip only)")
+    p.add_argument("--grpc-max-connections", type=int, default=0,
+                   help="native: connections at once; one more is closed when accepted (default 0: half the "
+                        "open-file limit; fastoip only)")
+    p.add_argument("--grpc-max-connection-idle", type=int, default=300_000,
+                   help="native: ms a connection may go without any call before a graceful GOAWAY (default "
+                        "300000; 0: never; grpc's max connection idle, fastoip only)")
+    p.add_argument("--grpc-handshake-timeout", type=int, default=10_000,
+                   help="native: ms for a new connection's HTTP/2 preface and SETTINGS before it is closed "
+                        "(default 10000; 0: never; fastoip only)")
+    p.add_argument("--grpc-max-queued-response-bytes", type=int, default=1024 * 1024 * 1024,
+                   help="native: response bytes that may wait for clients' flow-control windows, all connections "
+                        "together; past it the stream that queues more is reset (RESOURCE_EXHAUSTED; default 1 GiB; "
+                        "fastoip only)")
     p.add_argument("--grpc-use-ssl", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
                    metavar="BOOL", help="native: TLS (ALPN h2); Triton's --grpc-use-ssl=true or the bare switch")
     p.add_argument("--grpc-use-ssl-mutual", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
@@ -268,6 +336,10 @@ def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
         max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         stream_idle_timeout_ms=args.grpc_stream_idle_timeout,
+        max_connections=args.grpc_max_connections,
+        max_connection_idle_ms=args.grpc_max_connection_idle,
+        handshake_timeout_ms=args.grpc_handshake_timeout,
+        max_queued_response_bytes=args.grpc_max_queued_response_bytes,
         use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         use_ssl_mutual=args.grpc_use_ssl_mutual,
         server_cert=args.grpc_server_cert,
