@@ -354,6 +354,35 @@ BLS_DECOUPLED_CONFIG = """
              { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 
+# BLS into the decoupled ticker: three responses, then ResponseIterator.cancel() cancels the inner request.
+BLS_CANCEL = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                inner = pb_utils.InferenceRequest(model_name="ticker", inputs=[request.inputs()[0]],
+                                                  requested_output_names=["OUT"])
+                stream = inner.exec(decoupled=True)
+                got, errors = 0, []
+                for response in stream:
+                    if response.has_error():
+                        errors.append(response.error().code())
+                        break
+                    if pb_utils.get_output_tensor_by_name(response, "OUT") is not None:
+                        got += 1
+                    if got == 3:
+                        stream.cancel()
+                cancelled = int(errors == [pb_utils.TritonError.CANCELLED])
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("COUNT", np.array([got], dtype=np.int32)),
+                    pb_utils.Tensor("SUM", np.array([cancelled], dtype=np.int32))]))
+            return responses
+"""
+
+
 METRICS = """
     import numpy as np
     import triton_python_backend_utils as pb_utils
@@ -438,6 +467,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_sync", BLS_SYNC, BLS_CONFIG)
     write_python_model(root, "bls_async", BLS_ASYNC, BLS_ASYNC_CONFIG)
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "metrics", METRICS, METRICS_CONFIG)
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "conda", CONDA, CONDA_CONFIG)
@@ -640,6 +670,15 @@ def test_bls_into_decoupled_model(server: ServerProcess) -> None:
     inp.set_data_from_numpy(np.array([4], dtype=np.int32))
     result = client.infer("bls_decoupled", [inp])
     assert int(result.as_numpy("COUNT")[0]) == 4 and int(result.as_numpy("SUM")[0]) == 16
+
+
+def test_bls_response_iterator_cancel(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([0], dtype=np.int32))
+    result = client.infer("bls_cancel", [inp])
+    assert 3 <= int(result.as_numpy("COUNT")[0]) < 500  # the ticker stopped long before its 500
+    assert int(result.as_numpy("SUM")[0]) == 1  # the stream ended with a CANCELLED error
 
 
 def test_custom_metrics_on_metrics_endpoint(server: ServerProcess) -> None:

@@ -360,8 +360,9 @@ class InferenceResponseSender:
 class ResponseIterator:
     """The responses of ``exec(decoupled=True)``, in order, until the final one."""
 
-    def __init__(self, responses: Iterator[InferenceResponse]) -> None:
+    def __init__(self, responses: Iterator[InferenceResponse], cancel: Any = None) -> None:
         self._responses = responses
+        self._cancel = cancel
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -370,7 +371,10 @@ class ResponseIterator:
         return next(self._responses)
 
     def cancel(self) -> None:
-        """Accepted; the inner request is not cancelled (not built: see COMPATIBILITY.md)."""
+        """Cancel the request in the server: the model it went to sees ``is_cancelled()``; the responses
+        still on their way arrive, the last with a CANCELLED error."""
+        if self._cancel is not None:
+            self._cancel()
 
 
 class InferenceRequest:
@@ -447,7 +451,8 @@ class InferenceRequest:
         if not self.model_name:
             raise TritonModelException("exec(): the request needs a model_name")
         if decoupled:
-            return ResponseIterator(BRIDGE.current.infer_stream(self))
+            responses = BRIDGE.current.infer_stream(self)
+            return responses if isinstance(responses, ResponseIterator) else ResponseIterator(responses)
         return BRIDGE.current.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:

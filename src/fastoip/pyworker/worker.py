@@ -115,11 +115,14 @@ class _Channel:
             self.connection.send_bytes(data)
 
     def call(self, what: str, *args: Any) -> queue.SimpleQueue:
+        return self.call_with_id(what, *args)[1]
+
+    def call_with_id(self, what: str, *args: Any) -> tuple[int, queue.SimpleQueue]:
         call_id = next(self._calls)
         answers: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting[call_id] = answers
         self.send(("call", call_id, what, args))
-        return answers
+        return call_id, answers
 
     def answer(self, call_id: int, value: Any, final: bool = True) -> None:
         answers = self._waiting.get(call_id)
@@ -149,7 +152,9 @@ class _WorkerBridge:
 
     def infer_stream(self, request: pb.InferenceRequest) -> Iterator[pb.InferenceResponse]:
         packed = shm.pack_request(request_data(request))
-        answers = self.channel.call("stream", request.model_name, request.model_version, packed, request.timeout())
+        call_id, answers = self.channel.call_with_id(
+            "stream", request.model_name, request.model_version, packed, request.timeout()
+        )
 
         def responses() -> Iterator[pb.InferenceResponse]:
             while True:
@@ -159,7 +164,7 @@ class _WorkerBridge:
                 if final:
                     return
 
-        return responses()
+        return pb.ResponseIterator(responses(), lambda: self.channel.send(("cancel_call", call_id)))
 
     def model_ready(self, name: str, version: str) -> bool:
         return bool(self.ask("ready", name, version))

@@ -144,8 +144,9 @@ def stream(
     data: Any,
     deliver: Callable[[ResponseData | None, bool], None],
     timeout_us: int = 0,
-) -> None:
-    """A BLS request whose responses (a decoupled model's stream) go to ``deliver(response, final)``."""
+) -> Any:
+    """A BLS request whose responses (a decoupled model's stream) go to ``deliver(response, final)``; the
+    request's job (``cancel()`` cancels it), or None when it failed before it started."""
     try:
         request = infer_request(model_name, model_version, data, timeout_us)
 
@@ -160,9 +161,10 @@ def stream(
             else:
                 deliver(None, True)
 
-        _core().submit(request, on_done, on_response=on_response)
+        return _core().submit(request, on_done, on_response=on_response)
     except InferenceError as exc:
         deliver(error_data(exc), True)
+        return None
 
 
 def model_ready(name: str, version: str) -> bool:
@@ -205,7 +207,7 @@ class InProcessBridge:
         from ...pyworker.runner import request_data, response_of
 
         answers: queue.SimpleQueue = queue.SimpleQueue()
-        stream(
+        job = stream(
             request.model_name,
             request.model_version,
             request_data(request),
@@ -221,7 +223,7 @@ class InProcessBridge:
                 if final:
                     return
 
-        return responses()
+        return pb.ResponseIterator(responses(), job.cancel if job is not None else None)
 
     def model_ready(self, name: str, version: str) -> bool:
         return model_ready(name, version)

@@ -83,6 +83,8 @@ class WorkerProcess:
         self._read_lock = threading.Lock()
         self._executing = 0
         self._finished: dict[int, Any] = {}
+        #: The worker's BLS streams in flight (their jobs), by call id: ``ResponseIterator.cancel()`` cancels one.
+        self._outgoing: dict[int, Any] = {}
         self._ids = itertools.count(1)
         self._dead = False
         self.cause: str | None = None
@@ -213,6 +215,10 @@ class WorkerProcess:
                 log.exception("%s: delivering a decoupled response failed", self.label)
         elif kind == "call":
             _CALLS.submit(self._serve_call, message[1], message[2], message[3])
+        elif kind == "cancel_call":
+            job = self._outgoing.get(message[1])
+            if job is not None:
+                job.cancel()
         elif kind == "log":
             logging.getLogger("fastoip.python.model").log(message[1], "%s: %s", self.label, message[2])
         elif kind == "metric":
@@ -258,12 +264,18 @@ class WorkerProcess:
                 name, version, packed, timeout = args
 
                 def deliver(data: Any, final: bool) -> None:
+                    if final:
+                        self._outgoing.pop(call_id, None)
                     try:
                         self._send(("stream", call_id, shm.pack_response(data), final))
                     except WorkerDied:
                         pass
 
-                bridge.stream(name, version, shm.unpack_request(packed), deliver, timeout)
+                job = bridge.stream(name, version, shm.unpack_request(packed), deliver, timeout)
+                if job is not None and not job.finished:
+                    self._outgoing[call_id] = job
+                    if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
+                        self._outgoing.pop(call_id, None)
                 return
             elif what == "cancelled":
                 answer = bool(self._is_cancelled(*args)) if self._is_cancelled is not None else False
