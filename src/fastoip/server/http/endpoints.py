@@ -14,7 +14,10 @@ Rules:
   a string, a list of strings or null (clear) per setting; log settings are
   plain JSON values (null: left as is).  CUDA shared memory answers 503
   where the server has no GPU (as the gRPC frontend answers UNAVAILABLE).
-- Readiness answers carry the Core's not-ready reason, the same one every frontend has.
+- Readiness answers carry the Core's not-ready reason, the same one every frontend has.  Server health
+  answers ``{"live": true}`` / ``{"ready": true}`` as KServe's server does (its REST client parses them;
+  tritonclient reads the status only); a model's V2 readiness keeps the spec's empty body.
+- KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict]``): :mod:`.v1`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ from .bodies import compress, inference_header_length, off_loop_if_large, read_b
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
+from .v1 import V1Endpoints
+
+#: KServe's health bodies (its REST client reads them); Triton's clients read only the status.
+LIVE = json_response({"live": True})
+READY = json_response({"ready": True})
 
 
 class HttpFrontend(Router):
@@ -50,6 +58,10 @@ class HttpFrontend(Router):
             "/v2/docs": {"GET": self.docs_page},
             "/v2/docs/openapi.json": {"GET": self.openapi_document},
         }
+        v1 = V1Endpoints(core, max_body_size)
+        self.fixed_paths["/"] = {"GET": v1.v1_root}
+        self.fixed_paths["/v1/models"] = {"GET": v1.v1_models}
+        self.v1_model_paths = {None: {"GET": v1.v1_model_ready}, "predict": {"POST": v1.v1_predict}}
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},
@@ -78,12 +90,12 @@ class HttpFrontend(Router):
     # -- health and metadata ---------------------------------------------------------------
     async def server_live(self, request: Request) -> Response:
         if self.core.server_live():
-            return EMPTY_OK
+            return LIVE
         return error_response(400, "the server is not live")
 
     async def server_ready(self, request: Request) -> Response:
         if self.core.server_ready():
-            return EMPTY_OK
+            return READY
         return error_response(400, self.core.not_ready_reason())
 
     async def model_ready(self, request: Request, model: str, version: str) -> Response:
