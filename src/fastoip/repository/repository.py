@@ -44,9 +44,17 @@ from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..options import RepositoryOptions
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
-from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
+from .config import (
+    MODEL_SETTINGS,
+    is_model_settings_config,
+    named_copy,
+    parameter,
+    read_config_file,
+    read_model_settings,
+)
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
+from .model_settings import find_model_settings
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .warmup import run_warmup
@@ -86,13 +94,32 @@ class ModelRepository:
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
         self._load_lock = threading.Lock()
+        #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
+        self._settings_dirs: dict[str, Path] = {}
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
-        """Model directories in the repository, sorted."""
+        """Models in the repository, sorted: its directories (Triton's layout) and the folders holding a
+        ``model-settings.json`` deeper down or at the root (MLServer's layouts, :mod:`.model_settings`)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        self._settings_dirs = found = find_model_settings(self.root)
+        containers = {folder.relative_to(self.root).parts[0] for folder in found.values() if folder != self.root}
+        names = {
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir()
+            and not p.name.startswith(".")
+            and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
+        }
+        return sorted(names | set(found))
+
+    def model_dir(self, name: str) -> Path:
+        """The folder of model ``name``: ``<root>/<name>``, or where its model-settings.json was found."""
+        found = self._settings_dirs.get(name)
+        if found is not None and not (self.root / name).is_dir():
+            return found
+        return self.root / name
 
     # -- lookups on the infer path --------------------------------------------
     def get(self, name: str, version: str = "") -> LoadedModel:
@@ -172,7 +199,7 @@ class ModelRepository:
                 )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
-            if uploaded is None and not (self.root / name).is_dir():
+            if uploaded is None and not self.model_dir(name).is_dir():
                 # Nothing to load: answer the error and leave no record behind (readiness, index).
                 raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
@@ -185,7 +212,7 @@ class ModelRepository:
     def _load_locked(
         self, name: str, config_override: mc.ModelConfig | None, uploaded: Path | None, from_client: bool
     ) -> None:
-        model_dir = uploaded or self.root / name
+        model_dir = uploaded or self.model_dir(name)
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
@@ -266,7 +293,7 @@ class ModelRepository:
         """
         for name in names:
             try:
-                base, kind, paths = self._plan(name, self.root / name, None)
+                base, kind, paths = self._plan(name, self.model_dir(name), None)
                 prepare = getattr(kind, "prepare", None)
                 if prepare is not None:
                     prepare(name, [path for _, path in paths], base, self.options)
@@ -290,7 +317,8 @@ class ModelRepository:
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
-            base = read_model_settings(model_dir / MODEL_SETTINGS, name)
+            by_name = model_dir != self.root / name  # MLServer's layouts: the file names the model
+            base = read_model_settings(model_dir / MODEL_SETTINGS, name, by_name=by_name)
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
@@ -321,6 +349,9 @@ class ModelRepository:
         available = sorted(
             int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
         )
+        if not available and is_model_settings_config(base) and kind.name == "python":
+            # MLServer's layout: no version folders; the implementation sits beside model-settings.json
+            return base, kind, [(settings_version(base), model_dir / MODEL_SETTINGS)]
         if not available:
             raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
         selected = _select_versions(base, available, name)
@@ -390,6 +421,12 @@ class ModelRepository:
 
         plan = plan_ensemble(config, lookup)
         return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+
+
+def settings_version(config: mc.ModelConfig) -> int:
+    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1."""
+    text = parameter(config, "version").strip()
+    return int(text) if text.isdigit() else 1
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 
 from ...core import CUDA, SYSTEM, Core, config_to_json
-from ...errors import InvalidArgument, OneResponseCall
+from ...errors import InferenceError, InvalidArgument, OneResponseCall
+from ...repository.config import is_model_settings_config
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from . import openapi
@@ -235,6 +236,12 @@ class HttpFrontend(Router):
         return Response(200, [(b"content-type", b"text/html; charset=utf-8")], openapi.DOCS_PAGE.encode())
 
     # -- inference -----------------------------------------------------------------------------
+    def _mlserver_model(self, model: str, version: str) -> bool:
+        try:
+            return is_model_settings_config(self.core.model_config(model, version))
+        except InferenceError:
+            return False
+
     async def infer(self, request: Request, model: str, version: str) -> Response:
         body = await read_body(request, self.max_body_size)
         header_length = inference_header_length(request.headers, len(body))
@@ -243,7 +250,16 @@ class HttpFrontend(Router):
             batching = self.core.model_config(model, version).max_batch_size > 0
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
-            infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+            try:
+                infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+            except InvalidArgument as exc:
+                # MLServer's BYTES shapes ([len(s)] for one string), for models from model-settings.json only:
+                # looked up on this error path, so other requests pay nothing for it.
+                if not (exc.message.startswith(wire.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
+                    raise
+                infer_request, output_format = wire.decode_infer_request(
+                    model, version, body, header_length, loose_bytes=True
+                )
         try:
             response = await self.core.infer_async(infer_request, trace_headers=request.headers)
         except OneResponseCall:
