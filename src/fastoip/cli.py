@@ -27,7 +27,7 @@ def _env(name: str, default: str) -> str:
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
-    p.add_argument("--model-repository", "--model-store", type=Path, action="append",
+    p.add_argument("--model-repository", "--model-store", type=str, action="append",
                    default=None, help="Triton-style repository (Triton's --model-store too); "
                    "default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
@@ -128,6 +128,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         raise triton_flags.FlagError(str(exc)) from None
     return ServeOptions(
         model_repository=triton.model_repository,
+        model_repository_url=triton.model_repository_url,
         host=triton.grpc_host or args.host,
         grpc_port=args.grpc_port,
         grpc_workers=args.grpc_workers,

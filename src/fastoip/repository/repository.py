@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
@@ -60,6 +60,12 @@ from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbu
 from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
+
+
+class RepositorySource(Protocol):
+    """What ``root`` is a copy of: :meth:`sync` brings the copy up to date (``remote.RemoteRepository``)."""
+
+    def sync(self) -> bool: ...
 
 
 class ModelState(str, enum.Enum):
@@ -96,6 +102,8 @@ class ModelRepository:
         self._load_lock = threading.Lock()
         #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
         self._settings_dirs: dict[str, Path] = {}
+        #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
+        self.source: RepositorySource | None = None
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
