@@ -142,6 +142,13 @@ def write_layout(root: Path) -> Path:
         parameters={"uri": "./offset.txt", "version": "3", "extra": {"scale": 2.0}},
         inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
     ))
+    # a Triton-config model beside them keeps Triton's checks
+    from onnx import TensorProto
+
+    from models import identity_model_bytes, write_model
+
+    write_model(root, "triton-text", identity_model_bytes(TensorProto.STRING, [1]),
+                config='platform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
     for name, source, cls in (("stream", STREAM_RUNTIME, "Counter"), ("echo", ECHO_RUNTIME, "Echo")):
         (root / name).mkdir()
         (root / name / "runtime.py").write_text(source)
@@ -188,7 +195,8 @@ def test_layouts_load_every_model(server: fastoip.Server) -> None:
     status, index = post(server, "/v2/repository/index", {})
     assert status == 200
     states = {entry["name"]: entry.get("state") for entry in index}
-    assert states == {"json-hello": "READY", "summer": "READY", "stream": "READY", "echo": "READY"}
+    assert states == {"json-hello": "READY", "summer": "READY", "stream": "READY", "echo": "READY",
+                      "triton-text": "READY"}
     assert get(server, "/v2/health/ready") == (200, {"ready": True})
 
 
@@ -202,6 +210,34 @@ def test_custom_json_runtime_with_its_readme_request(server: fastoip.Server) -> 
     answer = json.loads(doc["outputs"][0]["data"][0])
     assert answer == {"request": {"echo_request": json.loads(text)}, "server_response": "Hello from the server."}
     assert doc["outputs"][0]["parameters"]["content_type"] == "str"
+
+
+@needs_mlserver
+def test_custom_json_runtime_with_its_readme_grpc_request(server: fastoip.Server) -> None:
+    import grpc
+    from mlserver import types
+    from mlserver.grpc import converters
+    from mlserver.grpc import dataplane_pb2 as pb
+
+    text = json.dumps({"name": "Foo Bar", "message": "Hello from Client (gRPC)!"}).encode()
+    request = types.InferenceRequest(inputs=[types.RequestInput(
+        name="echo_request", shape=[len(text)], datatype="BYTES", data=[text],
+        parameters=types.Parameters(content_type="str"))])
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        answer = infer(converters.ModelInferRequestConverter.from_types(request, model_name="json-hello",
+                                                                        model_version=None), timeout=10)
+        response = converters.ModelInferResponseConverter.to_types(answer)
+        assert json.loads(StringCodec.decode_output(response.outputs[0])[0])["request"]["echo_request"]["name"] == (
+            "Foo Bar")
+        # the same shape to a model with a config.pbtxt: Triton's check stands
+        triton = converters.ModelInferRequestConverter.from_types(request, model_name="triton-text",
+                                                                  model_version=None)
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(triton, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @needs_mlserver

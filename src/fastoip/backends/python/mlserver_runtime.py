@@ -234,6 +234,8 @@ class MLServerPayloads(PayloadCodec):
             datatype = getattr(out.datatype, "value", out.datatype)
             shape = tuple(int(d) for d in out.shape)
             data = _array(self.name, out.name, datatype, getattr(out.data, "root", out.data), shape)
+            if data.shape != shape:
+                shape = data.shape  # MLServer's BYTES [len(s)] for one string: sent as the elements there are
             parameters = out.parameters.model_dump(exclude_none=True) if out.parameters else {}
             outputs.append(InferOutput(out.name, datatype, shape, data, parameters))
         parameters = value.parameters.model_dump(exclude_none=True) if value.parameters else {}
@@ -246,7 +248,7 @@ def _array(model: str, name: str, datatype: str, data: Any, shape: tuple[int, ..
         elements = data.reshape(-1).tolist() if isinstance(data, np.ndarray) else list(data)
         flat = np.empty(len(elements), dtype=object)
         flat[:] = [e.encode() if isinstance(e, str) else bytes(e) for e in elements]
-        # MLServer lets a BYTES output's shape count characters ([len(s)] for one string): kept as it says
+        # MLServer lets a BYTES output's shape count characters ([len(s)] for one string): the elements win
         return flat.reshape(shape) if flat.size == int(np.prod(shape)) else flat
     dtype = NUMPY_DTYPES.get(datatype)
     if dtype is None:
