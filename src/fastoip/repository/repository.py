@@ -57,6 +57,7 @@ from .config import (
     read_model_settings,
 )
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
+from .layout import missing_version_hint
 from .loaded import LoadedModel
 from .model_settings import find_model_settings
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
@@ -381,7 +382,9 @@ class ModelRepository:
             # MLServer's layout: no version folders; the implementation sits beside model-settings.json
             return base, kind, [(settings_version(base), model_dir / MODEL_SETTINGS)]
         if not available:
-            raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
+            hint = missing_version_hint(name, model_dir, filename)
+            missing = f"model '{name}': no version directory holds '{filename}'"
+            raise Unavailable(f"{missing}; {hint}" if hint else missing)
         selected = _select_versions(base, available, name)
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
 
