@@ -115,7 +115,7 @@ def find_model_settings(root: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     if not root.is_dir():
         return found
-    for folder, dirs, files in os.walk(root, followlinks=True):
+    for folder, dirs, files in os.walk(root):  # links are not followed: a cycle cannot trap the scan
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         here = Path(folder)
         if MODEL_SETTINGS not in files or here.parent == root:
