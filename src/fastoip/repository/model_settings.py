@@ -10,8 +10,9 @@ Rules:
   error naming the key (MLServer ignores unknown keys silently; a typo then costs a model).
 - Layouts (MLServer's ``mlserver start <folder>``): a ``model-settings.json`` at the repository root is one
   model, and every folder below the root that holds one is a model, found recursively (links not
-  followed, hidden folders skipped).  The model's name is the file's ``name``, else its folder's name.  A folder directly under
-  the root keeps its Triton meaning (its name is the model's, and a different ``name`` is an error).
+  followed, hidden folders skipped).  The model's name is the file's ``name``, else its folder's name.
+  A folder directly under the root keeps its Triton meaning (its name is the model's, and a different
+  ``name`` is an error).
 """
 
 from __future__ import annotations
