@@ -390,13 +390,6 @@ class Dispatcher:
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
 
-    def refusal(self, path: bytes, headers: dict[bytes, bytes]) -> str | None:
-        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on."""
-        restriction = self.restricted.get(path)
-        if restriction is None or restriction.allows(headers.get(restriction.lookup_key)):
-            return None
-        return restriction.grpc_refusal()
-
     def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:
             return InferCall(stream_id, out, deadline_ns, self.core_calls)
