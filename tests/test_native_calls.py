@@ -7,6 +7,7 @@ in-process on the demo repository, so these tests read exactly what a connection
 from __future__ import annotations
 
 import asyncio
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -392,3 +393,150 @@ def test_idle_sweeps_and_deadlines_call_the_owner_and_stop_when_cancelled(loop: 
     seen = len(owner.asked)
     loop.run_until_complete(asyncio.sleep(0.05))
     assert len(owner.asked) == seen
+
+
+# -- the connection in memory (GrpcConnection on a fake transport, an h2 client, the Core above) --------
+
+try:
+    from fastoip.server.grpc import _http2 as http2
+    from fastoip.server.grpc import native_server
+except ImportError:  # the native frontend was not built: the calls above are tested all the same
+    http2 = native_server = None  # type: ignore[assignment]
+
+from h2.config import H2Configuration  # noqa: E402
+from h2.connection import H2Connection  # noqa: E402
+from h2.events import DataReceived, ResponseReceived, StreamEnded, StreamReset, TrailersReceived  # noqa: E402
+
+needs_http2 = pytest.mark.skipif(http2 is None, reason="the native gRPC frontend was not built (libnghttp2-dev)")
+
+
+class MemoryTransport:
+    """What the connection writes, kept for the client to read."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self.written += chunk
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MemoryClient:
+    """An h2 client wired to a GrpcConnection through memory."""
+
+    def __init__(self, server: native_server.NativeGrpcServer) -> None:
+        self.transport = MemoryTransport()
+        self.connection = native_server.GrpcConnection(server)
+        self.connection.connection_made(self.transport)  # type: ignore[arg-type]
+        self.h2 = H2Connection(H2Configuration(client_side=True, header_encoding=None))
+        self.h2.initiate_connection()
+        self.events: list[object] = []
+        self.send()
+
+    def send(self) -> None:
+        data = self.h2.data_to_send()
+        if data:
+            self.connection.receive(memoryview(data))
+        self.read()
+
+    def read(self) -> None:
+        if self.transport.written:
+            data, self.transport.written = bytes(self.transport.written), bytearray()
+            self.events += self.h2.receive_data(data)
+            self.send()
+
+    def call(self, path: str, body: bytes | None, *, method: str = "POST", end: bool = True,
+             extra: tuple[tuple[str, str], ...] = ()) -> int:
+        stream_id = self.h2.get_next_available_stream_id()
+        headers = [(":method", method), (":scheme", "http"), (":path", path), (":authority", "x"),
+                   ("content-type", "application/grpc"), ("te", "trailers"), *extra]
+        self.h2.send_headers(stream_id, headers, end_stream=body is None and end)
+        if body is not None:
+            self.h2.send_data(stream_id, struct.pack(">BI", 0, len(body)) + body, end_stream=end)
+        self.send()
+        return stream_id
+
+    def of(self, stream_id: int) -> list[object]:
+        return [e for e in self.events if getattr(e, "stream_id", None) == stream_id]
+
+
+@pytest.fixture()
+def grpc_server(core: Core) -> Iterator[native_server.NativeGrpcServer]:
+    server = native_server.NativeGrpcServer(core, "127.0.0.1", 0, NativeGrpcOptions())
+    yield server
+    server.sock.close()
+    server.executor.shutdown(wait=False)
+    server.loop.close()
+
+
+def run_server_loop(server: native_server.NativeGrpcServer, client: MemoryClient, done: Callable[[], bool]) -> None:
+    async def wait() -> None:
+        end = time.monotonic() + 20
+        while not done():
+            assert time.monotonic() < end, "timed out"
+            await asyncio.sleep(0.002)
+            client.read()
+
+    server.loop.run_until_complete(wait())
+
+
+@needs_http2
+def test_every_event_type_of_the_binding_has_a_handler() -> None:
+    assert set(native_server.EVENT_HANDLERS) == {
+        http2.RequestReceived, http2.MessageReceived, http2.RequestEnded, http2.StreamClosed,
+        http2.MessageTooLarge, http2.PingAcknowledged,
+    }
+
+
+@needs_http2
+def test_a_model_infer_through_the_connection_in_memory(grpc_server: native_server.NativeGrpcServer) -> None:
+    client = MemoryClient(grpc_server)
+    stream_id = client.call(f"{SERVICE}ModelInfer", simple_bytes(request_id="mem"))
+    run_server_loop(grpc_server, client, lambda: any(isinstance(e, StreamEnded) for e in client.of(stream_id)))
+    kinds = [type(e) for e in client.of(stream_id)]
+    assert kinds[0] is ResponseReceived and TrailersReceived in kinds and DataReceived in kinds
+    (trailers,) = [e for e in client.of(stream_id) if isinstance(e, TrailersReceived)]
+    assert dict(trailers.headers)[b"grpc-status"] == b"0"
+    body = b"".join(e.data for e in client.of(stream_id) if isinstance(e, DataReceived))
+    assert _codec.decode_infer_response(body[5:]).id == "mem"
+    assert client.connection.streams == {}  # the record went with the answer
+
+
+@needs_http2
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", f"{SERVICE}ModelInfer", b"405"),
+    ("POST", f"{SERVICE}NoSuchMethod", b"200"),
+])
+def test_early_answers_are_followed_by_a_reset(grpc_server: native_server.NativeGrpcServer, method: str,
+                                               path: str, status: bytes) -> None:
+    client = MemoryClient(grpc_server)
+    stream_id = client.call(path, None, method=method, end=False)
+    events = client.of(stream_id)
+    assert [type(e) for e in events] == [ResponseReceived, StreamEnded, StreamReset]
+    assert dict(events[0].headers)[b":status"] == status  # type: ignore[attr-defined]
+    assert client.connection.streams == {}
+
+
+@needs_http2
+def test_a_deadline_answers_an_unfinished_request_and_forgets_it(grpc_server: native_server.NativeGrpcServer) -> None:
+    client = MemoryClient(grpc_server)
+    stream_id = client.call(f"{SERVICE}ModelInfer", None, end=False, extra=(("grpc-timeout", "20m"),))
+    assert stream_id in client.connection.streams
+    assert client.connection.streams[stream_id].deadline is not None
+    run_server_loop(grpc_server, client, lambda: any(isinstance(e, StreamReset) for e in client.of(stream_id)))
+    (answer,) = [e for e in client.of(stream_id) if isinstance(e, ResponseReceived)]
+    assert dict(answer.headers)[b"grpc-status"] == str(wire.DEADLINE_EXCEEDED).encode()
+    assert client.connection.streams == {}
