@@ -61,7 +61,7 @@ def described(events: list[object]) -> list[tuple[object, ...]]:
         if isinstance(event, _http2.RequestReceived):
             out.append(("request", event.stream_id, tuple(event.headers)))
         elif isinstance(event, _http2.MessageReceived):
-            out.append(("message", event.stream_id, bytes(event.data), event.compressed))
+            out.append(("message", event.stream_id, bytes(event.data), event.flag))
         elif isinstance(event, _http2.RequestEnded):
             out.append(("ended", event.stream_id, event.leftover))
         elif isinstance(event, _http2.StreamClosed):
@@ -109,9 +109,9 @@ def two_streams_wire() -> tuple[bytes, list[tuple[object, ...]]]:
     expected = [
         ("request", 1, tuple(REQUEST_HEADERS)),
         ("request", 3, tuple(REQUEST_HEADERS + [(b"grpc-timeout", b"5S")])),
-        ("message", 3, small, False),
-        ("message", 3, b"", False),
-        ("message", 1, larger, False),
+        ("message", 3, small, 0),
+        ("message", 3, b"", 0),
+        ("message", 1, larger, 0),
         ("ended", 1, 0),
         ("ended", 3, 0),
     ]
@@ -132,7 +132,7 @@ def test_two_cuts_anywhere_in_one_request() -> None:
     payload = b"xyz" * 10
     conn.send_data(1, grpc_message(payload), end_stream=True)
     wire = conn.data_to_send()
-    expected = [("request", 1, tuple(REQUEST_HEADERS)), ("message", 1, payload, False), ("ended", 1, 0)]
+    expected = [("request", 1, tuple(REQUEST_HEADERS)), ("message", 1, payload, 0), ("ended", 1, 0)]
     for first in range(1, len(wire), 3):
         for second in range(first + 1, len(wire), 5):
             assert feed(_http2.Http2Session(1 << 20), wire, [first, second]) == expected, (first, second)
@@ -149,7 +149,7 @@ def test_a_message_larger_than_a_frame_arrives_whole_from_any_read_size() -> Non
     wire = conn.data_to_send()
     for step in (1_000, 4_099, 16_393, 65_536):
         events = feed(_http2.Http2Session(1 << 20), wire, list(range(step, len(wire), step)))
-        assert events == [("request", 1, tuple(REQUEST_HEADERS)), ("message", 1, payload, True), ("ended", 1, 0)]
+        assert events == [("request", 1, tuple(REQUEST_HEADERS)), ("message", 1, payload, 1), ("ended", 1, 0)]
     session = _http2.Http2Session(1 << 20)
     (message,) = [e for e in session.receive(wire) if isinstance(e, _http2.MessageReceived)]
     # over several DATA frames: gathered into the one bytearray allocated from its prefix, handed over as it is

@@ -24,6 +24,7 @@ from fastoip._proto import grpc_service_pb2 as pb  # noqa: E402
 from fastoip.core import Core  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.server.grpc import wire  # noqa: E402
+from fastoip.server.grpc.limits import ServerLimits  # noqa: E402
 from fastoip.server.grpc.native_calls import (  # noqa: E402
     Call,
     Dispatcher,
@@ -328,6 +329,11 @@ class TimerLog:
     def on_deadline(self, stream_id: int) -> None:
         self.asked.append(("deadline", stream_id))
 
+    def has_calls(self) -> bool:
+        return self.busy
+
+    busy = False
+
 
 def test_keepalive_pings_an_idle_connection_and_closes_it_without_an_ack(loop: asyncio.AbstractEventLoop) -> None:
     owner = TimerLog()
@@ -345,13 +351,13 @@ def test_a_ping_ack_keeps_the_connection(loop: asyncio.AbstractEventLoop) -> Non
                                                       stream_idle_timeout_ms=0), owner)
     timers.start()
     run_until(loop, lambda: ("ping",) in owner.asked)
-    timers.bytes_received()  # the ACK arrives as bytes
+    timers.bytes_received(17)  # the ACK arrives as bytes
     timers.ping_acknowledged()
     assert timers.ping_wait is None
 
     async def busy() -> None:  # a connection with traffic is never idle: no PING, no close
         for _ in range(30):
-            timers.bytes_received()
+            timers.bytes_received(9)
             await asyncio.sleep(0.005)
 
     loop.run_until_complete(busy())
@@ -393,6 +399,35 @@ def test_idle_sweeps_and_deadlines_call_the_owner_and_stop_when_cancelled(loop: 
     seen = len(owner.asked)
     loop.run_until_complete(asyncio.sleep(0.05))
     assert len(owner.asked) == seen
+
+
+def test_a_silent_client_is_closed_after_the_handshake_timeout(loop: asyncio.AbstractEventLoop) -> None:
+    owner = TimerLog()
+    quiet = NativeGrpcOptions(keepalive_time_ms=0, stream_idle_timeout_ms=0)
+    timers = ConnectionTimers(loop, quiet, owner, ServerLimits(10, 0, 0.02))
+    timers.start()
+    run_until(loop, lambda: ("close",) in owner.asked)
+    talking = TimerLog()
+    timers = ConnectionTimers(loop, quiet, talking, ServerLimits(10, 0, 0.02))
+    timers.start()
+    timers.bytes_received(33)  # preface + SETTINGS
+    loop.run_until_complete(asyncio.sleep(0.05))
+    assert talking.asked == []
+    timers.cancel()
+
+
+def test_a_connection_without_calls_is_drained_after_the_idle_timeout(loop: asyncio.AbstractEventLoop) -> None:
+    owner = TimerLog()
+    owner.busy = True
+    timers = ConnectionTimers(loop, NativeGrpcOptions(keepalive_time_ms=0, stream_idle_timeout_ms=0), owner,
+                              ServerLimits(10, 0.02, 0))
+    timers.start()
+    loop.run_until_complete(asyncio.sleep(0.06))
+    assert owner.asked == []  # a call is open: never idle
+    owner.busy = False
+    timers.call_ended()
+    run_until(loop, lambda: ("drain",) in owner.asked)
+    timers.cancel()
 
 
 # -- the connection in memory (GrpcConnection on a fake transport, an h2 client, the Core above) --------

@@ -14,8 +14,10 @@ cdef enum:
     # (NGHTTP2_DATA_FLAG_NO_COPY); shorter ones are copied into nghttp2's frame buffer.
     NO_COPY_MIN = 16 * 1024
     # A message in pieces gets its whole declared size up front up to this much; above it the buffer
-    # grows (doubling) with what arrives, so a length prefix alone reserves little.
-    EAGER_RESERVE = 64 * 1024 * 1024
+    # grows (doubling) with what arrives, so a length prefix alone reserves little.  Issue 27: 1 MiB, not
+    # 64 MiB (1,000 stalled streams reserved 64 GiB of address space); buffers this large are mmap-ed by
+    # malloc (fastoip serve pins the threshold at 1 MiB), so growing one remaps pages instead of copying.
+    EAGER_RESERVE = 1024 * 1024
 
 
 cdef class _Stream:
@@ -24,6 +26,7 @@ cdef class _Stream:
     cdef int32_t stream_id
     # -- request side
     cdef list headers             # the request's header fields while its HEADERS arrive, then None
+    cdef Py_ssize_t header_bytes  # issue 27: the request's header list size so far (RFC 9113: name + value + 32)
     cdef uint8_t head[PREFIX]     # the length prefix of the next message, while it arrives in pieces
     cdef int head_len
     cdef bytearray message        # the message being received (allocated from its prefix), or None
@@ -58,9 +61,11 @@ cdef class Http2Session:
     cdef size_t _outlen           # bytes in _outbuf not yet moved to _outchunks
     cdef list _outchunks          # what data_to_send returns: frame bytes and NO_COPY payload views
     cdef Py_ssize_t _queued       # response bytes waiting for the peer's flow-control window, all streams
+    cdef Py_ssize_t _max_header_list  # issue 27: the SETTINGS_MAX_HEADER_LIST_SIZE advertised, enforced
 
     cdef int _data_chunk(self, int32_t stream_id, const uint8_t *data, size_t length) except -1
     cdef int _too_large(self, _Stream stream, size_t declared) except -1
+    cdef int _refuse_headers(self, _Stream stream) except -1
     cdef int _send_all(self) except -1
     cdef int _append(self, const uint8_t *data, size_t n) except -1
     cdef int _cut(self) except -1

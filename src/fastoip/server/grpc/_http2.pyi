@@ -12,14 +12,15 @@ class RequestReceived:
     def headers(self) -> Headers: ...
 
 class MessageReceived:
-    """One whole gRPC message: bytes, or the bytearray it was gathered in (nobody else holds it)."""
+    """One whole gRPC message: bytes, or the bytearray it was gathered in (nobody else holds it); ``flag``: its
+    compressed-flag byte as sent (0 or 1 in valid gRPC; the connection refuses any other value)."""
 
     @property
     def stream_id(self) -> int: ...
     @property
     def data(self) -> bytes | bytearray: ...
     @property
-    def compressed(self) -> bool: ...
+    def flag(self) -> int: ...
 
 class RequestEnded:
     """The client half-closed the stream; ``leftover``: bytes of an incomplete message it left (0: clean)."""

@@ -46,14 +46,15 @@ cdef class RequestReceived:
 @cython.final
 @cython.freelist(64)
 cdef class MessageReceived:
-    """One whole gRPC message: bytes, or the bytearray it was gathered in (nobody else holds it)."""
+    """One whole gRPC message: bytes, or the bytearray it was gathered in (nobody else holds it); ``flag``: its
+    compressed-flag byte as sent (0 or 1 in valid gRPC; the connection refuses any other value)."""
 
     cdef readonly int32_t stream_id
     cdef readonly object data
-    cdef readonly bint compressed
+    cdef readonly uint8_t flag
 
     def __repr__(self):
-        return f"MessageReceived(stream_id={self.stream_id}, {len(self.data)} bytes, compressed={self.compressed})"
+        return f"MessageReceived(stream_id={self.stream_id}, {len(self.data)} bytes, flag={self.flag})"
 
 
 @cython.final
@@ -106,11 +107,11 @@ cdef inline RequestReceived _request_received(int32_t stream_id, list headers):
     return event
 
 
-cdef inline MessageReceived _message_received(int32_t stream_id, object data, bint compressed):
+cdef inline MessageReceived _message_received(int32_t stream_id, object data, uint8_t flag):
     cdef MessageReceived event = MessageReceived.__new__(MessageReceived)
     event.stream_id = stream_id
     event.data = data
-    event.compressed = compressed
+    event.flag = flag
     return event
 
 
@@ -179,6 +180,7 @@ cdef class Http2Session:
         self._events = []
         self._resets = []
         self._max_message = max_message_size
+        self._max_header_list = max_header_list_size
         self._failure = None
         if nghttp2_session_callbacks_new(&callbacks) != 0:
             raise MemoryError()
@@ -298,6 +300,17 @@ cdef class Http2Session:
             if stream.filled == stream.declared:
                 self._events.append(_message_received(stream_id, stream.message, stream.head[0]))
                 stream.message = None
+        return 0
+
+    cdef int _refuse_headers(self, _Stream stream) except -1:
+        """Request headers over the advertised list size: Trailers-Only RESOURCE_EXHAUSTED (grpc-core's status
+        for metadata over its limit; HTTP's 431), then RST_STREAM(NO_ERROR) so the request body stops."""
+        message = (f"request headers of more than {self._max_header_list} bytes "
+                   f"(SETTINGS_MAX_HEADER_LIST_SIZE)").encode()
+        stream.responded = True
+        self._submit(stream.stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                        (b"grpc-status", b"8"), (b"grpc-message", message)], NULL, False)
+        self._reset_after_send(stream)  # after the answer is serialized: a RST_STREAM queued now would drop it
         return 0
 
     cdef int _too_large(self, _Stream stream, size_t declared) except -1:
@@ -589,7 +602,14 @@ cdef int _on_header(nghttp2_session *session, const nghttp2_frame *frame, const 
     try:
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
             stream = self._streams.get(frame.hd.stream_id)
-            if stream is not None:
+            if stream is not None and stream.headers is not None:
+                # issue 27 (HPACK bomb): the advertised header list limit holds however small the frame was;
+                # past it nothing more is kept (nghttp2 still decodes, to keep the HPACK state in step)
+                stream.header_bytes += <Py_ssize_t>(namelen + valuelen + 32)
+                if stream.header_bytes > self._max_header_list:
+                    stream.headers = None
+                    stream.broken = True  # its DATA is ignored
+                    return 0
                 stream.headers.append((PyBytes_FromStringAndSize(<const char *>name, namelen),
                                        PyBytes_FromStringAndSize(<const char *>value, valuelen)))
         return 0
@@ -613,6 +633,9 @@ cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, vo
         if stream is None:
             return 0
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
+            if stream.headers is None:  # over the header list limit (issue 27): answered here, never a call
+                self._refuse_headers(stream)
+                return 0
             self._events.append(_request_received(stream_id, stream.headers))
             stream.headers = None
         if frame.hd.flags & NGHTTP2_FLAG_END_STREAM:

@@ -57,6 +57,9 @@ def read_head(
     path = fields.get(b":path", b"")
     if restricted:
         restriction = restricted.get(path)
-        if restriction is not None and not restriction.allows(fields.get(restriction.lookup_key)):
-            return wire.trailers_only(wire.UNAVAILABLE, restriction.grpc_refusal())  # Triton's words
+        if restriction is not None:
+            # a header sent more than once is read by its first value, as the grpcio frontend reads it (issue 27)
+            given = next((value for key, value in headers if key == restriction.lookup_key), None)
+            if not restriction.allows(given):
+                return wire.trailers_only(wire.UNAVAILABLE, restriction.grpc_refusal())  # Triton's words
     return AcceptedHead(fields, path, timeout_ns, fields.get(b"grpc-encoding", b"identity"))

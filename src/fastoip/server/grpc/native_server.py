@@ -24,6 +24,8 @@ from typing import Any, cast
 
 from ...core import Core
 from . import _http2, wire
+from .intake import MessageIntake
+from .limits import ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from
 from .native_head import AcceptedHead, read_head
 from .native_options import NativeGrpcOptions
@@ -32,8 +34,11 @@ from .native_timers import ConnectionTimers
 log = logging.getLogger("fastoip.grpc")
 
 #: Responses waiting for a peer's flow-control window, per connection, above which its new requests are refused
-#: (a client that sends but never opens its window must not grow the server's memory without bound).
+#: (a client that sends but never opens its window must not grow the server's memory without bound; the
+#: server-wide bound, checked as responses are queued, is limits.QUEUED_LIMIT).
 QUEUED_LIMIT = 256 * 1024 * 1024
+#: RST_STREAM's ENHANCE_YOUR_CALM: gRPC clients read it as RESOURCE_EXHAUSTED.
+ENHANCE_YOUR_CALM = 0xB
 #: The socket read size: the loop reads into one buffer of this size that every connection shares (each read
 #: is consumed by nghttp2 before the next), so received bytes are not first copied into a bytes object.
 READ_BUFFER = 256 * 1024
@@ -64,9 +69,11 @@ class GrpcConnection(asyncio.BufferedProtocol):
     """One client connection: socket bytes <-> the HTTP/2 session, its events -> the streams' calls.
 
     Jobs, each in its own place: transport events (this class's first section), the session's events
-    (``on_*``, dispatched through ``EVENT_HANDLERS``), head checks (:func:`.native_head.read_head`), the
-    streams' records (:class:`StreamRecord`), answering (the calls' Responder), output and backpressure
-    (``flush``), clocks (:class:`.native_timers.ConnectionTimers`) and the drain.
+    (``on_*``, dispatched through ``EVENT_HANDLERS``), head checks (:func:`.native_head.read_head`), request
+    messages (:class:`.intake.MessageIntake`: flag, one-message rule, inflation; back through ``deliver_*``),
+    the streams' records (:class:`StreamRecord`), answering (the calls' Responder), output and backpressure
+    (``flush``), server-wide bounds (:class:`.limits.ServerLimits`), clocks
+    (:class:`.native_timers.ConnectionTimers`) and the drain.
     """
 
     def __init__(self, server: NativeGrpcServer) -> None:
@@ -82,7 +89,12 @@ class GrpcConnection(asyncio.BufferedProtocol):
         )
         #: stream id -> its record, for every stream whose call has not finished.
         self.streams: dict[int, StreamRecord] = {}
-        self.timers = ConnectionTimers(self.loop, self.options, self)
+        # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
+        self.limits: ServerLimits = server.limits
+        self.admitted = False
+        self.timers = ConnectionTimers(self.loop, self.options, self, self.limits)
+        # issue 27: request messages are checked and inflated (off the loop when large) by the intake
+        self.intake = MessageIntake(self, self.options.max_message_size)
         self.transport: asyncio.Transport | None = None
         self.paused = False
         self.reading_paused = False
@@ -93,6 +105,13 @@ class GrpcConnection(asyncio.BufferedProtocol):
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
+        if not self.limits.admit():  # issue 27: over --grpc-max-connections
+            if self.limits.refused == 1 or self.limits.refused % 1000 == 0:
+                log.warning("gRPC connection refused: %d connections open (--grpc-max-connections)", self.limits.open)
+            self.closed = True
+            self.transport.abort()
+            return
+        self.admitted = True
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -112,7 +131,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.receive(self.server.read_buffer[:nbytes])
 
     def receive(self, data: memoryview) -> None:
-        self.timers.bytes_received()
+        self.timers.bytes_received(len(data))
         try:
             events = self.session.receive(data)
         except _http2.Http2Error as exc:
@@ -127,6 +146,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.admitted:
+            return
+        self.limits.leave(self)
         self.server.connections.discard(self)
         self.timers.cancel()
         for stream_id in list(self.streams):
@@ -154,37 +176,46 @@ class GrpcConnection(asyncio.BufferedProtocol):
             return
         call.headers = head.fields  # read by the Core only for a traced request (W3C traceparent)
         record = self.streams[stream_id] = StreamRecord(call, head.encoding, self.timers.last_read)
+        self.timers.call_started()
         if head.timeout_ns is not None:
             record.deadline = self.timers.deadline(stream_id, head.timeout_ns)
 
     def on_message(self, event: _http2.MessageReceived) -> None:
         stream_id = event.stream_id
         record = self.streams.get(stream_id)
+        if record is None or self.over_queued_limit(stream_id):
+            return
+        # issue 27: the intake checks the flag and the one-message rule and inflates (off the loop when large)
+        self.intake.message(stream_id, record.call.streaming, event.data, event.flag, record.encoding)
+
+    def deliver_message(self, stream_id: int, data: wire.Payload) -> None:
+        """A request message, checked and inflated by the intake."""
+        record = self.streams.get(stream_id)
         if record is None:
             return
         call = record.call
-        if self.over_queued_limit(stream_id):
-            return
-        data: wire.Payload = event.data
-        if event.compressed:
-            try:
-                data = wire.decompress(data, record.encoding, self.options.max_message_size)
-            except wire.DecompressError as exc:
-                self.abort_call(stream_id, exc.code, exc.message)
-                return
         call.on_message(data)
         if call.finished:
             self.forget(stream_id)
 
+    def refuse_message(self, stream_id: int, code: int, message: str) -> None:
+        """The intake refused a request message: the call ends with ``code``."""
+        self.abort_call(stream_id, code, message)
+
     def on_request_ended(self, event: _http2.RequestEnded) -> None:
-        stream_id = event.stream_id
-        record = self.streams.get(stream_id)
+        record = self.streams.get(event.stream_id)
         if record is None:
             return
         record.idle_seen = -1  # the request side is complete: nothing to wait for
-        if event.leftover:
+        self.intake.end(event.stream_id, event.leftover)  # -> deliver_end, after any message still inflating
+
+    def deliver_end(self, stream_id: int, leftover: int) -> None:
+        record = self.streams.get(stream_id)
+        if record is None:
+            return
+        if leftover:
             self.abort_call(stream_id, wire.INTERNAL, "the request stream ended inside a gRPC message "
-                                                      f"({event.leftover} bytes of it arrived)")
+                                                      f"({leftover} bytes of it arrived)")
             return
         call = record.call
         call.on_end()
@@ -250,6 +281,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     def send_message(self, stream_id: int, message: bytes) -> None:
         self.session.send_message(stream_id, message)
+        if self.limits.account(self):  # issue 27: unsent responses bounded across the server, as they queue
+            self.over_server_queued_limit(stream_id)
         self.schedule_flush()
 
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
@@ -287,8 +320,11 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def forget(self, stream_id: int) -> None:
         """Drop a stream's record (its call finished or was cancelled) and its deadline."""
         record = self.streams.pop(stream_id, None)
-        if record is not None and record.deadline is not None:
-            record.deadline.cancel()
+        if record is not None:
+            self.timers.call_ended()
+            if record.deadline is not None:
+                record.deadline.cancel()
+        self.intake.forget(stream_id)
 
     # -- output ---------------------------------------------------------------------------------
     def schedule_flush(self) -> None:
@@ -311,6 +347,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
             log.debug("gRPC connection closed: %s", exc)
             self.close()
             return
+        if self.admitted:
+            self.limits.account(self)  # issue 27: what went out leaves the server-wide count
         if not self.session.want_read() and not self.session.want_write():
             self.close()  # GOAWAY sent and nothing left in flight (or the session failed)
 
@@ -330,7 +368,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     def over_queued_limit(self, stream_id: int) -> bool:
         """Whether responses held by flow control passed QUEUED_LIMIT; if so the stream is answered and reset."""
-        if self.session.queued_bytes() <= QUEUED_LIMIT:
+        if self.session.queued_bytes() <= QUEUED_LIMIT and not self.limits.over_for(self):
             return False
         message = f"more than {QUEUED_LIMIT} bytes of responses on this connection wait for the client to read them"
         if stream_id in self.streams:
@@ -338,6 +376,21 @@ class GrpcConnection(asyncio.BufferedProtocol):
         else:
             self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED, message)
         return True
+
+    # -- server-wide limits (issue 27, limits.py) ------------------------------------------------
+    def queued_bytes(self) -> int:
+        return self.session.queued_bytes()
+
+    def over_server_queued_limit(self, stream_id: int) -> None:
+        """The server holds more unsent responses than it may: this stream, which just queued more, goes."""
+        log.warning("gRPC: %d bytes of responses wait for clients to read them (limit %d); resetting a stream",
+                    self.limits.queued_total, self.limits.queued_limit)
+        if stream_id in self.streams:
+            self.end_call(stream_id).cancel()
+        self.session.reset(stream_id, ENHANCE_YOUR_CALM)
+
+    def has_calls(self) -> bool:
+        return bool(self.streams)
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:
@@ -379,6 +432,8 @@ class NativeGrpcServer:
         self.host = host
         self.options = options
         self.connections: set[GrpcConnection] = set()
+        self.limits = ServerLimits(options.max_connections, options.max_connection_idle_ms / 1000,
+                                   options.handshake_timeout_ms / 1000, options.max_queued_response_bytes)
         self.draining = False
         self.executor = ThreadPoolExecutor(max_workers=options.control_threads, thread_name_prefix="fastoip-grpc-ctl")
         self.sock = _bind(host, port)

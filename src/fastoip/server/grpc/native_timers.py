@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Protocol
 
+from .limits import HANDSHAKE_BYTES, ServerLimits
 from .native_options import NativeGrpcOptions
 
 log = logging.getLogger("fastoip.grpc")
@@ -46,22 +47,34 @@ class TimerOwner(Protocol):
     def on_deadline(self, stream_id: int) -> None:
         """A stream's grpc-timeout passed."""
 
+    def has_calls(self) -> bool:
+        """Whether a call is open on the connection (the no-call timeout waits while one is)."""
+
 
 class ConnectionTimers:
     """Keepalive PINGs (Triton's --grpc-keepalive-*), maximum age (--grpc-max-connection-age*), the idle-stream
-    sweep (--grpc-stream-idle-timeout), the drain's PING wait and per-stream deadlines, for one connection."""
+    sweep (--grpc-stream-idle-timeout), the drain's PING wait, per-stream deadlines, and the server-wide limits'
+    handshake and no-call timeouts (issue 27, limits.py), for one connection."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, options: NativeGrpcOptions, owner: TimerOwner) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, options: NativeGrpcOptions, owner: TimerOwner,
+                 limits: ServerLimits | None = None) -> None:
         self.loop = loop
         self.options = options
         self.owner = owner
+        self.limits = limits
         #: When the connection last received bytes (monotonic seconds); keepalive measures idleness from it.
         self.last_read = time.monotonic()
+        #: Bytes received so far (the handshake timeout reads it).
+        self.bytes_in = 0
+        #: When a call last started or ended (the no-call timeout measures from it).
+        self.last_call = self.last_read
         self.keepalive: asyncio.TimerHandle | None = None
         self.ping_wait: asyncio.TimerHandle | None = None
         self.goaway_wait: asyncio.TimerHandle | None = None
         self.age: asyncio.TimerHandle | None = None
         self.idle_sweep: asyncio.TimerHandle | None = None
+        self.handshake: asyncio.TimerHandle | None = None
+        self.no_calls: asyncio.TimerHandle | None = None
         self.stopped = False
 
     def start(self) -> None:
@@ -73,16 +86,28 @@ class ConnectionTimers:
             self.age = self.loop.call_later(options.max_connection_age_ms / 1000, self.on_max_age)
         if options.stream_idle_timeout_ms > 0:
             self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.on_idle_sweep)
+        if self.limits is not None and self.limits.handshake_timeout_s > 0:
+            self.handshake = self.loop.call_later(self.limits.handshake_timeout_s, self.check_handshake)
+        if self.limits is not None and self.limits.idle_timeout_s > 0:
+            self.no_calls = self.loop.call_later(self.limits.idle_timeout_s, self.check_no_calls)
 
     def cancel(self) -> None:
         """The connection is gone: stop every timer (stream deadlines are cancelled with their records)."""
         self.stopped = True
-        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age, self.idle_sweep):
+        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age, self.idle_sweep, self.handshake,
+                       self.no_calls):
             if handle is not None:
                 handle.cancel()
 
-    def bytes_received(self) -> None:
+    def bytes_received(self, count: int) -> None:
         self.last_read = time.monotonic()
+        self.bytes_in += count
+
+    def call_started(self) -> None:
+        self.last_call = time.monotonic()
+
+    def call_ended(self) -> None:
+        self.last_call = time.monotonic()
 
     # -- per stream ---------------------------------------------------------------------------
     def deadline(self, stream_id: int, timeout_ns: int) -> asyncio.TimerHandle:
@@ -131,6 +156,27 @@ class ConnectionTimers:
         grace = self.options.max_connection_age_grace_ms
         if grace > 0:
             self.age = self.loop.call_later(grace / 1000, self.owner.close)
+
+    # -- handshake and no-call timeouts (issue 27, limits.py) ------------------------------------
+    def check_handshake(self) -> None:
+        self.handshake = None
+        if self.bytes_in < HANDSHAKE_BYTES and not self.stopped:
+            log.debug("gRPC connection closed: no HTTP/2 preface within --grpc-handshake-timeout")
+            self.owner.close()
+
+    def check_no_calls(self) -> None:
+        """A connection with no call for the idle timeout gets a graceful GOAWAY (grpc's max connection idle)."""
+        if self.stopped or self.limits is None:
+            return
+        limit = self.limits.idle_timeout_s
+        idle = time.monotonic() - self.last_call
+        busy = self.owner.has_calls()
+        if not busy and idle >= limit:
+            log.debug("gRPC connection without calls for %.0f s (--grpc-max-connection-idle): GOAWAY", idle)
+            self.no_calls = None
+            self.owner.drain()
+            return
+        self.no_calls = self.loop.call_later(max(limit - idle if not busy else limit, 0.01), self.check_no_calls)
 
     # -- idle streams ---------------------------------------------------------------------------
     def idle_sweep_interval(self) -> float:
