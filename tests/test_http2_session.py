@@ -330,3 +330,26 @@ def test_unknown_streams_are_refused_quietly() -> None:
     assert not session.send_trailers(5, [(b"grpc-status", b"0")], reset=True)
     session.reset(5, _http2.CANCEL)
     assert session.data_to_send()  # the server's SETTINGS only; no frame for stream 5
+
+
+def test_headers_over_the_advertised_list_size_are_answered_in_the_binding() -> None:
+    conn = client()
+    conn.send_headers(1, REQUEST_HEADERS + [(b"x-big", b"v" * 300)])
+    conn.send_data(1, grpc_message(b"body"))  # the upload goes on: the reset stops it
+    wire = conn.data_to_send()
+    for cut in (1, len(wire) // 2, len(wire) - 1):
+        session = _http2.Http2Session(1 << 20, max_header_list_size=256)
+        assert feed(session, wire, [cut]) == []  # never a call: no event at all
+        peer = client()
+        peer.send_headers(1, REQUEST_HEADERS + [(b"x-big", b"v" * 300)])
+        peer.data_to_send()
+        events = answer(session, peer)
+        assert [type(e) for e in events] == [ResponseReceived, StreamEnded, StreamReset]
+        assert dict(events[0].headers)[b"grpc-status"] == b"8"
+
+
+def test_the_compressed_flag_byte_is_reported_as_sent() -> None:
+    conn = client()
+    conn.send_headers(1, REQUEST_HEADERS)
+    conn.send_data(1, b"\x07" + grpc_message(b"abc")[1:], end_stream=True)
+    assert feed(_http2.Http2Session(1 << 20), conn.data_to_send(), [])[1] == ("message", 1, b"abc", 7)
