@@ -91,8 +91,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--default-max-queue-delay-microseconds", type=int,
                    default=int(_env("DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS", "0")),
                    help="max_queue_delay_microseconds of that default batcher")
-    p.add_argument("--ort-threads", type=int, default=int(_env("ORT_THREADS", "1")),
-                   help="onnxruntime intra-op threads per instance")
+    p.add_argument("--ort-threads", type=int, default=int(_env("ORT_THREADS", "0")),
+                   help="onnxruntime intra-op threads per model instance, for models whose config has no "
+                        "intra_op_thread_count parameter (default 0: ONNX Runtime's default, one per "
+                        "physical core, as Triton)")
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     triton_flags.add_triton_flags(p)

@@ -46,6 +46,10 @@ from .service import (
 
 log = logging.getLogger("fastoip.grpc")
 
+#: An output at least this large goes out from its array instead of being copied into the response message
+#: (``_codec.encode_infer_response_parts``); smaller ones are copied, cheaper than a part of their own.
+LARGE_OUTPUT = 64 * 1024
+
 #: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).
 INLINE_RPCS = frozenset({
     "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
@@ -112,7 +116,7 @@ class Responder(Protocol):
     """What a call needs from its connection to answer."""
 
     def send_headers(self, stream_id: int) -> None: ...
-    def send_message(self, stream_id: int, message: bytes) -> None: ...
+    def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None: ...
     def finish(self, stream_id: int, code: int, message: str = "") -> None: ...
 
 
@@ -157,7 +161,7 @@ class Call:
             self.finished = True
             self.out.finish(self.stream_id, code, message)
 
-    def reply(self, message: bytes) -> None:
+    def reply(self, message: bytes | list[bytes | memoryview]) -> None:
         """The one response message of a unary call, then OK."""
         if self.finished:
             return
@@ -198,12 +202,15 @@ class InferCall(Call):
         if job.error is not None:
             self.fail(wire.status_code(job.error.grpc_code), job.error.message)
             return
+        response = job.response
+        assert response is not None  # no error: a response is set
         try:
-            body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]  # no error: a response is set
+            # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
+            body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
         except Exception as exc:  # an output the codec cannot encode: the client hears why
             self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
             return
-        self.reply(body)
+        self.reply(body[0] if len(body) == 1 and type(body[0]) is bytes else body)
 
     def cancel(self) -> None:
         super().cancel()

@@ -279,8 +279,11 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def send_headers(self, stream_id: int) -> None:
         self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
 
-    def send_message(self, stream_id: int, message: bytes) -> None:
-        self.session.send_message(stream_id, message)
+    def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        if type(message) is list:  # a large response in parts: its outputs go out from their arrays
+            self.session.send_message_parts(stream_id, message)
+        else:
+            self.session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
         if self.limits.account(self):  # issue 27: unsent responses bounded across the server, as they queue
             self.over_server_queued_limit(stream_id)
         self.schedule_flush()
