@@ -280,11 +280,13 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
 
     def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        # a response is never refused for its size alone: one queued while nothing else waits always goes
+        others_waiting = self.limits.queued_total > 0
         if type(message) is list:  # a large response in parts: its outputs go out from their arrays
             self.session.send_message_parts(stream_id, message)
         else:
             self.session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
-        if self.limits.account(self):  # issue 27: unsent responses bounded across the server, as they queue
+        if self.limits.account(self) and others_waiting:  # issue 27: unsent responses bounded server-wide
             self.over_server_queued_limit(stream_id)
         self.schedule_flush()
 
