@@ -191,6 +191,9 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
                         "500; 0: no minimum)")
     g.add_argument("--http-body-min-rate-grace", type=float, default=20.0, metavar="SECONDS",
                    help="seconds from a body's first byte before --http-body-min-rate applies (default 20)")
+    g.add_argument("--http-max-connections", type=int, default=0, metavar="N",
+                   help="connections at once; one more closes the connection idle longest, or itself when all are "
+                        "busy (default 0: a quarter of the open-file limit, at least 64)")
     g.add_argument("--http-ssl-certfile", default="", metavar="PEM",
                    help="serve HTTPS with this certificate chain (uvicorn's ssl_certfile)")
     g.add_argument("--http-ssl-keyfile", default="", metavar="PEM",
@@ -217,6 +220,7 @@ def _http_limits(args: argparse.Namespace) -> HttpLimits:
         body_timeout=args.http_body_timeout,
         body_min_rate=max(args.http_body_min_rate, 0.0),
         body_rate_grace=max(args.http_body_min_rate_grace, 0.0),
+        max_connections=max(args.http_max_connections, 0),
     )
 
 

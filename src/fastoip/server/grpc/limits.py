@@ -2,8 +2,12 @@
 
 Rules:
 - At most ``max_connections`` connections at once (default: half the process's
-  open-file limit, so the HTTP frontend, metrics and model files keep theirs);
-  one more is closed as soon as it is accepted, before anything is read.
+  open-file limit, so the HTTP frontend, metrics and model files keep theirs).
+  One more closes the connection that has gone longest without a call (none
+  open on it: an idle or never-handshaken one; nginx reuses idle keep-alive
+  connections the same way), so a new client's health probe is still served;
+  when every connection has a call open, the new one is closed as soon as it
+  is accepted, before anything is read.
 - A connection whose client has not sent the HTTP/2 preface and its SETTINGS
   within ``handshake_timeout_s`` is closed.
 - A connection with no stream open for ``idle_timeout_s`` gets a graceful
@@ -19,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import resource
+from collections.abc import Iterable, Sized
 from typing import Protocol
 
 #: Response bytes waiting for clients' windows, all connections together (--grpc-max-queued-response-bytes).
@@ -41,6 +46,18 @@ class Counted(Protocol):
     def queued_bytes(self) -> int: ...
 
 
+class Replaceable(Protocol):
+    """A connection, as the cap sees it: its open calls, when its last call started or ended."""
+
+    closed: bool
+    last_call: float
+
+    @property
+    def calls(self) -> Sized: ...
+
+    def close(self) -> None: ...
+
+
 class ServerLimits:
     """The counts that are shared by every connection of one server (touched on its loop thread only)."""
 
@@ -52,14 +69,35 @@ class ServerLimits:
         self.queued_limit = queued_limit
         self.open = 0
         self.refused = 0
+        self.replaced = 0
         self._queued: dict[Counted, int] = {}
         self.queued_total = 0
 
     def admit(self) -> bool:
         """Count a new connection; False (and not counted) when the server has its maximum."""
         if self.open >= self.max_connections:
+            return False
+        self.open += 1
+        return True
+
+    def replace_idle(self, connections: Iterable[Replaceable]) -> bool:
+        """At the cap: close the connection longest without a call and count the new one in its place.
+
+        False (nothing closed, the new one not counted, ``refused`` counts it) when every connection has a
+        call open.  The closed
+        one leaves the count when its transport reports it lost.
+        """
+        oldest: Replaceable | None = None
+        for connection in connections:
+            if connection.closed or len(connection.calls):
+                continue
+            if oldest is None or connection.last_call < oldest.last_call:
+                oldest = connection
+        if oldest is None:
             self.refused += 1
             return False
+        oldest.close()
+        self.replaced += 1
         self.open += 1
         return True
 

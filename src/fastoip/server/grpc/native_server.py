@@ -87,7 +87,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        if not self.limits.admit():  # issue 27: over --grpc-max-connections
+        # issue 27: over --grpc-max-connections the connection longest without a call makes room, if any
+        if not self.limits.admit() and not self.limits.replace_idle(self.server.connections):
             if self.limits.refused == 1 or self.limits.refused % 1000 == 0:
                 log.warning("gRPC connection refused: %d connections open (--grpc-max-connections)", self.limits.open)
             self.closed = True
