@@ -18,6 +18,14 @@ Rules:
   stream that queues more is reset with ENHANCE_YOUR_CALM (gRPC clients read
   RESOURCE_EXHAUSTED) and its queued bytes are dropped, and a connection that
   still holds queued bytes gets no new calls until the total is under again.
+  A decoupled model's responses are queued the same way, each as it is produced.
+- ModelStreamInfer request messages received but not yet answered (queued in
+  the Core or running) are counted per stream and across the server
+  (``RequestBudget``): a message that would take its stream past
+  ``stream_limit`` or the server past ``server_limit`` ends the stream with
+  RESOURCE_EXHAUSTED (its queued requests are cancelled).  A stream that holds
+  nothing may always send one message (up to the message size limit), so a
+  large request is never refused for its size alone on a quiet server.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ from typing import Protocol
 
 #: Response bytes waiting for clients' windows, all connections together (--grpc-max-queued-response-bytes).
 QUEUED_LIMIT = 1024 * 1024 * 1024
+#: Stream request bytes received and not yet answered, per stream (--grpc-max-stream-request-bytes).
+STREAM_REQUEST_LIMIT = 256 * 1024 * 1024
+#: The same, all streams of the server together (--grpc-max-queued-request-bytes).
+QUEUED_REQUEST_LIMIT = 1024 * 1024 * 1024
 #: The client's preface + SETTINGS: 24 + 9 bytes at least.
 HANDSHAKE_BYTES = 33
 
@@ -38,6 +50,33 @@ def default_max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return 65536
     return max(64, soft // 2)
+
+
+class RequestBudget:
+    """Bytes of ModelStreamInfer messages received and not yet answered (touched on the loop thread only)."""
+
+    def __init__(self, stream_limit: int = STREAM_REQUEST_LIMIT, server_limit: int = QUEUED_REQUEST_LIMIT) -> None:
+        self.stream_limit = stream_limit
+        self.server_limit = server_limit
+        self.held_total = 0
+        self.refused = 0
+
+    def take(self, stream_held: int, size: int) -> str | None:
+        """Count ``size`` more bytes for a stream that holds ``stream_held``; a refusal message when over."""
+        if stream_held > 0:
+            if stream_held + size > self.stream_limit:
+                self.refused += 1
+                return (f"the stream holds {stream_held} bytes of requests not yet answered; {size} more would pass "
+                        f"{self.stream_limit} (--grpc-max-stream-request-bytes)")
+            if self.held_total + size > self.server_limit:
+                self.refused += 1
+                return (f"the server holds {self.held_total} bytes of stream requests not yet answered; {size} "
+                        f"more would pass {self.server_limit} (--grpc-max-queued-request-bytes)")
+        self.held_total += size
+        return None
+
+    def give(self, size: int) -> None:
+        self.held_total -= size
 
 
 class Counted(Protocol):
@@ -62,11 +101,13 @@ class ServerLimits:
     """The counts that are shared by every connection of one server (touched on its loop thread only)."""
 
     def __init__(self, max_connections: int, idle_timeout_s: float, handshake_timeout_s: float,
-                 queued_limit: int = QUEUED_LIMIT) -> None:
+                 queued_limit: int = QUEUED_LIMIT, requests: RequestBudget | None = None) -> None:
         self.max_connections = max_connections if max_connections > 0 else default_max_connections()
         self.idle_timeout_s = idle_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.queued_limit = queued_limit
+        #: Stream request messages held (the native calls count them).
+        self.requests = requests or RequestBudget()
         self.open = 0
         self.refused = 0
         self.replaced = 0
