@@ -53,7 +53,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
     p.add_argument("--http-thread-count", type=int, default=2, metavar="N",
                    help="processes that decode JSON inference requests of 2 MiB and more, off the HTTP event loop "
-                        "(Triton's flag: its HTTP threads; fastoip's HTTP is one event loop; default 2)")
+                        "(Triton's flag: its HTTP threads; fastoip's HTTP is one event loop; default 2; "
+                        "0: on the loop)")
     _http_connection_flags(p)
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
@@ -144,7 +145,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         grpc_native=_native_grpc_options(args),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
-        http_json_workers=max(1, args.http_thread_count),
+        http_json_workers=max(0, args.http_thread_count),
         http_limits=_http_limits(args),
         http_tls=_http_tls(args),
         http_restricted=triton.http_restricted,

@@ -10,6 +10,9 @@ Rules:
 - Smaller requests are decoded on the loop: for them the hop costs more than the parse.
 - Workers are started with ``spawn`` (the server has threads: forking it is unsafe), on first use.  A worker that
   dies (killed for memory) fails its request with 500 ``InternalError``, and the pool starts again for the next.
+  ``spawn`` imports the program's main module in each worker, as any multiprocessing use does: ``fastoip serve``
+  guards it; an embedded server (``fastoip.Server``) runs inside any script, guarded or not, so it starts with no
+  workers (``workers=0``: every request decoded on the loop, as before) unless told otherwise.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class JsonPool:
     """The decoding processes of one HTTP server (started on first use)."""
 
     def __init__(self, workers: int = DEFAULT_WORKERS) -> None:
-        self.workers = max(1, workers)
+        #: 0: no processes, every request is decoded on the loop.
+        self.workers = max(0, workers)
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -49,7 +53,7 @@ class JsonPool:
                      header_length: int | None) -> tuple[InferRequest, OutputFormat]:
         """``wire.decode_infer_request``, in a worker process when the JSON part is large."""
         json_length = len(body) if header_length is None else header_length
-        if json_length < OFF_LOOP_JSON_BYTES:
+        if json_length < OFF_LOOP_JSON_BYTES or not self.workers:
             return wire.decode_infer_request(model, version, body, header_length)
         pool = self._executor()
         try:
