@@ -22,6 +22,7 @@ import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 
 from ...errors import InternalError
 from ...types import InferRequest
@@ -49,16 +50,17 @@ class JsonPool:
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
             return self._pool
 
-    async def decode(self, model: str, version: str, body: bytes,
-                     header_length: int | None) -> tuple[InferRequest, OutputFormat]:
+    async def decode(self, model: str, version: str, body: bytes, header_length: int | None,
+                     loose_bytes: bool = False) -> tuple[InferRequest, OutputFormat]:
         """``wire.decode_infer_request``, in a worker process when the JSON part is large."""
         json_length = len(body) if header_length is None else header_length
         if json_length < OFF_LOOP_JSON_BYTES or not self.workers:
-            return wire.decode_infer_request(model, version, body, header_length)
+            return wire.decode_infer_request(model, version, body, header_length, loose_bytes=loose_bytes)
         pool = self._executor()
         try:
             future = asyncio.get_running_loop().run_in_executor(
-                pool, wire.decode_infer_request, model, version, bytes(body), header_length)
+                pool, partial(wire.decode_infer_request, model, version, bytes(body), header_length,
+                              loose_bytes=loose_bytes))
             return await future
         except BrokenProcessPool:
             with self._lock:
