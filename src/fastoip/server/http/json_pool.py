@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,6 +36,12 @@ OFF_LOOP_JSON_BYTES = 2 * 1024 * 1024
 DEFAULT_WORKERS = 2
 
 
+def _worker_start() -> None:
+    """A worker leaves SIGINT and SIGTERM to the server (a Ctrl-C reaches the whole process group)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class JsonPool:
     """The decoding processes of one HTTP server (started on first use)."""
 
@@ -47,7 +54,8 @@ class JsonPool:
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_worker_start)
             return self._pool
 
     async def decode(self, model: str, version: str, body: bytes, header_length: int | None,
