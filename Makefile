@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fastoip-installed
 CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
 ARGS ?=
 
-.PHONY: venv serve test test-compat bench build proto clean check debug
+.PHONY: venv serve test test-unit test-e2e test-compat bench build proto clean check debug
 
 venv: $(STAMP)
 
@@ -31,6 +31,12 @@ bench: venv  ## throughput run against a fastoip on the demo repository
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)
 
+test-unit: venv  ## the tests without sockets or processes (tests/unit)
+	$(BIN)/python -m pytest -q tests/unit $(ARGS)
+
+test-e2e: venv  ## the end-to-end tests against real server processes (tests/e2e)
+	$(BIN)/python -m pytest -q tests/e2e $(ARGS)
+
 # test-compat: the tritonclient-facing tests again, in a second venv with the OLDEST tritonclient fastoip supports.
 # 2.41.0 is the oldest release pip installs beside protobuf 6 and grpcio >= 1.81 (what fastoip needs): 2.41.1-2.66
 # pin protobuf < 5 or < 6, 2.67-2.71 pin grpcio < 1.68, and <= 2.40 pin protobuf < 4. Deselected, as bugs or API
@@ -40,9 +46,9 @@ test: venv
 COMPAT_VENV ?= .venv-compat
 TRITONCLIENT_OLDEST ?= 2.41.0
 COMPAT_STAMP := $(COMPAT_VENV)/.fastoip-tritonclient-$(TRITONCLIENT_OLDEST)
-COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_drop_in.py tests/test_http_drop_in.py
+COMPAT_TESTS := tests/e2e/test_grpc.py tests/e2e/test_http_tritonclient.py tests/e2e/test_drop_in.py tests/e2e/test_http_drop_in.py
 COMPAT_DESELECT := -k 'not BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
-	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
+	--deselect 'tests/e2e/test_http_tritonclient.py::test_compression[$(case)]')
 
 $(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
@@ -72,7 +78,7 @@ debug: venv  ## build the bounds-checked codec into build/debug and run the code
 	cd $(DEBUG_DIR) && FASTOIP_DEBUG=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
 	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -c "import sys, fastoip._codec as c; \
 		sys.exit(None if '$(DEBUG_DIR)/' in c.__file__ else 'not the debug codec: ' + c.__file__)"
-	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_codec_fuzz.py tests/test_codec.py $(ARGS)
+	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_codec_fuzz.py tests/unit/test_codec.py $(ARGS)
 
 proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py

@@ -13,7 +13,7 @@ from fastoip.demo import write_repository
 from fastoip.errors import InferenceError, InvalidArgument, NotFound, Unavailable
 from fastoip.testing import InProcessClient
 from fastoip.types import InferInput
-from test_python_models import BATCHED_CONFIG, BROKEN_LOAD, DOUBLER, INT_IO, MISBEHAVE, write_python_model
+from python_models import BATCHED_CONFIG, BROKEN_LOAD, DOUBLER, INT_IO, MISBEHAVE, write_python_model
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
 
 import orjson
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from fastoip import __version__  # noqa: E402
 from fastoip.core import (  # noqa: E402

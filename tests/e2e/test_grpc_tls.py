@@ -7,7 +7,6 @@ has no TLS flags, so these tests need the native frontend and skip without it.
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import ssl
 import threading
@@ -20,28 +19,10 @@ import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
 from tritonclient.utils import InferenceServerException
 
-from pki import Pki, make_pki
-from serverproc import ServerProcess, serve_help
+from pki import Pki, tls_args
+from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-def bool_flag(name: str) -> list[str]:
-    """Triton spells its TLS switches ``--grpc-use-ssl=true``; a plain switch (store_true) is taken as well."""
-    # the option's own line in --help: "  --grpc-use-ssl GRPC_USE_SSL" takes a value, "  --grpc-use-ssl   text" not
-    takes_value = re.search(r"(?m)^\s+" + re.escape(name) + r" [^\s-]", serve_help()) is not None
-    return [f"{name}=true"] if takes_value else [name]
-
-
-def tls_args(pki: Pki, *, mutual: bool = False) -> list[str]:
-    args = [*bool_flag("--grpc-use-ssl"), "--grpc-server-cert", str(pki.server_cert),
-            "--grpc-server-key", str(pki.server_key), "--grpc-root-cert", str(pki.ca)]
-    return args + (bool_flag("--grpc-use-ssl-mutual") if mutual else [])
 
 
 def simple_inputs() -> list[tg.InferInput]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 import fastoip.core.dataplane as dataplane  # noqa: E402
 from fastoip.core import CallContext, Core, FinishedCall  # noqa: E402

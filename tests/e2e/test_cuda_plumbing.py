@@ -39,7 +39,7 @@ SIZE = 2 * 16 * 4  # FP32 [2, 16]
 def host_cudart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     library = tmp_path_factory.mktemp("cudart") / "libhostcudart.so"
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    source = Path(__file__).with_name("host_cudart.c")
+    source = Path(__file__).parents[1] / "helpers" / "host_cudart.c"
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source), "-lrt"], check=True)
     return library
 

@@ -19,8 +19,7 @@ from fastoip.scheduling.job import Job
 from fastoip.types import InferInput, InferRequest, InferResponse
 from harness import core_on, success_and_failure
 from models import identity_model_bytes, write_model
-from test_decoupled import COUNTER, COUNTER_CONFIG
-from test_python_models import write_python_model
+from python_models import COUNTER, COUNTER_CONFIG, write_python_model
 
 WARMED = COUNTER_CONFIG + """
     model_warmup [ { name: "three" batch_size: 1 count: 2

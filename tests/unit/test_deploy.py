@@ -30,7 +30,7 @@ import yaml
 from fastoip.cli import _serve_parser
 from fastoip.metrics import EXPORTED_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("cpu", "gpu", "keda", "kserve")
 RENDERED = (*(f"overlays/{name}" for name in OVERLAYS), "prometheus-adapter")

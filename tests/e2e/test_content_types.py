@@ -234,7 +234,7 @@ def test_without_pandas_pd_says_how_to_install() -> None:
             print(exc)
         """
     )
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

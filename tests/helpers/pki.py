@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from serverproc import serve_help
 
 
 @dataclass
@@ -75,3 +78,16 @@ def make_pki(root: Path) -> Pki:
         (root / f"{role}.pem").write_bytes(cert.public_bytes(pem))
         paths[role] = (root / f"{role}.pem", _write_key(root / f"{role}.key", key))
     return Pki(root / "ca.pem", *paths["server"], *paths["client"])
+
+
+def bool_flag(name: str) -> list[str]:
+    """Triton spells its TLS switches ``--grpc-use-ssl=true``; a plain switch (store_true) is taken as well."""
+    # the option's own line in --help: "  --grpc-use-ssl GRPC_USE_SSL" takes a value, "  --grpc-use-ssl   text" not
+    takes_value = re.search(r"(?m)^\s+" + re.escape(name) + r" [^\s-]", serve_help()) is not None
+    return [f"{name}=true"] if takes_value else [name]
+
+
+def tls_args(pki: Pki, *, mutual: bool = False) -> list[str]:
+    args = [*bool_flag("--grpc-use-ssl"), "--grpc-server-cert", str(pki.server_cert),
+            "--grpc-server-key", str(pki.server_key), "--grpc-root-cert", str(pki.ca)]
+    return args + (bool_flag("--grpc-use-ssl-mutual") if mutual else [])

@@ -33,9 +33,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
-from fastoip.errors import CodecError  # noqa: E402
-from fastoip.types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput, UInt64  # noqa: E402
-from test_codec import (  # noqa: E402
+from codec_oracle import (  # noqa: E402
     CONTENTS_FIELD,
     DATATYPES,
     ITEMSIZE,
@@ -49,6 +47,8 @@ from test_codec import (  # noqa: E402
     pb_params,
     raw_bytes,
 )
+from fastoip.errors import CodecError  # noqa: E402
+from fastoip.types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput, UInt64  # noqa: E402
 
 #: FASTOIP_FUZZ_EXAMPLES=20000 for a long run; 300 by default.
 FUZZ = settings(max_examples=int(os.environ.get("FASTOIP_FUZZ_EXAMPLES", "300")), deadline=None,
@@ -330,7 +330,7 @@ def test_random_bytes(data: bytes) -> None:
 
 
 def _field(field: int, wt: int, payload: bytes) -> bytes:
-    from test_codec import ld, tag, varint
+    from codec_oracle import ld, tag, varint
     if wt == 2:
         return ld(field, payload)
     if wt == 0:
@@ -345,7 +345,7 @@ def _field(field: int, wt: int, payload: bytes) -> bytes:
 @st.composite
 def wire_soup(draw: Any, depth: int = 2) -> bytes:
     """Random but mostly well-formed wire data over the message's field numbers."""
-    from test_codec import tag
+    from codec_oracle import tag
     parts = []
     for _ in range(draw(st.integers(0, 6))):
         field = draw(st.integers(1, 9))
@@ -467,7 +467,7 @@ def test_deserialize_bytes_tensor_random(data: bytes, count: int) -> None:
 
 
 def test_leniency_walker_finds_the_documented_differences() -> None:
-    from test_codec import ld, tag, varint
+    from codec_oracle import ld, tag, varint
     overflow = tag(9, 0) + b"\xff" * 9 + b"\x02"
     assert wire_leniency(overflow, REQUEST_SCHEMA)
     assert wire_leniency(ld(4, ld(2, overflow)), REQUEST_SCHEMA)

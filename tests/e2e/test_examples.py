@@ -17,7 +17,7 @@ from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pandas_pipeline"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pandas_pipeline"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_example_client_script_runs(pandas_server: ServerProcess) -> None:
     assert "Michael" in out.stdout and "review" in out.stdout
 
 
-TOKENS = Path(__file__).resolve().parents[1] / "examples" / "token_stream"
+TOKENS = Path(__file__).resolve().parents[2] / "examples" / "token_stream"
 
 
 @pytest.mark.timeout(240)  # a server and a client process: slow on a loaded machine
@@ -109,7 +109,7 @@ def test_token_stream_example_streams_each_word(tmp_path: Path, grpc_frontend: s
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n") == ["one", "two", "three", ""]
 
-TESTING_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "testing_your_model"
+TESTING_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "testing_your_model"
 
 
 def test_the_testing_example_passes_under_pytest(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_the_testing_example_passes_under_pytest(tmp_path: Path) -> None:
 
 
 def test_the_readme_shows_the_testing_example_as_it_is() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in ("test_word_count.py", "repository/word_count/1/model.py"):
         source = (TESTING_EXAMPLE / name).read_text()
         body = source.split('"""', 2)[2].lstrip("\n") if source.startswith('"""') else source

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fastoip.bench.cli import main as bench_main
+from pki import Pki, tls_args
 from serverproc import ServerProcess
-from test_grpc_tls import Pki, pki, tls_args  # noqa: F401 - pki is the fixture the tests below use
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,9 +20,9 @@ import pytest
 import tritonclient.grpc as tg
 from onnx import TensorProto
 
+from memory import HUGE_NEEDS_GIB, mem_available_gib
 from models import identity_model_bytes, reduce_max_model_bytes, write_model
 from serverproc import ServerProcess, wait_until
-from test_grpc_clients import HUGE_NEEDS_GIB, mem_available_gib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -24,6 +24,7 @@ from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
 from fastoip.demo import write_repository
+from memory import HUGE_NEEDS_GIB, mem_available_gib
 from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
 from serverproc import ServerProcess, wait_until
 
@@ -394,21 +395,6 @@ def test_64_mb_message(server: ServerProcess) -> None:
     assert got.shape == x.shape and np.array_equal(got, x)
 
 
-def mem_available_gib() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / (1024 * 1024)
-    except OSError:
-        pass
-    return 0.0
-
-
-#: A 1 GiB FP32 tensor through tritonclient takes about 11 GiB across client and server at its peak (measured
-#: against grpcio: the numpy array, the request's serialised copy, gRPC's buffers, the server's response and the
-#: client's decoded copy) and ~45 s on 2 cores, so it runs only where asked (FASTOIP_TEST_HUGE=1) or where that
-#: much memory is free with room to spare for neighbours.
-HUGE_NEEDS_GIB = 24.0
 
 
 @pytest.mark.slow

@@ -381,7 +381,7 @@ def test_every_rpc_of_the_service_is_called_by_some_test() -> None:
         "TraceSetting": "update_trace_settings", "LogSettings": "update_log_settings",
     }
     assert set(calls) == set(methods)
-    text = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    text = "".join(p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py"))
     missing = [rpc for rpc, call in calls.items() if not re.search(re.escape(call) + r"\(", text)]
     assert missing == []
 

@@ -15,9 +15,8 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from python_models import COUNTER, COUNTER_CONFIG, WORDS, WORDS_CONFIG, write_python_model
 from serverproc import ServerProcess
-from test_decoupled import COUNTER, COUNTER_CONFIG, WORDS, WORDS_CONFIG
-from test_python_models import write_python_model
 
 pytestmark = pytest.mark.timeout(180)
 

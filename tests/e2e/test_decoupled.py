@@ -22,85 +22,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from fastoip._proto import grpc_service_pb2 as pb
+from python_models import ASYNC_COUNTER, COUNTER, COUNTER_CONFIG, PLAIN, WORDS, WORDS_CONFIG, write_python_model
 from serverproc import ServerProcess
-from test_python_models import write_python_model
 
 pytestmark = pytest.mark.timeout(180)
-
-COUNTER = """
-    import time
-    import numpy as np
-    import fastoip
-
-    class Counter(fastoip.Model):
-        def predict(self, inputs, parameters):
-            fail_at = int(parameters.get("fail_at", -1))
-            delay = float(parameters.get("delay", 0))
-            for index in range(int(inputs["COUNT"].reshape(-1)[0])):
-                if index == fail_at:
-                    raise ValueError(f"no response {index}")
-                if delay:
-                    time.sleep(delay)
-                yield {"INDEX": np.array([index], dtype=np.int32)}
-"""
-
-COUNTER_CONFIG = """
-    backend: "python"
-    max_batch_size: 0
-    input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-    output [ { name: "INDEX" data_type: TYPE_INT32 dims: [ 1 ] } ]
-    model_transaction_policy { decoupled: true }
-"""
-
-ASYNC_COUNTER = """
-    import asyncio
-    import numpy as np
-    import fastoip
-
-    class AsyncCounter(fastoip.Model):
-        async def predict(self, inputs):
-            for index in range(int(inputs["COUNT"].reshape(-1)[0])):
-                await asyncio.sleep(0)
-                yield {"INDEX": np.array([index], dtype=np.int32)}
-"""
-
-#: Each word of ``text_input`` as its own response (a token stream), with its position as a parameter.
-WORDS = """
-    import fastoip
-
-    class Words(fastoip.Model):
-        async def predict(self, inputs, parameters):
-            text = inputs["text_input"].reshape(-1)[0].decode()
-            if text == "fail":
-                raise fastoip.InvalidArgument("the model refuses 'fail'")
-            words = text.split()
-            for index, word in enumerate(words):
-                if word == "boom":
-                    raise RuntimeError("boom in the middle")
-                yield {"text_output": [word.upper() if parameters.get("upper") else word],
-                       "position": [index]}
-"""
-
-WORDS_CONFIG = """
-    backend: "python"
-    max_batch_size: 0
-    input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
-    output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
-             { name: "position" data_type: TYPE_INT64 dims: [ 1 ] } ]
-    model_transaction_policy { decoupled: true }
-"""
-
-
-#: Not decoupled: one response per request, whatever the request asks of the final flag.
-PLAIN = """
-    import numpy as np
-    import fastoip
-
-    class Plain(fastoip.Model):
-        def predict(self, inputs):
-            return {"INDEX": inputs["COUNT"].astype(np.int32)}
-"""
-
 
 def decoupled_repository(root: Path) -> Path:
     write_python_model(root, "plain", PLAIN, COUNTER_CONFIG.replace("model_transaction_policy { decoupled: true }", ""))

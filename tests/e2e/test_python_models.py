@@ -11,10 +11,8 @@ the rest of the server keeps serving).
 from __future__ import annotations
 
 import json
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,125 +21,20 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from models import identity_model_bytes, write_model
+from python_models import (
+    BATCHED_CONFIG,
+    BROKEN_LOAD,
+    DOUBLER,
+    INFO,
+    INT_IO,
+    MISBEHAVE,
+    SHAPES,
+    SLEEPER,
+    write_python_model,
+)
 from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def write_python_model(root: Path, name: str, source: str, config: str | None = None, version: int = 1) -> Path:
-    """``<root>/<name>/<version>/model.py`` (+ config.pbtxt); returns the model directory."""
-    folder = root / name / str(version)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.py").write_text(textwrap.dedent(source))
-    if config is not None:
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-    return root / name
-
-
-DOUBLER = """
-    import numpy as np
-    import fastoip
-
-    class Doubler(fastoip.Model):
-        @fastoip.batchable
-        def predict(self, inputs, parameters):
-            x = inputs["INPUT0"]
-            return {"OUTPUT0": x * 2, "BATCH": np.full((len(x), 1), len(x), dtype=np.int64)}
-"""
-
-BATCHED_CONFIG = """
-    backend: "python"
-    max_batch_size: 16
-    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-             { name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] } ]
-    dynamic_batching { max_queue_delay_microseconds: 500000 }
-"""
-
-INFO = """
-    import json
-    import fastoip
-
-    class Info(fastoip.Model):
-        def __init__(self):
-            self.seen_in_init = (self.name, self.instance)
-
-        def predict(self, inputs):          # one argument: no parameters wanted
-            return [json.dumps({
-                "name": self.name, "version": self.version, "instance": self.instance,
-                "folder": self.path.name, "extra": self.extra, "param": self.parameters.get("greeting"),
-                "init": list(self.seen_in_init), "n": int(inputs["X"].shape[0]),
-            })]
-"""
-
-SHAPES = """
-    import numpy as np
-    import fastoip
-
-    class Pair(fastoip.Model):
-        def predict(self, inputs, parameters):
-            x = inputs["X"]
-            return x, x + 1                 # a tuple: outputs in config order
-
-    class Single(fastoip.Model):
-        async def predict(self, inputs, parameters):
-            return inputs["X"].astype(np.float64) / 2   # one value, FP64 cast to the declared FP32
-"""
-
-MISBEHAVE = """
-    import numpy as np
-    import fastoip
-
-    class Misbehave(fastoip.Model):
-        def predict(self, inputs, parameters):
-            mode = parameters.get("mode", "ok")
-            x = inputs["X"]
-            if mode == "ok":
-                return {"OUT": x}
-            if mode == "wide":
-                return {"OUT": x.astype(np.int64) * 3}
-            if mode == "undeclared":
-                return {"OUT": x, "NOPE": x}
-            if mode == "missing":
-                return {}
-            if mode == "float":
-                return {"OUT": x + 0.5}
-            if mode == "strings":
-                return {"OUT": ["a"] * len(x)}
-            if mode == "tuple":
-                return (x, x)
-            if mode == "invalid":
-                raise fastoip.InvalidArgument("X must be positive")
-            raise ValueError("boom")
-"""
-
-SLEEPER = """
-    import asyncio
-    import numpy as np
-    import fastoip
-
-    class Sleeper(fastoip.Model):
-        async def predict(self, inputs, parameters):
-            await asyncio.sleep(0.4)
-            return {"OUT": inputs["X"]}
-"""
-
-BROKEN_LOAD = """
-    import fastoip
-
-    class Broken(fastoip.Model):
-        def load(self):
-            raise RuntimeError("no weights here")
-
-        def predict(self, inputs, parameters):
-            return inputs
-"""
-
-INT_IO = """
-    backend: "python"
-    input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
-    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
-"""
 
 
 @pytest.fixture(scope="module")

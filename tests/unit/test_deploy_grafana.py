@@ -18,7 +18,7 @@ import pytest
 from fastoip.host_metrics import CPU_NAMES, GPU_NAMES
 from fastoip.metrics import EXPORTED_NAMES
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "fastoip.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "fastoip.json"
 #: What a panel's query may name: every family fastoip exports, with a histogram's and a summary's series.
 KNOWN = EXPORTED_NAMES | CPU_NAMES | GPU_NAMES
 SERIES_SUFFIXES = ("_bucket", "_sum", "_count")

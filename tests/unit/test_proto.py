@@ -33,7 +33,7 @@ from fastoip._proto import health_pb2 as fo_health
 from fastoip._proto import health_pb2_grpc as fo_health_grpc
 from fastoip._proto import model_config_pb2 as fo_mc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GEN_SCRIPT = REPO_ROOT / "scripts" / "gen_proto.py"
 PROTO_OUT = REPO_ROOT / "src" / "fastoip" / "_proto"
 

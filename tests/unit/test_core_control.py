@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from fastoip.core import RepositoryIndexEntry  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402

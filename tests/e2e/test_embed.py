@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 
 import fastoip
 from fastoip.demo import write_repository
-from test_python_models import INT_IO, SLEEPER, write_python_model
+from python_models import INT_IO, SLEEPER, write_python_model
 
 pytestmark = pytest.mark.timeout(120)
 
