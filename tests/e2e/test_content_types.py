@@ -382,8 +382,10 @@ def write(root: Path, name: str, source: str, *, settings_json: str | None = Non
         (root / name / "config.pbtxt").write_text(config)
 
 
+# One server on the default gRPC frontend, not one per frontend: content types are decoded and encoded by the Core, and
+# tests/e2e/test_grpc_differential.py keeps the two frontends' answers byte-identical.
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("content-type-repo")
     # Metadata defaults: the whole request as a DataFrame, input A as str.
     write(root, "describe", DESCRIBE, settings_json=settings(
@@ -419,7 +421,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # typ
     write(root, "custom", CUSTOM, settings_json=settings(
         "custom", [io("DOCS", "BYTES", [-1], "json")], [io("MERGED", "BYTES", [-1], "json")]
     ))
-    with ServerProcess(root, http=True, grpc_frontend=grpc_frontend) as proc:
+    with ServerProcess(root, http=True) as proc:
         yield proc
 
 

@@ -20,12 +20,14 @@ pytestmark = pytest.mark.timeout(120)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pandas_pipeline"
 
 
+# One server on the default gRPC frontend, not one per frontend: the example's model runs under the Core, and
+# tests/e2e/test_grpc_differential.py keeps the two frontends' answers byte-identical.
 @pytest.fixture(scope="module")
-def pandas_server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
+def pandas_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     # A copy, so the server's __pycache__ does not land in the source tree.
     root = tmp_path_factory.mktemp("pandas-pipeline") / "repository"
     shutil.copytree(EXAMPLE / "repository", root)
-    with ServerProcess(root, http=True, grpc_frontend=grpc_frontend) as proc:
+    with ServerProcess(root, http=True) as proc:
         yield proc
 
 

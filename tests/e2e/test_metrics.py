@@ -18,9 +18,11 @@ from fastoip.metrics import EXPORTED_NAMES
 from serverproc import ServerProcess
 
 
+# One server on the default gRPC frontend, not one per frontend: metrics are the Core's and the metrics port's, and
+# tests/e2e/test_grpc_differential.py keeps the two frontends' answers byte-identical.
 @pytest.fixture(scope="module")
-def metrics_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-untyped-def]
-    with ServerProcess(demo_repo, metrics=True, grpc_frontend=grpc_frontend) as proc:
+def metrics_server(demo_repo: Path):  # type: ignore[no-untyped-def]
+    with ServerProcess(demo_repo, metrics=True) as proc:
         yield proc
 
 

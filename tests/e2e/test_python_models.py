@@ -37,8 +37,10 @@ from serverproc import ServerProcess
 pytestmark = pytest.mark.timeout(120)
 
 
+# One server on the default gRPC frontend, not one per frontend: Python models run under the Core, and
+# tests/e2e/test_grpc_differential.py keeps the two frontends' answers byte-identical.
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # type: ignore[no-untyped-def]
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("python-repo")
     write_python_model(root, "doubler", DOUBLER, BATCHED_CONFIG)
     write_python_model(root, "doubler_unbatched", DOUBLER, BATCHED_CONFIG + """
@@ -74,7 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, grpc_frontend: str):  # typ
     write_python_model(root, "broken_import", "import fastoip\nclass Oops(fastoip.Model)\n", INT_IO)
     write_python_model(root, "no_config", "import fastoip\nclass NoConfig(fastoip.Model):\n    pass\n")
     write_model(root, "identity_fp32", identity_model_bytes(1, [4]))  # an ONNX model beside them
-    with ServerProcess(root, http=True, grpc_frontend=grpc_frontend) as proc:
+    with ServerProcess(root, http=True) as proc:
         yield proc
 
 
