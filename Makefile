@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastoip-installed
 CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
 ARGS ?=
+# make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
+TEST_WORKERS ?= 4
 
 .PHONY: venv serve test test-unit test-e2e test-compat bench build proto clean check debug
 
@@ -29,13 +31,13 @@ bench: venv  ## throughput run against a fastoip on the demo repository
 	$(BIN)/fastoip bench $(ARGS)
 
 test: venv
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-unit: venv  ## the tests without sockets or processes (tests/unit)
 	$(BIN)/python -m pytest -q tests/unit $(ARGS)
 
 test-e2e: venv  ## the end-to-end tests against real server processes (tests/e2e)
-	$(BIN)/python -m pytest -q tests/e2e $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/e2e $(ARGS)
 
 # test-compat: the tritonclient-facing tests again, in a second venv with the OLDEST tritonclient fastoip supports.
 # 2.41.0 is the oldest release pip installs beside protobuf 6 and grpcio >= 1.81 (what fastoip needs): 2.41.1-2.66
