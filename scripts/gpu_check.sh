@@ -111,7 +111,7 @@ gpu-check: would run, on the GPU machine:
   1. (done) reassemble the split wheels in $STAGE and check them against SHA256SUMS
   2. pip install --no-index --no-deps --target /tmp/site $STAGE/*.whl (onnxruntime-gpu 1.31.1, tritonclient, ...)
   3. unpack libnghttp2-dev/-14 into /tmp/nghttp2; setup.py build_ext --inplace (native gRPC frontend on them)
-  4. pytest tests/test_cuda.py tests/test_cuda_plumbing.py, test_metrics.py -k gpu (CUDA EP + IO binding,
+  4. pytest tests/e2e/test_cuda.py tests/e2e/test_cuda_plumbing.py, test_metrics.py -k gpu (CUDA EP + IO binding,
      pinned batch buffers, CUDA shared memory from tritonclient over gRPC and HTTP, nv_gpu_* metrics)
   5. bench: fastoip serve on the demo repository, CUDA EP then --cpu-only, fastoip bench -i grpc -m mlp at
      c=1,16,64; image_identity (602 KB) with --shared-memory cuda / system / none at c=1,16
@@ -156,8 +156,8 @@ run() {
     "$PY" -c 'import onnxruntime as o; print("- onnxruntime", o.__version__, o.get_available_providers())' >> "$summary"
     # 4. tests
     set +e
-    timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_plumbing.py \
-        "tests/test_metrics.py" -k "cuda or gpu or Cuda or GPU" > "$out/tests.log" 2>&1
+    timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/e2e/test_cuda.py tests/e2e/test_cuda_plumbing.py \
+        "tests/e2e/test_metrics.py" -k "cuda or gpu or Cuda or GPU" > "$out/tests.log" 2>&1
     echo "- tests (exit $?): $(tail -1 "$out/tests.log")" >> "$summary"
     # 5. bench
     bench_pair >> "$summary" 2>&1
