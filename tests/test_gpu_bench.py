@@ -68,7 +68,9 @@ def test_resnet50_has_resnet50s_layers_and_runs_on_the_cpu_ep() -> None:
 
 @pytest.mark.skipif(gpu_listed(), reason="a GPU is here: the driver would run its GPU parts (minutes)")
 def test_the_driver_runs_end_to_end_on_the_cpu_ep_and_lists_the_gpu_parts(tmp_path: Path) -> None:
-    code = gpu_bench.main(["--out", str(tmp_path), "--dry-run", "--parts", "shm", "--window-ms", "200", "--trials", "1"])
+    code = gpu_bench.main(
+        ["--out", str(tmp_path), "--dry-run", "--parts", "shm", "--window-ms", "200", "--trials", "1"]
+    )
     results = json.loads((tmp_path / "gpu_bench.json").read_text())
     assert code == 0 and results["passed"] and results["dry_run"]
     assert results["instance_kinds"]["cpu"]["resnet50"] == "KIND_CPU"
