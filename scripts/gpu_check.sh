@@ -7,13 +7,19 @@
 #                                  each (the device tool carries at most 64 MiB a command); prints the plan
 #   scripts/gpu_check.sh plan      the device commands, one per batch, in order
 #   scripts/gpu_check.sh stage N   there: copy batch N into $STAGE (it stays while the machine is held)
+#   scripts/gpu_check.sh probe     there, in the first command: the GPU, Python and the packages relied on
 #   scripts/gpu_check.sh run       there, after the last stage: reassemble and check the pieces, install into
 #                                  /tmp/site, build the extensions (native gRPC frontend on the carried
-#                                  libnghttp2 headers), run the GPU tests, a short GPU benchmark, and write
-#                                  $OUT/summary.md (or .gpu/out/summary.md without $OUT)
+#                                  libnghttp2 headers), run the GPU tests; $OUT/summary.md, build.log, tests.log
+#   scripts/gpu_check.sh bench     there, the next command: benchmarks/gpu_bench.py (CUDA EP vs CPU EP, pinned vs
+#                                  pageable, CUDA vs system shm vs bytes); the whole $OUT/summary.md and
+#                                  gpu_bench.json (or .gpu/out/ without $OUT)
+#   scripts/gpu_check.sh dry-run   here: benchmarks/gpu_bench.py --dry-run (CPU EP, short; GPU parts listed)
 #
-# Without a GPU (no nvidia-smi, or it lists none), `run` stops cleanly: it prints "no GPU" and what it would
-# have run, and exits 0. `make gpu-check` is `prepare` then `run` on this machine: on CPU, a dry run.
+# Without a GPU (no nvidia-smi, or it lists none), `run` and `bench` stop cleanly: "no GPU" and what they would
+# have run, exit 0. `make gpu-check` is `prepare`, every `stage`, `run`, `bench`, `dry-run` on this machine.
+# The exact sequence of device commands, their carry lists and the device-time budget: benchmarks/RESULTS.md
+# (2026-11-27, "The GPU check, completed") and `plan`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,11 +102,19 @@ plan() {
     calls=$((batches + 1))
     say "$calls device commands, in order, to the same held machine: issue each as soon as the last returns"
     say "(the machine goes back after 30 s idle, and with it everything staged); timeout_s as given"
+    # what travels besides the batch: the tracked and untracked-not-ignored files of this checkout
+    local tree
+    tree=$(git ls-files -z -co --exclude-standard 2>/dev/null | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+    tree=${tree:-0}
     for n in $(seq 1 "$batches"); do
-        local cmd="bash scripts/gpu_check.sh stage $n" timeout=120
+        local cmd="bash scripts/gpu_check.sh stage $n" timeout=120 size
+        size=$(du -sb "$GPU_DIR/batch$n" | cut -f1)
         [ "$n" = 1 ] && cmd="bash scripts/gpu_check.sh probe; $cmd"
         [ "$n" = "$batches" ] && cmd="$cmd && bash scripts/gpu_check.sh run" && timeout=420
-        echo "  [$n/$calls] carry=[\"$GPU_DIR/batch$n\"] ($(du -sb "$GPU_DIR/batch$n" | cut -f1) bytes) timeout_s=$timeout  command: $cmd"
+        echo "  [$n/$calls] carry=[\"$GPU_DIR/batch$n\"] ($size bytes + tree $tree) timeout_s=$timeout  command: $cmd"
+        if [ $((size + tree)) -gt $((60 * 1024 * 1024)) ]; then
+            say "WARNING: call $n would carry more than 60 MiB: rerun with a smaller BATCH_MIB (pack)"
+        fi
     done
     echo "  [$calls/$calls] carry=[] timeout_s=480  command: bash scripts/gpu_check.sh bench"
 }
