@@ -36,6 +36,7 @@ from .service import (
     SERVICE,
     UNARY,
     GrpcService,
+    accept_mlserver_shapes,
     decode_request,
     encode_final,
     encode_partial,
@@ -180,8 +181,11 @@ class InferCall(Call):
     def run(self, data: wire.Payload) -> None:
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
-            self.fail(wire.INVALID_ARGUMENT, request.status_message)
-            return
+            loose = accept_mlserver_shapes(self.core.core, request)
+            if loose is None:
+                self.fail(wire.INVALID_ARGUMENT, request.status_message)
+                return
+            request = loose
         try:
             self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
         except InferenceError as exc:
@@ -235,8 +239,11 @@ class StreamInferCall(Call):
         self.started += 1
         request = decode_request(cast(bytes, data))  # the codec reads any buffer
         if not isinstance(request, InferRequest):
-            self.answer(_codec.encode_stream_response(None, request.status_message))
-            return
+            loose = accept_mlserver_shapes(self.core.core, request)
+            if loose is None:
+                self.answer(_codec.encode_stream_response(None, request.status_message))
+                return
+            request = loose
         try:
             empty_final = take_empty_final_flag(request) if request.parameters else False
             job = self.core.start(request, self.deadline_ns, self.done, self.headers, self.partial_sink)
@@ -389,19 +396,6 @@ class Dispatcher:
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
-
-    def refusal(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on.
-
-        A header sent more than once is read by its first value, as the grpcio frontend reads it (issue 27).
-        """
-        restriction = self.restricted.get(path)
-        if restriction is None:
-            return None
-        given = next((value for key, value in headers if key == restriction.lookup_key), None)
-        if restriction.allows(given):
-            return None
-        return restriction.grpc_refusal()
 
     def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:
