@@ -25,8 +25,8 @@ cd "$(dirname "$0")/.."
 
 GPU_DIR=.gpu
 STAGE=${STAGE:-/tmp/fastoip-gpu}
-PIECE_MIB=${PIECE_MIB:-52}
-BATCH_MIB=${BATCH_MIB:-56}
+PIECE_MIB=${PIECE_MIB:-50}
+BATCH_MIB=${BATCH_MIB:-54}
 PY=${PY:-python3}
 # What the GPU image lacks (its package list: the device tool's KINDS.md): ONNX Runtime's CUDA build, fastoip's
 # HTTP stack, and tritonclient with what its grpc/http clients import. Exact versions: one of each travels.
@@ -169,7 +169,10 @@ probe() {
     nvidia-smi -L 2>&1 || true
     "$PY" - <<'PROBE' 2>&1 || true
 import importlib, sys
+import os, sysconfig
 print("python", sys.version.split()[0], sys.executable)
+include = sysconfig.get_paths()["include"]
+print("  Python.h", "found" if os.path.exists(os.path.join(include, "Python.h")) else "MISSING", "in", include)
 for name in ("numpy", "onnx", "onnxruntime", "grpc", "google.protobuf", "cupy", "cuda.bindings", "Cython",
              "pynvml", "prometheus_client", "rich", "uvloop", "pytest", "hypothesis", "ml_dtypes", "urllib3"):
     try:
