@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         "shm": [],
         "instance_kinds": {},
         "problems": [],
+        "complete": False,
     }
     repo = args.out / "repo"
     started = time.monotonic()
@@ -318,6 +319,21 @@ def main(argv: list[str] | None = None) -> int:
     results["build_s"] = round(time.monotonic() - started, 1)
     print(f"gpu_bench: repository written in {results['build_s']} s: {results['model_bytes']}", flush=True)
 
+    # first the few seconds of copies, then the servers: a run cut short keeps what it measured
+    if "h2d" in parts:
+        if gpu:
+            shapes = {
+                "mlp 64x256": (64, 256),
+                "resnet50 16x3x224x224": (16, 3, 224, 224),
+                "resnet50 64x3x224x224": (64, 3, 224, 224),
+            }
+            try:
+                results["h2d"] = h2d_times(shapes)
+            except Exception as exc:  # CuPy missing or a CUDA error: say so in the summary
+                results["h2d"] = [{"error": f"{type(exc).__name__}: {exc}"}]
+            save(args.out, results, started)
+        else:
+            results["skipped"].append("h2d: pinned vs pageable host-to-device copy of one batch, CUDA events (no GPU)")
     modes = ["cuda", "cpu"] if gpu else ["cpu"]
     if not gpu:
         results["skipped"].append("ep: mlp and resnet50 on the CUDA EP at c=1,16,64 (no GPU); CPU EP at c=1 only")
@@ -336,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                     for row in bench(port, model, levels, args, args.out):
                         results["ep"].append({"ep": mode, **row})
                         print(f"gpu_bench: ep {mode} {row}", flush=True)
+                    save(args.out, results, started)
             shm_here = mode == "cuda" or (not gpu and mode == "cpu")
             if "shm" in parts and shm_here:
                 shm_kinds = ["cuda", "system", "none"] if gpu else ["system", "none"]
@@ -344,30 +361,24 @@ def main(argv: list[str] | None = None) -> int:
                         for row in bench(port, model, "1,16" if gpu else "1", args, args.out, shm=shm):
                             results["shm"].append({"ep": mode, **row})
                             print(f"gpu_bench: shm {row}", flush=True)
+                        save(args.out, results, started)
         finally:
             child.stop()
     if not gpu and "shm" in parts:
         results["skipped"].append("shm: --shared-memory cuda on identity_602k and identity_16m at c=1,16 (no GPU)")
-    if "h2d" in parts:
-        if gpu:
-            shapes = {
-                "mlp 64x256": (64, 256),
-                "resnet50 16x3x224x224": (16, 3, 224, 224),
-                "resnet50 64x3x224x224": (64, 3, 224, 224),
-            }
-            try:
-                results["h2d"] = h2d_times(shapes)
-            except Exception as exc:  # CuPy missing or a CUDA error: say so in the summary
-                results["h2d"] = [{"error": f"{type(exc).__name__}: {exc}"}]
-        else:
-            results["skipped"].append("h2d: pinned vs pageable host-to-device copy of one batch, CUDA events (no GPU)")
-    results["elapsed_s"] = round(time.monotonic() - started, 1)
-    failed = [row for part in ("ep", "shm", "h2d") for row in results[part] if row.get("error") or row.get("errors")]
-    results["passed"] = not failed and not results["problems"]
-    (args.out / "gpu_bench.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "gpu_bench.md").write_text(markdown(results))
+    results["complete"] = True
+    save(args.out, results, started)
     print(markdown(results), flush=True)
     return 0 if results["passed"] else 1
+
+
+def save(out: Path, results: dict[str, Any], started: float) -> None:
+    """gpu_bench.json and gpu_bench.md as they stand (after each model too: a run cut short keeps its rows)."""
+    results["elapsed_s"] = round(time.monotonic() - started, 1)
+    failed = [row for part in ("ep", "shm", "h2d") for row in results[part] if row.get("error") or row.get("errors")]
+    results["passed"] = bool(results.get("complete")) and not failed and not results["problems"]
+    (out / "gpu_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "gpu_bench.md").write_text(markdown(results))
 
 
 def _cell(value: Any, digits: int = 0) -> str:
@@ -380,9 +391,10 @@ def _cell(value: Any, digits: int = 0) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     """The figures as Markdown tables, to paste into RESULTS.md."""
+    verdict = "PASSED" if results["passed"] else "FAILED" if results.get("complete") else "INCOMPLETE (cut short)"
     lines = [
-        f"## gpu_bench ({'GPU' if results['gpu'] else 'dry run, no GPU'}): "
-        f"{'PASSED' if results['passed'] else 'FAILED'} in {results.get('elapsed_s')} s",
+        f"## gpu_bench ({'GPU' if results['gpu'] else 'dry run, no GPU'}): {verdict} "
+        f"after {results.get('elapsed_s')} s",
         "",
     ]
     lines += [f"- models (bytes): {results['model_bytes']}", f"- instance kinds: {results['instance_kinds']}", ""]
