@@ -117,7 +117,9 @@ clean:
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
 # limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run.
-gpu-check:  ## prepare the GPU run's files and dry-run it (scripts/gpu_check.sh says how to run it on a GPU)
-	bash scripts/gpu_check.sh prepare
+gpu-check: $(STAMP)  ## prepare the GPU run's files and dry-run it on CPU (scripts/gpu_check.sh says how to run it on a GPU)
+	PY=$(BIN)/python bash scripts/gpu_check.sh prepare
 	rm -rf /tmp/fastoip-gpu && for n in $$(seq 1 $$(cat .gpu/BATCHES)); do bash scripts/gpu_check.sh stage $$n; done
-	bash scripts/gpu_check.sh run
+	PY=$(BIN)/python bash scripts/gpu_check.sh run
+	PY=$(BIN)/python bash scripts/gpu_check.sh bench
+	PY=$(BIN)/python bash scripts/gpu_check.sh dry-run
