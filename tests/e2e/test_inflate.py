@@ -38,6 +38,7 @@ def test_whole_messages_in_steps() -> None:
         (gzip.compress(b"abc" * 1000)[:-12], 10_000, "truncated"),
         (b"not gzip at all", 100, "corrupt"),
     ],
+    ids=["bomb", "second-member", "garbage-after", "truncated", "not-gzip"],  # gzip headers carry the time
 )
 def test_refusals(packed: bytes, limit: int, kind: str) -> None:
     with pytest.raises(InflateError) as info:
