@@ -18,6 +18,10 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 2. models: ``repository/``, ``scheduling/``, ``backends/``, the response cache and output finishing;
 3. core: ``core/`` and ``testing`` (an in-process client on the Core);
 4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository, ``embed``.
+
+One more rule for the frontends (``server/``): they reach the models only through the Core.  They import
+the Core, the wire layer and the ground floor, never ``repository/``, ``scheduling/`` (the scheduler's
+``Job``), ``backends/`` or the models layer's other modules.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ LAYERS: dict[str, int] = {
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench
 }
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
+
+#: Module prefixes (after ``fastoip.``) that are frontends: they may not import the models layer at all.
+FRONTENDS = ("server",)
+MODELS = LAYER_NAMES.index("models")
 
 
 def module_name(path: Path) -> str:
@@ -168,6 +176,18 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     return sorted((a, b) for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a))
 
 
+def is_frontend(module: str) -> bool:
+    rest = module[len(PACKAGE) + 1 :]
+    return any(rest == prefix or rest.startswith(prefix + ".") for prefix in FRONTENDS)
+
+
+def past_the_core(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Frontend imports of the models layer (a frontend reaches models through the Core only)."""
+    return sorted(
+        (a, b) for a, targets in graph.items() if is_frontend(a) for b in targets if layer_of(b) == MODELS
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--show", action="store_true", help="print every module with its layer and imports")
@@ -186,6 +206,9 @@ def main() -> int:
             f"upward import: {source} ({LAYER_NAMES[layer_of(source)]}) imports "
             f"{target} ({LAYER_NAMES[layer_of(target)]})"
         )
+    for source, target in past_the_core(graph):
+        problems += 1
+        print(f"frontend past the Core: {source} imports {target} (models); go through fastoip.core")
     edges = sum(len(t) for t in graph.values())
     print(f"import_graph: {len(graph)} modules, {edges} imports, {problems} problem(s)")
     return 1 if problems else 0

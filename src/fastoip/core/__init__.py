@@ -15,7 +15,7 @@ from .answers import (
     SystemRegionStatus,
     TensorMetadata,
 )
-from .call import CallContext, FinishedCall
+from .call import CallContext, FinishedCall, OnDone, OnResponse, Ticket, on_loop
 from .control import EXTENSIONS, ModelControl
 from .core import Core
 from .dataplane import SERVER_NAME, DataPlane
@@ -38,8 +38,12 @@ __all__ = [
     "ModelStatistics",
     "RegionStatus",
     "RepositoryIndexEntry",
+    "OnDone",
+    "OnResponse",
     "ServerMetadata",
     "SystemRegionStatus",
     "TensorMetadata",
+    "Ticket",
     "config_to_json",
+    "on_loop",
 ]

@@ -57,15 +57,14 @@ class LoadedModel:
         self.backends = list(backends)
         self.stats = ModelStatistics(name, self.version_str)
         tensor_models = [b for b in backends if isinstance(b, TensorModel)]
-        #: Backends that take whole requests (Python models) instead of merged tensors.
-        self.runs_requests = not tensor_models
         # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
         self.on_gpu = any(b.on_gpu for b in tensor_models)
         self.buffers = BufferPool(pinned_allocator if self.on_gpu and wants_pinned_inputs(config) else None)
         # A plain lock-guarded count: correct on every Python build (free-threaded too), ~0.1 µs a side.
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
-        #: Set when the version is retired (reload or unload): new requests must not start on it.
+        #: Set when the version is retired (reload or unload): new requests must not start on it
+        #: (``runner.RequestRunner.enter`` hands them its successor).
         self.retiring = False
         #: What the scheduler may know of this model (it never sees the LoadedModel itself).
         self.context = ExecutionContext(
@@ -76,7 +75,6 @@ class LoadedModel:
             output_datatypes={t.name: t.datatype for t in self.spec.outputs},
             stats=self.stats,
             buffers=self.buffers,
-            runs_requests=self.runs_requests,
             signature=self.signature,
         )
         #: What the scheduler runs: tensor models get the merge/split adapter, the others are Backends already.
@@ -195,7 +193,8 @@ class LoadedModel:
         """Run one request through this model's own scheduler and wait (warm-up, before the model serves)."""
         job = self.prepare(request)
         job.arm()
-        self.scheduler.run(job)
+        job.caller_runs = True
+        self.scheduler.enqueue(job)
         return job.wait()
 
     # -- metadata -----------------------------------------------------------
@@ -236,7 +235,7 @@ class LoadedModel:
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish what is in flight (up to ``timeout``), then release the instances."""
-        self.retiring = True  # requests that find this version from now on go to its successor (DataPlane._enter)
+        self.retiring = True  # requests that find this version from now on go to its successor (RequestRunner.enter)
         if not self.wait_idle(timeout):
             log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self.in_flight)
         self.scheduler.stop()

@@ -48,6 +48,7 @@ from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_set
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .runner import RequestRunner
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .warmup import run_warmup
 
@@ -86,6 +87,8 @@ class ModelRepository:
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
         self._load_lock = threading.Lock()
+        #: How requests run on the models here (the data plane's and ensemble steps' one path).
+        self.runner = RequestRunner(self.get)
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -389,7 +392,7 @@ class ModelRepository:
                 return None
 
         plan = plan_ensemble(config, lookup)
-        return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.runner)
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..core import Core
-from ..repository import RepositoryOptions
+from ..options import RepositoryOptions
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 

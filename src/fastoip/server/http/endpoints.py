@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ...core import CUDA, SYSTEM, Core, config_to_json
+from ...core import CUDA, SYSTEM, CallContext, Core, config_to_json
 from ...errors import InvalidArgument, OneResponseCall
 from ...wire import http as wire
 from ...wire.http import json_excerpt
@@ -233,7 +233,7 @@ class HttpFrontend(Router):
         else:
             infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
         try:
-            response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+            response = await self.core.infer_async(infer_request, CallContext(trace_headers=request.headers))
         except OneResponseCall:
             raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
         content_type, json_length, payload = wire.encode_infer_response(response, output_format)

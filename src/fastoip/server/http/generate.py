@@ -2,9 +2,8 @@
 
 Rules (Triton's ``docs/protocol/extension_generate.md`` and ``http_server.cc``):
 - Translate only: the JSON mapping is :mod:`fastoip.wire.generate`; the
-  request runs through the Core's completion path (``submit`` with a response
-  sink), so decoupled and ordinary models both serve it and the event loop
-  never waits on a model.
+  request runs through ``Core.start`` with a response sink, so decoupled and
+  ordinary models both serve it and the event loop never waits on a model.
 - A request that fails before it runs (bad JSON, an input that does not fit,
   unknown model) answers a JSON error with its status, as every endpoint does.
 - ``/generate`` answers one JSON object; a model that gave more or fewer than
@@ -21,9 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from ...core import Core
+from ...core import Core, FinishedCall, on_loop
 from ...errors import InferenceError, InternalError
-from ...scheduling.job import Job
 from ...types import InferRequest, InferResponse
 from ...wire import generate as wire
 from .bodies import read_body
@@ -79,25 +77,19 @@ class _Answers:
     def __init__(self, core: Core, request: InferRequest) -> None:
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Answer] = asyncio.Queue()
-        put = self.queue.put_nowait
+        hop = on_loop(loop, self.queue.put_nowait)  # called on the thread that produced the answer
 
-        def hop(answer: Answer) -> None:  # on the thread that produced it
-            try:
-                loop.call_soon_threadsafe(put, answer)
-            except RuntimeError:  # the loop closed (server stopped): nobody to answer
-                pass
-
-        def on_response(job: Job, response: InferResponse) -> None:
+        def on_response(job: FinishedCall, response: InferResponse) -> None:
             hop(response)
 
-        def on_done(job: Job) -> None:
+        def on_done(job: FinishedCall) -> None:
             if job.error is not None:
                 hop(job.error)
             elif job.response is not None:
                 hop(job.response)
             hop(None)
 
-        self.job = core.submit(request, on_done, on_response=on_response)
+        self.job = core.start(request, None, on_done, on_response)
 
     async def get(self) -> Answer:
         return await self.queue.get()

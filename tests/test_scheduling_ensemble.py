@@ -1,0 +1,121 @@
+"""Ensemble steps run through the one request runner: a composing model's outputs are finished (reshape back,
+classification) before the next step reads them, exactly as for a direct request.
+
+In-process Core, real ONNX Runtime; the models are identities built with the onnx helper API.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fastoip.core import Core  # noqa: E402
+from fastoip.errors import InvalidArgument  # noqa: E402
+from fastoip.types import InferInput, InferRequest, RequestedOutput  # noqa: E402
+from harness import core_on, success_and_failure  # noqa: E402
+from models import identity_model_bytes, write_model  # noqa: E402
+
+#: ``a``: the model computes [4]; its config shows the output as [2, 2] (Triton's reshape).
+RESHAPING = """
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape: { shape: [ 4 ] } } ]
+"""
+
+#: ``b``: takes [2, 2].
+SQUARE = """
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+"""
+
+#: ``scores``: [4] -> [4].
+FLAT = """
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def ensemble(name: str, steps: list[tuple[str, str, str]], out_dims: str, label_file: str = "") -> str:
+    """``steps``: (model, tensor read, tensor written); the ensemble reads IN and answers OUT."""
+    labels = f' label_filename: "{label_file}"' if label_file else ""
+    text = ", ".join(
+        f'{{ model_name: "{model}" model_version: -1 input_map {{ key: "INPUT0" value: "{read}" }} '
+        f'output_map {{ key: "OUTPUT0" value: "{written}" }} }}'
+        for model, read, written in steps
+    )
+    return (
+        f'name: "{name}" platform: "ensemble" max_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f'output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ {out_dims} ]{labels} }} ]\n'
+        f"ensemble_scheduling {{ step [ {text} ] }}\n"
+    )
+
+
+def write_ensemble(root: Path, name: str, config: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
+    root = tmp_path_factory.mktemp("ensembles")
+    for name, config, dims in (("a", RESHAPING, [4]), ("b", SQUARE, [2, 2]), ("scores", FLAT, [4])):
+        write_model(root, name, identity_model_bytes(TensorProto.FLOAT, dims, name, batch=False), config=config)
+    write_ensemble(root, "a_then_b", ensemble("a_then_b", [("a", "IN", "x"), ("b", "x", "OUT")], "2, 2"))
+    write_ensemble(root, "a_last", ensemble("a_last", [("a", "IN", "OUT")], "2, 2"))
+    write_ensemble(
+        root, "classified", ensemble("classified", [("scores", "IN", "OUT")], "4", label_file="labels.txt")
+    )
+    (root / "classified" / "labels.txt").write_text("zero\none\ntwo\nthree\n")
+    with core_on(root) as running:
+        yield running
+
+
+def request(model: str, values: np.ndarray, outputs: list[RequestedOutput] | None = None) -> InferRequest:
+    return InferRequest(model, inputs=[InferInput("IN", "FP32", values.shape, values)], outputs=outputs or [])
+
+
+VALUES = np.array([1.0, 4.0, 2.0, 3.0], dtype=np.float32)
+
+
+def test_a_reshaping_step_hands_the_next_step_the_configs_shape(core: Core) -> None:
+    # the direct call answers [2, 2]; through the ensemble, b must receive that shape too
+    direct = core.infer(InferRequest("a", inputs=[InferInput("INPUT0", "FP32", (4,), VALUES)]))
+    assert tuple(direct.output("OUTPUT0").shape) == (2, 2)
+    before_a, before_b = success_and_failure(core, "a"), success_and_failure(core, "b")
+    response = core.infer(request("a_then_b", VALUES))
+    out = response.output("OUT")
+    assert tuple(out.shape) == (2, 2)
+    np.testing.assert_array_equal(out.data, VALUES.reshape(2, 2))
+    # each composing model counted its step once, as Triton reports them
+    assert success_and_failure(core, "a") == (before_a[0] + 1, before_a[1])
+    assert success_and_failure(core, "b") == (before_b[0] + 1, before_b[1])
+
+
+def test_a_reshaping_last_step_answers_the_ensembles_shape(core: Core) -> None:
+    out = core.infer(request("a_last", VALUES)).output("OUT")
+    assert tuple(out.shape) == (2, 2)
+    np.testing.assert_array_equal(out.data, VALUES.reshape(2, 2))
+
+
+def test_an_ensemble_output_asked_with_classification(core: Core) -> None:
+    wanted = [RequestedOutput("OUT", {"classification": 2})]
+    out = core.infer(request("classified", VALUES, wanted)).output("OUT")
+    assert out.datatype == "BYTES" and tuple(out.shape) == (2,)
+    assert [bytes(v) for v in out.data] == [b"4.000000:1:one", b"3.000000:3:three"]
+
+
+def test_a_step_that_cannot_start_fails_the_ensemble_naming_the_step(core: Core) -> None:
+    before = success_and_failure(core, "a_then_b")
+    with pytest.raises(InvalidArgument, match="unexpected shape for input 'IN'"):
+        core.infer(request("a_then_b", np.zeros(3, dtype=np.float32)))
+    assert success_and_failure(core, "a_then_b") == before  # refused before it started
