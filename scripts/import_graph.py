@@ -12,7 +12,7 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 
 0. ground: the vocabulary every layer shares (types, errors, datatypes,
    options, settings, the generated protobuf modules, CUDA helpers,
-   statistics, tracing, classification, content types, the Python model API);
+   statistics, tracing, model configs, classification, content types, the Python model API);
 1. wire: where tensor bytes come from and go: the codecs (``_codec``,
    ``wire/``) and the shared-memory regions;
 2. models: ``repository/``, ``scheduling/``, ``backends/``, the response cache and output finishing;
@@ -52,6 +52,7 @@ LAYERS: dict[str, int] = {
     "host_metrics": 0,
     "allocator": 0,  # standard library only: the serve process's malloc setting
     "tracing": 0,
+    "model_config": 0,  # config.pbtxt in every form and the precomputed ModelSpec (backends and repository read it)
     "_codec": 1,
     "wire": 1,
     "shared_memory": 1,

@@ -1,6 +1,6 @@
 """The Core: the API every frontend calls (see :mod:`.core`), its typed answers and its call context."""
 
-from ..repository.config import config_to_json  # the Triton JSON form of model_config()'s answer
+from ..model_config import config_to_json  # the Triton JSON form of model_config()'s answer
 from ..shared_memory import CUDA, SYSTEM
 from .answers import (
     BatchStatistics,

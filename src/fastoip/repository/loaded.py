@@ -21,12 +21,12 @@ from ..classification import class_count
 from ..cuda import pinned_allocator
 from ..errors import InvalidArgument
 from ..metrics import ModelStatistics
+from ..model_config import ModelSpec, TensorSpec, model_spec
 from ..scheduling.buffers import BufferPool
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
 from ..scheduling.execute import TensorBackend
 from ..scheduling.job import Job, input_signature
 from ..types import InferInput, InferRequest, InferResponse
-from .config import ModelSpec, TensorSpec, model_spec
 
 log = logging.getLogger("fastoip.repository")
 
