@@ -19,7 +19,7 @@ import pytest
 
 from fastoip._proto import model_config_pb2 as mc
 from fastoip.errors import Cancelled, DeadlineExceeded, InferenceError, InternalError, Unavailable
-from fastoip.metrics import ModelStatistics
+from fastoip.metrics import VersionCounters
 from fastoip.scheduling.batcher import DynamicBatcher
 from fastoip.scheduling.buffers import BufferPool
 from fastoip.scheduling.contract import Backend, ExecutionContext, TensorModel
@@ -99,7 +99,7 @@ def make_batcher(
         config=config,
         batching=max_batch_size > 0,
         output_datatypes={"SUM": "FP32", "DOUBLE": "FP32"},
-        stats=ModelStatistics("rows", "1"),
+        stats=VersionCounters("rows", "1"),
         buffers=BufferPool(),
         signature=functools.partial(input_signature, batching=max_batch_size > 0),
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InferenceError
-from ..metrics import prometheus_text
+from ..metrics import MetricsConfig, prometheus_text
 from ..options import RepositoryOptions
 from ..repository import ModelRepository
 from ..shared_memory import SYSTEM
@@ -48,10 +48,13 @@ class Core:
         poll_interval: float = 15.0,
         cache_size_bytes: int = 0,
         trace_config: TraceConfig | None = None,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
         try:
-            self.repository = ModelRepository(repository_root, self.executor, options)
+            #: This server's ``--metrics-config`` (its own: two servers in one process keep theirs).
+            self.metrics_config = metrics_config or MetricsConfig()
+            self.repository = ModelRepository(repository_root, self.executor, options, self.metrics_config)
             self.control = ModelControl(
                 self.repository,
                 model_control_mode=model_control_mode,
@@ -173,7 +176,8 @@ class Core:
             (m.name, m.version_str) for m in models if m.uses_response_cache and self.data.response_cache is not None
         )
         return prometheus_text(
-            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached
+            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached,
+            self.metrics_config,
         )
 
     # -- shared memory and settings ---------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2
 from ..errors import InferenceError, InvalidArgument
+from ..metrics import MetricsConfig
 from ..scheduling.ensemble import EnsembleScheduler
 from .loaded import LoadedModel
 from .runner import RequestRunner
@@ -231,6 +232,7 @@ class EnsembleModel(LoadedModel):
         executor: Executor,
         plan: EnsemblePlan,
         runner: RequestRunner,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.plan = plan
         self._resolve = runner.look_up
@@ -238,6 +240,7 @@ class EnsembleModel(LoadedModel):
             name, version, path, config, [], executor,
             lambda context, instances, executor: EnsembleScheduler(plan, runner),
             model_dir=path.parent,  # ``path`` is the version directory: an ensemble has no model file
+            metrics_config=metrics_config,
         )
 
     def is_ready(self) -> bool:

@@ -20,7 +20,7 @@ from .._proto import model_config_pb2 as mc
 from ..classification import class_count
 from ..cuda import pinned_allocator
 from ..errors import InvalidArgument
-from ..metrics import ModelStatistics
+from ..metrics import MetricsConfig, VersionCounters
 from ..model_config import ModelSpec, TensorSpec, model_spec
 from ..scheduling.buffers import BufferPool
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
@@ -44,6 +44,7 @@ class LoadedModel:
         executor: Executor,
         scheduler_factory: SchedulerFactory,
         model_dir: Path | None = None,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -55,7 +56,7 @@ class LoadedModel:
         self.all_output_names = [t.name for t in self.spec.outputs]
         #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
         self.backends = list(backends)
-        self.stats = ModelStatistics(name, self.version_str)
+        self.stats = VersionCounters(name, self.version_str, metrics_config)
         tensor_models = [b for b in backends if isinstance(b, TensorModel)]
         # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
         self.on_gpu = any(b.on_gpu for b in tensor_models)

@@ -42,6 +42,7 @@ from typing import cast
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
+from ..metrics import MetricsConfig
 from ..model_config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
 from ..options import RepositoryOptions
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
@@ -81,8 +82,16 @@ class ModelRecord:
 class ModelRepository:
     """Loads models from a directory and hands out the loaded versions."""
 
-    def __init__(self, root: Path, executor: Executor, options: RepositoryOptions | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        executor: Executor,
+        options: RepositoryOptions | None = None,
+        metrics_config: MetricsConfig | None = None,
+    ) -> None:
         self.root = Path(root)
+        #: Which latency metrics every version's counters keep (the server's ``--metrics-config``).
+        self.metrics_config = metrics_config or MetricsConfig()
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
@@ -366,7 +375,8 @@ class ModelRepository:
             for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
         model = LoadedModel(
-            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent)
+            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent),
+            metrics_config=self.metrics_config,
         )
         if config.model_warmup:
             try:
@@ -392,7 +402,7 @@ class ModelRepository:
                 return None
 
         plan = plan_ensemble(config, lookup)
-        return EnsembleModel(name, version, path, config, self.executor, plan, self.runner)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:

@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..metrics import ModelStatistics
+from ..metrics import VersionCounters
 from ..types import InferResponse
 from .buffers import BufferPool
 from .job import Job
@@ -113,7 +113,7 @@ class ExecutionContext:
     batching: bool
     #: Datatype of every output, by name (responses carry it).
     output_datatypes: Mapping[str, str]
-    stats: ModelStatistics
+    stats: VersionCounters
     #: Where merged batch inputs are gathered (pinned host memory on the CUDA EP).
     buffers: BufferPool
     #: Jobs merge into one batch only when these values are equal.

@@ -108,7 +108,6 @@ class ServerApp:
             from ..demo import default_repository
 
             root = default_repository()
-        metrics.configure(options.metrics_config)  # before any model loads: their statistics read it
         self.core = Core(
             root,
             options.repository,
@@ -119,6 +118,7 @@ class ServerApp:
             poll_interval=options.poll_interval,
             cache_size_bytes=options.cache_size_bytes,
             trace_config=options.trace_config,
+            metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
         self._stop = threading.Event()
