@@ -1,8 +1,8 @@
 """The request runner: how one request runs on a loaded model, for the data plane and ensemble steps alike.
 
 Rules:
-- One path (DESIGN.md, principle 10): ``enter`` (the current version, counted
-  in flight, never a retired one) -> ``prepare`` (validate into a job) ->
+- One path: ``enter`` (the current version, counted in flight, never a
+  retired one) -> ``prepare`` (validate into a job) ->
   ``enqueue`` (the model's scheduler, Triton's ``Scheduler::Enqueue``) ->
   ``complete`` (outputs finished: reshape back and classification, then the
   caller's extra step; in-flight count; statistics).  The data plane adds what

@@ -9,7 +9,9 @@ Rules:
   :class:`DecodeFailure` and become INVALID_ARGUMENT there.
 - Why it stays: it is the reference the native frontend is compared against in
   differential tests, and the frontend used where the native one was not built.
-  It holds a thread per call (see DESIGN.md, principle 7).
+  It holds a thread per call, which caps it at its thread count (16 idle
+  streams deny every other call; README "Frontends" and benchmarks/RESULTS.md
+  give the measurements).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from ...core import CallContext, Core, FinishedCall, Ticket, on_loop
 from ...errors import InferenceError
 from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
-from . import wire
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .service import (
     HEALTH_SERVICE,
     HEALTH_UNARY,

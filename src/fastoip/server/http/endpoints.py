@@ -23,7 +23,7 @@ import asyncio
 
 from ...core import CUDA, SYSTEM, CallContext, Core, config_to_json
 from ...errors import InvalidArgument, OneResponseCall
-from ...wire import http as wire
+from ...wire import http as http_codec
 from ...wire.http import json_excerpt
 from . import openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
@@ -229,14 +229,14 @@ class HttpFrontend(Router):
         if header_length == 0:
             inputs = self.core.model_metadata(model, version).inputs
             batching = self.core.model_config(model, version).max_batch_size > 0
-            infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
+            infer_request, output_format = http_codec.decode_raw_request(model, version, body, inputs, batching)
         else:
-            infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+            infer_request, output_format = http_codec.decode_infer_request(model, version, body, header_length)
         try:
             response = await self.core.infer_async(infer_request, CallContext(trace_headers=request.headers))
         except OneResponseCall:
             raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
-        content_type, json_length, payload = wire.encode_infer_response(response, output_format)
+        content_type, json_length, payload = http_codec.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:
             headers.append((b"inference-header-content-length", b"%d" % json_length))

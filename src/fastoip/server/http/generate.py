@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator
 from ...core import Core, FinishedCall, on_loop
 from ...errors import InferenceError, InternalError
 from ...types import InferRequest, InferResponse
-from ...wire import generate as wire
+from ...wire import generate as codec
 from .bodies import read_body
 from .router import Request, Response, StreamingResponse, error_response
 
@@ -54,9 +54,9 @@ class GenerateEndpoints:
             while await answers.get() is not None:
                 count += 1
         if first is None or count != 1:
-            error = InternalError(wire.NOT_ONE_RESPONSE)
+            error = InternalError(codec.NOT_ONE_RESPONSE)
             return error_response(error.http_status, error.message)
-        return Response(200, [(b"content-type", JSON)], wire.generate_response_json(first))
+        return Response(200, [(b"content-type", JSON)], codec.generate_response_json(first))
 
     async def generate_stream(self, request: Request, model: str, version: str) -> StreamingResponse:
         answers = await self._start(request, model, version)
@@ -67,7 +67,7 @@ class GenerateEndpoints:
     async def _start(self, request: Request, model: str, version: str) -> _Answers:
         body = await read_body(request, self.max_body_size)
         inputs = self.core.model_metadata(model, version).inputs
-        infer_request = wire.decode_generate_request(model, version, body, inputs)
+        infer_request = codec.decode_generate_request(model, version, body, inputs)
         return _Answers(self.core, infer_request)
 
 
@@ -101,13 +101,13 @@ async def _events(first: Answer, answers: _Answers) -> AsyncGenerator[bytes, Non
     try:
         while answer is not None:
             if isinstance(answer, InferenceError):
-                yield wire.sse_event(wire.error_json(answer.message))
+                yield codec.sse_event(codec.error_json(answer.message))
                 break
             try:
-                data = wire.generate_response_json(answer)
+                data = codec.generate_response_json(answer)
             except InferenceError as exc:  # an output with no JSON form: the client hears why
-                data = wire.error_json(exc.message)
-            yield wire.sse_event(data)
+                data = codec.error_json(exc.message)
+            yield codec.sse_event(data)
             answer = await answers.get()
     finally:
         if not answers.job.finished:
