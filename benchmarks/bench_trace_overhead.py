@@ -4,7 +4,7 @@
 Usage:
   python benchmarks/bench_trace_overhead.py [--requests 20000] [--rounds 7] [--mode off|unsampled|traced]
 
-Runs ``Core.submit`` (the native frontend's entry point) on a queue-less ``simple`` (real ONNX Runtime, run on
+Runs ``Core.start`` (every frontend's entry point) on a queue-less ``simple`` (real ONNX Runtime, run on
 the calling thread) and reports the process CPU time per request, the minimum over rounds (the least
 disturbed by other load on a shared machine).  ``off`` runs on any fastoip version, so an A/B against an
 older build is: the same script with each build's Python, alternately, e.g.

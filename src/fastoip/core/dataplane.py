@@ -161,7 +161,10 @@ class DataPlane:
 
         job.on_done(done)
         job.arm()  # the stream or event loop that called may cancel it from another thread
-        self._enqueue(model, job)
+        if job.cache_key is None or job.cache_leader:
+            self.runner.enqueue(model, job)
+        else:
+            self._answer_from_cache(job)
         return job
 
     def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
@@ -170,7 +173,10 @@ class DataPlane:
         The calling thread lends itself: a queue-less model runs on it, a queued one is waited for.
         """
         model, job = self._start(request, call, None, True)
-        self._enqueue(model, job)
+        if job.cache_key is None or job.cache_leader:
+            self.runner.enqueue(model, job)
+        else:
+            self._answer_from_cache(job)
         if call is not None and not job.finished:  # it waits in a queue (a direct one ran on this thread)
             self._watch(job, call)
         try:
@@ -256,8 +262,11 @@ class DataPlane:
                 job.arm()  # it waits for an identical request: that request's thread finishes it
         if call is not None:
             job.deadline_ns = call.deadline_ns
-            if not blocking:  # it will wait elsewhere (armed by start)
-                self._watch(job, call)
+            if not blocking:  # it will wait elsewhere (armed by start); _watch, inlined on this hot path
+                if not job.deadline_ns and call.time_remaining is not None:
+                    job.deadline_ns = call.queued_deadline_ns()
+                if call.on_cancel is not None:
+                    call.on_cancel(job.cancel)
         if self.tracer.active:  # while tracing is off, this and job.trace in _complete are all it costs
             trace_headers = call.trace_headers if call is not None else None
             job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
@@ -271,14 +280,11 @@ class DataPlane:
         if call.on_cancel is not None:
             call.on_cancel(job.cancel)
 
-    def _enqueue(self, model: LoadedModel, job: Job) -> None:
-        """To the model's scheduler, or (an identical request's answer is cached or coming) to the cache."""
-        if job.cache_key is not None and not job.cache_leader:
-            if job.cached is not None:
-                job.finish(job.cached)
-            # else: an identical request is running; its completion finishes this job (job.pending_cache_answer)
-            return
-        self.runner.enqueue(model, job)
+    @staticmethod
+    def _answer_from_cache(job: Job) -> None:
+        """An identical request's answer: cached (finish now), or coming (its completion finishes this job)."""
+        if job.cached is not None:
+            job.finish(job.cached)
 
     @staticmethod
     def _stream(model: LoadedModel, job: Job, on_response: OnResponse) -> None:

@@ -70,7 +70,9 @@ class RequestRunner:
         response = job.response
         if job.error is None and response is not None:
             try:
-                RequestRunner.finish_outputs(model, job.request, response)
+                request = job.request
+                if request.outputs or model.spec.reshaped:  # finish_outputs, inlined on the hot path
+                    finish_outputs(model.spec, request, response)
                 if extra is not None:
                     extra(job, response)
             except InferenceError as exc:
