@@ -1,15 +1,17 @@
 """The ensemble scheduler: one request runs a graph of composing models.
 
 Rules:
-- Each step is an ordinary request to its composing model, through that model's
-  own scheduler: a batched composing model batches steps of many ensemble
-  requests together with its direct clients.
+- Each step is an ordinary request to its composing model, started through the
+  request runner the data plane uses (:class:`StepRunner`): the same version
+  handover, validation, scheduler and completion (reshape back, classification,
+  statistics) as a direct request; a batched composing model batches steps of
+  many ensemble requests together with its direct clients.
 - A step starts as soon as every tensor it reads exists; steps that do not
   depend on each other run at the same time.
 - Tensors pass between steps as the arrays the previous step produced (no copy).
 - The first failing step fails the ensemble request with that step's error,
   naming the step; steps still running finish, and nothing new starts.
-- Composing models record their own request statistics, as Triton reports them.
+- Composing models record their own request statistics (the runner's completion), as Triton reports them.
 """
 
 from __future__ import annotations
