@@ -198,7 +198,7 @@ def region(core: Core) -> Iterator[tuple[str, shared_memory.SharedMemory]]:
         memory.unlink()
 
 
-@pytest.mark.parametrize("entry", ["infer", "submit"])
+@pytest.mark.parametrize("entry", ["infer", "start"])
 def test_shared_memory_output_written_once(
     core: Core, region: tuple[str, shared_memory.SharedMemory], entry: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,3 +257,23 @@ def test_a_request_that_found_a_retired_version_runs_on_its_successor(tmp_path: 
         np.testing.assert_array_equal(response.outputs[0].data, np.arange(32, dtype=np.float32).reshape(2, 16))
         assert (new.in_flight, old.in_flight) == (0, 0)
         assert success_and_failure(core, "identity_fp32") == (1, 0)  # counted on the new version
+
+
+def test_on_loop_calls_back_on_the_loop_and_not_once_it_is_closed() -> None:
+    from fastoip.core import on_loop
+
+    loop = asyncio.new_event_loop()
+    seen: list[tuple[str, bool]] = []
+
+    def callback(value: str) -> None:
+        seen.append((value, asyncio.get_running_loop() is loop))
+
+    hop = on_loop(loop, callback)
+    worker = threading.Thread(target=hop, args=("from a worker",))
+    worker.start()
+    worker.join(10)
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert seen == [("from a worker", True)]
+    loop.close()
+    hop("too late")  # the loop is closed (a server stopped past its exit timeout): dropped, no error
+    assert seen == [("from a worker", True)]
