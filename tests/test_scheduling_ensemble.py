@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fastoip.core import Core  # noqa: E402
 from fastoip.errors import InvalidArgument  # noqa: E402
+from fastoip.repository.loaded import LoadedModel  # noqa: E402
 from fastoip.types import InferInput, InferRequest, RequestedOutput  # noqa: E402
 from harness import core_on, success_and_failure  # noqa: E402
 from models import identity_model_bytes, write_model  # noqa: E402
@@ -119,3 +120,28 @@ def test_a_step_that_cannot_start_fails_the_ensemble_naming_the_step(core: Core)
     with pytest.raises(InvalidArgument, match="unexpected shape for input 'IN'"):
         core.infer(request("a_then_b", np.zeros(3, dtype=np.float32)))
     assert success_and_failure(core, "a_then_b") == before  # refused before it started
+
+
+def test_a_step_that_found_a_retired_composing_model_runs_on_its_successor(tmp_path: Path) -> None:
+    """The runner's version handover serves ensemble steps too: a step whose lookup raced a reload of its
+    composing model (it got the retired version) runs on the new one instead of failing 'is being unloaded'."""
+    for name, config, dims in (("a", RESHAPING, [4]), ("b", SQUARE, [2, 2])):
+        write_model(tmp_path, name, identity_model_bytes(TensorProto.FLOAT, dims, name, batch=False), config=config)
+    write_ensemble(tmp_path, "a_then_b", ensemble("a_then_b", [("a", "IN", "x"), ("b", "x", "OUT")], "2, 2"))
+    with core_on(tmp_path, model_control_mode="explicit", startup_models=["a_then_b"]) as core:
+        old = core.repository.get("b", "")
+        core.load_model("b")  # reload: the old version is retired
+        new = core.repository.get("b", "")
+        assert new is not old and old.retiring
+        look_up = core.repository.get
+        stale = [old]  # the step's lookup answers the retired version once, as if it ran before the swap
+
+        def racing(name: str, version: str) -> LoadedModel:
+            return stale.pop() if name == "b" and stale else look_up(name, version)
+
+        core.repository.runner.look_up = racing
+        out = core.infer(request("a_then_b", VALUES)).output("OUT")
+        assert not stale
+        np.testing.assert_array_equal(out.data, VALUES.reshape(2, 2))
+        assert (new.in_flight, old.in_flight) == (0, 0)
+        assert success_and_failure(core, "b") == (1, 0)  # counted on the new version
