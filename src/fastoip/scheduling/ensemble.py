@@ -96,6 +96,8 @@ class _EnsembleRun:
         self.running: dict[int, Job | None] = {}
         self.failed = False
         self.lock = threading.Lock()
+        #: Set once, by whichever thread sees the last step done: the request ends (and is uncounted) once.
+        self.ended = False
 
     def start(self) -> None:
         self._launch_ready()
@@ -112,7 +114,9 @@ class _EnsembleRun:
                 self.waiting = [s for s in self.waiting if s not in ready]
                 for step in ready:  # running from now on: a step that finishes at once must not end the request
                     self.running[step.index] = None
-            done = not self.waiting and not self.running and not ready
+            done = not self.waiting and not self.running and not ready and not self.ended
+            if done:
+                self.ended = True
         if done:
             self._finish()
             return
@@ -163,7 +167,9 @@ class _EnsembleRun:
             self.failed = True
             self.waiting = []
             others = [other for other in self.running.values() if other is not None]
-            finished = not self.running
+            finished = not self.running and not self.ended
+            if finished:
+                self.ended = True
         if first:
             if isinstance(error, InferenceError):
                 where = f"in ensemble '{self.scheduler.plan.name}', step {step.index} ('{step.model_name}')"
