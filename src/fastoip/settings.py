@@ -3,7 +3,8 @@
 Rules:
 - Log settings use Triton's names (log_info, log_warning, log_error,
   log_verbose_level, log_format, log_file) and drive Python logging for the
-  ``fastoip`` loggers.  ``log_file`` other than "" is refused (logs go to stderr).
+  ``fastoip`` loggers.  ``log_file`` other than "" is refused (logs go to stderr);
+  ``log_verbose_level`` is an unsigned 32-bit integer, as in Triton's gRPC API.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class LogSettings:
                 raise InvalidArgument(f"log setting '{key}' must be {expected.__name__}, got {value!r}")
             if key == "log_file" and value:
                 raise InvalidArgument("log_file is not supported: fastoip logs to stderr")
+            if key == "log_verbose_level" and not 0 <= int(value) <= 0xFFFFFFFF:  # the gRPC field is uint32
+                raise InvalidArgument(f"log_verbose_level must be an unsigned 32-bit integer, got {value!r}")
             if key == "log_format" and value not in ("default", "ISO8601"):
                 raise InvalidArgument("log_format must be 'default' or 'ISO8601'")
             self.values[key] = value
