@@ -16,8 +16,8 @@ from onnx import TensorProto
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fastoip.core import Core  # noqa: E402
-from fastoip.errors import InvalidArgument  # noqa: E402
+from fastoip.core import CallContext, Core  # noqa: E402
+from fastoip.errors import DeadlineExceeded, InvalidArgument  # noqa: E402
 from fastoip.repository.loaded import LoadedModel  # noqa: E402
 from fastoip.types import InferInput, InferRequest, RequestedOutput  # noqa: E402
 from harness import core_on, success_and_failure  # noqa: E402
@@ -145,3 +145,19 @@ def test_a_step_that_found_a_retired_composing_model_runs_on_its_successor(tmp_p
         np.testing.assert_array_equal(out.data, VALUES.reshape(2, 2))
         assert (new.in_flight, old.in_flight) == (0, 0)
         assert success_and_failure(core, "b") == (1, 0)  # counted on the new version
+
+
+def test_a_blocking_callers_lazy_deadline_reaches_the_first_steps(core: Core) -> None:
+    """grpcio's deadline is read lazily (``time_remaining``) for a request that waits: an ensemble's does, so
+    its steps carry the deadline from the first one on (here already past: the first step refuses to run)."""
+    reads: list[str] = []
+
+    def remaining() -> float:
+        reads.append("read")
+        return 0.0
+
+    before = success_and_failure(core, "a")
+    with pytest.raises(DeadlineExceeded, match=r"step 0 \('a'\)"):
+        core.infer(request("a_then_b", VALUES), CallContext(time_remaining=remaining))
+    assert reads == ["read"]
+    assert success_and_failure(core, "a") == (before[0], before[1] + 1)

@@ -177,8 +177,6 @@ class DataPlane:
             self.runner.enqueue(model, job)
         else:
             self._answer_from_cache(job)
-        if call is not None and not job.finished:  # it waits in a queue (a direct one ran on this thread)
-            self._watch(job, call)
         try:
             job.wait()  # returns at once when it ran on this thread
         except InferenceError:
@@ -256,13 +254,18 @@ class DataPlane:
             self._stream(model, job, on_response)
         elif blocking or (call is not None and call.caller_runs):
             job.caller_runs = True
+        waits = model.queued
         if self.response_cache is not None and model.uses_response_cache:
             self._look_up(model, job)
             if job.cache_key is not None and not job.cache_leader:
-                job.arm()  # it waits for an identical request: that request's thread finishes it
+                waits = True  # for an identical request: that request's thread finishes it
+        if waits or not blocking:
+            job.arm()  # other threads may finish or cancel it (start() arms it too; arming twice is a no-op)
         if call is not None:
             job.deadline_ns = call.deadline_ns
-            if not blocking:  # it will wait elsewhere (armed by start); _watch, inlined on this hot path
+            # a request that waits (or runs elsewhere) gets the caller's lazy deadline and cancellation; one that
+            # runs at once on the blocking caller's thread has its turn already and nothing to cancel
+            if waits or not blocking:
                 if not job.deadline_ns and call.time_remaining is not None:
                     job.deadline_ns = call.queued_deadline_ns()
                 if call.on_cancel is not None:
@@ -271,14 +274,6 @@ class DataPlane:
             trace_headers = call.trace_headers if call is not None else None
             job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
         return job
-
-    @staticmethod
-    def _watch(job: Job, call: CallContext) -> None:
-        """A job that waits in a queue: the caller's lazy deadline, and its cancellation registered."""
-        if not job.deadline_ns:
-            job.deadline_ns = call.queued_deadline_ns()
-        if call.on_cancel is not None:
-            call.on_cancel(job.cancel)
 
     @staticmethod
     def _answer_from_cache(job: Job) -> None:

@@ -89,6 +89,9 @@ class LoadedModel:
         self.instances: list[Backend] = [
             TensorBackend(b, self.context) if isinstance(b, TensorModel) else b for b in backends
         ]
+        #: Requests wait for their turn (dynamic or sequence batching, an ensemble's steps: the config's
+        #: ``scheduling_choice``); without one a request runs at once, on a caller's lent thread where it can.
+        self.queued = config.WhichOneof("scheduling_choice") is not None
         #: Decoupled (``model_transaction_policy { decoupled }``): any number of responses per request.
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         #: Triton's response cache applies (never to sequence or decoupled models: their answers depend on more).
