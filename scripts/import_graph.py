@@ -19,9 +19,10 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 3. core: ``core/`` and ``testing`` (an in-process client on the Core);
 4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository, ``embed``.
 
-One more rule for the frontends (``server/``): they reach the models only through the Core.  They import
-the Core, the wire layer and the ground floor, never ``repository/``, ``scheduling/`` (the scheduler's
-``Job``), ``backends/`` or the models layer's other modules.
+One more rule for the frontends (``server/grpc/``, ``server/http/``: the translators): they reach the models
+only through the Core.  They import the Core, the wire layer and the ground floor, never ``repository/``,
+``scheduling/`` (the scheduler's ``Job``), ``backends/`` or the models layer's other modules.  ``server/app.py``
+is the assembly, not a translator: it may build what the Core is given (a remote repository's copy).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ LAYERS: dict[str, int] = {
     "allocator": 0,  # standard library only: the serve process's malloc setting
     "tracing": 0,
     "model_config": 0,  # config.pbtxt in every form and the precomputed ModelSpec (backends and repository read it)
+    "model_settings": 0,  # MLServer's model-settings.json, validated (model_config reads it)
     "_codec": 1,
     "wire": 1,
     "shared_memory": 1,
@@ -77,7 +79,7 @@ LAYERS: dict[str, int] = {
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
 
 #: Module prefixes (after ``fastoip.``) that are frontends: they may not import the models layer at all.
-FRONTENDS = ("server",)
+FRONTENDS = ("server.grpc", "server.http")
 MODELS = LAYER_NAMES.index("models")
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InvalidArgument
+from .repository.remote import parse_location
 from .server import restricted
 from .server.restricted import RestrictedFeatures
 from .tracing import TraceConfig, parse_trace_config
@@ -123,6 +125,8 @@ class TritonSettings:
     """What the Triton flags (and fastoip's own equivalents) resolve to."""
 
     model_repository: Path | None
+    #: An object-storage repository (s3://, gs://, as://); model_repository is None then.
+    model_repository_url: str | None
     server_id: str
     exit_timeout: float | None
     allow_http: bool
@@ -144,8 +148,10 @@ class TritonSettings:
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
     """Check and combine the parsed flags; FlagError names the flag that cannot be honoured."""
+    root, url = _model_repository(args.model_repository)
     return TritonSettings(
-        model_repository=_model_repository(args.model_repository),
+        model_repository=root,
+        model_repository_url=url,
         server_id=args.server_id,
         exit_timeout=float(args.exit_timeout_secs) if args.exit_timeout_secs is not None else None,
         allow_http=args.allow_http,
@@ -190,22 +196,30 @@ def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: lis
         raise FlagError(str(exc)) from None
 
 
-def _model_repository(given: list[Path] | None) -> Path | None:
+def _model_repository(given: list[str] | None) -> tuple[Path | None, str | None]:
+    """The local repository folder, or the object-storage URL (s3://, gs://, as://)."""
     if not given:
         env = os.environ.get("FASTOIP_MODEL_REPOSITORY")
-        given = [Path(env)] if env else []
+        given = [env] if env else []
     if len(given) > 1:
         raise FlagError(
             "--model-repository / --model-store given more than once: fastoip serves one model repository"
         )
     if not given:
-        return None
-    root = given[0]
+        return None, None
+    text = str(given[0])
+    try:
+        location = parse_location(text)
+    except InvalidArgument as exc:
+        raise FlagError(f"--model-repository: {exc.message}") from None
+    if location is not None:
+        return None, text
+    root = Path(text)
     if not root.exists():
         raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
     if not root.is_dir():
         raise FlagError(f"--model-repository {root} is not a directory")
-    return root
+    return root, None
 
 
 def _log_level(args: argparse.Namespace) -> str | None:

@@ -15,7 +15,15 @@ from .counters import (
     WindowQuantiles,
     failure_reason,
 )
-from .prometheus import EXPORTED_NAMES, ModelCounters, exposition_text, model_counters, model_families, prometheus_text
+from .prometheus import (
+    EXPORTED_NAMES,
+    ModelCounters,
+    add_registry,
+    exposition_text,
+    model_counters,
+    model_families,
+    prometheus_text,
+)
 
 __all__ = [
     "EXPORTED_NAMES",
@@ -27,6 +35,7 @@ __all__ = [
     "TimedCount",
     "VersionCounters",
     "WindowQuantiles",
+    "add_registry",
     "exposition_text",
     "failure_reason",
     "model_counters",

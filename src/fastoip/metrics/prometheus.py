@@ -193,7 +193,21 @@ def prometheus_text(
     ``cached``: the versions the response cache applies to; ``config``: the server's metrics settings.
     """
     failures = {key: stats.failure_counts() for key, stats in (models or {}).items()}
-    return exposition_text(model_families(snapshots, pending, failures, models, config, cached))
+    families = model_families(snapshots, pending, failures, models, config, cached)
+    for registry in _registries:
+        families = [*families, *registry.collect()]
+    return exposition_text(families)
+
+
+#: Other prometheus_client registries exported after fastoip's families (MLServer runtimes' custom metrics).
+#: Process-wide, as prometheus_client's own default registry that MLServer runtimes write to.
+_registries: list[Any] = []
+
+
+def add_registry(registry: Any) -> None:
+    """Export ``registry``'s families (a prometheus_client ``CollectorRegistry``) on /metrics too."""
+    if registry not in _registries:
+        _registries.append(registry)
 
 
 def exposition_text(families: Iterable[Metric]) -> str:

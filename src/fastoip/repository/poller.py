@@ -7,6 +7,8 @@ Rules:
 - A reload builds the new versions while the old ones keep serving and swaps
   them in when they are ready (Triton's poll mode unloads first; that is the
   downtime this avoids).  A failed reload leaves the old versions serving.
+- A repository copied from object storage is synced first; when that fails (the bucket vanished, the
+  credentials expired) the poll is skipped and nothing is unloaded.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class RepositoryPoller:
     def remember_current(self) -> None:
         """Record the files as loaded at start-up."""
         for name in self.repository.model_names():
-            self.seen[name] = fingerprint(self.repository.root / name)
+            self.seen[name] = fingerprint(self.repository.model_dir(name))
 
     def start(self) -> None:
         self._thread.start()
@@ -57,9 +59,16 @@ class RepositoryPoller:
             self._thread.join(timeout=30)
 
     def poll_once(self) -> None:
+        source = self.repository.source
+        if source is not None:
+            try:
+                source.sync()
+            except InferenceError as exc:  # the storage is unreachable: keep serving what is loaded
+                log.error("poll: %s; the loaded models keep serving", exc.message)
+                return
         names = set(self.repository.model_names())
         for name in sorted(names):
-            current = fingerprint(self.repository.root / name)
+            current = fingerprint(self.repository.model_dir(name))
             if self.seen.get(name) == current:
                 continue
             self.seen[name] = current

@@ -41,13 +41,21 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..metrics import MetricsConfig
-from ..model_config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
+from ..model_config import (
+    MODEL_SETTINGS,
+    is_model_settings_config,
+    named_copy,
+    parameter,
+    read_config_file,
+    read_model_settings,
+)
+from ..model_settings import find_model_settings
 from ..options import RepositoryOptions
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
@@ -59,6 +67,12 @@ from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbu
 from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
+
+
+class RepositorySource(Protocol):
+    """What ``root`` is a copy of: :meth:`sync` brings the copy up to date (``remote.RemoteRepository``)."""
+
+    def sync(self) -> bool: ...
 
 
 class ModelState(str, enum.Enum):
@@ -103,13 +117,34 @@ class ModelRepository:
         self._load_lock = threading.Lock()
         #: How requests run on the models here (the data plane's and ensemble steps' one path).
         self.runner = RequestRunner(self.get)
+        #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
+        self._settings_dirs: dict[str, Path] = {}
+        #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
+        self.source: RepositorySource | None = None
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
-        """Model directories in the repository, sorted."""
+        """Models in the repository, sorted: its directories (Triton's layout) and the folders holding a
+        ``model-settings.json`` deeper down or at the root (MLServer's layouts, :mod:`.model_settings`)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        self._settings_dirs = found = find_model_settings(self.root)
+        containers = {folder.relative_to(self.root).parts[0] for folder in found.values() if folder != self.root}
+        names = {
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir()
+            and not p.name.startswith(".")
+            and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
+        }
+        return sorted(names | set(found))
+
+    def model_dir(self, name: str) -> Path:
+        """The folder of model ``name``: ``<root>/<name>``, or where its model-settings.json was found."""
+        found = self._settings_dirs.get(name)
+        if found is not None and not (self.root / name).is_dir():
+            return found
+        return self.root / name
 
     # -- lookups on the infer path --------------------------------------------
     def get(self, name: str, version: str = "") -> LoadedModel:
@@ -285,7 +320,7 @@ class ModelRepository:
         """
         for name in names:
             try:
-                base, kind, paths = self._plan(name, self.root / name, None)
+                base, kind, paths = self._plan(name, self.model_dir(name), None)
                 prepare = getattr(kind, "prepare", None)
                 if prepare is not None:
                     prepare(name, [path for _, path in paths], base, self.options)
@@ -301,9 +336,10 @@ class ModelRepository:
         return message
 
     def _model_dir(self, name: str) -> Path:
-        """The one place a model name becomes a path: refused unless it is a plain name under the root."""
+        """The one place a model name becomes a path: refused unless it is a plain name; under the root, or
+        where its model-settings.json was found (MLServer's layouts, :meth:`model_dir`)."""
         check_model_name(name)
-        return self.root / name
+        return self.model_dir(name)
 
     # -- building versions ---------------------------------------------------------
     def _is_ensemble_dir(self, name: str) -> bool:
@@ -322,7 +358,8 @@ class ModelRepository:
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
-            base = read_model_settings(model_dir / MODEL_SETTINGS, name)
+            by_name = model_dir != self.root / name  # MLServer's layouts: the file names the model
+            base = read_model_settings(model_dir / MODEL_SETTINGS, name, by_name=by_name)
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
@@ -353,6 +390,9 @@ class ModelRepository:
             )
         filename = base.default_model_filename or kind.default_filename
         available = _version_numbers(name, model_dir, filename)
+        if not available and is_model_settings_config(base) and kind.name == "python":
+            # MLServer's layout: no version folders; the implementation sits beside model-settings.json
+            return base, kind, [(settings_version(base), model_dir / MODEL_SETTINGS)]
         if not available:
             hint = missing_version_hint(name, model_dir, filename)
             missing = f"model '{name}': no version directory holds '{filename}'"
@@ -432,6 +472,12 @@ class ModelRepository:
 
         plan = plan_ensemble(config, lookup)
         return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
+
+
+def settings_version(config: mc.ModelConfig) -> int:
+    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1."""
+    text = parameter(config, "version").strip()
+    return int(text) if text.isdigit() else 1
 
 
 #: Instances one load through the API may ask for (issue 27: each is a session and a thread; 100 took 526 MB).

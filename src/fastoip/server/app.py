@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import metrics
 from ..core import Core
 from ..options import RepositoryOptions
+from ..repository.remote import RemoteRepository, parse_location
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 from .ports import PortClaims, claim_ports
@@ -49,6 +50,8 @@ class ServeOptions:
     """Everything ``fastoip serve`` can be told."""
 
     model_repository: Path | None = None
+    #: A repository on object storage (s3://, gs://, as://), copied to a local cache (repository/remote.py).
+    model_repository_url: str | None = None
     host: str = "127.0.0.1"
     grpc_port: int = 8001
     grpc_workers: int = 16
@@ -105,6 +108,13 @@ class ServerApp:
         self.options = options
         self.own_process = own_process
         root = options.model_repository
+        self.remote: RemoteRepository | None = None
+        if options.model_repository_url:
+            location = parse_location(options.model_repository_url)
+            assert location is not None  # checked with the flags
+            self.remote = RemoteRepository(location)
+            self.remote.sync()  # an unreadable repository is a start-time error, as a missing folder is
+            root = self.remote.local
         if root is None:
             from ..demo import default_repository
 
@@ -122,6 +132,8 @@ class ServerApp:
             metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
+        if self.remote is not None:
+            self.core.repository.source = self.remote  # poll mode syncs before each scan
         self._stop = threading.Event()
         self._hurry = threading.Event()  # a second signal: no more grace period
         self._interactive = False  # stopped by Ctrl-C (SIGINT): an idle server skips the grace period
@@ -274,6 +286,8 @@ class ServerApp:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.core.close()
+        if self.remote is not None:
+            self.remote.close()  # the local copy of an object-storage repository
         self._announce("fastoip: stopped")
 
 

@@ -35,6 +35,7 @@ from .service import (
     SERVICE,
     UNARY,
     GrpcService,
+    accept_mlserver_shapes,
     decode_request,
     encode_final,
     encode_partial,
@@ -165,8 +166,11 @@ class InferCall(Call):
     def run(self, data: wire.Payload) -> None:
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
-            self.fail(wire.INVALID_ARGUMENT, request.status_message)
-            return
+            loose = accept_mlserver_shapes(self.core.core, request)
+            if loose is None:
+                self.fail(wire.INVALID_ARGUMENT, request.status_message)
+                return
+            request = loose
         try:
             self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
         except InferenceError as exc:
@@ -220,8 +224,11 @@ class StreamInferCall(Call):
         self.started += 1
         request = decode_request(cast(bytes, data))  # the codec reads any buffer
         if not isinstance(request, InferRequest):
-            self.answer(_codec.encode_stream_response(None, request.status_message))
-            return
+            loose = accept_mlserver_shapes(self.core.core, request)
+            if loose is None:
+                self.answer(_codec.encode_stream_response(None, request.status_message))
+                return
+            request = loose
         try:
             empty_final = take_empty_final_flag(request) if request.parameters else False
             job = self.core.start(request, self.deadline_ns, self.done, self.headers, self.partial_sink)
