@@ -55,6 +55,7 @@ LAYERS: dict[str, int] = {
     "tracing": 0,
     "model_config": 0,  # config.pbtxt in every form and the precomputed ModelSpec (backends and repository read it)
     "model_settings": 0,  # MLServer's model-settings.json, validated (model_config reads it)
+    "pyworker": 0,  # standard library and numpy only: what a Python model's worker process imports
     "_codec": 1,
     "wire": 1,
     "shared_memory": 1,
