@@ -382,19 +382,6 @@ class Dispatcher:
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
 
-    def refusal(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on.
-
-        A header sent more than once is read by its first value, as the grpcio frontend reads it (issue 27).
-        """
-        restriction = self.restricted.get(path)
-        if restriction is None:
-            return None
-        given = next((value for key, value in headers if key == restriction.lookup_key), None)
-        if restriction.allows(given):
-            return None
-        return restriction.grpc_refusal()
-
     def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:
             return InferCall(stream_id, out, deadline_ns, self.core_calls)
