@@ -166,6 +166,17 @@ def encode_infer_response(response):
     return _encode(response, False, None)
 
 
+def encode_infer_response_parts(response, Py_ssize_t min_ref=65536):
+    """``encode_infer_response`` as a list of parts (bytes-like) whose concatenation is the message.
+
+    Every fixed-size output of at least ``min_ref`` bytes is a byte view of its array (not copied);
+    the caller keeps the parts until they are sent.
+    """
+    if min_ref < 0:
+        raise ValueError("min_ref must be >= 0")
+    return _encode_parts(response, min_ref)
+
+
 def encode_infer_request(request):
     """Serialize an InferRequest as ModelInferRequest wire bytes (data in raw_input_contents)."""
     return _encode(request, True, None)

@@ -7,6 +7,11 @@ from libc.stdint cimport int32_t, uint8_t, uint32_t
 from ._nghttp2 cimport nghttp2_data_provider, nghttp2_session
 
 
+cdef extern from "Python.h":
+    # the buffer of a memoryview response part (send_message_parts), read without a new buffer request
+    Py_buffer* PyMemoryView_GET_BUFFER(object mview)
+
+
 cdef enum:
     PREFIX = 5  # gRPC's length prefix: 1 byte compressed flag + 4 bytes big-endian length
     FRAME_HEADER = 9  # an HTTP/2 frame header

@@ -466,6 +466,31 @@ cdef class Http2Session:
         self._resume(stream)
         return True
 
+    def send_message_parts(self, int32_t stream_id, list parts):
+        """``send_message`` of a message given as parts: bytes, or C-contiguous byte memoryviews (format "B"),
+        such as the codec's ``encode_infer_response_parts``; they are sent from where they are, not joined."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        cdef Py_ssize_t size = 0
+        cdef bytes prefix
+        if stream is None or stream.trailers is not None:
+            return False
+        for part in parts:
+            if type(part) is not bytes and (type(part) is not memoryview or part.format != "B"
+                                            or not part.c_contiguous):
+                raise TypeError("message parts must be bytes or C-contiguous byte memoryviews")
+            size += len(part)
+        if size > 0xFFFFFFFF:
+            raise ValueError("gRPC message over 4 GiB")
+        prefix = bytes((0, (size >> 24) & 0xFF, (size >> 16) & 0xFF, (size >> 8) & 0xFF, size & 0xFF))
+        stream.out.append(prefix)
+        for part in parts:
+            if len(part):
+                stream.out.append(part)
+        stream.out_bytes += PREFIX + size
+        self._queued += PREFIX + size
+        self._resume(stream)
+        return True
+
     def send_trailers(self, int32_t stream_id, list trailers, bint reset=False):
         """End the response: trailers go out after the DATA already queued.
 
@@ -546,13 +571,19 @@ cdef class Http2Session:
         """
         cdef _Stream stream = self._streams.get(stream_id)
         cdef size_t written = 0, take
-        cdef bytes chunk
+        cdef object chunk             # bytes, or a byte memoryview (send_message_parts)
+        cdef const char *data
         cdef Py_ssize_t left
         if stream is None:
             return NGHTTP2_ERR_CALLBACK_FAILURE
         while written < length and stream.out:
             chunk = stream.out[0]
-            left = PyBytes_GET_SIZE(chunk) - stream.out_offset
+            if type(chunk) is bytes:
+                data = PyBytes_AS_STRING(chunk)
+                left = PyBytes_GET_SIZE(chunk) - stream.out_offset
+            else:
+                data = <const char *>PyMemoryView_GET_BUFFER(chunk).buf
+                left = PyMemoryView_GET_BUFFER(chunk).len - stream.out_offset
             if written == 0 and left >= NO_COPY_MIN:
                 take = min(<size_t>left, length)
                 stream.pending = memoryview(chunk)[stream.out_offset:stream.out_offset + <Py_ssize_t>take]
@@ -561,7 +592,7 @@ cdef class Http2Session:
                 # a long chunk behind a short one (a message behind its prefix) lends this frame only a
                 # little, so the frames after it start on it and go without a copy
                 take = min(<size_t>left, length - written, <size_t>NO_COPY_MIN)
-                memcpy(buf + written, PyBytes_AS_STRING(chunk) + stream.out_offset, take)
+                memcpy(buf + written, data + stream.out_offset, take)
             written += take
             stream.out_bytes -= take
             self._queued -= take

@@ -26,7 +26,7 @@ from ...core import Core
 from . import _http2
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .intake import MessageIntake
-from .limits import ServerLimits
+from .limits import HANDSHAKE_BYTES, RequestBudget, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from
 from .native_head import AcceptedHead, read_head
 from .native_options import NativeGrpcOptions
@@ -106,7 +106,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        if not self.limits.admit():  # issue 27: over --grpc-max-connections
+        # issue 27: over --grpc-max-connections the connection longest without a call makes room, if any
+        if not self.limits.admit() and not self.limits.replace_idle(self.server.connections):
             if self.limits.refused == 1 or self.limits.refused % 1000 == 0:
                 log.warning("gRPC connection refused: %d connections open (--grpc-max-connections)", self.limits.open)
             self.closed = True
@@ -280,9 +281,14 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def send_headers(self, stream_id: int) -> None:
         self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
 
-    def send_message(self, stream_id: int, message: bytes) -> None:
-        self.session.send_message(stream_id, message)
-        if self.limits.account(self):  # issue 27: unsent responses bounded across the server, as they queue
+    def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        # a response is never refused for its size alone: one queued while nothing else waits always goes
+        others_waiting = self.limits.queued_total > 0
+        if type(message) is list:  # a large response in parts: its outputs go out from their arrays
+            self.session.send_message_parts(stream_id, message)
+        else:
+            self.session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
+        if self.limits.account(self) and others_waiting:  # issue 27: unsent responses bounded server-wide
             self.over_server_queued_limit(stream_id)
         self.schedule_flush()
 
@@ -434,7 +440,8 @@ class NativeGrpcServer:
         self.options = options
         self.connections: set[GrpcConnection] = set()
         self.limits = ServerLimits(options.max_connections, options.max_connection_idle_ms / 1000,
-                                   options.handshake_timeout_ms / 1000, options.max_queued_response_bytes)
+                                   options.handshake_timeout_ms / 1000, options.max_queued_response_bytes,
+                                   RequestBudget(options.max_stream_request_bytes, options.max_queued_request_bytes))
         self.draining = False
         self.executor = ThreadPoolExecutor(max_workers=options.control_threads, thread_name_prefix="fastoip-grpc-ctl")
         self.sock = _bind(host, port)
@@ -443,6 +450,7 @@ class NativeGrpcServer:
         self.loop: asyncio.AbstractEventLoop = _new_loop()
         self.read_buffer = memoryview(bytearray(READ_BUFFER))
         self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols)
+        self.dispatcher.core_calls.budget = self.limits.requests  # issue 27: stream messages held, bounded
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 

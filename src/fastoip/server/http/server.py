@@ -22,6 +22,7 @@ import uvicorn
 from ...core import Core
 from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
+from .json_pool import DEFAULT_WORKERS, JsonPool
 from .protocol import HttpLimits, protocol_with
 
 log = logging.getLogger("fastoip.http")
@@ -66,6 +67,7 @@ class HttpServer:
         limits: HttpLimits | None = None,
         tls: HttpTls | None = None,
         restricted: RestrictedFeatures | None = None,
+        json_workers: int = DEFAULT_WORKERS,
     ) -> None:
         self.core = core
         self.host = host
@@ -74,6 +76,7 @@ class HttpServer:
         self.limits = limits or HttpLimits()
         self.tls = tls
         self.restricted = restricted
+        self.json_pool = JsonPool(json_workers)
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -82,7 +85,7 @@ class HttpServer:
         """Bind, start serving in a thread, and return the bound port once listening."""
         sock = _bind(self.host, self.port)
         bound_port = sock.getsockname()[1]
-        app = HttpFrontend(self.core, self.max_body_size)
+        app = HttpFrontend(self.core, self.max_body_size, self.json_pool)
         if self.restricted:
             app.restrict(self.restricted)
         tls = self.tls
@@ -143,6 +146,7 @@ class HttpServer:
         thread.join(timeout + 5.0)
         if thread.is_alive():
             log.warning("the HTTP server thread did not stop within %.1f s", timeout + 5.0)
+        self.json_pool.shutdown()
 
 
 def _bind(host: str, port: int) -> socket.socket:
