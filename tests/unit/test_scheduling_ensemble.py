@@ -6,7 +6,6 @@ In-process Core, real ONNX Runtime; the models are identities built with the onn
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,14 +13,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fastoip.core import CallContext, Core  # noqa: E402
-from fastoip.errors import DeadlineExceeded, InvalidArgument  # noqa: E402
-from fastoip.repository.loaded import LoadedModel  # noqa: E402
-from fastoip.types import InferInput, InferRequest, RequestedOutput  # noqa: E402
-from harness import core_on, success_and_failure  # noqa: E402
-from models import identity_model_bytes, write_model  # noqa: E402
+from fastoip.core import CallContext, Core
+from fastoip.errors import DeadlineExceeded, InvalidArgument
+from fastoip.repository.loaded import LoadedModel
+from fastoip.types import InferInput, InferRequest, RequestedOutput
+from harness import core_on, success_and_failure
+from models import identity_model_bytes, write_model
 
 #: ``a``: the model computes [4]; its config shows the output as [2, 2] (Triton's reshape).
 RESHAPING = """
