@@ -139,3 +139,23 @@ def test_bad_settings_and_busy_ports_fail_cleanly(repository: Path) -> None:
         assert not server.running
     with pytest.raises(FileNotFoundError, match="missing' is not a directory"):
         fastoip.Server(repository / "missing")
+
+
+def test_two_servers_in_one_process_keep_their_own_metrics_config(repository: Path) -> None:
+    """``--metrics-config`` belongs to a server, not to the process: the second server changes nothing
+    of the first (it used to set a process-wide setting that every server's metrics read)."""
+    from fastoip.metrics import MetricsConfig
+
+    quiet = MetricsConfig(counter_latencies=False, summary_latencies=True)
+    with fastoip.Server(repository, metrics=True, metrics_config=quiet) as first, \
+            fastoip.Server(repository, metrics=True) as second:
+        texts = []
+        for server in (first, second):
+            grpcclient.InferenceServerClient(server.grpc_url).infer("simple", simple_inputs(grpcclient))
+            with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
+                texts.append(answer.read().decode())
+    first_text, second_text = texts
+    assert "nv_inference_request_summary_us" in first_text  # its own summaries
+    assert "nv_inference_request_duration_us" not in first_text  # and its own counter_latencies=false
+    assert "nv_inference_request_duration_us" in second_text
+    assert "nv_inference_request_summary_us" not in second_text

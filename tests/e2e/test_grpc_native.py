@@ -294,7 +294,7 @@ def test_max_connection_age_rotates_connections_without_failing_calls(demo_repo:
 
 # -- the gRPC-over-HTTP/2 rules on their own (pure functions, no server) ----------------------------------
 def test_grpc_timeout_parsing() -> None:
-    from fastoip.server.grpc import wire
+    from fastoip.server.grpc import protocol as wire
 
     assert wire.parse_timeout(b"100m") == 100_000_000
     assert wire.parse_timeout(b"5S") == 5_000_000_000
@@ -305,7 +305,7 @@ def test_grpc_timeout_parsing() -> None:
 
 
 def test_grpc_message_is_percent_encoded() -> None:
-    from fastoip.server.grpc import wire
+    from fastoip.server.grpc import protocol as wire
 
     assert wire.percent_encode("plain text: ok") == b"plain text: ok"
     assert wire.percent_encode("100% sure") == b"100%25 sure"
@@ -317,7 +317,7 @@ def test_decompression_is_bounded() -> None:
     import gzip
     import zlib
 
-    from fastoip.server.grpc import wire
+    from fastoip.server.grpc import protocol as wire
 
     data = b"abc" * 1000
     assert wire.decompress(gzip.compress(data), b"gzip", 10_000) == data

@@ -347,9 +347,9 @@ def test_response_cache_families_follow_statistics(tmp_path: Path) -> None:
 
 def test_cache_families_follow_counter_latencies_and_the_cached_set() -> None:
     """Triton creates the cache counters only with latency counters on, and only for cached versions."""
-    from fastoip.metrics import MetricsConfig, ModelStatistics, model_families
+    from fastoip.metrics import MetricsConfig, VersionCounters, model_families
 
-    stats = ModelStatistics("m", "1", MetricsConfig())
+    stats = VersionCounters("m", "1", MetricsConfig())
     stats.record_cache(True, 4_000)
     stats.record_cache(False, 9_000)
     snapshots = [stats.snapshot()]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from fastoip.core import Core
+from fastoip.core import CallContext, Core
 from fastoip.errors import OneResponseCall
 from fastoip.scheduling.job import Job
 from fastoip.types import InferInput, InferRequest, InferResponse
@@ -65,7 +65,7 @@ def run(core: Core, request: InferRequest) -> tuple[list[InferResponse], Job]:
         done.append(job)
         finished.set()
 
-    core.submit(request, on_done, run_here=True, on_response=lambda job, response: responses.append(response))
+    core.start(request, CallContext(caller_runs=True), on_done, lambda job, response: responses.append(response))
     assert finished.wait(60)
     return responses, done[0]
 
@@ -91,7 +91,7 @@ def test_one_response_calls_are_refused_with_tritons_words(core: Core) -> None:
     with pytest.raises(OneResponseCall, match="ModelInfer RPC doesn't support models with decoupled"):
         core.infer(count_request(1))
     with pytest.raises(OneResponseCall):
-        core.submit(count_request(1), lambda job: None)
+        core.start(count_request(1), None, lambda job: None)
 
 
 def test_warmup_runs_a_decoupled_model_before_it_is_ready(core: Core) -> None:

@@ -19,7 +19,7 @@ from fastoip import _codec  # noqa: E402
 from fastoip._proto import grpc_service_pb2 as pb  # noqa: E402
 from fastoip.core import Core  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
-from fastoip.server.grpc import wire  # noqa: E402
+from fastoip.server.grpc import protocol as wire  # noqa: E402
 from fastoip.server.grpc.limits import ServerLimits  # noqa: E402
 from fastoip.server.grpc.native_calls import (  # noqa: E402
     Call,

@@ -19,7 +19,7 @@ import pytest
 
 from fastoip._proto import model_config_pb2 as mc
 from fastoip.errors import Cancelled, DeadlineExceeded, InferenceError, InternalError, Unavailable
-from fastoip.metrics import ModelStatistics
+from fastoip.metrics import VersionCounters
 from fastoip.scheduling.batcher import DynamicBatcher
 from fastoip.scheduling.buffers import BufferPool
 from fastoip.scheduling.contract import Backend, ExecutionContext, TensorModel
@@ -99,9 +99,8 @@ def make_batcher(
         config=config,
         batching=max_batch_size > 0,
         output_datatypes={"SUM": "FP32", "DOUBLE": "FP32"},
-        stats=ModelStatistics("rows", "1"),
+        stats=VersionCounters("rows", "1"),
         buffers=BufferPool(),
-        runs_requests=False,
         signature=functools.partial(input_signature, batching=max_batch_size > 0),
     )
     executor = ThreadPoolExecutor(1)
@@ -148,7 +147,7 @@ def test_a_request_past_the_largest_preferred_size_runs_at_once() -> None:
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     big = job(7)
-    batcher.submit(big)
+    batcher.enqueue(big)
     ran, _ = batcher.step()
     assert ran == [big]
     assert data(big, "SUM").shape == (7, 1)
@@ -158,8 +157,8 @@ def test_the_request_that_would_pass_the_largest_preferred_size_waits_for_the_ne
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     three, four = job(3), job(4)
-    batcher.submit(three)
-    batcher.submit(four)
+    batcher.enqueue(three)
+    batcher.enqueue(four)
     ran, _ = batcher.step()
     assert ran == [three]  # 3 + 4 > 6: the 3 runs now, alone
     ran, wait_ns = batcher.step()
@@ -175,7 +174,7 @@ def test_reaching_a_preferred_size_runs_at_once_and_the_largest_found_wins() -> 
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     jobs = [job(2), job(2), job(2)]
     for j in jobs:
-        batcher.submit(j)
+        batcher.enqueue(j)
     ran, _ = batcher.step()
     assert ran == jobs  # 2 is preferred, 6 is preferred and larger
     assert backend.batches == [(6, ("SUM", "DOUBLE"))]
@@ -185,11 +184,11 @@ def test_a_smaller_preferred_size_runs_before_the_delay() -> None:
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, preferred=(2, 6))
     first, second = job(1), job(1)
-    batcher.submit(first)
+    batcher.enqueue(first)
     ran, wait_ns = batcher.step()
     assert ran == [] and wait_ns == 100 * MS
     clock.advance(30 * MS)
-    batcher.submit(second)
+    batcher.enqueue(second)
     ran, _ = batcher.step()
     assert ran == [first, second]
 
@@ -198,8 +197,8 @@ def test_past_max_batch_size_the_pending_batch_runs_at_once() -> None:
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, max_batch_size=8)  # preferred defaults to [8]
     five, four = job(5), job(4)
-    batcher.submit(five)
-    batcher.submit(four)
+    batcher.enqueue(five)
+    batcher.enqueue(four)
     ran, _ = batcher.step()
     assert ran == [five]
     ran, wait_ns = batcher.step()
@@ -211,7 +210,7 @@ def test_without_preferred_sizes_a_batch_waits_the_delay_then_runs_whole() -> No
     batcher = make_batcher(clock, backend, max_batch_size=8)
     jobs = [job(1), job(2), job(3)]
     for j in jobs:
-        batcher.submit(j)
+        batcher.enqueue(j)
         clock.advance(10 * MS)
     ran, wait_ns = batcher.step()
     assert ran == [] and wait_ns == 70 * MS  # counted from the oldest request
@@ -225,7 +224,7 @@ def test_with_no_delay_the_best_preferred_batch_runs_and_the_rest_next() -> None
     batcher = make_batcher(clock, backend, preferred=(2, 6), delay_us=0)
     jobs = [job(1), job(1), job(1)]
     for j in jobs:
-        batcher.submit(j)
+        batcher.enqueue(j)
     assert sizes(batcher.step()[0]) == [1, 1]
     assert sizes(batcher.step()[0]) == [1]
     assert batcher.step() == ([], -1)
@@ -236,7 +235,7 @@ def test_a_request_of_another_shape_closes_the_batch_and_does_not_wait_behind_it
     batcher = make_batcher(clock, backend, preferred=(4,))
     narrow, wide, narrow_again = job(1, width=3), job(1, width=4), job(1, width=3)
     for j in (narrow, wide, narrow_again):
-        batcher.submit(j)
+        batcher.enqueue(j)
     assert batcher.step()[0] == [narrow]  # the wide one closes it
     assert batcher.step()[0] == [wide]  # and runs next, closed in turn by the narrow one behind it
     ran, wait_ns = batcher.step()
@@ -249,7 +248,7 @@ def test_requests_asking_for_different_outputs_batch_together_and_get_only_their
     batcher = make_batcher(clock, backend, preferred=(3,))
     sums, doubles, both = job(1, outputs=["SUM"]), job(1, outputs=["DOUBLE"]), job(1, outputs=["DOUBLE", "SUM"])
     for j in (sums, doubles, both):
-        batcher.submit(j)
+        batcher.enqueue(j)
     assert batcher.step()[0] == [sums, doubles, both]
     assert backend.batches == [(3, ("SUM", "DOUBLE"))]  # one execution computes the union
     assert [o.name for o in sums.wait().outputs] == ["SUM"]
@@ -265,8 +264,8 @@ def test_higher_priority_runs_first() -> None:
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, max_batch_size=1, delay_us=0, priority_levels=2, default_priority_level=2)
     low, high = job(1), job(1, priority=1)
-    batcher.submit(low)
-    batcher.submit(high)
+    batcher.enqueue(low)
+    batcher.enqueue(high)
     assert batcher.step()[0] == [high]
     assert batcher.step()[0] == [low]
 
@@ -276,7 +275,7 @@ def test_queue_timeout_rejects_and_the_wait_wakes_for_it() -> None:
     policy = mc.ModelQueuePolicy(default_timeout_microseconds=10_000)
     batcher = make_batcher(clock, backend, default_queue_policy=policy)
     waiting = job(1)
-    batcher.submit(waiting)
+    batcher.enqueue(waiting)
     ran, wait_ns = batcher.step()
     assert ran == [] and wait_ns == 10 * MS  # the timeout comes before the 100 ms delay
     clock.advance(10 * MS)
@@ -291,9 +290,9 @@ def test_queue_timeout_with_delay_action_moves_the_request_behind_the_others() -
     policy = mc.ModelQueuePolicy(default_timeout_microseconds=5_000, timeout_action=mc.ModelQueuePolicy.DELAY)
     batcher = make_batcher(clock, backend, max_batch_size=1, delay_us=0, default_queue_policy=policy)
     late, fresh = job(1), job(1)
-    batcher.submit(late)
+    batcher.enqueue(late)
     clock.advance(6 * MS)
-    batcher.submit(fresh)
+    batcher.enqueue(fresh)
     assert batcher.step()[0] == [fresh]
     assert batcher.step()[0] == [late]
     assert late.wait().output("SUM") is not None
@@ -304,7 +303,7 @@ def test_timeout_override_from_the_request() -> None:
     policy = mc.ModelQueuePolicy(allow_timeout_override=True)
     batcher = make_batcher(clock, backend, default_queue_policy=policy)
     j = job(1, timeout=2_000)
-    batcher.submit(j)
+    batcher.enqueue(j)
     assert batcher.step()[1] == 2 * MS
 
 
@@ -312,8 +311,8 @@ def test_full_queue_refuses() -> None:
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend, default_queue_policy=mc.ModelQueuePolicy(max_queue_size=1))
     kept, refused = job(1), job(1)
-    batcher.submit(kept)
-    batcher.submit(refused)
+    batcher.enqueue(kept)
+    batcher.enqueue(refused)
     error = error_of(refused)
     assert isinstance(error, Unavailable) and "Exceeds maximum queue size" in str(error)
     assert batcher.pending() == 1
@@ -324,8 +323,8 @@ def test_cancelled_and_past_deadline_requests_leave_without_running() -> None:
     batcher = make_batcher(clock, backend)
     cancelled, late = job(1), job(1)
     late.deadline_ns = clock() + 3 * MS
-    batcher.submit(cancelled)
-    batcher.submit(late)
+    batcher.enqueue(cancelled)
+    batcher.enqueue(late)
     cancelled.cancel()
     assert batcher.step()[1] == 3 * MS  # wakes for the deadline
     clock.advance(3 * MS)
@@ -339,11 +338,11 @@ def test_stopping_runs_what_is_queued_without_waiting() -> None:
     clock, backend = Clock(), RowModel()
     batcher = make_batcher(clock, backend)
     j = job(1)
-    batcher.submit(j)
+    batcher.enqueue(j)
     batcher.stop()
     assert batcher.step()[0] == [j]
     late = job(1)
-    batcher.submit(late)
+    batcher.enqueue(late)
     assert "being unloaded" in str(error_of(late))
 
 
@@ -353,8 +352,8 @@ def test_a_failing_batch_fails_every_job_and_returns_every_pooled_buffer() -> No
     pool = batcher.context.buffers
     backend.fail_with = RuntimeError("the model broke")
     first, second = job(1), job(1)
-    batcher.submit(first)
-    batcher.submit(second)
+    batcher.enqueue(first)
+    batcher.enqueue(second)
     assert batcher.step()[0] == [first, second]
     for j in (first, second):
         error = error_of(j)
@@ -363,7 +362,7 @@ def test_a_failing_batch_fails_every_job_and_returns_every_pooled_buffer() -> No
     backend.fail_with = None
     again = [job(1), job(1)]
     for j in again:
-        batcher.submit(j)
+        batcher.enqueue(j)
     batcher.step()
     assert pool.allocations == 1 and pool.idle() == 1  # and reused
     assert data(again[1], "SUM").shape == (1, 1)
@@ -377,14 +376,14 @@ def test_instance_threads_run_a_due_batch_without_the_clock_moving() -> None:
         finished = threading.Event()
         waiting, due = job(1), job(7)
         waiting.on_done(lambda _: finished.set())
-        batcher.submit(waiting)  # 1 is below every preferred size: it waits for the (frozen) clock
+        batcher.enqueue(waiting)  # 1 is below every preferred size: it waits for the (frozen) clock
         ran = threading.Event()
         due.on_done(lambda _: ran.set())
-        batcher.submit(due)  # 1 + 7 > 6: the 1 runs now, then the 7 (past the largest preferred size)
+        batcher.enqueue(due)  # 1 + 7 > 6: the 1 runs now, then the 7 (past the largest preferred size)
         assert finished.wait(30) and ran.wait(30)
         assert [size for size, _ in model.batches] == [1, 7]
         lone = job(1)
-        batcher.submit(lone)
+        batcher.enqueue(lone)
         assert not lone.finished and batcher.pending() == 1  # waits for the delay on the frozen clock
     finally:
         batcher.stop()  # runs what is queued
@@ -396,7 +395,8 @@ def test_direct_scheduler_runs_on_the_calling_thread() -> None:
     context = make_batcher(Clock(), model).context
     scheduler = DirectScheduler(context, [TensorBackend(model, context)], ThreadPoolExecutor(1))
     j = job(2, outputs=["DOUBLE"])
-    scheduler.run(j)
+    j.caller_runs = True  # the caller lends its thread
+    scheduler.enqueue(j)
     assert j.finished and scheduler.pending() == 0
     np.testing.assert_array_equal(data(j, "DOUBLE"), np.arange(6, dtype=np.float32).reshape(2, 3) * 2)
     assert context.stats.execution_count == 1
@@ -407,12 +407,12 @@ def test_a_failing_single_request_fails_alone_and_the_batcher_goes_on() -> None:
     batcher = make_batcher(clock, model, delay_us=0)
     model.fail_with = RuntimeError("bad row")
     broken = job(1)
-    batcher.submit(broken)
+    batcher.enqueue(broken)
     assert batcher.step()[0] == [broken]
     assert "bad row" in str(error_of(broken))
     model.fail_with = None
     fine = job(1)
-    batcher.submit(fine)
+    batcher.enqueue(fine)
     batcher.step()
     assert data(fine, "SUM").shape == (1, 1)
     assert batcher.context.stats.execution_count == 1  # only the execution that succeeded is counted

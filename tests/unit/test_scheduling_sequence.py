@@ -106,11 +106,11 @@ def test_state_is_carried_within_a_sequence_and_reset_at_start() -> None:
     batcher, model, clock = make()
     jobs = [job(1, 7, start=True), job(2, 7), job(3, 7, end=True)]
     for j in jobs:
-        batcher.submit(j)
+        batcher.enqueue(j)
         run_ready(batcher, clock)
     assert [answer(j) for j in jobs] == [1, 3, 6]
     again = job(10, 7, start=True)
-    batcher.submit(again)
+    batcher.enqueue(again)
     run_ready(batcher, clock)
     assert answer(again) == 10
 
@@ -118,7 +118,7 @@ def test_state_is_carried_within_a_sequence_and_reset_at_start() -> None:
 def test_control_inputs_carry_the_configured_values() -> None:
     batcher, model, clock = make()
     for j in (job(1, 42, start=True), job(1, 42), job(1, 42, end=True)):
-        batcher.submit(j)
+        batcher.enqueue(j)
         run_ready(batcher, clock)
     rows = [execution[0] for execution in model.executions]
     assert [(r["START"], r["END"], r["READY"], r["CORRID"]) for r in rows] == [
@@ -131,7 +131,7 @@ def test_one_request_per_sequence_per_batch_and_sequences_batch_together() -> No
     batcher, model, clock = make(max_batch=2)
     a1, a2, b1 = job(1, 1, start=True), job(2, 1), job(5, 2, start=True)
     for j in (a1, a2, b1):
-        batcher.submit(j)
+        batcher.enqueue(j)
     first = run_ready(batcher, clock)
     assert isinstance(first, Batch)
     assert sorted(s.corrid for s, _ in first.entries) == [1, 2]
@@ -143,12 +143,12 @@ def test_one_request_per_sequence_per_batch_and_sequences_batch_together() -> No
 def test_more_sequences_than_slots_wait_in_the_backlog() -> None:
     batcher, model, clock = make(max_batch=1)
     first, second = job(1, 1, start=True), job(2, 2, start=True, end=True)
-    batcher.submit(first)
-    batcher.submit(second)
+    batcher.enqueue(first)
+    batcher.enqueue(second)
     run_ready(batcher, clock)
     assert answer(first) == 1 and not second.finished  # sequence 2 has no slot yet
     last = job(3, 1, end=True)
-    batcher.submit(last)
+    batcher.enqueue(last)
     run_ready(batcher, clock)  # sequence 1 ends: its slot goes to sequence 2
     run_ready(batcher, clock)
     assert answer(last) == 4 and answer(second) == 2
@@ -156,11 +156,11 @@ def test_more_sequences_than_slots_wait_in_the_backlog() -> None:
 
 def test_an_idle_sequence_is_released_and_a_late_request_is_refused() -> None:
     batcher, model, clock = make()
-    batcher.submit(job(1, 9, start=True))
+    batcher.enqueue(job(1, 9, start=True))
     run_ready(batcher, clock)
     clock.now += 6 * MS  # past max_sequence_idle_microseconds (5 ms)
     late = job(1, 9)
-    batcher.submit(late)
+    batcher.enqueue(late)
     assert isinstance(late.error, InvalidArgument)
     assert late.error.message == ("inference request for sequence 9 to model 'acc' must specify the START flag on "
                                   "the first request of the sequence")
@@ -168,10 +168,10 @@ def test_an_idle_sequence_is_released_and_a_late_request_is_refused() -> None:
 
 def test_the_idle_release_frees_a_slot_for_the_backlog() -> None:
     batcher, model, clock = make(max_batch=1)
-    batcher.submit(job(1, 1, start=True))
+    batcher.enqueue(job(1, 1, start=True))
     run_ready(batcher, clock)
     waiting = job(2, 2, start=True)
-    batcher.submit(waiting)
+    batcher.enqueue(waiting)
     assert batcher.next_batch(0, clock()) == clock.now + 5 * MS + 1  # nothing runs before the idle release
     clock.now += 6 * MS
     run_ready(batcher, clock)
@@ -196,7 +196,7 @@ def test_requests_that_cannot_belong_to_a_sequence_fail_with_tritons_messages(
     data = np.ones((batch, 1), dtype=np.int32)
     request = InferRequest("acc", parameters=params, inputs=[InferInput("INPUT", "INT32", data.shape, data)])
     bad = Job(request, {"INPUT": data}, batch, ["OUTPUT"])
-    batcher.submit(bad)
+    batcher.enqueue(bad)
     assert isinstance(bad.error, InvalidArgument) and message in bad.error.message
 
 
@@ -204,7 +204,7 @@ def test_oldest_waits_for_the_queue_delay_then_runs_what_it_has() -> None:
     batcher, model, clock = make(max_batch=4, strategy="oldest { max_candidate_sequences: 4 "
                                                            "max_queue_delay_microseconds: 1000 }")
     one = job(1, 1, start=True)
-    batcher.submit(one)
+    batcher.enqueue(one)
     assert batcher.next_batch(0, clock()) == clock.now + 1 * MS
     clock.now += 1 * MS
     run_ready(batcher, clock)
@@ -214,8 +214,8 @@ def test_oldest_waits_for_the_queue_delay_then_runs_what_it_has() -> None:
 def test_direct_binds_each_sequence_to_one_instance() -> None:
     batcher, model, clock = make(max_batch=1, instances=2)
     a, b = job(1, 1, start=True), job(2, 2, start=True)
-    batcher.submit(a)
-    batcher.submit(b)
+    batcher.enqueue(a)
+    batcher.enqueue(b)
     first = batcher.next_batch(0, clock())
     second = batcher.next_batch(1, clock())
     assert isinstance(first, Batch) and isinstance(second, Batch)
@@ -225,7 +225,7 @@ def test_direct_binds_each_sequence_to_one_instance() -> None:
 def test_stop_fails_what_is_queued() -> None:
     batcher, _, _ = make()
     queued = job(1, 1, start=True)
-    batcher.submit(queued)
+    batcher.enqueue(queued)
     batcher.stop()
     assert queued.error is not None and "unloaded" in queued.error.message
 
@@ -235,23 +235,23 @@ def test_abandoned_sequences_free_their_slots_at_once() -> None:
     slot each for the whole idle timeout; now they leave at the next decision and a fresh sequence runs."""
     batcher, model, clock = make(max_batch=1)
     first = job(1, 1, start=True)
-    batcher.submit(first)
+    batcher.enqueue(first)
     run_ready(batcher, clock)  # sequence 1 holds the only slot
     abandoned = [job(1, 100 + i, start=True) for i in range(2000)]
     for j in abandoned:
-        batcher.submit(j)
+        batcher.enqueue(j)
     for j in abandoned:
         j.cancel()
     first_next = job(2, 1)
-    batcher.submit(first_next)
+    batcher.enqueue(first_next)
     first_next.cancel()  # sequence 1's client goes away too: its slot is free without waiting for idle
     fresh = job(7, 9999, start=True)
-    batcher.submit(fresh)
+    batcher.enqueue(fresh)
     assert isinstance(run_ready(batcher, clock), Batch)  # no idle wait: the clock has not moved
     assert answer(fresh) == 7
     assert batcher.pending() == 0
     late = job(3, 100)  # an abandoned sequence is gone: its next request must START again
-    batcher.submit(late)
+    batcher.enqueue(late)
     assert isinstance(late.error, InvalidArgument)
 
 
@@ -260,15 +260,15 @@ def test_the_backlog_is_bounded() -> None:
     from fastoip.scheduling import sequence_batcher
 
     batcher, model, clock = make(max_batch=1)
-    batcher.submit(job(1, 1, start=True))
+    batcher.enqueue(job(1, 1, start=True))
     run_ready(batcher, clock)
     waiting = [job(1, 10 + i, start=True) for i in range(sequence_batcher.BACKLOG_LIMIT)]
     for j in waiting:
-        batcher.submit(j)
+        batcher.enqueue(j)
     refused = job(1, 99_999, start=True)
-    batcher.submit(refused)
+    batcher.enqueue(refused)
     assert isinstance(refused.error, Unavailable) and "waiting for a slot" in refused.error.message
     waiting[0].cancel()  # one place frees up once a waiting client goes away
     accepted = job(1, 99_998, start=True)
-    batcher.submit(accepted)
+    batcher.enqueue(accepted)
     assert not accepted.finished

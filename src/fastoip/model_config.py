@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, cast
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import json_format, text_format
 
-from .._proto import model_config_pb2 as mc
-from ..classification import read_labels
-from ..content_types import input_key, output_key
-from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
-from ..errors import InvalidArgument
+from ._proto import model_config_pb2 as mc
+from .classification import read_labels
+from .content_types import input_key, output_key
+from .datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from .errors import InvalidArgument
 from .model_settings import MODEL_SETTINGS, parse_model_settings
 
 if TYPE_CHECKING:

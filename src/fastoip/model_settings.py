@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 
 log = logging.getLogger("fastoip.repository")
 
