@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, ValueInfoProto, helper
 
 #: V2 datatype -> ONNX element type, for the datatype round-trip models.
 V2_TO_ONNX = {
@@ -284,7 +284,7 @@ sequence_batching {
 
 
 def implicit_state_sequence_model_bytes() -> bytes:
-    def tensor(name: str, elem: int) -> object:
+    def tensor(name: str, elem: int) -> ValueInfoProto:
         return helper.make_tensor_value_info(name, elem, ["N", 1])
 
     one = helper.make_tensor("ONE", TensorProto.INT32, [1], [1])
