@@ -114,7 +114,8 @@ def test_explain_is_kserves_answer_without_an_explainer(server: fastoip.Server) 
     # KServe's Model.explain with no explainer_host: 501 "Could not find explainer_host." (after readiness)
     body = {"instances": [[1.0, 2.0, 3.0]]}
     assert call(server, "POST", "/v1/models/ident:explain", body) == (501, {"error": "Could not find explainer_host."})
-    assert call(server, "POST", "/v1/models/nope:explain", body) == (404, {"error": "Model with name nope does not exist."})
+    missing = {"error": "Model with name nope does not exist."}
+    assert call(server, "POST", "/v1/models/nope:explain", body) == (404, missing)
     assert call(server, "POST", "/v1/models/broken:explain", body)[0] == 503
     status, doc = call(server, "POST", "/v1/models/ident:explain", b"{not json")
     assert status == 400 and "error" in doc
