@@ -49,8 +49,8 @@ from ...content_types import ModelContentTypes
 from ...datatypes import NUMPY_DTYPES
 from ...errors import InternalError, InvalidArgument
 from ...model import Model
+from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...pyworker.loop import EVENT_LOOP
-from ...repository.config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...scheduling.execute import check_rows, merge_inputs, row_slices
 from ...types import InferOutput, InferResponse
 from .payloads import PayloadCodec
