@@ -21,6 +21,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ from .content_types import input_key, output_key
 from .datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from .errors import InvalidArgument
 from .model_settings import MODEL_SETTINGS, parse_model_settings
+
+log = logging.getLogger("fastoip.repository")
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -407,8 +410,9 @@ def read_model_settings(path: Path, model_name: str, by_name: bool = False) -> m
     config parameters; ``inputs``/``outputs`` (name, datatype, shape,
     ``parameters.content_type``) -> config tensors, their content types ->
     parameters ``input.<name>.content_type`` / ``output.<name>.content_type``;
-    ``max_batch_size`` > 1 -> ``max_batch_size`` with a dynamic batcher whose
-    delay is ``max_batch_time`` seconds, and shapes lose their batch dimension;
+    ``max_batch_size`` > 1 with ``max_batch_time`` > 0 (MLServer's adaptive batching) ->
+    ``max_batch_size`` with a dynamic batcher whose delay is ``max_batch_time`` seconds,
+    and shapes lose their batch dimension;
     ``parallel_workers`` -> the instance count.  The whole document travels as
     parameter ``model_settings`` (JSON): its presence marks a model whose requests
     are checked as MLServer checks them (names, datatypes and shapes are not held to
@@ -428,7 +432,10 @@ def read_model_settings(path: Path, model_name: str, by_name: bool = False) -> m
     put(MODEL_SETTINGS_PARAMETER, settings.model_dump(mode="json", exclude_none=True))
     if settings.implementation:
         put("implementation", settings.implementation)
-    batching = settings.max_batch_size > 1
+    batching = settings.max_batch_size > 1 and settings.max_batch_time > 0  # MLServer's adaptive batching
+    if settings.max_batch_size > 1 and not batching:
+        log.warning("model '%s': max_batch_size %d with max_batch_time 0 does not batch (as in MLServer)",
+                    model_name, settings.max_batch_size)
     if batching:
         config.max_batch_size = settings.max_batch_size
         config.dynamic_batching.max_queue_delay_microseconds = int(settings.max_batch_time * 1e6)

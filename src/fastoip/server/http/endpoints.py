@@ -17,7 +17,7 @@ Rules:
 - Readiness answers carry the Core's not-ready reason, the same one every frontend has.  Server health
   answers ``{"live": true}`` / ``{"ready": true}`` as KServe's server does (its REST client parses them;
   tritonclient reads the status only); a model's V2 readiness keeps the spec's empty body.
-- KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict]``): :mod:`.v1`.
+- KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict|:explain]``): :mod:`.v1`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,11 @@ class HttpFrontend(Router):
         v1 = V1Endpoints(core, max_body_size)
         self.fixed_paths["/"] = {"GET": v1.v1_root}
         self.fixed_paths["/v1/models"] = {"GET": v1.v1_models}
-        self.v1_model_paths = {None: {"GET": v1.v1_model_ready}, "predict": {"POST": v1.v1_predict}}
+        self.v1_model_paths = {
+            None: {"GET": v1.v1_model_ready},
+            "predict": {"POST": v1.v1_predict},
+            "explain": {"POST": v1.v1_explain},
+        }
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},
