@@ -113,7 +113,7 @@ def test_backend_config_refusals_name_the_setting(repo: Path, value: str, words:
         serve_options([f"--model-store={repo}", f"--backend-config={value}"])
 
 
-@pytest.mark.parametrize(("flag", "words"), [("--rate-limit=execution_count", "--rate-limit is not supported"),
+@pytest.mark.parametrize(("flag", "words"), [("--model-config-name=h100", "--model-config-name is not supported"),
                                              ("--no-such-flag", "unrecognized flag --no-such-flag")])
 def test_flags_fastoip_cannot_honour_are_refused_by_name(repo: Path, capsys: pytest.CaptureFixture,
                                                          flag: str, words: str) -> None:

@@ -123,7 +123,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
     triton = triton_flags.resolve(args)
     try:
         metrics_config = MetricsConfig.parse(args.metrics_config)
-        cache = CacheSettings.parse(args.cache_config)
+        cache = CacheSettings.parse([*args.cache_config, *triton.cache_config])
     except ValueError as exc:
         raise triton_flags.FlagError(str(exc)) from None
     return ServeOptions(
@@ -138,7 +138,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         metrics_config=metrics_config,
         cache_size_bytes=cache.size_bytes,
         grpc_frontend=args.grpc_frontend,
-        grpc_native=_native_grpc_options(args),
+        grpc_native=_native_grpc_options(args, triton),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
         http_limits=_http_limits(args),
@@ -157,6 +157,10 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         log_file=triton.log_file,
         server_id=triton.server_id,
         trace_config=triton.trace,
+        exit_on_error=bool(triton.exit_on_error),
+        pinned_pool_bytes=triton.pinned_pool_bytes,
+        http_forward_pattern=triton.http_forward_pattern,
+        no_effect_flags=triton.no_effect,
         repository=RepositoryOptions(
             default_max_batch_size=triton.default_max_batch_size,
             auto_complete=triton.auto_complete,
@@ -257,7 +261,7 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
 
 
-def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
+def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSettings) -> NativeGrpcOptions:
     from .server.grpc.native_options import NativeGrpcOptions
 
     return NativeGrpcOptions(
@@ -273,6 +277,10 @@ def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
         server_cert=args.grpc_server_cert,
         server_key=args.grpc_server_key,
         root_cert=args.grpc_root_cert,
+        response_compression_level=triton.grpc_compression_level,
+        max_pings_without_data=triton.grpc_max_pings_without_data,
+        keepalive_without_calls=True if triton.grpc_permit_without_calls is None else triton.grpc_permit_without_calls,
+        forward_header_pattern=triton.grpc_forward_pattern,
     )
 
 

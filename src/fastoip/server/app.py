@@ -91,6 +91,14 @@ class ServeOptions:
     #: Triton's ``--trace-config`` (and its deprecated ``--trace-*`` flags).
     trace_config: TraceConfig = field(default_factory=TraceConfig)
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
+    #: Triton's --exit-on-error=true: a model that fails to load at start-up stops the start.
+    exit_on_error: bool = False
+    #: Triton's --pinned-memory-pool-byte-size (None: 256 MB).
+    pinned_pool_bytes: int | None = None
+    #: Triton's --http-header-forward-pattern.
+    http_forward_pattern: str | None = None
+    #: Lines the start logs for Triton flags that have no effect here.
+    no_effect_flags: tuple[str, ...] = ()
 
 
 class ServerApp:
@@ -134,7 +142,17 @@ class ServerApp:
     def start(self) -> None:
         options = self.options
         log.info("model repository: %s", self.core.repository_root)
+        for line in options.no_effect_flags:
+            log.info("%s", line)
+        if options.pinned_pool_bytes is not None:
+            from .. import cuda
+
+            cuda.set_pinned_pool_size(options.pinned_pool_bytes)
         self.core.load_models()
+        if options.exit_on_error:
+            failed = sorted(entry.name for entry in self.core.repository_index() if entry.state == "UNAVAILABLE")
+            if failed:
+                raise RuntimeError(f"failed to load all models ({', '.join(failed)}); --exit-on-error=true")
         frontend = choose_grpc_frontend(options.grpc_frontend) if options.grpc_enabled else "off"
         if frontend == "native":
             from .grpc.native_options import NativeGrpcOptions
@@ -180,6 +198,7 @@ class ServerApp:
                 limits=options.http_limits,
                 tls=options.http_tls,
                 restricted=options.http_restricted,
+                forward_header_pattern=options.http_forward_pattern,
             )
             self.http_port = self.http_server.start()
             self._announce(f"fastoip: http listening on {http_host}:{self.http_port}")

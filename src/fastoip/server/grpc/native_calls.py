@@ -28,6 +28,7 @@ from ...core import Core
 from ...errors import InferenceError
 from ...scheduling.job import Job
 from ...types import InferRequest, InferResponse
+from ..forward_headers import HeaderForwarder, forwarder
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from . import wire
 from .service import (
@@ -62,9 +63,11 @@ class CoreCalls:
     the loop never executes a model.
     """
 
-    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, forward: HeaderForwarder | None = None) -> None:
         self.core = core
         self.loop = loop
+        #: Triton's --grpc-header-forward-pattern (None: no metadata becomes a parameter).
+        self.forward = forward
 
     def start(
         self,
@@ -80,6 +83,8 @@ class CoreCalls:
         ``on_response`` (from :meth:`on_loop`): where a decoupled model's responses go.
         """
         call_soon = self.loop.call_soon_threadsafe
+        if self.forward is not None:
+            self.forward.apply(headers, request.parameters)
 
         def finished_elsewhere(job: Job) -> None:
             try:
@@ -369,8 +374,9 @@ class Dispatcher:
         loop: asyncio.AbstractEventLoop,
         executor: Executor,
         restricted: RestrictedFeatures | None = None,
+        forward_header_pattern: str | None = None,
     ) -> None:
-        self.core_calls = CoreCalls(core, loop)
+        self.core_calls = CoreCalls(core, loop, forwarder(forward_header_pattern))
         #: :path of a restricted RPC -> the header it needs (--grpc-restricted-protocol); empty: none.
         self.restricted: dict[bytes, Restriction] = {
             path.encode(): restriction

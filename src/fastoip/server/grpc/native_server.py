@@ -53,6 +53,10 @@ class GrpcConnection(asyncio.BufferedProtocol):
         )
         self.calls: dict[int, Call] = {}
         self.encodings: dict[int, bytes] = {}
+        #: Streams whose responses are compressed (--grpc-infer-response-compression-level) -> the algorithm.
+        self.response_encodings: dict[int, bytes] = {}
+        #: Keepalive PINGs sent since a HEADERS or DATA frame was last sent (--grpc-http2-max-pings-without-data).
+        self.pings_without_data = 0
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.transport: asyncio.Transport | None = None
         self.paused = False
@@ -174,6 +178,11 @@ class GrpcConnection(asyncio.BufferedProtocol):
         encoding = fields.get(b"grpc-encoding", b"identity")
         if encoding != b"identity":
             self.encodings[stream_id] = encoding
+        level = self.options.response_compression_level
+        if level != "none" and path in (self.server.dispatcher.infer_path, self.server.dispatcher.stream_path):
+            chosen = wire.response_encoding(level, fields.get(b"grpc-accept-encoding"))
+            if chosen is not None:
+                self.response_encodings[stream_id] = chosen
         if timeout_ns is not None:
             self.timers[stream_id] = self.loop.call_later(timeout_ns / 1e9, self.on_deadline, stream_id)
 
@@ -229,10 +238,20 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     # -- answering (the calls' Responder) -----------------------------------------------------
     def send_headers(self, stream_id: int) -> None:
-        self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
+        self.pings_without_data = 0
+        encoding = self.response_encodings.get(stream_id)
+        if encoding is None:
+            self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
+        else:
+            self.session.send_headers(stream_id, [*wire.RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
 
     def send_message(self, stream_id: int, message: bytes) -> None:
-        self.session.send_message(stream_id, message)
+        self.pings_without_data = 0
+        encoding = self.response_encodings.get(stream_id)
+        if encoding is None:
+            self.session.send_message(stream_id, message)
+        else:
+            self.session.send_message(stream_id, wire.compress(message, encoding), True)
         self.schedule_flush()
 
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
@@ -270,6 +289,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.calls.pop(stream_id, None)
         self.open_requests.pop(stream_id, None)
         self.encodings.pop(stream_id, None)
+        self.response_encodings.pop(stream_id, None)
         timer = self.timers.pop(stream_id, None)
         if timer is not None:
             timer.cancel()
@@ -372,12 +392,20 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def check_idle(self) -> None:
         idle = time.monotonic() - self.last_read
         interval = self.options.keepalive_time_ms / 1000
-        if idle >= interval and self.ping_wait is None:
+        if idle >= interval and self.ping_wait is None and self.may_ping():
+            self.pings_without_data += 1
             self.session.ping()
             self.ping_wait = self.loop.call_later(self.options.keepalive_timeout_ms / 1000, self.on_ping_timeout)
             self.flush()
         self.keepalive = self.loop.call_later(max(interval - idle, 0.001) if idle < interval else interval,
                                               self.check_idle)
+
+    def may_ping(self) -> bool:
+        """Triton's keepalive policy: --grpc-http2-max-pings-without-data, --grpc-keepalive-permit-without-calls."""
+        limit = self.options.max_pings_without_data
+        if limit > 0 and self.pings_without_data >= limit:
+            return False
+        return self.options.keepalive_without_calls or bool(self.calls)
 
     def on_ping_timeout(self) -> None:
         log.info("gRPC keepalive: no PING ACK within %d ms, closing the connection", self.options.keepalive_timeout_ms)
@@ -430,7 +458,8 @@ class NativeGrpcServer:
         self.ssl_context = _ssl_context(options) if options.use_ssl else None
         self.loop: asyncio.AbstractEventLoop = _new_loop()
         self.read_buffer = memoryview(bytearray(READ_BUFFER))
-        self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols)
+        self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols,
+                                     options.forward_header_pattern)
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -25,6 +25,7 @@ from ...core import CUDA, SYSTEM, Core, config_to_json
 from ...errors import InvalidArgument, OneResponseCall
 from ...wire import http as wire
 from ...wire.http import json_excerpt
+from ..forward_headers import HeaderForwarder
 from . import openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
 from .generate import GenerateEndpoints
@@ -39,6 +40,8 @@ class HttpFrontend(Router):
         super().__init__()
         self.core = core
         self.max_body_size = max_body_size
+        #: Triton's --http-header-forward-pattern (None: no header becomes a parameter).
+        self.forward_headers: HeaderForwarder | None = None
         self.fixed_paths = {
             "/v2": {"GET": self.server_metadata},
             "/v2/health/live": {"GET": self.server_live},
@@ -232,6 +235,8 @@ class HttpFrontend(Router):
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
             infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+        if self.forward_headers is not None:
+            self.forward_headers.apply(request.headers, infer_request.parameters)
         try:
             response = await self.core.infer_async(infer_request, trace_headers=request.headers)
         except OneResponseCall:

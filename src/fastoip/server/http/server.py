@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from ...core import Core
+from ..forward_headers import forwarder
 from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
 from .protocol import HttpLimits, protocol_with
@@ -66,6 +67,7 @@ class HttpServer:
         limits: HttpLimits | None = None,
         tls: HttpTls | None = None,
         restricted: RestrictedFeatures | None = None,
+        forward_header_pattern: str | None = None,
     ) -> None:
         self.core = core
         self.host = host
@@ -74,6 +76,7 @@ class HttpServer:
         self.limits = limits or HttpLimits()
         self.tls = tls
         self.restricted = restricted
+        self.forward_header_pattern = forward_header_pattern
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -83,6 +86,7 @@ class HttpServer:
         sock = _bind(self.host, self.port)
         bound_port = sock.getsockname()[1]
         app = HttpFrontend(self.core, self.max_body_size)
+        app.forward_headers = forwarder(self.forward_header_pattern)
         if self.restricted:
             app.restrict(self.restricted)
         tls = self.tls
