@@ -65,9 +65,13 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
                    help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
                         "client run code inside the server (default off: such loads are refused)")
-    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 17))),
-                   help="most BYTES elements one request may carry, all its BYTES inputs together (each element "
-                        "becomes a Python object); default 131072")
+    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 24))),
+                   help="most BYTES elements one request may carry, all its BYTES inputs together, refused before "
+                        "any is decoded; default 16777216")
+    p.add_argument("--max-bytes-memory", type=int, default=int(_env("MAX_BYTES_MEMORY", str(256 << 20))),
+                   metavar="BYTES",
+                   help="most memory the decoded elements of one BYTES tensor may take (each element becomes a "
+                        "Python object), charged as they are built; default 268435456 (256 MiB)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
     p.add_argument("--shutdown-grace", type=float, default=float(_env("SHUTDOWN_GRACE", "5")),
                    help="seconds readiness is false while requests are still served, before the listeners close "
@@ -305,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
         _codec.set_max_bytes_elements(args.max_bytes_elements)
+        _codec.set_max_bytes_memory(args.max_bytes_memory)
         pin_mmap_threshold()
         return serve(options)
     if args.command == "demo-repository":

@@ -256,7 +256,7 @@ class DataPlane:
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
                 tensor.data = self.shared_memory.input_view(
-                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions, request.model_name
                 )
         try:
             job = model.prepare(request)

@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import re
 
 from ...core import CUDA, SYSTEM, Core, config_to_json
 from ...errors import InvalidArgument, OneResponseCall
@@ -31,6 +32,11 @@ from .bodies import compress, inference_header_length, off_loop_if_large, read_b
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
+
+
+#: Triton's words for a repository index request whose 'ready' is not a boolean.
+READY_NOT_BOOLEAN = "Invalid value for 'ready': expected a boolean"
+READY_NOT_A_VALUE = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
 
 
 class HttpFrontend(Router):
@@ -110,10 +116,16 @@ class HttpFrontend(Router):
 
     # -- repository -------------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:
-        doc = optional_json_object(await read_body(request, self.max_body_size), "repository index request")
+        body = await read_body(request, self.max_body_size)
+        try:
+            doc = optional_json_object(body, "repository index request")
+        except InvalidArgument:
+            if READY_NOT_A_VALUE.match(body):  # too deep to parse, but 'ready' is visibly an array or object
+                raise InvalidArgument(READY_NOT_BOOLEAN) from None
+            raise
         ready = doc.get("ready", False)
         if type(ready) is not bool:
-            raise InvalidArgument(f"'ready' must be true or false, got {ready!r}")
+            raise InvalidArgument(f"{READY_NOT_BOOLEAN}, got {json_excerpt(ready)}")
         return json_response(self.core.repository_index(ready))
 
     async def load_model(self, request: Request, model: str) -> Response:
