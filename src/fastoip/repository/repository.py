@@ -49,6 +49,7 @@ from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_mo
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
+from .validation import validate_config
 from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
@@ -86,6 +87,8 @@ class ModelRepository:
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
         self._load_lock = threading.Lock()
+        #: Ensembles whose steps are being loaded (outermost first): a step naming one of them is a cycle.
+        self._ensembles_loading: list[str] = []
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -259,6 +262,33 @@ class ModelRepository:
             shutil.rmtree(record.uploaded_dir, ignore_errors=True)
             record.uploaded_dir = None
 
+    def _load_step_model(self, name: str, step: mc.ModelEnsembling.Step) -> None:
+        """Load a step's model with its ensemble (as Triton does) and check the version the step pins."""
+        if step.model_name in self._ensembles_loading:
+            chain = self._ensembles_loading[self._ensembles_loading.index(step.model_name):]
+            raise InvalidArgument(
+                f"circular dependency between ensembles: {step.model_name} -> ... -> {chain[-1]} -> {step.model_name}"
+            )
+        record = self.record(step.model_name)
+        if (record is None or not record.versions) and (self.root / step.model_name).is_dir():
+            try:
+                self._load_locked(step.model_name, None, None, False)
+            except InferenceError as exc:
+                if "circular dependency between ensembles" in exc.message:
+                    raise
+            record = self.record(step.model_name)
+        if record is None and not (self.root / step.model_name).is_dir():
+            return  # not in the repository: the plan says the model is not available
+        missing = _step_dependency_error(name, step.model_name, record)
+        if missing is not None:
+            raise missing
+        assert record is not None
+        if step.model_version >= 0 and step.model_version not in record.versions:
+            raise InvalidArgument(
+                f"ensemble '{name}' depends on '{step.model_name}' whose required version {step.model_version} "
+                "is not loaded."
+            )
+
     def _prepare(self, names: list[str]) -> None:
         """Once-per-server backend work before any model loads (Python models' ``@on_deployment`` hooks).
 
@@ -294,6 +324,8 @@ class ModelRepository:
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
+        # Triton's checks on the config as written, before any model file is looked for
+        validate_config(base, name, self.options.auto_complete)
         if is_ensemble(base):
             refuse_unbuilt_sections(base, name, "ensemble")
             # an ensemble has no model file: each version is a directory (Triton's layout)
@@ -376,11 +408,12 @@ class ModelRepository:
 
     def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
         config = named_copy(base, name)
-        for step in config.ensemble_scheduling.step:
-            record = self.record(step.model_name)
-            loaded = record is not None and bool(record.versions)
-            if not loaded and step.model_name != name and (self.root / step.model_name).is_dir():
-                self._load_locked(step.model_name, None, None, False)  # Triton loads an ensemble's models with it
+        self._ensembles_loading.append(name)
+        try:
+            for step in config.ensemble_scheduling.step:
+                self._load_step_model(name, step)
+        finally:
+            self._ensembles_loading.pop()
 
         def lookup(model_name: str) -> ComposingModel | None:
             try:
@@ -390,6 +423,15 @@ class ModelRepository:
 
         plan = plan_ensemble(config, lookup)
         return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+
+
+def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> InvalidArgument | None:
+    """Triton's words when a step's model has no loaded version (None when it has one)."""
+    if record is not None and record.versions:
+        return None
+    reason = record.reason if record is not None and record.reason else ""
+    detail = f" Model '{step}' loading failed with error: {reason}" if reason else ""
+    return InvalidArgument(f"ensemble '{name}' depends on '{step}' which has no loaded version.{detail}")
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:

@@ -33,7 +33,6 @@ from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
 
-
 #: Triton's words for a repository index request whose 'ready' is not a boolean.
 READY_NOT_BOOLEAN = "Invalid value for 'ready': expected a boolean"
 READY_NOT_A_VALUE = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
