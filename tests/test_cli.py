@@ -36,9 +36,11 @@ def test_missing_repository_fails_to_stat(tmp_path: Path) -> None:
         serve_options([f"--model-repository={tmp_path / 'nope'}"])
 
 
-def test_two_repositories_are_refused(repo: Path) -> None:
-    with pytest.raises(FlagError, match="one model repository"):
-        serve_options([f"--model-store={repo}", f"--model-repository={repo}"])
+def test_several_repositories_are_taken_as_triton_takes_them(repo: Path, tmp_path: Path) -> None:
+    options = serve_options([f"--model-store={repo}", f"--model-repository={tmp_path}", f"--model-repository={repo}"])
+    assert options.model_repository == repo and options.more_repositories == (tmp_path,)
+    with pytest.raises(FlagError, match="failed to stat file"):
+        serve_options([f"--model-store={repo}", f"--model-repository={tmp_path / 'missing'}"])
 
 
 @pytest.mark.parametrize(("value", "enabled"), [("true", True), ("ON", True), ("1", True), ("false", False),

@@ -123,3 +123,20 @@ def test_valid_configs_still_load(tmp_path: Path) -> None:
                 + "dynamic_batching { preferred_batch_size: [ 2, 4 ] priority_levels: 2 default_priority_level: 1 }\n")
     state, reason = _load(tmp_path)["plain"]
     assert state == "READY", reason
+
+
+def test_a_config_that_leaves_out_a_model_input_is_refused_at_load(tmp_path: Path) -> None:
+    from onnx import helper
+
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["N", 4])
+    b = helper.make_tensor_value_info("B", TensorProto.FLOAT, ["N", 4])
+    out = helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["SUM"])], "g", [a, b], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    write_model(tmp_path, "half_declared", model.SerializeToString(), config=(
+        'max_batch_size: 4\ninput [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'))
+    state, reason = _load(tmp_path)["half_declared"]
+    assert state == "UNAVAILABLE"
+    assert "unable to load model 'half_declared', configuration expects 1 inputs, model provides 2" in reason

@@ -688,7 +688,8 @@ def test_load_with_config_override(control_server: ServerProcess) -> None:
         ("/v2/repository/models/simple/load", {"parameters": {"file:1/model.onnx": "@@"}}, 400, ["'file:1/model.onnx'", "base64"]),
         ("/v2/repository/models/up/load", {"parameters": {"config": "{}", "file:../x.onnx": "AAAA"}}, 400, ["relative path"]),
         ("/v2/repository/models/simple/load", b"{oops", 400, ["malformed JSON"]),
-        ("/v2/repository/models/ghost/unload", None, 404, ["ghost"]),
+        ("/v2/repository/models/simple/unload", {"parameters": {"unload_dependents": "yes"}}, 400,
+         ["unload_dependents"]),
         ("/v2/repository/index", {"ready": "yes"}, 400, ["ready"]),
     ],
 )

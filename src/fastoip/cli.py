@@ -132,6 +132,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         raise triton_flags.FlagError(str(exc)) from None
     return ServeOptions(
         model_repository=triton.model_repository,
+        more_repositories=triton.more_repositories,
         host=triton.grpc_host or args.host,
         grpc_port=args.grpc_port,
         grpc_workers=args.grpc_workers,

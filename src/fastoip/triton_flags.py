@@ -227,6 +227,8 @@ class TritonSettings:
     """What the Triton flags (and fastoip's own equivalents) resolve to."""
 
     model_repository: Path | None
+    #: Further --model-repository directories (Triton serves several).
+    more_repositories: tuple[Path, ...]
     server_id: str
     exit_timeout: float | None
     allow_http: bool
@@ -262,7 +264,8 @@ class TritonSettings:
 def resolve(args: argparse.Namespace) -> TritonSettings:
     """Check and combine the parsed flags; FlagError names the flag that cannot be honoured."""
     return TritonSettings(
-        model_repository=_model_repository(args.model_repository),
+        model_repository=(_model_repositories(args.model_repository) or (None,))[0],
+        more_repositories=_model_repositories(args.model_repository)[1:],
         server_id=args.server_id,
         exit_timeout=float(args.exit_timeout_secs) if args.exit_timeout_secs is not None else None,
         allow_http=args.allow_http,
@@ -355,22 +358,17 @@ def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: lis
         raise FlagError(str(exc)) from None
 
 
-def _model_repository(given: list[Path] | None) -> Path | None:
+def _model_repositories(given: list[Path] | None) -> tuple[Path, ...]:
+    """Every --model-repository (Triton takes several; a model is found in the first that has it)."""
     if not given:
         env = os.environ.get("FASTOIP_MODEL_REPOSITORY")
         given = [Path(env)] if env else []
-    if len(given) > 1:
-        raise FlagError(
-            "--model-repository / --model-store given more than once: fastoip serves one model repository"
-        )
-    if not given:
-        return None
-    root = given[0]
-    if not root.exists():
-        raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
-    if not root.is_dir():
-        raise FlagError(f"--model-repository {root} is not a directory")
-    return root
+    for root in given:
+        if not root.exists():
+            raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
+        if not root.is_dir():
+            raise FlagError(f"--model-repository {root} is not a directory")
+    return tuple(dict.fromkeys(given))
 
 
 def _log_level(args: argparse.Namespace) -> str | None:

@@ -15,7 +15,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ class Core:
 
     def __init__(
         self,
-        repository_root: Path,
+        repository_root: Path | Sequence[Path],
         options: RepositoryOptions | None = None,
         *,
         worker_threads: int = 16,
@@ -95,8 +95,8 @@ class Core:
     def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self.control.load_model(name, parameters)
 
-    def unload_model(self, name: str) -> None:
-        self.control.unload_model(name)
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.control.unload_model(name, unload_dependents)
 
     # -- health -----------------------------------------------------------------------
     def server_live(self) -> bool:

@@ -189,6 +189,13 @@ def complete_config(
     check_shapes = platform == ONNX_PLATFORM
     _complete_tensors(done.input, inputs, batch_dims, model_name, "input", check_shapes)
     _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes)
+    if check_shapes and len(done.input) != len(inputs):
+        # Triton's onnxruntime backend: every model input must be in the config (else every request fails).
+        missing = sorted({t.name for t in inputs} - {entry.name for entry in done.input})
+        raise InvalidArgument(
+            f"unable to load model '{model_name}', configuration expects {len(done.input)} inputs, model provides "
+            f"{len(inputs)} (not in the config: {', '.join(missing)})"
+        )
 
     if not done.instance_group:
         group = done.instance_group.add()

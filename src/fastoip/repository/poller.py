@@ -46,7 +46,7 @@ class RepositoryPoller:
     def remember_current(self) -> None:
         """Record the files as loaded at start-up."""
         for name in self.repository.model_names():
-            self.seen[name] = fingerprint(self.repository.root / name)
+            self.seen[name] = fingerprint(self.repository.model_dir(name))
 
     def start(self) -> None:
         self._thread.start()
@@ -59,7 +59,7 @@ class RepositoryPoller:
     def poll_once(self) -> None:
         names = set(self.repository.model_names())
         for name in sorted(names):
-            current = fingerprint(self.repository.root / name)
+            current = fingerprint(self.repository.model_dir(name))
             if self.seen.get(name) == current:
                 continue
             self.seen[name] = current

@@ -79,10 +79,16 @@ class ModelRecord:
 
 
 class ModelRepository:
-    """Loads models from a directory and hands out the loaded versions."""
+    """Loads models from one or more directories (Triton's repeated --model-repository) and hands out the
+    loaded versions.  A model is found in the first directory that has it."""
 
-    def __init__(self, root: Path, executor: Executor, options: RepositoryOptions | None = None) -> None:
-        self.root = Path(root)
+    def __init__(
+        self, root: Path | Sequence[Path], executor: Executor, options: RepositoryOptions | None = None
+    ) -> None:
+        self.roots = [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+        if not self.roots:
+            raise ValueError("a model repository needs at least one directory")
+        self.root = self.roots[0]
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
@@ -92,10 +98,19 @@ class ModelRepository:
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
-        """Model directories in the repository, sorted."""
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        """Model directories in the repositories, sorted (a name in several: once, the first one's)."""
+        names: set[str] = set()
+        for root in self.roots:
+            if root.is_dir():
+                names.update(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(names)
+
+    def model_dir(self, name: str) -> Path:
+        """The directory of model ``name``: in the first repository that has it (else the first repository)."""
+        for root in self.roots:
+            if (root / name).is_dir():
+                return root / name
+        return self.root / name
 
     # -- lookups on the infer path --------------------------------------------
     def get(self, name: str, version: str = "") -> LoadedModel:
@@ -175,7 +190,7 @@ class ModelRepository:
                 )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
-            if uploaded is None and not (self.root / name).is_dir():
+            if uploaded is None and not self.model_dir(name).is_dir():
                 # Nothing to load: answer the error and leave no record behind (readiness, index).
                 raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
@@ -188,7 +203,7 @@ class ModelRepository:
     def _load_locked(
         self, name: str, config_override: mc.ModelConfig | None, uploaded: Path | None, from_client: bool
     ) -> None:
-        model_dir = uploaded or self.root / name
+        model_dir = uploaded or self.model_dir(name)
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
@@ -226,22 +241,43 @@ class ModelRepository:
         record.uploaded_dir = uploaded
         log.info("model '%s' ready, versions %s", name, sorted(loaded))
 
-    def unload(self, name: str) -> None:
-        """Stop serving ``name``; requests in flight finish first."""
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop serving ``name``; requests in flight finish first.
+
+        An unknown name is a no-op (Triton).  ``unload_dependents``: an ensemble's composing models are
+        unloaded with it, except those another loaded ensemble still uses.
+        """
         check_model_name(name)
         with self._load_lock:
             record = self._records.get(name)
             if record is None:
-                raise NotFound(f"failed to unload '{name}': model is not known")
-            old = record.versions
-            record.versions = {}
-            record.newest = None
-            record.state = ModelState.UNAVAILABLE
-            record.reason = "unloaded"
-            record.unloaded = True
-            for model in old.values():
-                self._retire(model)
-            self._forget_uploaded(record)
+                log.info("unload '%s': no such model, nothing to do", name)
+                return
+            steps = self._composing_models(record) if unload_dependents else []
+            self._unload_locked(record)
+            for step in steps:
+                step_record = self._records.get(step)
+                if step_record is not None and step_record.versions and not self._used_by_an_ensemble(step):
+                    self._unload_locked(step_record)
+
+    def _composing_models(self, record: ModelRecord) -> list[str]:
+        if record.newest is None or not is_ensemble(record.newest.config):
+            return []
+        return list(dict.fromkeys(step.model_name for step in record.newest.config.ensemble_scheduling.step))
+
+    def _used_by_an_ensemble(self, name: str) -> bool:
+        return any(name in self._composing_models(other) for other in self._records.values() if other.versions)
+
+    def _unload_locked(self, record: ModelRecord) -> None:
+        old = record.versions
+        record.versions = {}
+        record.newest = None
+        record.state = ModelState.UNAVAILABLE
+        record.reason = "unloaded"
+        record.unloaded = True
+        for model in old.values():
+            self._retire(model)
+        self._forget_uploaded(record)
 
     def close(self) -> None:
         for name in list(self._records):
@@ -270,14 +306,14 @@ class ModelRepository:
                 f"circular dependency between ensembles: {step.model_name} -> ... -> {chain[-1]} -> {step.model_name}"
             )
         record = self.record(step.model_name)
-        if (record is None or not record.versions) and (self.root / step.model_name).is_dir():
+        if (record is None or not record.versions) and (self.model_dir(step.model_name)).is_dir():
             try:
                 self._load_locked(step.model_name, None, None, False)
             except InferenceError as exc:
                 if "circular dependency between ensembles" in exc.message:
                     raise
             record = self.record(step.model_name)
-        if record is None and not (self.root / step.model_name).is_dir():
+        if record is None and not (self.model_dir(step.model_name)).is_dir():
             return  # not in the repository: the plan says the model is not available
         missing = _step_dependency_error(name, step.model_name, record)
         if missing is not None:
@@ -296,7 +332,7 @@ class ModelRepository:
         """
         for name in names:
             try:
-                base, kind, paths = self._plan(name, self.root / name, None)
+                base, kind, paths = self._plan(name, self.model_dir(name), None)
                 prepare = getattr(kind, "prepare", None)
                 if prepare is not None:
                     prepare(name, [path for _, path in paths], base, self.options)
@@ -305,7 +341,7 @@ class ModelRepository:
 
     # -- building versions ---------------------------------------------------------
     def _is_ensemble_dir(self, name: str) -> bool:
-        path = self.root / name / "config.pbtxt"
+        path = self.model_dir(name) / "config.pbtxt"
         try:
             return path.is_file() and is_ensemble(read_config_file(path))
         except InferenceError:
@@ -493,10 +529,13 @@ def _select_versions(config: mc.ModelConfig, available: list[int], name: str) ->
     if choice == "all":
         return available
     if choice == "specific":
-        wanted = list(policy.specific.versions)
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise Unavailable(f"model '{name}': version_policy asks for versions {missing}, which do not exist")
-        return sorted(wanted)
+        # Triton loads the versions that exist and logs the others.
+        present = sorted({v for v in policy.specific.versions if v in available})
+        for version in sorted(set(policy.specific.versions) - set(present)):
+            log.error("version %d is specified for model '%s', but the version directory is not present",
+                      version, name)
+        if not present:
+            raise Unavailable(f"at least one version must be available under the version policy of model '{name}'")
+        return present
     count = policy.latest.num_versions if choice == "latest" and policy.latest.num_versions > 0 else 1
     return available[-count:]

@@ -48,6 +48,8 @@ class ServeOptions:
     """Everything ``fastoip serve`` can be told."""
 
     model_repository: Path | None = None
+    #: Further model repositories (Triton's repeated --model-repository); a model is found in the first that has it.
+    more_repositories: tuple[Path, ...] = ()
     host: str = "127.0.0.1"
     grpc_port: int = 8001
     grpc_workers: int = 16
@@ -118,7 +120,7 @@ class ServerApp:
             root = default_repository()
         metrics.configure(options.metrics_config)  # before any model loads: their statistics read it
         self.core = Core(
-            root,
+            [root, *options.more_repositories] if options.more_repositories else root,
             options.repository,
             worker_threads=options.worker_threads,
             strict_readiness=options.strict_readiness,
@@ -141,7 +143,7 @@ class ServerApp:
 
     def start(self) -> None:
         options = self.options
-        log.info("model repository: %s", self.core.repository_root)
+        log.info("model repository: %s", ", ".join(str(r) for r in self.core.repository.roots))
         for line in options.no_effect_flags:
             log.info("%s", line)
         if options.pinned_pool_bytes is not None:

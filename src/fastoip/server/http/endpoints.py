@@ -139,9 +139,11 @@ class HttpFrontend(Router):
 
     async def unload_model(self, request: Request, model: str) -> Response:
         doc = optional_json_object(await read_body(request, self.max_body_size), "unload request")
-        parameters_of(doc, "unload request")  # unload_dependents: no ensembles, nothing depends on a model
+        dependents = parameters_of(doc, "unload request").get("unload_dependents", False)
+        if type(dependents) is not bool:
+            raise InvalidArgument(f"'unload_dependents' must be a boolean, got {json_excerpt(dependents)}")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.core.unload_model, model)
+        await loop.run_in_executor(None, self.core.unload_model, model, dependents)
         return EMPTY_OK
 
     # -- shared memory -------------------------------------------------------------------------
