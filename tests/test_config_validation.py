@@ -140,3 +140,19 @@ def test_a_config_that_leaves_out_a_model_input_is_refused_at_load(tmp_path: Pat
     state, reason = _load(tmp_path)["half_declared"]
     assert state == "UNAVAILABLE"
     assert "unable to load model 'half_declared', configuration expects 1 inputs, model provides 2" in reason
+
+
+def test_the_config_api_shows_tritons_defaults(tmp_path: Path) -> None:
+    write_model(tmp_path, "plain", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config='max_batch_size: 4\ninstance_group [ { kind: KIND_CPU }, { kind: KIND_CPU count: 1 } ]\n')
+    core = Core(tmp_path, RepositoryOptions(use_gpu=False))
+    core.load_models()
+    try:
+        config = core.model_config("plain")
+        assert config.version_policy.WhichOneof("policy_choice") == "latest"
+        assert config.version_policy.latest.num_versions == 1
+        assert config.default_model_filename == "model.onnx"
+        assert config.optimization.input_pinned_memory.enable and config.optimization.output_pinned_memory.enable
+        assert [g.name for g in config.instance_group] == ["plain_0", "plain_1"]
+    finally:
+        core.close()

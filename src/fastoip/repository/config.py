@@ -201,7 +201,8 @@ def complete_config(
         group = done.instance_group.add()
         group.count = 1
         group.kind = mc.ModelInstanceGroup.KIND_AUTO
-    for group in done.instance_group:
+        group.name = model_name  # Triton names the group it adds after the model, the others <model>_<index>
+    for index, group in enumerate(done.instance_group):
         if group.count <= 0:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
@@ -209,7 +210,7 @@ def complete_config(
         if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
             group.gpus.append(0)
         if not group.name:
-            group.name = model_name
+            group.name = f"{model_name}_{index}"
     if done.HasField("dynamic_batching") and done.max_batch_size == 0:
         raise InvalidArgument(
             f"model '{model_name}': dynamic_batching needs max_batch_size > 0"

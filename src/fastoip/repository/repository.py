@@ -45,6 +45,7 @@ from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, U
 from ..options import RepositoryOptions
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
 from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
+from .defaults import fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
@@ -419,6 +420,7 @@ class ModelRepository:
             return self._load_ensemble(name, version, path, base)
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
+        fill_defaults(config, kind.default_filename)  # what Triton's config API shows
         # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
         auto_batcher = options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
         if (
@@ -444,6 +446,7 @@ class ModelRepository:
 
     def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
         config = named_copy(base, name)
+        fill_defaults(config)
         self._ensembles_loading.append(name)
         try:
             for step in config.ensemble_scheduling.step:
