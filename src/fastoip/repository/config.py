@@ -171,8 +171,11 @@ def complete_config(
         done.backend = "onnxruntime"
 
     # the sequence batcher feeds control and state inputs and keeps state outputs: not the client's tensors
+    # (a state output the config also lists as an ordinary output is returned to clients who ask, as in Triton)
+    listed_outputs = {entry.name for entry in config.output}
     injected = {c.name for c in config.sequence_batching.control_input} | {
         name for state in config.sequence_batching.state for name in (state.input_name, state.output_name)
+        if name not in listed_outputs
     }
     inputs = [t for t in inputs if t.name not in injected]
     outputs = [t for t in outputs if t.name not in injected]
