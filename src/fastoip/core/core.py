@@ -27,7 +27,7 @@ from ..options import RepositoryOptions
 from ..repository import ModelRepository
 from ..scheduling.job import Job
 from ..shared_memory import SYSTEM
-from ..tracing import TraceConfig, TraceHeaders
+from ..tracing import FrontendTrace, TraceConfig, TraceHeaders
 from ..types import InferRequest, InferResponse
 from .answers import ModelMetadata, ModelStatistics, RegionStatus, RepositoryIndexEntry, ServerMetadata
 from .call import CallContext
@@ -156,13 +156,23 @@ class Core:
         run_here: bool = False,
         trace_headers: TraceHeaders | None = None,
         on_response: Callable[[Job, InferResponse], None] | None = None,
+        frontend_trace: FrontendTrace | None = None,
     ) -> Job:
-        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response)
+        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response, frontend_trace)
 
     async def infer_async(
-        self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None
+        self,
+        request: InferRequest,
+        deadline_ns: int = 0,
+        trace_headers: TraceHeaders | None = None,
+        frontend_trace: FrontendTrace | None = None,
     ) -> InferResponse:
-        return await self.data.infer_async(request, deadline_ns, trace_headers)
+        return await self.data.infer_async(request, deadline_ns, trace_headers, frontend_trace)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether any request may be traced now (frontends take their timestamps only then)."""
+        return self.data.tracer.active
 
     # -- statistics -----------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:

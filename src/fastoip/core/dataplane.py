@@ -47,7 +47,7 @@ from ..scheduling.contract import enter_current
 from ..scheduling.job import Job
 from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
-from ..tracing import Trace, TraceConfig, TraceHeaders, TraceManager
+from ..tracing import FrontendTrace, Trace, TraceConfig, TraceHeaders, TraceManager
 from ..types import InferRequest, InferResponse
 from .answers import (
     CudaRegionStatus,
@@ -166,6 +166,7 @@ class DataPlane:
         run_here: bool = False,
         trace_headers: TraceHeaders | None = None,
         on_response: Callable[[Job, InferResponse], None] | None = None,
+        frontend_trace: FrontendTrace | None = None,
     ) -> Job:
         """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
 
@@ -181,6 +182,10 @@ class DataPlane:
         """
         call = CallContext(deadline_ns) if deadline_ns else None
         model, job = self._start(request, call, trace_headers, on_response)
+        if frontend_trace is not None and job.trace is not None:
+            # the trace is written when the frontend has answered too (its HTTP_* / GRPC_* timestamps)
+            frontend_trace.attach(job.trace, self.tracer.finish)
+            job.frontend_trace = frontend_trace
 
         def done(finished: Job) -> None:
             self._complete(model, finished)
@@ -201,7 +206,11 @@ class DataPlane:
         return job
 
     async def infer_async(
-        self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None
+        self,
+        request: InferRequest,
+        deadline_ns: int = 0,
+        trace_headers: TraceHeaders | None = None,
+        frontend_trace: FrontendTrace | None = None,
     ) -> InferResponse:
         """``infer`` for asyncio frontends: the event loop never blocks, no thread waits for the call."""
         loop = asyncio.get_running_loop()
@@ -218,7 +227,8 @@ class DataPlane:
         def hop_to_loop(finished: Job) -> None:  # runs on the finishing thread
             loop.call_soon_threadsafe(resolve, finished)
 
-        job = self.submit(request, hop_to_loop, deadline_ns, trace_headers=trace_headers)
+        job = self.submit(request, hop_to_loop, deadline_ns, trace_headers=trace_headers,
+                          frontend_trace=frontend_trace)
         try:
             return await future
         except asyncio.CancelledError:
@@ -361,7 +371,10 @@ class DataPlane:
                     tensors.append(
                         ("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, tuple(output.shape), output.data)
                     )
-        self.tracer.finish(trace)
+        if job.frontend_trace is not None:
+            job.frontend_trace.core_done()  # written once the frontend has answered too
+        else:
+            self.tracer.finish(trace)
 
     def _look_up(self, model: LoadedModel, job: Job) -> None:
         """Ask the response cache: a hit finishes the job now, an identical request in flight answers it later,

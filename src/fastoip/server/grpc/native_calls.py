@@ -27,6 +27,7 @@ from ... import _codec
 from ...core import Core
 from ...errors import InferenceError
 from ...scheduling.job import Job
+from ...tracing import FrontendTrace
 from ...types import InferRequest, InferResponse
 from ..forward_headers import HeaderForwarder, forwarder
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
@@ -76,6 +77,7 @@ class CoreCalls:
         on_finished: Callable[[Job], None],
         headers: dict[bytes, bytes] | None = None,
         on_response: Callable[[Job, InferResponse], None] | None = None,
+        frontend_trace: FrontendTrace | None = None,
     ) -> Job:
         """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
 
@@ -92,7 +94,8 @@ class CoreCalls:
             except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
                 pass
 
-        return self.core.submit(request, finished_elsewhere, deadline_ns, False, headers, on_response)
+        return self.core.submit(request, finished_elsewhere, deadline_ns, False, headers, on_response,
+                                frontend_trace)
 
     def on_loop(self, on_response: Callable[[Job, InferResponse], None]) -> Callable[[Job, InferResponse], None]:
         """``on_response`` run on the loop (the responses of one job keep their order: one thread sends them)."""
@@ -175,41 +178,60 @@ class Call:
 class InferCall(Call):
     """ModelInfer: codec in, Core completion path, codec out."""
 
-    __slots__ = ("core", "job")
+    __slots__ = ("core", "job", "frontend")
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
         self.job: Job | None = None
+        #: Triton's GRPC_WAITREAD_* / GRPC_SEND_* timestamps while tracing is on (the headers arrived now).
+        self.frontend: FrontendTrace | None = None
+        if core.core.tracing:
+            self.frontend = FrontendTrace()
+            self.frontend.stamp("GRPC_WAITREAD_START")
 
     def run(self, data: wire.Payload) -> None:
+        frontend = self.frontend
+        if frontend is not None:
+            frontend.stamp("GRPC_WAITREAD_END")
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
             self.fail(wire.INVALID_ARGUMENT, request.status_message)
             return
         try:
-            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
+            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers, frontend_trace=frontend)
         except InferenceError as exc:
             self.fail(wire.status_code(exc.grpc_code), exc.message)
 
     def done(self, job: Job) -> None:
         self.job = None
-        if self.finished:
-            return
-        if job.error is not None:
-            self.fail(wire.status_code(job.error.grpc_code), job.error.message)
-            return
+        frontend = self.frontend
         try:
-            body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]  # no error: a response is set
-        except Exception as exc:  # an output the codec cannot encode: the client hears why
-            self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
-            return
-        self.reply(body)
+            if self.finished:
+                return
+            if job.error is not None:
+                self.fail(wire.status_code(job.error.grpc_code), job.error.message)
+                return
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_START")
+            try:
+                body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]  # a response is set
+            except Exception as exc:  # an output the codec cannot encode: the client hears why
+                self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
+                return
+            self.reply(body)
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_END")  # the response queued on the connection
+        finally:
+            if frontend is not None:
+                frontend.done()
 
     def cancel(self) -> None:
         super().cancel()
         if self.job is not None:
             self.core.cancel(self.job)
+        if self.frontend is not None:
+            self.frontend.done()
 
 
 class StreamInferCall(Call):

@@ -24,6 +24,7 @@ import re
 
 from ...core import CUDA, SYSTEM, Core, config_to_json
 from ...errors import InvalidArgument, OneResponseCall
+from ...tracing import FrontendTrace
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from ..forward_headers import HeaderForwarder
@@ -240,7 +241,20 @@ class HttpFrontend(Router):
 
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: Request, model: str, version: str) -> Response:
+        if not self.core.tracing:
+            return await self._infer(request, model, version, None)
+        # Triton's HTTP_RECV_* / HTTP_SEND_* timestamps, in the request's trace (if it is sampled)
+        frontend = FrontendTrace()
+        frontend.stamp("HTTP_RECV_START")
+        try:
+            return await self._infer(request, model, version, frontend)
+        finally:
+            frontend.done()
+
+    async def _infer(self, request: Request, model: str, version: str, frontend: FrontendTrace | None) -> Response:
         body = await read_body(request, self.max_body_size)
+        if frontend is not None:
+            frontend.stamp("HTTP_RECV_END")
         header_length = inference_header_length(request.headers, len(body))
         if header_length == 0:
             inputs = self.core.model_metadata(model, version).inputs
@@ -251,9 +265,12 @@ class HttpFrontend(Router):
         if self.forward_headers is not None:
             self.forward_headers.apply(request.headers, infer_request.parameters)
         try:
-            response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+            response = await self.core.infer_async(infer_request, trace_headers=request.headers,
+                                                   frontend_trace=frontend)
         except OneResponseCall:
             raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
+        if frontend is not None:
+            frontend.stamp("HTTP_SEND_START")
         content_type, json_length, payload = wire.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:
@@ -263,4 +280,6 @@ class HttpFrontend(Router):
         if encoding is not None:
             payload = await off_loop_if_large(len(payload), compress, payload, encoding)
             headers.append((b"content-encoding", encoding.encode()))
+        if frontend is not None:
+            frontend.stamp("HTTP_SEND_END")  # the response's bytes handed to the HTTP server
         return Response(200, headers, payload)
