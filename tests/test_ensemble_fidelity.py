@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from fastoip.core import Core
 from fastoip.repository import RepositoryOptions
-from fastoip.types import InferInput, InferRequest
+from fastoip.types import InferInput, InferRequest, RequestedOutput
 
 
 def _identity(width: int, batch_dim: str | int = "N") -> bytes:
@@ -103,5 +103,71 @@ def test_a_batching_ensemble_runs_a_non_batching_step(tmp_path: Path) -> None:
         response = core.infer(InferRequest("mixed", inputs=[InferInput("IN", "FP32", data.shape, data)]))
         (out,) = response.outputs
         np.testing.assert_array_equal(out.data, data)
+    finally:
+        core.close()
+
+
+def test_steps_no_requested_output_needs_are_not_run(tmp_path: Path) -> None:
+    """Triton prunes them: a request for OUT_A runs only the branch that produces it."""
+    for name in ("branch_a", "branch_b"):
+        _model(tmp_path, name, _io(4, 8), _identity(4))
+    (tmp_path / "fork" / "1").mkdir(parents=True)
+    (tmp_path / "fork" / "config.pbtxt").write_text(
+        'name: "fork" platform: "ensemble" max_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT_A" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+        '         { name: "OUT_B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'ensemble_scheduling { step [\n'
+        '  { model_name: "branch_a" model_version: -1 input_map { key: "X" value: "IN" }\n'
+        '    output_map { key: "Y" value: "OUT_A" } },\n'
+        '  { model_name: "branch_b" model_version: -1 input_map { key: "X" value: "IN" }\n'
+        '    output_map { key: "Y" value: "OUT_B" } }\n'
+        '] }\n')
+    core = _core(tmp_path)
+    try:
+        data = np.ones((1, 4), dtype=np.float32)
+
+        def runs(model: str) -> int:
+            (stats,) = core.statistics(model)
+            return int(stats.inference_stats.success.count)
+
+        before = {name: runs(name) for name in ("branch_a", "branch_b")}
+        request = InferRequest("fork", inputs=[InferInput("IN", "FP32", data.shape, data)],
+                               outputs=[RequestedOutput("OUT_A")])
+        assert [o.name for o in core.infer(request).outputs] == ["OUT_A"]
+        assert runs("branch_a") - before["branch_a"] == 1 and runs("branch_b") == before["branch_b"]
+        both = InferRequest("fork", inputs=[InferInput("IN", "FP32", data.shape, data)])
+        assert sorted(o.name for o in core.infer(both).outputs) == ["OUT_A", "OUT_B"]
+        assert runs("branch_b") - before["branch_b"] == 1
+    finally:
+        core.close()
+
+
+def test_a_sequence_model_runs_as_an_ensemble_step(tmp_path: Path) -> None:
+    """Triton hands each step the ensemble request's sequence id and flags (and its other parameters)."""
+    from models import sequence_controls, simple_sequence_model_bytes
+
+    _model(tmp_path, "seq", "max_batch_size: 4\n"
+           'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+           'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+           f"sequence_batching {{ {sequence_controls('START', 'READY')} }}\n", simple_sequence_model_bytes())
+    (tmp_path / "seq_ens" / "1").mkdir(parents=True)
+    (tmp_path / "seq_ens" / "config.pbtxt").write_text(
+        'name: "seq_ens" platform: "ensemble" max_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "seq" model_version: -1 input_map { key: "INPUT" value: "IN" }\n'
+        '  output_map { key: "OUTPUT" value: "OUT" } } ] }\n')
+    core = _core(tmp_path)
+    try:
+        def step(value: int, start: bool) -> int:
+            data = np.array([[value]], dtype=np.int32)
+            request = InferRequest("seq_ens", inputs=[InferInput("IN", "INT32", data.shape, data)],
+                                   parameters={"sequence_id": 42, "sequence_start": start})
+            (out,) = core.infer(request).outputs
+            return int(out.data[0, 0])
+
+        assert step(5, start=True) == 6  # (INPUT + START) * READY
+        assert step(5, start=False) == 5
     finally:
         core.close()
