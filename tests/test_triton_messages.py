@@ -207,3 +207,12 @@ def test_index_ready_that_is_not_a_boolean(server: ServerProcess) -> None:
 
 def test_the_server_is_still_up(server: ServerProcess) -> None:
     assert tg.InferenceServerClient(server.grpc_url).is_server_live()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_log_settings_refusals_in_tritons_words(server: ServerProcess, protocol: str) -> None:
+    client = client_for(server, protocol)
+    with pytest.raises(InferenceServerException, match="log file location can not be updated through network protocol"):
+        client.update_log_settings(settings={"log_file": "log_file.log"})
+    with pytest.raises(InferenceServerException, match="invalid argument for log_format, got: nope"):
+        client.update_log_settings(settings={"log_format": "nope"})
