@@ -418,7 +418,7 @@ def test_log_settings(client: httpclient.InferenceServerClient) -> None:
         assert client.get_log_settings() == changed
         assert client.update_log_settings({"log_info": None})["log_info"] is True  # null: left as is
         for bad, word in [({"no_such_setting": True}, "no_such_setting"), ({"log_info": "yes"}, "log_info"),
-                          ({"log_format": "xml"}, "log_format"), ({"log_file": "/tmp/fastoip.log"}, "log_file")]:
+                          ({"log_format": "xml"}, "log_format"), ({"log_file": "/tmp/fastoip.log"}, "log file location")]:
             status, message = error_of(client.update_log_settings, bad)
             assert status == "400" and word in message
     finally:
