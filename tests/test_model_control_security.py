@@ -60,7 +60,43 @@ def _repository(root: Path) -> Path:
     linked.mkdir(parents=True)
     (linked / "model.onnx").write_bytes(identity_model_bytes(TensorProto.FLOAT, [4]))
     os.symlink(outside / "model.onnx", linked / "escape.onnx")
+    # A Python model outside the repository that leaves a mark when its code runs.
+    evil = _code_dir(root) / "evil" / "1"
+    evil.mkdir(parents=True)
+    (evil / "model.py").write_text(f"open({str(_mark(root))!r}, 'w').close()\n" + PYTHON_SOURCE)
+    (evil.parent / "config.pbtxt").write_text((py.parent / "config.pbtxt").read_text())
+    # An ensemble of the repository whose step is the repository's Python model.
+    ens = root / "py_ensemble" / "1"
+    ens.mkdir(parents=True)
+    (ens.parent / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "pymodel" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }\n'
+    )
     return root
+
+
+def _code_dir(root: Path) -> Path:
+    return root.parent / f"{root.name}-code"
+
+
+def _mark(root: Path) -> Path:
+    return root.parent / f"{root.name}-code-ran"
+
+
+def _ensemble_config(step_model: str) -> str:
+    return json.dumps({
+        "platform": "ensemble",
+        "max_batch_size": 8,
+        "input": ONNX_CONFIG["input"],
+        "output": ONNX_CONFIG["output"],
+        "ensemble_scheduling": {"step": [{
+            "model_name": step_model, "model_version": -1,
+            "input_map": {"INPUT0": "INPUT0"}, "output_map": {"OUTPUT0": "OUTPUT0"},
+        }]},
+    })
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +197,10 @@ def test_uploaded_file_names_are_checked(server: ServerProcess, protocol: str) -
     assert error.status() == _refused(protocol, "internal"), error
     assert "failed to load 'uploaded'" in error.message(), error
     assert "/tmp" not in error.message() and "fastoip-upload" not in error.message(), error
+    # A model file the backend cannot read: ONNX Runtime's message names the file's path (issue 27).
+    error = _load_error(client, "uploaded", config=config, files={"file:1/model.onnx": b"not an onnx model"})
+    assert "failed to load 'uploaded'" in error.message(), error
+    assert "/tmp" not in error.message() and "fastoip-upload" not in error.message(), error
     client.load_model("uploaded", config=config, files={"file:1/model.onnx": model})
     np.testing.assert_array_equal(_infer(client, "uploaded"), np.arange(4, dtype=np.float32).reshape(1, 4))
     client.unload_model("uploaded")
@@ -180,6 +220,33 @@ def test_code_does_not_load_through_the_api_by_default(server: ServerProcess, pr
         error = _load_error(client, name, **kwargs)
         assert error.status() == _refused(protocol), (name, error)
         assert "--model-control-allow-code" in error.message(), error
+    assert not client.is_model_ready("pymodel")
+    _good_request(client)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_ensemble_steps_are_names_not_paths(server: ServerProcess, protocol: str) -> None:
+    """An ensemble step (here through a config override of an existing model) never names a directory
+    outside the repository: '../x' and absolute paths are refused before anything is read or run."""
+    client = _client(server, protocol)
+    root = Path(server.args[server.args.index("--model-repository") + 1])
+    for step in (f"../{_code_dir(root).name}/evil", str(_code_dir(root) / "evil"), "a/b", ".."):
+        error = _load_error(client, "good", config=_ensemble_config(step))
+        assert error.status() == _refused(protocol), (step, error)
+        assert "invalid model name" in error.message() and "step 0" in error.message(), (step, error)
+    assert not _mark(root).exists(), "the ensemble step's Python code ran"
+    _good_request(client)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_ensemble_steps_do_not_bring_code_in(server: ServerProcess, protocol: str) -> None:
+    """A client's load of an ensemble loads its Python steps only as a direct load would (the code guard)."""
+    client = _client(server, protocol)
+    error = _load_error(client, "py_ensemble")
+    assert error.status() == _refused(protocol), error
+    assert "--model-control-allow-code" in error.message(), error
+    error = _load_error(client, "good", config=_ensemble_config("pymodel"))
+    assert "--model-control-allow-code" in error.message(), error
     assert not client.is_model_ready("pymodel")
     _good_request(client)
 
@@ -215,3 +282,14 @@ def test_control_is_off_by_default(tmp_path: Path) -> None:
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert "model control mode 'none'" in info.value.message()
         _good_request(client)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_load_cannot_ask_for_a_hundred_instances(server: ServerProcess, protocol: str) -> None:
+    """Issue 27: 100 instances in one load request cost 526 MB and 100 threads; the API allows 32."""
+    client = _client(server, protocol)
+    config = json.dumps({**ONNX_CONFIG, "instance_group": [{"count": 100, "kind": "KIND_CPU"}]})
+    error = _load_error(client, "good", config=config)
+    assert error.status() == _refused(protocol), error
+    assert "100 instances" in error.message() and "at most 32" in error.message(), error
+    _good_request(client)

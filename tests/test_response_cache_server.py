@@ -62,3 +62,29 @@ def test_different_inputs_miss_and_uncached_models_always_run(server: ServerProc
         infer(server.grpc_url, "uncached", [1, 1, 1, 1])
     plain = stats(server.grpc_url, "uncached")
     assert plain.execution_count == 3 and plain.inference_stats.cache_hit.count == 0
+
+
+def _doubler_bytes() -> bytes:
+    from onnx import helper
+
+    node = helper.make_node("Add", ["INPUT0", "INPUT0"], ["OUTPUT0"])
+    tensor = helper.make_tensor_value_info
+    graph = helper.make_graph([node], "doubler", [tensor("INPUT0", TensorProto.FLOAT, ["b", 4])],
+                              [tensor("OUTPUT0", TensorProto.FLOAT, ["b", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def test_a_reload_never_answers_from_the_previous_load(tmp_path: Path) -> None:
+    """Issue 27: a model reloaded with other weights under the same name and version answered the old cached
+    result.  The cache key now names the load."""
+    write(tmp_path, "swap", "max_batch_size: 4\nresponse_cache { enable: true }\n")
+    with ServerProcess(tmp_path, "--cache-config", "local,size=1048576", "--model-control-mode", "explicit",
+                       "--load-model", "swap") as proc:
+        values = [1.0, 2.0, 3.0, 4.0]
+        np.testing.assert_array_equal(infer(proc.grpc_url, "swap", values), [values])
+        np.testing.assert_array_equal(infer(proc.grpc_url, "swap", values), [values])  # a hit
+        (tmp_path / "swap" / "1" / "model.onnx").write_bytes(_doubler_bytes())
+        grpcclient.InferenceServerClient(proc.grpc_url).load_model("swap")
+        np.testing.assert_array_equal(infer(proc.grpc_url, "swap", values), [[2.0, 4.0, 6.0, 8.0]])

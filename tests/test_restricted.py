@@ -296,3 +296,22 @@ def test_every_grpc_method_is_in_tritons_group(all_groups_grpc: ServerProcess) -
         live = channel.unary_unary(f"/{SERVICE}/ServerLive")(b"", timeout=10,
                                                                metadata=[("triton-grpc-protocol-key-health", "v")])
         assert live == b"\x08\x01"  # ServerLiveResponse(live=true)
+
+
+@pytest.mark.parametrize(("values", "allowed"), [(("wrong", "s3cret"), False), (("s3cret", "wrong"), True)])
+def test_grpc_duplicate_restriction_headers_read_the_same_on_both_frontends(
+    grpc_server: ServerProcess, values: tuple[str, str], allowed: bool
+) -> None:
+    """Issue 27: the native frontend read the last of two such headers, grpcio the first; both read the first."""
+    from h2raw import MODEL_INFER, RawGrpcConnection, grpc_frame, simple_request_bytes
+
+    header = "triton-grpc-protocol-infer-key"
+    with RawGrpcConnection(grpc_server.grpc_port) as conn:
+        conn.handshake()
+        stream_id = conn.start_call(MODEL_INFER, extra=tuple((header, value) for value in values))
+        conn.send_data(stream_id, grpc_frame(simple_request_bytes()))
+        result = conn.wait(stream_id, 20)
+    if allowed:
+        assert result.status == 0, (result.status, result.message)
+    else:
+        assert result.status == 14 and "expecting header" in result.message, (result.status, result.message)

@@ -228,3 +228,47 @@ def test_stop_fails_what_is_queued() -> None:
     batcher.submit(queued)
     batcher.stop()
     assert queued.error is not None and "unloaded" in queued.error.message
+
+
+def test_abandoned_sequences_free_their_slots_at_once() -> None:
+    """Issue 27: 2,000 sequences whose client went away (their START cancelled while waiting) used to take a
+    slot each for the whole idle timeout; now they leave at the next decision and a fresh sequence runs."""
+    batcher, model, clock = make(max_batch=1)
+    first = job(1, 1, start=True)
+    batcher.submit(first)
+    run_ready(batcher, clock)  # sequence 1 holds the only slot
+    abandoned = [job(1, 100 + i, start=True) for i in range(2000)]
+    for j in abandoned:
+        batcher.submit(j)
+    for j in abandoned:
+        j.cancel()
+    first_next = job(2, 1)
+    batcher.submit(first_next)
+    first_next.cancel()  # sequence 1's client goes away too: its slot is free without waiting for idle
+    fresh = job(7, 9999, start=True)
+    batcher.submit(fresh)
+    assert isinstance(run_ready(batcher, clock), Batch)  # no idle wait: the clock has not moved
+    assert answer(fresh) == 7
+    assert batcher.pending() == 0
+    late = job(3, 100)  # an abandoned sequence is gone: its next request must START again
+    batcher.submit(late)
+    assert isinstance(late.error, InvalidArgument)
+
+
+def test_the_backlog_is_bounded() -> None:
+    from fastoip.errors import Unavailable
+    from fastoip.scheduling import sequence_batcher
+
+    batcher, model, clock = make(max_batch=1)
+    batcher.submit(job(1, 1, start=True))
+    run_ready(batcher, clock)
+    waiting = [job(1, 10 + i, start=True) for i in range(sequence_batcher.BACKLOG_LIMIT)]
+    for j in waiting:
+        batcher.submit(j)
+    refused = job(1, 99_999, start=True)
+    batcher.submit(refused)
+    assert isinstance(refused.error, Unavailable) and "waiting for a slot" in refused.error.message
+    waiting[0].cancel()  # one place frees up once a waiting client goes away
+    accepted = job(1, 99_998, start=True)
+    batcher.submit(accepted)
+    assert not accepted.finished

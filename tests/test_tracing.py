@@ -231,3 +231,22 @@ def test_spans_reach_an_otlp_receiver_with_the_callers_trace_id() -> None:
     assert attributes["triton.model_version"].int_value == 1
     assert attributes["triton.request_id"].string_value == "req-7"
     assert by_name["queue"].end_time_unix_nano - by_name["queue"].start_time_unix_nano == 1000
+
+
+def test_batched_tensor_traces_are_bounded_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: TENSORS traces with a huge log_frequency kept ~1.3 MB a request until the batch was full; a
+    batch that holds PENDING_LIMIT_BYTES of tensor text is written early."""
+    import numpy as np
+
+    from fastoip.tracing import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "PENDING_LIMIT_BYTES", 100_000)
+    traces = manager(tmp_path, "level=TENSORS", "rate=1", "triton,log-frequency=1000000")
+    for _ in range(5):
+        trace = traces.begin("simple", "1", "", None)
+        assert trace is not None
+        data = np.arange(10_000, dtype=np.int32)
+        trace.record.tensors.append(("TENSOR_QUEUE_INPUT", "INPUT0", "INT32", data.shape, data))
+        traces.finish(trace)
+    assert (tmp_path / "trace.json.0").exists(), "the batch was kept in memory past the limit"
+    traces.close()

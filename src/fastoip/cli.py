@@ -194,6 +194,12 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
                         "(slow-header attacks; default 30)")
     g.add_argument("--http-body-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a request body may pause this long between reads, else 408 and close (default 60)")
+    g.add_argument("--http-body-min-rate", type=float, default=500.0, metavar="BYTES_PER_S",
+                   help="after a 20 s grace a request body must keep arriving at this rate on average (each 500 "
+                        "bytes buy a second, as Apache's mod_reqtimeout MinRate), else 408 and close (default "
+                        "500; 0: no minimum)")
+    g.add_argument("--http-body-min-rate-grace", type=float, default=20.0, metavar="SECONDS",
+                   help="seconds from a body's first byte before --http-body-min-rate applies (default 20)")
     g.add_argument("--http-ssl-certfile", default="", metavar="PEM",
                    help="serve HTTPS with this certificate chain (uvicorn's ssl_certfile)")
     g.add_argument("--http-ssl-keyfile", default="", metavar="PEM",
@@ -218,6 +224,8 @@ def _http_limits(args: argparse.Namespace) -> HttpLimits:
         keep_alive_timeout=args.http_keep_alive_timeout,
         header_timeout=args.http_header_timeout,
         body_timeout=args.http_body_timeout,
+        body_min_rate=max(args.http_body_min_rate, 0.0),
+        body_rate_grace=max(args.http_body_min_rate_grace, 0.0),
     )
 
 
@@ -257,6 +265,19 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
                    help="native: ms a stream may go without request DATA while its request is open (a unary "
                         "call, or a stream message half received) before it is answered DEADLINE_EXCEEDED "
                         "(default 60000; 0: never; fastoip only)")
+    p.add_argument("--grpc-max-connections", type=int, default=0,
+                   help="native: connections at once; one more is closed when accepted (default 0: half the "
+                        "open-file limit; fastoip only)")
+    p.add_argument("--grpc-max-connection-idle", type=int, default=300_000,
+                   help="native: ms a connection may go without any call before a graceful GOAWAY (default "
+                        "300000; 0: never; grpc's max connection idle, fastoip only)")
+    p.add_argument("--grpc-handshake-timeout", type=int, default=10_000,
+                   help="native: ms for a new connection's HTTP/2 preface and SETTINGS before it is closed "
+                        "(default 10000; 0: never; fastoip only)")
+    p.add_argument("--grpc-max-queued-response-bytes", type=int, default=1024 * 1024 * 1024,
+                   help="native: response bytes that may wait for clients' flow-control windows, all connections "
+                        "together; past it the stream that queues more is reset (RESOURCE_EXHAUSTED; default 1 GiB; "
+                        "fastoip only)")
     p.add_argument("--grpc-use-ssl", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
                    metavar="BOOL", help="native: TLS (ALPN h2); Triton's --grpc-use-ssl=true or the bare switch")
     p.add_argument("--grpc-use-ssl-mutual", nargs="?", const=True, default=False, type=triton_flags.parse_bool,
@@ -277,6 +298,10 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
         max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         stream_idle_timeout_ms=args.grpc_stream_idle_timeout,
+        max_connections=args.grpc_max_connections,
+        max_connection_idle_ms=args.grpc_max_connection_idle,
+        handshake_timeout_ms=args.grpc_handshake_timeout,
+        max_queued_response_bytes=args.grpc_max_queued_response_bytes,
         use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         use_ssl_mutual=args.grpc_use_ssl_mutual,
         server_cert=args.grpc_server_cert,

@@ -1,7 +1,8 @@
 """Triton's response cache: finished responses kept by request content, least recently used out first.
 
 Rules (Triton's ``docs/user_guide/response_cache.md``, with fastoip's additions):
-- The key is the model name and version, every input's name, datatype, shape and
+- The key is the model name and version and which load of it answers (a reload
+  never answers from the entries of the load before it), every input's name, datatype, shape and
   bytes, and the requested outputs with their parameters (Triton keys on the
   inputs only; two requests asking for different outputs get different answers
   here, so the outputs are part of the key).
@@ -84,10 +85,11 @@ class _InFlight:
     waiters: list[tuple[InferRequest, Waiter]] = field(default_factory=list)
 
 
-def request_key(request: InferRequest, model_name: str, version: str) -> bytes:
-    """A digest of everything that decides the response (see the module rules)."""
+def request_key(request: InferRequest, model_name: str, version: str, load: int = 0) -> bytes:
+    """A digest of everything that decides the response (see the module rules); ``load`` tells one load of
+    the model version from the next (a reload may bring other weights under the same name and version)."""
     digest = hashlib.blake2b(digest_size=20)
-    digest.update(f"{model_name}\0{version}\0".encode())
+    digest.update(f"{model_name}\0{version}\0{load}\0".encode())
     for tensor in sorted(request.inputs, key=lambda t: t.name):
         digest.update(f"{tensor.name}\0{tensor.datatype}\0{list(tensor.shape)}\0".encode())
         data = tensor.data

@@ -3,7 +3,8 @@
 Rules:
 - Log settings use Triton's names (log_info, log_warning, log_error,
   log_verbose_level, log_format, log_file) and drive Python logging for the
-  ``fastoip`` loggers.  ``log_file`` other than "" is refused (logs go to stderr).
+  ``fastoip`` loggers.  ``log_file`` other than "" is refused (logs go to stderr);
+  ``log_verbose_level`` is an unsigned 32-bit integer, as in Triton's gRPC API.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class LogSettings:
             if key == "log_file" and value:
                 # Triton's words; the log file is set at start (--log-file)
                 raise InvalidArgument("log file location can not be updated through network protocol")
+            if key == "log_verbose_level" and not 0 <= int(value) <= 0xFFFFFFFF:  # the gRPC field is uint32
+                raise InvalidArgument(f"log_verbose_level must be an unsigned 32-bit integer, got {value!r}")
             if key == "log_format" and value not in ("default", "ISO8601"):
                 raise InvalidArgument(f"invalid argument for log_format, got: {value} (expected default or ISO8601)")
             self.values[key] = value

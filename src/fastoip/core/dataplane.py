@@ -382,7 +382,7 @@ class DataPlane:
         cache = self.response_cache
         assert cache is not None
         started = time.monotonic_ns()
-        key = request_key(job.request, model.name, model.version_str)
+        key = request_key(job.request, model.name, model.version_str, model.load_serial)
         job.cache_key = key
         found = cache.claim(key, job.request, job.pending_cache_answer)
         elapsed = time.monotonic_ns() - started

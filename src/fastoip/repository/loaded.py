@@ -9,6 +9,7 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -31,6 +32,11 @@ from .config import ModelSpec, TensorSpec, model_spec
 log = logging.getLogger("fastoip.repository")
 
 
+#: Each load of a model version gets the next number: what the response cache keys on, so that a reload with
+#: other weights under the same name and version never answers from the previous load's entries (issue 27).
+_load_serials = itertools.count(1)
+
+
 class LoadedModel:
     """One version of one model, ready to serve."""
 
@@ -47,6 +53,7 @@ class LoadedModel:
     ) -> None:
         self.name = name
         self.version = version
+        self.load_serial = next(_load_serials)
         self.version_str = str(version)
         self.path = path
         self.config = config

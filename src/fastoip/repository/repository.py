@@ -24,6 +24,10 @@ Rules:
   files, or any Python-backend model) loads through the API only with
   ``allow_code_loads`` (``--model-control-allow-code``).  Loads the operator asks
   for (start-up, ``--load-model``, polling) are not limited.
+- Every name that becomes a path under the root (a load, an unload, an ensemble
+  step's model, a config override's steps) goes through ``_model_dir``, which
+  refuses anything but a plain name; a model an ensemble brings with it loads
+  under the same rules as the ensemble (the code guard included).
 """
 
 from __future__ import annotations
@@ -181,7 +185,7 @@ class ModelRepository:
         the repository's (needs ``config_override``).  ``from_client``: the load API
         asked for it, so only what the operator allows is loaded.
         """
-        check_model_name(name)
+        model_dir = self._model_dir(name)
         if from_client and not self.options.allow_code_loads and files:
             code = sorted(path for path in files if path.endswith(".py"))
             if code:
@@ -191,7 +195,7 @@ class ModelRepository:
                 )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
-            if uploaded is None and not self.model_dir(name).is_dir():
+            if uploaded is None and not model_dir.is_dir():
                 # Nothing to load: answer the error and leave no record behind (readiness, index).
                 raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
@@ -204,7 +208,7 @@ class ModelRepository:
     def _load_locked(
         self, name: str, config_override: mc.ModelConfig | None, uploaded: Path | None, from_client: bool
     ) -> None:
-        model_dir = uploaded or self.model_dir(name)
+        model_dir = uploaded or self._model_dir(name)
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = ModelRecord(name)
@@ -220,14 +224,16 @@ class ModelRepository:
         try:
             loaded = self._load_versions(name, model_dir, config_override, from_client)
         except InferenceError as exc:
-            record.reason = str(exc)
+            record.reason = self._without_paths(str(exc), name, model_dir)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
             if record.reason.startswith("failed to load"):
-                raise
+                if record.reason == str(exc):
+                    raise
+                raise type(exc)(record.reason) from None
             # Triton's words first: clients (and Triton's examples) match on "failed to load".
             raise type(exc)(f"failed to load '{name}': {record.reason}") from None
         except Exception as exc:  # a bug or an unexpected backend error: still keep serving
-            record.reason = f"{type(exc).__name__}: {exc}"
+            record.reason = self._without_paths(f"{type(exc).__name__}: {exc}", name, model_dir)
             record.state = previous_state if record.versions else ModelState.UNAVAILABLE
             raise InvalidArgument(f"failed to load '{name}': {record.reason}") from exc
         old = record.versions
@@ -248,7 +254,7 @@ class ModelRepository:
         An unknown name is a no-op (Triton).  ``unload_dependents``: an ensemble's composing models are
         unloaded with it, except those another loaded ensemble still uses.
         """
-        check_model_name(name)
+        self._model_dir(name)
         with self._load_lock:
             record = self._records.get(name)
             if record is None:
@@ -299,7 +305,7 @@ class ModelRepository:
             shutil.rmtree(record.uploaded_dir, ignore_errors=True)
             record.uploaded_dir = None
 
-    def _load_step_model(self, name: str, step: mc.ModelEnsembling.Step) -> None:
+    def _load_step_model(self, name: str, step: mc.ModelEnsembling.Step, from_client: bool = False) -> None:
         """Load a step's model with its ensemble (as Triton does) and check the version the step pins."""
         if step.model_name in self._ensembles_loading:
             chain = self._ensembles_loading[self._ensembles_loading.index(step.model_name):]
@@ -309,7 +315,8 @@ class ModelRepository:
         record = self.record(step.model_name)
         if (record is None or not record.versions) and (self.model_dir(step.model_name)).is_dir():
             try:
-                self._load_locked(step.model_name, None, None, False)
+                # Triton loads an ensemble's models with it, under the ensemble's rules (the code guard too)
+                self._load_locked(step.model_name, None, None, from_client)
             except InferenceError as exc:
                 if "circular dependency between ensembles" in exc.message:
                     raise
@@ -340,6 +347,19 @@ class ModelRepository:
             except Exception as exc:
                 log.debug("model '%s': preparing failed: %s", name, exc)
 
+    def _without_paths(self, message: str, name: str, model_dir: Path) -> str:
+        """A load error as a client may read it: the model's directory (a private upload directory, or the
+        repository's) named by the model instead (backends such as ONNX Runtime put file paths in theirs)."""
+        for path, shown in ((model_dir, f"<model '{name}'>"), *((root, "<repository>") for root in self.roots)):
+            for text in {str(path.resolve()), str(path)}:
+                message = message.replace(text, shown)
+        return message
+
+    def _model_dir(self, name: str) -> Path:
+        """The one place a model name becomes a path: refused unless it is a plain name under the root."""
+        check_model_name(name)
+        return self.model_dir(name)
+
     # -- building versions ---------------------------------------------------------
     def _is_ensemble_dir(self, name: str) -> bool:
         path = self.model_dir(name) / "config.pbtxt"
@@ -366,7 +386,7 @@ class ModelRepository:
         if is_ensemble(base):
             refuse_unbuilt_sections(base, name, "ensemble")
             # an ensemble has no model file: each version is a directory (Triton's layout)
-            versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+            versions = _version_numbers(name, model_dir, None)
             if not versions:
                 raise Unavailable(f"model '{name}': an ensemble needs a version directory (e.g. '{name}/1/')")
             selected = _select_versions(base, versions, name)
@@ -374,6 +394,8 @@ class ModelRepository:
             return base, cast(BackendKind, ENSEMBLE_KIND), paths
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
+        if from_client:
+            _check_instance_count(name, base)
         kind = kind_for(base, model_dir)
         refuse_unbuilt_sections(base, name, kind.name)
         if from_client and kind.name == "python" and not self.options.allow_code_loads:
@@ -387,9 +409,7 @@ class ModelRepository:
                 "so config.pbtxt must declare max_batch_size, every input and every output"
             )
         filename = base.default_model_filename or kind.default_filename
-        available = sorted(
-            int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / filename).is_file()
-        )
+        available = _version_numbers(name, model_dir, filename)
         if not available:
             raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
         selected = _select_versions(base, available, name)
@@ -405,7 +425,7 @@ class ModelRepository:
         loaded: dict[int, LoadedModel] = {}
         try:
             for version, path in paths:
-                loaded[version] = self._load_version(name, version, path, base, kind)
+                loaded[version] = self._load_version(name, version, path, base, kind, from_client)
         except BaseException:
             for model in loaded.values():  # versions built before the failure release their instances
                 model.close()
@@ -413,11 +433,11 @@ class ModelRepository:
         return loaded
 
     def _load_version(
-        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind, from_client: bool
     ) -> LoadedModel:
         options = self.options
         if kind is ENSEMBLE_KIND:
-            return self._load_ensemble(name, version, path, base)
+            return self._load_ensemble(name, version, path, base, from_client)
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
         fill_defaults(config, kind.default_filename)  # what Triton's config API shows
@@ -444,13 +464,19 @@ class ModelRepository:
             model.stats.clear()
         return model
 
-    def _load_ensemble(self, name: str, version: int, path: Path, base: mc.ModelConfig) -> LoadedModel:
+    def _load_ensemble(
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, from_client: bool
+    ) -> LoadedModel:
         config = named_copy(base, name)
         fill_defaults(config)
         self._ensembles_loading.append(name)
         try:
-            for step in config.ensemble_scheduling.step:
-                self._load_step_model(name, step)
+            for index, step in enumerate(config.ensemble_scheduling.step):
+                try:
+                    self._model_dir(step.model_name)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"ensemble '{name}' step {index}: {exc}") from None
+                self._load_step_model(name, step, from_client)
         finally:
             self._ensembles_loading.pop()
 
@@ -471,6 +497,39 @@ def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> 
     reason = record.reason if record is not None and record.reason else ""
     detail = f" Model '{step}' loading failed with error: {reason}" if reason else ""
     return InvalidArgument(f"ensemble '{name}' depends on '{step}' which has no loaded version.{detail}")
+
+
+#: Instances one load through the API may ask for (issue 27: each is a session and a thread; 100 took 526 MB).
+CLIENT_INSTANCES_MAX = 32
+
+
+def _check_instance_count(name: str, config: mc.ModelConfig) -> None:
+    """Refuse a client's config whose instance groups add up to more than CLIENT_INSTANCES_MAX instances."""
+    total = sum(max(group.count, 1) * max(len(group.gpus), 1) for group in config.instance_group)
+    if total > CLIENT_INSTANCES_MAX:
+        raise InvalidArgument(
+            f"failed to load '{name}': instance_group asks for {total} instances; a load through the API may ask "
+            f"for at most {CLIENT_INSTANCES_MAX} (the operator's config.pbtxt is not limited)"
+        )
+
+
+#: Triton's version numbers are int64: a directory named by a larger number is not a version.
+VERSION_MAX = 2**63 - 1
+
+
+def _version_numbers(name: str, model_dir: Path, filename: str | None) -> list[int]:
+    """The version directories of ``model_dir`` (holding ``filename`` when given), sorted; a number past int64
+    (e.g. 10^20) is skipped with a warning (issue 27)."""
+    versions = []
+    for path in model_dir.iterdir():
+        if not (path.name.isdigit() and path.is_dir()) or (filename is not None and not (path / filename).is_file()):
+            continue
+        number = int(path.name)
+        if number > VERSION_MAX:
+            log.warning("model '%s': version directory '%s' is past int64 and is not a version", name, path.name[:40])
+            continue
+        versions.append(number)
+    return sorted(versions)
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:

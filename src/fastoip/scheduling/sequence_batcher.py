@@ -24,6 +24,13 @@ Rules (Triton's ``architecture.md`` "Stateful Models" and the core's
   config's false/true values); implicit state inputs come from the sequence's
   previous state outputs, or the initial state at START.  Clients never send
   them, and state outputs are not returned unless the client asked for them.
+- Abandoned sequences give their slot back (issue 27): a request whose client
+  went away (cancelled, e.g. its stream closed, or past its deadline) before it
+  ran leaves its queue at the next decision; a sequence left with nothing queued
+  by that frees its slot (or its place in the backlog) at once instead of after
+  the idle timeout.  At most ``BACKLOG_LIMIT`` sequences wait for a slot per
+  model: a new one beyond that is refused with UNAVAILABLE (retryable), as
+  Triton refuses requests over a dynamic batcher's ``max_queue_size``.
 - The clock is injectable: the decisions are tested without sleeping.
 """
 
@@ -49,6 +56,8 @@ from .sequence_settings import SequenceSettings, control_tensor
 log = logging.getLogger("fastoip.sequence")
 
 Clock = Callable[[], int]
+#: Sequences of one model waiting for a slot, at most (issue 27: abandoned clients must not queue forever).
+BACKLOG_LIMIT = 4096
 #: Runs a batch of jobs on one instance and finishes each (``scheduling.execute.run_jobs`` in the server).
 RunBatch = Callable[[Any, Sequence[Job]], None]
 
@@ -162,6 +171,14 @@ class SequenceBatcher:
                         "START flag on the first request of the sequence"
                     ))
                     return
+                if len(self._active) >= self.total_slots and len(self._backlog) >= BACKLOG_LIMIT:
+                    self._drop_abandoned()
+                    if len(self._backlog) >= BACKLOG_LIMIT:
+                        job.fail(Unavailable(
+                            f"model '{self.model.name}' has {len(self._backlog)} sequences waiting for a slot "
+                            f"(the limit is {BACKLOG_LIMIT}); try the sequence again later"
+                        ))
+                        return
                 sequence = _Sequence(corrid, now)
                 self._by_id[corrid] = sequence
                 self._admit(sequence)
@@ -236,6 +253,29 @@ class SequenceBatcher:
         while self._backlog and len(self._active) < self.total_slots:
             self._activate(self._backlog.popleft())
 
+    def _drop_abandoned(self) -> None:
+        """Requests that finished before they ran (their client cancelled, or their deadline passed) leave the
+        queues; a sequence that is left with nothing by that gives its slot or backlog place back."""
+        if any(s.queue and s.queue[0].job.finished for s in self._backlog):
+            kept: deque[_Sequence] = deque()
+            for sequence in self._backlog:
+                while sequence.queue and sequence.queue[0].job.finished:
+                    sequence.queue.popleft()
+                if sequence.queue:
+                    kept.append(sequence)
+                elif self._by_id.get(sequence.corrid) is sequence:
+                    del self._by_id[sequence.corrid]
+            self._backlog = kept
+        for sequence in list(self._active):
+            dropped = False
+            while sequence.queue and sequence.queue[0].job.finished:
+                sequence.queue.popleft()
+                dropped = True
+            if dropped and not sequence.queue and not sequence.busy:
+                log.info("sequence %s of model '%s' released: its client went away", sequence.corrid,
+                         self.model.name)
+                self._release(sequence)
+
     def _reap(self, now: int) -> None:
         """Release slots of sequences idle longer than the limit (nothing queued or running)."""
         idle = self.settings.idle_ns
@@ -252,6 +292,7 @@ class SequenceBatcher:
         A Batch to run; or the clock time to look again (waiting for the queue delay or
         an idle release); or None when there is nothing to wait for.
         """
+        self._drop_abandoned()
         self._reap(now)
         direct = self.settings.strategy == "direct"
         ready = [s for s in self._active if not s.busy and s.queue and (not direct or s.instance == instance)]
@@ -295,6 +336,8 @@ class SequenceBatcher:
             sequence.busy = False
             sequence.last_ns = now
             if pending.end:  # nothing can follow an END in its queue: the id was forgotten at enqueue
+                self._release(sequence)
+            elif pending.job.cancelled and not sequence.queue:  # its client went away (issue 27)
                 self._release(sequence)
 
     # -- execution ---------------------------------------------------------------------

@@ -8,6 +8,9 @@ Rules:
   scrapes are rare, and a slow scraper never holds up the inference event loop.
 - Anything but ``GET /metrics`` answers 404 (or 405 for another method on it),
   with a JSON ``{"error"}`` body like the other frontends.
+- Bounded (issue 27): at most ``MAX_CONNECTIONS`` connections at once (one
+  more is closed when accepted), and a connection that sends nothing for
+  ``IDLE_TIMEOUT_S`` is closed, so idle clients cannot hold a thread each.
 """
 
 from __future__ import annotations
@@ -15,12 +18,43 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from ..core import Core
 from ..host_metrics import HostMetrics
 from ..metrics import exposition_text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Connections (one thread each) the metrics port serves at once; scrapers need one or two.
+MAX_CONNECTIONS = 32
+#: Seconds a metrics connection may send nothing (between or inside requests) before it is closed.
+IDLE_TIMEOUT_S = 10.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """The stdlib's threaded server with a cap on connections (threads) at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the cap: closed before a thread is started
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class MetricsServer:
@@ -29,7 +63,7 @@ class MetricsServer:
     def __init__(self, core: Core, host: str, port: int) -> None:
         handler = type("MetricsHandler", (_Handler,), {"core": core, "host": HostMetrics()})
         try:
-            self._server = ThreadingHTTPServer((host, port), handler)
+            self._server = _BoundedServer((host, port), handler)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics port {host}:{port}: {exc.strerror}") from None
         self._server.daemon_threads = True
@@ -49,6 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
     core: Core
     host: HostMetrics
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT_S  # the socket's timeout: an idle keep-alive connection ends (issue 27)
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         if self.path.split("?", 1)[0] != "/metrics":

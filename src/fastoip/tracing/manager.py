@@ -13,7 +13,10 @@ Rules (Triton's ``src/tracer.cc``, ``docs/protocol/extension_trace.md``):
   it counts down and is answered as it stands.  ``log_frequency`` (triton mode):
   0 writes each trace to ``trace_file`` as it finishes; N writes every N traces
   to the next ``trace_file.<k>``, and the rest when ``trace_count`` runs out or
-  the setting is replaced or the server stops.
+  the setting is replaced or the server stops.  Batched traces hold at most
+  ``PENDING_LIMIT_BYTES`` of tensor text: a batch that reaches it is written
+  early (issue 27: TENSORS traces and a huge ``log_frequency`` kept ~1.3 MB a
+  request in memory).
 - An update replaces the setting object (its counters start again); traces in
   flight finish under the setting that sampled them.  A setting that cannot
   trace (rate 0; triton mode without a trace file) is refused unless its level
@@ -42,6 +45,23 @@ from .triton_file import TraceFile
 log = logging.getLogger("fastoip.tracing")
 
 #: The API's setting names -> the fields it may change.
+#: Tensor text (TENSORS traces) batched for ``log_frequency`` before the batch is written anyway.
+PENDING_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+def _tensor_text_bytes(entries: list[dict[str, Any]]) -> int:
+    """About what a trace's entries hold: the length of their tensors' data text, 256 bytes an entry besides."""
+    total = 0
+    for entry in entries:
+        total += 256
+        tensor = entry.get("tensor")
+        if isinstance(tensor, dict):
+            data = tensor.get("data")
+            if isinstance(data, str):
+                total += len(data)
+    return total
+
+
 UPDATABLE = {"trace_level": "levels", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 FIELDS = tuple(UPDATABLE.values())
 #: Every name the API answers or takes in triton mode.
@@ -90,6 +110,7 @@ class TraceSetting:
         self._collected = 0
         self._pending: list[dict[str, Any]] = []
         self._pending_traces = 0
+        self._pending_bytes = 0
 
     def sample(self, forced: bool) -> bool:
         """Count one request; True when it is traced (``forced``: the caller's trace context asks for it)."""
@@ -121,11 +142,12 @@ class TraceSetting:
             else:
                 self._pending += entries
                 self._pending_traces += 1
-                if self._pending_traces < self.log_frequency and not (
+                self._pending_bytes += _tensor_text_bytes(entries)
+                if self._pending_traces < self.log_frequency and self._pending_bytes < PENDING_LIMIT_BYTES and not (
                     self.count == 0 and self._collected == self._taken
                 ):
                     return
-                batch, self._pending, self._pending_traces = self._pending, [], 0
+                batch, self._pending, self._pending_traces, self._pending_bytes = self._pending, [], 0, 0
         if batch is None:
             file.append(entries)
         else:
@@ -134,7 +156,7 @@ class TraceSetting:
     def close(self) -> None:
         """Write what is still batched (the setting is replaced, or the server stops)."""
         with self._lock:
-            batch, self._pending, self._pending_traces = self._pending, [], 0
+            batch, self._pending, self._pending_traces, self._pending_bytes = self._pending, [], 0, 0
         if batch and self.file is not None:
             self.file.write_indexed(batch)
 

@@ -181,8 +181,10 @@ cdef enum:
     # (NGHTTP2_DATA_FLAG_NO_COPY); shorter ones are copied into nghttp2's frame buffer.
     NO_COPY_MIN = 16 * 1024
     # A message in pieces gets its whole declared size up front up to this much; above it the buffer
-    # grows (doubling) with what arrives, so a length prefix alone reserves little.
-    EAGER_RESERVE = 64 * 1024 * 1024
+    # grows (doubling) with what arrives, so a length prefix alone reserves little.  Issue 27: 1 MiB, not
+    # 64 MiB (1,000 stalled streams reserved 64 GiB of address space); buffers this large are mmap-ed by
+    # malloc (fastoip serve pins the threshold at 1 MiB), so growing one remaps pages instead of copying.
+    EAGER_RESERVE = 1024 * 1024
 
 
 class Http2Error(Exception):
@@ -209,6 +211,7 @@ cdef class _Stream:
     cdef list trailers            # set once the response is complete
     cdef bint deferred            # the data provider said DEFERRED: resume on new data
     cdef bint responded           # response HEADERS submitted
+    cdef Py_ssize_t header_bytes  # issue 27: the request's header list size so far (RFC 9113: name + value + 32)
 
     def __cinit__(self, int32_t stream_id):
         self.stream_id = stream_id
@@ -233,6 +236,8 @@ cdef class Http2Session:
     cdef size_t _outlen           # bytes in _outbuf not yet moved to _outchunks
     cdef list _outchunks          # what data_to_send returns: frame bytes and NO_COPY payload views
     cdef Py_ssize_t _queued       # response bytes waiting for the peer's flow-control window, all streams
+    cdef Py_ssize_t _max_header_list  # issue 27: the SETTINGS_MAX_HEADER_LIST_SIZE advertised, enforced
+    cdef list _reset_after_send   # issue 27: streams answered here, reset once the answer is serialized
 
     def __cinit__(self):
         self._session = NULL
@@ -250,6 +255,8 @@ cdef class Http2Session:
         self._queued = 0
         self._events = []
         self._max_message = max_message_size
+        self._max_header_list = max_header_list_size
+        self._reset_after_send = []
         self._failure = None
         if nghttp2_session_callbacks_new(&callbacks) != 0:
             raise MemoryError()
@@ -371,6 +378,17 @@ cdef class Http2Session:
                 stream.message = None
         return 0
 
+    cdef int _refuse_headers(self, _Stream stream) except -1:
+        """Request headers over the advertised list size: Trailers-Only RESOURCE_EXHAUSTED (grpc-core's status
+        for metadata over its limit; HTTP's 431), then RST_STREAM(NO_ERROR) so the request body stops."""
+        message = (f"request headers of more than {self._max_header_list} bytes "
+                   f"(SETTINGS_MAX_HEADER_LIST_SIZE)").encode()
+        stream.responded = True
+        self._submit(stream.stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                        (b"grpc-status", b"8"), (b"grpc-message", message)], NULL, False)
+        self._reset_after_send.append(stream.stream_id)  # a RST_STREAM queued now would drop the answer
+        return 0
+
     cdef int _too_large(self, _Stream stream, size_t declared) except -1:
         stream.broken = True
         stream.message = None
@@ -397,7 +415,12 @@ cdef class Http2Session:
             if n < 0:
                 raise Http2Error(nghttp2_strerror(<int>n).decode())
             if n == 0:
-                break
+                if not self._reset_after_send:
+                    break
+                for stream_id in self._reset_after_send:  # their answers are serialized: stop their uploads
+                    nghttp2_submit_rst_stream(self._session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_NO_ERROR)
+                self._reset_after_send = []
+                continue
             self._append(chunk, n)
         self._cut()
         if self._failure is not None:
@@ -625,7 +648,14 @@ cdef int _on_header(nghttp2_session *session, const nghttp2_frame *frame, const 
     try:
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
             stream = self._streams.get(frame.hd.stream_id)
-            if stream is not None:
+            if stream is not None and stream.headers is not None:
+                # issue 27 (HPACK bomb): the advertised header list limit holds however small the frame was;
+                # past it nothing more is kept (nghttp2 still decodes, to keep the HPACK state in step)
+                stream.header_bytes += <Py_ssize_t>(namelen + valuelen + 32)
+                if stream.header_bytes > self._max_header_list:
+                    stream.headers = None
+                    stream.broken = True  # its DATA is ignored
+                    return 0
                 stream.headers.append((PyBytes_FromStringAndSize(<const char *>name, namelen),
                                        PyBytes_FromStringAndSize(<const char *>value, valuelen)))
         return 0
@@ -650,6 +680,9 @@ cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, vo
             return 0
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
             stream.headers_done = True
+            if stream.headers is None:  # over the header list limit (issue 27): answered here, never a call
+                self._refuse_headers(stream)
+                return 0
             self._events.append((REQUEST, stream_id, stream.headers, 0))
             stream.headers = None
         if frame.hd.flags & NGHTTP2_FLAG_END_STREAM:

@@ -418,10 +418,16 @@ class Dispatcher:
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
 
-    def refusal(self, path: bytes, headers: dict[bytes, bytes]) -> str | None:
-        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on."""
+    def refusal(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on.
+
+        A header sent more than once is read by its first value, as the grpcio frontend reads it (issue 27).
+        """
         restriction = self.restricted.get(path)
-        if restriction is None or restriction.allows(headers.get(restriction.lookup_key)):
+        if restriction is None:
+            return None
+        given = next((value for key, value in headers if key == restriction.lookup_key), None)
+        if restriction.allows(given):
             return None
         return restriction.grpc_refusal()
 

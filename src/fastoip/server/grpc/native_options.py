@@ -31,6 +31,14 @@ class NativeGrpcOptions:
     #: inside a message (between messages a stream may idle, as sequence clients do).  nginx's
     #: client_body_timeout default; Triton has no such bound.
     stream_idle_timeout_ms: int = 60_000
+    #: issue 27 (server/grpc/limits.py): connections at once (0: half the open-file limit) ...
+    max_connections: int = 0
+    #: ... a connection with no call for this long gets a graceful GOAWAY (ms; grpc's max connection idle; 0: never)
+    max_connection_idle_ms: int = 300_000
+    #: ... and one whose client sent no HTTP/2 preface + SETTINGS within this is closed (ms; 0: never).
+    handshake_timeout_ms: int = 10_000
+    #: ... and response bytes waiting for clients' flow-control windows, all connections together.
+    max_queued_response_bytes: int = 1024 * 1024 * 1024
     use_ssl: bool = False
     server_cert: str = ""
     server_key: str = ""

@@ -23,14 +23,19 @@ from typing import cast
 
 from ...core import Core
 from . import _http2, wire
+from .intake import MessageIntake
+from .limits import HANDSHAKE_BYTES, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from
 from .native_options import NativeGrpcOptions
 
 log = logging.getLogger("fastoip.grpc")
 
 #: Responses waiting for a peer's flow-control window, per connection, above which its new requests are refused
-#: (a client that sends but never opens its window must not grow the server's memory without bound).
+#: (a client that sends but never opens its window must not grow the server's memory without bound; the
+#: server-wide bound, checked as responses are queued, is limits.QUEUED_LIMIT).
 QUEUED_LIMIT = 256 * 1024 * 1024
+#: RST_STREAM's ENHANCE_YOUR_CALM: gRPC clients read it as RESOURCE_EXHAUSTED.
+ENHANCE_YOUR_CALM = 0xB
 #: How long the final GOAWAY waits for the PING that follows the notice (one round trip, bounded).
 GOAWAY_PING_WAIT = 1.0
 #: The socket read size: the loop reads into one buffer of this size that every connection shares (each read
@@ -73,10 +78,27 @@ class GrpcConnection(asyncio.BufferedProtocol):
         #: Streams whose request side is open -> (DATA bytes received when last seen, when that changed).
         self.open_requests: dict[int, tuple[int, float]] = {}
         self.idle_sweep: asyncio.TimerHandle | None = None
+        # issue 27: request messages are checked and inflated (off the loop when large) by the intake
+        self.intake = MessageIntake(self, self.options.max_message_size)
+        # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
+        self.limits: ServerLimits = server.limits
+        self.admitted = False
+        self.bytes_in = 0
+        self.last_call = time.monotonic()
+        self.handshake_timer: asyncio.TimerHandle | None = None
+        self.no_calls_timer: asyncio.TimerHandle | None = None
 
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
+        if not self.limits.admit():  # issue 27: over --grpc-max-connections
+            if self.limits.refused == 1 or self.limits.refused % 1000 == 0:
+                log.warning("gRPC connection refused: %d connections open (--grpc-max-connections)", self.limits.open)
+            self.closed = True
+            self.transport.abort()
+            return
+        self.admitted = True
+        self.start_limit_timers()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -102,6 +124,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     def receive(self, data: memoryview) -> None:
         self.last_read = time.monotonic()
+        self.bytes_in += len(data)
         try:
             events = self.session.receive(data)
         except _http2.Http2Error as exc:
@@ -127,6 +150,12 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.admitted:
+            return
+        self.limits.leave(self)
+        for timer in (self.handshake_timer, self.no_calls_timer):
+            if timer is not None:
+                timer.cancel()
         self.server.connections.discard(self)
         for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer, self.idle_sweep):
             if handle is not None:
@@ -165,7 +194,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         if self.over_queued_limit(stream_id, False):
             return
         path = fields.get(b":path", b"")
-        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, fields)):
+        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, headers)):
             self.answer_early(stream_id, wire.UNAVAILABLE, refusal)  # Triton's --grpc-restricted-protocol
             return
         call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
@@ -173,6 +202,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
             return
         self.calls[stream_id] = call
+        self.last_call = time.monotonic()
         call.headers = fields  # read by the Core only for a traced request (W3C traceparent)
         self.open_requests[stream_id] = (0, time.monotonic())
         encoding = fields.get(b"grpc-encoding", b"identity")
@@ -190,19 +220,30 @@ class GrpcConnection(asyncio.BufferedProtocol):
         call = self.calls.get(stream_id)
         if call is None or self.over_queued_limit(stream_id, call.headers_sent):
             return
-        if compressed:
-            try:
-                data = wire.decompress(data, self.encodings.get(stream_id, b"identity"),
-                                       self.options.max_message_size)
-            except wire.DecompressError as exc:
-                self.end_call(stream_id).cancel()
-                self.answer_early(stream_id, exc.code, exc.message, call.headers_sent)
-                return
+        self.intake.message(stream_id, call.streaming, data, compressed,
+                            self.encodings.get(stream_id, b"identity"))  # -> deliver_message / refuse_message
+
+    def deliver_message(self, stream_id: int, data: wire.Payload) -> None:
+        """A request message, checked and inflated by the intake."""
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
         call.on_message(data)
         self.forget_if_finished(stream_id, call)
 
+    def refuse_message(self, stream_id: int, code: int, message: str) -> None:
+        """The intake refused a request message: the call ends with ``code``."""
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
+        self.end_call(stream_id).cancel()
+        self.answer_early(stream_id, code, message, call.headers_sent)
+
     def on_end_stream(self, stream_id: int, leftover: int) -> None:
         self.open_requests.pop(stream_id, None)
+        self.intake.end(stream_id, leftover)  # -> deliver_end, after any message still inflating
+
+    def deliver_end(self, stream_id: int, leftover: int) -> None:
         call = self.calls.get(stream_id)
         if call is None:
             return
@@ -252,6 +293,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.session.send_message(stream_id, message)
         else:
             self.session.send_message(stream_id, wire.compress(message, encoding), True)
+        if self.limits.account(self):  # issue 27: unsent responses bounded across the server, as they queue
+            self.over_server_queued_limit(stream_id)
         self.schedule_flush()
 
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
@@ -286,10 +329,12 @@ class GrpcConnection(asyncio.BufferedProtocol):
         return call
 
     def forget(self, stream_id: int) -> None:
-        self.calls.pop(stream_id, None)
+        if self.calls.pop(stream_id, None) is not None:
+            self.last_call = time.monotonic()
         self.open_requests.pop(stream_id, None)
         self.encodings.pop(stream_id, None)
         self.response_encodings.pop(stream_id, None)
+        self.intake.forget(stream_id)
         timer = self.timers.pop(stream_id, None)
         if timer is not None:
             timer.cancel()
@@ -324,6 +369,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
             log.debug("gRPC connection closed: %s", exc)
             self.close()
             return
+        if self.admitted:
+            self.limits.account(self)  # issue 27: what went out leaves the server-wide count
         if not self.session.want_read() and not self.session.want_write():
             self.close()  # GOAWAY sent and nothing left in flight (or the session failed)
 
@@ -342,7 +389,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.transport.resume_reading()
 
     def over_queued_limit(self, stream_id: int, headers_sent: bool) -> bool:
-        if self.session.queued_bytes() <= QUEUED_LIMIT:
+        if self.session.queued_bytes() <= QUEUED_LIMIT and not self.limits.over_for(self):
             return False
         call = self.calls.get(stream_id)
         if call is not None:
@@ -387,6 +434,41 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.flush()
         if not self.closed:
             self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
+
+    # -- server-wide limits (issue 27, limits.py) ------------------------------------------------
+    def queued_bytes(self) -> int:
+        return self.session.queued_bytes()
+
+    def over_server_queued_limit(self, stream_id: int) -> None:
+        """The server holds more unsent responses than it may: this stream, which just queued more, goes."""
+        log.warning("gRPC: %d bytes of responses wait for clients to read them (limit %d); resetting a stream",
+                    self.limits.queued_total, self.limits.queued_limit)
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self.end_call(stream_id).cancel()
+        self.session.reset(stream_id, ENHANCE_YOUR_CALM)
+
+    def start_limit_timers(self) -> None:
+        if self.limits.handshake_timeout_s > 0:
+            self.handshake_timer = self.loop.call_later(self.limits.handshake_timeout_s, self.check_handshake)
+        if self.limits.idle_timeout_s > 0:
+            self.no_calls_timer = self.loop.call_later(self.limits.idle_timeout_s, self.check_no_calls)
+
+    def check_handshake(self) -> None:
+        if self.bytes_in < HANDSHAKE_BYTES and not self.closed:
+            log.debug("gRPC connection closed: no HTTP/2 preface within --grpc-handshake-timeout")
+            self.close()
+
+    def check_no_calls(self) -> None:
+        if self.closed:
+            return
+        idle = time.monotonic() - self.last_call
+        if not self.calls and idle >= self.limits.idle_timeout_s:
+            log.debug("gRPC connection without calls for %.0f s (--grpc-max-connection-idle): GOAWAY", idle)
+            self.drain()
+            return
+        wait = self.limits.idle_timeout_s - idle if not self.calls else self.limits.idle_timeout_s
+        self.no_calls_timer = self.loop.call_later(max(wait, 0.01), self.check_no_calls)
 
     # -- keepalive, age and drain ---------------------------------------------------------------
     def check_idle(self) -> None:
@@ -451,6 +533,8 @@ class NativeGrpcServer:
         self.host = host
         self.options = options
         self.connections: set[GrpcConnection] = set()
+        self.limits = ServerLimits(options.max_connections, options.max_connection_idle_ms / 1000,
+                                   options.handshake_timeout_ms / 1000, options.max_queued_response_bytes)
         self.draining = False
         self.executor = ThreadPoolExecutor(max_workers=options.control_threads, thread_name_prefix="fastoip-grpc-ctl")
         self.sock = _bind(host, port)

@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 import grpc
 
+from ..inflate import InflateError, inflate_now
+
 Headers = list[tuple[bytes, bytes]]
 #: A received message: bytes, or the bytearray a large message was gathered in (no copy out of it).
 Payload = bytes | bytearray
@@ -113,23 +115,25 @@ def compress(data: bytes, encoding: bytes) -> bytes:
     return deflater.compress(data) + deflater.flush()
 
 
-def decompress(data: Payload, encoding: bytes, limit: int) -> bytes:
-    """A message sent with the compressed flag, decoded; never more than ``limit`` bytes out (zip bombs)."""
+def wbits_for(encoding: bytes) -> int:
+    """zlib's wbits for a grpc-encoding this server reads; DecompressError(UNIMPLEMENTED) for any other."""
     if encoding == b"gzip":
-        wbits = 16 + zlib.MAX_WBITS
-    elif encoding == b"deflate":
-        wbits = zlib.MAX_WBITS
-    else:
-        name = encoding.decode("latin-1") or "identity"
-        raise DecompressError(UNIMPLEMENTED, f"compressed message with grpc-encoding {name!r}; "
-                                             f"this server reads {ACCEPT_ENCODING.decode()}")
-    inflater = zlib.decompressobj(wbits)
+        return 16 + zlib.MAX_WBITS
+    if encoding == b"deflate":
+        return zlib.MAX_WBITS
+    name = encoding.decode("latin-1") or "identity"
+    raise DecompressError(UNIMPLEMENTED, f"compressed message with grpc-encoding {name!r}; "
+                                         f"this server reads {ACCEPT_ENCODING.decode()}")
+
+
+def inflate_error(exc: InflateError) -> DecompressError:
+    """A gRPC status for an inflation that failed: over the limit is RESOURCE_EXHAUSTED, the rest INTERNAL."""
+    return DecompressError(RESOURCE_EXHAUSTED if exc.kind == "too_large" else INTERNAL, exc.message)
+
+
+def decompress(data: Payload, encoding: bytes, limit: int) -> bytes:
+    """A message sent with the compressed flag, decoded in this thread; never more than ``limit`` bytes out."""
     try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise DecompressError(INTERNAL, f"corrupt {encoding.decode()} message: {exc}") from None
-    if len(out) > limit:
-        raise DecompressError(RESOURCE_EXHAUSTED, f"decompressed message larger than the limit of {limit} bytes")
-    if not inflater.eof:
-        raise DecompressError(INTERNAL, f"truncated {encoding.decode()} message")
-    return out
+        return inflate_now(data, wbits_for(encoding), limit, encoding.decode())
+    except InflateError as exc:
+        raise inflate_error(exc) from None

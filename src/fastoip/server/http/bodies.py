@@ -3,12 +3,14 @@
 Rules:
 - Request bodies are read incrementally and never beyond ``max_body_size``
   (413, also when Content-Length says so up front); a compressed body
-  (Content-Encoding gzip/deflate) is never inflated beyond it either.  After a
+  (Content-Encoding gzip/deflate) is never inflated beyond it either, the loop
+  inflates at most 64 KiB of it and data after the compressed stream is a 400
+  (``server.inflate``).  After a
   413 uvicorn discards the rest of the body and keeps the connection, so the
   client reads the answer instead of a reset.
 - Infer responses are compressed when Accept-Encoding asks for gzip or deflate
   (Triton does the same; note that aiohttp, and so tritonclient.http.aio, asks
-  for "gzip, deflate" by default).  Large bodies are (de)compressed in the
+  for "gzip, deflate" by default).  Large responses are compressed in the
   executor: zlib releases the GIL, the loop keeps serving.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import InvalidArgument
+from ..inflate import InflateError, inflate
 from .errors import too_large
 from .router import Request
 
@@ -51,7 +54,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     encoding = request.headers.get(b"content-encoding")
     if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
-        body = await off_loop_if_large(len(body), _decompress, body, encoding, limit)
+        body = await _inflate_body(body, encoding, limit)
     return body
 
 
@@ -98,7 +101,8 @@ def compress(data: bytes, encoding: str) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-def _decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
+async def _inflate_body(data: bytes, encoding: bytes, limit: int) -> bytes:
+    """The body inflated within ``limit``, mostly off the loop (``server.inflate``); 413 / 400 otherwise."""
     name = encoding.strip().lower()
     if name not in (b"gzip", b"deflate"):
         raise InvalidArgument(
@@ -106,17 +110,16 @@ def _decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
         )
     # wbits 47 reads a gzip or a zlib stream; some clients send "deflate" as a raw stream (wbits -15).
     for wbits in (47, -15) if name == b"deflate" else (47,):
-        inflater = zlib.decompressobj(wbits)
         try:
-            out = inflater.decompress(data, limit + 1)  # never inflate more than the limit allows
-        except zlib.error as exc:
-            error = exc
-            continue
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise too_large(f"the decompressed request body is more than {limit} bytes")
-        if not inflater.eof:
-            raise InvalidArgument(f"the {name.decode()} request body is truncated")
-        return out
+            return await inflate(data, wbits, limit, name.decode())
+        except InflateError as exc:
+            if exc.kind == "too_large":
+                raise too_large(f"the decompressed request body is more than {limit} bytes") from None
+            if exc.kind == "truncated":
+                raise InvalidArgument(f"the {name.decode()} request body is truncated") from None
+            if exc.kind == "trailing":
+                raise InvalidArgument(f"the request body is not valid {name.decode()} data: {exc.message}") from None
+            error = exc.message
     raise InvalidArgument(f"the request body is not valid {name.decode()} data: {error}")
 
 

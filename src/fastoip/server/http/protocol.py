@@ -7,6 +7,9 @@ Rules:
   while a head is incomplete are counted too: at most one read past the limit is ever held.
 - ``header_timeout``: the whole head must arrive within it, from its first byte (slowloris); else 408.
   ``body_timeout``: a body being read must not stall longer than it between reads; else 408.
+  ``body_min_rate`` (issue 27): after ``body_rate_grace`` (20 s) from its first byte a body must have come at that
+  average rate (each ``body_min_rate`` bytes buy one more second, Apache mod_reqtimeout's MinRate); else 408,
+  so a byte every few seconds cannot hold a connection for ever.
   ``keep_alive_timeout``: a connection with no request in progress (a fresh one included) is closed after it.
   Time while the server itself has stopped reading (flow control, pipelining) does not count against the client.
 - Graceful shutdown (uvicorn calls ``shutdown`` once the listeners are closed): a connection with no request in
@@ -44,6 +47,10 @@ class HttpLimits:
     header_timeout: float = 30.0
     #: Seconds a request body may go without a byte arriving (nginx's client_body_timeout).
     body_timeout: float = 60.0
+    #: Bytes a second a body must average after body_rate_grace (0: no minimum; mod_reqtimeout's MinRate default).
+    body_min_rate: float = 500.0
+    #: Seconds a body may take before ``body_min_rate`` applies (mod_reqtimeout's body=20).
+    body_rate_grace: float = 20.0
 
 
 #: Seconds an idle connection stays open after the listeners closed, for a request already on its way.
@@ -73,6 +80,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_seen = 0.0
         self.body_timer: asyncio.TimerHandle | None = None
+        #: When the current body's first bytes came (None: no body in progress), and its bytes since then.
+        self.body_started: float | None = None
+        self.body_bytes = 0
         self.refusal: tuple[int, str] | None = None
         self.refused = False
         #: Set by ``shutdown``: every request from now on is the connection's last.
@@ -130,8 +140,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                                                     self._head_timed_out)
         elif self.cycle is not None and self.cycle.more_body and not self.cycle.response_complete:
             self.body_seen = self.loop.time()
+            if self.body_started is None:
+                self.body_started = self.body_seen
+                self.body_bytes = 0
+            self.body_bytes += len(data)
             if self.body_timer is None:
-                self.body_timer = self.loop.call_at(self.body_seen + self.limits.body_timeout, self._body_stalled)
+                self.body_timer = self.loop.call_at(self._body_due(), self._body_stalled)
 
     # -- parser callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -168,6 +182,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self.reading_head = True
+        self.body_started = None
         if self.body_timer is not None:
             self.body_timer.cancel()
             self.body_timer = None
@@ -223,12 +238,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.flow.read_paused:  # the application has not taken what arrived: the client is not the slow one
             self.body_seen = self.loop.time()
-        due = self.body_seen + self.limits.body_timeout
+            self.body_started, self.body_bytes = self.body_seen, 0
+        due = self._body_due()
         if self.loop.time() < due:  # bytes came since the timer was set: wait for the rest of the gap
             self.body_timer = self.loop.call_at(due, self._body_stalled)
             return
-        self.refuse(408, f"the request body stalled: no bytes for {self.limits.body_timeout:g} s "
-                         "(--http-body-timeout)")
+        if self.loop.time() >= self.body_seen + self.limits.body_timeout:
+            self.refuse(408, f"the request body stalled: no bytes for {self.limits.body_timeout:g} s "
+                             "(--http-body-timeout)")
+            return
+        self.refuse(408, f"the request body arrives slower than {self.limits.body_min_rate:g} bytes/s "
+                         "(--http-body-min-rate)")
+
+    def _body_due(self) -> float:
+        """When the body in progress is late: a pause past body_timeout, or behind the minimum rate."""
+        due = self.body_seen + self.limits.body_timeout
+        if self.limits.body_min_rate > 0 and self.body_started is not None:
+            allowed = self.limits.body_rate_grace + self.body_bytes / self.limits.body_min_rate
+            due = min(due, self.body_started + allowed)
+        return due
 
     def _cancel_timers(self) -> None:
         for timer in (self.head_timer, self.body_timer, self.drain_timer):
