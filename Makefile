@@ -1,5 +1,7 @@
 # The two commands a fresh machine needs: `make serve` (and `make bench`) and `make test`.
-# Each creates its own virtualenv in .venv and builds the Cython codec into it.
+# `make serve` / `make bench` install fastoip with its runtime dependencies only, into .venv-serve, with pip's
+# progress shown; `make test` (and check, debug) install the whole developer toolchain into .venv.
+# Each builds the Cython extensions into its venv.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,7 +9,10 @@ STAMP := $(VENV)/.fastoip-installed
 CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
 ARGS ?=
 
-.PHONY: venv serve test test-compat bench build proto clean check debug
+.PHONY: venv serve-venv serve test test-compat bench build proto clean check debug gpu-check
+
+SERVE_VENV ?= .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
 
 venv: $(STAMP)
 
@@ -22,11 +27,23 @@ build: venv  ## rebuild the native extensions after editing a .pyx (pip builds t
 	$(BIN)/python -c 'import Cython' 2>/dev/null || $(BIN)/python -m pip install --quiet 'Cython>=3.1,<4'
 	$(BIN)/python setup.py build_ext --inplace
 
-serve: venv  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
-	$(BIN)/fastoip serve $(ARGS)
+serve-venv: $(SERVE_STAMP)
 
-bench: venv  ## throughput run against a fastoip on the demo repository
-	$(BIN)/fastoip bench $(ARGS)
+# No --quiet and no pip self-upgrade: a user sees each package arrive, and waits for nothing else.
+$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
+	@echo "fastoip: [1/3] native gRPC frontend prerequisites (libnghttp2 headers)"
+	@sh scripts/native_deps.sh
+	@echo "fastoip: [2/3] runtime virtualenv $(SERVE_VENV) (no test or lint tools: make test has those)"
+	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	@echo "fastoip: [3/3] pip install -e . (downloads the runtime dependencies, then compiles the Cython extensions: about a minute)"
+	$(SERVE_VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar on -e .
+	@touch $@
+
+serve: $(SERVE_STAMP)  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)
+	$(SERVE_VENV)/bin/fastoip serve $(ARGS)
+
+bench: $(SERVE_STAMP)  ## throughput sweep of a private fastoip on the demo repository (ARGS=... for perf_analyzer-style flags)
+	$(SERVE_VENV)/bin/fastoip bench $(if $(ARGS),$(ARGS),--local-server)
 
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)
@@ -78,5 +95,12 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
+	rm -rf $(VENV) $(COMPAT_VENV) $(SERVE_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
 		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so
+
+# The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
+# limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run.
+gpu-check:  ## prepare the GPU run's files and dry-run it (scripts/gpu_check.sh says how to run it on a GPU)
+	bash scripts/gpu_check.sh prepare
+	rm -rf /tmp/fastoip-gpu && for n in $$(seq 1 $$(cat .gpu/BATCHES)); do bash scripts/gpu_check.sh stage $$n; done
+	bash scripts/gpu_check.sh run

@@ -47,6 +47,10 @@ def nghttp2_flags() -> "dict | None":
             }
     if os.path.exists("/usr/include/nghttp2/nghttp2.h"):
         return {"libraries": ["nghttp2"]}
+    # headers unpacked somewhere else (scripts/gpu_check.sh: a Debian package on a machine without apt)
+    include = os.environ.get("FASTOIP_NGHTTP2_INCLUDE")
+    if include and os.path.exists(os.path.join(include, "nghttp2", "nghttp2.h")):
+        return {"include_dirs": [include], "libraries": ["nghttp2"]}
     return None
 
 

@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "bench": 4,
     "cli": 4,
     "triton_flags": 4,
+    "serve_help": 4,  # arranges `serve --help` (groups, defaults, preferred spellings)
     "demo": 4,
     "embed": 4,  # fastoip.Server: the server app inside the caller's process
     "__main__": 4,

@@ -101,7 +101,7 @@ def test_concurrency_mode_json_and_csv(server: ServerProcess, tmp_path: Path, ca
     out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
     rc, stdout, _ = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "simple",
             "--concurrency-range",
@@ -153,7 +153,7 @@ def test_request_rate_mode(server: ServerProcess, tmp_path: Path, capsys: Captur
     out_json = tmp_path / "rate.json"
     rc, stdout, _ = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "simple",
             "--request-rate-range",
@@ -180,7 +180,7 @@ def test_request_rate_mode(server: ServerProcess, tmp_path: Path, capsys: Captur
 def test_batch_size_and_mlp_verify(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "mlp.json"
     rc, _, err = run_bench(
-        [server.grpc_url, "-m", "mlp", "-b", "4", "--verify", "--json", str(out_json), *FAST], capsys
+        [f"grpc://{server.grpc_url}", "-m", "mlp", "-b", "4", "--verify", "--json", str(out_json), *FAST], capsys
     )
     assert rc == 0, err
     assert "outputs match the reference" not in err  # --quiet
@@ -204,23 +204,25 @@ def test_bytes_model_and_input_file(server: ServerProcess, tmp_path: Path, capsy
         )
     )
     rc, _, err = run_bench(
-        [server.grpc_url, "-m", "simple", "--input-data", str(data), "--verify", "--concurrency-range", "2", *FAST],
+        [f"grpc://{server.grpc_url}", "-m", "simple", "--input-data", str(data), "--verify", "--concurrency-range", "2",
+         *FAST],
         capsys,
     )
     assert rc == 0, err
     rc, _, err = run_bench(
-        [server.grpc_url, "-m", "string_identity", "--shape", "INPUT0:3", "--string-length", "7", "--verify", *FAST],
+        [f"grpc://{server.grpc_url}", "-m", "string_identity", "--shape", "INPUT0:3", "--string-length", "7",
+         "--verify", *FAST],
         capsys,
     )
     assert rc == 0, err
     # A -1 dim without --shape is a clear failure before any load.
-    rc, _, err = run_bench([server.grpc_url, "-m", "string_identity", *FAST], capsys)
+    rc, _, err = run_bench([f"grpc://{server.grpc_url}", "-m", "string_identity", *FAST], capsys)
     assert rc == 1 and "--shape INPUT0:" in err
 
 
 def test_unknown_model_is_a_clear_failure(server: ServerProcess, tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "nope.json"
-    rc, _, err = run_bench([server.grpc_url, "-m", "nope", "--json", str(out_json), *FAST], capsys)
+    rc, _, err = run_bench([f"grpc://{server.grpc_url}", "-m", "nope", "--json", str(out_json), *FAST], capsys)
     assert rc == 1
     assert "model 'nope' not found" in err and "NOT_FOUND" in err
     document = load_json(out_json)
@@ -250,7 +252,8 @@ def test_errors_are_counted_by_status_under_load(server: ServerProcess) -> None:
 def test_server_down_fails_cleanly(tmp_path: Path, capsys: Capture) -> None:
     out_json = tmp_path / "down.json"
     started = time.monotonic()
-    rc, _, err = run_bench([f"127.0.0.1:{closed_port()}", "-m", "simple", "--json", str(out_json), *FAST], capsys)
+    rc, _, err = run_bench([f"grpc://127.0.0.1:{closed_port()}", "-m", "simple", "--json", str(out_json), *FAST],
+                           capsys)
     assert time.monotonic() - started < 20
     assert rc == 1 and "UNAVAILABLE" in err
     assert load_json(out_json)["error"]["status"] == "UNAVAILABLE"
@@ -289,7 +292,7 @@ def test_streaming(server: ServerProcess, tmp_path: Path, capsys: Capture) -> No
     out_json = tmp_path / "stream.json"
     rc, _, err = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "simple",
             "--streaming",
@@ -334,13 +337,13 @@ def test_streaming_and_shared_memory_fail_clearly_where_missing(server: ServerPr
     ceiling = ChildServer(ceiling_argv("grpc", response_file)).start(30)
     try:
         rc, _, err = run_bench(
-            [f"127.0.0.1:{ceiling.ports['grpc']}", "-m", "simple", "--shared-memory", "system", *FAST], capsys
+            [f"grpc://127.0.0.1:{ceiling.ports['grpc']}", "-m", "simple", "--shared-memory", "system", *FAST], capsys
         )
         assert rc == 1 and "does not list the 'system_shared_memory' extension" in err
     finally:
         ceiling.stop()
         os.unlink(response_file)
-    rc, _, err = run_bench([server.grpc_url, "-m", "simple", "--shared-memory", "cuda", *FAST], capsys)
+    rc, _, err = run_bench([f"grpc://{server.grpc_url}", "-m", "simple", "--shared-memory", "cuda", *FAST], capsys)
     assert rc == 1 and "cuda_shared_memory" in err
 
 
@@ -350,7 +353,7 @@ def test_system_shared_memory(server: ServerProcess, tmp_path: Path, capsys: Cap
     out_json = tmp_path / "shm.json"
     rc, _, err = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "simple",
             "--shared-memory",
@@ -371,7 +374,7 @@ def test_system_shared_memory(server: ServerProcess, tmp_path: Path, capsys: Cap
         assert_good_row(row)
     rc, _, err = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "string_identity",
             "--shape",
@@ -393,7 +396,7 @@ def test_ceiling_and_other_clients(server: ServerProcess, tmp_path: Path, capsys
     out_json = tmp_path / "ceiling.json"
     rc, stdout, err = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "simple",
             "--ceiling",
@@ -421,7 +424,7 @@ def test_processes(server: ServerProcess, tmp_path: Path, capsys: Capture) -> No
     out_json = tmp_path / "procs.json"
     rc, _, err = run_bench(
         [
-            server.grpc_url,
+            f"grpc://{server.grpc_url}",
             "-m",
             "identity_fp32",
             "--processes",
@@ -450,6 +453,7 @@ def test_no_url_starts_and_stops_its_own_server(tmp_path: Path) -> None:
             "-m",
             "fastoip.cli",
             "bench",
+            "--local-server",
             "-m",
             "simple",
             "--concurrency-range",
@@ -602,7 +606,8 @@ def test_parse_range_and_target() -> None:
     for bad in ("0", "8:1", "a", "1:2:0"):
         with pytest.raises(BenchError):
             parse_range(bad, int, "-c")
-    assert Target.parse("localhost") == Target("grpc", "localhost", 8001)
+    assert Target.parse("localhost") == Target("http", "localhost", 8000)  # perf_analyzer's default protocol
+    assert Target.parse("localhost", "grpc") == Target("grpc", "localhost", 8001)
     assert Target.parse("http://h:9") == Target("http", "h", 9)
     assert Target.parse("h:7", "http").url == "http://h:7"
     assert Target.parse("grpc://[::1]:5").address == "[::1]:5"

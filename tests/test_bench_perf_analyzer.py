@@ -73,7 +73,7 @@ def test_csv_layout_on_known_rows() -> None:
 
 def test_f_writes_perf_analyzer_csv_against_fastoip(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out_csv, out_json = tmp_path / "pa.csv", tmp_path / "r.json"
-    rc, _, _ = run([server.grpc_url, "-m", "simple", "--concurrency-range", "1:2", "-a", "-f", str(out_csv),
+    rc, _, _ = run([f"grpc://{server.grpc_url}", "-m", "simple", "--concurrency-range", "1:2", "-a", "-f", str(out_csv),
                     "--verbose-csv", "--json", str(out_json), *FAST], capsys)
     assert rc == 0
     document = json.loads(out_json.read_text())
@@ -97,7 +97,7 @@ def test_f_writes_perf_analyzer_csv_against_fastoip(server, tmp_path: Path, caps
 
 def test_count_windows_request_count_and_warmup_count(server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "r.json"
-    rc, _, _ = run([server.grpc_url, "-m", "simple", "--sync", "--measurement-mode", "count_windows",
+    rc, _, _ = run([f"grpc://{server.grpc_url}", "-m", "simple", "--sync", "--measurement-mode", "count_windows",
                     "--measurement-request-count", "40", "--warmup-request-count", "20", "-r", "3", "--quiet",
                     "--json", str(out)], capsys)
     assert rc == 0
@@ -106,7 +106,7 @@ def test_count_windows_request_count_and_warmup_count(server, tmp_path: Path, ca
     # each reported window held at least 40 completed requests
     assert result["requests"] >= 40 * min(3, result["windows"])
 
-    rc, _, _ = run([server.grpc_url, "-m", "simple", "--request-count", "100", "--concurrency-range", "4",
+    rc, _, _ = run([f"grpc://{server.grpc_url}", "-m", "simple", "--request-count", "100", "--concurrency-range", "4",
                     "--quiet", "--json", str(out)], capsys)
     assert rc == 0
     result = json.loads(out.read_text())["results"][0]
@@ -170,20 +170,20 @@ def test_data_directory(params_server, tmp_path: Path, capsys) -> None:  # type:
     (data / "X").write_bytes(np.arange(4, dtype="<i4").tobytes())
     (data / "TEXT").write_text("hello perf\n")
     out = tmp_path / "r.json"
-    rc, _, err = run([params_server.grpc_url, "-m", "echo", "--request-parameter", "scale:3:int",
+    rc, _, err = run([f"grpc://{params_server.grpc_url}", "-m", "echo", "--request-parameter", "scale:3:int",
                       "--request-parameter", "tag:pa:string", "--request-parameter", "flag:true:bool",
                       "--data-directory", str(data), "--json", str(out), *FAST], capsys)
     assert rc == 0, err
     assert json.loads(out.read_text())["results"][0]["errors"] == {}
     (data / "X").write_bytes(b"\x00" * 3)  # not a whole INT32, let alone 4 of them
-    rc, _, err = run([params_server.grpc_url, "-m", "echo", "--data-directory", str(data), *FAST], capsys)
+    rc, _, err = run([f"grpc://{params_server.grpc_url}", "-m", "echo", "--data-directory", str(data), *FAST], capsys)
     assert rc == 1 and "input 'X' holds 3 bytes, not a whole number of INT32 values" in err
 
 
 def test_collect_metrics_scrapes_the_servers_metrics(params_server, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out, out_csv = tmp_path / "r.json", tmp_path / "pa.csv"
     url = f"127.0.0.1:{params_server.metrics_port}/metrics"
-    rc, _, err = run([params_server.grpc_url, "-m", "echo", "--request-parameter", "scale:3:int",
+    rc, _, err = run([f"grpc://{params_server.grpc_url}", "-m", "echo", "--request-parameter", "scale:3:int",
                       "--request-parameter", "tag:pa:string", "--request-parameter", "flag:true:bool",
                       "--string-data", "hello perf", "--collect-metrics", "--metrics-url", url,
                       "--metrics-interval", "100", "--verbose-csv", "-f", str(out_csv), "--json", str(out), *FAST],
@@ -193,7 +193,7 @@ def test_collect_metrics_scrapes_the_servers_metrics(params_server, tmp_path: Pa
     assert metrics["scrapes"] >= 2 and metrics["scrape_errors"] == 0
     header = out_csv.read_text().splitlines()[0]
     assert header.endswith(",Avg GPU Utilization,Avg GPU Power Usage,Max GPU Memory Usage,Total GPU Memory")
-    rc, _, err = run([params_server.grpc_url, "-m", "echo", "--collect-metrics", "--metrics-url",
+    rc, _, err = run([f"grpc://{params_server.grpc_url}", "-m", "echo", "--collect-metrics", "--metrics-url",
                       "127.0.0.1:1/metrics", *FAST], capsys)
     assert rc == 1 and "--metrics-url http://127.0.0.1:1/metrics" in err
 
@@ -299,8 +299,8 @@ def test_profile_export_file(server, tmp_path: Path, capsys) -> None:  # type: i
 
     out, profile = tmp_path / "r.json", tmp_path / "profile.json"
     before = time.time_ns()
-    rc, _, err = run([server.grpc_url, "-m", "simple", "--concurrency-range", "1:2", "--profile-export-file",
-                      str(profile), "--json", str(out), *FAST], capsys)
+    rc, _, err = run([f"grpc://{server.grpc_url}", "-m", "simple", "--concurrency-range", "1:2",
+                      "--profile-export-file", str(profile), "--json", str(out), *FAST], capsys)
     after = time.time_ns()
     assert rc == 0, err
     rows = json.loads(out.read_text())["results"]

@@ -107,7 +107,7 @@ def assert_measured(rc: int, document: dict, err: str) -> None:
 @pytest.mark.parametrize("client", ["future", "aio"])
 def test_grpc_over_tls(tls_server: ServerProcess, pki: Pki, tmp_path: Path, capsys, client: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     rc, document, err = run_bench(
-        [tls_server.grpc_url, "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki.ca),
+        [f"grpc://{tls_server.grpc_url}", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki.ca),
          "--grpc-client", client], tmp_path, capsys,
     )
     assert_measured(rc, document, err)
@@ -115,14 +115,14 @@ def test_grpc_over_tls(tls_server: ServerProcess, pki: Pki, tmp_path: Path, caps
 
 def test_grpc_streaming_over_tls_in_worker_processes(tls_server: ServerProcess, pki: Pki, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
     rc, document, err = run_bench(
-        [tls_server.grpc_url, "--ssl-grpc-use-ssl=true", "--ssl-grpc-root-certifications-file", str(pki.ca),
+        [f"grpc://{tls_server.grpc_url}", "--ssl-grpc-use-ssl=true", "--ssl-grpc-root-certifications-file", str(pki.ca),
          "--streaming", "--processes", "2"], tmp_path, capsys,
     )
     assert_measured(rc, document, err)
 
 
 def test_mutual_tls_needs_the_client_certificate(mtls_server: ServerProcess, pki: Pki, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
-    base = [mtls_server.grpc_url, "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki.ca)]
+    base = [f"grpc://{mtls_server.grpc_url}", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki.ca)]
     rc, _, err = run_bench(base, tmp_path, capsys)
     assert rc != 0 and "UNAVAILABLE" in err, err
     rc, document, err = run_bench(
@@ -133,7 +133,7 @@ def test_mutual_tls_needs_the_client_certificate(mtls_server: ServerProcess, pki
 
 
 def test_plaintext_bench_on_the_tls_port_fails_cleanly(tls_server: ServerProcess, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    rc, _, err = run_bench([tls_server.grpc_url], tmp_path, capsys)
+    rc, _, err = run_bench([f"grpc://{tls_server.grpc_url}"], tmp_path, capsys)
     assert rc != 0 and "UNAVAILABLE" in err, err
 
 
@@ -167,13 +167,13 @@ def test_https_checks_the_certificate_unless_told_not_to(tls_server: ServerProce
     (["http://127.0.0.1:1", "--ssl-https-verify-peer", "0"], "--ssl-https-verify-peer need an https:// URL"),
     (["https://127.0.0.1:1", "--ssl-https-private-key-type", "DER"], "--ssl-https-private-key-type DER: .* PEM"),
     (["https://127.0.0.1:1", "--ssl-https-client-certificate-type", "DER"], "certificate-type DER"),
-    (["--ssl-grpc-use-ssl"], "TLS flags need a URL"),
+    (["--local-server", "--ssl-grpc-use-ssl"], "TLS flags need a URL"),
     (["-i", "grpc", "https://127.0.0.1:1"], "for gRPC over TLS give --ssl-grpc-use-ssl"),
-    (["127.0.0.1:1", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", "/nonexistent/ca.pem"],
+    (["grpc://127.0.0.1:1", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", "/nonexistent/ca.pem"],
      "--ssl-grpc-root-certifications-file /nonexistent/ca.pem: cannot read it"),
-    (["127.0.0.1:1", "--ssl-grpc-use-ssl", "--ssl-grpc-private-key-file", "key.pem"],
+    (["grpc://127.0.0.1:1", "--ssl-grpc-use-ssl", "--ssl-grpc-private-key-file", "key.pem"],
      "give --ssl-grpc-certificate-chain-file too"),
-    (["127.0.0.1:1", "--ssl-grpc-use-ssl", "--ceiling"], "--ceiling .* not with TLS"),
+    (["grpc://127.0.0.1:1", "--ssl-grpc-use-ssl", "--ceiling"], "--ceiling .* not with TLS"),
     (["https://127.0.0.1:1", "--ssl-https-verify-host", "3"], "invalid choice: 3"),
 ])
 def test_flags_it_cannot_honour_are_refused_by_name(args: list[str], message: str, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -123,3 +123,37 @@ def test_template_variables_are_the_ones_queries_use() -> None:
 def test_a_failure_panel_splits_by_reason() -> None:
     panel = next(p for p in load()["panels"] if p["title"] == "Failures by reason")
     assert "reason" in panel["targets"][0]["expr"]
+
+
+def _manifest_metrics_flags() -> set[tuple[str, ...]]:
+    """The --metrics-config values of every fastoip container the shipped manifests run."""
+    from test_deploy import pod_specs, serve_options, servers
+
+    return {tuple(sorted(serve_options(c).metrics_config)) for _, spec, _ in pod_specs() for c in servers(spec)}
+
+
+def test_every_panel_query_reads_series_the_manifests_server_exports(demo_repo: Path) -> None:
+    """A real server started with the manifests' metrics flags, after some traffic, exports every series each
+    panel reads (nv_gpu_* aside: no GPU here). Without those flags the latency panels were empty."""
+    import urllib.request
+
+    from serverproc import ServerProcess
+
+    flags = _manifest_metrics_flags()
+    assert len(flags) == 1, f"the manifests disagree on --metrics-config: {flags}"
+    (values,) = flags
+    assert {"summary_latencies=true", "histogram_latencies=true"} <= set(values)
+    args = [f"--metrics-config={value}" for value in values]
+    with ServerProcess(demo_repo, *args, http=True, metrics=True) as server:
+        body = json.dumps({"inputs": [{"name": f"INPUT{i}", "shape": [1, 16], "datatype": "INT32",
+                                       "data": list(range(16))} for i in (0, 1)]}).encode()
+        for _ in range(5):
+            request = urllib.request.Request(f"http://{server.http_url}/v2/models/simple/infer", data=body)
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                assert answer.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+    exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and line[0] != "#"}
+    for title, expr in queries(load()):
+        wanted = {name for name in metric_names(expr) if not name.startswith("nv_gpu_")}
+        assert wanted <= exported, f"{title}: {sorted(wanted - exported)} not exported with {args}"

@@ -159,7 +159,9 @@ def test_metrics_port_in_use_is_a_clear_start_failure(demo_repo: Path) -> None:
             capture_output=True, text=True, timeout=120,
         )
     assert result.returncode == 1
-    assert f"fastoip: cannot start: [Errno 98] metrics port 127.0.0.1:{port}: Address already in use" in result.stderr
+    # claimed before any model loads (fastoip.server.ports): the flag, the address and what to do
+    assert f"fastoip: cannot start: --metrics-port {port}: cannot bind 127.0.0.1:{port}: Address already in use" \
+        in result.stderr
 
 
 def test_cpu_metrics_read_proc(metrics_server: ServerProcess) -> None:

@@ -162,3 +162,16 @@ def test_infer_request_example_validates(document: dict[str, Any]) -> None:
         validate_instance({"id": "x"}, schema)
     np.testing.assert_array_equal(np.array(request["inputs"][0]["data"]), [1.0, 2.0])
 
+
+
+def test_the_docs_page_works_offline(server: fastoip.Server) -> None:
+    """Everything the page loads comes from this server (air-gapped clusters): no external host in it."""
+    page = call(server, "GET", "/v2/docs")[2].decode()
+    assert "http://" not in page and "https://" not in page
+    for asset, media in (("/v2/docs/swagger-ui-bundle.js", "application/javascript"),
+                         ("/v2/docs/swagger-ui.css", "text/css")):
+        assert f'"{asset}"' in page
+        status, content_type, payload = call(server, "GET", asset)
+        assert status == 200 and content_type.startswith(media), (asset, status, payload[:200])
+        assert len(payload) > 10_000
+    assert b"SwaggerUIBundle" in call(server, "GET", "/v2/docs/swagger-ui-bundle.js")[2]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__, triton_flags
+from . import __version__, serve_help, triton_flags
 
 if TYPE_CHECKING:
     from .server.app import ServeOptions
@@ -26,11 +27,17 @@ def _env(name: str, default: str) -> str:
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
+    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)",
+                       usage="fastoip serve [--model-repository DIR] [options]",
+                       formatter_class=serve_help.DefaultsFormatter)
     p.add_argument("--model-repository", "--model-store", type=Path, action="append",
-                   default=None, help="Triton-style repository (Triton's --model-store too); "
-                   "default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository")
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="gRPC bind address (default 127.0.0.1)")
+                   default=None, metavar="DIR",
+                   help="the models: DIR/<model>/<version>/model.onnx (or model.py), optional DIR/<model>/config.pbtxt "
+                        "(default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository); --model-store is "
+                        "Triton's older name, --model-repository preferred")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"),
+                   help="bind address of gRPC, and of HTTP and metrics unless --http-address / --metrics-address "
+                        "say otherwise (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "8001")), help="0 picks a free port")
     p.add_argument("--grpc-workers", type=int, default=int(_env("GRPC_WORKERS", "16")),
                    help="gRPC handler threads: bounds calls in progress (an open stream holds one); "
@@ -91,6 +98,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     triton_flags.add_triton_flags(p)
+    serve_help.arrange(p)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,11 +113,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour)."""
+    """Parse; a flag nobody takes is an error naming it (and why, for Triton flags fastoip cannot honour),
+    with the nearest spelling fastoip takes (argparse suggests only from Python 3.12, and not for options)."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        parser.error(triton_flags.unknown_flags_message(unknown))
+        flags = _option_strings(parser, args.command)
+        problems = []
+        for index, item in enumerate(unknown):
+            before = unknown[index - 1] if index else ""
+            if not item.startswith("-") and before.startswith("-") and "=" not in before:
+                continue  # the value of the unknown flag before it
+            hint = _nearest_flag(item, flags)
+            problems.append(triton_flags.unknown_flags_message([item]) + (f" ({hint})" if hint else ""))
+        parser.error("; ".join(problems))
     return args
+
+
+def _option_strings(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """Every --flag the command's parser takes."""
+    for action in parser._actions:  # argparse has no public accessor for subparsers
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            parser = action.choices[command]
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+
+
+def _nearest_flag(item: str, flags: list[str]) -> str:
+    """'did you mean ...' for an unknown flag, or what to write instead of a stray argument ('' for none)."""
+    flag = item.split("=", 1)[0]
+    if flag in triton_flags.UNSUPPORTED:
+        return ""
+    if not flag.startswith("-"):
+        if Path(item).is_dir():
+            return f"to serve the models in {item}: --model-repository {item}"
+        return ""
+    wanted = "--" + flag.lstrip("-").replace("_", "-").lower()
+    if wanted in flags:
+        return f"did you mean {wanted}?"
+    close = difflib.get_close_matches(wanted, flags, n=2, cutoff=0.75)
+    return f"did you mean {' or '.join(close)}?" if close else ""
 
 
 def serve_options(argv: Sequence[str]) -> ServeOptions:
@@ -125,6 +166,12 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
+    if triton.model_repository is not None:
+        from .repository.layout import model_folder_given_as_repository
+
+        mistake = model_folder_given_as_repository(triton.model_repository)
+        if mistake:
+            raise triton_flags.FlagError(mistake)
     try:
         metrics_config = MetricsConfig.parse(args.metrics_config)
         cache = CacheSettings.parse([*args.cache_config, *triton.cache_config])

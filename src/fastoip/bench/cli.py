@@ -67,10 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         # perf_analyzer's flags are taken whole: a prefix never stands for a longer flag
         allow_abbrev=False,
         description="Throughput and latency of any Open Inference Protocol (KServe V2 / Triton) server. "
-        "Without a URL: start a local fastoip on the demo repository and run a short default sweep.",
+        "As perf_analyzer: HTTP unless -i grpc or a grpc:// URL; without a URL, localhost:8000 (HTTP) or "
+        "localhost:8001 (gRPC). --local-server instead starts a private fastoip on the demo repository and runs a "
+        "short default sweep.",
         epilog="Also: fastoip bench compare A.json B.json  (per-level ratios B/A of throughput and p99)",
     )
-    p.add_argument("url", nargs="?", help="grpc://HOST:PORT, http://HOST:PORT or HOST:PORT (protocol from -i)")
+    p.add_argument("url", nargs="?", help="grpc://HOST:PORT, http://HOST:PORT or HOST:PORT (protocol from -i); "
+                   "default localhost:8000, or localhost:8001 with -i grpc")
     p.add_argument("-u", "--url", dest="url_option", metavar="URL", help="same as the positional URL")
     p.add_argument(
         "-m",
@@ -84,8 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-x", "--model-version", default="", metavar="VERSION", help="model version (default: the server's choice)"
     )
     p.add_argument(
-        "-i", "--protocol", type=str.lower, choices=("grpc", "http"), help="default: from the URL, else grpc"
+        "-i", "--protocol", type=str.lower, choices=("grpc", "http"),
+        help="default: from the URL, else http (perf_analyzer's default)",
     )
+    p.add_argument("--local-server", action="store_true",
+                   help="start a private fastoip on the demo repository (gRPC unless -i http), measure it, stop it; "
+                        "default models and levels: a short sweep")
     p.add_argument("-b", "--batch-size", type=int, default=1, help="batch size of every request (default 1)")
     p.add_argument(
         "--concurrency-range",
@@ -180,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="check outputs of the demo models against reference values")
     p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress display and no notes (the table is still printed)"
+    )
+    p.add_argument(
+        "--wide", action="store_true",
+        help="the full results table (req/s, avg, stability, CPU, the server's queue/compute split, batch); "
+        "default: a table that fits 80 columns"
     )
     p.add_argument("--no-pin", action="store_true", help="without a URL: do not pin server and client to separate CPUs")
     return p
@@ -316,7 +328,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.url and args.url_option and args.url != args.url_option:
         raise BenchError("give the URL once (positional or -u)", stage="args")
     url = args.url or args.url_option
-    local = url is None
+    local = bool(args.local_server)
+    if local and url:
+        raise BenchError("--local-server measures a server it starts itself: give no URL", stage="args")
+    if not local and url is None:
+        url = "localhost"  # perf_analyzer's default: localhost:8000 for HTTP, localhost:8001 for gRPC
     target = Target.parse(url, args.protocol) if url else None
     protocol = target.protocol if target else (args.protocol or "grpc")
     https = target is not None and target.tls is not None
@@ -328,7 +344,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     models = [m for item in (args.models or []) for m in item.split(",") if m]
     if not models:
         if not local:
-            raise BenchError("-m MODEL is required with a URL", stage="args")
+            raise BenchError("-m MODEL is required (as perf_analyzer's -m); or --local-server to measure a private "
+                             "fastoip on the demo repository", stage="args")
         models = list(LOCAL_MODELS)
     if args.concurrency_range and args.request_rate_range:
         raise BenchError("--concurrency-range and --request-rate-range are exclusive", stage="args")
@@ -634,9 +651,10 @@ class Run:
         metrics = self.metrics if role == "server" else None
         shared = ProcessLoad(spec, self.args.processes, self.client_cpus) if self.args.processes > 1 else None
         try:
-            for level in self.s.levels:
+            for index, level in enumerate(self.s.levels, 1):
                 generator = shared or make_generator(spec, self.s.mode, level)
-                label = f"{model} [{role}] " + (f"c={level}" if self.s.mode == "concurrency" else f"r={level:g}/s")
+                label = f"level {index} of {len(self.s.levels)}: {model} [{role}] " + (
+                    f"c={level}" if self.s.mode == "concurrency" else f"r={level:g}/s")
                 if metrics is not None:
                     metrics.start()
                 try:
@@ -744,7 +762,7 @@ class Run:
             write_perf_analyzer_csv(rows, self.args.csv, self.args.verbose_csv, self.args.percentile,
                                     self.args.collect_metrics)
         if self.rows:
-            render_table(document)
+            render_table(document, wide=self.args.wide)
         if self.error is not None:
             print(f"fastoip bench: error: {self.error}", file=sys.stderr, flush=True)
             return 1

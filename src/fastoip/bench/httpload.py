@@ -1,9 +1,8 @@
 """HTTP/1.1 load: a minimal keep-alive client on asyncio protocols (uvloop when installed).
 
-No HTTP library on the hot path: each request is the pre-built bytes from
-:func:`fastoip.bench.inputs.encode_http` written to a connection; the
-protocol parses just the status line, ``Content-Length`` (or chunked
-encoding) and ``Connection: close``.  Closed loop: C connections, each sends
+Each request is the pre-built bytes from :func:`fastoip.bench.inputs.encode_http`
+written to a connection; responses are framed by httptools' response parser
+(llhttp, C: Content-Length, chunked, keep-alive), no hand-written HTTP parsing.  Closed loop: C connections, each sends
 its next request from the callback that completed the previous one.  Open
 loop: a scheduler hands each request to an idle connection, opening a new one
 when none is idle (HTTP/1.1 has no multiplexing).
@@ -17,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from typing import Any
+
+import httptools
 
 from .load import LATE_NS, LoadSpec, LoopThreadGenerator, Sample, now_ns, schedule
 from .tls import ssl_context
@@ -34,39 +35,22 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
-    """(body, end) of a complete chunked body starting at ``start``; None if incomplete."""
-    parts: list[bytes] = []
-    pos = start
-    while True:
-        line_end = buf.find(b"\r\n", pos)
-        if line_end < 0:
-            return None
-        size = int(bytes(buf[pos:line_end]).split(b";")[0], 16)
-        pos = line_end + 2
-        if size == 0:
-            end = buf.find(b"\r\n\r\n", pos - 2)  # optional trailers end with an empty line
-            return (b"".join(parts), end + 4) if end >= 0 else None
-        if len(buf) < pos + size + 2:
-            return None
-        parts.append(bytes(buf[pos : pos + size]))
-        pos += size + 2
-
-
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection: parse responses, hand them to the owner."""
+    """One keep-alive connection: httptools' response parser (llhttp) frames each response, the owner gets it.
+
+    The parser handles Content-Length and chunked bodies, split reads and keep-alive; a response it cannot parse
+    counts as ``BAD_RESPONSE`` and closes the connection.
+    """
 
     def __init__(self, owner: HttpLoad) -> None:
         self.owner = owner
         self.transport: Any = None
-        self.buf = bytearray()
         self.busy = False
         self.closed = False
         self.t0 = 0
-        self._need = -1
-        self._body_start = 0
-        self._head = b""
-        self._chunked = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._body: list[bytes] = []
+        self._header_length: int | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -78,42 +62,35 @@ class _Conn(asyncio.Protocol):
         self.transport.write(payload)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        while True:
-            if self._need < 0:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = bytes(buf[:end]).lower()
-                self._head = head
-                self._body_start = end + 4
-                at = head.find(b"\r\ncontent-length:")
-                if at >= 0:
-                    line_end = head.find(b"\r\n", at + 2)
-                    self._need = end + 4 + int(head[at + 17 : line_end if line_end > 0 else len(head)])
-                    self._chunked = False
-                elif b"chunked" in head:
-                    self._need = 0
-                    self._chunked = True
-                else:
-                    self._need = end + 4
-                    self._chunked = False
-            if self._chunked:
-                found = _dechunk(buf, self._body_start)
-                if found is None:
-                    return
-                body, stop = found
-            else:
-                if len(buf) < self._need:
-                    return
-                body, stop = bytes(buf[self._body_start : self._need]), self._need
-            del buf[:stop]
-            head, self._need = self._head, -1
-            self.busy = False
-            self.owner.on_response(self, head, body)
-            if not buf:
-                return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.busy:
+                self.busy = False
+                self.owner.recorder.error(now_ns(), "BAD_RESPONSE")
+            self.transport.close()
+
+    # httptools' parser callbacks ------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._body = []
+        self._header_length = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == 31 and name.lower() == b"inference-header-content-length":
+            try:
+                self._header_length = int(value)
+            except ValueError:
+                self._header_length = -1  # not a number: the slow check refuses the body
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        parts = self._body
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.busy = False
+        parser = self._parser
+        self.owner.on_response(self, parser.get_status_code(), self._header_length, parser.should_keep_alive(), body)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -144,30 +121,21 @@ class HttpLoad(LoopThreadGenerator):
         return self.spec.requests[k]
 
     # Callbacks from the connections ----------------------------------------------
-    def on_response(self, conn: _Conn, head: bytes, body: bytes) -> None:
+    def on_response(self, conn: _Conn, status: int, header_length: int | None, keep_alive: bool, body: bytes) -> None:
         t1 = now_ns()
-        status = head[9:12]
-        if status != b"200":
-            self.recorder.error(t1, status.decode("latin-1") or "BAD_RESPONSE")
-        elif len(body) in self._ok_lengths or self.spec.check.slow_ok(body, self._header_length(head)):
+        if status != 200:
+            self.recorder.error(t1, str(status) if status else "BAD_RESPONSE")
+        elif len(body) in self._ok_lengths or self.spec.check.slow_ok(body, header_length):
             self.recorder.ok(t1, t1 - conn.t0)
         else:
             self.recorder.error(t1, "BAD_RESPONSE")
-        if b"\r\nconnection: close" in head:
+        if not keep_alive:  # Connection: close (or HTTP/1.0)
             conn.transport.close()
             return
         if self._running and not self._open:
             conn.send(self._take())
         else:
             self._idle.append(conn)
-
-    @staticmethod
-    def _header_length(head: bytes) -> int | None:
-        at = head.find(b"\r\ninference-header-content-length:")
-        if at < 0:
-            return None
-        line_end = head.find(b"\r\n", at + 2)
-        return int(head[at + 34 : line_end if line_end > 0 else len(head)])
 
     def on_lost(self, conn: _Conn) -> None:
         self._conns.discard(conn)

@@ -1,4 +1,4 @@
-"""The live progress line (rich); silent with --quiet or when stdout is not a terminal."""
+"""Progress: a live line (rich) on a terminal; a plain line per window on stderr otherwise (CI logs); none with -q."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ class Progress:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and sys.stdout.isatty()
+        #: not a terminal: one plain line per finished window (and per warm-up) instead of a live line
+        self.plain = enabled and not self.enabled
         self._live: Any = None
 
     def __enter__(self) -> Progress:
@@ -34,13 +36,13 @@ class Progress:
 
     def level(self, label: str, phase: str, result: Any, percentile: int | None) -> None:
         """Describe a level in progress (called by measure_level after each window)."""
-        if self._live is None:
+        if self._live is None and not self.plain:
             return
         if phase == "warmup":
-            self.update(f"{label}  warming up ...")
+            self._say(f"{label}  warming up ...")
             return
         if phase == "tick":
-            if not result.windows:
+            if not result.windows and not self.plain:
                 self.update(f"{label}  measuring window 1 ...")
             return
         window = result.windows[-1]
@@ -48,7 +50,13 @@ class Progress:
         what = "avg" if percentile is None else f"p{percentile}"
         lat = "-" if latency is None else f"{latency / 1e3:.3f} ms"
         errors = sum(window.sample.errors.values())
-        self.update(
+        self._say(
             f"{label}  window {len(result.windows)}: {window.req_per_s * result.batch_size:,.0f} infer/s, "
             f"{what} {lat}" + (f", {errors} errors" if errors else "")
         )
+
+    def _say(self, message: str) -> None:
+        if self.plain:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            self.update(message)

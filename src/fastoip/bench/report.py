@@ -230,13 +230,20 @@ def _errors(errors: dict) -> str:
     return ", ".join(f"{status}:{count}" for status, count in errors.items()) or "0"
 
 
-def render_table(document: dict, out: TextIO | None = None) -> None:
-    """The final results table (rich)."""
+#: Width of the default table: an 80-column terminal or CI log shows it whole.
+COMPACT_WIDTH = 80
+
+
+def render_table(document: dict, out: TextIO | None = None, wide: bool = False) -> None:
+    """The final results table (rich): compact (80 columns) by default, every column with ``wide``."""
+    stream = out or sys.stdout
+    if not wide:
+        _render_compact(document, stream)
+        return
     from rich.console import Console
     from rich.table import Table
 
-    stream = out or sys.stdout
-    console = Console(file=stream, width=None if stream.isatty() else 200, soft_wrap=False)
+    console = Console(file=stream, width=None if stream.isatty() else 240, soft_wrap=False)
     rows = document["results"]
     show_server = any(r.get("server") for r in rows)
     show_cpu = any(r.get("server_cpu_percent") is not None for r in rows)
@@ -290,6 +297,42 @@ def render_table(document: dict, out: TextIO | None = None) -> None:
             ]
         table.add_row(*cells)
     console.print(table)
+    _notes(console, document)
+
+
+def _render_compact(document: dict, stream: TextIO) -> None:
+    """level, infer/s and perf_analyzer's percentiles (p50/p90/p95/p99) in at most 80 columns; the model is
+    a column only when several were measured, the target only when the ceiling was."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=stream, width=COMPACT_WIDTH if not stream.isatty() else None, soft_wrap=False)
+    rows = document["results"]
+    models = sorted({r["model"] for r in rows})
+    targets = {r["target"] for r in rows}
+    title = (f"{document['url']}  batch {document['batch_size']}" + (f"  model {models[0]}" if len(models) == 1 else "")
+             + "  latency in ms")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0),
+                  caption="* not stable; --wide: req/s, avg, errors by status, CPU, server split",
+                  caption_justify="left")
+    columns = [*(["model"] if len(models) > 1 else []), *(["target"] if len(targets) > 1 else []),
+               "level", "infer/s", "p50", "p90", "p95", "p99", "errors"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("model", "target", "level", "errors") else "right",
+                         no_wrap=True, overflow="ellipsis", max_width=14 if name == "model" else None)
+    for row in rows:
+        latency = row["latency_us"]
+        cells = [*([row["model"]] if len(models) > 1 else []), *([row["target"]] if len(targets) > 1 else []),
+                 _level(row), f"{row['throughput_infer_per_s']:.0f}" + ("" if row["stable"] else "*"),
+                 *[_ms(latency[k]) for k in ("p50", "p90", "p95", "p99")], str(sum(row["errors"].values()))]
+        table.add_row(*cells)
+    console.print(table)
+    _notes(console, document)
+
+
+def _notes(console: Any, document: dict) -> None:
+    rows = document["results"]
     unstable = [r for r in rows if not r["stable"]]
     if unstable:
         console.print(

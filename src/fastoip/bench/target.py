@@ -71,7 +71,7 @@ class Target:
         """``host[:port]``, ``grpc://host:port``, ``http://host:port`` or ``https://host:port``.
 
         An explicit ``protocol`` (``-i``) wins over the URL's scheme; without
-        either the protocol is gRPC.  A missing port is the protocol's default
+        either the protocol is HTTP (perf_analyzer's default).  A missing port is the protocol's default
         (8001 for gRPC, 8000 for HTTP, 443 for HTTPS), as with perf_analyzer. An ``https://`` URL gives a
         target with default TLS settings, which the ``--ssl-https-*`` flags then replace.
         """
@@ -90,7 +90,7 @@ class Target:
         rest = rest.rstrip("/")
         if "/" in rest:
             raise BenchError(f"URL {url!r} must not have a path", stage="args")
-        proto = protocol or scheme or "grpc"
+        proto = protocol or scheme or "http"
         if proto not in DEFAULT_PORTS:
             raise BenchError(f"unknown protocol {proto!r} (use grpc or http)", stage="args")
         host, port = rest, (HTTPS_PORT if scheme == "https" else DEFAULT_PORTS[proto])

@@ -219,6 +219,10 @@ class Core:
     def draining(self) -> bool:
         return self.data.draining
 
+    def requests_in_flight(self) -> int:
+        """Requests the models hold now (queued or running), all versions together."""
+        return sum(model.in_flight for record in self.repository.records() for model in record.versions.values())
+
     def begin_shutdown(self) -> None:
         """First shutdown stage: readiness goes false so load balancers stop routing here,
         but requests that still arrive are served (no 'unknown model' while traffic drains)."""

@@ -132,10 +132,29 @@ def read_config_file(path: Path) -> mc.ModelConfig:
     """Parse a config.pbtxt; InvalidArgument with the parser's message on error."""
     config = mc.ModelConfig()
     try:
-        text_format.Parse(path.read_text(), config)
-    except (text_format.ParseError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"{path}: {exc}") from None
+        text = path.read_text()
+        text_format.Parse(text, config)
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"{path}: not UTF-8 text: {exc}") from None
+    except text_format.ParseError as exc:
+        raise InvalidArgument(_parse_error_message(path, text, exc)) from None
     return config
+
+
+def _parse_error_message(path: Path, text: str, exc: text_format.ParseError) -> str:
+    """``<path>, line L, column C: <what protobuf expected>`` and the offending line, as compilers say it."""
+    line, column = exc.GetLine(), exc.GetColumn()
+    message = str(exc)
+    if line is None:
+        return f"{path}: {message}"
+    prefix = f"{line}:{column} : "
+    if message.startswith(prefix):
+        message = message[len(prefix):]
+    lines = text.splitlines()
+    source = lines[line - 1].strip()[:120] if 0 < line <= len(lines) else ""
+    shown = f" (line {line} reads: {source!r})" if source and source not in message else ""
+    return f"{path}, line {line}, column {column}: {message}{shown}"
+
 
 
 def named_copy(config: mc.ModelConfig, model_name: str) -> mc.ModelConfig:

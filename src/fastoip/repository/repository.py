@@ -51,6 +51,7 @@ from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
 from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
 from .defaults import fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
+from .layout import missing_version_hint
 from .loaded import LoadedModel
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
@@ -411,7 +412,9 @@ class ModelRepository:
         filename = base.default_model_filename or kind.default_filename
         available = _version_numbers(name, model_dir, filename)
         if not available:
-            raise Unavailable(f"model '{name}': no version directory holds '{filename}'")
+            hint = missing_version_hint(name, model_dir, filename)
+            missing = f"model '{name}': no version directory holds '{filename}'"
+            raise Unavailable(f"{missing}; {hint}" if hint else missing)
         selected = _select_versions(base, available, name)
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
 

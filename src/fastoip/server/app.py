@@ -27,6 +27,7 @@ from ..core import Core
 from ..repository import RepositoryOptions
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
+from .ports import PortClaims, claim_ports
 
 if TYPE_CHECKING:
     from .grpc.native_options import NativeGrpcOptions
@@ -133,6 +134,8 @@ class ServerApp:
         self.core.server_name = options.server_id
         self._stop = threading.Event()
         self._hurry = threading.Event()  # a second signal: no more grace period
+        self._interactive = False  # stopped by Ctrl-C (SIGINT): an idle server skips the grace period
+        self._started = False  # every listener is up: a failed start has nobody to drain
         # the running frontends (grpc.Server or the native server; HttpServer; MetricsServer), None until started
         self.grpc_server: Any = None
         self.grpc_port = 0
@@ -142,8 +145,20 @@ class ServerApp:
         self.metrics_port = 0
 
     def start(self) -> None:
+        # The ports first: one in use is reported now, not after every model loaded.
+        claims = claim_ports(self._listeners())
+        try:
+            log.info("model repository: %s", ", ".join(str(r) for r in self.core.repository.roots))
+            self._load_models()
+            self._start_frontends(claims)
+        finally:
+            claims.release_all()
+        self._started = True
+
+    def _load_models(self) -> None:
+        """Triton's start-up: flags without effect said once, the pinned pool sized, the models loaded
+        (``--exit-on-error=true``: one that failed stops the start)."""
         options = self.options
-        log.info("model repository: %s", ", ".join(str(r) for r in self.core.repository.roots))
         for line in options.no_effect_flags:
             log.info("%s", line)
         if options.pinned_pool_bytes is not None:
@@ -155,7 +170,24 @@ class ServerApp:
             failed = sorted(entry.name for entry in self.core.repository_index() if entry.state == "UNAVAILABLE")
             if failed:
                 raise RuntimeError(f"failed to load all models ({', '.join(failed)}); --exit-on-error=true")
+
+    def _listeners(self) -> list[tuple[str, str, int]]:
+        """(flag, host, port) of each listener this server will open."""
+        options = self.options
+        wanted = []
+        if options.grpc_enabled:
+            wanted.append(("--grpc-port", options.host, options.grpc_port))
+        if options.http_port >= 0:
+            wanted.append(("--http-port", options.http_host or options.host, options.http_port))
+        if options.metrics_port >= 0:
+            host = options.metrics_host or options.http_host or options.host
+            wanted.append(("--metrics-port", host, options.metrics_port))
+        return wanted
+
+    def _start_frontends(self, claims: PortClaims) -> None:
+        options = self.options
         frontend = choose_grpc_frontend(options.grpc_frontend) if options.grpc_enabled else "off"
+        claims.release("--grpc-port")
         if frontend == "native":
             from .grpc.native_options import NativeGrpcOptions
             from .grpc.native_server import create_native_server
@@ -191,6 +223,7 @@ class ServerApp:
         if options.http_port >= 0:
             from .http import HttpServer
 
+            claims.release("--http-port")
             http_host = options.http_host or options.host
             self.http_server = HttpServer(
                 self.core,
@@ -208,6 +241,7 @@ class ServerApp:
             from .metrics_http import MetricsServer
 
             metrics_host = options.metrics_host or options.http_host or options.host
+            claims.release("--metrics-port")
             self.metrics_server = MetricsServer(self.core, metrics_host, options.metrics_port)
             self.metrics_port = self.metrics_server.start()
             self._announce(f"fastoip: metrics listening on {metrics_host}:{self.metrics_port}")
@@ -218,10 +252,16 @@ class ServerApp:
         else:
             log.info("%s", line)
 
-    def stop(self) -> None:
-        """Begin shutting down; called again (a second signal), skip what is left of the grace period."""
+    def stop(self, interactive: bool = False) -> None:
+        """Begin shutting down; called again (a second signal), skip what is left of the grace period.
+
+        ``interactive``: a person pressed Ctrl-C (SIGINT); with no request in flight the grace period is
+        skipped. SIGTERM (an orchestrator's signal) keeps it even when idle: new traffic may still be routed
+        here until the load balancer notices.
+        """
         if self._stop.is_set():
             self._hurry.set()
+        self._interactive = self._interactive or interactive
         self._stop.set()
 
     def wait(self) -> None:
@@ -237,10 +277,17 @@ class ServerApp:
         calls they took finish, up to ``exit_timeout``.  Only then does the Core refuse.
         """
         options = self.options
-        log.info("shutting down: readiness false, serving for %.1f s more", options.shutdown_grace)
+        grace = options.shutdown_grace
+        if not self._started:
+            grace = 0.0  # the start failed: no load balancer routes here
+        elif self._interactive and self.core.requests_in_flight() == 0:
+            grace = 0.0
+            log.info("shutting down: Ctrl-C with no request in flight, no grace period")
+        if grace > 0:
+            log.info("shutting down: readiness false, serving for %.1f s more", grace)
         self.core.begin_shutdown()
-        if options.shutdown_grace > 0:
-            self._hurry.wait(options.shutdown_grace)
+        if grace > 0:
+            self._hurry.wait(grace)
         stopped: list[Any] = []
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
@@ -286,7 +333,7 @@ def serve(options: ServeOptions) -> int:
 
     def on_signal(signum: int, frame: object) -> None:
         log.info("signal %s received", signal.Signals(signum).name)
-        server.stop()
+        server.stop(interactive=signum == signal.SIGINT)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -28,7 +28,7 @@ from ...tracing import FrontendTrace
 from ...wire import http as wire
 from ...wire.http import json_excerpt
 from ..forward_headers import HeaderForwarder
-from . import openapi
+from . import docs_assets, openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
@@ -58,6 +58,8 @@ class HttpFrontend(Router):
             "/v2/logging": {"GET": self.get_log_settings, "POST": self.update_log_settings},
             "/v2/docs": {"GET": self.docs_page},
             "/v2/docs/openapi.json": {"GET": self.openapi_document},
+            "/v2/docs/swagger-ui-bundle.js": {"GET": self.docs_script},
+            "/v2/docs/swagger-ui.css": {"GET": self.docs_style},
         }
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
@@ -238,6 +240,12 @@ class HttpFrontend(Router):
 
     async def docs_page(self, request: Request) -> Response:
         return Response(200, [(b"content-type", b"text/html; charset=utf-8")], openapi.DOCS_PAGE.encode())
+
+    async def docs_script(self, request: Request) -> Response:
+        return docs_assets.response("swagger-ui-bundle.js")
+
+    async def docs_style(self, request: Request) -> Response:
+        return docs_assets.response("swagger-ui.css")
 
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: Request, model: str, version: str) -> Response:

@@ -285,9 +285,11 @@ OPERATIONS: dict[str, Operation] = {
     "openapi_document": Operation("This OpenAPI document", DOCS, response="OpenApiDocument"),
     "docs_page": Operation(
         "A Swagger UI page on this document", DOCS, response_type="text/html",
-        description="The page loads Swagger UI's script and style from a public CDN in the browser; the server "
-        "fetches nothing. Without network access, read /v2/docs/openapi.json.",
+        description="Swagger UI's script and style come from this server (the swagger-ui-bundle package): the "
+        "page works without network access.",
     ),
+    "docs_script": Operation("Swagger UI's script, for the docs page", DOCS, response_type="application/javascript"),
+    "docs_style": Operation("Swagger UI's style sheet, for the docs page", DOCS, response_type="text/css"),
 }
 
 PATH_PARAMETERS: dict[str, str] = {
@@ -426,12 +428,12 @@ DOCS_PAGE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <title>fastoip REST API</title>
-<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
+<link rel="stylesheet" href="/v2/docs/swagger-ui.css">
 </head>
 <body>
 <div id="swagger-ui"></div>
 <noscript>The OpenAPI document is at <a href="/v2/docs/openapi.json">/v2/docs/openapi.json</a>.</noscript>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script src="/v2/docs/swagger-ui-bundle.js"></script>
 <script>SwaggerUIBundle({url: "/v2/docs/openapi.json", dom_id: "#swagger-ui"});</script>
 </body>
 </html>
