@@ -108,15 +108,17 @@ def test_mlserver_fields_fastoip_ignores_are_logged(tmp_path: Path, caplog: pyte
     )
     (model_dir / "model-settings.json").write_text(
         '{"name": "py", "parallel_workers": 2, "warm_workers": true, "parameters": {"uri": "./x"},'
-        ' "uri": "./model.py", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],'
+        ' "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],'
         ' "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}'
     )
     with caplog.at_level(logging.WARNING, logger="fastoip"):
         core = _core(tmp_path)
     try:
         messages = [r.getMessage() for r in caplog.records]
-        for field in ("parallel_workers", "warm_workers", "uri"):
-            assert any(f"field '{field}' is not used by fastoip" in m for m in messages), field
+        assert any("field 'warm_workers' is not used by fastoip" in m for m in messages)
+        # parallel_workers is the instance count; parameters.uri is the runtime's to read
+        assert not any("'parallel_workers'" in m or "'uri'" in m for m in messages)
+        assert sum(group.count for group in core.model_config("py").instance_group) == 2
     finally:
         core.close()
 

@@ -175,6 +175,8 @@ def test_custom_resources_have_the_fields_their_controllers_read() -> None:
         assert spec["containers"][0]["name"] == "kserve-container"  # the container KServe fills in
         assert all(f["name"] == "onnx" and isinstance(f["version"], str) for f in spec["supportedModelFormats"])
         assert set(spec["protocolVersions"]) <= {"v1", "v2", "grpc-v1", "grpc-v2"}
+        # never above KServe's own runtimes (their priority is 1): applying fastoip moves no InferenceService
+        assert all(f.get("priority", 1) <= 1 for f in spec["supportedModelFormats"])
     isvc = one(kserve, "InferenceService")
     assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
     model = isvc["spec"]["predictor"]["model"]

@@ -30,11 +30,13 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)",
                        usage="fastoip serve [--model-repository DIR] [options]",
                        formatter_class=serve_help.DefaultsFormatter)
-    p.add_argument("--model-repository", "--model-store", type=Path, action="append",
+    p.add_argument("--model-repository", "--model-store", type=str, action="append",
                    default=None, metavar="DIR",
                    help="the models: DIR/<model>/<version>/model.onnx (or model.py), optional DIR/<model>/config.pbtxt "
-                        "(default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository); --model-store is "
-                        "Triton's older name, --model-repository preferred")
+                        "(default: $FASTOIP_MODEL_REPOSITORY, else the built-in demo repository), or object storage: "
+                        "s3://bucket/path, s3://[https://]host:port/bucket/path, gs://bucket/path, "
+                        "as://account/container/path; --model-store is Triton's older name, --model-repository "
+                        "preferred")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"),
                    help="bind address of gRPC, and of HTTP and metrics unless --http-address / --metrics-address "
                         "say otherwise (default 127.0.0.1; 0.0.0.0 for all interfaces)")
@@ -180,6 +182,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(
         model_repository=triton.model_repository,
         more_repositories=triton.more_repositories,
+        model_repository_url=triton.model_repository_url,
         host=triton.grpc_host or args.host,
         grpc_port=args.grpc_port,
         grpc_workers=args.grpc_workers,

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .repository.remote import parse_location
 from .server.app import ServeOptions, ServerApp
 
 #: Settings an embedded server starts with unless told otherwise: free ports, no drain delay.
@@ -64,10 +65,13 @@ class Server:
             values["metrics_port"] = -1
         if not values["grpc_enabled"] and values["http_port"] < 0:
             raise ValueError("fastoip.Server with neither gRPC nor HTTP has nothing to serve")
-        root = Path(model_repository) if model_repository is not None else None
+        url = str(model_repository) if isinstance(model_repository, str) and "://" in model_repository else None
+        if url is not None:
+            parse_location(url)  # an unsupported scheme is refused here, naming it
+        root = Path(model_repository) if model_repository is not None and url is None else None
         if root is not None and not root.is_dir():
             raise FileNotFoundError(f"model repository '{root}' is not a directory")
-        self.options = ServeOptions(model_repository=root, **values)
+        self.options = ServeOptions(model_repository=root, model_repository_url=url, **values)
         self._app: ServerApp | None = None
         self._lock = threading.Lock()
 

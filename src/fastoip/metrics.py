@@ -576,7 +576,20 @@ def prometheus_text(
     ``cached``: the versions the response cache applies to.
     """
     failures = {key: stats.failure_counts() for key, stats in (models or {}).items()}
-    return exposition_text(model_families(snapshots, pending, failures, models, cached=cached))
+    families = model_families(snapshots, pending, failures, models, cached=cached)
+    for registry in _registries:
+        families = [*families, *registry.collect()]
+    return exposition_text(families)
+
+
+#: Other prometheus_client registries exported after fastoip's families (MLServer runtimes' custom metrics).
+_registries: list[Any] = []
+
+
+def add_registry(registry: Any) -> None:
+    """Export ``registry``'s families (a prometheus_client ``CollectorRegistry``) on /metrics too."""
+    if registry not in _registries:
+        _registries.append(registry)
 
 
 def exposition_text(families: Iterable[Metric]) -> str:

@@ -32,7 +32,9 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     )),
     ("limits", "what one request or connection may cost", (
         "--http-max-input-size", "--grpc-max-message-size", "--max-bytes-elements", "--http-max-header-size",
-        "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--grpc-stream-idle-timeout",
+        "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
+        "--http-body-min-rate-grace", "--grpc-stream-idle-timeout", "--grpc-max-connections",
+        "--grpc-max-connection-idle", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
     )),
     ("security", "TLS, restricted APIs, code loading", (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InvalidArgument
+from .repository.remote import parse_location
 from .server import restricted
 from .server.restricted import RestrictedFeatures
 from .tracing import TraceConfig, parse_trace_config
@@ -229,6 +231,8 @@ class TritonSettings:
     model_repository: Path | None
     #: Further --model-repository directories (Triton serves several).
     more_repositories: tuple[Path, ...]
+    #: An object-storage repository (s3://, gs://, as://); model_repository is None then.
+    model_repository_url: str | None
     server_id: str
     exit_timeout: float | None
     allow_http: bool
@@ -263,9 +267,11 @@ class TritonSettings:
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
     """Check and combine the parsed flags; FlagError names the flag that cannot be honoured."""
+    roots, url = _model_repository(args.model_repository)
     return TritonSettings(
-        model_repository=(_model_repositories(args.model_repository) or (None,))[0],
-        more_repositories=_model_repositories(args.model_repository)[1:],
+        model_repository=roots[0] if roots else None,
+        more_repositories=roots[1:],
+        model_repository_url=url,
         server_id=args.server_id,
         exit_timeout=float(args.exit_timeout_secs) if args.exit_timeout_secs is not None else None,
         allow_http=args.allow_http,
@@ -358,17 +364,34 @@ def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: lis
         raise FlagError(str(exc)) from None
 
 
-def _model_repositories(given: list[Path] | None) -> tuple[Path, ...]:
-    """Every --model-repository (Triton takes several; a model is found in the first that has it)."""
+def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | None]:
+    """Every local --model-repository (Triton takes several; a model is found in the first that has it), or the
+    one object-storage URL (s3://, gs://, as://)."""
     if not given:
         env = os.environ.get("FASTOIP_MODEL_REPOSITORY")
-        given = [Path(env)] if env else []
-    for root in given:
+        given = [env] if env else []
+    roots: list[Path] = []
+    urls: list[str] = []
+    for item in given:
+        text = str(item)
+        try:
+            location = parse_location(text)
+        except InvalidArgument as exc:
+            raise FlagError(f"--model-repository: {exc.message}") from None
+        if location is not None:
+            urls.append(text)
+            continue
+        root = Path(text)
         if not root.exists():
             raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
         if not root.is_dir():
             raise FlagError(f"--model-repository {root} is not a directory")
-    return tuple(dict.fromkeys(given))
+        roots.append(root)
+    if urls and (len(urls) > 1 or roots):
+        raise FlagError(
+            "--model-repository: an object-storage repository (s3://, gs://, as://) must be the only one"
+        )
+    return tuple(dict.fromkeys(roots)), (urls[0] if urls else None)
 
 
 def _log_level(args: argparse.Namespace) -> str | None:

@@ -34,13 +34,14 @@ from ..classification import read_labels
 from ..content_types import input_key, output_key
 from ..datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from ..errors import InvalidArgument
+from .model_settings import MODEL_SETTINGS, parse_model_settings
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 ONNX_PLATFORM = "onnxruntime_onnx"
-#: MLServer's per-model settings file (Python models), read when there is no config.pbtxt.
-MODEL_SETTINGS = "model-settings.json"
+#: The config parameter holding a model-settings.json document (JSON) for the model built from it.
+MODEL_SETTINGS_PARAMETER = "model_settings"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class ModelSpec:
     labels: dict[str, list[str]] = field(default_factory=dict)
     #: True when some input or output has a ``reshape`` (the infer path skips reshaping otherwise).
     reshaped: bool = False
+    #: Requests are checked as MLServer checks them (a model from model-settings.json): any input name,
+    #: datatype and shape, no required inputs, any requested output name.
+    open_tensors: bool = False
 
     @property
     def batching(self) -> bool:
@@ -382,6 +386,7 @@ def model_spec(config: mc.ModelConfig, model_dir: Path | None = None) -> ModelSp
             if e.label_filename and model_dir is not None
         },
         reshaped=any(t.reshape is not None for t in inputs + outputs),
+        open_tensors=MODEL_SETTINGS_PARAMETER in config.parameters,
     )
 
 
@@ -405,8 +410,8 @@ def config_from_json(model: str, text: object) -> mc.ModelConfig:
 
 
 # -- model-settings.json -----------------------------------------------------------------------
-def read_model_settings(path: Path, model_name: str) -> mc.ModelConfig:
-    """MLServer's ``model-settings.json`` as a ModelConfig for the Python backend.
+def read_model_settings(path: Path, model_name: str, by_name: bool = False) -> mc.ModelConfig:
+    """MLServer's ``model-settings.json`` (validated: :mod:`.model_settings`) as a ModelConfig for the Python backend.
 
     ``implementation`` -> parameter ``implementation``; ``parameters``
     (``content_type``, ``version``, ``extra`` as JSON, anything else) ->
@@ -414,60 +419,58 @@ def read_model_settings(path: Path, model_name: str) -> mc.ModelConfig:
     ``parameters.content_type``) -> config tensors, their content types ->
     parameters ``input.<name>.content_type`` / ``output.<name>.content_type``;
     ``max_batch_size`` > 1 -> ``max_batch_size`` with a dynamic batcher whose
-    delay is ``max_batch_time`` seconds, and shapes lose their batch dimension.
+    delay is ``max_batch_time`` seconds, and shapes lose their batch dimension;
+    ``parallel_workers`` -> the instance count.  The whole document travels as
+    parameter ``model_settings`` (JSON): its presence marks a model whose requests
+    are checked as MLServer checks them (names, datatypes and shapes are not held to
+    the declared ones).  ``by_name``: the model is named by the file (MLServer's
+    layouts), so its ``name`` is the model's; otherwise the folder's name must match.
     """
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"{path}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"{path}: expected a JSON object")
+    settings = parse_model_settings(path, model_name)
     config = mc.ModelConfig(name=model_name, backend="python")
-    name = doc.get("name")
-    if name and name != model_name:
+    if settings.name and settings.name != model_name and not by_name:
         raise InvalidArgument(
-            f"model '{model_name}': {MODEL_SETTINGS} name '{name}' does not match the directory name"
+            f"model '{model_name}': {MODEL_SETTINGS} name '{settings.name}' does not match the directory name"
         )
 
     def put(key: str, value: Any) -> None:
         config.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
 
-    if doc.get("implementation"):
-        put("implementation", str(doc["implementation"]))
-    max_batch_size = int(doc.get("max_batch_size") or 0)
-    batching = max_batch_size > 1
+    put(MODEL_SETTINGS_PARAMETER, settings.model_dump(mode="json", exclude_none=True))
+    if settings.implementation:
+        put("implementation", settings.implementation)
+    batching = settings.max_batch_size > 1
     if batching:
-        config.max_batch_size = max_batch_size
-        delay_s = float(doc.get("max_batch_time") or 0.0)
-        config.dynamic_batching.max_queue_delay_microseconds = int(delay_s * 1e6)
-    parameters = doc.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidArgument(f"{path}: 'parameters' must be an object")
+        config.max_batch_size = settings.max_batch_size
+        config.dynamic_batching.max_queue_delay_microseconds = int(settings.max_batch_time * 1e6)
+    if settings.parallel_workers:
+        config.instance_group.add(count=settings.parallel_workers, kind=mc.ModelInstanceGroup.KIND_CPU)
+    parameters = settings.parameters.model_dump(exclude_none=True) if settings.parameters else {}
     for key, value in parameters.items():
-        if value is not None:
-            put(key, value)
-    for kind, entries, add in (("input", doc.get("inputs") or [], config.input.add),
-                               ("output", doc.get("outputs") or [], config.output.add)):
+        if key == "autogenerate_inference_pool_gid" and not value:
+            continue
+        if key == "extra" and not value:
+            continue
+        put(key, value)
+    for kind, entries, add in (("input", settings.inputs, config.input.add),
+                               ("output", settings.outputs, config.output.add)):
         for entry in entries:
-            tensor_name = entry.get("name") if isinstance(entry, dict) else None
-            if not tensor_name:
-                raise InvalidArgument(f"{path}: every {kind} needs a name")
-            datatype = entry.get("datatype", "")
-            if datatype not in V2_TO_CONFIG:
-                raise InvalidArgument(f"{path}: {kind} '{tensor_name}': unknown datatype '{datatype}'")
-            shape = [int(d) for d in entry.get("shape") or [-1]]
+            shape = list(entry.shape) or [-1]
             if batching:
-                if not shape:
-                    raise InvalidArgument(f"{path}: {kind} '{tensor_name}': a batching model needs a batch dimension")
                 shape = shape[1:]
             tensor = add()
-            tensor.name = tensor_name
-            tensor.data_type = config_data_type(datatype)
+            tensor.name = entry.name
+            tensor.data_type = config_data_type(entry.datatype)
             tensor.dims.extend(shape)
-            content_type = (entry.get("parameters") or {}).get("content_type")
+            content_type = entry.parameters.content_type if entry.parameters else None
             if content_type:
-                put(input_key(tensor_name) if kind == "input" else output_key(tensor_name), content_type)
+                put(input_key(entry.name) if kind == "input" else output_key(entry.name), content_type)
     return config
+
+
+def is_model_settings_config(config: mc.ModelConfig) -> bool:
+    """Whether ``config`` came from a ``model-settings.json`` (requests are then checked as MLServer does)."""
+    return MODEL_SETTINGS_PARAMETER in config.parameters
 
 
 _INT64_TYPES = frozenset(

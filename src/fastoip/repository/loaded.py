@@ -118,9 +118,9 @@ class LoadedModel:
                 or tensor.datatype != expected.datatype
                 or not expected.accepts(tensor.shape)
                 or tensor.data is None
-            ):
+            ) and not (spec.open_tensors and tensor.data is not None and name not in feeds):
                 self._reject_input(tensor, expected, feeds)
-            if batching:
+            if batching and tensor.shape:  # (checked above to have a batch dim, unless open_tensors)
                 if not feeds:
                     batch_size = tensor.shape[0]
                 elif tensor.shape[0] != batch_size:
@@ -129,7 +129,7 @@ class LoadedModel:
                         f"{tensor.shape[0]}, others {batch_size}"
                     )
             feeds[name] = tensor.data
-        if len(feeds) != len(spec.inputs):
+        if len(feeds) != len(spec.inputs) and not spec.open_tensors:
             missing = [t.name for t in spec.inputs if t.name not in feeds and not t.optional]
             if missing:
                 required = sum(1 for t in spec.inputs if not t.optional)
@@ -151,14 +151,15 @@ class LoadedModel:
         if request.outputs:
             output_names = []
             for wanted in request.outputs:
-                if wanted.name not in spec.output_by_name:
+                if wanted.name not in spec.output_by_name and not spec.open_tensors:
                     raise InvalidArgument(
                         f"unexpected inference output '{wanted.name}' for model '{self.name}'; "
                         f"outputs: {', '.join(t.name for t in spec.outputs)}"
                     )
                 if wanted.name in output_names:
                     raise InvalidArgument(f"output '{wanted.name}' already exists in request")
-                class_count(wanted, spec.output_by_name[wanted.name].datatype)
+                if wanted.name in spec.output_by_name:
+                    class_count(wanted, spec.output_by_name[wanted.name].datatype)
                 output_names.append(wanted.name)
         else:
             output_names = self.all_output_names

@@ -7,6 +7,8 @@ Rules:
 - A reload builds the new versions while the old ones keep serving and swaps
   them in when they are ready (Triton's poll mode unloads first; that is the
   downtime this avoids).  A failed reload leaves the old versions serving.
+- A repository copied from object storage is synced first; when that fails (the bucket vanished, the
+  credentials expired) the poll is skipped and nothing is unloaded.
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ class RepositoryPoller:
             self._thread.join(timeout=30)
 
     def poll_once(self) -> None:
+        source = self.repository.source
+        if source is not None:
+            try:
+                source.sync()
+            except InferenceError as exc:  # the storage is unreachable: keep serving what is loaded
+                log.error("poll: %s; the loaded models keep serving", exc.message)
+                return
         names = set(self.repository.model_names())
         for name in sorted(names):
             current = fingerprint(self.repository.model_dir(name))

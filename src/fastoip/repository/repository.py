@@ -41,24 +41,38 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..options import RepositoryOptions
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
-from .config import MODEL_SETTINGS, named_copy, read_config_file, read_model_settings
+from .config import (
+    MODEL_SETTINGS,
+    is_model_settings_config,
+    named_copy,
+    parameter,
+    read_config_file,
+    read_model_settings,
+)
 from .defaults import fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .layout import missing_version_hint
 from .loaded import LoadedModel
+from .model_settings import find_model_settings
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .validation import validate_config
 from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
+
+
+class RepositorySource(Protocol):
+    """What ``root`` is a copy of: :meth:`sync` brings the copy up to date (``remote.RemoteRepository``)."""
+
+    def sync(self) -> bool: ...
 
 
 class ModelState(str, enum.Enum):
@@ -101,21 +115,45 @@ class ModelRepository:
         self._load_lock = threading.Lock()
         #: Ensembles whose steps are being loaded (outermost first): a step naming one of them is a cycle.
         self._ensembles_loading: list[str] = []
+        #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
+        self._settings_dirs: dict[str, Path] = {}
+        #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
+        self.source: RepositorySource | None = None
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
-        """Model directories in the repositories, sorted (a name in several: once, the first one's)."""
+        """Models in the repositories, sorted (a name in several: once, the first one's): their directories
+        (Triton's layout) and the folders holding a ``model-settings.json`` deeper down or at a root (MLServer's
+        layouts, :mod:`.model_settings`)."""
         names: set[str] = set()
+        settings_dirs: dict[str, Path] = {}
         for root in self.roots:
-            if root.is_dir():
-                names.update(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if not root.is_dir():
+                continue
+            found = find_model_settings(root)
+            for name, folder in found.items():
+                settings_dirs.setdefault(name, folder)
+            containers = {folder.relative_to(root).parts[0] for folder in found.values() if folder != root}
+            names |= {
+                p.name
+                for p in root.iterdir()
+                if p.is_dir()
+                and not p.name.startswith(".")
+                and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
+            }
+            names |= set(found)
+        self._settings_dirs = settings_dirs
         return sorted(names)
 
     def model_dir(self, name: str) -> Path:
-        """The directory of model ``name``: in the first repository that has it (else the first repository)."""
+        """The folder of model ``name``: ``<root>/<name>`` in the first repository that has it, or where its
+        model-settings.json was found."""
         for root in self.roots:
             if (root / name).is_dir():
                 return root / name
+        found = self._settings_dirs.get(name)
+        if found is not None:
+            return found
         return self.root / name
 
     # -- lookups on the infer path --------------------------------------------
@@ -357,7 +395,8 @@ class ModelRepository:
         return message
 
     def _model_dir(self, name: str) -> Path:
-        """The one place a model name becomes a path: refused unless it is a plain name under the root."""
+        """The one place a model name becomes a path: refused unless it is a plain name; under the root, or
+        where its model-settings.json was found (MLServer's layouts, :meth:`model_dir`)."""
         check_model_name(name)
         return self.model_dir(name)
 
@@ -378,7 +417,9 @@ class ModelRepository:
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
-            base = read_model_settings(model_dir / MODEL_SETTINGS, name)
+            # MLServer's layouts: the file names the model
+            by_name = all(model_dir != root / name for root in self.roots)
+            base = read_model_settings(model_dir / MODEL_SETTINGS, name, by_name=by_name)
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
@@ -411,6 +452,9 @@ class ModelRepository:
             )
         filename = base.default_model_filename or kind.default_filename
         available = _version_numbers(name, model_dir, filename)
+        if not available and is_model_settings_config(base) and kind.name == "python":
+            # MLServer's layout: no version folders; the implementation sits beside model-settings.json
+            return base, kind, [(settings_version(base), model_dir / MODEL_SETTINGS)]
         if not available:
             hint = missing_version_hint(name, model_dir, filename)
             missing = f"model '{name}': no version directory holds '{filename}'"
@@ -500,6 +544,12 @@ def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> 
     reason = record.reason if record is not None and record.reason else ""
     detail = f" Model '{step}' loading failed with error: {reason}" if reason else ""
     return InvalidArgument(f"ensemble '{name}' depends on '{step}' which has no loaded version.{detail}")
+
+
+def settings_version(config: mc.ModelConfig) -> int:
+    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1."""
+    text = parameter(config, "version").strip()
+    return int(text) if text.isdigit() else 1
 
 
 #: Instances one load through the API may ask for (issue 27: each is a session and a thread; 100 took 526 MB).

@@ -23,8 +23,9 @@ from ..errors import Unsupported
 
 log = logging.getLogger("fastoip.repository")
 
-#: model-settings.json fields that describe MLServer's process model, not the model.
-IGNORED_MODEL_SETTINGS = ("parallel_workers", "uri", "warm_workers")
+#: model-settings.json fields that describe MLServer's process model, not the model (``parallel_workers`` is
+#: the instance count; ``parameters.uri`` is read by the runtime).
+IGNORED_MODEL_SETTINGS = ("warm_workers",)
 
 
 #: Backend kinds whose models may be decoupled (answer a request with any number of responses).

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import metrics
 from ..core import Core
 from ..repository import RepositoryOptions
+from ..repository.remote import RemoteRepository, parse_location
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 from .ports import PortClaims, claim_ports
@@ -51,6 +52,8 @@ class ServeOptions:
     model_repository: Path | None = None
     #: Further model repositories (Triton's repeated --model-repository); a model is found in the first that has it.
     more_repositories: tuple[Path, ...] = ()
+    #: A repository on object storage (s3://, gs://, as://), copied to a local cache (repository/remote.py).
+    model_repository_url: str | None = None
     host: str = "127.0.0.1"
     grpc_port: int = 8001
     grpc_workers: int = 16
@@ -115,6 +118,13 @@ class ServerApp:
         self.options = options
         self.own_process = own_process
         root = options.model_repository
+        self.remote: RemoteRepository | None = None
+        if options.model_repository_url:
+            location = parse_location(options.model_repository_url)
+            assert location is not None  # checked with the flags
+            self.remote = RemoteRepository(location)
+            self.remote.sync()  # an unreadable repository is a start-time error, as a missing folder is
+            root = self.remote.local
         if root is None:
             from ..demo import default_repository
 
@@ -132,6 +142,8 @@ class ServerApp:
             trace_config=options.trace_config,
         )
         self.core.server_name = options.server_id
+        if self.remote is not None:
+            self.core.repository.source = self.remote  # poll mode syncs before each scan
         self._stop = threading.Event()
         self._hurry = threading.Event()  # a second signal: no more grace period
         self._interactive = False  # stopped by Ctrl-C (SIGINT): an idle server skips the grace period
@@ -301,6 +313,8 @@ class ServerApp:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.core.close()
+        if self.remote is not None:
+            self.remote.close()  # the local copy of an object-storage repository
         self._announce("fastoip: stopped")
 
 

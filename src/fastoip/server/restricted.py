@@ -67,6 +67,8 @@ HTTP_FIXED_PATH_CATEGORIES = {
     "/v2/repository/index": MODEL_REPOSITORY,
     "/v2/trace/setting": TRACE,
     "/v2/logging": LOGGING,
+    "/": HEALTH,
+    "/v1/models": METADATA,
 }
 
 #: ``/v2/models/<model>[/versions/<v>][/<action>]`` -> group, by action (None: the model's metadata).
@@ -80,6 +82,10 @@ HTTP_MODEL_ACTION_CATEGORIES: dict[str | None, str] = {
     "stats": STATISTICS,
     "trace/setting": TRACE,
 }
+
+
+#: KServe V1 ``/v1/models/<model>[:<action>]`` -> group, by action (None: the model's readiness).
+HTTP_V1_MODEL_ACTION_CATEGORIES: dict[str | None, str] = {None: HEALTH, "predict": INFERENCE}
 
 
 class RestrictionError(ValueError):

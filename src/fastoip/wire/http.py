@@ -95,12 +95,14 @@ class OutputFormat:
 
 
 def decode_infer_request(
-    model_name: str, model_version: str, body: bytes, header_length: int | None
+    model_name: str, model_version: str, body: bytes, header_length: int | None, loose_bytes: bool = False
 ) -> tuple[InferRequest, OutputFormat]:
     """A JSON (+ binary tensors) request body as an InferRequest and its output format.
 
     ``header_length`` is the parsed ``Inference-Header-Content-Length`` (None:
     the whole body is JSON); the caller has checked ``0 < header_length <= len(body)``.
+    ``loose_bytes``: a BYTES input's JSON ``data`` is taken as its elements whatever its shape says
+    (MLServer's ``shape: [len(s)]`` for one string; models from model-settings.json only).
     """
     json_end = len(body) if header_length is None else header_length
     doc = _parse_json(body if header_length is None else memoryview(body)[:json_end])
@@ -109,7 +111,7 @@ def decode_infer_request(
         raise InvalidArgument(f"'id' must be a string, got {_json_type(request_id)}")
     parameters = _parameters(doc.get("parameters"), "the request")
     default_binary = _bool_parameter(parameters.pop("binary_data_output", False), "binary_data_output")
-    inputs = _decode_inputs(doc.get("inputs"), body, json_end, has_binary=header_length is not None,
+    inputs = _decode_inputs(doc.get("inputs"), body, json_end, header_length is not None, loose_bytes,
                             model_name=model_name)
     outputs, per_output = _decode_outputs(doc.get("outputs"))
     request = InferRequest(model_name, model_version, request_id, parameters, inputs, outputs)
@@ -184,7 +186,9 @@ def _parse_json(data: Any) -> dict:
     return parse_json_object(data, "inference request")
 
 
-def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool, model_name: str = "") -> list[InferInput]:
+def _decode_inputs(
+    items: Any, body: bytes, offset: int, has_binary: bool, loose_bytes: bool = False, model_name: str = ""
+) -> list[InferInput]:
     """The request's inputs; binary ones are taken from ``body`` in order, starting at ``offset``."""
     if type(items) is not list:
         raise InvalidArgument(f"'inputs' must be a list of input objects, got {_json_type(items)}")
@@ -243,7 +247,11 @@ def _decode_inputs(items: Any, body: bytes, offset: int, has_binary: bool, model
             offset += size
         elif "data" in item:
             _check_element_count(name, datatype, shape)
-            array = _json_tensor(item["data"], datatype, shape, name)
+            if loose_bytes and datatype == "BYTES" and type(item["data"]) is list:
+                flat = np.asarray(item["data"], dtype=object).reshape(-1)
+                array = _json_bytes(flat.tolist(), flat.size, name)
+            else:
+                array = _json_tensor(item["data"], datatype, shape, name)
         else:
             raise InvalidArgument(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
         inputs.append(InferInput(name, datatype, tuple(shape), array, parameters))

@@ -40,8 +40,10 @@ Modules, one job each: ``event_loop`` (the loop async model code runs on),
 ``model_file`` (importing model.py, finding its class), ``deployment``
 (``@on_deployment`` hooks), ``kind`` (the backend kind: config and instances),
 ``host`` (one model object: lifecycle, health, running jobs), ``payloads``
-(requests to ``predict`` arguments, its return value to responses) and
-``decoupled`` (a decoupled model's generator stepped into responses).
+(requests to ``predict`` arguments, its return value to responses),
+``decoupled`` (a decoupled model's generator stepped into responses) and
+``mlserver_runtime`` (an ``mlserver.MLModel`` subclass wrapped as a ``fastoip.Model``: the class attributes
+``payload_codec``, ``one_request_per_call`` and ``streams_only`` are the hooks ``host``/``kind`` read).
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class _Host:
         self.name = name
         self.version_str = str(version)
         self.spec = spec
-        self.payloads = PayloadCodec(name, self.version_str, spec, defaults)
+        # A class may bring its own payload codec (an MLServer runtime takes and gives whole requests).
+        self.payloads = getattr(cls, "payload_codec", PayloadCodec)(name, self.version_str, spec, defaults)
         self.batchable = batchable
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.lanes = 0

@@ -13,7 +13,13 @@ from ...content_types import ModelContentTypes
 from ...datatypes import CONFIG_TO_V2
 from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
-from ...repository.config import MODEL_SETTINGS, DiscoveredTensor, complete_config, model_spec
+from ...repository.config import (
+    MODEL_SETTINGS,
+    DiscoveredTensor,
+    complete_config,
+    is_model_settings_config,
+    model_spec,
+)
 from .deployment import run_deployment_hooks as _run_deployment_hooks
 from .host import PythonInstance, _Host
 from .model_file import import_model_file as _import_model_file
@@ -45,6 +51,12 @@ def _truthy(text: str) -> bool | None:
     return None
 
 
+def _resolve_class(path: Path, model_name: str, version: int, base: mc.ModelConfig) -> type:
+    """The model's class; ``path`` is model.py, or model-settings.json in MLServer's layout (nothing to import)."""
+    module = None if path.name == MODEL_SETTINGS else _import_model_file(path, model_name, version)
+    return _model_class(module, path, base, model_name)
+
+
 class PythonKind:
     """The ``python`` backend kind: ``model.py`` holding a ``fastoip.Model`` subclass."""
 
@@ -56,18 +68,20 @@ class PythonKind:
         """Before any model loads: import model.py and run its ``@on_deployment`` hooks."""
         for path in paths:
             version = int(path.parent.name) if path.parent.name.isdigit() else 0
-            module = _import_model_file(path, model_name, version)
-            cls = _model_class(module, path, base, model_name)
+            cls = _resolve_class(path, model_name, version, base)
             _run_deployment_hooks(cls, path, model_name, from_load=False)
 
     def load(
         self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: Any
     ) -> tuple[mc.ModelConfig, list[PythonInstance]]:
-        module = _import_model_file(path, model_name, version)
-        cls = _model_class(module, path, base, model_name)
+        cls = _resolve_class(path, model_name, version, base)
         _run_deployment_hooks(cls, path, model_name, from_load=True)
+        settings_model = is_model_settings_config(base)
+        if getattr(cls, "streams_only", False):  # an MLServer runtime with predict_stream and no predict
+            base = mc.ModelConfig.FromString(base.SerializeToString())
+            base.model_transaction_policy.decoupled = True
 
-        if not base.input and not base.output:
+        if not base.input and not base.output and not settings_model:
             raise InvalidArgument(
                 f"model '{model_name}': a Python model declares its inputs and outputs "
                 f"in config.pbtxt or {MODEL_SETTINGS}"
@@ -98,7 +112,7 @@ class PythonKind:
 
         said = _truthy(parameters.get("batchable", ""))
         marked = is_batchable(getattr(cls, "predict", None))
-        batchable = config.max_batch_size > 0 and (
+        batchable = config.max_batch_size > 0 and not getattr(cls, "one_request_per_call", False) and (
             said if said is not None else marked if marked is not None else config.HasField("dynamic_batching")
         )
         try:

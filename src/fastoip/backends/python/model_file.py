@@ -16,10 +16,33 @@ from ...errors import InvalidArgument
 from ...model import Model
 from ...repository.config import parameter
 from .describe import describe as _describe
+from .mlserver_runtime import adapter as mlserver_adapter
+from .mlserver_runtime import is_mlmodel, missing_extra_hint
 
 _import_lock = threading.RLock()
 _modules: dict[str, tuple[tuple[int, int], ModuleType]] = {}
 _generation = itertools.count(1)
+
+
+def _implementation_module(module_part: str, path: Path, model_name: str, implementation: str) -> ModuleType:
+    """``module_part`` as a file beside ``path`` (imported once per file version, as model.py is), else an
+    installed module (MLServer resolves it the same way: the settings' folder first on ``sys.path``)."""
+    beside = path.parent.joinpath(*module_part.split(".")).with_suffix(".py")
+    if beside.is_file():
+        return import_model_file(beside, model_name, 0)
+    sys.path.insert(0, str(path.parent))
+    try:
+        return importlib.import_module(module_part)
+    except Exception as exc:
+        raise InvalidArgument(
+            f"model '{model_name}': implementation '{implementation}': cannot import "
+            f"'{module_part}': {_describe(exc)}{missing_extra_hint(exc)}"
+        ) from exc
+    finally:
+        try:
+            sys.path.remove(str(path.parent))
+        except ValueError:
+            pass
 
 
 def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
@@ -43,7 +66,9 @@ def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(module_name, None)
-            raise InvalidArgument(f"model '{model_name}': importing {path} failed: {_describe(exc)}") from exc
+            raise InvalidArgument(
+                f"model '{model_name}': importing {path.name} failed: {_describe(exc)}{missing_extra_hint(exc)}"
+            ) from exc
         finally:
             try:
                 sys.path.remove(folder)
@@ -53,32 +78,36 @@ def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
         return module
 
 
-def model_class(module: ModuleType, path: Path, config: mc.ModelConfig, model_name: str) -> type[Model]:
+def model_class(module: ModuleType | None, path: Path, config: mc.ModelConfig, model_name: str) -> type[Model]:
+    """The model's class: ``implementation`` (a class of ``module``, or ``module.Class`` beside ``path``),
+    else the one ``fastoip.Model`` subclass ``module`` defines.  An MLServer ``MLModel`` subclass is
+    hosted through its adapter (:mod:`.mlserver_runtime`).  ``module`` is None for a model in MLServer's
+    layout (``path`` is its model-settings.json), which must name its ``implementation``."""
     implementation = parameter(config, "implementation")
     if implementation:
         module_part, _, class_part = implementation.rpartition(".")
-        if module_part and module_part != path.stem:
-            sys.path.insert(0, str(path.parent))
-            try:
-                source = importlib.import_module(module_part)
-            except Exception as exc:
-                raise InvalidArgument(
-                    f"model '{model_name}': implementation '{implementation}': cannot import "
-                    f"'{module_part}': {_describe(exc)}"
-                ) from exc
-            finally:
-                try:
-                    sys.path.remove(str(path.parent))
-                except ValueError:
-                    pass
+        if module_part and (module is None or module_part != path.stem):
+            source = _implementation_module(module_part, path, model_name, implementation)
+        elif module is None:
+            raise InvalidArgument(
+                f"model '{model_name}': implementation '{implementation}' must be 'module.Class' (the module "
+                f"beside {path.name}, or an installed one)"
+            )
         else:
             source = module
         cls = getattr(source, class_part, None)
+        if isinstance(cls, type) and is_mlmodel(cls):
+            return mlserver_adapter(cls)
         if not (isinstance(cls, type) and issubclass(cls, Model)):
             raise InvalidArgument(
-                f"model '{model_name}': implementation '{implementation}' is not a fastoip.Model subclass"
+                f"model '{model_name}': implementation '{implementation}' is not a fastoip.Model subclass "
+                "(nor an MLServer MLModel subclass)"
             )
         return cls
+    if module is None:
+        raise InvalidArgument(
+            f"model '{model_name}': {path.name} names no 'implementation' and no version folder holds model.py"
+        )
     found = [
         value
         for value in vars(module).values()

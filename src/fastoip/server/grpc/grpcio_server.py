@@ -37,6 +37,7 @@ from .service import (
     UNARY,
     DecodeFailure,
     GrpcService,
+    accept_mlserver_shapes,
     decode_request,
     encode_final,
     encode_partial,
@@ -61,7 +62,10 @@ class GrpcioFrontend:
 
     def ModelInfer(self, request: InferRequest | DecodeFailure, context: grpc.ServicerContext) -> Any:
         if type(request) is DecodeFailure:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
+            loose = accept_mlserver_shapes(self.core, request)
+            if loose is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
+            request = loose
         try:
             return self.core.infer(request, call_context(context))  # type: ignore[arg-type]  # abort() raised for a DecodeFailure
         except InferenceError as exc:
@@ -99,8 +103,11 @@ class GrpcioFrontend:
                 for request in requests:
                     started[0] += 1
                     if isinstance(request, DecodeFailure):
-                        finished.put(_codec.encode_stream_response(None, request.status_message))
-                        continue
+                        loose = accept_mlserver_shapes(core, request)
+                        if loose is None:
+                            finished.put(_codec.encode_stream_response(None, request.status_message))
+                            continue
+                        request = loose
                     try:
                         if request.parameters and take_empty_final_flag(request):
                             empty_final.add(request)

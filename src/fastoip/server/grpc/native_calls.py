@@ -38,6 +38,7 @@ from .service import (
     SERVICE,
     UNARY,
     GrpcService,
+    accept_mlserver_shapes,
     decode_request,
     encode_final,
     encode_partial,
@@ -196,8 +197,11 @@ class InferCall(Call):
             frontend.stamp("GRPC_WAITREAD_END")
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
-            self.fail(wire.INVALID_ARGUMENT, request.status_message)
-            return
+            loose = accept_mlserver_shapes(self.core.core, request)
+            if loose is None:
+                self.fail(wire.INVALID_ARGUMENT, request.status_message)
+                return
+            request = loose
         try:
             self.job = self.core.start(request, self.deadline_ns, self.done, self.headers, frontend_trace=frontend)
         except InferenceError as exc:
@@ -262,8 +266,11 @@ class StreamInferCall(Call):
         self.started += 1
         request = decode_request(cast(bytes, data))  # the codec reads any buffer
         if not isinstance(request, InferRequest):
-            self.answer(_codec.encode_stream_response(None, request.status_message))
-            return
+            loose = accept_mlserver_shapes(self.core.core, request)
+            if loose is None:
+                self.answer(_codec.encode_stream_response(None, request.status_message))
+                return
+            request = loose
         try:
             empty_final = take_empty_final_flag(request) if request.parameters else False
             job = self.core.start(request, self.deadline_ns, self.done, self.headers, self.partial_sink)

@@ -38,6 +38,7 @@ from ...core import (
 )
 from ...errors import CodecError, InvalidArgument, NotFound
 from ...types import InferRequest, InferResponse
+from .mlserver_shapes import BYTES_COUNT_MISMATCH, mlserver_request
 
 SERVICE = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -45,12 +46,14 @@ INT32_MAX = 2**31 - 1
 
 
 class DecodeFailure:
-    """What decoding a ModelInferRequest gives for bytes that do not parse."""
+    """What decoding a ModelInferRequest gives for bytes that do not parse (``data``: the bytes, kept only when
+    the refusal may be MLServer's BYTES shape, see :mod:`.mlserver_shapes`)."""
 
-    __slots__ = ("message",)
+    __slots__ = ("message", "data")
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, data: bytes | None = None) -> None:
         self.message = message
+        self.data = data
 
     @property
     def status_message(self) -> str:
@@ -63,7 +66,13 @@ def decode_request(data: bytes) -> InferRequest | DecodeFailure:
     try:
         return _codec.decode_infer_request(data)
     except CodecError as exc:
-        return DecodeFailure(str(exc))
+        message = str(exc)
+        return DecodeFailure(message, bytes(data) if BYTES_COUNT_MISMATCH in message else None)
+
+
+def accept_mlserver_shapes(core: Core, failure: DecodeFailure) -> InferRequest | None:
+    """The request of ``failure`` read with MLServer's BYTES shapes, for an MLServer-settings model; else None."""
+    return mlserver_request(core, failure.message, failure.data)
 
 
 def error_echo(request: InferRequest | DecodeFailure | None) -> InferResponse | None:

@@ -14,7 +14,10 @@ Rules:
   a string, a list of strings or null (clear) per setting; log settings are
   plain JSON values (null: left as is).  CUDA shared memory answers 503
   where the server has no GPU (as the gRPC frontend answers UNAVAILABLE).
-- Readiness answers carry the Core's not-ready reason, the same one every frontend has.
+- Readiness answers carry the Core's not-ready reason, the same one every frontend has.  Server health
+  answers ``{"live": true}`` / ``{"ready": true}`` as KServe's server does (its REST client parses them;
+  tritonclient reads the status only); a model's V2 readiness keeps the spec's empty body.
+- KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict]``): :mod:`.v1`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import asyncio
 import re
 
 from ...core import CUDA, SYSTEM, Core, config_to_json
-from ...errors import InvalidArgument, OneResponseCall
+from ...errors import InferenceError, InvalidArgument, OneResponseCall
+from ...repository.config import is_model_settings_config
 from ...tracing import FrontendTrace
 from ...wire import http as wire
 from ...wire.http import json_excerpt
@@ -33,6 +37,11 @@ from .bodies import compress, inference_header_length, off_loop_if_large, read_b
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
+from .v1 import V1Endpoints
+
+#: KServe's health bodies (its REST client reads them); Triton's clients read only the status.
+LIVE = json_response({"live": True})
+READY = json_response({"ready": True})
 
 #: Triton's words for a repository index request whose 'ready' is not a boolean.
 READY_NOT_BOOLEAN = "Invalid value for 'ready': expected a boolean"
@@ -61,6 +70,10 @@ class HttpFrontend(Router):
             "/v2/docs/swagger-ui-bundle.js": {"GET": self.docs_script},
             "/v2/docs/swagger-ui.css": {"GET": self.docs_style},
         }
+        v1 = V1Endpoints(core, max_body_size)
+        self.fixed_paths["/"] = {"GET": v1.v1_root}
+        self.fixed_paths["/v1/models"] = {"GET": v1.v1_models}
+        self.v1_model_paths = {None: {"GET": v1.v1_model_ready}, "predict": {"POST": v1.v1_predict}}
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},
@@ -89,12 +102,12 @@ class HttpFrontend(Router):
     # -- health and metadata ---------------------------------------------------------------
     async def server_live(self, request: Request) -> Response:
         if self.core.server_live():
-            return EMPTY_OK
+            return LIVE
         return error_response(400, "the server is not live")
 
     async def server_ready(self, request: Request) -> Response:
         if self.core.server_ready():
-            return EMPTY_OK
+            return READY
         return error_response(400, self.core.not_ready_reason())
 
     async def model_ready(self, request: Request, model: str, version: str) -> Response:
@@ -248,6 +261,12 @@ class HttpFrontend(Router):
         return docs_assets.response("swagger-ui.css")
 
     # -- inference -----------------------------------------------------------------------------
+    def _mlserver_model(self, model: str, version: str) -> bool:
+        try:
+            return is_model_settings_config(self.core.model_config(model, version))
+        except InferenceError:
+            return False
+
     async def infer(self, request: Request, model: str, version: str) -> Response:
         if not self.core.tracing:
             return await self._infer(request, model, version, None)
@@ -269,7 +288,16 @@ class HttpFrontend(Router):
             batching = self.core.model_config(model, version).max_batch_size > 0
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
-            infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+            try:
+                infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+            except InvalidArgument as exc:
+                # MLServer's BYTES shapes ([len(s)] for one string), for models from model-settings.json only:
+                # looked up on this error path, so other requests pay nothing for it.
+                if not (exc.message.startswith(wire.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
+                    raise
+                infer_request, output_format = wire.decode_infer_request(
+                    model, version, body, header_length, loose_bytes=True
+                )
         if self.forward_headers is not None:
             self.forward_headers.apply(request.headers, infer_request.parameters)
         try:

@@ -118,6 +118,27 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                        "id": {"type": "string"}},
         "additionalProperties": True,
     },
+    "ServerLive": {"type": "object", "description": "KServe's liveness body",
+                   "properties": {"live": {"type": "boolean"}}, "required": ["live"]},
+    "ServerReady": {"type": "object", "description": "KServe's readiness body",
+                    "properties": {"ready": {"type": "boolean"}}, "required": ["ready"]},
+    "V1Status": {"type": "object", "description": "KServe V1 liveness", "properties": {"status": {"type": "string"}}},
+    "V1Models": {"type": "object", "description": "KServe V1: the model names",
+                 "properties": {"models": {"type": "array", "items": {"type": "string"}}}},
+    "V1ModelReady": {"type": "object", "description": "KServe V1: a ready model (503 when not ready)",
+                     "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}},
+    "V1PredictRequest": {
+        "type": "object",
+        "description": "KServe V1: 'instances' (rows: values of the one input, or one object per row naming "
+        "each input) or 'inputs' (the same, or an object of input name -> rows)",
+        "properties": {"instances": {"type": "array"}, "inputs": {"type": ["array", "object"]}},
+    },
+    "V1PredictResponse": {
+        "type": "object",
+        "description": "KServe V1: the rows of the one output, or one object per row naming each output",
+        "properties": {"predictions": {}},
+        "required": ["predictions"],
+    },
     "ModelConfig": {
         "type": "object",
         "description": "Triton's model configuration (model_config.proto) in its JSON form",
@@ -223,9 +244,9 @@ SHARED_MEMORY, SETTINGS, DOCS = "shared memory", "trace and log settings", "docu
 
 #: Keyed by the handler's name (``HttpFrontend`` method): every routed handler needs an entry.
 OPERATIONS: dict[str, Operation] = {
-    "server_live": Operation("Server liveness: 200 when live", HEALTH),
+    "server_live": Operation("Server liveness: 200 when live", HEALTH, response="ServerLive"),
     "server_ready": Operation(
-        "Server readiness: 200 when ready, 400 with the reason otherwise", HEALTH,
+        "Server readiness: 200 when ready, 400 with the reason otherwise", HEALTH, response="ServerReady",
         description="Not ready while a model is not (with --strict-readiness) and from the start of a shutdown.",
     ),
     "model_ready": Operation("Model readiness: 200 when ready, 400 with the reason otherwise", HEALTH),
@@ -282,6 +303,13 @@ OPERATIONS: dict[str, Operation] = {
                                        request="TraceSettingsUpdate", response="TraceSettings"),
     "get_log_settings": Operation("Log settings", SETTINGS, response="LogSettings"),
     "update_log_settings": Operation("Change log settings", SETTINGS, request="LogSettings", response="LogSettings"),
+    # KServe's V1 protocol (server/http/v1.py)
+    "v1_root": Operation("KServe V1 liveness", HEALTH, response="V1Status"),
+    "v1_models": Operation("KServe V1: the models of the repository", METADATA, response="V1Models"),
+    "v1_model_ready": Operation("KServe V1 model readiness: 200 when ready, 503 when not, 404 unknown", HEALTH,
+                                response="V1ModelReady"),
+    "v1_predict": Operation("KServe V1 predict, run as a V2 inference", INFERENCE, request="V1PredictRequest",
+                            response="V1PredictResponse"),
     "openapi_document": Operation("This OpenAPI document", DOCS, response="OpenApiDocument"),
     "docs_page": Operation(
         "A Swagger UI page on this document", DOCS, response_type="text/html",

@@ -4,7 +4,7 @@ Rules:
 - A known path with the wrong method is 405 (with ``Allow``); an unknown path is 404.
 - Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
   core errors carry their HTTP status; anything else is a bug, logged and answered 500.
-- Subclasses fill the four tables with their handlers; this class knows no endpoint.
+- Subclasses fill the five tables with their handlers; this class knows no endpoint.
 - A :class:`StreamingResponse` sends its status and headers at once and its
   body chunk by chunk as they come (Server-Sent Events); when the client goes
   away the chunks stop and the source is closed (which cancels its request).
@@ -92,6 +92,8 @@ MODEL_PATH = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
     r"(?:/(?P<action>ready|infer|generate|generate_stream|config|stats|trace/setting))?"
 )
+#: KServe V1: ``/v1/models/<model>`` and ``/v1/models/<model>:predict`` (a model name holds no ':').
+V1_MODEL_PATH = re.compile(r"/v1/models/(?P<model>[^/:]+)(?::(?P<action>predict))?")
 REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)")
 SHARED_MEMORY_PATH = re.compile(
     r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)"
@@ -110,6 +112,8 @@ class Router:
         self.repository_paths: dict[str, dict[str, Handler]] = {}
         #: Keyed by the SHARED_MEMORY_PATH ("kind", "action") groups.
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
+        #: KServe V1, keyed by the V1_MODEL_PATH "action" group (None: the model's readiness).
+        self.v1_model_paths: dict[str | None, dict[str, Handler]] = {}
         #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
         self.restrictions: dict[str, Restriction] = {}
 
@@ -146,7 +150,7 @@ class Router:
         await send({"type": "http.response.body", "body": response.body})
 
     def routes(self) -> list[Route]:
-        """Every (method, path template) the four tables serve: what the OpenAPI document is made from.
+        """Every (method, path template) the five tables serve: what the OpenAPI document is made from.
 
         The templates are the regexes' shapes: each named group becomes a ``{parameter}``; optional parts
         (a model's version, a shared-memory region) give one template with and one without them.
@@ -161,6 +165,8 @@ class Router:
         for (kind, action), methods in self.shared_memory_paths.items():
             templates.append((f"/v2/{kind}sharedmemory/{action}", methods))
             templates.append((f"/v2/{kind}sharedmemory/region/{{region_name}}/{action}", methods))
+        for action, methods in self.v1_model_paths.items():
+            templates.append(("/v1/models/{model_name}" + (f":{action}" if action else ""), methods))
         return [Route(method, path, handler) for path, methods in templates for method, handler in methods.items()]
 
     def route(
@@ -184,8 +190,12 @@ class Router:
                 methods = self.shared_memory_paths[match["kind"], match["action"]]
                 args = (match["region"] or "",)
                 category = restricted.SHARED_MEMORY
+            elif self.v1_model_paths and (match := V1_MODEL_PATH.fullmatch(path)) is not None:
+                methods = self.v1_model_paths[match["action"]]
+                args = (match["model"],)
+                category = restricted.HTTP_V1_MODEL_ACTION_CATEGORIES.get(match["action"])
             else:
-                raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2)")
+                raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2, KServe's V1 under /v1)")
         if self.restrictions and category in self.restrictions:
             restriction = self.restrictions[category]
             if not restriction.allows((headers or {}).get(restriction.lookup_key)):

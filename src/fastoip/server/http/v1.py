@@ -1,0 +1,55 @@
+"""KServe's V1 protocol on the HTTP frontend: ``GET /``, ``GET /v1/models``, ``GET /v1/models/<m>``,
+``POST /v1/models/<m>:predict``.
+
+Rules (KServe's ``protocol/rest/v1_endpoints.py`` and ``errors.py``):
+- Translate only: the JSON mapping is :mod:`fastoip.wire.v1`; predict runs through the Core's one
+  infer path (``infer_async``), so every scheduler, statistic and trace sees it as a V2 request.
+- ``GET /`` answers ``{"status": "alive"}`` (what KServe's V1 client reads as liveness);
+  ``GET /v1/models`` answers ``{"models": [names]}`` (every model the repository knows).
+- A model not ready answers 503 and an unknown model 404, with KServe's messages, before the body is read.
+"""
+
+from __future__ import annotations
+
+from ...core import Core
+from ...wire import v1 as wire
+from .bodies import read_body
+from .router import Request, Response, error_response, json_response
+
+JSON = b"application/json"
+
+
+class V1Endpoints:
+    """The V1 handlers; the router calls the model ones with the model name."""
+
+    def __init__(self, core: Core, max_body_size: int) -> None:
+        self.core = core
+        self.max_body_size = max_body_size
+
+    async def v1_root(self, request: Request) -> Response:
+        return json_response({"status": "alive"})
+
+    async def v1_models(self, request: Request) -> Response:
+        return json_response({"models": sorted({entry.name for entry in self.core.repository_index()})})
+
+    async def v1_model_ready(self, request: Request, model: str) -> Response:
+        refusal = self._refusal(model)
+        return refusal or json_response({"name": model, "ready": True})
+
+    async def v1_predict(self, request: Request, model: str) -> Response:
+        refusal = self._refusal(model)
+        if refusal is not None:
+            return refusal
+        body = await read_body(request, self.max_body_size)
+        inputs = self.core.model_metadata(model).inputs
+        infer_request, rows_added = wire.decode_predict_request(model, body, inputs)
+        response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+        return Response(200, [(b"content-type", JSON)], wire.encode_predictions(response, rows_added))
+
+    def _refusal(self, model: str) -> Response | None:
+        """KServe's answer for a model that cannot serve (404 unknown, 503 not ready), else None."""
+        if self.core.model_ready(model):
+            return None
+        if not self.core.model_known(model):
+            return error_response(404, f"Model with name {model} does not exist.")
+        return error_response(503, f"Model with name {model} is not ready.")

@@ -1,0 +1,371 @@
+"""MLServer runtimes (``mlserver.MLModel`` subclasses) and MLServer's layouts, served unchanged by a real server.
+
+The runtimes are written here the way MLServer's docs write them; requests are encoded with mlserver's own
+codecs and sent over HTTP (JSON) and gRPC (tritonclient, including a stream), and the answers decoded
+with the same codecs.  model-settings.json validation and the missing-extra message need no mlserver.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastoip
+
+try:
+    import mlserver  # noqa: F401
+    from mlserver.codecs import Base64Codec, DatetimeCodec, NumpyCodec, PandasCodec, StringCodec
+    from mlserver.types import InferenceRequest, InferenceResponse
+except ImportError:
+    HAS_MLSERVER = False
+else:
+    HAS_MLSERVER = True
+
+needs_mlserver = pytest.mark.skipif(
+    not HAS_MLSERVER, reason="mlserver is not installed (pip install 'fastoip[mlserver]')"
+)
+
+JSON_RUNTIME = '''
+import json
+from mlserver import MLModel, types
+from mlserver.codecs import StringCodec
+
+
+class JsonHelloWorldModel(MLModel):
+    async def load(self) -> bool:
+        self.greeting = "Hello from the server."
+        return True
+
+    async def predict(self, payload: types.InferenceRequest) -> types.InferenceResponse:
+        request = {i.name: json.loads("".join(self.decode(i, default_codec=StringCodec))) for i in payload.inputs}
+        answer = json.dumps({"request": request, "server_response": self.greeting}).encode("UTF-8")
+        return types.InferenceResponse(
+            id=payload.id, model_name=self.name, model_version=self.version,
+            outputs=[types.ResponseOutput(name="echo_response", shape=[len(answer)], datatype="BYTES",
+                                          data=[answer], parameters=types.Parameters(content_type="str"))],
+        )
+'''
+
+SUM_RUNTIME = '''
+import mlserver
+import numpy as np
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec
+from mlserver.types import InferenceRequest, InferenceResponse
+from mlserver.utils import get_model_uri
+
+
+class SumModel(MLModel):
+    async def load(self) -> bool:
+        uri = await get_model_uri(self.settings)
+        with open(uri) as f:
+            self.offset = float(f.read())
+        self.scale = self.settings.parameters.extra["scale"]
+        mlserver.register("sum_calls", "predict calls of the sum model")
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        x = NumpyCodec.decode_input(payload.inputs[0])
+        total = x.sum(axis=-1, keepdims=True) * self.scale + self.offset
+        mlserver.log(sum_calls=1, sum_rows=len(x))
+        return InferenceResponse(model_name=self.name, model_version=self.version,
+                                 outputs=[NumpyCodec.encode_output("total", total.astype(np.float32))])
+'''
+
+STREAM_RUNTIME = '''
+from mlserver import MLModel
+from mlserver.codecs import StringCodec
+from mlserver.types import InferenceResponse
+
+
+class Counter(MLModel):
+    async def predict_stream(self, payloads):
+        async for payload in payloads:
+            word = StringCodec.decode_input(payload.inputs[0])[0]
+            for i in range(3):
+                yield InferenceResponse(model_name=self.name,
+                                        outputs=[StringCodec.encode_output("out", [f"{word}-{i}"])])
+'''
+
+ECHO_RUNTIME = '''
+from mlserver import MLModel
+from mlserver.types import InferenceRequest, InferenceResponse, Parameters, RequestOutput
+
+
+class Echo(MLModel):
+    """Decodes the request as its content types say and encodes the decoded value back (a codec round trip)."""
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        if payload.parameters is not None and payload.parameters.content_type:
+            decoded = self.decode_request(payload)
+            if hasattr(decoded, "dtypes"):  # mlserver 1.7's PandasCodec needs pandas 3's str columns as object
+                decoded = decoded.astype({c: object for c, t in decoded.dtypes.items() if t.kind not in "biuf"})
+            return self.encode_response(decoded)
+        outputs = []
+        for i in payload.inputs:
+            content_type = i.parameters.content_type if i.parameters else None
+            wanted = RequestOutput(name=i.name, parameters=Parameters(content_type=content_type))
+            outputs.append(self.encode(self.decode(i), wanted))
+        return InferenceResponse(model_name=self.name, outputs=outputs)
+'''
+
+PLAIN_IMPORT = '''
+from mlserver import MLModel
+
+
+class Plain(MLModel):
+    pass
+'''
+
+
+def settings(**fields: Any) -> str:
+    return json.dumps(fields)
+
+
+def write_layout(root: Path) -> Path:
+    """MLServer's layouts in one repository: settings at the root, nested folders, a Triton-level folder."""
+    root.mkdir(parents=True)
+    (root / "models.py").write_text(JSON_RUNTIME)
+    (root / "model-settings.json").write_text(settings(name="json-hello", implementation="models.JsonHelloWorldModel"))
+    nested = root / "group" / "sum"
+    nested.mkdir(parents=True)
+    (nested / "runtime.py").write_text(SUM_RUNTIME)
+    (nested / "offset.txt").write_text("0.5")
+    (nested / "model-settings.json").write_text(settings(
+        name="summer", implementation="runtime.SumModel", parallel_workers=2,
+        parameters={"uri": "./offset.txt", "version": "3", "extra": {"scale": 2.0}},
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
+    ))
+    # a Triton-config model beside them keeps Triton's checks
+    from onnx import TensorProto
+
+    from models import identity_model_bytes, write_model
+
+    write_model(root, "triton-text", identity_model_bytes(TensorProto.STRING, [1]),
+                config='platform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
+    for name, source, cls in (("stream", STREAM_RUNTIME, "Counter"), ("echo", ECHO_RUNTIME, "Echo")):
+        (root / name).mkdir()
+        (root / name / "runtime.py").write_text(source)
+        (root / name / "model-settings.json").write_text(settings(name=name, implementation=f"runtime.{cls}"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    if not HAS_MLSERVER:
+        pytest.skip("mlserver is not installed")
+    root = write_layout(tmp_path_factory.mktemp("mlserver") / "repository")
+    with fastoip.Server(root, metrics=True) as server:
+        yield server
+
+
+def post(server: fastoip.Server, path: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def get(server: fastoip.Server, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}{path}", timeout=10) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def infer(server: fastoip.Server, model: str, request: InferenceRequest) -> InferenceResponse:
+    # as MLServer's REST clients send it: pydantic's JSON (bytes as UTF-8 strings)
+    status, doc = post(server, f"/v2/models/{model}/infer", request.model_dump_json(exclude_none=True).encode())
+    assert status == 200, doc
+    return InferenceResponse.model_validate(doc)
+
+
+@needs_mlserver
+def test_layouts_load_every_model(server: fastoip.Server) -> None:
+    status, index = post(server, "/v2/repository/index", {})
+    assert status == 200
+    states = {entry["name"]: entry.get("state") for entry in index}
+    assert states == {"json-hello": "READY", "summer": "READY", "stream": "READY", "echo": "READY",
+                      "triton-text": "READY"}
+    assert get(server, "/v2/health/ready") == (200, {"ready": True})
+
+
+@needs_mlserver
+def test_custom_json_runtime_with_its_readme_request(server: fastoip.Server) -> None:
+    text = json.dumps({"name": "Foo Bar", "message": "Hello from Client (REST)!"})
+    # MLServer's README sends shape [len(text)] with one element
+    body = {"inputs": [{"name": "echo_request", "shape": [len(text)], "datatype": "BYTES", "data": [text]}]}
+    status, doc = post(server, "/v2/models/json-hello/infer", body)
+    assert status == 200, doc
+    answer = json.loads(doc["outputs"][0]["data"][0])
+    assert answer == {"request": {"echo_request": json.loads(text)}, "server_response": "Hello from the server."}
+    assert doc["outputs"][0]["parameters"]["content_type"] == "str"
+
+
+@needs_mlserver
+def test_custom_json_runtime_with_its_readme_grpc_request(server: fastoip.Server) -> None:
+    import grpc
+    from mlserver import types
+    from mlserver.grpc import converters
+    from mlserver.grpc import dataplane_pb2 as pb
+
+    text = json.dumps({"name": "Foo Bar", "message": "Hello from Client (gRPC)!"}).encode()
+    request = types.InferenceRequest(inputs=[types.RequestInput(
+        name="echo_request", shape=[len(text)], datatype="BYTES", data=[text],
+        parameters=types.Parameters(content_type="str"))])
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        answer = infer(converters.ModelInferRequestConverter.from_types(request, model_name="json-hello",
+                                                                        model_version=None), timeout=10)
+        response = converters.ModelInferResponseConverter.to_types(answer)
+        assert json.loads(StringCodec.decode_output(response.outputs[0])[0])["request"]["echo_request"]["name"] == (
+            "Foo Bar")
+        # the same shape to a model with a config.pbtxt: Triton's check stands
+        triton = converters.ModelInferRequestConverter.from_types(request, model_name="triton-text",
+                                                                  model_version=None)
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(triton, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@needs_mlserver
+def test_settings_uri_version_extra_and_parallel_workers(server: fastoip.Server) -> None:
+    x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+    request = InferenceRequest(inputs=[NumpyCodec.encode_input("x", x)])
+    response = infer(server, "summer", request)
+    total = NumpyCodec.decode_output(response.outputs[0])
+    np.testing.assert_allclose(total, x.sum(axis=-1, keepdims=True) * 2.0 + 0.5)
+    assert response.model_version == "3"  # parameters.version
+    status, config = get(server, "/v2/models/summer/config")
+    assert sum(group["count"] for group in config["instance_group"]) == 2  # parallel_workers
+
+
+@needs_mlserver
+def test_custom_metrics_reach_metrics_endpoint(server: fastoip.Server) -> None:
+    x = np.ones((4, 2), dtype=np.float32)
+    infer(server, "summer", InferenceRequest(inputs=[NumpyCodec.encode_input("x", x)]))
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    assert 'sum_calls_count{model_name="summer",model_version="3"}' in text
+    assert 'sum_rows_sum{model_name="summer",model_version="3"}' in text
+
+
+@needs_mlserver
+def test_predict_stream_over_grpc(server: fastoip.Server) -> None:
+    # MLServer's own gRPC stubs (tritonclient.grpc cannot be imported beside mlserver: both register the
+    # 'inference' protobuf package in the default descriptor pool)
+    import grpc
+    from mlserver.grpc import dataplane_pb2 as pb
+    from mlserver.grpc.converters import ModelInferResponseConverter
+
+    request = pb.ModelInferRequest(model_name="stream", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="in", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[b"tick"]))])
+    # MLServer's own proto answers ModelStreamInfer with bare ModelInferResponses; Triton's (and fastoip's)
+    # wrap each in a ModelStreamInferResponse: read them with fastoip's message (its own descriptor pool)
+    from fastoip._proto import grpc_service_pb2 as triton_pb
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=triton_pb.ModelStreamInferResponse.FromString,
+        )
+        got = []
+        for answer in stream(iter([request]), timeout=10):
+            assert not answer.error_message, answer.error_message
+            inner = pb.ModelInferResponse.FromString(answer.infer_response.SerializeToString())
+            response = ModelInferResponseConverter.to_types(inner)
+            got.extend(StringCodec.decode_output(response.outputs[0]))
+    assert got == ["tick-0", "tick-1", "tick-2"]
+
+
+@needs_mlserver
+@pytest.mark.parametrize("codec", ["str", "np", "base64", "datetime"])
+def test_input_codecs_round_trip(server: fastoip.Server, codec: str) -> None:
+    import datetime
+
+    values: dict[str, Any] = {
+        "str": (StringCodec, ["héllo", "world"]),
+        "np": (NumpyCodec, np.array([[1.5, 2.5], [3.5, 4.5]], dtype=np.float64)),
+        "base64": (Base64Codec, [b"\x00\x01binary", b"more"]),
+        "datetime": (DatetimeCodec, [datetime.datetime(2026, 11, 27, 5, 0, 1)]),
+    }
+    codec_class, value = values[codec]
+    request = InferenceRequest(inputs=[codec_class.encode_input("a", value)])
+    response = infer(server, "echo", request)
+    back = codec_class.decode_output(response.outputs[0])
+    if isinstance(value, np.ndarray):
+        np.testing.assert_array_equal(back, value)
+    else:
+        assert list(back) == value
+
+
+@needs_mlserver
+def test_pandas_codec_round_trip(server: fastoip.Server) -> None:
+    import pandas as pd
+
+    # an object column: mlserver 1.7's PandasCodec does not know pandas 3's string dtype (a client-side limit)
+    frame = pd.DataFrame({"a": [1, 2, 3], "b": pd.Series(["x", "y", "z"], dtype=object), "c": [0.5, 1.5, 2.5]})
+    request = PandasCodec.encode_request(frame)
+    response = infer(server, "echo", request)
+    back = PandasCodec.decode_response(response)
+    pd.testing.assert_frame_equal(back, frame, check_dtype=False)  # strings come back as pandas 3's str dtype
+    assert back["b"].tolist() == ["x", "y", "z"] and back["a"].dtype == frame["a"].dtype
+
+
+@needs_mlserver
+def test_string_codec_shape_is_accepted(server: fastoip.Server) -> None:
+    # StringCodec sends shape [N, 1]; a Triton-config model would refuse it, MLServer takes it
+    request = InferenceRequest(inputs=[StringCodec.encode_input("a", ["one", "two"], use_bytes=False)])
+    assert list(request.inputs[0].shape) == [2, 1]
+    response = infer(server, "echo", request)
+    assert StringCodec.decode_output(response.outputs[0]) == ["one", "two"]
+
+
+# -- no server needed, and no mlserver: settings validation and the missing extra ------------------------
+
+
+def load_error(root: Path, name: str) -> str:
+    with fastoip.Server(root, grpc=False) as server:
+        index = json.loads(urllib.request.urlopen(
+            urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST"),
+            timeout=10).read())
+    return next(entry["reason"] for entry in index if entry["name"] == name)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"max_batch_size": "eight"}, "'max_batch_size'"),
+    ({"paralel_workers": 2}, "'paralel_workers': unknown key"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "dtype": "x"}]}, "'inputs.0.dtype': unknown key"),
+    ({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [-1]}]}, "unknown datatype 'FLOAT'"),
+])
+def test_model_settings_are_validated(tmp_path: Path, fields: dict, words: str) -> None:
+    model = tmp_path / "repo" / "bad"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text("import fastoip\n\nclass M(fastoip.Model):\n    def predict(self, x):\n"
+                                         "        return x\n")
+    (model / "model-settings.json").write_text(json.dumps({"name": "bad", **fields}))
+    reason = load_error(tmp_path / "repo", "bad")
+    assert "model-settings.json is not valid" in reason or "unknown datatype" in reason
+    assert words in reason
+
+
+@pytest.mark.skipif(HAS_MLSERVER, reason="checks the message given where mlserver is not installed")
+def test_without_mlserver_the_error_names_the_extra(tmp_path: Path) -> None:
+    model = tmp_path / "repo" / "plain"
+    model.mkdir(parents=True)
+    (model / "runtime.py").write_text(PLAIN_IMPORT)
+    (model / "model-settings.json").write_text(settings(name="plain", implementation="runtime.Plain"))
+    assert "pip install 'fastoip[mlserver]'" in load_error(tmp_path / "repo", "plain")
