@@ -204,9 +204,9 @@ def _add_accepted_flags(parser: argparse.ArgumentParser) -> None:
     """Triton flags fastoip takes without an effect (logged at start), and those that must ask for the default."""
     g = parser.add_argument_group("Triton flags accepted with no effect (the start log says so, once per flag)")
     for flag, (parse, why) in NO_EFFECT.items():
-        g.add_argument(flag, dest=_dest(flag), type=parse, default=None, help=why)
+        g.add_argument(flag, dest=_dest(flag), type=parse, default=None, metavar="VALUE", help=why)
     for flag, (parse, wanted, why) in DEFAULT_ONLY.items():
-        g.add_argument(flag, dest=_dest(flag), type=parse, default=None,
+        g.add_argument(flag, dest=_dest(flag), type=parse, default=None, metavar="VALUE",
                        help=f"accepted as {str(wanted).lower()} (Triton's default); other values: {why}")
 
 
