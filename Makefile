@@ -6,7 +6,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fastoip-installed
-CODEC_SOURCES := src/fastoip/_codec.pyx $(wildcard src/fastoip/wire/codec/*.pxi)
+CODEC_SOURCES := src/fastoip/_codec.pyx src/fastoip/_codec.pxd src/fastoip/_codec.h $(wildcard src/fastoip/wire/codec/*.pxi)
+SHMGUARD_SOURCES := src/fastoip/_shmguard.pyx src/fastoip/_shmguard.pxd src/fastoip/_shmguard.h
+HTTP2_SOURCES := $(wildcard src/fastoip/server/grpc/_http2.pyx src/fastoip/server/grpc/*.pxd)
 ARGS ?=
 
 .PHONY: venv serve-venv serve test test-compat bench build proto clean check debug gpu-check
@@ -16,7 +18,7 @@ SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) scripts/native_deps.sh
 	sh scripts/native_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -30,7 +32,7 @@ build: venv  ## rebuild the native extensions after editing a .pyx (pip builds t
 serve-venv: $(SERVE_STAMP)
 
 # No --quiet and no pip self-upgrade: a user sees each package arrive, and waits for nothing else.
-$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx src/fastoip/server/grpc/_http2.pyx scripts/native_deps.sh
+$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) scripts/native_deps.sh
 	@echo "fastoip: [1/3] native gRPC frontend prerequisites (libnghttp2 headers)"
 	@sh scripts/native_deps.sh
 	@echo "fastoip: [2/3] runtime virtualenv $(SERVE_VENV) (no test or lint tools: make test has those)"
@@ -61,7 +63,7 @@ COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_dr
 COMPAT_DESELECT := -k 'not BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
 	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
 
-$(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) src/fastoip/_shmguard.pyx
+$(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES)
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -e . 'tritonclient[grpc,http]==$(TRITONCLIENT_OLDEST)' \
@@ -78,18 +80,25 @@ check: venv  ## the guard-rails CI runs before the tests: ruff, mypy (config in 
 	$(BIN)/python scripts/gen_proto.py --check
 	$(BIN)/python scripts/import_graph.py
 
-# The bounds-checked codec (setup.py: FASTOIP_DEBUG=1) is built from a copy of the tree, so neither the release
-# extension nor its generated _codec.c is touched, and the codec tests run against it through PYTHONPATH.
+# The bounds-checked build (setup.py: FASTOIP_DEBUG=1: Cython's boundscheck/initializedcheck, -O0 -g) of every
+# native extension (codec, HTTP/2 session, shared-memory guard) is made from a copy of the tree, so neither the
+# release extensions nor their generated .c files are touched; the tests that drive them in memory (codec,
+# fuzz, the HTTP/2 session cut at every byte, the native calls) run against it through PYTHONPATH.
 DEBUG_DIR := build/debug
-debug: venv  ## build the bounds-checked codec into build/debug and run the codec (fuzz) tests against it
+DEBUG_TESTS := tests/test_codec_fuzz.py tests/test_codec.py tests/test_http2_session.py tests/test_native_calls.py
+debug: venv  ## build the bounds-checked extensions into build/debug and run the in-memory native tests on them
 	$(BIN)/python -m pip install --quiet "Cython>=3.1,<4" "setuptools>=77"  # [build-system] requires, for setup.py
 	rm -rf $(DEBUG_DIR) && mkdir -p $(DEBUG_DIR)
 	cp -r setup.py pyproject.toml README.md src $(DEBUG_DIR)/
-	rm -f $(DEBUG_DIR)/src/fastoip/_codec*.so $(DEBUG_DIR)/src/fastoip/_codec.c
+	find $(DEBUG_DIR)/src -name '_*.so' -delete
+	rm -f $(DEBUG_DIR)/src/fastoip/_codec.c $(DEBUG_DIR)/src/fastoip/_shmguard.c $(DEBUG_DIR)/src/fastoip/server/grpc/_http2.c
 	cd $(DEBUG_DIR) && FASTOIP_DEBUG=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
-	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -c "import sys, fastoip._codec as c; \
-		sys.exit(None if '$(DEBUG_DIR)/' in c.__file__ else 'not the debug codec: ' + c.__file__)"
-	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_codec_fuzz.py tests/test_codec.py $(ARGS)
+	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -c "import sys, importlib, importlib.util; \
+		names = ['fastoip._codec', 'fastoip._shmguard']; \
+		names += ['fastoip.server.grpc._http2'] if importlib.util.find_spec('fastoip.server.grpc._http2') else []; \
+		wrong = [m.__file__ for m in map(importlib.import_module, names) if '$(DEBUG_DIR)/' not in m.__file__]; \
+		sys.exit('not the debug build: ' + ', '.join(wrong) if wrong else None)"
+	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -m pytest -q -p no:cacheprovider $(DEBUG_TESTS) $(ARGS)
 
 proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py

@@ -13,12 +13,17 @@ DEBUG = os.environ.get("FASTOIP_DEBUG") == "1"
 # The codec's include files (one concern each, compiled into the one module fastoip._codec): an edit to any
 # of them rebuilds it (cythonize also follows `include`; `depends` covers setuptools' own staleness check).
 CODEC_INCLUDES = sorted(glob.glob("src/fastoip/wire/codec/*.pxi"))
+# Declarations beside each .pyx (asyncpg's pgproto and httptools' way): the .pxd files Cython reads and the C
+# headers the generated code includes.  An edit to one rebuilds its extension.
+CODEC_DECLARATIONS = ["src/fastoip/_codec.pxd", "src/fastoip/_codec.h"]
+SHMGUARD_DECLARATIONS = ["src/fastoip/_shmguard.pxd", "src/fastoip/_shmguard.h"]
+HTTP2_DECLARATIONS = ["src/fastoip/server/grpc/_http2.pxd", "src/fastoip/server/grpc/_nghttp2.pxd"]
 
 extensions = [
     Extension(
         "fastoip._codec",
         ["src/fastoip/_codec.pyx"],
-        depends=CODEC_INCLUDES,
+        depends=CODEC_INCLUDES + CODEC_DECLARATIONS,
         # numpy's C API makes the zero-copy views (several times cheaper than np.ndarray(...)).
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
@@ -28,6 +33,7 @@ extensions = [
     Extension(
         "fastoip._shmguard",
         ["src/fastoip/_shmguard.pyx"],
+        depends=SHMGUARD_DECLARATIONS,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
 ]
@@ -66,6 +72,7 @@ else:
         Extension(
             "fastoip.server.grpc._http2",
             ["src/fastoip/server/grpc/_http2.pyx"],
+            depends=HTTP2_DECLARATIONS,
             extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
             **HTTP2,
         )

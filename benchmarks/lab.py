@@ -281,7 +281,10 @@ def server_spec(name: str, models: list[str], args: argparse.Namespace, http: bo
                 "--model-repository", os.path.join(REPOS, repo),
                 "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
                 "--http-port", str(http_port if http else -1), "--metrics-port", "-1", "--exit-timeout", "5",
-                "--log-level", "WARNING"] + shlex.split(args.fastoip_args)
+                "--log-level", "WARNING",
+                # every peer runs ORT with one intra-op thread (peers/README.md): fastoip too, explicitly,
+                # since its own default is ORT's (one per physical core, as Triton); --fastoip-args may override
+                "--ort-threads", "1"] + shlex.split(args.fastoip_args)
         # "fastoip" stays the grpcio frontend it always measured; "fastoip-native" runs beside it.
         frontend = {"fastoip": "grpcio", "fastoip-native": "native"}.get(name)
         if frontend is not None:

@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "host_metrics": 0,
     "allocator": 0,  # standard library only: the serve process's malloc setting
     "tracing": 0,
+    "pyworker": 0,  # standard library and numpy only: what a Python model's worker process imports
     "_codec": 1,
     "wire": 1,
     "shared_memory": 1,

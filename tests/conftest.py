@@ -19,6 +19,9 @@ from serverproc import ServerProcess  # noqa: E402
 
 KNOWN_FRONTENDS = ("native", "grpcio")
 
+# tests/isolated: modules that need a process of their own (see its README); test_isolated_suites.py runs them
+collect_ignore = [] if os.environ.get("FASTOIP_TEST_ISOLATED") else ["isolated"]
+
 
 def native_frontend_built() -> bool:
     """Whether the native HTTP/2 engine of the native gRPC frontend imports in this environment."""

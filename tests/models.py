@@ -75,6 +75,14 @@ def datatype_sample(datatype: str) -> np.ndarray:
     return np.array([[info.min, info.max, 0, 1], [2, 3, info.max - 1, info.min + 1]], dtype=dtype)
 
 
+#: Config for a ``slow_model_bytes`` model whose timing a test relies on: one item at a time through a batcher,
+#: on one intra-op thread (ORT's default would use every core and make it faster on a bigger machine).
+SLOW_CONFIG = (
+    'max_batch_size: 1\ndynamic_batching { }\n'
+    'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n'
+)
+
+
 def slow_model_bytes(rows: int = 256, layers: int = 4) -> bytes:
     """INPUT0 FP32 [batch, 1] -> OUTPUT0 FP32 [batch, 1]; each item costs ``layers`` 1024x1024 matmuls on ``rows`` rows.
 

@@ -1042,6 +1042,38 @@ def test_encode_response_equals_protobuf_serialization() -> None:
     assert codec.encode_infer_response(InferResponse("")) == b""
 
 
+def test_encode_response_parts_concatenate_to_the_message_and_reference_large_outputs() -> None:
+    big = np.arange(50_000, dtype=np.float32).reshape(1, -1)
+    small = np.arange(4, dtype=np.int32)
+    strided = np.arange(40_000, dtype=np.float64).reshape(200, 200).T  # not C-contiguous: the codec copies it
+    swapped = np.arange(30_000, dtype=">i4")  # byte order swapped: the codec converts it
+    resp = InferResponse("model", "3", "req", {"p": "v"}, [
+        InferOutput("BIG", "FP32", (1, 50_000), big),
+        InferOutput("SMALL", "INT32", (4,), small),
+        InferOutput("SHM", "FP32", (2,), None),
+        InferOutput("T", "FP64", (200, 200), strided),
+        InferOutput("S", "BYTES", (2,), np.array([b"ab", b""], dtype=object)),
+        InferOutput("SW", "INT32", (30_000,), swapped),
+    ])
+    whole = codec.encode_infer_response(resp)
+    for min_ref in (0, 1, 65_536, 1 << 40):
+        parts = codec.encode_infer_response_parts(resp, min_ref)
+        assert b"".join(bytes(part) for part in parts) == whole
+    parts = codec.encode_infer_response_parts(resp, 65_536)
+    # no copy: the large C-contiguous output is sent from its own array; small ones are in the copied stretches
+    sharing = [part for part in parts if np.shares_memory(np.frombuffer(part, np.uint8), big)]
+    assert len(sharing) == 1 and len(sharing[0]) == big.nbytes
+    assert all(type(part) in (bytes, memoryview) for part in parts)
+    assert all(memoryview(part).format == "B" and memoryview(part).c_contiguous for part in parts)
+    # nothing large: one bytes object, the message itself
+    assert codec.encode_infer_response_parts(InferResponse("m", outputs=[
+        InferOutput("SMALL", "INT32", (4,), small)])) == [codec.encode_infer_response(InferResponse("m", outputs=[
+            InferOutput("SMALL", "INT32", (4,), small)]))]
+    assert codec.encode_infer_response_parts(InferResponse("")) == [b""]
+    with pytest.raises(ValueError):
+        codec.encode_infer_response_parts(resp, -1)
+
+
 def test_encode_non_contiguous_and_byte_swapped_arrays() -> None:
     base = np.arange(12, dtype=np.int32).reshape(3, 4)
     for arr in (base.T, base[:, ::2], base.astype(">i4"), np.asfortranarray(base)):

@@ -83,6 +83,52 @@ def test_bad_execution_mode_is_refused_naming_it(tmp_path: Path) -> None:
         core.close()
 
 
+def _threads(core: Core, model: str) -> tuple[int, int]:
+    options = core.repository.get(model).backends[0].session.get_session_options()
+    return options.intra_op_num_threads, options.inter_op_num_threads
+
+
+def test_onnx_runtime_threads_default_to_ort_default_as_triton(tmp_path: Path) -> None:
+    """No parameter and no --ort-threads: 0, ORT's own default (one intra-op thread per physical core)."""
+    write_model(tmp_path, "plain", identity_model_bytes(TensorProto.FLOAT, [4]))
+    pinned = 'max_batch_size: 4\nparameters { key: "intra_op_thread_count" value { string_value: "1" } }\n'
+    write_model(tmp_path, "pinned", identity_model_bytes(TensorProto.FLOAT, [4]), config=pinned)
+    core = _core(tmp_path)
+    try:
+        assert _threads(core, "plain") == (0, 0)
+        assert _threads(core, "pinned") == (1, 0)
+    finally:
+        core.close()
+
+
+def test_config_thread_counts_win_over_the_server_setting(tmp_path: Path) -> None:
+    config = (
+        "max_batch_size: 4\n"
+        'parameters { key: "intra_op_thread_count" value { string_value: "0" } }\n'
+        'parameters { key: "inter_op_thread_count" value { string_value: "3" } }\n'
+    )
+    write_model(tmp_path, "own", identity_model_bytes(TensorProto.FLOAT, [4]), config=config)
+    write_model(tmp_path, "server", identity_model_bytes(TensorProto.FLOAT, [4]))
+    core = _core(tmp_path, intra_op_threads=2)  # what `--ort-threads 2` sets
+    try:
+        assert _threads(core, "own") == (0, 3)  # "0" in the config: ORT's default, not the server's 2
+        assert _threads(core, "server") == (2, 0)
+    finally:
+        core.close()
+
+
+def test_bad_thread_count_is_refused_naming_it(tmp_path: Path) -> None:
+    config = 'max_batch_size: 4\nparameters { key: "intra_op_thread_count" value { string_value: "two" } }\n'
+    write_model(tmp_path, "bad_threads", identity_model_bytes(TensorProto.FLOAT, [4]), config=config)
+    core = _core(tmp_path)
+    try:
+        [entry] = core.repository_index()
+        assert entry.state == "UNAVAILABLE"
+        assert "'intra_op_thread_count' must be an integer, got 'two'" in entry.reason
+    finally:
+        core.close()
+
+
 def test_hints_fastoip_cannot_honour_are_logged_as_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = (
         "max_batch_size: 4\n"

@@ -19,7 +19,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from fastoip._proto import grpc_service_pb2 as pb
-from models import identity_model_bytes, slow_model_bytes, write_model
+from models import SLOW_CONFIG, identity_model_bytes, slow_model_bytes, write_model
 from serverproc import ServerProcess, wait_until
 
 
@@ -82,7 +82,7 @@ def test_stream_1000_in_flight_ids_matched_errors_mixed(server: ServerProcess) -
 
 @pytest.fixture()
 def slow_server(tmp_path: Path, grpc_frontend: str):  # type: ignore[no-untyped-def]
-    write_model(tmp_path, "slow", slow_model_bytes(rows=1024, layers=8), config="max_batch_size: 1\ndynamic_batching { }\n")
+    write_model(tmp_path, "slow", slow_model_bytes(rows=1024, layers=8), config=SLOW_CONFIG)
     with ServerProcess(tmp_path, grpc_frontend=grpc_frontend) as proc:
         yield proc
 

@@ -44,9 +44,10 @@ def test_connection_cap_and_handshake_timeout(demo_repo, native_frontend: str) -
         idle = [socket.create_connection(("127.0.0.1", proc.grpc_port), timeout=5) for _ in range(20)]
         time.sleep(0.3)
         extra = [socket.create_connection(("127.0.0.1", proc.grpc_port), timeout=5) for _ in range(10)]
-        assert all(closed_within(sock, 2.0) for sock in extra), "connections over the cap were kept"
-        # the idle ones never sent a preface: closed by the handshake timeout, and the cap frees up
-        assert all(closed_within(sock, 5.0) for sock in idle), "connections without a preface were kept"
+        # over the cap, each new one closes the oldest without a call (tests/test_http_connection_limits.py)
+        assert all(closed_within(sock, 1.0) for sock in idle[:10]), "the oldest idle connections were kept"
+        # none ever sent a preface: the rest are closed by the handshake timeout
+        assert all(closed_within(sock, 5.0) for sock in idle[10:] + extra), "connections without a preface were kept"
         for sock in idle + extra:
             sock.close()
         assert_good_request_on_new_connection(proc.grpc_port)

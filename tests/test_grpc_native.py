@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 from fastoip._proto import grpc_service_pb2 as pb
 from fastoip._proto import health_pb2
 from fastoip.server.grpc.service import HEALTH_UNARY, UNARY
-from models import slow_model_bytes, write_model
+from models import SLOW_CONFIG, slow_model_bytes, write_model
 from serverproc import ServerProcess
 
 pytest.importorskip("fastoip.server.grpc._http2", reason="the native gRPC frontend was not built (libnghttp2-dev)")
@@ -146,7 +146,7 @@ def slow(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
     root = tmp_path_factory.mktemp("native-slow")
     # ~0.6 s an item, one at a time: a second request waits in the queue while the first runs.
     write_model(root, "slow_cancel", slow_model_bytes(rows=1024, layers=48),
-                config="max_batch_size: 1\ndynamic_batching { }\n")
+                config=SLOW_CONFIG)
     with ServerProcess(root, "--grpc-frontend", "native") as proc:
         yield proc
 
@@ -243,7 +243,7 @@ def test_not_http2_is_dropped_and_server_stays_up(native: ServerProcess) -> None
 def test_sigterm_drains_calls_in_flight(tmp_path: Path) -> None:
     """SIGTERM: unary calls and a stream in flight are all answered, then the process exits."""
     write_model(tmp_path, "slow", slow_model_bytes(rows=1024, layers=24),
-                config="max_batch_size: 1\ndynamic_batching { }\n")
+                config=SLOW_CONFIG)
     with ServerProcess(tmp_path, "--grpc-frontend", "native", "--exit-timeout", "60") as proc:
         answers: queue.SimpleQueue[object] = queue.SimpleQueue()
         client = tg.InferenceServerClient(proc.grpc_url)

@@ -65,7 +65,11 @@ def test_the_sdist_carries_every_source_the_extensions_need(dist: tuple[Path, st
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     for source in ("src/fastoip/_codec.pyx", "src/fastoip/_shmguard.pyx", "src/fastoip/server/grpc/_http2.pyx",
-                   "src/fastoip/wire/codec/decode.pxi", "setup.py", "pyproject.toml", "README.md"):
+                   "src/fastoip/wire/codec/decode.pxi", "setup.py", "pyproject.toml", "README.md",
+                   # the C declarations beside each .pyx (issue 22)
+                   "src/fastoip/_codec.pxd", "src/fastoip/_codec.h", "src/fastoip/_shmguard.pxd",
+                   "src/fastoip/_shmguard.h", "src/fastoip/server/grpc/_http2.pxd",
+                   "src/fastoip/server/grpc/_nghttp2.pxd"):
         assert source in names, source
 
 

@@ -108,7 +108,7 @@ def test_json_data_that_does_not_fill_the_shape_uses_tritons_words(server: Serve
     finally:
         connection.close()
     assert response.status == 400
-    assert payload["error"].startswith("Unable to parse 'data': shape does not match true shape of 'data' field")
+    assert payload["error"].startswith("Unable to parse 'data': Shape does not match true shape of 'data' field")
     assert "needs 4 elements" in payload["error"]
 
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(120)
 #: The flags Triton's command line has that fastoip had refused, each with a value Triton takes.
 TRITON_FLAGS = [
     "--exit-on-error=false", "--model-load-thread-count=4", "--pinned-memory-pool-byte-size=268435456",
-    "--cuda-memory-pool-byte-size=0:67108864", "--http-thread-count=8",
+    "--cuda-memory-pool-byte-size=0:67108864", "--http-thread-count=8",  # honoured: the JSON decoding workers
     "--grpc-infer-response-compression-level=none", "--reuse-grpc-port=false", "--buffer-manager-thread-count=0",
     "--grpc-infer-allocation-pool-size=8", "--min-supported-compute-capability=6.0",
     "--grpc-http2-max-pings-without-data=2", "--http-header-forward-pattern=x-.*", "--host-policy=gpu_0,numa-node=0",
@@ -129,7 +129,7 @@ def test_compression_algorithm_for_level_as_grpc_core(level: str, accept: bytes 
 def server(repo: Path, native_frontend: str) -> Iterator[ServerProcess]:
     flags = ["--grpc-infer-response-compression-level=low", "--http-header-forward-pattern=^x-fwd-",
              "--grpc-header-forward-pattern=^x-grpc-", "--pinned-memory-pool-byte-size=1048576",
-             "--http-thread-count=4"]
+             "--buffer-manager-thread-count=4"]
     with ServerProcess(repo, *flags, http=True, metrics=True, grpc_frontend=native_frontend) as proc:
         yield proc
 
@@ -186,7 +186,7 @@ def test_pinned_memory_pool_metrics(server: ServerProcess) -> None:
 
 
 def test_a_flag_without_effect_is_said_so_in_the_log(server: ServerProcess) -> None:
-    assert any("--http-thread-count has no effect in fastoip" in line for line in server.lines)
+    assert any("--buffer-manager-thread-count has no effect in fastoip" in line for line in server.lines)
 
 
 def test_keepalive_pings_stop_at_max_pings_without_data(repo: Path, native_frontend: str) -> None:

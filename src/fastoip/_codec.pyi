@@ -19,6 +19,9 @@ def decode_infer_response(data: _Buffer) -> InferResponse:
 def encode_infer_response(response: InferResponse) -> bytes:
     """Serialize an InferResponse as ModelInferResponse bytes, all data in raw_output_contents."""
 
+def encode_infer_response_parts(response: InferResponse, min_ref: int = 65536) -> list[bytes | memoryview]:
+    """The response's message as parts; outputs of at least ``min_ref`` bytes are views of their arrays."""
+
 def encode_infer_request(request: InferRequest) -> bytes:
     """Serialize an InferRequest as ModelInferRequest bytes, data in raw_input_contents."""
 

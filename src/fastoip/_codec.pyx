@@ -6,8 +6,10 @@ objects of :mod:`fastoip.types` and writes them back, with no protobuf objects
 in between.  Public functions: decode_infer_request, decode_infer_response,
 encode_infer_request, encode_infer_response, encode_stream_response,
 serialize_bytes_tensor, deserialize_bytes_tensor (see _codec.pyi).  This file
-holds them and the declarations; the code is in the include files
-``wire/codec/*.pxi``, one concern each (listed at the ``include`` lines).
+holds them; the code is in the include files ``wire/codec/*.pxi``, one concern
+each (listed at the ``include`` lines); the C declarations are in ``_codec.pxd``
+and the C helpers in ``_codec.h`` (asyncpg's pgproto and httptools keep theirs
+the same way).
 
 Invariants
 ----------
@@ -106,24 +108,6 @@ cdef type InferResponse = _types.InferResponse
 cdef type RequestedOutput = _types.RequestedOutput
 cdef type UInt64 = _types.UInt64
 
-cdef extern from "Python.h":
-    const char* PyUnicode_AsUTF8AndSize(object unicode, Py_ssize_t* size) except NULL
-    PyObject* _PyUnicode_DecodeUTF8 "PyUnicode_DecodeUTF8" (
-        const char* s, Py_ssize_t size, const char* errors)
-    const char* _PyUnicode_AsUTF8AndSize "PyUnicode_AsUTF8AndSize" (object s, Py_ssize_t* size)
-    int PyErr_ExceptionMatches(object exc)
-    void PyErr_Clear()
-    void* PyMem_Calloc(size_t nelem, size_t elsize)
-    bint PyUnicode_Check(object o)
-    bint PyUnicode_IS_COMPACT_ASCII(object o)
-    void* PyUnicode_DATA(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
-    bint PyDict_CheckExact(object o)
-    bint PyLong_CheckExact(object o)
-    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
-    unsigned long long PyLong_AsUnsignedLongLong(object o) except? <unsigned long long>-1
-    double PyFloat_AsDouble(object o) except? -1.0
-
 if sys.byteorder != "little":  # pragma: no cover
     raise ImportError("fastoip._codec needs a little-endian host")
 
@@ -180,6 +164,17 @@ def deserialize_bytes_tensor(buffer, count):
 def encode_infer_response(response):
     """Serialize an InferResponse as ModelInferResponse wire bytes (all data in raw_output_contents)."""
     return _encode(response, False, None)
+
+
+def encode_infer_response_parts(response, Py_ssize_t min_ref=65536):
+    """``encode_infer_response`` as a list of parts (bytes-like) whose concatenation is the message.
+
+    Every fixed-size output of at least ``min_ref`` bytes is a byte view of its array (not copied);
+    the caller keeps the parts until they are sent.
+    """
+    if min_ref < 0:
+        raise ValueError("min_ref must be >= 0")
+    return _encode_parts(response, min_ref)
 
 
 def encode_infer_request(request):

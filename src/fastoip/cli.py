@@ -60,6 +60,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest HTTP request body in bytes (default 64 MB, like Triton)")
+    p.add_argument("--http-thread-count", type=int, default=2, metavar="N",
+                   help="processes that decode JSON inference requests of 2 MiB and more, off the HTTP event loop "
+                        "(Triton's flag: its HTTP threads; fastoip's HTTP is one event loop; default 2; "
+                        "0: on the loop)")
     _http_connection_flags(p)
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
@@ -95,8 +99,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--default-max-queue-delay-microseconds", type=int,
                    default=int(_env("DEFAULT_MAX_QUEUE_DELAY_MICROSECONDS", "0")),
                    help="max_queue_delay_microseconds of that default batcher")
-    p.add_argument("--ort-threads", type=int, default=int(_env("ORT_THREADS", "1")),
-                   help="onnxruntime intra-op threads per instance")
+    p.add_argument("--ort-threads", type=int, default=int(_env("ORT_THREADS", "0")),
+                   help="onnxruntime intra-op threads per model instance, for models whose config has no "
+                        "intra_op_thread_count parameter (default 0: ONNX Runtime's default, one per "
+                        "physical core, as Triton)")
     p.add_argument("--cpu-only", action="store_true", help="never use the CUDA execution provider")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     triton_flags.add_triton_flags(p)
@@ -196,6 +202,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         grpc_native=_native_grpc_options(args, triton),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
+        http_json_workers=max(0, args.http_thread_count),
         http_limits=_http_limits(args),
         http_tls=_http_tls(args),
         http_restricted=triton.http_restricted,
@@ -250,6 +257,9 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
                         "500; 0: no minimum)")
     g.add_argument("--http-body-min-rate-grace", type=float, default=20.0, metavar="SECONDS",
                    help="seconds from a body's first byte before --http-body-min-rate applies (default 20)")
+    g.add_argument("--http-max-connections", type=int, default=0, metavar="N",
+                   help="connections at once; one more closes the connection idle longest, or itself when all are "
+                        "busy (default 0: a quarter of the open-file limit, at least 64)")
     g.add_argument("--http-ssl-certfile", default="", metavar="PEM",
                    help="serve HTTPS with this certificate chain (uvicorn's ssl_certfile)")
     g.add_argument("--http-ssl-keyfile", default="", metavar="PEM",
@@ -276,6 +286,7 @@ def _http_limits(args: argparse.Namespace) -> HttpLimits:
         body_timeout=args.http_body_timeout,
         body_min_rate=max(args.http_body_min_rate, 0.0),
         body_rate_grace=max(args.http_body_min_rate_grace, 0.0),
+        max_connections=max(args.http_max_connections, 0),
     )
 
 
@@ -324,6 +335,12 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-handshake-timeout", type=int, default=10_000,
                    help="native: ms for a new connection's HTTP/2 preface and SETTINGS before it is closed "
                         "(default 10000; 0: never; fastoip only)")
+    p.add_argument("--grpc-max-stream-request-bytes", type=int, default=256 * 1024 * 1024,
+                   help="native: ModelStreamInfer request bytes one stream may have received and not yet had "
+                        "answered; a message past it ends the stream with RESOURCE_EXHAUSTED (default 256 MiB; one "
+                        "message is always accepted; fastoip only)")
+    p.add_argument("--grpc-max-queued-request-bytes", type=int, default=1024 * 1024 * 1024,
+                   help="native: the same, all streams together (default 1 GiB; fastoip only)")
     p.add_argument("--grpc-max-queued-response-bytes", type=int, default=1024 * 1024 * 1024,
                    help="native: response bytes that may wait for clients' flow-control windows, all connections "
                         "together; past it the stream that queues more is reset (RESOURCE_EXHAUSTED; default 1 GiB; "
@@ -352,6 +369,8 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
         max_connection_idle_ms=args.grpc_max_connection_idle,
         handshake_timeout_ms=args.grpc_handshake_timeout,
         max_queued_response_bytes=args.grpc_max_queued_response_bytes,
+        max_stream_request_bytes=max(args.grpc_max_stream_request_bytes, 1),
+        max_queued_request_bytes=max(args.grpc_max_queued_request_bytes, 1),
         use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
         use_ssl_mutual=args.grpc_use_ssl_mutual,
         server_cert=args.grpc_server_cert,

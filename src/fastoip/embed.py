@@ -23,7 +23,10 @@ from .repository.remote import parse_location
 from .server.app import ServeOptions, ServerApp
 
 #: Settings an embedded server starts with unless told otherwise: free ports, no drain delay.
-EMBEDDED_DEFAULTS: dict[str, Any] = {"grpc_port": 0, "http_port": 0, "metrics_port": 0, "shutdown_grace": 0.0}
+#: No JSON decoding processes (issue 27, server/http/json_pool.py): ``spawn`` would import the caller's script in
+#: each; ``http_json_workers=2`` turns them on where the script guards its main code.
+EMBEDDED_DEFAULTS: dict[str, Any] = {"grpc_port": 0, "http_port": 0, "metrics_port": 0, "shutdown_grace": 0.0,
+                                     "http_json_workers": 0}
 
 
 class Server:

@@ -19,8 +19,10 @@ class RepositoryOptions:
     default_max_batch_size: int = 4
     #: False with Triton's --strict-model-config / --disable-auto-complete-config.
     auto_complete: bool = True
-    intra_op_threads: int = 1
-    inter_op_threads: int = 1
+    #: ONNX Runtime intra-op threads per session; 0 leaves ORT's default (one per physical core), as Triton.
+    intra_op_threads: int = 0
+    #: ONNX Runtime inter-op threads (parallel execution mode only); 0 leaves ORT's default.
+    inter_op_threads: int = 0
     use_gpu: bool = True
     #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
     default_batching: dict[str, Any] | None = None

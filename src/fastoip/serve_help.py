@@ -29,6 +29,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--grpc-max-connection-age", "--grpc-max-connection-age-grace", "--http-keep-alive-timeout",
         "--grpc-keepalive-permit-without-calls", "--grpc-http2-max-pings-without-data",
         "--grpc-infer-response-compression-level",
+        "--http-thread-count",
     )),
     ("scheduling", "batching, execution and shutdown", (
         "--default-dynamic-batching", "--default-max-queue-delay-microseconds", "--ort-threads", "--cpu-only",
@@ -41,6 +42,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
         "--http-body-min-rate-grace", "--grpc-stream-idle-timeout", "--grpc-max-connections",
         "--grpc-max-connection-idle", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
+        "--grpc-max-stream-request-bytes", "--grpc-max-queued-request-bytes", "--http-max-connections",
     )),
     ("security", "TLS, restricted APIs, code loading", (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",

@@ -81,7 +81,6 @@ NO_EFFECT: dict[str, tuple[Callable[[str], object], str]] = {
     "--model-load-thread-count": (int, "models load one at a time under the repository's load lock"),
     "--model-load-retry-count": (int, "a failed load is not retried"),
     "--model-load-gpu-limit": (str, "ONNX Runtime's CUDA EP manages device memory itself"),
-    "--http-thread-count": (int, "the HTTP frontend runs on one event loop, with no thread pool to size"),
     "--reuse-http-port": (parse_bool, "the HTTP listener does not set SO_REUSEPORT"),
     "--reuse-grpc-port": (parse_bool, "the gRPC listener does not set SO_REUSEPORT"),
     "--grpc-infer-thread-count": (int, "the native gRPC frontend runs on one event loop, with no thread pool"),

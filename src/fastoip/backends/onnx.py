@@ -32,8 +32,8 @@ from .._proto import model_config_pb2 as mc
 from ..cuda import DeviceArray, DeviceBytes
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
-from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config, parameter
-from .ort_options import apply_session_options
+from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config
+from .ort_options import apply_session_options, thread_counts
 
 if TYPE_CHECKING:
     from ..repository.repository import RepositoryOptions
@@ -81,14 +81,14 @@ class OnnxBackend:
         model_path: Path,
         *,
         use_gpu: bool,
-        intra_op_threads: int = 1,
-        inter_op_threads: int = 1,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
         device_id: int = 0,
         config: mc.ModelConfig | None = None,
     ) -> None:
         ort = _ort()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads
+        options.intra_op_num_threads = intra_op_threads  # 0: ORT's default, one per physical core
         options.inter_op_num_threads = inter_op_threads
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -322,8 +322,7 @@ class OnnxKind:
     def load(
         self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: RepositoryOptions
     ) -> tuple[mc.ModelConfig, list[OnnxBackend]]:
-        intra = int(parameter(base, "intra_op_thread_count", "0") or 0) or options.intra_op_threads
-        inter = int(parameter(base, "inter_op_thread_count", "0") or 0) or options.inter_op_threads
+        intra, inter = thread_counts(base, options.intra_op_threads, options.inter_op_threads)
         wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
         use_gpu = options.use_gpu and not wants_cpu
 

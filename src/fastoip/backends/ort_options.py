@@ -6,7 +6,11 @@ Rules:
 - ``parameters`` (string values): ``execution_mode`` 0 sequential / 1 parallel;
   ``enable_mem_arena`` and ``enable_mem_pattern`` booleans;
   ``session.use_device_allocator_for_initializers`` passed through as a session config
-  entry.  (``intra_op_thread_count`` / ``inter_op_thread_count`` are read by the backend.)
+  entry.
+- ``intra_op_thread_count`` / ``inter_op_thread_count`` (integers): a value > 0 sets ORT's thread
+  count, 0 or less leaves ORT's default (one intra-op thread per physical core), as Triton; a config
+  without them takes the server's ``--ort-threads`` (default 0, ORT's default).  See
+  :func:`thread_counts`.
 - A value Triton would refuse is refused at load, naming the parameter.
 """
 
@@ -37,6 +41,25 @@ def _bool(config: mc.ModelConfig, key: str) -> bool | None:
     if lowered in ("false", "0", "off", "no"):
         return False
     raise InvalidArgument(f"model '{config.name}': parameter '{key}' must be true or false, got '{value}'")
+
+
+def _thread_count(config: mc.ModelConfig, key: str, server_default: int) -> int:
+    value = _parameter(config, key)
+    if value is None:
+        return max(server_default, 0)
+    try:
+        count = int(value.strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"model '{config.name}': parameter '{key}' must be an integer, got '{value}'"
+        ) from None
+    return max(count, 0)
+
+
+def thread_counts(config: mc.ModelConfig, intra_default: int, inter_default: int) -> tuple[int, int]:
+    """(intra-op, inter-op) thread counts for ORT's ``SessionOptions``; 0 means ORT's default."""
+    return (_thread_count(config, "intra_op_thread_count", intra_default),
+            _thread_count(config, "inter_op_thread_count", inter_default))
 
 
 def apply_session_options(config: mc.ModelConfig, options: Any, ort: Any) -> None:

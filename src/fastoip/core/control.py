@@ -96,10 +96,12 @@ class ModelControl:
                 index.append(RepositoryIndexEntry(name, "", "", ""))
             elif record.versions:
                 # reason: why the latest load failed, while older versions keep serving
-                index += [
-                    RepositoryIndexEntry(name, str(version), record.state.value, record.reason)
-                    for version in sorted(record.versions)
-                ]
+                for version in sorted(record.versions):
+                    state, reason = record.state.value, record.reason
+                    down = getattr(record.versions[version], "down_reason", None)
+                    if state == ModelState.READY.value and down is not None and (why := down()):
+                        state, reason = ModelState.UNAVAILABLE.value, why  # loaded, but it cannot serve
+                    index.append(RepositoryIndexEntry(name, str(version), state, reason))
             else:
                 index.append(RepositoryIndexEntry(name, "", record.state.value, record.reason))
         if ready_only:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._proto import model_config_pb2 as mc
+from ..backends.python.server_bridge import CUSTOM_METRICS, attach_core
 from ..errors import InferenceError
 from ..metrics import prometheus_text
 from ..options import RepositoryOptions
@@ -67,6 +68,7 @@ class Core:
             self.repository, self.control.extensions, strict_readiness=strict_readiness,
             cache_size_bytes=cache_size_bytes, trace_config=trace_config,
         )
+        attach_core(self)  # Triton Python models' BLS calls come back through this Core
 
     @property
     def repository_root(self) -> Path:
@@ -132,6 +134,11 @@ class Core:
             self.data.model_metadata(name, version)
         except InferenceError as exc:
             return exc.message
+        if not (self.data.draining or self.data.shutting_down):
+            for entry in self.control.repository_index():
+                if entry.name == name and entry.reason and entry.state != "READY":
+                    return f"model '{name}' is not ready: {entry.reason}"
+            return f"model '{name}' is not ready"
         return f"model '{name}' is not ready: the server is shutting down"
 
     # -- metadata -----------------------------------------------------------------------
@@ -185,9 +192,10 @@ class Core:
         cached = frozenset(
             (m.name, m.version_str) for m in models if m.uses_response_cache and self.data.response_cache is not None
         )
-        return prometheus_text(
+        text = prometheus_text(
             self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached
         )
+        return text + CUSTOM_METRICS.text()  # pb_utils.MetricFamily families of Triton Python models
 
     # -- shared memory and settings ---------------------------------------------------------
     def shared_memory_status(self, name: str = "", kind: str = SYSTEM) -> list[RegionStatus]:

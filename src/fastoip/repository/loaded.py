@@ -220,6 +220,14 @@ class LoadedModel:
     def is_alive(self) -> bool:
         return all(b.is_alive() for b in self.instances)
 
+    def down_reason(self) -> str:
+        """Why an instance stopped serving for good ("" when none did): a Python worker that crashed too often."""
+        for instance in self.instances:
+            reason = getattr(instance, "down_reason", None)
+            if isinstance(reason, str) and reason:
+                return reason
+        return ""
+
     # -- in-flight accounting: unload waits for requests that already started ----------
     def enter(self) -> None:
         with self._in_flight_lock:

@@ -49,9 +49,20 @@ class EndOfStream:
 #: The one :class:`EndOfStream` value.
 END_OF_STREAM = EndOfStream()
 
+
+class RespondsLater:
+    """A decoupled job whose model keeps its response sender past ``execute`` (Triton's decoupled Python
+    models answer from their own threads): the backend finishes the job itself, later, from any thread."""
+
+    __slots__ = ()
+
+
+#: The one :class:`RespondsLater` value.
+RESPONDS_LATER = RespondsLater()
+
 #: Per job, in the order given: its response, the error that job alone failed with, or (a decoupled job)
-#: :data:`END_OF_STREAM`.
-Results = list["InferResponse | BaseException | EndOfStream"]
+#: :data:`END_OF_STREAM`, or :data:`RESPONDS_LATER` (the backend finishes it later).
+Results = list["InferResponse | BaseException | EndOfStream | RespondsLater"]
 
 #: A monotonic clock in nanoseconds (``time.monotonic_ns``; tests pass a controllable one).
 Clock = Callable[[], int]

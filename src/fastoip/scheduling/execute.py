@@ -28,7 +28,7 @@ from ..datatypes import v2_datatype_of
 from ..errors import InternalError
 from ..types import InferOutput, InferResponse
 from .buffers import BufferPool, Lease
-from .contract import END_OF_STREAM, Backend, Execution, ExecutionContext, Results, TensorModel
+from .contract import END_OF_STREAM, RESPONDS_LATER, Backend, Execution, ExecutionContext, Results, TensorModel
 from .job import Job
 
 
@@ -71,6 +71,8 @@ def run_jobs(
                 job.finish(result)
             elif result is END_OF_STREAM:
                 job.end_stream()
+            elif result is RESPONDS_LATER:
+                pass  # the backend finishes it (a decoupled model answering from its own threads)
             else:
                 job.fail(result)  # type: ignore[arg-type]  # anything else is that job's error
         record = context.stats.record_execution

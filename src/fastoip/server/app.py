@@ -66,6 +66,8 @@ class ServeOptions:
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
+    #: Processes that decode large JSON requests off the loop (Triton's --http-thread-count; issue 27).
+    http_json_workers: int = 2
     #: Head size and field count limits, keep-alive / header / body timeouts (None: the defaults).
     http_limits: HttpLimits | None = None
     #: HTTPS (None: plain HTTP).
@@ -246,6 +248,7 @@ class ServerApp:
                 tls=options.http_tls,
                 restricted=options.http_restricted,
                 forward_header_pattern=options.http_forward_pattern,
+                json_workers=options.http_json_workers,
             )
             self.http_port = self.http_server.start()
             self._announce(f"fastoip: http listening on {http_host}:{self.http_port}")

@@ -336,7 +336,7 @@ def _bytes_tensor(body: bytes, offset: int, size: int, count: int, where: str) -
 
 
 #: Triton's words for JSON 'data' whose element count does not match the shape (clients match on them).
-SHAPE_MISMATCH = "Unable to parse 'data': shape does not match true shape of 'data' field"
+SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 
 
 def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
@@ -353,10 +353,16 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
         return _json_bytes(data, count, name).reshape(shape)
     try:
         values = np.asarray(data)  # numpy infers int64 / uint64 / float64 / bool / str from the JSON values
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgument(
-            f"input '{name}': 'data' is not a rectangular array of {datatype} values: {exc}"
-        ) from None
+    except ValueError:
+        # Nested lists of uneven lengths ([[1, 2, 3], [4, ...16]] for [1, 16]): Triton walks the nesting and
+        # counts elements only, whatever the nesting; so does this, flat in row-major order.
+        data = _flatten(data)
+        try:
+            values = np.asarray(data)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"input '{name}': 'data' holds values that are not {datatype}: {exc}") from None
+    except TypeError as exc:
+        raise InvalidArgument(f"input '{name}': 'data' holds values that are not {datatype}: {exc}") from None
     if values.size != count:
         raise InvalidArgument(
             f"{SHAPE_MISMATCH}: input '{name}': shape {shape} needs {count} elements, but 'data' has {values.size}"
@@ -401,8 +407,23 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
     return result.reshape(shape)
 
 
+def _flatten(data: list) -> list:
+    """Nested lists as one flat list, in order (the JSON depth limit bounds the nesting)."""
+    flat: list = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is list:
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
 def _json_bytes(data: list, count: int, name: str) -> np.ndarray:
-    values = np.asarray(data, dtype=object).reshape(-1)
+    values = np.asarray(_flatten(data), dtype=object)  # any nesting, as Triton reads it
     if values.size != count:
         raise InvalidArgument(
             f"{SHAPE_MISMATCH}: input '{name}': its shape needs {count} elements, but 'data' has {values.size}"

@@ -1,4 +1,4 @@
-"""Python backend: custom models written as ``fastoip.Model`` subclasses.
+"""Python backend: custom models written as ``fastoip.Model`` subclasses, and Triton's ``TritonPythonModel``.
 
 Layout: ``<repository>/<model>/<version>/model.py`` plus either Triton's
 ``<model>/config.pbtxt`` (``backend: "python"``) or MLServer's
@@ -35,6 +35,13 @@ Rules:
 - A decoupled model (``model_transaction_policy { decoupled: true }``) runs
   one ``predict`` per request; each value its generator (or async generator)
   yields is encoded and sent at once through the job's response sink.
+
+Triton's ``TritonPythonModel`` (a model.py that defines it) is served by the
+``triton_*`` modules: ``triton_kind`` (config, auto-complete, instances),
+``triton_host`` (instances as scheduler backends: worker processes or
+in-process), ``triton_process`` (the server's handle on one worker process)
+and ``server_bridge`` (BLS, model control and custom metrics for model code);
+what runs inside a worker is :mod:`fastoip.pyworker`.
 
 Modules, one job each: ``event_loop`` (the loop async model code runs on),
 ``model_file`` (importing model.py, finding its class), ``deployment``

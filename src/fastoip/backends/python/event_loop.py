@@ -1,63 +1,8 @@
-"""The one asyncio loop every ``async def`` model method runs on, and how a worker thread calls into it."""
+"""The one event loop ``async def`` model methods run on (it lives in :mod:`fastoip.pyworker.loop`, which
+worker processes import without the server's modules)."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import inspect
-import threading
-from collections.abc import Callable
-from typing import Any
+from ...pyworker.loop import EVENT_LOOP, call
 
-
-class _EventLoop:
-    """One asyncio loop in a daemon thread, started on first use."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                started = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(started.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=serve, name="fastoip-python-loop", daemon=True)
-                self._thread.start()
-                started.wait()
-                self._loop = loop
-            return self._loop
-
-    def run(self, awaitable: Any, timeout: float | None = None) -> Any:
-        """Run ``awaitable`` on the loop and wait for its result (from any other thread)."""
-        loop = self.loop()
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking call into the Python backend's event loop from the loop itself")
-
-        async def wrapper() -> Any:
-            return await awaitable
-
-        future = asyncio.run_coroutine_threadsafe(wrapper(), loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
-
-
-EVENT_LOOP = _EventLoop()
-
-
-def call(function: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
-    """Call a sync or async function; an awaitable result is run on the backend's loop."""
-    result = function(*args)
-    if inspect.isawaitable(result):
-        return EVENT_LOOP.run(result, timeout)
-    return result
+__all__ = ["EVENT_LOOP", "call"]

@@ -24,6 +24,7 @@ from .deployment import run_deployment_hooks as _run_deployment_hooks
 from .host import PythonInstance, _Host
 from .model_file import import_model_file as _import_model_file
 from .model_file import model_class as _model_class
+from .triton_kind import is_triton_model_file, load_triton
 
 log = logging.getLogger("fastoip.python")
 
@@ -67,13 +68,17 @@ class PythonKind:
     def prepare(self, model_name: str, paths: Sequence[Path], base: mc.ModelConfig, options: Any) -> None:
         """Before any model loads: import model.py and run its ``@on_deployment`` hooks."""
         for path in paths:
+            if is_triton_model_file(path):
+                continue  # Triton's models have no deployment hooks (and their code runs in workers)
             version = int(path.parent.name) if path.parent.name.isdigit() else 0
             cls = _resolve_class(path, model_name, version, base)
             _run_deployment_hooks(cls, path, model_name, from_load=False)
 
     def load(
         self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: Any
-    ) -> tuple[mc.ModelConfig, list[PythonInstance]]:
+    ) -> tuple[mc.ModelConfig, list[Any]]:
+        if is_triton_model_file(path):
+            return load_triton(model_name, version, path, base, options)
         cls = _resolve_class(path, model_name, version, base)
         _run_deployment_hooks(cls, path, model_name, from_load=True)
         settings_model = is_model_settings_config(base)

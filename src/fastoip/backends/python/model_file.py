@@ -123,7 +123,7 @@ def model_class(module: ModuleType | None, path: Path, config: mc.ModelConfig, m
     if not found:
         hint = ""
         if "TritonPythonModel" in vars(module):
-            hint = " (Triton's TritonPythonModel is not supported: subclass fastoip.Model instead)"
+            hint = " (a Triton model is served when model.py defines it as 'class TritonPythonModel' at top level)"
         raise InvalidArgument(f"model '{model_name}': {path} defines no fastoip.Model subclass{hint}")
     names = ", ".join(sorted(c.__name__ for c in found))
     raise InvalidArgument(

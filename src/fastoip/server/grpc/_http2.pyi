@@ -2,15 +2,54 @@
 
 
 Headers = list[tuple[bytes, bytes]]
-#: (kind, stream_id, payload, number); payload is Headers for REQUEST, bytes for MESSAGE, else None.
-Event = tuple[int, int, Headers | bytes | None, int]
 
-REQUEST: int
-MESSAGE: int
-END_STREAM: int
-CLOSED: int
-TOO_LARGE: int
-PING_ACK: int
+class RequestReceived:
+    """A request's HEADERS (and CONTINUATIONs) arrived: its header fields, in order, as bytes pairs."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def headers(self) -> Headers: ...
+
+class MessageReceived:
+    """One whole gRPC message: bytes, or the bytearray it was gathered in (nobody else holds it); ``flag``: its
+    compressed-flag byte as sent (0 or 1 in valid gRPC; the connection refuses any other value)."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def data(self) -> bytes | bytearray: ...
+    @property
+    def flag(self) -> int: ...
+
+class RequestEnded:
+    """The client half-closed the stream; ``leftover``: bytes of an incomplete message it left (0: clean)."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def leftover(self) -> int: ...
+
+class StreamClosed:
+    """The stream is gone (answered, or reset by either side); ``error_code``: HTTP/2's (0: closed normally)."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def error_code(self) -> int: ...
+
+class MessageTooLarge:
+    """A message prefix declared more than the limit: the rest of the stream's request is ignored."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def declared(self) -> int: ...
+
+class PingAcknowledged:
+    """The peer acknowledged a PING this side sent."""
+
+Event = RequestReceived | MessageReceived | RequestEnded | StreamClosed | MessageTooLarge | PingAcknowledged
 
 NO_ERROR: int
 PROTOCOL_ERROR: int
@@ -47,14 +86,20 @@ class Http2Session:
     def is_open(self, stream_id: int) -> bool: ...
     def send_headers(self, stream_id: int, headers: Headers) -> bool:
         """Response HEADERS; the body follows with send_message and ends with send_trailers."""
-    def send_headers_only(self, stream_id: int, headers: Headers) -> bool:
-        """One HEADERS frame with END_STREAM (gRPC's Trailers-Only, or a plain HTTP error)."""
+    def send_headers_only(self, stream_id: int, headers: Headers, reset: bool = ...) -> bool:
+        """One HEADERS frame with END_STREAM (gRPC's Trailers-Only, or a plain HTTP error).
+
+        ``reset``: RST_STREAM(NO_ERROR) follows it in the same ``data_to_send`` (an answer before the
+        request ended).
+        """
     def send_message(self, stream_id: int, message: bytes, compressed: bool = ...) -> bool:
         """One gRPC message (prefix + bytes) as DATA on a stream whose HEADERS went out."""
-    def send_trailers(self, stream_id: int, trailers: Headers) -> bool:
-        """End the response: trailers go out after the DATA already queued."""
+    def send_message_parts(self, stream_id: int, parts: list[bytes | memoryview]) -> bool:
+        """``send_message`` of a message given as parts (bytes or byte memoryviews), sent where they are."""
+    def send_trailers(self, stream_id: int, trailers: Headers, reset: bool = ...) -> bool:
+        """End the response: trailers go out after the DATA already queued (``reset``: then RST_STREAM)."""
     def reset(self, stream_id: int, error_code: int) -> None:
-        """RST_STREAM."""
+        """RST_STREAM now."""
     def shutdown_notice(self) -> None:
         """The first GOAWAY of a graceful shutdown."""
     def goaway(self, error_code: int = ...) -> None:

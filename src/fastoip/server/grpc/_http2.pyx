@@ -8,9 +8,17 @@ Rules:
 - gRPC's 5-byte message prefix is parsed here, bounds-checked against the
   maximum message size before any buffering, so Python sees whole messages.
 - Nothing here touches sockets or the event loop: ``receive`` takes bytes and
-  returns events, ``data_to_send`` returns the bytes to write.
+  returns events (typed values, one class per kind: RequestReceived,
+  MessageReceived, RequestEnded, StreamClosed, MessageTooLarge,
+  PingAcknowledged), ``data_to_send`` returns the bytes to write.
+- An answer before the request ended is sent and reset here
+  (``send_headers_only(..., reset=True)``): the RST_STREAM(NO_ERROR) follows
+  the answer in the same ``data_to_send``.
+- Declarations live beside this file: ``_nghttp2.pxd`` (the C library) and
+  ``_http2.pxd`` (the fields of a stream and of the session).
 """
 
+cimport cython
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, uint8_t, uint32_t
@@ -18,155 +26,115 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 
-cdef extern from "nghttp2/nghttp2.h":
-    ctypedef struct nghttp2_session:
-        pass
-    ctypedef struct nghttp2_session_callbacks:
-        pass
-    ctypedef struct nghttp2_option:
-        pass
-
-    ctypedef struct nghttp2_nv:
-        uint8_t *name
-        uint8_t *value
-        size_t namelen
-        size_t valuelen
-        uint8_t flags
-
-    ctypedef struct nghttp2_frame_hd:
-        size_t length
-        int32_t stream_id
-        uint8_t type
-        uint8_t flags
-
-    ctypedef enum nghttp2_headers_category:
-        NGHTTP2_HCAT_REQUEST
-        NGHTTP2_HCAT_RESPONSE
-        NGHTTP2_HCAT_PUSH_RESPONSE
-        NGHTTP2_HCAT_HEADERS
-
-    ctypedef struct nghttp2_headers:
-        nghttp2_frame_hd hd
-        nghttp2_headers_category cat
-
-    ctypedef union nghttp2_frame:
-        nghttp2_frame_hd hd
-        nghttp2_headers headers
-
-    ctypedef struct nghttp2_settings_entry:
-        int32_t settings_id
-        uint32_t value
-
-    ctypedef union nghttp2_data_source:
-        int fd
-        void *ptr
-
-    ctypedef ssize_t (*nghttp2_data_source_read_callback)(
-        nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
-        uint32_t *data_flags, nghttp2_data_source *source, void *user_data) noexcept
-
-    ctypedef struct nghttp2_data_provider:
-        nghttp2_data_source source
-        nghttp2_data_source_read_callback read_callback
-
-    ctypedef int (*nghttp2_on_frame_recv_callback)(
-        nghttp2_session *session, const nghttp2_frame *frame, void *user_data) noexcept
-    ctypedef int (*nghttp2_on_begin_headers_callback)(
-        nghttp2_session *session, const nghttp2_frame *frame, void *user_data) noexcept
-    ctypedef int (*nghttp2_on_header_callback)(
-        nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
-        const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) noexcept
-    ctypedef int (*nghttp2_on_data_chunk_recv_callback)(
-        nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
-        void *user_data) noexcept
-    ctypedef int (*nghttp2_on_stream_close_callback)(
-        nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) noexcept
-    ctypedef int (*nghttp2_send_data_callback)(
-        nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
-        nghttp2_data_source *source, void *user_data) noexcept
-    ctypedef ssize_t (*nghttp2_data_source_read_length_callback)(
-        nghttp2_session *session, uint8_t frame_type, int32_t stream_id, int32_t session_remote_window_size,
-        int32_t stream_remote_window_size, uint32_t remote_max_frame_size, void *user_data) noexcept
-
-    enum:
-        NGHTTP2_FLAG_NONE
-        NGHTTP2_FLAG_END_STREAM
-        NGHTTP2_FLAG_ACK
-        NGHTTP2_DATA
-        NGHTTP2_HEADERS
-        NGHTTP2_PING
-        NGHTTP2_NV_FLAG_NONE
-        NGHTTP2_DATA_FLAG_NONE
-        NGHTTP2_DATA_FLAG_EOF
-        NGHTTP2_DATA_FLAG_NO_END_STREAM
-        NGHTTP2_DATA_FLAG_NO_COPY
-        NGHTTP2_ERR_DEFERRED
-        NGHTTP2_ERR_CALLBACK_FAILURE
-        NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
-        NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS
-        NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE
-        NGHTTP2_SETTINGS_MAX_FRAME_SIZE
-        NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
-        NGHTTP2_NO_ERROR
-        NGHTTP2_PROTOCOL_ERROR
-        NGHTTP2_INTERNAL_ERROR
-        NGHTTP2_CANCEL
-        NGHTTP2_REFUSED_STREAM
-
-    int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr)
-    void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks)
-    void nghttp2_session_callbacks_set_on_frame_recv_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_on_frame_recv_callback cb)
-    void nghttp2_session_callbacks_set_on_begin_headers_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_on_begin_headers_callback cb)
-    void nghttp2_session_callbacks_set_on_header_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_on_header_callback cb)
-    void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_on_data_chunk_recv_callback cb)
-    void nghttp2_session_callbacks_set_on_stream_close_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_on_stream_close_callback cb)
-    void nghttp2_session_callbacks_set_send_data_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_send_data_callback cb)
-    void nghttp2_session_callbacks_set_data_source_read_length_callback(
-        nghttp2_session_callbacks *cbs, nghttp2_data_source_read_length_callback cb)
-
-    int nghttp2_option_new(nghttp2_option **option_ptr)
-    void nghttp2_option_del(nghttp2_option *option)
-    void nghttp2_option_set_max_outbound_ack(nghttp2_option *option, size_t val)
-    void nghttp2_option_set_no_rfc9113_leading_and_trailing_ws_validation(nghttp2_option *option, int val)
-
-    int nghttp2_session_server_new2(
-        nghttp2_session **session_ptr, const nghttp2_session_callbacks *callbacks, void *user_data,
-        const nghttp2_option *option)
-    void nghttp2_session_del(nghttp2_session *session)
-    ssize_t nghttp2_session_mem_recv(nghttp2_session *session, const uint8_t *data, size_t inlen)
-    ssize_t nghttp2_session_mem_send(nghttp2_session *session, const uint8_t **data_ptr)
-    int nghttp2_session_want_read(nghttp2_session *session)
-    int nghttp2_session_want_write(nghttp2_session *session)
-    int nghttp2_session_set_local_window_size(
-        nghttp2_session *session, uint8_t flags, int32_t stream_id, int32_t window_size)
-    int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session *session)
-    int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags, const nghttp2_settings_entry *iv,
-                                size_t niv)
-    int nghttp2_submit_response(nghttp2_session *session, int32_t stream_id, const nghttp2_nv *nva, size_t nvlen,
-                                const nghttp2_data_provider *data_prd)
-    int nghttp2_submit_trailer(nghttp2_session *session, int32_t stream_id, const nghttp2_nv *nva, size_t nvlen)
-    int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id)
-    int nghttp2_submit_rst_stream(nghttp2_session *session, uint8_t flags, int32_t stream_id, uint32_t error_code)
-    int nghttp2_submit_shutdown_notice(nghttp2_session *session)
-    int nghttp2_submit_goaway(nghttp2_session *session, uint8_t flags, int32_t last_stream_id, uint32_t error_code,
-                              const uint8_t *opaque_data, size_t opaque_data_len)
-    int nghttp2_submit_ping(nghttp2_session *session, uint8_t flags, const uint8_t *opaque_data)
-    const char *nghttp2_strerror(int lib_error_code)
+from ._nghttp2 cimport *
 
 
-# Event kinds: each event is a tuple (kind, stream_id, payload, number).
-REQUEST = 1        # payload: list of (name, value) bytes pairs; number: 0
-MESSAGE = 2        # payload: the message (bytes, or a bytearray nobody else holds); number: the compressed flag
-END_STREAM = 3     # payload: None; number: bytes of an incomplete message left over (0 when clean)
-CLOSED = 4         # payload: None; number: the HTTP/2 error code (0: closed normally)
-TOO_LARGE = 5      # payload: None; number: the declared message length (over the limit)
-PING_ACK = 6       # payload: None; number: 0
+# -- events: what receive() returns, one typed value per thing that happened, in order --------------
+
+@cython.final
+@cython.freelist(64)
+cdef class RequestReceived:
+    """A request's HEADERS (and CONTINUATIONs) arrived: its header fields, in order, as bytes pairs."""
+
+    cdef readonly int32_t stream_id
+    cdef readonly list headers
+
+    def __repr__(self):
+        return f"RequestReceived(stream_id={self.stream_id}, headers={self.headers!r})"
+
+
+@cython.final
+@cython.freelist(64)
+cdef class MessageReceived:
+    """One whole gRPC message: bytes, or the bytearray it was gathered in (nobody else holds it); ``flag``: its
+    compressed-flag byte as sent (0 or 1 in valid gRPC; the connection refuses any other value)."""
+
+    cdef readonly int32_t stream_id
+    cdef readonly object data
+    cdef readonly uint8_t flag
+
+    def __repr__(self):
+        return f"MessageReceived(stream_id={self.stream_id}, {len(self.data)} bytes, flag={self.flag})"
+
+
+@cython.final
+@cython.freelist(64)
+cdef class RequestEnded:
+    """The client half-closed the stream; ``leftover``: bytes of an incomplete message it left (0: clean)."""
+
+    cdef readonly int32_t stream_id
+    cdef readonly Py_ssize_t leftover
+
+    def __repr__(self):
+        return f"RequestEnded(stream_id={self.stream_id}, leftover={self.leftover})"
+
+
+@cython.final
+@cython.freelist(64)
+cdef class StreamClosed:
+    """The stream is gone (answered, or reset by either side); ``error_code``: HTTP/2's (0: closed normally)."""
+
+    cdef readonly int32_t stream_id
+    cdef readonly uint32_t error_code
+
+    def __repr__(self):
+        return f"StreamClosed(stream_id={self.stream_id}, error_code={self.error_code})"
+
+
+@cython.final
+cdef class MessageTooLarge:
+    """A message prefix declared more than the limit: the rest of the stream's request is ignored."""
+
+    cdef readonly int32_t stream_id
+    cdef readonly Py_ssize_t declared
+
+    def __repr__(self):
+        return f"MessageTooLarge(stream_id={self.stream_id}, declared={self.declared})"
+
+
+@cython.final
+cdef class PingAcknowledged:
+    """The peer acknowledged a PING this side sent."""
+
+    def __repr__(self):
+        return "PingAcknowledged()"
+
+
+cdef inline RequestReceived _request_received(int32_t stream_id, list headers):
+    cdef RequestReceived event = RequestReceived.__new__(RequestReceived)
+    event.stream_id = stream_id
+    event.headers = headers
+    return event
+
+
+cdef inline MessageReceived _message_received(int32_t stream_id, object data, uint8_t flag):
+    cdef MessageReceived event = MessageReceived.__new__(MessageReceived)
+    event.stream_id = stream_id
+    event.data = data
+    event.flag = flag
+    return event
+
+
+cdef inline RequestEnded _request_ended(int32_t stream_id, Py_ssize_t leftover):
+    cdef RequestEnded event = RequestEnded.__new__(RequestEnded)
+    event.stream_id = stream_id
+    event.leftover = leftover
+    return event
+
+
+cdef inline StreamClosed _stream_closed(int32_t stream_id, uint32_t error_code):
+    cdef StreamClosed event = StreamClosed.__new__(StreamClosed)
+    event.stream_id = stream_id
+    event.error_code = error_code
+    return event
+
+
+cdef inline MessageTooLarge _message_too_large(int32_t stream_id, Py_ssize_t declared):
+    cdef MessageTooLarge event = MessageTooLarge.__new__(MessageTooLarge)
+    event.stream_id = stream_id
+    event.declared = declared
+    return event
+
 
 NO_ERROR = NGHTTP2_NO_ERROR
 PROTOCOL_ERROR = NGHTTP2_PROTOCOL_ERROR
@@ -174,44 +142,13 @@ INTERNAL_ERROR = NGHTTP2_INTERNAL_ERROR
 CANCEL = NGHTTP2_CANCEL
 REFUSED_STREAM = NGHTTP2_REFUSED_STREAM
 
-cdef enum:
-    PREFIX = 5  # gRPC's length prefix: 1 byte compressed flag + 4 bytes big-endian length
-    FRAME_HEADER = 9  # an HTTP/2 frame header
-    # Response chunks at least this long leave as DATA frames written straight from the message
-    # (NGHTTP2_DATA_FLAG_NO_COPY); shorter ones are copied into nghttp2's frame buffer.
-    NO_COPY_MIN = 16 * 1024
-    # A message in pieces gets its whole declared size up front up to this much; above it the buffer
-    # grows (doubling) with what arrives, so a length prefix alone reserves little.  Issue 27: 1 MiB, not
-    # 64 MiB (1,000 stalled streams reserved 64 GiB of address space); buffers this large are mmap-ed by
-    # malloc (fastoip serve pins the threshold at 1 MiB), so growing one remaps pages instead of copying.
-    EAGER_RESERVE = 1024 * 1024
-
 
 class Http2Error(Exception):
     """The peer broke the HTTP/2 protocol (or nghttp2 failed): close the connection."""
 
 
 cdef class _Stream:
-    """What this side keeps about one request stream."""
-
-    cdef int32_t stream_id
-    cdef list headers
-    cdef bint headers_done
-    cdef uint8_t head[PREFIX]     # the length prefix of the next message, while it arrives in pieces
-    cdef int head_len
-    cdef bytearray message        # the message being received (allocated from its prefix), or None
-    cdef Py_ssize_t declared      # its length
-    cdef Py_ssize_t filled        # its bytes received so far
-    cdef bint broken              # a message over the limit arrived: ignore the rest
-    cdef Py_ssize_t received      # DATA bytes received on the stream (its idle check reads them)
-    cdef list out                 # bytes chunks waiting to go out as DATA
-    cdef Py_ssize_t out_offset    # bytes of out[0] already sent
-    cdef Py_ssize_t out_bytes     # bytes in out not sent yet
-    cdef object pending           # the slice of out a NO_COPY DATA frame is about to carry
-    cdef list trailers            # set once the response is complete
-    cdef bint deferred            # the data provider said DEFERRED: resume on new data
-    cdef bint responded           # response HEADERS submitted
-    cdef Py_ssize_t header_bytes  # issue 27: the request's header list size so far (RFC 9113: name + value + 32)
+    """What the binding keeps about one request stream (its fields: _http2.pxd)."""
 
     def __cinit__(self, int32_t stream_id):
         self.stream_id = stream_id
@@ -224,20 +161,7 @@ cdef class _Stream:
 
 
 cdef class Http2Session:
-    """One HTTP/2 server connection's protocol state (see the module rules)."""
-
-    cdef nghttp2_session *_session
-    cdef dict _streams
-    cdef list _events
-    cdef Py_ssize_t _max_message
-    cdef object _failure
-    cdef uint8_t *_outbuf
-    cdef size_t _outcap
-    cdef size_t _outlen           # bytes in _outbuf not yet moved to _outchunks
-    cdef list _outchunks          # what data_to_send returns: frame bytes and NO_COPY payload views
-    cdef Py_ssize_t _queued       # response bytes waiting for the peer's flow-control window, all streams
-    cdef Py_ssize_t _max_header_list  # issue 27: the SETTINGS_MAX_HEADER_LIST_SIZE advertised, enforced
-    cdef list _reset_after_send   # issue 27: streams answered here, reset once the answer is serialized
+    """One HTTP/2 server connection's protocol state (see the module rules; its fields: _http2.pxd)."""
 
     def __cinit__(self):
         self._session = NULL
@@ -254,9 +178,9 @@ cdef class Http2Session:
         self._streams = {}
         self._queued = 0
         self._events = []
+        self._resets = []
         self._max_message = max_message_size
         self._max_header_list = max_header_list_size
-        self._reset_after_send = []
         self._failure = None
         if nghttp2_session_callbacks_new(&callbacks) != 0:
             raise MemoryError()
@@ -355,8 +279,8 @@ cdef class Http2Session:
                 if <Py_ssize_t>declared > self._max_message:
                     return self._too_large(stream, declared)
                 if length >= declared:
-                    self._events.append((MESSAGE, stream_id, PyBytes_FromStringAndSize(<const char *>data, declared),
-                                         compressed))
+                    self._events.append(_message_received(
+                        stream_id, PyBytes_FromStringAndSize(<const char *>data, declared), compressed))
                     data += declared
                     length -= declared
                     continue
@@ -374,7 +298,7 @@ cdef class Http2Session:
             data += take
             length -= take
             if stream.filled == stream.declared:
-                self._events.append((MESSAGE, stream_id, stream.message, stream.head[0]))
+                self._events.append(_message_received(stream_id, stream.message, stream.head[0]))
                 stream.message = None
         return 0
 
@@ -386,14 +310,14 @@ cdef class Http2Session:
         stream.responded = True
         self._submit(stream.stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc"),
                                         (b"grpc-status", b"8"), (b"grpc-message", message)], NULL, False)
-        self._reset_after_send.append(stream.stream_id)  # a RST_STREAM queued now would drop the answer
+        self._reset_after_send(stream)  # after the answer is serialized: a RST_STREAM queued now would drop it
         return 0
 
     cdef int _too_large(self, _Stream stream, size_t declared) except -1:
         stream.broken = True
         stream.message = None
         stream.head_len = 0
-        self._events.append((TOO_LARGE, stream.stream_id, None, declared))
+        self._events.append(_message_too_large(stream.stream_id, declared))
         return 0
 
     # -- output ------------------------------------------------------------------------------
@@ -405,29 +329,37 @@ cdef class Http2Session:
         chunks leaves as its 9-byte header plus a memoryview of the message (NGHTTP2_DATA_FLAG_NO_COPY), so
         a large response is not copied on its way to the socket.
         """
-        cdef const uint8_t *chunk
-        cdef ssize_t n
         cdef list chunks
+        cdef int32_t stream_id
         self._outlen = 0
         self._outchunks = []
+        self._send_all()
+        if self._resets:
+            # early answers went out above: now their RST_STREAM(NO_ERROR), which stops the client's upload
+            for stream_id in self._resets:
+                if stream_id in self._streams:
+                    nghttp2_submit_rst_stream(self._session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_NO_ERROR)
+            self._resets.clear()
+            self._send_all()
+        self._cut()
+        chunks, self._outchunks = self._outchunks, []
+        return chunks
+
+    cdef int _send_all(self) except -1:
+        """Every frame nghttp2 has ready, into the output buffer (or the chunk list: NO_COPY DATA)."""
+        cdef const uint8_t *chunk
+        cdef ssize_t n
         while True:
             n = nghttp2_session_mem_send(self._session, &chunk)
             if n < 0:
                 raise Http2Error(nghttp2_strerror(<int>n).decode())
             if n == 0:
-                if not self._reset_after_send:
-                    break
-                for stream_id in self._reset_after_send:  # their answers are serialized: stop their uploads
-                    nghttp2_submit_rst_stream(self._session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_NO_ERROR)
-                self._reset_after_send = []
-                continue
+                break
             self._append(chunk, n)
-        self._cut()
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
-        chunks, self._outchunks = self._outchunks, []
-        return chunks
+        return 0
 
     cdef int _append(self, const uint8_t *data, size_t n) except -1:
         """Copy serialized frame bytes into the scratch buffer (one write per flush instead of one per frame)."""
@@ -497,10 +429,19 @@ cdef class Http2Session:
         self._submit(stream_id, headers, &provider, False)
         return True
 
-    def send_headers_only(self, int32_t stream_id, list headers):
-        """One HEADERS frame with END_STREAM (gRPC's Trailers-Only, or a plain HTTP error)."""
+    def send_headers_only(self, int32_t stream_id, list headers, bint reset=False):
+        """One HEADERS frame with END_STREAM (gRPC's Trailers-Only, or a plain HTTP error).
+
+        ``reset``: the answer comes before the request ended, so RST_STREAM(NO_ERROR) follows it in the
+        same ``data_to_send`` and the client stops sending (RFC 9113 8.1); also when the stream had
+        already answered (the reset then ends what it was doing).
+        """
         cdef _Stream stream = self._streams.get(stream_id)
-        if stream is None or stream.responded:
+        if stream is None:
+            return False
+        if reset:
+            self._reset_after_send(stream)
+        if stream.responded:
             return False
         stream.responded = True
         self._submit(stream_id, headers, NULL, False)
@@ -525,17 +466,55 @@ cdef class Http2Session:
         self._resume(stream)
         return True
 
-    def send_trailers(self, int32_t stream_id, list trailers):
-        """End the response: trailers go out after the DATA already queued."""
+    def send_message_parts(self, int32_t stream_id, list parts):
+        """``send_message`` of a message given as parts: bytes, or C-contiguous byte memoryviews (format "B"),
+        such as the codec's ``encode_infer_response_parts``; they are sent from where they are, not joined."""
         cdef _Stream stream = self._streams.get(stream_id)
+        cdef Py_ssize_t size = 0
+        cdef bytes prefix
         if stream is None or stream.trailers is not None:
+            return False
+        for part in parts:
+            if type(part) is not bytes and (type(part) is not memoryview or part.format != "B"
+                                            or not part.c_contiguous):
+                raise TypeError("message parts must be bytes or C-contiguous byte memoryviews")
+            size += len(part)
+        if size > 0xFFFFFFFF:
+            raise ValueError("gRPC message over 4 GiB")
+        prefix = bytes((0, (size >> 24) & 0xFF, (size >> 16) & 0xFF, (size >> 8) & 0xFF, size & 0xFF))
+        stream.out.append(prefix)
+        for part in parts:
+            if len(part):
+                stream.out.append(part)
+        stream.out_bytes += PREFIX + size
+        self._queued += PREFIX + size
+        self._resume(stream)
+        return True
+
+    def send_trailers(self, int32_t stream_id, list trailers, bint reset=False):
+        """End the response: trailers go out after the DATA already queued.
+
+        ``reset``: RST_STREAM(NO_ERROR) follows in the same ``data_to_send`` (see send_headers_only).
+        """
+        cdef _Stream stream = self._streams.get(stream_id)
+        if stream is None:
+            return False
+        if reset:
+            self._reset_after_send(stream)
+        if stream.trailers is not None:
             return False
         stream.trailers = trailers
         self._resume(stream)
         return True
 
+    cdef int _reset_after_send(self, _Stream stream) except -1:
+        if not stream.reset_when_sent:
+            stream.reset_when_sent = True
+            self._resets.append(stream.stream_id)
+        return 0
+
     def reset(self, int32_t stream_id, uint32_t error_code):
-        """RST_STREAM (e.g. NO_ERROR after an early answer, CANCEL on a deadline)."""
+        """RST_STREAM now (an early answer resets with ``reset=True`` instead, after the answer went out)."""
         if stream_id in self._streams:
             nghttp2_submit_rst_stream(self._session, NGHTTP2_FLAG_NONE, stream_id, error_code)
 
@@ -592,13 +571,19 @@ cdef class Http2Session:
         """
         cdef _Stream stream = self._streams.get(stream_id)
         cdef size_t written = 0, take
-        cdef bytes chunk
+        cdef object chunk             # bytes, or a byte memoryview (send_message_parts)
+        cdef const char *data
         cdef Py_ssize_t left
         if stream is None:
             return NGHTTP2_ERR_CALLBACK_FAILURE
         while written < length and stream.out:
             chunk = stream.out[0]
-            left = PyBytes_GET_SIZE(chunk) - stream.out_offset
+            if type(chunk) is bytes:
+                data = PyBytes_AS_STRING(chunk)
+                left = PyBytes_GET_SIZE(chunk) - stream.out_offset
+            else:
+                data = <const char *>PyMemoryView_GET_BUFFER(chunk).buf
+                left = PyMemoryView_GET_BUFFER(chunk).len - stream.out_offset
             if written == 0 and left >= NO_COPY_MIN:
                 take = min(<size_t>left, length)
                 stream.pending = memoryview(chunk)[stream.out_offset:stream.out_offset + <Py_ssize_t>take]
@@ -607,7 +592,7 @@ cdef class Http2Session:
                 # a long chunk behind a short one (a message behind its prefix) lends this frame only a
                 # little, so the frames after it start on it and go without a copy
                 take = min(<size_t>left, length - written, <size_t>NO_COPY_MIN)
-                memcpy(buf + written, PyBytes_AS_STRING(chunk) + stream.out_offset, take)
+                memcpy(buf + written, data + stream.out_offset, take)
             written += take
             stream.out_bytes -= take
             self._queued -= take
@@ -671,7 +656,7 @@ cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, vo
     try:
         if frame.hd.type == NGHTTP2_PING:
             if frame.hd.flags & NGHTTP2_FLAG_ACK:
-                self._events.append((PING_ACK, 0, None, 0))
+                self._events.append(PingAcknowledged.__new__(PingAcknowledged))
             return 0
         if frame.hd.type != NGHTTP2_HEADERS and frame.hd.type != NGHTTP2_DATA:
             return 0
@@ -679,14 +664,13 @@ cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, vo
         if stream is None:
             return 0
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
-            stream.headers_done = True
             if stream.headers is None:  # over the header list limit (issue 27): answered here, never a call
                 self._refuse_headers(stream)
                 return 0
-            self._events.append((REQUEST, stream_id, stream.headers, 0))
+            self._events.append(_request_received(stream_id, stream.headers))
             stream.headers = None
         if frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
-            self._events.append((END_STREAM, stream_id, None, 0 if stream.broken else stream.partial()))
+            self._events.append(_request_ended(stream_id, 0 if stream.broken else stream.partial()))
             stream.message = None
             stream.head_len = 0
         return 0
@@ -713,7 +697,7 @@ cdef int _on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t 
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
             self._queued -= stream.out_bytes  # a reset stream's unsent response is dropped with it
-            self._events.append((CLOSED, stream_id, None, error_code))
+            self._events.append(_stream_closed(stream_id, error_code))
         return 0
     except BaseException as exc:
         self._failure = exc

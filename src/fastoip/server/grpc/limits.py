@@ -2,8 +2,12 @@
 
 Rules:
 - At most ``max_connections`` connections at once (default: half the process's
-  open-file limit, so the HTTP frontend, metrics and model files keep theirs);
-  one more is closed as soon as it is accepted, before anything is read.
+  open-file limit, so the HTTP frontend, metrics and model files keep theirs).
+  One more closes the connection that has gone longest without a call (none
+  open on it: an idle or never-handshaken one; nginx reuses idle keep-alive
+  connections the same way), so a new client's health probe is still served;
+  when every connection has a call open, the new one is closed as soon as it
+  is accepted, before anything is read.
 - A connection whose client has not sent the HTTP/2 preface and its SETTINGS
   within ``handshake_timeout_s`` is closed.
 - A connection with no stream open for ``idle_timeout_s`` gets a graceful
@@ -14,15 +18,28 @@ Rules:
   stream that queues more is reset with ENHANCE_YOUR_CALM (gRPC clients read
   RESOURCE_EXHAUSTED) and its queued bytes are dropped, and a connection that
   still holds queued bytes gets no new calls until the total is under again.
+  A decoupled model's responses are queued the same way, each as it is produced.
+- ModelStreamInfer request messages received but not yet answered (queued in
+  the Core or running) are counted per stream and across the server
+  (``RequestBudget``): a message that would take its stream past
+  ``stream_limit`` or the server past ``server_limit`` ends the stream with
+  RESOURCE_EXHAUSTED (its queued requests are cancelled).  A stream that holds
+  nothing may always send one message (up to the message size limit), so a
+  large request is never refused for its size alone on a quiet server.
 """
 
 from __future__ import annotations
 
 import resource
+from collections.abc import Iterable, Sized
 from typing import Protocol
 
 #: Response bytes waiting for clients' windows, all connections together (--grpc-max-queued-response-bytes).
 QUEUED_LIMIT = 1024 * 1024 * 1024
+#: Stream request bytes received and not yet answered, per stream (--grpc-max-stream-request-bytes).
+STREAM_REQUEST_LIMIT = 256 * 1024 * 1024
+#: The same, all streams of the server together (--grpc-max-queued-request-bytes).
+QUEUED_REQUEST_LIMIT = 1024 * 1024 * 1024
 #: The client's preface + SETTINGS: 24 + 9 bytes at least.
 HANDSHAKE_BYTES = 33
 
@@ -35,31 +52,93 @@ def default_max_connections() -> int:
     return max(64, soft // 2)
 
 
+class RequestBudget:
+    """Bytes of ModelStreamInfer messages received and not yet answered (touched on the loop thread only)."""
+
+    def __init__(self, stream_limit: int = STREAM_REQUEST_LIMIT, server_limit: int = QUEUED_REQUEST_LIMIT) -> None:
+        self.stream_limit = stream_limit
+        self.server_limit = server_limit
+        self.held_total = 0
+        self.refused = 0
+
+    def take(self, stream_held: int, size: int) -> str | None:
+        """Count ``size`` more bytes for a stream that holds ``stream_held``; a refusal message when over."""
+        if stream_held > 0:
+            if stream_held + size > self.stream_limit:
+                self.refused += 1
+                return (f"the stream holds {stream_held} bytes of requests not yet answered; {size} more would pass "
+                        f"{self.stream_limit} (--grpc-max-stream-request-bytes)")
+            if self.held_total + size > self.server_limit:
+                self.refused += 1
+                return (f"the server holds {self.held_total} bytes of stream requests not yet answered; {size} "
+                        f"more would pass {self.server_limit} (--grpc-max-queued-request-bytes)")
+        self.held_total += size
+        return None
+
+    def give(self, size: int) -> None:
+        self.held_total -= size
+
+
 class Counted(Protocol):
     """A connection, as the limits see it."""
 
     def queued_bytes(self) -> int: ...
 
 
+class Replaceable(Protocol):
+    """A connection, as the cap sees it: its open calls, when its last call started or ended."""
+
+    closed: bool
+    last_call: float
+
+    @property
+    def calls(self) -> Sized: ...
+
+    def close(self) -> None: ...
+
+
 class ServerLimits:
     """The counts that are shared by every connection of one server (touched on its loop thread only)."""
 
     def __init__(self, max_connections: int, idle_timeout_s: float, handshake_timeout_s: float,
-                 queued_limit: int = QUEUED_LIMIT) -> None:
+                 queued_limit: int = QUEUED_LIMIT, requests: RequestBudget | None = None) -> None:
         self.max_connections = max_connections if max_connections > 0 else default_max_connections()
         self.idle_timeout_s = idle_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.queued_limit = queued_limit
+        #: Stream request messages held (the native calls count them).
+        self.requests = requests or RequestBudget()
         self.open = 0
         self.refused = 0
+        self.replaced = 0
         self._queued: dict[Counted, int] = {}
         self.queued_total = 0
 
     def admit(self) -> bool:
         """Count a new connection; False (and not counted) when the server has its maximum."""
         if self.open >= self.max_connections:
+            return False
+        self.open += 1
+        return True
+
+    def replace_idle(self, connections: Iterable[Replaceable]) -> bool:
+        """At the cap: close the connection longest without a call and count the new one in its place.
+
+        False (nothing closed, the new one not counted, ``refused`` counts it) when every connection has a
+        call open.  The closed
+        one leaves the count when its transport reports it lost.
+        """
+        oldest: Replaceable | None = None
+        for connection in connections:
+            if connection.closed or len(connection.calls):
+                continue
+            if oldest is None or connection.last_call < oldest.last_call:
+                oldest = connection
+        if oldest is None:
             self.refused += 1
             return False
+        oldest.close()
+        self.replaced += 1
         self.open += 1
         return True
 

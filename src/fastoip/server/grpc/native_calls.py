@@ -32,6 +32,7 @@ from ...types import InferRequest, InferResponse
 from ..forward_headers import HeaderForwarder, forwarder
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from . import wire
+from .limits import RequestBudget
 from .service import (
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -47,6 +48,10 @@ from .service import (
 )
 
 log = logging.getLogger("fastoip.grpc")
+
+#: An output at least this large goes out from its array instead of being copied into the response message
+#: (``_codec.encode_infer_response_parts``); smaller ones are copied, cheaper than a part of their own.
+LARGE_OUTPUT = 64 * 1024
 
 #: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).
 INLINE_RPCS = frozenset({
@@ -70,6 +75,8 @@ class CoreCalls:
         self.loop = loop
         #: Triton's --grpc-header-forward-pattern (None: no metadata becomes a parameter).
         self.forward = forward
+        #: Stream request bytes held, per stream and server-wide (issue 27; the server sets its own).
+        self.budget = RequestBudget()
 
     def start(
         self,
@@ -120,7 +127,7 @@ class Responder(Protocol):
     """What a call needs from its connection to answer."""
 
     def send_headers(self, stream_id: int) -> None: ...
-    def send_message(self, stream_id: int, message: bytes) -> None: ...
+    def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None: ...
     def finish(self, stream_id: int, code: int, message: str = "") -> None: ...
 
 
@@ -165,7 +172,7 @@ class Call:
             self.finished = True
             self.out.finish(self.stream_id, code, message)
 
-    def reply(self, message: bytes) -> None:
+    def reply(self, message: bytes | list[bytes | memoryview]) -> None:
         """The one response message of a unary call, then OK."""
         if self.finished:
             return
@@ -216,14 +223,17 @@ class InferCall(Call):
             if job.error is not None:
                 self.fail(wire.status_code(job.error.grpc_code), job.error.message)
                 return
+            response = job.response
+            assert response is not None  # no error: a response is set
             if frontend is not None:
                 frontend.stamp("GRPC_SEND_START")
             try:
-                body = _codec.encode_infer_response(job.response)  # type: ignore[arg-type]  # a response is set
+                # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
+                body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
             except Exception as exc:  # an output the codec cannot encode: the client hears why
                 self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
                 return
-            self.reply(body)
+            self.reply(body[0] if len(body) == 1 and type(body[0]) is bytes else body)
             if frontend is not None:
                 frontend.stamp("GRPC_SEND_END")  # the response queued on the connection
         finally:
@@ -246,7 +256,8 @@ class StreamInferCall(Call):
     decoupled model's responses go out as they are produced (see :mod:`.service`).
     """
 
-    __slots__ = ("core", "jobs", "started", "answered", "half_closed", "partial_sink", "empty_final")
+    __slots__ = ("core", "jobs", "started", "answered", "half_closed", "partial_sink", "empty_final", "held",
+                 "held_bytes")
     streaming = True
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
@@ -259,15 +270,30 @@ class StreamInferCall(Call):
         self.partial_sink = core.on_loop(self.partial)
         #: Jobs whose request asked for an empty final response.
         self.empty_final: set[Job] = set()
+        #: issue 27: each unanswered job's message size, counted in core.budget until it is answered.
+        self.held: dict[Job, int] = {}
+        self.held_bytes = 0
 
     def on_message(self, data: wire.Payload) -> None:
         if self.finished:
             return
+        size = len(data)
+        refusal = self.core.budget.take(self.held_bytes, size)
+        if refusal is not None:  # issue 27: too many request bytes waiting: the stream ends
+            log.warning("gRPC ModelStreamInfer ended: %s", refusal)
+            self.drop_jobs()
+            self.fail(wire.RESOURCE_EXHAUSTED, refusal)
+            return
         self.started += 1
-        request = decode_request(cast(bytes, data))  # the codec reads any buffer
+        try:
+            request = decode_request(cast(bytes, data))  # the codec reads any buffer
+        except BaseException:
+            self.core.budget.give(size)
+            raise
         if not isinstance(request, InferRequest):
             loose = accept_mlserver_shapes(self.core.core, request)
             if loose is None:
+                self.core.budget.give(size)
                 self.answer(_codec.encode_stream_response(None, request.status_message))
                 return
             request = loose
@@ -275,11 +301,20 @@ class StreamInferCall(Call):
             empty_final = take_empty_final_flag(request) if request.parameters else False
             job = self.core.start(request, self.deadline_ns, self.done, self.headers, self.partial_sink)
         except InferenceError as exc:
+            self.core.budget.give(size)
             self.answer(_codec.encode_stream_response(error_echo(request), exc.message))
             return
+        self.held[job] = size
+        self.held_bytes += size
         self.jobs.add(job)
         if empty_final:
             self.empty_final.add(job)
+
+    def release(self, job: Job) -> None:
+        size = self.held.pop(job, 0)
+        if size:
+            self.held_bytes -= size
+            self.core.budget.give(size)
 
     def partial(self, job: Job, response: InferResponse) -> None:
         """A decoupled model's response that is not the last (on the loop, in the order produced)."""
@@ -288,6 +323,7 @@ class StreamInferCall(Call):
 
     def done(self, job: Job) -> None:
         self.jobs.discard(job)
+        self.release(job)
         if self.finished:
             return
         response = job.response
@@ -330,8 +366,13 @@ class StreamInferCall(Call):
 
     def cancel(self) -> None:
         super().cancel()
+        self.drop_jobs()
+
+    def drop_jobs(self) -> None:
+        """Cancel every unanswered request of the stream and give their bytes back to the budget."""
         for job in list(self.jobs):
             self.core.cancel(job)
+            self.release(job)
         self.jobs.clear()
         self.empty_final.clear()
 
@@ -424,19 +465,6 @@ class Dispatcher:
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
-
-    def refusal(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """Triton's UNAVAILABLE message for a restricted RPC called without its header; None: go on.
-
-        A header sent more than once is read by its first value, as the grpcio frontend reads it (issue 27).
-        """
-        restriction = self.restricted.get(path)
-        if restriction is None:
-            return None
-        given = next((value for key, value in headers if key == restriction.lookup_key), None)
-        if restriction.allows(given):
-            return None
-        return restriction.grpc_refusal()
 
     def new_call(self, path: bytes, stream_id: int, out: Responder, deadline_ns: int) -> Call | None:
         if path == self.infer_path:

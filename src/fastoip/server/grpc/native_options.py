@@ -39,6 +39,9 @@ class NativeGrpcOptions:
     handshake_timeout_ms: int = 10_000
     #: ... and response bytes waiting for clients' flow-control windows, all connections together.
     max_queued_response_bytes: int = 1024 * 1024 * 1024
+    #: ModelStreamInfer request bytes received and not yet answered, per stream / server-wide (issue 27).
+    max_stream_request_bytes: int = 256 * 1024 * 1024
+    max_queued_request_bytes: int = 1024 * 1024 * 1024
     use_ssl: bool = False
     server_cert: str = ""
     server_key: str = ""

@@ -18,15 +18,18 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import Any, cast
 
 from ...core import Core
 from . import _http2, wire
 from .intake import MessageIntake
-from .limits import HANDSHAKE_BYTES, ServerLimits
+from .limits import HANDSHAKE_BYTES, RequestBudget, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from
+from .native_head import AcceptedHead, read_head
 from .native_options import NativeGrpcOptions
+from .native_timers import ConnectionTimers
 
 log = logging.getLogger("fastoip.grpc")
 
@@ -36,69 +39,82 @@ log = logging.getLogger("fastoip.grpc")
 QUEUED_LIMIT = 256 * 1024 * 1024
 #: RST_STREAM's ENHANCE_YOUR_CALM: gRPC clients read it as RESOURCE_EXHAUSTED.
 ENHANCE_YOUR_CALM = 0xB
-#: How long the final GOAWAY waits for the PING that follows the notice (one round trip, bounded).
-GOAWAY_PING_WAIT = 1.0
 #: The socket read size: the loop reads into one buffer of this size that every connection shares (each read
 #: is consumed by nghttp2 before the next), so received bytes are not first copied into a bytes object.
 READ_BUFFER = 256 * 1024
 
 
+class StreamRecord:
+    """What the connection keeps about one stream with a call: the one place its per-stream state lives.
+
+    The HTTP/2 side of the stream (framing, queued output) is the session's; everything the connection
+    needs besides the call goes here, and ``GrpcConnection.forget`` drops all of it at once.
+    """
+
+    __slots__ = ("call", "encoding", "deadline", "idle_seen", "idle_since")
+
+    def __init__(self, call: Call, encoding: bytes, now: float) -> None:
+        self.call = call
+        #: grpc-encoding of the request's compressed messages (identity: none).
+        self.encoding = encoding
+        #: The grpc-timeout timer, when the request has one.
+        self.deadline: asyncio.TimerHandle | None = None
+        #: DATA bytes received when the idle sweep last looked, and since when that count stands still;
+        #: idle_seen is -1 once the request side ended (nothing more to wait for).
+        self.idle_seen = 0
+        self.idle_since = now
+
+
 class GrpcConnection(asyncio.BufferedProtocol):
-    """One client connection: the HTTP/2 session, its calls, keepalive and drain."""
+    """One client connection: socket bytes <-> the HTTP/2 session, its events -> the streams' calls.
+
+    Jobs, each in its own place: transport events (this class's first section), the session's events
+    (``on_*``, dispatched through ``EVENT_HANDLERS``), head checks (:func:`.native_head.read_head`), request
+    messages (:class:`.intake.MessageIntake`: flag, one-message rule, inflation; back through ``deliver_*``),
+    the streams' records (:class:`StreamRecord`), answering (the calls' Responder), output and backpressure
+    (``flush``), server-wide bounds (:class:`.limits.ServerLimits`), clocks
+    (:class:`.native_timers.ConnectionTimers`) and the drain.
+    """
 
     def __init__(self, server: NativeGrpcServer) -> None:
         self.server = server
         self.options = server.options
         self.loop = server.loop
+        self.dispatcher = server.dispatcher
         self.session = _http2.Http2Session(
             self.options.max_message_size,
             max_concurrent_streams=self.options.max_concurrent_streams,
             stream_window=self.options.stream_window,
             connection_window=self.options.connection_window,
         )
-        self.calls: dict[int, Call] = {}
-        self.encodings: dict[int, bytes] = {}
+        #: stream id -> its record, for every stream whose call has not finished.
+        self.streams: dict[int, StreamRecord] = {}
         #: Streams whose responses are compressed (--grpc-infer-response-compression-level) -> the algorithm.
         self.response_encodings: dict[int, bytes] = {}
-        #: Keepalive PINGs sent since a HEADERS or DATA frame was last sent (--grpc-http2-max-pings-without-data).
-        self.pings_without_data = 0
-        self.timers: dict[int, asyncio.TimerHandle] = {}
+        # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
+        self.limits: ServerLimits = server.limits
+        self.admitted = False
+        self.timers = ConnectionTimers(self.loop, self.options, self, self.limits)
+        # issue 27: request messages are checked and inflated (off the loop when large) by the intake
+        self.intake = MessageIntake(self, self.options.max_message_size)
         self.transport: asyncio.Transport | None = None
         self.paused = False
         self.reading_paused = False
         self.flush_scheduled = False
         self.closed = False
         self.draining = False
-        self.reset_after_flush: list[int] = []
-        self.last_read = time.monotonic()
-        self.keepalive: asyncio.TimerHandle | None = None
-        self.ping_wait: asyncio.TimerHandle | None = None
-        self.goaway_wait: asyncio.TimerHandle | None = None
-        self.age_timer: asyncio.TimerHandle | None = None
-        #: Streams whose request side is open -> (DATA bytes received when last seen, when that changed).
-        self.open_requests: dict[int, tuple[int, float]] = {}
-        self.idle_sweep: asyncio.TimerHandle | None = None
-        # issue 27: request messages are checked and inflated (off the loop when large) by the intake
-        self.intake = MessageIntake(self, self.options.max_message_size)
-        # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
-        self.limits: ServerLimits = server.limits
-        self.admitted = False
-        self.bytes_in = 0
-        self.last_call = time.monotonic()
-        self.handshake_timer: asyncio.TimerHandle | None = None
-        self.no_calls_timer: asyncio.TimerHandle | None = None
 
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        if not self.limits.admit():  # issue 27: over --grpc-max-connections
+        # issue 27: over --grpc-max-connections the connection longest without a call makes room, if any
+        if not self.limits.admit() and not self.limits.replace_idle(self.server.connections):
             if self.limits.refused == 1 or self.limits.refused % 1000 == 0:
                 log.warning("gRPC connection refused: %d connections open (--grpc-max-connections)", self.limits.open)
             self.closed = True
             self.transport.abort()
             return
         self.admitted = True
-        self.start_limit_timers()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -106,12 +122,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
             except OSError:
                 pass
         self.server.connections.add(self)
-        if self.options.keepalive_time_ms > 0:
-            self.keepalive = self.loop.call_later(self.options.keepalive_time_ms / 1000, self.check_idle)
-        if self.options.max_connection_age_ms > 0:
-            self.age_timer = self.loop.call_later(self.options.max_connection_age_ms / 1000, self.on_max_age)
-        if self.options.stream_idle_timeout_ms > 0:
-            self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
+        self.timers.start()
         if self.server.draining:
             self.drain()
         self.flush()  # our SETTINGS go first
@@ -123,8 +134,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.receive(self.server.read_buffer[:nbytes])
 
     def receive(self, data: memoryview) -> None:
-        self.last_read = time.monotonic()
-        self.bytes_in += len(data)
+        self.timers.bytes_received(len(data))
         try:
             events = self.session.receive(data)
         except _http2.Http2Error as exc:
@@ -133,19 +143,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.flush()
             self.close()
             return
-        for kind, stream_id, payload, number in events:
-            if kind == _http2.MESSAGE:
-                self.on_message(stream_id, cast(wire.Payload, payload), number)
-            elif kind == _http2.REQUEST:
-                self.on_request(stream_id, cast(wire.Headers, payload))
-            elif kind == _http2.END_STREAM:
-                self.on_end_stream(stream_id, number)
-            elif kind == _http2.CLOSED:
-                self.on_closed(stream_id, number)
-            elif kind == _http2.TOO_LARGE:
-                self.on_too_large(stream_id, number)
-            elif kind == _http2.PING_ACK:
-                self.on_ping_ack()
+        for event in events:
+            EVENT_HANDLERS[type(event)](self, event)
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -153,14 +152,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
         if not self.admitted:
             return
         self.limits.leave(self)
-        for timer in (self.handshake_timer, self.no_calls_timer):
-            if timer is not None:
-                timer.cancel()
         self.server.connections.discard(self)
-        for handle in (self.keepalive, self.ping_wait, self.goaway_wait, self.age_timer, self.idle_sweep):
-            if handle is not None:
-                handle.cancel()
-        for stream_id in list(self.calls):
+        self.timers.cancel()
+        for stream_id in list(self.streams):
             self.end_call(stream_id).cancel()
 
     def pause_writing(self) -> None:
@@ -170,178 +164,192 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.paused = False
         self.flush()
 
-    # -- HTTP/2 events --------------------------------------------------------------------------
-    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
-        fields = dict(headers)
-        if fields.get(b":method") != b"POST":
-            self.session.send_headers_only(stream_id, [(b":status", b"405"), (b"allow", b"POST")])
-            self.reset_after_flush.append(stream_id)
+    # -- the session's events (EVENT_HANDLERS) --------------------------------------------------
+    def on_request(self, event: _http2.RequestReceived) -> None:
+        stream_id = event.stream_id
+        head = read_head(event.headers, self.dispatcher.restricted)
+        if not isinstance(head, AcceptedHead):
+            self.session.send_headers_only(stream_id, head, reset=True)
             return
-        content_type = fields.get(b"content-type", b"")
-        if not (content_type == b"application/grpc" or content_type.startswith((b"application/grpc+",
-                                                                                  b"application/grpc;"))):
-            # gRPC over HTTP/2: a content-type that is not gRPC gets HTTP 415.
-            self.session.send_headers_only(stream_id, [(b":status", b"415"), (b"content-type", b"text/plain")])
-            self.reset_after_flush.append(stream_id)
+        if self.over_queued_limit(stream_id):
             return
-        timeout = fields.get(b"grpc-timeout")
-        timeout_ns = None
-        if timeout is not None:
-            timeout_ns = wire.parse_timeout(timeout)
-            if timeout_ns is None:
-                self.answer_early(stream_id, wire.INVALID_ARGUMENT, f"malformed grpc-timeout {timeout!r}")
-                return
-        if self.over_queued_limit(stream_id, False):
-            return
-        path = fields.get(b":path", b"")
-        if self.server.dispatcher.restricted and (refusal := self.server.dispatcher.refusal(path, headers)):
-            self.answer_early(stream_id, wire.UNAVAILABLE, refusal)  # Triton's --grpc-restricted-protocol
-            return
-        call = self.server.dispatcher.new_call(path, stream_id, self, deadline_from(timeout_ns))
+        call = self.dispatcher.new_call(head.path, stream_id, self, deadline_from(head.timeout_ns))
         if call is None:
             self.answer_early(stream_id, wire.UNIMPLEMENTED, "Method not found!")  # grpc-core's words
             return
-        self.calls[stream_id] = call
-        self.last_call = time.monotonic()
-        call.headers = fields  # read by the Core only for a traced request (W3C traceparent)
-        self.open_requests[stream_id] = (0, time.monotonic())
-        encoding = fields.get(b"grpc-encoding", b"identity")
-        if encoding != b"identity":
-            self.encodings[stream_id] = encoding
+        call.headers = head.fields  # read by the Core only for a traced request (W3C traceparent)
+        record = self.streams[stream_id] = StreamRecord(call, head.encoding, self.timers.last_read)
         level = self.options.response_compression_level
-        if level != "none" and path in (self.server.dispatcher.infer_path, self.server.dispatcher.stream_path):
-            chosen = wire.response_encoding(level, fields.get(b"grpc-accept-encoding"))
+        if level != "none" and head.path in (self.dispatcher.infer_path, self.dispatcher.stream_path):
+            # Triton's --grpc-infer-response-compression-level: an algorithm the client accepts, for the level
+            chosen = wire.response_encoding(level, head.fields.get(b"grpc-accept-encoding"))
             if chosen is not None:
                 self.response_encodings[stream_id] = chosen
-        if timeout_ns is not None:
-            self.timers[stream_id] = self.loop.call_later(timeout_ns / 1e9, self.on_deadline, stream_id)
+        self.timers.call_started()
+        if head.timeout_ns is not None:
+            record.deadline = self.timers.deadline(stream_id, head.timeout_ns)
 
-    def on_message(self, stream_id: int, data: wire.Payload, compressed: int) -> None:
-        call = self.calls.get(stream_id)
-        if call is None or self.over_queued_limit(stream_id, call.headers_sent):
+    def on_message(self, event: _http2.MessageReceived) -> None:
+        stream_id = event.stream_id
+        record = self.streams.get(stream_id)
+        if record is None or self.over_queued_limit(stream_id):
             return
-        self.intake.message(stream_id, call.streaming, data, compressed,
-                            self.encodings.get(stream_id, b"identity"))  # -> deliver_message / refuse_message
+        # issue 27: the intake checks the flag and the one-message rule and inflates (off the loop when large)
+        self.intake.message(stream_id, record.call.streaming, event.data, event.flag, record.encoding)
 
     def deliver_message(self, stream_id: int, data: wire.Payload) -> None:
         """A request message, checked and inflated by the intake."""
-        call = self.calls.get(stream_id)
-        if call is None:
+        record = self.streams.get(stream_id)
+        if record is None:
             return
+        call = record.call
         call.on_message(data)
-        self.forget_if_finished(stream_id, call)
+        if call.finished:
+            self.forget(stream_id)
 
     def refuse_message(self, stream_id: int, code: int, message: str) -> None:
         """The intake refused a request message: the call ends with ``code``."""
-        call = self.calls.get(stream_id)
-        if call is None:
-            return
-        self.end_call(stream_id).cancel()
-        self.answer_early(stream_id, code, message, call.headers_sent)
+        self.abort_call(stream_id, code, message)
 
-    def on_end_stream(self, stream_id: int, leftover: int) -> None:
-        self.open_requests.pop(stream_id, None)
-        self.intake.end(stream_id, leftover)  # -> deliver_end, after any message still inflating
+    def on_request_ended(self, event: _http2.RequestEnded) -> None:
+        record = self.streams.get(event.stream_id)
+        if record is None:
+            return
+        record.idle_seen = -1  # the request side is complete: nothing to wait for
+        self.intake.end(event.stream_id, event.leftover)  # -> deliver_end, after any message still inflating
 
     def deliver_end(self, stream_id: int, leftover: int) -> None:
-        call = self.calls.get(stream_id)
-        if call is None:
+        record = self.streams.get(stream_id)
+        if record is None:
             return
         if leftover:
-            self.end_call(stream_id).cancel()
-            self.answer_early(stream_id, wire.INTERNAL,
-                              f"the request stream ended inside a gRPC message ({leftover} bytes of it arrived)",
-                              call.headers_sent)
+            self.abort_call(stream_id, wire.INTERNAL, "the request stream ended inside a gRPC message "
+                                                      f"({leftover} bytes of it arrived)")
             return
+        call = record.call
         call.on_end()
-        self.forget_if_finished(stream_id, call)
+        if call.finished:
+            self.forget(stream_id)
 
-    def on_too_large(self, stream_id: int, declared: int) -> None:
-        self.abort_call(stream_id, wire.RESOURCE_EXHAUSTED,
-                        f"SERVER: Received message larger than max ({declared} vs. {self.options.max_message_size})")
+    def on_too_large(self, event: _http2.MessageTooLarge) -> None:
+        limit = self.options.max_message_size
+        self.abort_call(event.stream_id, wire.RESOURCE_EXHAUSTED,
+                        f"SERVER: Received message larger than max ({event.declared} vs. {limit})")
 
-    def on_closed(self, stream_id: int, error_code: int) -> None:
+    def on_closed(self, event: _http2.StreamClosed) -> None:
         """The stream is gone (answered, or reset by the client): a call still running is cancelled."""
-        call = self.calls.get(stream_id)
-        if call is not None:
-            self.end_call(stream_id).cancel()
+        if event.stream_id in self.streams:
+            self.end_call(event.stream_id).cancel()
         if self.draining and self.session.open_streams() == 0:
             self.schedule_flush()
 
+    def on_ping_ack(self, event: _http2.PingAcknowledged) -> None:
+        self.timers.ping_acknowledged()
+
+    # -- the timers' requests (TimerOwner) ------------------------------------------------------
     def on_deadline(self, stream_id: int) -> None:
-        self.timers.pop(stream_id, None)
-        call = self.calls.get(stream_id)
-        if call is None:
+        record = self.streams.get(stream_id)
+        if record is None:
             return
-        self.end_call(stream_id).cancel()
-        self.answer_early(stream_id, wire.DEADLINE_EXCEEDED, "Deadline Exceeded", call.headers_sent)
+        record.deadline = None
+        self.abort_call(stream_id, wire.DEADLINE_EXCEEDED, "Deadline Exceeded")
         self.schedule_flush()
+
+    def sweep_idle_streams(self, limit_s: float) -> None:
+        """Answer the streams whose open request side got no DATA for ``limit_s`` (one timer a connection).
+
+        A ModelStreamInfer stream between messages is not idle (clients keep them open between requests);
+        one stalled inside a message is, as is a unary call that never ends its request.
+        """
+        now = time.monotonic()
+        expired = []
+        for stream_id, record in self.streams.items():
+            if record.idle_seen < 0:
+                continue  # the request side ended
+            received, partial = self.session.progress(stream_id)
+            if received != record.idle_seen or (record.call.streaming and not partial):
+                record.idle_seen = received
+                record.idle_since = now
+            elif now - record.idle_since >= limit_s:
+                expired.append(stream_id)
+        for stream_id in expired:
+            # after the trailers (or Trailers-Only), a reset stops the client's side too
+            self.abort_call(stream_id, wire.DEADLINE_EXCEEDED,
+                            f"no request data on this stream for {limit_s:g} s (--grpc-stream-idle-timeout)",
+                            reset=True)
+        if expired:
+            self.flush()
+
+    def ping(self) -> None:
+        self.session.ping()
+        self.flush()
 
     # -- answering (the calls' Responder) -----------------------------------------------------
     def send_headers(self, stream_id: int) -> None:
-        self.pings_without_data = 0
+        self.timers.data_sent()
         encoding = self.response_encodings.get(stream_id)
         if encoding is None:
             self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
         else:
             self.session.send_headers(stream_id, [*wire.RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
 
-    def send_message(self, stream_id: int, message: bytes) -> None:
-        self.pings_without_data = 0
+    def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        self.timers.data_sent()
+        # a response is never refused for its size alone: one queued while nothing else waits always goes
+        others_waiting = self.limits.queued_total > 0
         encoding = self.response_encodings.get(stream_id)
-        if encoding is None:
-            self.session.send_message(stream_id, message)
+        if encoding is not None:  # compressed: one message (copy: the parts joined, then deflated)
+            whole = message if type(message) is bytes else b"".join(message)  # type: ignore[arg-type]
+            self.session.send_message(stream_id, wire.compress(whole, encoding), True)
+        elif type(message) is list:  # a large response in parts: its outputs go out from their arrays
+            self.session.send_message_parts(stream_id, message)
         else:
-            self.session.send_message(stream_id, wire.compress(message, encoding), True)
-        if self.limits.account(self):  # issue 27: unsent responses bounded across the server, as they queue
+            self.session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
+        if self.limits.account(self) and others_waiting:  # issue 27: unsent responses bounded server-wide
             self.over_server_queued_limit(stream_id)
         self.schedule_flush()
 
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
-        call = self.calls.get(stream_id)
-        if call is not None and not call.headers_sent:
+        record = self.streams.get(stream_id)
+        if record is not None and not record.call.headers_sent:
             self.session.send_headers_only(stream_id, wire.trailers_only(code, message))
         else:
             self.session.send_trailers(stream_id, wire.trailers(code, message))
         self.forget(stream_id)
         self.schedule_flush()
 
-    def answer_early(self, stream_id: int, code: int, message: str, headers_sent: bool = False) -> None:
-        """End a call before its request did: Trailers-Only then RST_STREAM(NO_ERROR) to stop the upload;
-        a stream that already answered messages gets its trailers after them instead."""
-        if headers_sent:
-            self.session.send_trailers(stream_id, wire.trailers(code, message))
-            return
-        self.session.send_headers_only(stream_id, wire.trailers_only(code, message))
-        self.reset_after_flush.append(stream_id)
+    def answer_early(self, stream_id: int, code: int, message: str) -> None:
+        """Answer a stream that has no call (Trailers-Only), and reset it: its request is not wanted."""
+        self.session.send_headers_only(stream_id, wire.trailers_only(code, message), reset=True)
 
-    def abort_call(self, stream_id: int, code: int, message: str) -> Call | None:
-        """Cancel a call still running and answer it ``code`` (Trailers-Only, or trailers after its messages)."""
-        call = self.calls.get(stream_id)
-        if call is not None:
-            self.end_call(stream_id).cancel()
-            self.answer_early(stream_id, code, message, call.headers_sent)
+    def abort_call(self, stream_id: int, code: int, message: str, reset: bool = False) -> Call | None:
+        """Cancel a call still running and answer it ``code`` (Trailers-Only and a reset, or trailers after its
+        messages, then a reset too when ``reset``)."""
+        record = self.streams.get(stream_id)
+        if record is None:
+            return None
+        call = self.end_call(stream_id)
+        call.cancel()
+        if call.headers_sent:
+            self.session.send_trailers(stream_id, wire.trailers(code, message), reset=reset)
+        else:
+            self.session.send_headers_only(stream_id, wire.trailers_only(code, message), reset=True)
         return call
 
     def end_call(self, stream_id: int) -> Call:
-        call = self.calls[stream_id]
+        call = self.streams[stream_id].call
         self.forget(stream_id)
         return call
 
     def forget(self, stream_id: int) -> None:
-        if self.calls.pop(stream_id, None) is not None:
-            self.last_call = time.monotonic()
-        self.open_requests.pop(stream_id, None)
-        self.encodings.pop(stream_id, None)
+        """Drop a stream's record (its call finished or was cancelled) and its deadline."""
+        record = self.streams.pop(stream_id, None)
         self.response_encodings.pop(stream_id, None)
+        if record is not None:
+            self.timers.call_ended()
+            if record.deadline is not None:
+                record.deadline.cancel()
         self.intake.forget(stream_id)
-        timer = self.timers.pop(stream_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    def forget_if_finished(self, stream_id: int, call: Call) -> None:
-        if call.finished:
-            self.forget(stream_id)
 
     # -- output ---------------------------------------------------------------------------------
     def schedule_flush(self) -> None:
@@ -357,11 +365,6 @@ class GrpcConnection(asyncio.BufferedProtocol):
         try:
             if not self.paused:
                 chunks = self.session.data_to_send()
-                if self.reset_after_flush:
-                    for stream_id in self.reset_after_flush:
-                        self.session.reset(stream_id, _http2.NO_ERROR)
-                    self.reset_after_flush.clear()
-                    chunks += self.session.data_to_send()
                 if chunks:
                     self.transport.writelines(chunks)  # one writev; large DATA as views of the responses
             self.limit_reading()
@@ -388,52 +391,16 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def over_queued_limit(self, stream_id: int, headers_sent: bool) -> bool:
+    def over_queued_limit(self, stream_id: int) -> bool:
+        """Whether responses held by flow control passed QUEUED_LIMIT; if so the stream is answered and reset."""
         if self.session.queued_bytes() <= QUEUED_LIMIT and not self.limits.over_for(self):
             return False
-        call = self.calls.get(stream_id)
-        if call is not None:
-            self.end_call(stream_id).cancel()
-        self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED,
-                          f"more than {QUEUED_LIMIT} bytes of responses on this connection wait for the client "
-                          "to read them", headers_sent)
+        message = f"more than {QUEUED_LIMIT} bytes of responses on this connection wait for the client to read them"
+        if stream_id in self.streams:
+            self.abort_call(stream_id, wire.RESOURCE_EXHAUSTED, message)
+        else:
+            self.answer_early(stream_id, wire.RESOURCE_EXHAUSTED, message)
         return True
-
-    def close(self) -> None:
-        if not self.closed and self.transport is not None:
-            self.closed = True
-            self.transport.close()
-
-    # -- idle streams ---------------------------------------------------------------------------
-    def idle_sweep_interval(self) -> float:
-        return max(self.options.stream_idle_timeout_ms / 4000, 0.01)
-
-    def sweep_idle_streams(self) -> None:
-        """Answer the streams whose open request side got no DATA for the idle timeout (one timer a connection).
-
-        A ModelStreamInfer stream between messages is not idle (clients keep them open between requests);
-        one stalled inside a message is, as is a unary call that never ends its request.
-        """
-        now = time.monotonic()
-        limit = self.options.stream_idle_timeout_ms / 1000
-        expired = []
-        for stream_id, (seen, since) in self.open_requests.items():
-            received, partial = self.session.progress(stream_id)
-            call = self.calls.get(stream_id)
-            if received != seen or (call is not None and call.streaming and not partial):
-                self.open_requests[stream_id] = (received, now)
-            elif now - since >= limit:
-                expired.append(stream_id)
-        for stream_id in expired:
-            self.open_requests.pop(stream_id, None)
-            call = self.abort_call(stream_id, wire.DEADLINE_EXCEEDED,
-                                   f"no request data on this stream for {limit:g} s (--grpc-stream-idle-timeout)")
-            if call is not None and call.headers_sent:
-                self.reset_after_flush.append(stream_id)  # after the trailers: stop the client's side too
-        if expired:
-            self.flush()
-        if not self.closed:
-            self.idle_sweep = self.loop.call_later(self.idle_sweep_interval(), self.sweep_idle_streams)
 
     # -- server-wide limits (issue 27, limits.py) ------------------------------------------------
     def queued_bytes(self) -> int:
@@ -443,72 +410,19 @@ class GrpcConnection(asyncio.BufferedProtocol):
         """The server holds more unsent responses than it may: this stream, which just queued more, goes."""
         log.warning("gRPC: %d bytes of responses wait for clients to read them (limit %d); resetting a stream",
                     self.limits.queued_total, self.limits.queued_limit)
-        call = self.calls.get(stream_id)
-        if call is not None:
+        if stream_id in self.streams:
             self.end_call(stream_id).cancel()
         self.session.reset(stream_id, ENHANCE_YOUR_CALM)
 
-    def start_limit_timers(self) -> None:
-        if self.limits.handshake_timeout_s > 0:
-            self.handshake_timer = self.loop.call_later(self.limits.handshake_timeout_s, self.check_handshake)
-        if self.limits.idle_timeout_s > 0:
-            self.no_calls_timer = self.loop.call_later(self.limits.idle_timeout_s, self.check_no_calls)
+    def has_calls(self) -> bool:
+        return bool(self.streams)
 
-    def check_handshake(self) -> None:
-        if self.bytes_in < HANDSHAKE_BYTES and not self.closed:
-            log.debug("gRPC connection closed: no HTTP/2 preface within --grpc-handshake-timeout")
-            self.close()
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
 
-    def check_no_calls(self) -> None:
-        if self.closed:
-            return
-        idle = time.monotonic() - self.last_call
-        if not self.calls and idle >= self.limits.idle_timeout_s:
-            log.debug("gRPC connection without calls for %.0f s (--grpc-max-connection-idle): GOAWAY", idle)
-            self.drain()
-            return
-        wait = self.limits.idle_timeout_s - idle if not self.calls else self.limits.idle_timeout_s
-        self.no_calls_timer = self.loop.call_later(max(wait, 0.01), self.check_no_calls)
-
-    # -- keepalive, age and drain ---------------------------------------------------------------
-    def check_idle(self) -> None:
-        idle = time.monotonic() - self.last_read
-        interval = self.options.keepalive_time_ms / 1000
-        if idle >= interval and self.ping_wait is None and self.may_ping():
-            self.pings_without_data += 1
-            self.session.ping()
-            self.ping_wait = self.loop.call_later(self.options.keepalive_timeout_ms / 1000, self.on_ping_timeout)
-            self.flush()
-        self.keepalive = self.loop.call_later(max(interval - idle, 0.001) if idle < interval else interval,
-                                              self.check_idle)
-
-    def may_ping(self) -> bool:
-        """Triton's keepalive policy: --grpc-http2-max-pings-without-data, --grpc-keepalive-permit-without-calls."""
-        limit = self.options.max_pings_without_data
-        if limit > 0 and self.pings_without_data >= limit:
-            return False
-        return self.options.keepalive_without_calls or bool(self.calls)
-
-    def on_ping_timeout(self) -> None:
-        log.info("gRPC keepalive: no PING ACK within %d ms, closing the connection", self.options.keepalive_timeout_ms)
-        self.ping_wait = None
-        self.close()
-
-    def on_ping_ack(self) -> None:
-        if self.ping_wait is not None:
-            self.ping_wait.cancel()
-            self.ping_wait = None
-        if self.goaway_wait is not None:
-            self.goaway_wait.cancel()
-            self.final_goaway()
-
-    def on_max_age(self) -> None:
-        log.debug("gRPC connection reached --grpc-max-connection-age: GOAWAY")
-        self.drain()
-        grace = self.options.max_connection_age_grace_ms
-        if grace > 0:
-            self.age_timer = self.loop.call_later(grace / 1000, self.close)
-
+    # -- drain ----------------------------------------------------------------------------------
     def drain(self) -> None:
         """Graceful GOAWAY: notice now, final GOAWAY after a PING round trip; streams in flight finish."""
         if self.draining or self.closed:
@@ -516,13 +430,23 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.draining = True
         self.session.shutdown_notice()
         self.session.ping()
-        self.goaway_wait = self.loop.call_later(GOAWAY_PING_WAIT, self.final_goaway)
+        self.timers.wait_for_drain_ping()
         self.flush()
 
     def final_goaway(self) -> None:
-        self.goaway_wait = None
         self.session.goaway()
         self.flush()
+
+
+#: The session's event types -> the connection's handler for each (one table, no if-ladder).
+EVENT_HANDLERS: dict[type, Callable[[GrpcConnection, Any], None]] = {
+    _http2.MessageReceived: GrpcConnection.on_message,
+    _http2.RequestReceived: GrpcConnection.on_request,
+    _http2.RequestEnded: GrpcConnection.on_request_ended,
+    _http2.StreamClosed: GrpcConnection.on_closed,
+    _http2.MessageTooLarge: GrpcConnection.on_too_large,
+    _http2.PingAcknowledged: GrpcConnection.on_ping_ack,
+}
 
 
 class NativeGrpcServer:
@@ -534,7 +458,8 @@ class NativeGrpcServer:
         self.options = options
         self.connections: set[GrpcConnection] = set()
         self.limits = ServerLimits(options.max_connections, options.max_connection_idle_ms / 1000,
-                                   options.handshake_timeout_ms / 1000, options.max_queued_response_bytes)
+                                   options.handshake_timeout_ms / 1000, options.max_queued_response_bytes,
+                                   RequestBudget(options.max_stream_request_bytes, options.max_queued_request_bytes))
         self.draining = False
         self.executor = ThreadPoolExecutor(max_workers=options.control_threads, thread_name_prefix="fastoip-grpc-ctl")
         self.sock = _bind(host, port)
@@ -544,6 +469,7 @@ class NativeGrpcServer:
         self.read_buffer = memoryview(bytearray(READ_BUFFER))
         self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols,
                                      options.forward_header_pattern)
+        self.dispatcher.core_calls.budget = self.limits.requests  # issue 27: stream messages held, bounded
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -36,6 +36,7 @@ from . import docs_assets, openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
+from .json_pool import JsonPool
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
 from .v1 import V1Endpoints
 
@@ -51,12 +52,14 @@ READY_NOT_A_VALUE = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
 class HttpFrontend(Router):
     """The ASGI application: the router's tables filled with one handler per endpoint."""
 
-    def __init__(self, core: Core, max_body_size: int) -> None:
+    def __init__(self, core: Core, max_body_size: int, json_pool: JsonPool | None = None) -> None:
         super().__init__()
         self.core = core
         self.max_body_size = max_body_size
         #: Triton's --http-header-forward-pattern (None: no header becomes a parameter).
         self.forward_headers: HeaderForwarder | None = None
+        #: issue 27: large JSON requests are decoded in worker processes, off the loop (json_pool.py)
+        self.json_pool = json_pool or JsonPool()
         self.fixed_paths = {
             "/v2": {"GET": self.server_metadata},
             "/v2/health/live": {"GET": self.server_live},
@@ -289,13 +292,13 @@ class HttpFrontend(Router):
             infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
         else:
             try:
-                infer_request, output_format = wire.decode_infer_request(model, version, body, header_length)
+                infer_request, output_format = await self.json_pool.decode(model, version, body, header_length)
             except InvalidArgument as exc:
                 # MLServer's BYTES shapes ([len(s)] for one string), for models from model-settings.json only:
                 # looked up on this error path, so other requests pay nothing for it.
                 if not (exc.message.startswith(wire.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
                     raise
-                infer_request, output_format = wire.decode_infer_request(
+                infer_request, output_format = await self.json_pool.decode(
                     model, version, body, header_length, loose_bytes=True
                 )
         if self.forward_headers is not None:

@@ -12,6 +12,12 @@ Rules:
   so a byte every few seconds cannot hold a connection for ever.
   ``keep_alive_timeout``: a connection with no request in progress (a fresh one included) is closed after it.
   Time while the server itself has stopped reading (flow control, pipelining) does not count against the client.
+- Connections (issue 27): at most ``max_connections`` at once (0: a quarter of the open-file limit, at least 64;
+  the native gRPC frontend takes half), so idle clients cannot take every file descriptor of the process.  A
+  connection accepted past the cap closes the connection that has been idle longest (no request in progress:
+  nginx reuses idle keep-alive connections the same way), so a new client's probe is still answered; when every
+  connection is busy with a request, the new one is closed at once.  Fresh and idle connections are closed after
+  ``keep_alive_timeout``; uvicorn's ``limit_concurrency`` only answers 503 and keeps the socket, so it does not fit.
 - Graceful shutdown (uvicorn calls ``shutdown`` once the listeners are closed): a connection with no request in
   progress is not closed at once but after ``DRAIN_LINGER_S``, and a request that arrives on it meanwhile is
   answered with ``connection: close``.  A client of a keep-alive connection may have written its next request
@@ -24,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import resource
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -51,6 +58,16 @@ class HttpLimits:
     body_min_rate: float = 500.0
     #: Seconds a body may take before ``body_min_rate`` applies (mod_reqtimeout's body=20).
     body_rate_grace: float = 20.0
+    #: Connections at once (0: ``default_max_connections()``).
+    max_connections: int = 0
+
+
+def default_max_connections() -> int:
+    """A quarter of the open-file limit (at least 64): gRPC takes half, models, metrics and logs the rest."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 32768
+    return max(64, soft // 4)
 
 
 #: Seconds an idle connection stays open after the listeners closed, for a request already on its way.
@@ -65,6 +82,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """One HTTP/1.1 connection: uvicorn's protocol, counting and timing what the parser is fed."""
 
     limits = HttpLimits()
+    #: The cap in force (``limits.max_connections`` resolved by ``protocol_with``).
+    max_connections = 64
+    #: Connections closed to admit a new one / new ones closed because every connection was busy.
+    evicted = 0
+    refused_at_cap = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -88,12 +110,44 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         #: Set by ``shutdown``: every request from now on is the connection's last.
         self.draining = False
         self.drain_timer: asyncio.TimerHandle | None = None
+        self.last_active = 0.0
 
     # -- connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows the transport type too
         super().connection_made(transport)
+        self.last_active = self.loop.time()
+        if len(self.connections) > self.max_connections and not self._make_room():
+            type(self).refused_at_cap += 1
+            self.refused = True
+            transport.close()
+            return
         # uvicorn arms its keep-alive timer only after a response: a connection that never sends is idle too.
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def _make_room(self) -> bool:
+        """Close the connection idle longest when the open ones are over the cap; False when all are busy."""
+        live = 0
+        oldest: LimitedHttpToolsProtocol | None = None
+        for other in self.connections:
+            if other.transport.is_closing():
+                continue  # closed already, not yet gone from the set
+            live += 1
+            if other is self or not isinstance(other, LimitedHttpToolsProtocol) or not other.idle():
+                continue
+            if oldest is None or other.last_active < oldest.last_active:
+                oldest = other
+        if live <= self.max_connections:
+            return True
+        if oldest is None:
+            return False
+        type(self).evicted += 1
+        oldest.refused = True
+        oldest.transport.close()
+        return True
+
+    def idle(self) -> bool:
+        """No request in progress: between requests, or before the first (a partial head included)."""
+        return self.cycle is None or self.cycle.response_complete
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -114,6 +168,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = self.loop.time()
         self._unset_keepalive_if_required()
         if self.refused:
             return
@@ -267,4 +322,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
 def protocol_with(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     """The protocol class for one server's limits (uvicorn instantiates the class it is given)."""
-    return type("HttpToolsProtocolWithLimits", (LimitedHttpToolsProtocol,), {"limits": limits})
+    cap = limits.max_connections if limits.max_connections > 0 else default_max_connections()
+    return type("HttpToolsProtocolWithLimits", (LimitedHttpToolsProtocol,),
+                {"limits": limits, "max_connections": cap, "evicted": 0, "refused_at_cap": 0})

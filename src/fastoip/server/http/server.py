@@ -23,6 +23,7 @@ from ...core import Core
 from ..forward_headers import forwarder
 from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
+from .json_pool import DEFAULT_WORKERS, JsonPool
 from .protocol import HttpLimits, protocol_with
 
 log = logging.getLogger("fastoip.http")
@@ -68,6 +69,7 @@ class HttpServer:
         tls: HttpTls | None = None,
         restricted: RestrictedFeatures | None = None,
         forward_header_pattern: str | None = None,
+        json_workers: int = DEFAULT_WORKERS,
     ) -> None:
         self.core = core
         self.host = host
@@ -77,6 +79,7 @@ class HttpServer:
         self.tls = tls
         self.restricted = restricted
         self.forward_header_pattern = forward_header_pattern
+        self.json_pool = JsonPool(json_workers)
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -85,7 +88,7 @@ class HttpServer:
         """Bind, start serving in a thread, and return the bound port once listening."""
         sock = _bind(self.host, self.port)
         bound_port = sock.getsockname()[1]
-        app = HttpFrontend(self.core, self.max_body_size)
+        app = HttpFrontend(self.core, self.max_body_size, self.json_pool)
         app.forward_headers = forwarder(self.forward_header_pattern)
         if self.restricted:
             app.restrict(self.restricted)
@@ -147,6 +150,7 @@ class HttpServer:
         thread.join(timeout + 5.0)
         if thread.is_alive():
             log.warning("the HTTP server thread did not stop within %.1f s", timeout + 5.0)
+        self.json_pool.shutdown()
 
 
 def _bind(host: str, port: int) -> socket.socket:

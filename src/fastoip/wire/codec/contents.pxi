@@ -1,25 +1,6 @@
 # Tensor data on decode: zero-copy views on raw_*_contents, new arrays from typed ``contents``.
 
-cdef extern from *:
-    """
-    /* A read-only C-contiguous array on data (inside base) whose base object is base.
-       PyArray_NewFromDescr steals the dtype reference, PyArray_SetBaseObject the base's. */
-    static PyObject* fastoip_bytes_view(PyObject* base, PyObject* dtype, int nd,
-                                        npy_intp* dims, char* data) {
-        PyObject* arr;
-        Py_INCREF(dtype);
-        arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr*)dtype, nd, dims, NULL,
-                                   data, NPY_ARRAY_C_CONTIGUOUS, NULL);
-        if (arr == NULL) return NULL;
-        Py_INCREF(base);
-        if (PyArray_SetBaseObject((PyArrayObject*)arr, base) < 0) {
-            Py_DECREF(arr);
-            return NULL;
-        }
-        return arr;
-    }
-    """
-    object fastoip_bytes_view(object base, object dtype, int nd, cnp.npy_intp* dims, char* data)
+# fastoip_bytes_view (a numpy view whose base is the received buffer) is C: _codec.h, declared in _codec.pxd.
 
 
 cdef object _bytes_view(bytes base, object shape, object dtype, Py_ssize_t offset):

@@ -260,6 +260,13 @@ cdef int _plan_build(Plan* pl, object msg, bint is_request) except -1:
 
 cdef char* _plan_write(Plan* pl, char* p) noexcept:
     """Write the planned message at ``p`` (exactly ``pl.size`` bytes); returns its end."""
+    return _plan_write_refs(pl, p, -1, NULL)
+
+
+cdef char* _plan_write_refs(Plan* pl, char* p, Py_ssize_t min_ref, Py_ssize_t* cuts) noexcept:
+    """``_plan_write``, except that (``min_ref`` >= 0) the raw data of a buffer tensor of at least
+    ``min_ref`` bytes is not written: the position where it belongs goes to ``cuts[i]`` (the caller set
+    every entry to -1 first), and the message continues right after its length prefix."""
     cdef Py_ssize_t i, k
     cdef TensorRec* t
     cdef OutRec* o
@@ -298,6 +305,9 @@ cdef char* _plan_write(Plan* pl, char* p) noexcept:
                 p = _whead(p, raw_tag, 0)   # output in shared memory: empty entry, as Triton
             continue
         p = _whead(p, raw_tag, t.raw_len)
+        if t.data_kind == 1 and min_ref >= 0 and t.raw_len >= min_ref:
+            cuts[i] = <Py_ssize_t>p   # the tensor's bytes go out from the array itself
+            continue
         if t.data_kind == 1:
             # copy: the tensor's bytes into the message (the one copy of each tensor)
             if t.raw_len >= NOGIL_COPY:
@@ -352,3 +362,54 @@ cdef bytes _encode(object msg, bint is_request, str error_message):
     if p - start != size:   # pragma: no cover - would be a bug in the sizing code
         raise AssertionError(f"codec wrote {p - start} bytes, planned {size}")
     return out
+
+
+cdef list _encode_parts(object msg, Py_ssize_t min_ref):
+    """A response's wire bytes as parts whose concatenation is ``_encode(msg, False, None)``.
+
+    The raw data of every fixed-size output of at least ``min_ref`` bytes is a read-only byte view of
+    the output array itself (no copy: a sender writes it from there); everything else is written into
+    one bytes object, whose stretches between those views are memoryview slices of it.
+    """
+    cdef Plan pl
+    cdef Py_ssize_t i, size, referenced = 0, at = 0, cut
+    cdef Py_ssize_t* cuts = NULL
+    cdef char* start = NULL
+    cdef char* p = NULL
+    cdef list parts = []
+    cdef TensorRec* t
+    _plan_init(&pl)
+    try:
+        _plan_build(&pl, msg, False)
+        if pl.n_tensors:
+            cuts = <Py_ssize_t*>PyMem_Calloc(pl.n_tensors, sizeof(Py_ssize_t))
+            if cuts == NULL:
+                raise MemoryError()
+        for i in range(pl.n_tensors):
+            cuts[i] = -1   # written in full (or no data at all) unless _plan_write_refs says otherwise
+            t = &pl.tensors[i]
+            if t.data_kind == 1 and t.raw_len >= min_ref:
+                referenced += t.raw_len
+        size = pl.size - referenced
+        head = PyBytes_FromStringAndSize(NULL, size)
+        start = PyBytes_AS_STRING(head)
+        p = _plan_write_refs(&pl, start, min_ref, cuts)
+        if p - start != size:   # pragma: no cover - would be a bug in the sizing code
+            raise AssertionError(f"codec wrote {p - start} bytes, planned {size}")
+        whole = memoryview(head)
+        for i in range(pl.n_tensors):
+            if cuts[i] == -1:
+                continue
+            t = &pl.tensors[i]
+            cut = <Py_ssize_t>(<char*>cuts[i] - start)
+            if cut > at:
+                parts.append(whole[at:cut])
+            at = cut
+            # no copy: the output array's own bytes (the buffer export's owner keeps them alive)
+            parts.append(memoryview(<object>t.view.obj).cast("B"))
+        if size > at or not parts:
+            parts.append(whole[at:] if at else head)
+    finally:
+        PyMem_Free(cuts)
+        _plan_free(&pl)
+    return parts

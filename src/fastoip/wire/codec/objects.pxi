@@ -6,15 +6,7 @@
 # Python-level __init__ and the descriptor lookups of setattr.  Any other layout
 # falls back to calling the class.
 
-cdef extern from "Python.h":
-    ctypedef struct _TypeObject "PyTypeObject":
-        PyObject* (*tp_alloc)(_TypeObject*, Py_ssize_t)
-    ctypedef struct _MemberDef "PyMemberDef":
-        int type
-        Py_ssize_t offset
-        int flags
-    ctypedef struct _MemberDescr "PyMemberDescrObject":
-        _MemberDef* d_member
+# (PyTypeObject / PyMemberDef, as far as this file reads them: declared in _codec.pxd)
 
 cdef enum:
     _T_OBJECT_EX = 16   # structmember.h: an object slot, AttributeError when unset

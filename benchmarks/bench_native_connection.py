@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""CPU per ModelInfer through the native frontend's connection and the Core, in one process, no socket.
+
+A ``GrpcConnection`` on a fake transport is fed pre-built client frames (HEADERS + DATA of the demo
+``simple`` request, 64 streams per read) and answers them through a real Core whose ``simple`` has no
+batcher (``max_batch_size: 1``), so every request costs the same and the figure does not move with batch
+sizes.  CPU time of the whole process (all threads) per request, best of ``--reps``: on a busy shared machine
+much steadier than throughput, and it isolates the frontend + Core from the load generator.
+
+    PYTHONPATH=src python benchmarks/bench_native_connection.py --requests 3000 --reps 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from hpack import Encoder
+from hyperframe.frame import DataFrame, HeadersFrame
+
+from fastoip import _codec
+from fastoip.core import Core
+from fastoip.demo import write_repository
+from fastoip.repository import RepositoryOptions
+from fastoip.server.grpc import native_server
+from fastoip.server.grpc.native_options import NativeGrpcOptions
+from fastoip.types import InferInput, InferRequest
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+HEAD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+        (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+
+class NullTransport:
+    """Enough of an asyncio transport for the connection; what it writes is dropped."""
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def simple_message() -> bytes:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    request = InferRequest("simple", inputs=[InferInput("INPUT0", "INT32", a.shape, a),
+                                             InferInput("INPUT1", "INT32", a.shape, a)])
+    body = _codec.encode_infer_request(request)
+    return struct.pack(">BI", 0, len(body)) + body
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--streams", type=int, default=64, help="requests per read (concurrent streams)")
+    args = ap.parse_args()
+
+    root = write_repository(Path(tempfile.mkdtemp()) / "repo", ["simple"])
+    (root / "simple" / "config.pbtxt").write_text('name: "simple"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n')
+    core = Core(root, RepositoryOptions(use_gpu=False), worker_threads=1)
+    core.load_models()
+    server = native_server.NativeGrpcServer(core, "127.0.0.1", 0,
+                                            NativeGrpcOptions(max_concurrent_streams=args.requests + 1))
+    message = simple_message()
+    best = float("inf")
+    try:
+        for _ in range(args.reps):
+            encoder = Encoder()
+            frames = [HeadersFrame(1 + 2 * i, data=encoder.encode(HEAD), flags=["END_HEADERS"]).serialize()
+                      + DataFrame(1 + 2 * i, data=message, flags=["END_STREAM"]).serialize()
+                      for i in range(args.requests)]
+            connection = native_server.GrpcConnection(server)
+            connection.connection_made(NullTransport())  # type: ignore[arg-type]
+            connection.receive(memoryview(PREFACE))
+
+            async def drive(connection: native_server.GrpcConnection = connection,
+                            frames: list[bytes] = frames) -> None:
+                for start in range(0, len(frames), args.streams):
+                    connection.receive(memoryview(b"".join(frames[start:start + args.streams])))
+                    # the answers come back through the loop (``calls``: the name before issue 22's restructuring,
+                    # so the same script measures an older checkout through PYTHONPATH)
+                    while getattr(connection, "streams", None) or getattr(connection, "calls", None):
+                        await asyncio.sleep(0.0005)
+
+            started = time.process_time()
+            server.loop.run_until_complete(drive())
+            best = min(best, time.process_time() - started)
+            connection.connection_lost(None)
+    finally:
+        core.close()
+        server.loop.close()
+        server.sock.close()
+    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, no batcher) through GrpcConnection "
+          f"+ Core, best of {args.reps} x {args.requests} ({native_server.__file__})")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""Triton ``TritonPythonModel`` instances as scheduler backends: in a worker process (default) or in-process.
+
+Rules:
+- One backend per instance of ``instance_group { count }``; ``execute(jobs)``
+  hands the whole batch to the model's ``execute(requests)`` (a list, as Triton).
+- Process hosting (:class:`ProcessInstance`): the instance is a worker process
+  (:mod:`.triton_process`).  A worker that dies fails what it was running (and
+  its open decoupled streams) with INTERNAL naming the model, the instance and the
+  cause, and is started again; after :data:`MAX_CRASHES` deaths within
+  :data:`CRASH_WINDOW_S` it stays down, the instance is not ready (the model is
+  not ready) and requests get UNAVAILABLE with the reason.
+- In-process hosting (:class:`InProcessInstance`, config parameter
+  ``hosting: "in_process"``): the same runner in the server process.
+- Decoupled: each response a sender sends is delivered to its job at once (from
+  whichever thread sends it); the final flag ends the job's stream.  ``execute``
+  returns :data:`RESPONDS_LATER` for such jobs.
+- Close (unload, server stop): waits for the batch in flight and the open
+  decoupled streams (up to :data:`DRAIN_TIMEOUT_S`), then ``finalize()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...datatypes import to_bytes_elements
+from ...errors import InferenceError, InternalError, Unavailable
+from ...pyworker import transport as shm
+from ...pyworker import utils as pb
+from ...scheduling.contract import RESPONDS_LATER, Execution, Results
+from ...types import InferOutput, InferResponse
+from . import server_bridge as bridge
+from .triton_process import WorkerDied, WorkerError, WorkerProcess
+
+if TYPE_CHECKING:
+    from ...pyworker.runner import TritonRunner
+    from ...scheduling.job import Job
+
+log = logging.getLogger("fastoip.python")
+
+MAX_CRASHES = 3
+CRASH_WINDOW_S = 60.0
+DRAIN_TIMEOUT_S = 60.0
+
+
+def job_data(job: Job) -> tuple:
+    """A job as the plain request data the runner takes."""
+    request = job.request
+    parameters = dict(request.parameters)
+    flags = 0
+    if parameters.get("sequence_start"):
+        flags |= pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    if parameters.get("sequence_end"):
+        flags |= pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+    correlation = parameters.get("sequence_id", 0)
+    inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
+    return (request.id, correlation, flags, parameters, inputs, list(job.output_names))
+
+
+def job_response(job: Job, version_str: str, data: Any) -> InferResponse | InferenceError:
+    """The model's response (plain data) for ``job``: only the outputs it asked for."""
+    outputs, error, parameters = data
+    if error is not None:
+        return bridge.error_of(error[0], error[1])
+    wanted = job.output_names
+    produced = []
+    for name, datatype, array in outputs:
+        if wanted and name not in wanted:
+            continue
+        if datatype == "BYTES":
+            array = to_bytes_elements(array)
+        produced.append(InferOutput(name, datatype, tuple(array.shape), array))
+    request = job.request
+    return InferResponse(request.model_name, version_str, request.id, parameters, produced)
+
+
+class _Streams:
+    """A decoupled instance's open jobs: ``(call, index) -> job`` until the final flag."""
+
+    def __init__(self, model: str, version_str: str) -> None:
+        self.model = model
+        self.version_str = version_str
+        self._lock = threading.Condition()
+        self._open: dict[tuple[int, int], Job] = {}
+        self._last: dict[tuple[int, int], InferResponse] = {}
+
+    def open(self, call: int, jobs: Sequence[Job]) -> None:
+        with self._lock:
+            for index, job in enumerate(jobs):
+                self._open[(call, index)] = job
+
+    def deliver(self, call: int, index: int, data: Any, final: bool) -> None:
+        with self._lock:
+            job = self._open.get((call, index))
+            if job is None:
+                return
+            if final:
+                del self._open[(call, index)]
+                last = self._last.pop((call, index), None)
+                self._lock.notify_all()
+        if data is not None:
+            response = job_response(job, self.version_str, data)
+            if isinstance(response, InferenceError):
+                job.fail(response)
+            elif job.decoupled:
+                job.send(response)
+            else:  # a caller without a stream (warm-up): the last response stands for all
+                with self._lock:
+                    self._last[(call, index)] = response
+                last = response
+        if final:
+            if job.decoupled:
+                job.end_stream()
+            elif last is not None:
+                job.finish(last)
+            else:
+                request = job.request
+                job.finish(InferResponse(request.model_name, self.version_str, request.id))
+
+    def job(self, call: int, index: int) -> Job | None:
+        with self._lock:
+            return self._open.get((call, index))
+
+    def fail_all(self, error: InferenceError, call: int | None = None) -> None:
+        with self._lock:
+            keys = [k for k in self._open if call is None or k[0] == call]
+            jobs = [self._open.pop(k) for k in keys]
+            for k in keys:
+                self._last.pop(k, None)
+            self._lock.notify_all()
+        for job in jobs:
+            job.fail(error)
+
+    def wait_empty(self, timeout: float) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._open, timeout)
+
+
+def _results_of(jobs: Sequence[Job], version_str: str, responses: Any, error: str | None, where: str) -> Results:
+    if error is not None:
+        failure = InternalError(f"Failed to process the request(s) for model {where}, message: {error}")
+        return [failure for _ in jobs]
+    return [job_response(job, version_str, data) for job, data in zip(jobs, responses, strict=True)]
+
+
+class _Base:
+    """What both hostings share: names, streams, in-flight accounting for close."""
+
+    def __init__(self, name: str, version_str: str, index: int, decoupled: bool) -> None:
+        self.name = name
+        self.version_str = version_str
+        self.index = index
+        self.where = f"'{name}' instance {index}"
+        self.decoupled = decoupled
+        self.streams = _Streams(name, version_str)
+        self._busy = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
+        #: The batch running now, by call id (whether a request was cancelled is asked while it runs).
+        self._batches: dict[int, Sequence[Job]] = {}
+
+    def is_cancelled(self, call: int, index: int) -> bool:
+        """Whether the client cancelled request ``index`` of batch ``call`` (running, or streaming)."""
+        jobs = self._batches.get(call)
+        job = jobs[index] if jobs is not None and index < len(jobs) else self.streams.job(call, index)
+        return job is not None and job.cancelled
+
+    def _enter(self) -> bool:
+        with self._busy:
+            if self._closed:
+                return False
+            self._in_flight += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._busy:
+            self._in_flight -= 1
+            self._busy.notify_all()
+
+    def _drain(self) -> None:
+        with self._busy:
+            self._closed = True
+            if not self._busy.wait_for(lambda: self._in_flight == 0, DRAIN_TIMEOUT_S):
+                log.warning("model %s: a batch was still running at unload", self.where)
+        if not self.streams.wait_empty(DRAIN_TIMEOUT_S):
+            log.warning("model %s: decoupled streams still open at unload", self.where)
+            self.streams.fail_all(Unavailable(f"model '{self.name}' was unloaded"))
+
+    @staticmethod
+    def _execution(jobs: Sequence[Job], started: int) -> list[Execution]:
+        return [(sum(job.batch_size for job in jobs), len(jobs), 0, time.monotonic_ns() - started, 0)]
+
+
+class InProcessInstance(_Base):
+    """A ``TritonPythonModel`` in the server process (config parameter ``hosting: "in_process"``)."""
+
+    def __init__(self, runner: TritonRunner, name: str, version_str: str, index: int, decoupled: bool) -> None:
+        super().__init__(name, version_str, index, decoupled)
+        self.runner = runner
+        self._ids = 0
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        if not self._enter():
+            return [Unavailable(f"model '{self.name}' is unloaded") for _ in jobs], []
+        try:
+            started = time.monotonic_ns()
+            self._ids += 1
+            call = self._ids
+            if self.decoupled:
+                self.streams.open(call, jobs)
+            self._batches[call] = jobs
+            try:
+                responses = self.runner.execute(
+                    [job_data(job) for job in jobs],
+                    (lambda index, data, final: self.streams.deliver(call, index, data, final))
+                    if self.decoupled
+                    else None,
+                    lambda index: self.is_cancelled(call, index),
+                )
+                error = None
+            except Exception as exc:
+                responses, error = None, (exc.message() if isinstance(exc, pb.TritonModelException) else
+                                          f"{type(exc).__name__}: {exc}")
+            finally:
+                self._batches.pop(call, None)
+            if self.decoupled:
+                if error is not None:
+                    self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+                return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
+            return _results_of(jobs, self.version_str, responses, error, self.where), self._execution(jobs, started)
+        finally:
+            self._leave()
+
+    def is_ready(self) -> bool:
+        return not self._closed
+
+    def is_alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._drain()
+        try:
+            self.runner.finalize()
+        except Exception:
+            log.exception("model %s: finalize() failed", self.where)
+
+
+class ProcessInstance(_Base):
+    """A ``TritonPythonModel`` instance in its own worker process, restarted when it dies."""
+
+    def __init__(
+        self,
+        name: str,
+        version_str: str,
+        index: int,
+        decoupled: bool,
+        start_messages: list[tuple],
+    ) -> None:
+        super().__init__(name, version_str, index, decoupled)
+        self._start_messages = start_messages
+        self._lock = threading.Lock()  # one execute at a time; held while a replacement starts
+        self._crashes: list[float] = []
+        #: Why the instance stopped serving for good (the repository index reports it), or None.
+        self.down_reason: str | None = None
+        self.worker = self._start()
+
+    def _start(self) -> WorkerProcess:
+        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled)
+        try:
+            for message in self._start_messages:
+                worker.control(message)
+        except BaseException:
+            worker.kill()
+            raise
+        return worker
+
+    def _on_send(self, call: int, index: int, data: Any, final: bool) -> None:
+        self.streams.deliver(call, index, shm.unpack_response(data), final)
+
+    def _on_death(self, cause: str) -> None:
+        if self._closed:
+            return
+        log.error("model %s: its worker process %s", self.where, cause)
+        self.streams.fail_all(self._crash_error(cause))
+
+    def _crash_error(self, cause: str) -> InternalError:
+        return InternalError(f"model {self.where}: its Python worker process {cause} while running the request")
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        if not self._enter():
+            return [Unavailable(f"model '{self.name}' is unloaded") for _ in jobs], []
+        try:
+            with self._lock:
+                if not self.worker.alive and self.down_reason is None:
+                    self._restart(self.worker.cause or "died")
+                if self.down_reason is not None:
+                    return [Unavailable(self.down_reason) for _ in jobs], []
+                started = time.monotonic_ns()
+                packed = [shm.pack_request(job_data(job)) for job in jobs]
+                try:
+                    call, (responses, error) = self.worker.execute_open(packed, self._opener(jobs))
+                    self._batches.pop(call, None)
+                except WorkerDied as died:
+                    self._batches.clear()
+                    for request in packed:
+                        for _, _, tensor in request[4]:
+                            shm.discard(tensor)
+                    failure = self._crash_error(died.cause)
+                    self._restart(died.cause)
+                    return [failure for _ in jobs], self._execution(jobs, started)
+                if self.decoupled:
+                    if error is not None:
+                        self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+                    return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
+                if responses is not None:
+                    responses = [shm.unpack_response(r) for r in responses]
+                return (
+                    _results_of(jobs, self.version_str, responses, error, self.where),
+                    self._execution(jobs, started),
+                )
+        finally:
+            self._leave()
+
+    def _opener(self, jobs: Sequence[Job]) -> Any:
+        def open_streams(call: int) -> None:
+            self._batches[call] = jobs
+            if self.decoupled:
+                self.streams.open(call, jobs)
+
+        return open_streams
+
+    def _restart(self, cause: str) -> None:
+        """Start a new worker (the lock is held); after too many deaths, stay down with the reason."""
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
+        if len(self._crashes) >= MAX_CRASHES:
+            self.down_reason = (
+                f"model '{self.name}' is unavailable: the Python worker process of instance {self.index} "
+                f"crashed {len(self._crashes)} times within {CRASH_WINDOW_S:.0f} s (last: it {cause})"
+            )
+            log.error("%s", self.down_reason)
+            return
+        log.warning("model %s: restarting its worker process (it %s)", self.where, cause)
+        try:
+            self.worker = self._start()
+        except (WorkerDied, WorkerError) as exc:
+            self.down_reason = (
+                f"model '{self.name}' is unavailable: restarting the Python worker process of instance "
+                f"{self.index} failed: {exc}"
+            )
+            log.error("%s", self.down_reason)
+
+    def is_ready(self) -> bool:
+        return not self._closed and self.down_reason is None
+
+    def is_alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._drain()
+        with self._lock:
+            self.worker.finalize()

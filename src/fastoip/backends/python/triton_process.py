@@ -1,0 +1,325 @@
+"""The server's handle on one worker process (:mod:`fastoip.pyworker.worker`): start, control, execute, death.
+
+Rules:
+- The worker is ``python -m fastoip.backends.python.triton_worker FD`` on one
+  end of a socket pair; one reader thread here takes every message it sends.
+- Control messages (load, auto-complete, initialize, finalize) wait for their
+  answer; ``execute`` waits for its result while decoupled responses and the
+  worker's own calls (BLS, readiness, model control, metrics) arrive meanwhile.
+  Calls run on a small shared thread pool, never on the reader.
+- When the socket closes, the process is reaped and :class:`WorkerDied` (with the
+  cause: exit code or signal) is raised to every waiter; ``on_death(cause)``
+  runs once, on the reader thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ...pyworker import transport as shm
+from . import server_bridge as bridge
+
+log = logging.getLogger("fastoip.python")
+
+#: Threads that serve the workers' calls into the server (BLS requests wait on other models).
+_CALLS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fastoip-bls")
+#: How long a worker may take to start, load or initialize, and to finalize.
+CONTROL_TIMEOUT_S = 300.0
+FINALIZE_TIMEOUT_S = 30.0
+
+
+class WorkerDied(Exception):
+    """The worker process is gone; ``cause`` says how (``exited with code 3``, ``was killed by SIGSEGV``)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class WorkerError(Exception):
+    """The worker answered a control message with an error (the model's own)."""
+
+
+class _Waiter:
+    __slots__ = ("event", "value")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+
+
+class WorkerProcess:
+    """One running worker."""
+
+    def __init__(
+        self,
+        label: str,
+        on_send: Callable[[int, int, Any, bool], None],
+        on_death: Callable[[str], None],
+        is_cancelled: Callable[[int, int], bool] | None = None,
+    ) -> None:
+        self.label = label
+        self._is_cancelled = is_cancelled
+        self._on_send = on_send
+        self._on_death = on_death
+        self._write_lock = threading.Lock()
+        self._state = threading.Lock()
+        self._control: _Waiter | None = None
+        #: Only its holder reads the socket: the thread running a batch reads its own result (no hand-off
+        #: between threads on the hot path); the background reader takes what comes while no batch runs.
+        self._read_lock = threading.Lock()
+        self._executing = 0
+        self._finished: dict[int, Any] = {}
+        #: The worker's BLS streams in flight (their jobs), by call id: ``ResponseIterator.cancel()`` cancels one.
+        self._outgoing: dict[int, Any] = {}
+        self._ids = itertools.count(1)
+        self._dead = False
+        self.cause: str | None = None
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fastoip.pyworker.worker", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=env,
+            close_fds=True,
+        )
+        child.close()
+        self.pid = self.process.pid
+        self._connection = Connection(parent.detach())
+        self._reader = threading.Thread(target=self._read, name=f"fastoip-worker-{self.pid}", daemon=True)
+        self._reader.start()
+
+    # -- sending -----------------------------------------------------------------------------------------
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with self._write_lock:
+                self._connection.send_bytes(data)
+        except OSError:
+            raise WorkerDied(self.cause or "closed its channel") from None
+
+    def control(self, message: tuple, timeout: float = CONTROL_TIMEOUT_S) -> Any:
+        """Send a control message and wait for its answer (WorkerError with the model's message)."""
+        waiter = _Waiter()
+        with self._state:
+            if self.cause is not None:
+                raise WorkerDied(self.cause)
+            self._control = waiter
+        self._send(message)
+        if not waiter.event.wait(timeout):
+            raise WorkerDied(f"did not answer '{message[0]}' within {timeout:.0f} s")
+        kind, value = waiter.value
+        if kind == "died":
+            raise WorkerDied(value)
+        if kind == "error":
+            raise WorkerError(value)
+        return value
+
+    def execute_open(self, requests: list, before: Callable[[int], None]) -> tuple[int, Any]:
+        """Run one batch; ``(exec_id, (responses | None, error | None))``; WorkerDied if it dies meanwhile.
+
+        ``before(exec_id)`` runs before the batch is sent (decoupled streams open there: their
+        responses may arrive before the result does).  The calling thread reads the socket until its
+        result comes, handling whatever else arrives meanwhile (decoupled responses, the worker's calls)."""
+        exec_id = next(self._ids)
+        before(exec_id)
+        with self._state:
+            if self.cause is not None:
+                raise WorkerDied(self.cause)
+            self._executing += 1
+        try:
+            with self._read_lock:
+                self._send(("execute", exec_id, requests))
+                while exec_id not in self._finished:
+                    message = self._read_one()
+                    if message is None:
+                        break
+                    self._dispatch(message)
+        finally:
+            with self._state:
+                self._executing -= 1
+        if exec_id not in self._finished:
+            self._died()
+            raise WorkerDied(self.cause or "died")
+        return exec_id, self._finished.pop(exec_id)
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def _read(self) -> None:
+        """The background reader: takes messages while no batch runs (control answers, decoupled responses
+        sent after ``execute`` returned, the worker's calls)."""
+        connection = self._connection
+        while not self._dead:
+            if self._executing:
+                time.sleep(0.02)  # the batch's own thread reads meanwhile
+                continue
+            try:
+                if not connection.poll(0.05):
+                    continue
+            except (OSError, EOFError, ValueError):
+                break
+            with self._read_lock:
+                if self._executing or self._dead:
+                    continue
+                try:
+                    if not connection.poll(0):
+                        continue
+                except (OSError, EOFError, ValueError):
+                    break
+                message = self._read_one()
+                if message is None:
+                    break
+                self._dispatch(message)
+        self._died()
+
+    def _read_one(self) -> tuple | None:
+        """The next message (the read lock is held), or None when the worker is gone."""
+        try:
+            return pickle.loads(self._connection.recv_bytes())
+        except (EOFError, OSError):
+            return None
+        except Exception:
+            log.exception("%s: unreadable message from its worker", self.label)
+            return None
+
+    def _dispatch(self, message: tuple) -> None:
+        kind = message[0]
+        if kind in ("ok", "error"):
+            waiter = self._control
+            self._control = None
+            if waiter is not None:
+                waiter.value = (kind, message[1])
+                waiter.event.set()
+        elif kind == "result":
+            _, exec_id, responses, error = message
+            self._finished[exec_id] = (responses, error)
+        elif kind == "send":
+            _, exec_id, index, response, final = message
+            try:
+                self._on_send(exec_id, index, response, final)
+            except Exception:
+                log.exception("%s: delivering a decoupled response failed", self.label)
+        elif kind == "call":
+            _CALLS.submit(self._serve_call, message[1], message[2], message[3])
+        elif kind == "cancel_call":
+            job = self._outgoing.get(message[1])
+            if job is not None:
+                job.cancel()
+        elif kind == "log":
+            logging.getLogger("fastoip.python.model").log(message[1], "%s: %s", self.label, message[2])
+        elif kind == "metric":
+            try:
+                bridge.CUSTOM_METRICS.apply(message[1], message[2], message[3], message[4])
+            except Exception as exc:
+                log.warning("%s: custom metric: %s", self.label, exc)
+
+    def _died(self) -> None:
+        with self._state:
+            if self._dead:
+                return
+            self._dead = True
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            cause = f"was killed by {name}"
+        else:
+            cause = f"exited with code {code}"
+        shm.remove_files_of(self.pid)
+        with self._state:
+            self.cause = cause
+            control = self._control
+            self._control = None
+        if control is not None:
+            control.value = ("died", cause)
+            control.event.set()
+        self._on_death(cause)
+
+    def _serve_call(self, call_id: int, what: str, args: tuple) -> None:
+        try:
+            if what == "infer":
+                name, version, packed, timeout = args
+                answer: Any = shm.pack_response(bridge.infer(name, version, shm.unpack_request(packed), timeout))
+            elif what == "stream":
+                name, version, packed, timeout = args
+
+                def deliver(data: Any, final: bool) -> None:
+                    if final:
+                        self._outgoing.pop(call_id, None)
+                    try:
+                        self._send(("stream", call_id, shm.pack_response(data), final))
+                    except WorkerDied:
+                        pass
+
+                job = bridge.stream(name, version, shm.unpack_request(packed), deliver, timeout)
+                if job is not None and not job.finished:
+                    self._outgoing[call_id] = job
+                    if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
+                        self._outgoing.pop(call_id, None)
+                return
+            elif what == "cancelled":
+                answer = bool(self._is_cancelled(*args)) if self._is_cancelled is not None else False
+            elif what == "ready":
+                answer = bridge.model_ready(*args)
+            elif what == "load":
+                bridge.load_model(*args)
+                answer = None
+            elif what == "unload":
+                bridge.unload_model(*args)
+                answer = None
+            elif what == "metric":
+                answer = bridge.CUSTOM_METRICS.apply(*args)
+            else:
+                answer = ("__error__", f"unknown call '{what}'")
+        except Exception as exc:
+            answer = ("__error__", str(exc))
+        try:
+            self._send(("reply", call_id, answer))
+        except WorkerDied:
+            pass
+
+    # -- ending ---------------------------------------------------------------------------------------------
+    def finalize(self) -> None:
+        """Run the model's ``finalize`` and let the process exit; kill it if it does not."""
+        try:
+            self.control(("finalize",), FINALIZE_TIMEOUT_S)
+        except (WorkerDied, WorkerError) as exc:
+            if self.cause is None:
+                log.warning("%s: finalize: %s", self.label, exc)
+        self.kill()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._reader.join(timeout=10)
+        try:
+            self._connection.close()
+        except OSError:
+            pass
+
+    @property
+    def alive(self) -> bool:
+        return self.cause is None

@@ -1,0 +1,188 @@
+"""A ``TritonPythonModel`` where it runs (its worker process, or the server for in-process hosting).
+
+Rules:
+- Plain data in and out, so the same code runs on both sides of a process
+  boundary: a request is :data:`RequestData`, a response :data:`ResponseData`.
+- ``execute`` gets the whole batch as a list (Triton's semantics) and must
+  return one response per request; a decoupled model returns None and answers
+  through each request's sender, from ``execute`` or from its own threads
+  (``emit(index, response, final)`` is called for each ``send``).
+- An exception from ``execute`` fails every request of the call with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import utils as pb
+from .loop import call
+
+#: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names)
+RequestData = tuple[str, Any, int, dict, list, list]
+#: (outputs [(name, datatype, array)], error (code, message) or None, parameters)
+ResponseData = tuple[list, "tuple[int, str] | None", dict]
+#: Where a decoupled response goes: ``emit(request index, response or None, final)``.
+Emit = Callable[[int, "ResponseData | None", bool], None]
+
+UTILS_MODULE = "triton_python_backend_utils"
+_generation = itertools.count(1)
+
+
+def register_utils() -> None:
+    """Make ``import triton_python_backend_utils`` give this server's implementation."""
+    sys.modules.setdefault(UTILS_MODULE, pb)
+
+
+def defines_triton_model(module: Any) -> bool:
+    return isinstance(getattr(module, "TritonPythonModel", None), type)
+
+
+def response_data(response: Any) -> ResponseData:
+    """A model's ``InferenceResponse`` as plain data (checked: the model may return anything)."""
+    if not isinstance(response, pb.InferenceResponse):
+        raise pb.TritonModelException(
+            f"execute() must return InferenceResponse objects, not {type(response).__name__}"
+        )
+    error = response.error()
+    outputs = []
+    for tensor in response.output_tensors():
+        if not isinstance(tensor, pb.Tensor):
+            raise pb.TritonModelException(f"an output tensor is a {type(tensor).__name__}, not a pb_utils.Tensor")
+        outputs.append((tensor.name(), tensor._datatype, tensor.as_numpy()))
+    err = None
+    if error is not None:
+        err = (int(error.code()), str(error.message()))
+    return outputs, err, dict(response._parameters)
+
+
+def response_of(data: ResponseData) -> pb.InferenceResponse:
+    """Plain data back into an ``InferenceResponse`` (BLS results)."""
+    outputs, error, parameters = data
+    tensors = [pb.Tensor._of(name, datatype, array) for name, datatype, array in outputs]
+    err = pb.TritonError(error[1], error[0]) if error is not None else None
+    return pb.InferenceResponse(tensors, err, parameters)
+
+
+def request_data(request: pb.InferenceRequest) -> RequestData:
+    """A BLS request as plain data."""
+    inputs = []
+    for tensor in request.inputs():
+        if not isinstance(tensor, pb.Tensor):
+            raise pb.TritonModelException(f"a BLS input is a {type(tensor).__name__}, not a pb_utils.Tensor")
+        inputs.append((tensor.name(), tensor._datatype, tensor.as_numpy()))
+    return (
+        request.request_id(),
+        request.correlation_id(),
+        request.flags(),
+        dict(request._parameters),
+        inputs,
+        list(request.requested_output_names()),
+    )
+
+
+class TritonRunner:
+    """One ``TritonPythonModel`` object and its lifecycle."""
+
+    def __init__(self, module: Any, model_name: str) -> None:
+        self.model_name = model_name
+        self.cls = module.TritonPythonModel
+        self.model: Any = None
+        self.decoupled = False
+
+    def auto_complete(self, config: dict) -> dict:
+        method = getattr(self.cls, "auto_complete_config", None)
+        if method is None:
+            return config
+        result = method(pb.ModelConfig(config))
+        if not isinstance(result, pb.ModelConfig):
+            raise pb.TritonModelException("auto_complete_config() must return the pb_utils.ModelConfig it was given")
+        return result.as_dict()
+
+    def initialize(self, args: dict[str, str], decoupled: bool) -> None:
+        self.decoupled = decoupled
+        self.model = self.cls()
+        init = getattr(self.model, "initialize", None)
+        if init is not None:
+            call(init, args)
+
+    def execute(
+        self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
+    ) -> list[ResponseData] | None:
+        built = []
+        for index, (request_id, correlation_id, flags, parameters, inputs, requested) in enumerate(requests):
+            request = pb.InferenceRequest(
+                inputs=[pb.Tensor._of(name, datatype, array) for name, datatype, array in inputs],
+                requested_output_names=requested,
+                correlation_id=correlation_id,
+                request_id=request_id,
+                flags=flags,
+                parameters=parameters,
+            )
+            if cancelled is not None:
+                request._cancelled = functools.partial(cancelled, index)
+            if self.decoupled and emit is not None:
+                request._sender = pb.InferenceResponseSender(_emitter(emit, index), True, request._cancelled)
+            built.append(request)
+        responses = call(self.model.execute, built)
+        if self.decoupled:
+            return None
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(built):
+            got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
+            raise pb.TritonModelException(
+                f"execute() returned {got} responses for {len(built)} requests: it must return one per request"
+            )
+        return [response_data(response) for response in responses]
+
+    def finalize(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            call(finalize)
+
+
+def _emitter(emit: Emit, index: int) -> Callable[[Any, bool], None]:
+    lock = threading.Lock()
+
+    def send(response: Any, final: bool) -> None:
+        data = response_data(response) if response is not None else None
+        with lock:
+            emit(index, data, final)
+
+    return send
+
+
+def import_runner(path: Path, model_name: str, version: int) -> TritonRunner:
+    """Import model.py (``triton_python_backend_utils`` registered first) and wrap its model class.
+
+    Each call imports the file afresh under a module name of its own, with its folder on
+    ``sys.path`` while it imports (so model.py may import files beside it)."""
+    register_utils()
+    safe = re.sub(r"\W", "_", model_name)
+    module_name = f"_fastoip_triton_{safe}_v{version}_{next(_generation)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise pb.TritonModelException(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        raise pb.TritonModelException(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        try:
+            sys.path.remove(folder)
+        except ValueError:
+            pass
+    if not defines_triton_model(module):
+        raise pb.TritonModelException(f"{path} defines no TritonPythonModel class")
+    return TritonRunner(module, model_name)

@@ -1,0 +1,660 @@
+"""``triton_python_backend_utils``: the module Triton's Python-backend models import (``as pb_utils``).
+
+Registered under that name in ``sys.modules`` before a ``TritonPythonModel``'s
+model.py is imported (in its worker process, or in the server for in-process
+hosting).  Names and semantics follow Triton's python_backend; the objects are
+plain Python (numpy arrays inside), and what reaches outside the model (BLS
+calls, model control, logs, custom metrics) goes through :data:`BRIDGE`, which
+the host sets: a channel back to the server from a worker process, or the Core
+itself in-process.
+
+Not built (refused with a clear message where they are reached): GPU tensors
+(``is_cpu()`` is always True; ``preferred_memory`` is accepted and ignored),
+``Tensor.from_dlpack`` of a CUDA capsule, BF16 tensors from numpy, ``trace``
+objects (accepted, not propagated).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+# -- flags (Triton's TRITONSERVER_* values) ----------------------------------------------------------------
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+#: ``PreferredMemory`` kinds (host memory is what this server gives; the preference is accepted and ignored).
+TRITONSERVER_MEMORY_GPU = 2
+TRITONSERVER_MEMORY_CPU = 0
+
+
+class PreferredMemory:
+    """Where a BLS request would like its outputs (accepted; outputs are in host memory here)."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+#: Triton's TRITONSERVER_DataType numbers <-> numpy (``triton_to_numpy_type`` / ``numpy_to_triton_type``).
+_TRITON_NUMBER_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16,
+    8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+}
+#: V2 datatype name <-> Triton number.
+V2_TO_NUMBER = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
+    "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}
+NUMBER_TO_V2 = {number: name for name, number in V2_TO_NUMBER.items()}
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """The numpy type for a config data type (``"TYPE_FP32"`` -> ``np.float32``)."""
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _TRITON_NUMBER_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    dtype = np.dtype(data_type)
+    if dtype.kind in ("O", "S"):
+        return 13
+    for number, np_type in _TRITON_NUMBER_TO_NUMPY.items():
+        if number != 13 and dtype == np.dtype(np_type):
+            return number
+    return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
+    """Length-prefixed (4-byte little-endian) elements in C order, as one uint8 array."""
+    if input_tensor.size == 0:
+        return np.empty([0], dtype=np.uint8)
+    parts = []
+    for item in input_tensor.flat:
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(len(data).to_bytes(4, "little"))
+        parts.append(data)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """The inverse of :func:`serialize_byte_tensor`: a 1-D object array of ``bytes``."""
+    raw = bytes(encoded_tensor)
+    items = []
+    offset = 0
+    while offset < len(raw):
+        size = int.from_bytes(raw[offset : offset + 4], "little")
+        offset += 4
+        items.append(raw[offset : offset + size])
+        offset += size
+    return np.array(items, dtype=np.object_)
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+class TritonError:
+    """An error a model returns in a response (``InferenceResponse(error=...)``) or a BLS response carries."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class TritonModelException(Exception):
+    """Raised by pb_utils calls that fail (a BLS error when raised, bad arguments)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self._message = message
+
+    def message(self) -> str:
+        return self._message
+
+
+# -- tensors ---------------------------------------------------------------------------------------------------
+class Tensor:
+    """A named tensor in host memory (numpy inside; BYTES as an object array of ``bytes``)."""
+
+    __slots__ = ("_name", "_array", "_datatype")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        if array.dtype.kind in ("U", "V"):
+            raise TritonModelException(
+                "Tensor dtype used for numpy_array is not supported by the Python backend: use np.object_ instead"
+            )
+        if triton_dtype is not None:
+            target = triton_to_numpy_type(triton_dtype)
+            if target is None:
+                raise TritonModelException(f"triton_dtype {triton_dtype} is not supported")
+            if array.dtype != np.dtype(target):
+                array = array.view(target)
+            self._datatype = NUMBER_TO_V2[triton_dtype]
+        else:
+            self._datatype = v2_name(array)
+        self._name = name
+        self._array = array
+
+    @classmethod
+    def _of(cls, name: str, datatype: str, array: np.ndarray) -> Tensor:
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._datatype = datatype
+        return tensor
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def triton_dtype(self) -> int:
+        return V2_TO_NUMBER[self._datatype]
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0
+
+    def to_dlpack(self) -> Any:
+        if self._array.dtype == object:
+            raise TritonModelException("to_dlpack: BYTES tensors cannot be shared through DLPack")
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        holder = dlpack_tensor
+        device = getattr(holder, "__dlpack_device__", None)
+        if device is not None and device()[0] != 1:  # kDLCPU
+            raise TritonModelException(
+                f"from_dlpack: tensor '{name}' is on a GPU; this server hosts Python models on the CPU only"
+            )
+        try:
+            array = np.from_dlpack(holder)
+        except Exception as exc:
+            raise TritonModelException(f"from_dlpack: tensor '{name}': {exc}") from None
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, {self._datatype}, {list(self._array.shape)})"
+
+
+def v2_name(array: np.ndarray) -> str:
+    """The V2 datatype of a numpy array (object/bytes arrays are BYTES)."""
+    number = numpy_to_triton_type(array.dtype)
+    if number is None:
+        raise TritonModelException(f"numpy dtype {array.dtype} is not supported by the Python backend")
+    return NUMBER_TO_V2[number]
+
+
+# -- the channel to the server ------------------------------------------------------------------------------
+class Bridge(Protocol):
+    """What model code reaches outside its own object through (set by the host)."""
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
+
+    def model_ready(self, name: str, version: str) -> bool: ...
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None: ...
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None: ...
+
+    def log(self, level: int, message: str) -> None: ...
+
+    def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float: ...
+
+
+class _NoBridge:
+    def _refuse(self) -> Any:
+        raise TritonModelException("this call needs the server (it is only available while a model is served)")
+
+    def infer(self, request: InferenceRequest) -> InferenceResponse:
+        return self._refuse()
+
+    def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]:
+        return self._refuse()
+
+    def model_ready(self, name: str, version: str) -> bool:
+        return self._refuse()
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._refuse()
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self._refuse()
+
+    def log(self, level: int, message: str) -> None:
+        logging.getLogger("fastoip.python.model").log(level, message)
+
+    def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
+        return self._refuse()
+
+
+class _BridgeSlot:
+    """Where the host puts its bridge (one per process)."""
+
+    def __init__(self) -> None:
+        self.current: Bridge = _NoBridge()
+
+
+BRIDGE = _BridgeSlot()
+
+
+# -- requests and responses --------------------------------------------------------------------------------
+class InferenceResponse:
+    """One response: output tensors, or an error."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, (list, tuple)):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._outputs = list(output_tensors)
+        self._error = error
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters: dict[str, Any] = dict(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer: any number of ``send`` calls, the last with the final flag."""
+
+    def __init__(self, emit: Any, decoupled: bool, cancelled: Any = None) -> None:
+        self._emit = emit
+        self._decoupled = decoupled
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if response is None and not final:
+                raise TritonModelException("Response must be set unless the flags include the final flag")
+            if final:
+                self._closed = True
+        self._emit(response, final)
+
+    def is_cancelled(self) -> bool:
+        """True once the client cancelled the request (asks the server: a model loop may poll it)."""
+        check = self._cancelled
+        return bool(check()) if check is not None else False
+
+
+class ResponseIterator:
+    """The responses of ``exec(decoupled=True)``, in order, until the final one."""
+
+    def __init__(self, responses: Iterator[InferenceResponse], cancel: Any = None) -> None:
+        self._responses = responses
+        self._cancel = cancel
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        """Cancel the request in the server: the model it went to sees ``is_cancelled()``; the responses
+        still on their way arrive, the last with a CANCELLED error."""
+        if self._cancel is not None:
+            self._cancel()
+
+
+class InferenceRequest:
+    """A request the model received (in ``execute``), or one it builds to call another model (BLS)."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        correlation_id: int | str = 0,
+        request_id: str = "",
+        flags: int = 0,
+        timeout: int = 0,
+        model_version: int = -1,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        # Triton's binding takes bytes as well (models pass a BYTES input's element straight in).
+        self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
+        self.model_version = model_version
+        self._inputs = list(inputs or [])
+        self._requested = list(requested_output_names or [])
+        self._correlation_id = correlation_id
+        self._request_id = request_id
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters: dict[str, Any] = dict(parameters or {})
+        self._sender: InferenceResponseSender | None = None
+        self._cancelled: Any = None
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        """True once the client cancelled the request (gone away, deadline passed)."""
+        check = self._cancelled
+        return bool(check()) if check is not None else False
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("get_response_sender() is only available to a decoupled model's requests")
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException("request rescheduling is not supported by this server")
+
+    # -- BLS ----------------------------------------------------------------------------------------------------
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` through the server; a response (errors inside it), or with
+        ``decoupled=True`` an iterator of the responses a decoupled model sends."""
+        if not self.model_name:
+            raise TritonModelException("exec(): the request needs a model_name")
+        if decoupled:
+            responses = BRIDGE.current.infer_stream(self)
+            return responses if isinstance(responses, ResponseIterator) else ResponseIterator(responses)
+        return BRIDGE.current.infer(self)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        import asyncio
+
+        if decoupled:
+            # The responses are gathered on a thread; the iterator gives them to the caller in order.
+            responses = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: list(self.exec(decoupled=True))
+            )
+            return ResponseIterator(iter(responses))
+        return await asyncio.get_running_loop().run_in_executor(None, self.exec)
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    for entry in model_config.get("input", []):
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    for entry in model_config.get("output", []):
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    """Whether the model's config says ``model_transaction_policy { decoupled: true }``."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    return BRIDGE.current.model_ready(model_name, str(model_version))
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    BRIDGE.current.load_model(model_name, config, files)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    BRIDGE.current.unload_model(model_name, unload_dependents)
+
+
+# -- logging --------------------------------------------------------------------------------------------------
+class LogLevel:  # also Logger.LogLevel, as Triton nests it
+    INFO = logging.INFO
+    WARNING = logging.WARNING
+    ERROR = logging.ERROR
+    VERBOSE = logging.DEBUG
+
+
+class Logger:
+    """Triton's model logger: lines go to the server's log."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        BRIDGE.current.log(level, str(message))
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+# -- custom metrics ---------------------------------------------------------------------------------------------
+class Metric:
+    """One labelled series of a :class:`MetricFamily` (kept and exported by the server)."""
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: Sequence[float] | None) -> None:
+        self._family = family
+        self._labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        spec = family._spec()
+        if family.kind == MetricFamily.HISTOGRAM:
+            if not buckets:
+                raise TritonModelException("a histogram metric needs buckets")
+            spec["buckets"] = [float(b) for b in buckets]
+        self._spec = spec
+        BRIDGE.current.metric(spec, self._labels, "create", 0.0)
+
+    def increment(self, value: float) -> None:
+        if self._family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot be incremented by a negative value")
+        if self._family.kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("increment() is not for histograms: use observe()")
+        BRIDGE.current.metric(self._spec, self._labels, "increment", float(value))
+
+    def set(self, value: float) -> None:
+        if self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("set() is only for gauges")
+        BRIDGE.current.metric(self._spec, self._labels, "set", float(value))
+
+    def observe(self, value: float) -> None:
+        if self._family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe() is only for histograms")
+        BRIDGE.current.metric(self._spec, self._labels, "observe", float(value))
+
+    def value(self) -> float:
+        return BRIDGE.current.metric(self._spec, self._labels, "value", 0.0)
+
+
+class MetricFamily:
+    """A custom metric family exported on ``/metrics`` beside the server's own."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
+            raise TritonModelException(f"unknown metric kind {kind}")
+        self.name = name
+        self.description = description
+        self.kind = kind
+
+    def _spec(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "kind": self.kind}
+
+    def Metric(self, labels: dict[str, str] | None = None, buckets: Sequence[float] | None = None) -> Metric:  # noqa: N802
+        return Metric(self, labels or {}, buckets)
+
+
+# -- auto-complete --------------------------------------------------------------------------------------------
+class ModelConfig:
+    """What ``auto_complete_config`` receives and returns: the model's config as a dict, with setters."""
+
+    def __init__(self, model_config: dict | str) -> None:
+        self._config: dict[str, Any] = json.loads(model_config) if isinstance(model_config, str) else model_config
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def max_batch_size(self) -> int:
+        return int(self._config.get("max_batch_size", 0))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = int(self._config.get("max_batch_size", 0))
+        if current and current != max_batch_size:
+            raise TritonModelException(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function for "
+                f"model '{self._config.get('name', '')}' specified max_batch_size {max_batch_size}"
+            )
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002  (Triton's name)
+        self._add("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output)
+
+    def _add(self, kind: str, entry: dict[str, Any]) -> None:
+        if not isinstance(entry, dict):
+            raise TritonModelException(f"{kind} must be a dict")
+        for key in ("name", "data_type", "dims"):
+            if key not in entry:
+                raise TritonModelException(f"{kind} '{entry.get('name', '')}' in auto-complete-config needs '{key}'")
+        entries = self._config.setdefault(kind, [])
+        for existing in entries:
+            if existing.get("name") == entry["name"]:
+                if list(map(int, existing.get("dims", []))) != list(map(int, entry["dims"])):
+                    raise TritonModelException(
+                        f"{kind} '{entry['name']}': dims {list(entry['dims'])} do not match the configuration's "
+                        f"{list(existing.get('dims', []))}"
+                    )
+                return
+        entries.append(dict(entry))
