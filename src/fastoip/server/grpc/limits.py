@@ -89,7 +89,9 @@ class Replaceable(Protocol):
     """A connection, as the cap sees it: its open calls, when its last call started or ended."""
 
     closed: bool
-    last_call: float
+
+    @property
+    def last_call(self) -> float: ...
 
     @property
     def calls(self) -> Sized: ...

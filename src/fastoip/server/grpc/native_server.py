@@ -25,7 +25,7 @@ from typing import Any, cast
 from ...core import Core
 from . import _http2, wire
 from .intake import MessageIntake
-from .limits import HANDSHAKE_BYTES, RequestBudget, ServerLimits
+from .limits import RequestBudget, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from
 from .native_head import AcceptedHead, read_head
 from .native_options import NativeGrpcOptions
@@ -416,6 +416,15 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     def has_calls(self) -> bool:
         return bool(self.streams)
+
+    # -- as the connection cap sees it (limits.Replaceable) -----------------------------------
+    @property
+    def calls(self) -> dict[int, StreamRecord]:
+        return self.streams
+
+    @property
+    def last_call(self) -> float:
+        return self.timers.last_call
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:
