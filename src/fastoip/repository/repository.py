@@ -46,9 +46,8 @@ from typing import Protocol, cast
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
-from ..options import RepositoryOptions
-from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
-from .config import (
+from ..metrics import MetricsConfig
+from ..model_config import (
     MODEL_SETTINGS,
     is_model_settings_config,
     named_copy,
@@ -56,12 +55,15 @@ from .config import (
     read_config_file,
     read_model_settings,
 )
+from ..model_settings import find_model_settings
+from ..options import RepositoryOptions
+from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
 from .defaults import fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .layout import missing_version_hint
 from .loaded import LoadedModel
-from .model_settings import find_model_settings
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .runner import RequestRunner
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .validation import validate_config
 from .warmup import run_warmup
@@ -103,18 +105,26 @@ class ModelRepository:
     loaded versions.  A model is found in the first directory that has it."""
 
     def __init__(
-        self, root: Path | Sequence[Path], executor: Executor, options: RepositoryOptions | None = None
+        self,
+        root: Path | Sequence[Path],
+        executor: Executor,
+        options: RepositoryOptions | None = None,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.roots = [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
         if not self.roots:
             raise ValueError("a model repository needs at least one directory")
         self.root = self.roots[0]
+        #: Which latency metrics every version's counters keep (the server's ``--metrics-config``).
+        self.metrics_config = metrics_config or MetricsConfig()
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
         self._load_lock = threading.Lock()
         #: Ensembles whose steps are being loaded (outermost first): a step naming one of them is a cycle.
         self._ensembles_loading: list[str] = []
+        #: How requests run on the models here (the data plane's and ensemble steps' one path).
+        self.runner = RequestRunner(self.get)
         #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
         self._settings_dirs: dict[str, Path] = {}
         #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
@@ -500,7 +510,8 @@ class ModelRepository:
             for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
         model = LoadedModel(
-            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent)
+            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent),
+            metrics_config=self.metrics_config,
         )
         if config.model_warmup:
             try:
@@ -534,7 +545,7 @@ class ModelRepository:
                 return None
 
         plan = plan_ensemble(config, lookup)
-        return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
 
 
 def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> InvalidArgument | None:
