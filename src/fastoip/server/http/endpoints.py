@@ -309,6 +309,8 @@ class HttpFrontend(Router):
             )
         except OneResponseCall:
             raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
+        if frontend is not None:
+            frontend.stamp("HTTP_SEND_START")
         content_type, json_length, payload = http_codec.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:

@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 
 from fastoip.cli import serve_options
 from fastoip.demo import write_repository
-from fastoip.server.grpc import wire
+from fastoip.server.grpc import protocol as wire
 from fastoip.triton_flags import NO_EFFECT, FlagError
 from h2raw import MODEL_INFER, RawGrpcConnection, grpc_frame, simple_request_bytes
 from serverproc import ServerProcess
