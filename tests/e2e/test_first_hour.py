@@ -171,7 +171,7 @@ def test_every_flag_with_a_default_states_it() -> None:
         ), action.option_strings
     flat = " ".join(text.split())
     for words in ("--grpc-port GRPC_PORT 0 picks a free port (default: 8001)", "(default: none)",
-                  "(default: 30.0)", "(default: 1)", "(default: INFO)"):
+                  "(default: 30.0)", "(default 0: ONNX Runtime's default", "(default: INFO)"):
         assert words in flat
 
 

@@ -131,7 +131,7 @@ def test_install_steps_follow_pyproject_and_the_readme() -> None:
     # CPU: the README's plain install.  CUDA: the README's swap of onnxruntime for onnxruntime-gpu,
     # without NVIDIA's pip wheels because the CUDA image brings CUDA and cuDNN.
     assert "pip install '.[gpu]'" in readme
-    swap = "pip uninstall -y onnxruntime onnxruntime-gpu && pip install --no-deps onnxruntime-gpu"
+    swap = "pip uninstall -y onnxruntime onnxruntime-gpu && pip install --no-deps 'onnxruntime-gpu<1.33'"
     assert swap in readme
     cuda = pip_commands(stages("Dockerfile.cuda")[0].runs())
     assert ["uninstall", "-y", "onnxruntime", "onnxruntime-gpu"] in cuda
