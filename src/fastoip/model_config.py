@@ -197,8 +197,11 @@ def complete_config(
         done.backend = "onnxruntime"
 
     # the sequence batcher feeds control and state inputs and keeps state outputs: not the client's tensors
+    # (a state output the config also lists as an ordinary output is returned to clients who ask, as in Triton)
+    listed_outputs = {entry.name for entry in config.output}
     injected = {c.name for c in config.sequence_batching.control_input} | {
         name for state in config.sequence_batching.state for name in (state.input_name, state.output_name)
+        if name not in listed_outputs
     }
     inputs = [t for t in inputs if t.name not in injected]
     outputs = [t for t in outputs if t.name not in injected]
@@ -215,12 +218,20 @@ def complete_config(
     check_shapes = platform == ONNX_PLATFORM
     _complete_tensors(done.input, inputs, batch_dims, model_name, "input", check_shapes)
     _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes)
+    if check_shapes and len(done.input) != len(inputs):
+        # Triton's onnxruntime backend: every model input must be in the config (else every request fails).
+        missing = sorted({t.name for t in inputs} - {entry.name for entry in done.input})
+        raise InvalidArgument(
+            f"unable to load model '{model_name}', configuration expects {len(done.input)} inputs, model provides "
+            f"{len(inputs)} (not in the config: {', '.join(missing)})"
+        )
 
     if not done.instance_group:
         group = done.instance_group.add()
         group.count = 1
         group.kind = mc.ModelInstanceGroup.KIND_AUTO
-    for group in done.instance_group:
+        group.name = model_name  # Triton names the group it adds after the model, the others <model>_<index>
+    for index, group in enumerate(done.instance_group):
         if group.count <= 0:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
@@ -228,7 +239,7 @@ def complete_config(
         if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
             group.gpus.append(0)
         if not group.name:
-            group.name = model_name
+            group.name = f"{model_name}_{index}"
     if done.HasField("dynamic_batching") and done.max_batch_size == 0:
         raise InvalidArgument(
             f"model '{model_name}': dynamic_batching needs max_batch_size > 0"

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import ParamSpec, Protocol
 
 from ..errors import InferenceError
-from ..tracing import TraceHeaders
+from ..tracing import FrontendTrace, TraceHeaders
 from ..types import InferRequest, InferResponse
 
 #: A remaining time at or above this many seconds means "no deadline" (grpcio reports ~forever as a huge number).
@@ -45,7 +45,7 @@ CancelRegistration = Callable[[Callable[[], None]], object]
 class CallContext:
     """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
-    __slots__ = ("caller_runs", "deadline_ns", "on_cancel", "time_remaining", "trace_headers")
+    __slots__ = ("caller_runs", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers")
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class CallContext:
         time_remaining: Callable[[], float | None] | None = None,
         trace_headers: TraceHeaders | None = None,
         caller_runs: bool = False,
+        frontend_trace: FrontendTrace | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
@@ -62,6 +63,8 @@ class CallContext:
         self.trace_headers = trace_headers
         #: The caller's thread may run the model (it would only wait): no hand-off to a worker.
         self.caller_runs = caller_runs
+        #: The frontend's timestamps (Triton's HTTP_* / GRPC_*), joined to the request's trace if it is traced.
+        self.frontend_trace = frontend_trace
 
     def queued_deadline_ns(self) -> int:
         """The deadline of a request about to wait in a queue: ``deadline_ns``, else from ``time_remaining``."""
