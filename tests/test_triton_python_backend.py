@@ -229,7 +229,9 @@ TICKER = """
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([sent], dtype=np.int32))]))
                 sent += 1
                 time.sleep(0.02)
-            pb_utils.Logger.log_warn(f"ticker saw the cancellation after {sent} responses: {sender.is_cancelled()}")
+            tag = int(request.inputs()[0].as_numpy()[0])
+            pb_utils.Logger.log_warn(
+                f"ticker {tag} saw the cancellation after {sent} responses: {sender.is_cancelled()}")
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
@@ -383,6 +385,41 @@ BLS_CANCEL = """
 """
 
 
+# Decoupled relay of the ticker through BLS, in Triton's pattern for a cancelled outer request: Triton does not
+# cancel a model's BLS requests when its own request is cancelled; the model checks is_cancelled() and cancels
+# the inner stream with ResponseIterator.cancel().
+BLS_RELAY = """
+    import threading
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                threading.Thread(target=self.relay, args=(request, request.get_response_sender())).start()
+            return None
+
+        def relay(self, request, sender):
+            inner = pb_utils.InferenceRequest(model_name="ticker", inputs=[request.inputs()[0]],
+                                              requested_output_names=["OUT"])
+            stream = inner.exec(decoupled=True)
+            relayed, ended = 0, "completed"
+            for response in stream:
+                if response.has_error():
+                    ended = f"error {response.error().code()}"
+                    break
+                if request.is_cancelled():
+                    stream.cancel()
+                    continue  # the inner stream ends with a CANCELLED error
+                out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                if out is not None:
+                    sender.send(pb_utils.InferenceResponse([out]))
+                    relayed += 1
+            pb_utils.Logger.log_warn(f"relay ended after {relayed} responses: {ended}")
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
 METRICS = """
     import numpy as np
     import triton_python_backend_utils as pb_utils
@@ -468,6 +505,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_async", BLS_ASYNC, BLS_ASYNC_CONFIG)
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "bls_relay", BLS_RELAY, TICKER_CONFIG)
     write_python_model(root, "metrics", METRICS, METRICS_CONFIG)
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "conda", CONDA, CONDA_CONFIG)
@@ -617,9 +655,39 @@ def test_cancelling_a_stream_is_seen_by_the_model(server: ServerProcess) -> None
         result, error = results.get(timeout=30)
         assert error is None
     client.stop_stream(cancel_requests=True)
-    assert wait_until(lambda: "ticker saw the cancellation after" in server.output(), timeout=20)
-    line = next(line for line in server.output().splitlines() if "ticker saw the cancellation" in line)
+    assert wait_until(lambda: "ticker 0 saw the cancellation after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "ticker 0 saw the cancellation" in line)
     assert int(line.split("after ")[1].split()[0]) < 500 and line.endswith("True")
+
+
+def test_cancelling_the_outer_request_cancels_its_bls_stream(server: ServerProcess) -> None:
+    """The client cancels the relay's stream; the relay sees it (is_cancelled) and cancels its BLS stream into
+    the ticker (as Triton's docs show: Triton itself leaves a model's BLS requests running); the ticker sees its
+    request cancelled; the inner request counts in the ticker's statistics."""
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    before = _request_count(grpc, "ticker")
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([7], dtype=np.int32))
+    client.async_stream_infer("bls_relay", [inp])
+    for expected in range(3):
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == expected
+    client.stop_stream(cancel_requests=True)
+    assert wait_until(lambda: "ticker 7 saw the cancellation after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "ticker 7 saw the cancellation" in line)
+    assert int(line.split("after ")[1].split()[0]) < 500 and line.endswith("True")
+    assert wait_until(lambda: "relay ended after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "relay ended after" in line)
+    assert line.endswith("error 7")  # TritonError.CANCELLED: the inner stream's last response
+    assert wait_until(lambda: _request_count(grpc, "ticker") == before + 1, timeout=10)
+
+
+def _request_count(client: grpcclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model)
+    return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
 
 
 def test_bls_sync_into_python_and_onnx_and_errors(server: ServerProcess) -> None:

@@ -16,6 +16,7 @@ objects (accepted, not propagated).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -288,10 +289,31 @@ class _NoBridge:
 
 
 class _BridgeSlot:
-    """Where the host puts its bridge (one per process)."""
+    """Where the host puts its bridge: one per process (a worker serves one model), and, for models hosted in
+    the server process, the running model's own on the thread that runs it (:meth:`using`)."""
 
     def __init__(self) -> None:
-        self.current: Bridge = _NoBridge()
+        self._default: Bridge = _NoBridge()
+        self._local = threading.local()
+
+    @property
+    def current(self) -> Bridge:
+        bridge = getattr(self._local, "bridge", None)
+        return bridge if bridge is not None else self._default
+
+    @current.setter
+    def current(self, bridge: Bridge) -> None:
+        self._default = bridge
+
+    @contextlib.contextmanager
+    def using(self, bridge: Bridge) -> Iterator[None]:
+        """``bridge`` on this thread while the block runs."""
+        previous = getattr(self._local, "bridge", None)
+        self._local.bridge = bridge
+        try:
+            yield
+        finally:
+            self._local.bridge = previous
 
 
 BRIDGE = _BridgeSlot()

@@ -197,9 +197,12 @@ class _Base:
 class InProcessInstance(_Base):
     """A ``TritonPythonModel`` in the server process (config parameter ``hosting: "in_process"``)."""
 
-    def __init__(self, runner: TritonRunner, name: str, version_str: str, index: int, decoupled: bool) -> None:
+    def __init__(
+        self, runner: TritonRunner, name: str, version_str: str, index: int, decoupled: bool, bridge: pb.Bridge
+    ) -> None:
         super().__init__(name, version_str, index, decoupled)
         self.runner = runner
+        self.bridge = bridge  # its calls (BLS) reach the Core that loaded it
         self._ids = 0
 
     def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
@@ -213,13 +216,14 @@ class InProcessInstance(_Base):
                 self.streams.open(call, jobs)
             self._batches[call] = jobs
             try:
-                responses = self.runner.execute(
-                    [job_data(job) for job in jobs],
-                    (lambda index, data, final: self.streams.deliver(call, index, data, final))
-                    if self.decoupled
-                    else None,
-                    lambda index: self.is_cancelled(call, index),
-                )
+                with pb.BRIDGE.using(self.bridge):
+                    responses = self.runner.execute(
+                        [job_data(job) for job in jobs],
+                        (lambda index, data, final: self.streams.deliver(call, index, data, final))
+                        if self.decoupled
+                        else None,
+                        lambda index: self.is_cancelled(call, index),
+                    )
                 error = None
             except Exception as exc:
                 responses, error = None, (exc.message() if isinstance(exc, pb.TritonModelException) else
@@ -243,7 +247,8 @@ class InProcessInstance(_Base):
     def close(self) -> None:
         self._drain()
         try:
-            self.runner.finalize()
+            with pb.BRIDGE.using(self.bridge):
+                self.runner.finalize()
         except Exception:
             log.exception("model %s: finalize() failed", self.where)
 
@@ -258,9 +263,11 @@ class ProcessInstance(_Base):
         index: int,
         decoupled: bool,
         start_messages: list[tuple],
+        link: bridge.ServerLink = bridge.UNLINKED,
     ) -> None:
         super().__init__(name, version_str, index, decoupled)
         self._start_messages = start_messages
+        self._link = link
         self._lock = threading.Lock()  # one execute at a time; held while a replacement starts
         self._crashes: list[float] = []
         #: Why the instance stopped serving for good (the repository index reports it), or None.
@@ -268,7 +275,7 @@ class ProcessInstance(_Base):
         self.worker = self._start()
 
     def _start(self) -> WorkerProcess:
-        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled)
+        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled, self._link)
         try:
             for message in self._start_messages:
                 worker.control(message)

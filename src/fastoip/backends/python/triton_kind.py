@@ -26,8 +26,10 @@ from google.protobuf import json_format
 
 from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
+from ...pyworker import utils as pb
 from ...repository.config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from .describe import describe as _describe
+from .server_bridge import link_of
 from .triton_host import InProcessInstance, ProcessInstance
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
@@ -105,12 +107,13 @@ def load_triton(
     load_message = ("load", str(path), model_name, version, memory_mb)
 
     runner = None
+    in_process_bridge: Any = None
     if hosting == "in_process":
-        from ...pyworker import utils as pb
         from ...pyworker.runner import import_runner
         from . import server_bridge
 
-        pb.BRIDGE.current = server_bridge.InProcessBridge()
+        in_process_bridge = server_bridge.InProcessBridge(server_bridge.link_of(options))
+        pb.BRIDGE.current = in_process_bridge  # for the model's own threads (see pb_utils' BRIDGE)
         try:
             runner = import_runner(path, model_name, version)
             base = _merge_auto_complete(base, runner.auto_complete(config_dict(base)), model_name)
@@ -119,7 +122,9 @@ def load_triton(
         except Exception as exc:
             raise InvalidArgument(f"model '{model_name}': {_describe(exc)}") from exc
     elif "auto_complete_config" in path.read_text(encoding="utf-8", errors="replace"):
-        probe = WorkerProcess(f"model '{model_name}' (auto-complete)", lambda *a: None, lambda cause: None)
+        probe = WorkerProcess(
+            f"model '{model_name}' (auto-complete)", lambda *a: None, lambda cause: None, link=link_of(options)
+        )
         try:
             probe.control(load_message)
             completed = probe.control(("auto_complete", config_dict(base)))
@@ -175,18 +180,23 @@ def load_triton(
 
                     instance_runner = runner if index == 0 else import_runner(path, model_name, version)
                     try:
-                        instance_runner.initialize(args, decoupled)
+                        with pb.BRIDGE.using(in_process_bridge):
+                            instance_runner.initialize(args, decoupled)
                     except Exception as exc:
                         raise InvalidArgument(
                             f"model '{model_name}': initialize() failed: {_describe(exc)}"
                         ) from exc
-                    instances.append(InProcessInstance(instance_runner, model_name, str(version), index, decoupled))
+                    instances.append(
+                        InProcessInstance(
+                            instance_runner, model_name, str(version), index, decoupled, in_process_bridge
+                        )
+                    )
                 else:
                     try:
                         instances.append(
                             ProcessInstance(
                                 model_name, str(version), index, decoupled,
-                                [load_message, ("initialize", args, decoupled)],
+                                [load_message, ("initialize", args, decoupled)], link_of(options),
                             )
                         )
                     except (WorkerDied, WorkerError) as exc:
