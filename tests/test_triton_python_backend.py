@@ -385,6 +385,39 @@ BLS_CANCEL = """
 """
 
 
+# async_exec(decoupled=True) into the ticker: the iterator gives each response as it comes (the ticker would
+# send 500 over 10 s), so the model cancels after three.
+BLS_CANCEL_ASYNC = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                inner = pb_utils.InferenceRequest(model_name="ticker", inputs=[request.inputs()[0]],
+                                                  requested_output_names=["OUT"])
+                started = time.monotonic()
+                stream = await inner.async_exec(decoupled=True)
+                waited_ms = int((time.monotonic() - started) * 1000)
+                got, errors = 0, []
+                for response in stream:
+                    if response.has_error():
+                        errors.append(response.error().code())
+                        break
+                    if pb_utils.get_output_tensor_by_name(response, "OUT") is not None:
+                        got += 1
+                    if got == 3:
+                        stream.cancel()
+                cancelled = int(errors == [pb_utils.TritonError.CANCELLED])
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("COUNT", np.array([got], dtype=np.int32)),
+                    pb_utils.Tensor("SUM", np.array([cancelled * 100000 + waited_ms], dtype=np.int32))]))
+            return responses
+"""
+
+
 # Decoupled relay of the ticker through BLS, in Triton's pattern for a cancelled outer request: Triton does not
 # cancel a model's BLS requests when its own request is cancelled; the model checks is_cancelled() and cancels
 # the inner stream with ResponseIterator.cancel().
@@ -506,6 +539,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_relay", BLS_RELAY, TICKER_CONFIG)
+    write_python_model(root, "bls_cancel_async", BLS_CANCEL_ASYNC, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "metrics", METRICS, METRICS_CONFIG)
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "conda", CONDA, CONDA_CONFIG)
@@ -747,6 +781,17 @@ def test_bls_response_iterator_cancel(server: ServerProcess) -> None:
     result = client.infer("bls_cancel", [inp])
     assert 3 <= int(result.as_numpy("COUNT")[0]) < 500  # the ticker stopped long before its 500
     assert int(result.as_numpy("SUM")[0]) == 1  # the stream ended with a CANCELLED error
+
+
+def test_bls_async_exec_decoupled_yields_as_responses_come(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([1], dtype=np.int32))
+    result = client.infer("bls_cancel_async", [inp])
+    assert 3 <= int(result.as_numpy("COUNT")[0]) < 500  # not gathered: the model read three, then cancelled
+    flag, waited_ms = divmod(int(result.as_numpy("SUM")[0]), 100000)
+    assert flag == 1  # the stream ended with a CANCELLED error
+    assert waited_ms < 5000  # the await resolved at the first response, not after the ticker's 10 s
 
 
 def test_custom_metrics_on_metrics_endpoint(server: ServerProcess) -> None:

@@ -17,6 +17,7 @@ objects (accepted, not propagated).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -478,15 +479,23 @@ class InferenceRequest:
         return BRIDGE.current.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` without blocking the model's event loop.  With ``decoupled=True`` the awaitable resolves
+        at the first response (as Triton's does) and the iterator gives the rest as they come."""
         import asyncio
 
+        loop = asyncio.get_running_loop()
         if decoupled:
-            # The responses are gathered on a thread; the iterator gives them to the caller in order.
-            responses = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: list(self.exec(decoupled=True))
-            )
-            return ResponseIterator(iter(responses))
-        return await asyncio.get_running_loop().run_in_executor(None, self.exec)
+
+            def start() -> tuple[ResponseIterator, list[InferenceResponse]]:
+                responses = self.exec(decoupled=True)
+                try:
+                    return responses, [next(responses)]
+                except StopIteration:
+                    return responses, []
+
+            responses, head = await loop.run_in_executor(None, start)
+            return ResponseIterator(itertools.chain(head, responses), responses.cancel)
+        return await loop.run_in_executor(None, self.exec)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
