@@ -1041,7 +1041,7 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
         data = np.random.rand(1, 3, 224, 224).astype(np.float32)
         for round_ in range(3):
             before, made = transport.COPIED.bytes_to_shm, transport.COPIED.segments_made
-            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"]))
+            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"], None))
             assert transport.COPIED.bytes_to_shm - before == data.nbytes == 602_112  # one copy in
             assert packed[4][0][2][0] == "p"  # the message names a shared-memory segment, it carries no data
             if round_:

@@ -38,7 +38,7 @@ CancelRegistration = Callable[[Callable[[], None]], object]
 class CallContext:
     """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
-    __slots__ = ("deadline_ns", "on_cancel", "time_remaining", "trace_headers")
+    __slots__ = ("deadline_ns", "on_cancel", "time_remaining", "trace_headers", "trace_parent")
 
     def __init__(
         self,
@@ -46,12 +46,16 @@ class CallContext:
         on_cancel: CancelRegistration | None = None,
         time_remaining: Callable[[], float | None] | None = None,
         trace_headers: TraceHeaders | None = None,
+        trace_parent: tuple[int, dict[str, str]] | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
         self.on_cancel = on_cancel
         self.time_remaining = time_remaining
         self.trace_headers = trace_headers
+        #: ``(trace id, W3C context)`` of the request that made this one (a Python model's BLS request with
+        #: ``trace=request.trace()``): it is traced as that trace's child, as Triton's child traces.
+        self.trace_parent = trace_parent
 
     @classmethod
     def with_timeout(cls, remaining_s: float | None, on_cancel: CancelRegistration | None = None) -> CallContext:

@@ -72,7 +72,7 @@ class Core:
             self.repository, self.control.extensions, strict_readiness=strict_readiness,
             cache_size_bytes=cache_size_bytes, trace_config=trace_config,
         )
-        link.attach(self)
+        link.attach(self, CallContext)
 
     @property
     def repository_root(self) -> Path:
@@ -167,8 +167,9 @@ class Core:
         run_here: bool = False,
         trace_headers: TraceHeaders | None = None,
         on_response: Callable[[Job, InferResponse], None] | None = None,
+        call: CallContext | None = None,
     ) -> Job:
-        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response)
+        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response, call)
 
     async def infer_async(
         self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None

@@ -166,6 +166,7 @@ class DataPlane:
         run_here: bool = False,
         trace_headers: TraceHeaders | None = None,
         on_response: Callable[[Job, InferResponse], None] | None = None,
+        call: CallContext | None = None,
     ) -> Job:
         """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
 
@@ -179,7 +180,10 @@ class DataPlane:
         ``on_response(job, response)``: where a decoupled model's responses go, on the producing thread
         (a decoupled model never runs on the calling thread: its responses must reach the caller meanwhile).
         """
-        call = CallContext(deadline_ns) if deadline_ns else None
+        if call is None:
+            call = CallContext(deadline_ns) if deadline_ns else None
+        elif deadline_ns:
+            call.deadline_ns = deadline_ns
         model, job = self._start(request, call, trace_headers, on_response)
 
         def done(finished: Job) -> None:
@@ -281,9 +285,12 @@ class DataPlane:
         elif call is not None:
             job.deadline_ns = call.deadline_ns
         if self.tracer.active:  # while tracing is off, this and job.trace in _complete are all it costs
-            if trace_headers is None and call is not None:
-                trace_headers = call.trace_headers
-            job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
+            if call is not None and call.trace_parent is not None:
+                job.trace = self.tracer.child(model.name, model.version_str, request.id, call.trace_parent)
+            else:
+                if trace_headers is None and call is not None:
+                    trace_headers = call.trace_headers
+                job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
         return job
 
     @staticmethod

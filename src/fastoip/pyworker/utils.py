@@ -400,6 +400,21 @@ class ResponseIterator:
             self._cancel()
 
 
+class InferenceTrace:
+    """The trace of a request the model received (``request.trace()``): passed as a BLS request's ``trace``, the
+    BLS request is traced as its child, as Triton's."""
+
+    def __init__(self, data: Any = None) -> None:
+        #: (trace id, W3C context dict) in the server, or None (not traced).
+        self._data = data
+
+    def get_context(self) -> str | None:
+        """The trace's W3C context (OpenTelemetry mode) as JSON, or None."""
+        if self._data is None or not self._data[1]:
+            return None
+        return json.dumps(self._data[1])
+
+
 class InferenceRequest:
     """A request the model received (in ``execute``), or one it builds to call another model (BLS)."""
 
@@ -431,6 +446,7 @@ class InferenceRequest:
         self._parameters: dict[str, Any] = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Any = None
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -457,6 +473,12 @@ class InferenceRequest:
         """True once the client cancelled the request (gone away, deadline passed)."""
         check = self._cancelled
         return bool(check()) if check is not None else False
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def _trace_data(self) -> Any:
+        return self._trace._data
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

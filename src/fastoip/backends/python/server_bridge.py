@@ -44,7 +44,7 @@ ResponseData = tuple[list, "tuple[int, str] | None", dict]
 
 
 class CoreLike(Protocol):
-    def infer(self, request: InferRequest) -> InferResponse: ...
+    def infer(self, request: InferRequest, call: Any = None) -> InferResponse: ...
 
     def submit(
         self, request: InferRequest, on_done: Callable[[Any], None], *args: Any, **kwargs: Any
@@ -64,9 +64,19 @@ class ServerLink:
 
     def __init__(self) -> None:
         self.core: CoreLike | None = None
+        self._call_type: Callable[..., Any] | None = None
 
-    def attach(self, core: CoreLike) -> None:
+    def attach(self, core: CoreLike, call_type: Callable[..., Any]) -> None:
+        """``call_type``: the Core's ``CallContext`` (the backends never import the Core)."""
         self.core = core
+        self._call_type = call_type
+
+    def call_of(self, data: Any) -> Any:
+        """The call context of a BLS request: its trace parent (``trace=request.trace()``) when it has one."""
+        trace = data[6]
+        if trace is None or self._call_type is None:
+            return None
+        return self._call_type(trace_parent=(int(trace[0]), dict(trace[1] or {})))
 
     def _core(self) -> CoreLike:
         core = self.core
@@ -77,7 +87,8 @@ class ServerLink:
     def infer(self, model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> ResponseData:
         """One BLS request through the Core; its error inside the result."""
         try:
-            return response_data(self._core().infer(infer_request(model_name, model_version, data, timeout_us)))
+            request = infer_request(model_name, model_version, data, timeout_us)
+            return response_data(self._core().infer(request, self.call_of(data)))
         except InferenceError as exc:
             return error_data(exc)
 
@@ -105,7 +116,7 @@ class ServerLink:
                 else:
                     deliver(None, True)
 
-            return self._core().submit(request, on_done, on_response=on_response)
+            return self._core().submit(request, on_done, on_response=on_response, call=self.call_of(data))
         except InferenceError as exc:
             deliver(error_data(exc), True)
             return None
@@ -170,7 +181,7 @@ def error_of(code: int, message: str) -> InferenceError:
 
 
 def infer_request(model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> InferRequest:
-    request_id, correlation_id, flags, parameters, inputs, requested = data
+    request_id, correlation_id, flags, parameters, inputs, requested, _ = data
     parameters = dict(parameters)
     if correlation_id:
         parameters["sequence_id"] = correlation_id

@@ -57,7 +57,9 @@ def job_data(job: Job) -> tuple:
         flags |= pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
     correlation = parameters.get("sequence_id", 0)
     inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
-    return (request.id, correlation, flags, parameters, inputs, list(job.output_names))
+    trace = job.trace
+    traced = (trace.record.trace_id, trace.record.carrier) if trace is not None else None
+    return (request.id, correlation, flags, parameters, inputs, list(job.output_names), traced)
 
 
 def job_response(job: Job, version_str: str, data: Any) -> InferResponse | InferenceError:
