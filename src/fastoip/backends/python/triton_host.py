@@ -270,7 +270,9 @@ class ProcessInstance(_Base):
         super().__init__(name, version_str, index, decoupled)
         self._start_messages = start_messages
         self._link = link
-        self._lock = threading.Lock()  # one execute at a time; held while a replacement starts
+        self._lock = threading.Lock()  # held while a replacement starts
+        #: How many lanes (see :class:`ProcessLane`) still use this instance: the last one to close closes it.
+        self.lanes = 1
         self._crashes: list[float] = []
         #: Why the instance stopped serving for good (the repository index reports it), or None.
         self.down_reason: str | None = None
@@ -307,29 +309,34 @@ class ProcessInstance(_Base):
                     self._restart(self.worker.cause or "died")
                 if self.down_reason is not None:
                     return [Unavailable(self.down_reason) for _ in jobs], []
-                started = time.monotonic_ns()
-                packed = [shm.pack_request(job_data(job)) for job in jobs]
-                try:
-                    call, (responses, error) = self.worker.execute_open(packed, self._opener(jobs))
-                    self._batches.pop(call, None)
-                except WorkerDied as died:
-                    self._batches.clear()
-                    for request in packed:
-                        for _, _, tensor in request[4]:
-                            shm.discard(tensor)
-                    failure = self._crash_error(died.cause)
-                    self._restart(died.cause)
-                    return [failure for _ in jobs], self._execution(jobs, started)
-                if self.decoupled:
-                    if error is not None:
-                        self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
-                    return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
-                if responses is not None:
-                    responses = [shm.unpack_response(r) for r in responses]
-                return (
-                    _results_of(jobs, self.version_str, responses, error, self.where),
-                    self._execution(jobs, started),
-                )
+                worker = self.worker
+            # Lanes may run here at once: their batches reach the worker one after the other (it runs one at a
+            # time), so the next is already in its socket when it finishes one.
+            started = time.monotonic_ns()
+            packed = [shm.pack_request(job_data(job)) for job in jobs]
+            try:
+                call, (responses, error) = worker.execute_open(packed, self._opener(jobs))
+                self._batches.pop(call, None)
+            except WorkerDied as died:
+                for request in packed:
+                    for _, _, tensor in request[4]:
+                        shm.discard(tensor)
+                failure = self._crash_error(died.cause)
+                with self._lock:
+                    if self.worker is worker:  # the first lane to see this death starts the replacement
+                        self._batches.clear()
+                        self._restart(died.cause)
+                return [failure for _ in jobs], self._execution(jobs, started)
+            if self.decoupled:
+                if error is not None:
+                    self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+                return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
+            if responses is not None:
+                responses = [shm.unpack_response(r) for r in responses]
+            return (
+                _results_of(jobs, self.version_str, responses, error, self.where),
+                self._execution(jobs, started),
+            )
         finally:
             self._leave()
 
@@ -369,6 +376,39 @@ class ProcessInstance(_Base):
         return True
 
     def close(self) -> None:
+        self.lanes -= 1
+        if self.lanes > 0:
+            return
         self._drain()
         with self._lock:
             self.worker.finalize()
+
+
+#: Lanes of a process-hosted instance without a batcher (config parameter ``worker_pipeline``).
+PIPELINE_DEFAULT = 2
+
+
+class ProcessLane:
+    """One more way into a :class:`ProcessInstance` for the scheduler (as ``max_concurrency`` lanes for
+    ``fastoip.Model``): with two, a request is sent while the worker still runs the one before, so the worker
+    goes from one to the next without waiting for the server.  The worker still runs one batch at a time."""
+
+    def __init__(self, instance: ProcessInstance) -> None:
+        self.instance = instance
+        instance.lanes += 1
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        return self.instance.execute(jobs)
+
+    @property
+    def down_reason(self) -> str | None:
+        return self.instance.down_reason
+
+    def is_ready(self) -> bool:
+        return self.instance.is_ready()
+
+    def is_alive(self) -> bool:
+        return self.instance.is_alive()
+
+    def close(self) -> None:
+        self.instance.close()

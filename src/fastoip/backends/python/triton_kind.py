@@ -30,7 +30,7 @@ from ...pyworker import utils as pb
 from ...repository.config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from .describe import describe as _describe
 from .server_bridge import link_of
-from .triton_host import InProcessInstance, ProcessInstance
+from .triton_host import PIPELINE_DEFAULT, InProcessInstance, ProcessInstance, ProcessLane
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
 _TRITON_CLASS = re.compile(r"^class\s+TritonPythonModel\b", re.MULTILINE)
@@ -202,11 +202,30 @@ def load_triton(
                     except (WorkerDied, WorkerError) as exc:
                         raise InvalidArgument(f"model '{model_name}': {_error_text(exc)}") from None
                 index += 1
+        batched = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+        depth = _pipeline_depth(parameters, model_name, batched)
+        workers = [instance for instance in instances if isinstance(instance, ProcessInstance)]
+        instances += [ProcessLane(instance) for _ in range(depth - 1) for instance in workers]
     except BaseException:
         for instance in instances:
             instance.close()
         raise
     return config, instances
+
+
+def _pipeline_depth(parameters: dict[str, str], model_name: str, batched: bool) -> int:
+    """How many batches may be on their way to one worker (config parameter ``worker_pipeline``): by default
+    :data:`PIPELINE_DEFAULT` without a batcher, 1 with one (its batches grow while the worker is busy)."""
+    text = (parameters.get("worker_pipeline") or "").strip()
+    if not text:
+        return 1 if batched else PIPELINE_DEFAULT
+    try:
+        depth = int(text)
+    except ValueError:
+        depth = 0
+    if depth < 1:
+        raise InvalidArgument(f"model '{model_name}': parameter 'worker_pipeline' must be an integer >= 1")
+    return depth
 
 
 def _error_text(exc: Exception) -> str:

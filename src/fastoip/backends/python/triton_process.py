@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from typing import Any
 
 from ...pyworker import transport as shm
+from ...pyworker.framing import FramedSocket
 from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
@@ -103,7 +103,7 @@ class WorkerProcess:
         )
         child.close()
         self.pid = self.process.pid
-        self._connection = Connection(parent.detach())
+        self._connection = FramedSocket(parent)
         self._reader = threading.Thread(target=self._read, name=f"fastoip-worker-{self.pid}", daemon=True)
         self._reader.start()
 
@@ -146,8 +146,10 @@ class WorkerProcess:
                 raise WorkerDied(self.cause)
             self._executing += 1
         try:
+            # Sent before the read lock is taken: a batch may follow the one the worker runs now (pipelined,
+            # see triton_host.ProcessLane); the worker runs them one at a time, in order.
+            self._send(("execute", exec_id, requests))
             with self._read_lock:
-                self._send(("execute", exec_id, requests))
                 while exec_id not in self._finished:
                     message = self._read_one()
                     if message is None:
