@@ -165,7 +165,7 @@ def serve_options(argv: Sequence[str]) -> ServeOptions:
 
 def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .metrics import MetricsConfig
-    from .repository import RepositoryOptions
+    from .options import RepositoryOptions
     from .response_cache import CacheSettings
     from .server.app import ServeOptions
 

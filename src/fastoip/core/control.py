@@ -16,8 +16,8 @@ from typing import Any
 
 from .. import cuda
 from ..errors import InferenceError, InvalidArgument, Unavailable
+from ..model_config import config_from_json
 from ..repository import ModelRepository, ModelState
-from ..repository.config import config_from_json
 from ..repository.poller import RepositoryPoller
 from .answers import RepositoryIndexEntry
 

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2
 from ..errors import InferenceError, InvalidArgument
-from ..scheduling.ensemble import EnsembleScheduler, Resolve
+from ..metrics import MetricsConfig
+from ..scheduling.ensemble import EnsembleScheduler
 from .loaded import LoadedModel
+from .runner import RequestRunner
 
 
 @dataclass(frozen=True)
@@ -230,14 +231,16 @@ class EnsembleModel(LoadedModel):
         config: mc.ModelConfig,
         executor: Executor,
         plan: EnsemblePlan,
-        resolve: Callable[[str, str], LoadedModel],
+        runner: RequestRunner,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.plan = plan
-        self._resolve = resolve
+        self._resolve = runner.look_up
         super().__init__(
             name, version, path, config, [], executor,
-            lambda context, instances, executor: EnsembleScheduler(plan, cast(Resolve, resolve)),
+            lambda context, instances, executor: EnsembleScheduler(plan, runner),
             model_dir=path.parent,  # ``path`` is the version directory: an ensemble has no model file
+            metrics_config=metrics_config,
         )
 
     def is_ready(self) -> bool:

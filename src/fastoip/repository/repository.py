@@ -46,9 +46,8 @@ from typing import Protocol, cast
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
-from ..options import RepositoryOptions
-from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
-from .config import (
+from ..metrics import MetricsConfig
+from ..model_config import (
     MODEL_SETTINGS,
     is_model_settings_config,
     named_copy,
@@ -56,11 +55,14 @@ from .config import (
     read_config_file,
     read_model_settings,
 )
+from ..model_settings import find_model_settings
+from ..options import RepositoryOptions
+from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .layout import missing_version_hint
 from .loaded import LoadedModel
-from .model_settings import find_model_settings
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .runner import RequestRunner
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .warmup import run_warmup
 
@@ -99,12 +101,22 @@ class ModelRecord:
 class ModelRepository:
     """Loads models from a directory and hands out the loaded versions."""
 
-    def __init__(self, root: Path, executor: Executor, options: RepositoryOptions | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        executor: Executor,
+        options: RepositoryOptions | None = None,
+        metrics_config: MetricsConfig | None = None,
+    ) -> None:
         self.root = Path(root)
+        #: Which latency metrics every version's counters keep (the server's ``--metrics-config``).
+        self.metrics_config = metrics_config or MetricsConfig()
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
         self._load_lock = threading.Lock()
+        #: How requests run on the models here (the data plane's and ensemble steps' one path).
+        self.runner = RequestRunner(self.get)
         #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
         self._settings_dirs: dict[str, Path] = {}
         #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
@@ -425,7 +437,8 @@ class ModelRepository:
             for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
         model = LoadedModel(
-            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent)
+            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent),
+            metrics_config=self.metrics_config,
         )
         if config.model_warmup:
             try:
@@ -458,7 +471,7 @@ class ModelRepository:
                 return None
 
         plan = plan_ensemble(config, lookup)
-        return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
 
 
 def settings_version(config: mc.ModelConfig) -> int:

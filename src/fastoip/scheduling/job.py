@@ -54,6 +54,7 @@ class Job:
         "compute_input_end_ns",
         "compute_end_ns",
         "cancelled",
+        "caller_runs",
         "cache_key",
         "cache_leader",
         "cached",
@@ -100,6 +101,8 @@ class Job:
         self.compute_input_end_ns = 0
         self.compute_end_ns = 0
         self.cancelled = False
+        #: The caller lends its thread (it would only wait): a scheduler without a queue runs the job there.
+        self.caller_runs = False
         #: Response cache: this request's digest, whether it is the one that runs, and a hit's stored answer.
         self.cache_key: bytes | None = None
         self.cache_leader = False

@@ -109,8 +109,6 @@ class Batch:
 class SequenceBatcher:
     """The scheduler for models with ``sequence_batching``."""
 
-    queues = True
-
     def __init__(
         self,
         model: SequenceModel,
@@ -146,11 +144,7 @@ class SequenceBatcher:
                 self._threads.append(thread)
 
     # -- the Scheduler contract ------------------------------------------------------
-    def run(self, job: Job) -> None:
-        """Queue ``job``; the caller waits with ``job.wait()``."""
-        self.submit(job)
-
-    def submit(self, job: Job) -> None:
+    def enqueue(self, job: Job) -> None:
         job.arm()
         try:
             corrid, start, end = self._sequence_of(job)

@@ -73,15 +73,6 @@ class SequenceSettings:
     queue_delay_ns: int
     corrid_datatype: str | None
 
-    @property
-    def injected_inputs(self) -> frozenset[str]:
-        """Model inputs the batcher supplies: clients never send these."""
-        return frozenset([c.name for c in self.controls] + [s.input_name for s in self.states])
-
-    @property
-    def state_outputs(self) -> frozenset[str]:
-        return frozenset(s.output_name for s in self.states)
-
 
 def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> SequenceSettings:
     """Check ``config.sequence_batching`` and precompute what the batcher needs."""

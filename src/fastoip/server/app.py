@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..core import Core
-from ..repository import RepositoryOptions
+from ..options import RepositoryOptions
 from ..repository.remote import RemoteRepository, parse_location
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
@@ -121,7 +121,6 @@ class ServerApp:
             from ..demo import default_repository
 
             root = default_repository()
-        metrics.configure(options.metrics_config)  # before any model loads: their statistics read it
         self.core = Core(
             root,
             options.repository,
@@ -132,6 +131,7 @@ class ServerApp:
             poll_interval=options.poll_interval,
             cache_size_bytes=options.cache_size_bytes,
             trace_config=options.trace_config,
+            metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
         if self.remote is not None:

@@ -41,7 +41,7 @@ from ...content_types import ModelContentTypes
 from ...datatypes import NUMPY_DTYPES
 from ...errors import InternalError
 from ...model import Model
-from ...repository.config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
+from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...types import InferOutput, InferResponse
 from .payloads import PayloadCodec
 

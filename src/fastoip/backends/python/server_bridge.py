@@ -4,7 +4,7 @@ Rules:
 - Each Core has its own :class:`ServerLink` (it rides in its repository's
   options to the models it loads), so with several Cores in one process (embedded
   servers) a model's BLS calls go to the Core that loaded it.  BLS requests go
-  through ``Core.infer`` / ``Core.submit`` (the batcher, statistics and
+  through ``Core.infer`` / ``Core.start`` (the batcher, statistics and
   everything else a client's request gets), never a socket.  Every Core call of
   the Python backend is in this module.
 - Errors of a BLS call come back inside the response (a ``TritonError`` with
@@ -46,8 +46,12 @@ ResponseData = tuple[list, "tuple[int, str] | None", dict]
 class CoreLike(Protocol):
     def infer(self, request: InferRequest, call: Any = None) -> InferResponse: ...
 
-    def submit(
-        self, request: InferRequest, on_done: Callable[[Any], None], *args: Any, **kwargs: Any
+    def start(
+        self,
+        request: InferRequest,
+        call: Any,
+        on_done: Callable[[Any], object],
+        on_response: Callable[[Any, InferResponse], object] | None = None,
     ) -> Any: ...
 
     def model_ready(self, name: str, version: str = "") -> bool: ...
@@ -116,7 +120,7 @@ class ServerLink:
                 else:
                     deliver(None, True)
 
-            return self._core().submit(request, on_done, on_response=on_response, call=self.call_of(data))
+            return self._core().start(request, self.call_of(data), on_done, on_response)
         except InferenceError as exc:
             deliver(error_data(exc), True)
             return None

@@ -26,8 +26,8 @@ from google.protobuf import json_format
 
 from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
+from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from ...pyworker import utils as pb
-from ...repository.config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from .describe import describe as _describe
 from .server_bridge import link_of
 from .triton_host import PIPELINE_DEFAULT, InProcessInstance, ProcessInstance, ProcessLane

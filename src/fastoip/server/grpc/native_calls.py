@@ -3,8 +3,8 @@
 Rules:
 - Everything here runs on the connection's event loop; model execution never
   does.  Infer requests start through :class:`CoreCalls` (the one place that
-  calls the Core's completion API) and their completion comes back to the loop
-  by ``call_soon_threadsafe``.
+  calls ``Core.start``) and their completion comes back to the loop by
+  :func:`fastoip.core.on_loop`.
 - ModelInfer / ModelStreamInfer use the codec (no protobuf objects); every
   other RPC is the transport-free translation in :mod:`.service`, cheap ones on
   the loop, the rest (model load, shared memory, settings) on a small pool.
@@ -24,12 +24,11 @@ from typing import Protocol, cast
 from google.protobuf.message import DecodeError, Message
 
 from ... import _codec
-from ...core import Core
+from ...core import CallContext, Core, FinishedCall, Ticket, on_loop
 from ...errors import InferenceError
-from ...scheduling.job import Job
 from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
-from . import wire
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .limits import RequestBudget
 from .service import (
     HEALTH_SERVICE,
@@ -59,13 +58,12 @@ INLINE_RPCS = frozenset({
 
 
 class CoreCalls:
-    """Every call the native frontend makes into the Core's completion path.
+    """Every call the native frontend makes into the Core (``Core.start``, the one verb).
 
-    The Core's completion API is being reshaped elsewhere: keep all of it here.
-    ``start`` submits without blocking; ``on_finished(job)`` runs on the loop,
+    ``start`` starts without blocking; ``on_finished(job)`` runs on the loop,
     where ``job.error`` (an InferenceError or None) and ``job.response`` are read.
-    Direct-scheduler models go to the Core's worker pool (``run_here=False``), so
-    the loop never executes a model.
+    Direct-scheduler models go to the Core's worker pool (the loop does not lend
+    its thread: ``caller_runs`` stays False), so the loop never executes a model.
     """
 
     def __init__(self, core: Core, loop: asyncio.AbstractEventLoop) -> None:
@@ -78,39 +76,26 @@ class CoreCalls:
         self,
         request: InferRequest,
         deadline_ns: int,
-        on_finished: Callable[[Job], None],
+        on_finished: Callable[[FinishedCall], None],
         headers: dict[bytes, bytes] | None = None,
-        on_response: Callable[[Job, InferResponse], None] | None = None,
-    ) -> Job:
-        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
+        on_response: Callable[[FinishedCall, InferResponse], None] | None = None,
+    ) -> Ticket:
+        """Start ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
 
         ``headers``: the call's request headers, for the Core's tracing (read only while tracing is on).
         ``on_response`` (from :meth:`on_loop`): where a decoupled model's responses go.
         """
-        call_soon = self.loop.call_soon_threadsafe
+        call = CallContext(deadline_ns, trace_headers=headers)
+        return self.core.start(request, call, on_loop(self.loop, on_finished), on_response)
 
-        def finished_elsewhere(job: Job) -> None:
-            try:
-                call_soon(on_finished, job)
-            except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
-                pass
-
-        return self.core.submit(request, finished_elsewhere, deadline_ns, False, headers, on_response)
-
-    def on_loop(self, on_response: Callable[[Job, InferResponse], None]) -> Callable[[Job, InferResponse], None]:
+    def on_loop(
+        self, on_response: Callable[[FinishedCall, InferResponse], None]
+    ) -> Callable[[FinishedCall, InferResponse], None]:
         """``on_response`` run on the loop (the responses of one job keep their order: one thread sends them)."""
-        call_soon = self.loop.call_soon_threadsafe
-
-        def produced_elsewhere(job: Job, response: InferResponse) -> None:
-            try:
-                call_soon(on_response, job, response)
-            except RuntimeError:  # the loop closed: nobody to answer
-                pass
-
-        return produced_elsewhere
+        return on_loop(self.loop, on_response)
 
     @staticmethod
-    def cancel(job: Job) -> None:
+    def cancel(job: Ticket) -> None:
         """The client went away or its deadline passed: a queued job leaves its queue."""
         job.cancel()
 
@@ -183,7 +168,7 @@ class InferCall(Call):
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
-        self.job: Job | None = None
+        self.job: Ticket | None = None
 
     def run(self, data: wire.Payload) -> None:
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
@@ -198,7 +183,7 @@ class InferCall(Call):
         except InferenceError as exc:
             self.fail(wire.status_code(exc.grpc_code), exc.message)
 
-    def done(self, job: Job) -> None:
+    def done(self, job: FinishedCall) -> None:
         self.job = None
         if self.finished:
             return
@@ -236,15 +221,15 @@ class StreamInferCall(Call):
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
-        self.jobs: set[Job] = set()
+        self.jobs: set[Ticket] = set()
         self.started = 0
         self.answered = 0
         self.half_closed = False
         self.partial_sink = core.on_loop(self.partial)
         #: Jobs whose request asked for an empty final response.
-        self.empty_final: set[Job] = set()
+        self.empty_final: set[Ticket] = set()
         #: issue 27: each unanswered job's message size, counted in core.budget until it is answered.
-        self.held: dict[Job, int] = {}
+        self.held: dict[Ticket, int] = {}
         self.held_bytes = 0
 
     def on_message(self, data: wire.Payload) -> None:
@@ -283,18 +268,18 @@ class StreamInferCall(Call):
         if empty_final:
             self.empty_final.add(job)
 
-    def release(self, job: Job) -> None:
+    def release(self, job: Ticket) -> None:
         size = self.held.pop(job, 0)
         if size:
             self.held_bytes -= size
             self.core.budget.give(size)
 
-    def partial(self, job: Job, response: InferResponse) -> None:
+    def partial(self, job: FinishedCall, response: InferResponse) -> None:
         """A decoupled model's response that is not the last (on the loop, in the order produced)."""
         if not self.finished:
             self.send(encode_partial(response))
 
-    def done(self, job: Job) -> None:
+    def done(self, job: FinishedCall) -> None:
         self.jobs.discard(job)
         self.release(job)
         if self.finished:

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from ...core import Core
-from . import _http2, wire
+from . import _http2
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .intake import MessageIntake
 from .limits import RequestBudget, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from

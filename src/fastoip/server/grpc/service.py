@@ -18,8 +18,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -328,12 +327,3 @@ UNARY: dict[str, tuple[type[Message], type[Message]]] = {
 HEALTH_UNARY: dict[str, tuple[type[Message], type[Message]]] = {
     "Check": (health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse),
 }
-
-
-def unary_methods(service: GrpcService) -> dict[str, Callable[[Message], Message]]:
-    """Full method path (``/package.Service/Method``) -> bound translator, for both services."""
-    methods: dict[str, Callable[[Message], Message]] = {
-        f"/{SERVICE}/{name}": getattr(service, name) for name in UNARY
-    }
-    methods[f"/{HEALTH_SERVICE}/Check"] = cast("Callable[[Message], Message]", service.HealthCheck)
-    return methods

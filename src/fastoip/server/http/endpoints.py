@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 
-from ...core import CUDA, SYSTEM, Core, config_to_json
+from ...core import CUDA, SYSTEM, CallContext, Core, config_to_json
 from ...errors import InferenceError, InvalidArgument, OneResponseCall
-from ...repository.config import is_model_settings_config
-from ...wire import http as wire
+from ...model_config import is_model_settings_config
+from ...wire import http as http_codec
 from ...wire.http import json_excerpt
 from . import docs_assets, openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
@@ -259,23 +259,23 @@ class HttpFrontend(Router):
         if header_length == 0:
             inputs = self.core.model_metadata(model, version).inputs
             batching = self.core.model_config(model, version).max_batch_size > 0
-            infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
+            infer_request, output_format = http_codec.decode_raw_request(model, version, body, inputs, batching)
         else:
             try:
                 infer_request, output_format = await self.json_pool.decode(model, version, body, header_length)
             except InvalidArgument as exc:
                 # MLServer's BYTES shapes ([len(s)] for one string), for models from model-settings.json only:
                 # looked up on this error path, so other requests pay nothing for it.
-                if not (exc.message.startswith(wire.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
+                if not (exc.message.startswith(http_codec.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
                     raise
                 infer_request, output_format = await self.json_pool.decode(
                     model, version, body, header_length, loose_bytes=True
                 )
         try:
-            response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+            response = await self.core.infer_async(infer_request, CallContext(trace_headers=request.headers))
         except OneResponseCall:
             raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
-        content_type, json_length, payload = wire.encode_infer_response(response, output_format)
+        content_type, json_length, payload = http_codec.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:
             headers.append((b"inference-header-content-length", b"%d" % json_length))

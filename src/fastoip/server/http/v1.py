@@ -11,7 +11,7 @@ Rules (KServe's ``protocol/rest/v1_endpoints.py`` and ``errors.py``):
 
 from __future__ import annotations
 
-from ...core import Core
+from ...core import CallContext, Core
 from ...wire import v1 as wire
 from .bodies import read_body
 from .router import Request, Response, error_response, json_response
@@ -43,7 +43,7 @@ class V1Endpoints:
         body = await read_body(request, self.max_body_size)
         inputs = self.core.model_metadata(model).inputs
         infer_request, rows_added = wire.decode_predict_request(model, body, inputs)
-        response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+        response = await self.core.infer_async(infer_request, CallContext(trace_headers=request.headers))
         return Response(200, [(b"content-type", JSON)], wire.encode_predictions(response, rows_added))
 
     def _refusal(self, model: str) -> Response | None:
