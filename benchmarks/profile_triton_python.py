@@ -52,6 +52,19 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of every thread of ``pid``: its wake-ups."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
 def _worker_pids() -> list[int]:
     me = os.getpid()
     out = []
@@ -79,6 +92,7 @@ def run(core: object, model: str, requests: int, threads: int, profile: str = ""
         core.infer(request())  # type: ignore[attr-defined]
     workers = _worker_pids()
     worker_cpu = sum(_cpu_of(p) for p in workers)
+    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers)
     per_thread = requests // threads
     profiler = None
     if profile:
@@ -102,6 +116,7 @@ def run(core: object, model: str, requests: int, threads: int, profile: str = ""
         t.join()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     worker_cpu = sum(_cpu_of(p) for p in workers) - worker_cpu
+    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers) - switches
     if profiler is not None:
         profiler.dump_stats(profile)
     n = per_thread * threads
@@ -112,6 +127,7 @@ def run(core: object, model: str, requests: int, threads: int, profile: str = ""
         "server_cpu_us": cpu / n * 1e6,
         "worker_cpu_us": worker_cpu / n * 1e6,
         "per_s": n / wall,
+        "switches": switches / n,
     }
 
 
@@ -138,7 +154,8 @@ def main() -> None:
                     profile = args.cprofile if (args.cprofile and model == "process" and round_ == 0) else ""
                     r = run(core, model, args.requests, args.threads, profile)
                     print(f"{r['model']:>10}: {r['wall_us']:7.1f} us wall, {r['server_cpu_us']:7.1f} us server CPU, "
-                          f"{r['worker_cpu_us']:6.1f} us worker CPU per request ({r['per_s']:.0f}/s)", flush=True)
+                          f"{r['worker_cpu_us']:6.1f} us worker CPU, {r['switches']:4.1f} context switches per request "
+                          f"({r['per_s']:.0f}/s)", flush=True)
         finally:
             core.close()
 
