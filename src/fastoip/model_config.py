@@ -21,6 +21,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ from .content_types import input_key, output_key
 from .datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from .errors import InvalidArgument
 from .model_settings import MODEL_SETTINGS, parse_model_settings
+
+log = logging.getLogger("fastoip.repository")
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -194,8 +197,11 @@ def complete_config(
         done.backend = "onnxruntime"
 
     # the sequence batcher feeds control and state inputs and keeps state outputs: not the client's tensors
+    # (a state output the config also lists as an ordinary output is returned to clients who ask, as in Triton)
+    listed_outputs = {entry.name for entry in config.output}
     injected = {c.name for c in config.sequence_batching.control_input} | {
         name for state in config.sequence_batching.state for name in (state.input_name, state.output_name)
+        if name not in listed_outputs
     }
     inputs = [t for t in inputs if t.name not in injected]
     outputs = [t for t in outputs if t.name not in injected]
@@ -212,12 +218,20 @@ def complete_config(
     check_shapes = platform == ONNX_PLATFORM
     _complete_tensors(done.input, inputs, batch_dims, model_name, "input", check_shapes)
     _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes)
+    if check_shapes and len(done.input) != len(inputs):
+        # Triton's onnxruntime backend: every model input must be in the config (else every request fails).
+        missing = sorted({t.name for t in inputs} - {entry.name for entry in done.input})
+        raise InvalidArgument(
+            f"unable to load model '{model_name}', configuration expects {len(done.input)} inputs, model provides "
+            f"{len(inputs)} (not in the config: {', '.join(missing)})"
+        )
 
     if not done.instance_group:
         group = done.instance_group.add()
         group.count = 1
         group.kind = mc.ModelInstanceGroup.KIND_AUTO
-    for group in done.instance_group:
+        group.name = model_name  # Triton names the group it adds after the model, the others <model>_<index>
+    for index, group in enumerate(done.instance_group):
         if group.count <= 0:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
@@ -225,7 +239,7 @@ def complete_config(
         if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
             group.gpus.append(0)
         if not group.name:
-            group.name = model_name
+            group.name = f"{model_name}_{index}"
     if done.HasField("dynamic_batching") and done.max_batch_size == 0:
         raise InvalidArgument(
             f"model '{model_name}': dynamic_batching needs max_batch_size > 0"
@@ -407,8 +421,9 @@ def read_model_settings(path: Path, model_name: str, by_name: bool = False) -> m
     config parameters; ``inputs``/``outputs`` (name, datatype, shape,
     ``parameters.content_type``) -> config tensors, their content types ->
     parameters ``input.<name>.content_type`` / ``output.<name>.content_type``;
-    ``max_batch_size`` > 1 -> ``max_batch_size`` with a dynamic batcher whose
-    delay is ``max_batch_time`` seconds, and shapes lose their batch dimension;
+    ``max_batch_size`` > 1 with ``max_batch_time`` > 0 (MLServer's adaptive batching) ->
+    ``max_batch_size`` with a dynamic batcher whose delay is ``max_batch_time`` seconds,
+    and shapes lose their batch dimension;
     ``parallel_workers`` -> the instance count.  The whole document travels as
     parameter ``model_settings`` (JSON): its presence marks a model whose requests
     are checked as MLServer checks them (names, datatypes and shapes are not held to
@@ -428,7 +443,10 @@ def read_model_settings(path: Path, model_name: str, by_name: bool = False) -> m
     put(MODEL_SETTINGS_PARAMETER, settings.model_dump(mode="json", exclude_none=True))
     if settings.implementation:
         put("implementation", settings.implementation)
-    batching = settings.max_batch_size > 1
+    batching = settings.max_batch_size > 1 and settings.max_batch_time > 0  # MLServer's adaptive batching
+    if settings.max_batch_size > 1 and not batching:
+        log.warning("model '%s': max_batch_size %d with max_batch_time 0 does not batch (as in MLServer)",
+                    model_name, settings.max_batch_size)
     if batching:
         config.max_batch_size = settings.max_batch_size
         config.dynamic_batching.max_queue_delay_microseconds = int(settings.max_batch_time * 1e6)

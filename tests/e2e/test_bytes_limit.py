@@ -1,7 +1,8 @@
-"""A cap on decoded BYTES elements: a small request cannot expand into a huge graph of Python objects.
+"""Caps on decoded BYTES elements: a small request cannot expand into a huge graph of Python objects.
 
-Each BYTES element becomes a Python bytes object (40-60 bytes) for as little as 4 bytes on the wire:
-one million empty strings (4 MB) cost 40-65 MB of RSS per call before the cap.
+Each BYTES element becomes a Python bytes object (~50 bytes) for as little as 4 bytes on the wire, so the
+elements of a request are counted before decoding (--max-bytes-elements, 2**24) and the memory they become is
+charged while they are built (--max-bytes-memory, 256 MiB per tensor).
 """
 
 from __future__ import annotations
@@ -56,19 +57,51 @@ def test_too_many_bytes_elements_are_refused(server: ServerProcess, protocol: st
         assert f"limit of {LIMIT}" in info.value.message()
 
 
-def test_the_default_refuses_a_million_empty_strings(tmp_path_factory: pytest.TempPathFactory) -> None:
-    assert _codec.max_bytes_elements() == _codec.DEFAULT_MAX_BYTES_ELEMENTS == 1 << 17
+def test_the_defaults_take_many_small_elements_and_bound_their_memory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Triton has no element limit (its QA sends 10,485,760 one-byte elements in one request); fastoip's defaults
+    take a million and more, while the memory the elements become is charged as they are built."""
+    assert _codec.max_bytes_elements() == _codec.DEFAULT_MAX_BYTES_ELEMENTS == 1 << 24
+    assert _codec.max_bytes_memory() == _codec.DEFAULT_MAX_BYTES_MEMORY == 256 << 20
     root = tmp_path_factory.mktemp("bytes-default")
     write_model(root, "strings", identity_model_bytes(TensorProto.STRING, ["n"], batch=False), config=CONFIG)
     with ServerProcess(root) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
         inp = tg.InferInput("INPUT0", [1 << 20], "BYTES")
         inp.set_data_from_numpy(_strings(1 << 20))
-        with pytest.raises(InferenceServerException, match="too many elements for BYTES tensors in one request"):
+        assert client.infer("strings", [inp]).as_numpy("OUTPUT0").shape == (1 << 20,)
+    # 2**20 elements of 100 bytes (~100 MB on the wire) would take ~160 MB of Python objects: over a 64 MiB budget.
+    with ServerProcess(root, "--max-bytes-memory", str(64 << 20)) as proc:
+        client = tg.InferenceServerClient(proc.grpc_url)
+        inp = tg.InferInput("INPUT0", [1 << 19], "BYTES")
+        inp.set_data_from_numpy(np.array([b"x" * 100] * (1 << 19), dtype=np.object_))
+        with pytest.raises(InferenceServerException, match="take more than this server's limit of 67108864 bytes"):
             client.infer("strings", [inp])
         inp = tg.InferInput("INPUT0", [3], "BYTES")
         inp.set_data_from_numpy(np.array([b"a", b"", b"cc"], dtype=np.object_))
         assert client.infer("strings", [inp]).as_numpy("OUTPUT0").tolist() == [b"a", b"", b"cc"]
+
+
+def test_bytes_memory_is_charged_per_element_while_decoding() -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="INPUT0", datatype="BYTES", shape=[4])
+    tensor.contents.bytes_contents.extend([b"a", b"", b"x" * 100, b"y" * 100])
+    previous = _codec.max_bytes_memory()
+    # 16 bytes of pointers per element; the two 100-byte objects take 144 bytes each (CPython shares b"" and b"a").
+    needed = 4 * 16 + 2 * 144
+    try:
+        _codec.set_max_bytes_memory(needed - 1)
+        with pytest.raises(CodecError, match="input 'INPUT0': its BYTES elements take more than"):
+            _codec.decode_infer_request(request.SerializeToString())
+        raw = b"".join(len(v).to_bytes(4, "little") + v for v in (b"a", b"", b"x" * 100, b"y" * 100))
+        with pytest.raises(CodecError, match="take more than"):
+            _codec.deserialize_bytes_tensor(raw, 4)
+        _codec.set_max_bytes_memory(needed)
+        assert _codec.decode_infer_request(request.SerializeToString()).inputs[0].data.tolist()[:2] == [b"a", b""]
+        assert len(_codec.deserialize_bytes_tensor(raw, 4)) == 4
+    finally:
+        _codec.set_max_bytes_memory(previous)
 
 
 def test_typed_bytes_contents_are_capped_too() -> None:

@@ -36,9 +36,11 @@ def test_missing_repository_fails_to_stat(tmp_path: Path) -> None:
         serve_options([f"--model-repository={tmp_path / 'nope'}"])
 
 
-def test_two_repositories_are_refused(repo: Path) -> None:
-    with pytest.raises(FlagError, match="one model repository"):
-        serve_options([f"--model-store={repo}", f"--model-repository={repo}"])
+def test_several_repositories_are_taken_as_triton_takes_them(repo: Path, tmp_path: Path) -> None:
+    options = serve_options([f"--model-store={repo}", f"--model-repository={tmp_path}", f"--model-repository={repo}"])
+    assert options.model_repository == repo and options.more_repositories == (tmp_path,)
+    with pytest.raises(FlagError, match="failed to stat file"):
+        serve_options([f"--model-store={repo}", f"--model-repository={tmp_path / 'missing'}"])
 
 
 @pytest.mark.parametrize(("value", "enabled"), [("true", True), ("ON", True), ("1", True), ("false", False),
@@ -113,7 +115,7 @@ def test_backend_config_refusals_name_the_setting(repo: Path, value: str, words:
         serve_options([f"--model-store={repo}", f"--backend-config={value}"])
 
 
-@pytest.mark.parametrize(("flag", "words"), [("--rate-limit=execution_count", "--rate-limit is not supported"),
+@pytest.mark.parametrize(("flag", "words"), [("--model-config-name=h100", "--model-config-name is not supported"),
                                              ("--no-such-flag", "unrecognized flag --no-such-flag")])
 def test_flags_fastoip_cannot_honour_are_refused_by_name(repo: Path, capsys: pytest.CaptureFixture,
                                                          flag: str, words: str) -> None:

@@ -117,7 +117,7 @@ def test_cuda_shared_memory_flow_through_tritonclient(cuda_server: ServerProcess
             ]
         with pytest.raises(InferenceServerException) as err:
             client.register_cuda_shared_memory("in", region_in.b64(), 0, SIZE)
-        assert "already registered" in err.value.message()
+        assert "already in manager" in err.value.message()
 
         for step in range(3):
             region_in.array(np.float32, [2, 16])[:] = data + step

@@ -279,9 +279,10 @@ def test_shared_memory_errors_name_the_tensor_and_region(server: ServerProcess, 
     status, message = error_of(client.register_system_shared_memory, "too_big", regions.keys["input_data"], SIZE * 4)
     assert status == "400" and "too_big" in message and "exceeds" in message
     status, message = error_of(client.register_system_shared_memory, "input_data", regions.keys["input_data"], SIZE)
-    assert status == "400" and "input_data" in message and "already registered" in message
+    assert status == "400" and "input_data" in message and "already in manager" in message
     status, message = error_of(client.register_system_shared_memory, "ghost", "/fastoip_http_no_such_key", SIZE)
-    assert status == "400" and "ghost" in message
+    # Triton: shm_open failed, INTERNAL (500), "Unable to open shared memory region: '<key>'".
+    assert status == "500" and "ghost" in message and "Unable to open shared memory region" in message
     assert {r["name"] for r in client.get_system_shared_memory_status()} == {"input_data", "output_data"}
 
     # What tritonclient would not send, by hand.
@@ -417,7 +418,7 @@ def test_log_settings(client: httpclient.InferenceServerClient) -> None:
         assert client.get_log_settings() == changed
         assert client.update_log_settings({"log_info": None})["log_info"] is True  # null: left as is
         for bad, word in [({"no_such_setting": True}, "no_such_setting"), ({"log_info": "yes"}, "log_info"),
-                          ({"log_format": "xml"}, "log_format"), ({"log_file": "/tmp/fastoip.log"}, "log_file")]:
+                          ({"log_format": "xml"}, "log_format"), ({"log_file": "/tmp/fastoip.log"}, "log file location")]:
             status, message = error_of(client.update_log_settings, bad)
             assert status == "400" and word in message
     finally:

@@ -108,3 +108,15 @@ def test_wrong_method_is_405(server: fastoip.Server) -> None:
 def test_openapi_documents_v1(server: fastoip.Server) -> None:
     status, doc = call(server, "GET", "/v2/docs/openapi.json")
     assert status == 200 and "post" in doc["paths"]["/v1/models/{model_name}:predict"]
+
+
+def test_explain_is_kserves_answer_without_an_explainer(server: fastoip.Server) -> None:
+    # KServe's Model.explain with no explainer_host: 501 "Could not find explainer_host." (after readiness)
+    body = {"instances": [[1.0, 2.0, 3.0]]}
+    assert call(server, "POST", "/v1/models/ident:explain", body) == (501, {"error": "Could not find explainer_host."})
+    missing = {"error": "Model with name nope does not exist."}
+    assert call(server, "POST", "/v1/models/nope:explain", body) == (404, missing)
+    assert call(server, "POST", "/v1/models/broken:explain", body)[0] == 503
+    status, doc = call(server, "POST", "/v1/models/ident:explain", b"{not json")
+    assert status == 400 and "error" in doc
+    assert call(server, "GET", "/v1/models/ident")[0] == 200  # the server stays up

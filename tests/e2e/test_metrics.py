@@ -13,7 +13,7 @@ import tritonclient.grpc as tg
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from fastoip.host_metrics import CPU_NAMES
+from fastoip.host_metrics import CPU_NAMES, PINNED_NAMES
 from fastoip.metrics import EXPORTED_NAMES
 from serverproc import ServerProcess
 
@@ -109,7 +109,7 @@ def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> N
         "counter", "Number of successful inference requests, all batch sizes")
     assert kinds["nv_inference_pending_request_count"][0] == "gauge"
     assert not any(name.endswith("_total") for name in kinds)
-    assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
+    assert set(kinds) - CPU_NAMES - PINNED_NAMES <= EXPORTED_NAMES
     assert "nv_inference_request_summary_us" not in kinds  # summaries only when asked
     got = samples(text)
     stats = client.get_inference_statistics("simple", as_json=True)["model_stats"][0]
@@ -224,7 +224,7 @@ def test_latency_summaries_histograms_and_failure_reasons(tmp_path: Path) -> Non
     assert kinds["nv_inference_request_summary_us"][0] == "summary"
     assert kinds["nv_inference_first_response_histogram_ms"] == (
         "histogram", "Duration from request to first response in milliseconds")
-    assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
+    assert set(kinds) - CPU_NAMES - PINNED_NAMES <= EXPORTED_NAMES
 
     failures = labelled(text, "nv_inference_request_failure", "failing")
     assert failures == {"reason=BACKEND": 3, "reason=REJECTED": 0, "reason=CANCELED": 0, "reason=OTHER": 0}
@@ -326,7 +326,7 @@ def test_response_cache_families_follow_statistics(tmp_path: Path) -> None:
         "counter", "Total cache miss (insert+lookup) duration per model, in microseconds")
     assert kinds["nv_cache_hit_summary_per_model"][0] == "summary"
     assert kinds["nv_cache_miss_summary_per_model"][0] == "summary"
-    assert set(kinds) - CPU_NAMES <= EXPORTED_NAMES
+    assert set(kinds) - CPU_NAMES - PINNED_NAMES <= EXPORTED_NAMES
     got = samples(text)
     hits, misses = int(stats["cache_hit"]["count"]), int(stats["cache_miss"]["count"])
     assert (hits, misses) == (3, 2)

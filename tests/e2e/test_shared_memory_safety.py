@@ -214,7 +214,7 @@ def test_keys_that_are_not_shm_objects_are_refused(server: ServerProcess, protoc
         cases = {
             os.path.basename(link): "symbolic link",
             os.path.basename(fifo): "not a shared memory object",
-            os.path.basename(directory): "unable to open",
+            os.path.basename(directory): "Unable to open shared memory region",
             "triton_python_backend_shm_region_1": "reserved prefix",
             "with\0nul": "not a valid POSIX shared memory name",
             "../etc/passwd": "not a valid POSIX shared memory name",

@@ -532,8 +532,8 @@ def _one_input(datatype: bytes, shape: list[int], raw: bytes | None, name: bytes
 
 
 @pytest.mark.parametrize("data, match", [
-    (_one_input(b"INT32", [1, 16], b"\x00" * 60), r"input 'INPUT0': expected 64 bytes for INT32 \[1,16\], got 60"),
-    (_one_input(b"FP64", [2], b"\x00" * 17), r"input 'INPUT0': expected 16 bytes for FP64 \[2\], got 17"),
+    (_one_input(b"INT32", [1, 16], b"\x00" * 60), r"input byte size mismatch for input 'INPUT0' for model 'm'. Expected 64, got 60 \(INT32 \[1,16\]\)"),
+    (_one_input(b"FP64", [2], b"\x00" * 17), r"input byte size mismatch for input 'INPUT0' for model 'm'. Expected 16, got 17 \(FP64 \[2\]\)"),
     (_one_input(b"INT8", [-1], b"\x00"), r"input 'INPUT0': negative dimension in shape \[-1\]"),
     (_one_input(b"INT8", [2**62, 2**62], b"\x00"), r"input 'INPUT0': shape \[4611686018427387904,4611686018427387904\] has too many elements"),
     (_one_input(b"INT8", [2**62, 2**62, 0], b""), r"too many elements"),

@@ -145,7 +145,7 @@ def test_hints_fastoip_cannot_honour_are_logged_as_ignored(tmp_path: Path, caplo
         core.close()
 
 
-def test_mlserver_fields_fastoip_ignores_are_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_mlserver_fields_without_effect_are_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model_dir = tmp_path / "py"
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "1" / "model.py").write_text(
@@ -157,11 +157,13 @@ def test_mlserver_fields_fastoip_ignores_are_logged(tmp_path: Path, caplog: pyte
         ' "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],'
         ' "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}'
     )
-    with caplog.at_level(logging.WARNING, logger="fastoip"):
+    with caplog.at_level(logging.INFO, logger="fastoip"):
         core = _core(tmp_path)
     try:
         messages = [r.getMessage() for r in caplog.records]
-        assert any("field 'warm_workers' is not used by fastoip" in m for m in messages)
+        # warm_workers: accepted, a no-op (deprecated in MLServer 1.7 too), said at INFO, not as a warning
+        assert any("field 'warm_workers' is accepted and has no effect" in m for m in messages)
+        assert not any("warm_workers" in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
         # parallel_workers is the instance count; parameters.uri is the runtime's to read
         assert not any("'parallel_workers'" in m or "'uri'" in m for m in messages)
         assert sum(group.count for group in core.model_config("py").instance_group) == 2

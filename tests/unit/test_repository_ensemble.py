@@ -14,6 +14,10 @@ MODELS = {
     "net": ComposingModel("net", 8, {"X": TensorShape("FP32", (4,))}, {"Y": TensorShape("FP32", (2,))}),
     "post": ComposingModel("post", 8, {"SCORES": TensorShape("FP32", (2,))}, {"LABEL": TensorShape("INT64", (1,))}),
     "fixed": ComposingModel("fixed", 0, {"X": TensorShape("FP32", (4,))}, {"Y": TensorShape("FP32", (2,))}),
+    "small": ComposingModel("small", 4, {"X": TensorShape("FP32", (4,), True, "small")},
+                            {"Y": TensorShape("FP32", (2,), True, "small")}),
+    "flat": ComposingModel("flat", 0, {"X": TensorShape("FP32", (-1, 4), False, "flat")},
+                           {"Y": TensorShape("FP32", (-1, 2), False, "flat")}),
 }
 
 
@@ -60,7 +64,10 @@ def test_a_chain_is_ordered_by_what_each_step_needs() -> None:
         ([step("pre", {"RAW": "IN"}, {"SCALED": "IN"}), *CHAIN], "is an ensemble input"),
         ([step("net", {"X": "z"}, {"Y": "y"}), CHAIN[0]], "'z' is never produced"),
         ([step("net", {"X": "IN"}, {"Y": "y"}), CHAIN[0]], "is UINT8 in one place and FP32 in another"),
-        ([step("fixed", {"X": "x"}, {"Y": "y"}), *CHAIN[:2]], "does not"),
+        # Triton's words: a step that batches less than the ensemble
+        ([step("small", {"X": "x"}, {"Y": "y"}), *CHAIN[:2]],
+         "ensemble ens allows maximum batch size 8, but it contains model small which only allows maximum batch size "
+         "to be 4"),
     ],
 )
 def test_bad_wiring_is_a_load_error_naming_the_problem(steps: list[str], message: str) -> None:
@@ -84,8 +91,20 @@ def test_a_cycle_between_steps_is_refused() -> None:
 
 def test_shapes_must_agree_where_both_are_fixed() -> None:
     steps = [step("pre", {"RAW": "IN"}, {"SCALED": "x"}), step("post", {"SCORES": "x"}, {"LABEL": "OUT"})]
-    with pytest.raises(InvalidArgument, match=r"shape \[4\] in one place and \[2\]"):
+    with pytest.raises(InvalidArgument, match=r"ensemble tensor 'x': inconsistent shape: \[4\] is inferred from model"):
         plan_ensemble(config(" ".join(steps)), lookup)
+
+
+def test_a_batching_ensemble_may_hold_a_non_batching_step_whose_full_shapes_agree() -> None:
+    """Triton accepts it: the non-batching model's [-1, 4] is the batching side's [4] with its batch dimension."""
+    pre = ComposingModel("pre", 8, {"RAW": TensorShape("UINT8", (4,), True, "pre")},
+                         {"SCALED": TensorShape("FP32", (4,), True, "pre")})
+    post = ComposingModel("post", 8, {"SCORES": TensorShape("FP32", (2,), True, "post")},
+                          {"LABEL": TensorShape("INT64", (1,), True, "post")})
+    models = {"pre": pre, "post": post, "flat": MODELS["flat"]}
+    steps = [step("pre", {"RAW": "IN"}, {"SCALED": "x"}), step("flat", {"X": "x"}, {"Y": "y"}), CHAIN[0]]
+    plan = plan_ensemble(config(" ".join(steps)), models.get)
+    assert [s.model_name for s in plan.steps] == ["pre", "flat", "post"]
 
 
 def test_an_ensemble_needs_the_ensemble_platform() -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import ParamSpec, Protocol
 
 from ..errors import InferenceError
-from ..tracing import TraceHeaders
+from ..tracing import FrontendTrace, TraceHeaders
 from ..types import InferRequest, InferResponse
 
 #: A remaining time at or above this many seconds means "no deadline" (grpcio reports ~forever as a huge number).
@@ -45,7 +45,9 @@ CancelRegistration = Callable[[Callable[[], None]], object]
 class CallContext:
     """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
-    __slots__ = ("caller_runs", "deadline_ns", "on_cancel", "time_remaining", "trace_headers", "trace_parent")
+    __slots__ = (
+        "caller_runs", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers", "trace_parent"
+    )
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class CallContext:
         time_remaining: Callable[[], float | None] | None = None,
         trace_headers: TraceHeaders | None = None,
         caller_runs: bool = False,
+        frontend_trace: FrontendTrace | None = None,
         trace_parent: tuple[int, dict[str, str]] | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
@@ -63,6 +66,8 @@ class CallContext:
         self.trace_headers = trace_headers
         #: The caller's thread may run the model (it would only wait): no hand-off to a worker.
         self.caller_runs = caller_runs
+        #: The frontend's timestamps (Triton's HTTP_* / GRPC_*), joined to the request's trace if it is traced.
+        self.frontend_trace = frontend_trace
         #: ``(trace id, W3C context)`` of the request that made this one (a Python model's BLS request with
         #: ``trace=request.trace()``): it is traced as that trace's child, as Triton's child traces.
         self.trace_parent = trace_parent

@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ class Core:
 
     def __init__(
         self,
-        repository_root: Path,
+        repository_root: Path | Sequence[Path],
         options: RepositoryOptions | None = None,
         *,
         worker_threads: int = 16,
@@ -102,8 +103,8 @@ class Core:
     def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self.control.load_model(name, parameters)
 
-    def unload_model(self, name: str) -> None:
-        self.control.unload_model(name)
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.control.unload_model(name, unload_dependents)
 
     # -- health -----------------------------------------------------------------------
     def server_live(self) -> bool:
@@ -174,6 +175,11 @@ class Core:
     async def infer_async(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
         """``start`` and await, on the running event loop."""
         return await self.data.infer_async(request, call)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether any request may be traced now (frontends take their timestamps only then)."""
+        return self.data.tracer.active
 
     # -- statistics -----------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:

@@ -238,7 +238,7 @@ class DataPlane:
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
                 tensor.data = self.shared_memory.input_view(
-                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions, request.model_name
                 )
         try:
             job = model.prepare(request)
@@ -276,6 +276,11 @@ class DataPlane:
             else:
                 trace_headers = call.trace_headers if call is not None else None
                 job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
+            frontend = call.frontend_trace if call is not None else None
+            if frontend is not None and job.trace is not None:
+                # the trace is written when the frontend has answered too (its HTTP_* / GRPC_* timestamps)
+                frontend.attach(job.trace, self.tracer.finish)
+                job.frontend_trace = frontend
         return job
 
     @staticmethod
@@ -342,7 +347,10 @@ class DataPlane:
                     tensors.append(
                         ("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, tuple(output.shape), output.data)
                     )
-        self.tracer.finish(trace)
+        if job.frontend_trace is not None:
+            job.frontend_trace.core_done()  # written once the frontend has answered too
+        else:
+            self.tracer.finish(trace)
 
     def _look_up(self, model: LoadedModel, job: Job) -> None:
         """Ask the response cache: a hit finishes the job now, an identical request in flight answers it later,

@@ -17,7 +17,7 @@ Rules:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from ..errors import InferenceError
@@ -91,7 +91,8 @@ class _EnsembleRun:
         self.scheduler = scheduler
         self.job = job
         self.tensors: dict[str, InferInput | InferOutput] = {t.name: t for t in job.request.inputs}
-        self.waiting = list(scheduler.plan.steps)
+        # Triton prunes the steps whose outputs no requested output depends on
+        self.waiting = needed_steps(scheduler.plan.steps, job.output_names)
         #: Steps started and not done: their jobs (None while a step is being started).
         self.running: dict[int, Job | None] = {}
         self.failed = False
@@ -128,6 +129,8 @@ class _EnsembleRun:
             step.model_name,
             step.model_version,
             self.job.request.id,
+            # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
+            parameters=dict(self.job.request.parameters),
             inputs=[_as_input(model_input, self.tensors[tensor]) for model_input, tensor in step.inputs.items()],
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
@@ -195,3 +198,15 @@ class _EnsembleRun:
 def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:
     assert tensor is not None
     return InferInput(name, tensor.datatype, tuple(tensor.shape), tensor.data)
+
+
+def needed_steps(steps: Sequence[Step], wanted: Iterable[str]) -> list[Step]:
+    """The steps (in plan order) that some output in ``wanted`` depends on: the others are not run."""
+    needed = set(wanted)
+    keep: list[Step] = []
+    for step in reversed(steps):  # plan order puts every step after the steps it needs
+        if needed & set(step.outputs.values()):
+            keep.append(step)
+            needed |= set(step.inputs.values())
+    keep.reverse()
+    return keep

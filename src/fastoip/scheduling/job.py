@@ -28,7 +28,7 @@ from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
 from ..types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
-    from ..tracing import Trace
+    from ..tracing import FrontendTrace, Trace
 
 
 class Job:
@@ -60,6 +60,7 @@ class Job:
         "cached",
         "cache_lookup_ns",
         "trace",
+        "frontend_trace",
         "_done",
         "_claim",
         "_on_done",
@@ -111,6 +112,8 @@ class Job:
         self.cache_lookup_ns = 0
         #: The Core's trace of this request, or None: not traced.
         self.trace: Trace | None = None
+        #: The frontend's timestamps of a traced request (tracing.FrontendTrace), or None.
+        self.frontend_trace: FrontendTrace | None = None
         self._done: threading.Lock | None = None
         self._claim: threading.Lock | None = None
         self._on_done: Callable[[Job], None] | None = None

@@ -26,7 +26,9 @@ from google.protobuf.message import DecodeError, Message
 from ... import _codec
 from ...core import CallContext, Core, FinishedCall, Ticket, on_loop
 from ...errors import InferenceError
+from ...tracing import FrontendTrace
 from ...types import InferRequest, InferResponse
+from ..forward_headers import HeaderForwarder, forwarder
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .limits import RequestBudget
@@ -66,9 +68,11 @@ class CoreCalls:
     its thread: ``caller_runs`` stays False), so the loop never executes a model.
     """
 
-    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, forward: HeaderForwarder | None = None) -> None:
         self.core = core
         self.loop = loop
+        #: Triton's --grpc-header-forward-pattern (None: no metadata becomes a parameter).
+        self.forward = forward
         #: Stream request bytes held, per stream and server-wide (issue 27; the server sets its own).
         self.budget = RequestBudget()
 
@@ -79,13 +83,16 @@ class CoreCalls:
         on_finished: Callable[[FinishedCall], None],
         headers: dict[bytes, bytes] | None = None,
         on_response: Callable[[FinishedCall, InferResponse], None] | None = None,
+        frontend_trace: FrontendTrace | None = None,
     ) -> Ticket:
         """Start ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
 
         ``headers``: the call's request headers, for the Core's tracing (read only while tracing is on).
         ``on_response`` (from :meth:`on_loop`): where a decoupled model's responses go.
         """
-        call = CallContext(deadline_ns, trace_headers=headers)
+        if self.forward is not None:
+            self.forward.apply(headers, request.parameters)
+        call = CallContext(deadline_ns, trace_headers=headers, frontend_trace=frontend_trace)
         return self.core.start(request, call, on_loop(self.loop, on_finished), on_response)
 
     def on_loop(
@@ -163,14 +170,22 @@ class Call:
 class InferCall(Call):
     """ModelInfer: codec in, Core completion path, codec out."""
 
-    __slots__ = ("core", "job")
+    __slots__ = ("core", "job", "frontend")
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
         self.job: Ticket | None = None
+        #: Triton's GRPC_WAITREAD_* / GRPC_SEND_* timestamps while tracing is on (the headers arrived now).
+        self.frontend: FrontendTrace | None = None
+        if core.core.tracing:
+            self.frontend = FrontendTrace()
+            self.frontend.stamp("GRPC_WAITREAD_START")
 
     def run(self, data: wire.Payload) -> None:
+        frontend = self.frontend
+        if frontend is not None:
+            frontend.stamp("GRPC_WAITREAD_END")
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
             loose = accept_mlserver_shapes(self.core.core, request)
@@ -179,31 +194,42 @@ class InferCall(Call):
                 return
             request = loose
         try:
-            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
+            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers, frontend_trace=frontend)
         except InferenceError as exc:
             self.fail(wire.status_code(exc.grpc_code), exc.message)
 
     def done(self, job: FinishedCall) -> None:
         self.job = None
-        if self.finished:
-            return
-        if job.error is not None:
-            self.fail(wire.status_code(job.error.grpc_code), job.error.message)
-            return
-        response = job.response
-        assert response is not None  # no error: a response is set
+        frontend = self.frontend
         try:
-            # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
-            body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
-        except Exception as exc:  # an output the codec cannot encode: the client hears why
-            self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
-            return
-        self.reply(body[0] if len(body) == 1 and type(body[0]) is bytes else body)
+            if self.finished:
+                return
+            if job.error is not None:
+                self.fail(wire.status_code(job.error.grpc_code), job.error.message)
+                return
+            response = job.response
+            assert response is not None  # no error: a response is set
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_START")
+            try:
+                # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
+                body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
+            except Exception as exc:  # an output the codec cannot encode: the client hears why
+                self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
+                return
+            self.reply(body[0] if len(body) == 1 and type(body[0]) is bytes else body)
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_END")  # the response queued on the connection
+        finally:
+            if frontend is not None:
+                frontend.done()
 
     def cancel(self) -> None:
         super().cancel()
         if self.job is not None:
             self.core.cancel(self.job)
+        if self.frontend is not None:
+            self.frontend.done()
 
 
 class StreamInferCall(Call):
@@ -402,8 +428,9 @@ class Dispatcher:
         loop: asyncio.AbstractEventLoop,
         executor: Executor,
         restricted: RestrictedFeatures | None = None,
+        forward_header_pattern: str | None = None,
     ) -> None:
-        self.core_calls = CoreCalls(core, loop)
+        self.core_calls = CoreCalls(core, loop, forwarder(forward_header_pattern))
         #: :path of a restricted RPC -> the header it needs (--grpc-restricted-protocol); empty: none.
         self.restricted: dict[bytes, Restriction] = {
             path.encode(): restriction

@@ -87,6 +87,34 @@ class DecompressError(Exception):
         self.message = message
 
 
+#: gRPC core's ranking of the algorithms it compresses with, least compression first.
+_RANKED_ENCODINGS = (b"gzip", b"deflate")
+
+
+def response_encoding(level: str, accept: bytes | None) -> bytes | None:
+    """The algorithm a response is compressed with for Triton's compression ``level``, None for none.
+
+    As gRPC core's algorithm-for-level: of the algorithms the client accepts (its
+    grpc-accept-encoding), ranked gzip then deflate, low takes the first, medium
+    the middle one, high the last.  A client that accepts neither gets identity.
+    """
+    if level == "none" or not accept:
+        return None
+    accepted = {item.strip() for item in accept.split(b",")}
+    ranked = [name for name in _RANKED_ENCODINGS if name in accepted]
+    if not ranked:
+        return None
+    index = {"low": 0, "medium": len(ranked) // 2, "high": len(ranked) - 1}[level]
+    return ranked[index]
+
+
+def compress(data: bytes, encoding: bytes) -> bytes:
+    """A response message compressed with ``encoding`` (gzip or deflate, zlib's default level)."""
+    wbits = 16 + zlib.MAX_WBITS if encoding == b"gzip" else zlib.MAX_WBITS
+    deflater = zlib.compressobj(wbits=wbits)
+    return deflater.compress(data) + deflater.flush()
+
+
 def wbits_for(encoding: bytes) -> int:
     """zlib's wbits for a grpc-encoding this server reads; DecompressError(UNIMPLEMENTED) for any other."""
     if encoding == b"gzip":

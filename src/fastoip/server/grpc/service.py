@@ -202,7 +202,8 @@ class GrpcService:
         return pb.RepositoryModelLoadResponse()
 
     def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
-        self.core.unload_model(request.model_name)
+        dependents = request.parameters.get("unload_dependents")
+        self.core.unload_model(request.model_name, bool(dependents is not None and dependents.bool_param))
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ----------------------------------------------------------------------
