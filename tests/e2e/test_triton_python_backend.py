@@ -541,6 +541,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_relay", BLS_RELAY, TICKER_CONFIG)
     write_python_model(root, "bls_cancel_async", BLS_CANCEL_ASYNC, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "add_sub_pipelined", ADD_SUB, ADD_SUB_CONFIG.replace('"add_sub"', '"add_sub_pipelined"')
+                       + 'parameters { key: "worker_pipeline" value: { string_value: "3" } }\n')
+    write_python_model(root, "bad_pipeline", ADD_SUB, ADD_SUB_CONFIG.replace('"add_sub"', '"bad_pipeline"')
+                       + 'parameters { key: "worker_pipeline" value: { string_value: "0" } }\n')
     write_python_model(root, "metrics", METRICS, METRICS_CONFIG)
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "conda", CONDA, CONDA_CONFIG)
@@ -833,6 +837,19 @@ def test_model_errors_have_triton_codes(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as err:
         http.infer("add_sub", inputs)
     assert err.value.status() == "400" and "differ in shape" in err.value.message()
+
+
+def test_worker_pipeline_answers_each_request_its_own(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    pairs = [(np.full(4, i, dtype=np.float32), np.full(4, 2 * i, dtype=np.float32)) for i in range(24)]
+    with ThreadPoolExecutor(8) as pool:  # up to three requests on their way to the one worker at once
+        results = list(pool.map(lambda ab: client.infer("add_sub_pipelined", _add_sub_inputs(*ab)), pairs))
+    for (a, b), result in zip(pairs, results, strict=True):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index["bad_pipeline"].state == "UNAVAILABLE"
+    assert "'worker_pipeline' must be an integer >= 1" in index["bad_pipeline"].reason
 
 
 def test_execution_env_path_is_refused(server: ServerProcess) -> None:

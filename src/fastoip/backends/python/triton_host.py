@@ -384,14 +384,17 @@ class ProcessInstance(_Base):
             self.worker.finalize()
 
 
-#: Lanes of a process-hosted instance without a batcher (config parameter ``worker_pipeline``).
-PIPELINE_DEFAULT = 2
+#: Requests on their way to one worker unless config parameter ``worker_pipeline`` says more.  1: with more, a
+#: worker that crashes fails the requests waiting in its socket too (they had not run), and the measured gain
+#: was within the noise (benchmarks/RESULTS.md, issue 20 second pass).
+PIPELINE_DEFAULT = 1
 
 
 class ProcessLane:
     """One more way into a :class:`ProcessInstance` for the scheduler (as ``max_concurrency`` lanes for
     ``fastoip.Model``): with two, a request is sent while the worker still runs the one before, so the worker
-    goes from one to the next without waiting for the server.  The worker still runs one batch at a time."""
+    goes from one to the next without waiting for the server.  The worker still runs one batch at a time; if it
+    dies, the batches waiting in its socket fail with the one it ran."""
 
     def __init__(self, instance: ProcessInstance) -> None:
         self.instance = instance

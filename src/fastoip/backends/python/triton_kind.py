@@ -202,8 +202,7 @@ def load_triton(
                     except (WorkerDied, WorkerError) as exc:
                         raise InvalidArgument(f"model '{model_name}': {_error_text(exc)}") from None
                 index += 1
-        batched = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
-        depth = _pipeline_depth(parameters, model_name, batched)
+        depth = _pipeline_depth(parameters, model_name)
         workers = [instance for instance in instances if isinstance(instance, ProcessInstance)]
         instances += [ProcessLane(instance) for _ in range(depth - 1) for instance in workers]
     except BaseException:
@@ -213,12 +212,13 @@ def load_triton(
     return config, instances
 
 
-def _pipeline_depth(parameters: dict[str, str], model_name: str, batched: bool) -> int:
-    """How many batches may be on their way to one worker (config parameter ``worker_pipeline``): by default
-    :data:`PIPELINE_DEFAULT` without a batcher, 1 with one (its batches grow while the worker is busy)."""
+def _pipeline_depth(parameters: dict[str, str], model_name: str) -> int:
+    """How many batches may be on their way to one worker (config parameter ``worker_pipeline``, default
+    :data:`PIPELINE_DEFAULT`).  With a dynamic batcher, more than one makes its batches smaller (it hands a batch
+    to each free lane instead of letting it grow while the worker is busy)."""
     text = (parameters.get("worker_pipeline") or "").strip()
     if not text:
-        return 1 if batched else PIPELINE_DEFAULT
+        return PIPELINE_DEFAULT
     try:
         depth = int(text)
     except ValueError:
