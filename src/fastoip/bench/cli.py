@@ -163,10 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1, help="client processes sharing the load (default 1)")
     p.add_argument(
         "--grpc-client",
-        choices=("auto", "future", "aio"),
+        choices=("auto", "native", "future", "aio"),
         default=DEFAULT_GRPC_CLIENT,
-        help="gRPC client: grpcio future callbacks or grpc.aio (default auto: future below "
-        "concurrency 8, aio from 8 and in request-rate mode, the faster of the two measured)",
+        help="gRPC client: native (nghttp2 driven from C, closed-loop unary plaintext uncompressed load only), "
+        "grpcio future callbacks or grpc.aio (default auto: native wherever it can carry the load and is built; "
+        "else future below concurrency 8, aio from 8, in request-rate mode and for --streaming)",
     )
     p.add_argument(
         "--grpc-channels", type=int, default=0, help="gRPC connections per client process (default: min(C, 4))"
