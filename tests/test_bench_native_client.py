@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -161,3 +162,30 @@ def test_cli_native_equals_grpcio(server: ServerProcess, tmp_path: Path, capsys:
     for client, row in rows.items():
         assert row["client"] == client and row["errors"] == {} and row["requests"] > 0
     assert rows["native"].keys() == rows["future"].keys()
+
+
+def test_request_timeout_counts_deadline_exceeded() -> None:
+    """A peer that accepts and never answers: each call ends DEADLINE_EXCEEDED after --request-timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        while conn.recv(65536):
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    spec = identity_spec(listener.getsockname()[1], "native")
+    spec.timeout_s = 0.2
+    try:
+        sample, sent = run_fixed(spec, 2, 0.7)
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert sent >= 4 and len(sample.lat_ns) == 0
+    assert sample.errors == {"DEADLINE_EXCEEDED": sent}

@@ -40,6 +40,8 @@ cdef extern from "nghttp2/nghttp2.h":
         nghttp2_session *session, const void *pri_spec, const nghttp2_nv *nva, size_t nvlen,
         const nghttp2_data_provider *data_prd, void *stream_user_data) nogil
     void *nghttp2_session_get_stream_user_data(nghttp2_session *session, int32_t stream_id) nogil
+    int nghttp2_submit_rst_stream(nghttp2_session *session, uint8_t flags, int32_t stream_id,
+                                  uint32_t error_code) nogil
     int nghttp2_session_get_remote_settings(nghttp2_session *session, int id) nogil
     enum:
         NGHTTP2_SETTINGS_ENABLE_PUSH
@@ -121,6 +123,8 @@ cdef struct Call:
     size_t body         # index into the request bodies
     size_t sent_off     # bytes of the body handed to nghttp2
     int conn
+    int32_t stream_id   # 0: the slot is free
+    int timed_out
 
 
 cdef struct Results:
@@ -155,6 +159,7 @@ cdef struct State:
     Results res
     int running
     int stopping
+    int64_t timeout_ns
 
 
 cdef struct Conn:
@@ -243,16 +248,19 @@ cdef int start_call(State *st, Conn *conn) noexcept nogil:
         st.next_body = 0
     provider.source.ptr = call
     provider.read_callback = read_body
+    call.timed_out = 0
     call.t0 = now_ns()
-    if nghttp2_submit_request(conn.session, NULL, st.nva, st.nvlen, &provider, call) < 0:
+    call.stream_id = nghttp2_submit_request(conn.session, NULL, st.nva, st.nvlen, &provider, call)
+    pthread_mutex_lock(&st.res.lock)
+    st.res.sent += 1
+    pthread_mutex_unlock(&st.res.lock)
+    if call.stream_id < 0:  # the session takes no more streams (GOAWAY received)
+        call.stream_id = 0
         st.free_calls[st.nfree] = slot
         st.nfree += 1
         record_error(st, now_ns(), ERR_CONNECTION)
         return -1
     conn.inflight += 1
-    pthread_mutex_lock(&st.res.lock)
-    st.res.sent += 1
-    pthread_mutex_unlock(&st.res.lock)
     return 0
 
 
@@ -273,7 +281,10 @@ cdef int slow_check(State *st, Call *call) noexcept with gil:
 cdef void finish_call(State *st, Conn *conn, Call *call, uint32_t error_code) noexcept nogil:
     cdef int64_t end = now_ns()
     conn.inflight -= 1
-    if call.http_status != 200 and call.status < 0:
+    call.stream_id = 0
+    if call.timed_out:
+        record_error(st, end, 4)  # DEADLINE_EXCEEDED, as grpcio reports a call past its timeout
+    elif call.http_status != 200 and call.status < 0:
         record_error(st, end, ERR_HTTP_STATUS if call.http_status else ERR_RESET)
     elif call.status > 0:
         record_error(st, end, call.status)
@@ -295,6 +306,17 @@ cdef void finish_call(State *st, Conn *conn, Call *call, uint32_t error_code) no
         conn.want += 1
 
 
+cdef void expire(State *st, int64_t now) noexcept nogil:
+    """Cancel (RST_STREAM CANCEL) the calls older than the request timeout; they count DEADLINE_EXCEEDED."""
+    cdef int i
+    cdef Call *call
+    for i in range(st.ncalls):
+        call = &st.calls[i]
+        if call.stream_id > 0 and not call.timed_out and now - call.t0 > st.timeout_ns:
+            call.timed_out = 1
+            nghttp2_submit_rst_stream(st.conns[call.conn].session, NGHTTP2_FLAG_NONE, call.stream_id, 8)
+
+
 # ---------------------------------------------------------------------- connections
 cdef void kill(State *st, Conn *conn) noexcept nogil:
     """A connection failed: its calls in flight count as UNAVAILABLE."""
@@ -303,10 +325,10 @@ cdef void kill(State *st, Conn *conn) noexcept nogil:
     if conn.dead:
         return
     conn.dead = 1
-    i = conn.inflight
-    while i > 0:
-        record_error(st, end, ERR_CONNECTION)
-        i -= 1
+    for i in range(st.ncalls):
+        if st.calls[i].stream_id > 0 and &st.conns[st.calls[i].conn] == conn:
+            st.calls[i].stream_id = 0
+            record_error(st, end, ERR_CONNECTION)
     conn.inflight = 0
 
 
@@ -493,7 +515,8 @@ cdef class Engine:
         pthread_mutex_init(&self.st.res.lock, NULL)
         self.callbacks = NULL
 
-    def __init__(self, list sockets, list requests, object check, str authority, str path, object metadata=()):
+    def __init__(self, list sockets, list requests, object check, str authority, str path, object metadata=(),
+                 double timeout_s=60.0):
         """``sockets``: connected non-blocking socket file descriptors, one per HTTP/2 connection, owned (and
         closed) by the engine from here on.  ``requests``: serialized ModelInferRequest messages."""
         cdef Py_ssize_t i
@@ -503,6 +526,7 @@ cdef class Engine:
             raise ValueError("the engine needs at least one connection and one request")
         self._check = check
         self.st.check = <void *>check
+        self.st.timeout_ns = <int64_t>(timeout_s * 1e9)
         self.st.nconns = len(sockets)
         self.st.conns = <Conn *>malloc(self.st.nconns * sizeof(Conn))
         memset(self.st.conns, 0, self.st.nconns * sizeof(Conn))
@@ -612,7 +636,7 @@ cdef class Engine:
         connections that failed."""
         cdef State *st = &self.st
         cdef int i, k, rc, failed = 0
-        cdef int64_t deadline = 0
+        cdef int64_t deadline = 0, scanned = 0, now
         cdef pollfd *fds
         cdef uint8_t *buf
         if st.calls != NULL:
@@ -655,6 +679,10 @@ cdef class Engine:
                 if k == 0:
                     break
                 rc = poll(fds, st.nconns, 50)
+                now = now_ns()
+                if now - scanned > 10000000:  # timeouts: a scan every 10 ms at most
+                    scanned = now
+                    expire(st, now)
                 if rc <= 0:
                     continue
                 for i in range(st.nconns):

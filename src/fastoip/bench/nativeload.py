@@ -89,7 +89,13 @@ class NativeGrpcLoad(Generator):
         count = min(self.spec.channels or auto_channels(concurrency), concurrency)
         fds = self._connect(count)
         self._engine = _h2client.Engine(
-            fds, list(self.spec.requests), self.spec.check, self.spec.address, INFER_METHOD, self.spec.metadata
+            fds,
+            list(self.spec.requests),
+            self.spec.check,
+            self.spec.address,
+            INFER_METHOD,
+            self.spec.metadata,
+            self.spec.timeout_s,
         )
         drain_s = float(self.spec.extra.get("drain_s", 10.0))
         self._cpu_mark = time.process_time_ns()
