@@ -12,6 +12,9 @@ alternating (`--rounds`), the same gRPC workload per point (`--points`: `simple`
 
 Target: fastoip bench >= 0.95x the faster h2load on `simple` c=64, within 5 % on 602 KB c=16.
 
+`--points http` (HTTP, second priority): wrk (1 thread, 64 keep-alive connections, benchmarks/wrk_infer.lua)
+posting a V2 JSON body for `simple` vs `fastoip bench --no-http-binary` at concurrency 64.
+
     python benchmarks/bench_tool.py [--seconds 8] [--rounds 2] [--points simple,large] [--json out.json]
 """
 
@@ -35,7 +38,30 @@ from _harness import CLIENT_CPUS, Fastoip, fastoip_bench, markdown_table  # noqa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 #: point -> (model, concurrency)
-POINTS = {"simple": ("simple", 64), "large": ("image_identity", 16)}
+POINTS = {"simple": ("simple", 64), "large": ("image_identity", 16), "http": ("simple", 64)}
+WRK_LUA = Path(__file__).parent / "wrk_infer.lua"
+
+
+def wrk(target: str, seconds: int, concurrency: int) -> dict:
+    body = {"inputs": [{"name": name, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                       for name in ("INPUT0", "INPUT1")]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
+        json.dump(body, out)
+        path = out.name
+    argv = ["taskset", "-c", CLIENT_CPUS, "wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds}s",
+            "-s", str(WRK_LUA), f"http://{target}/v2/models/simple/infer", "--", path]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    found = re.search(r"LAB_WRK (\{.*\})", text)
+    if found is None:
+        raise RuntimeError(f"wrk printed no summary:\n{text}")
+    summary = json.loads(found.group(1))
+    errors = sum(summary[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
+    done = summary["requests"]
+    return {"req_per_s": done / (summary["duration_us"] / 1e6), "done": done, "verified": errors == 0,
+            "cpu_us_per_req": 1e6 * cpu_s / max(done, 1)}
 
 
 def frames(model: str) -> tuple[bytes, int]:
@@ -97,22 +123,30 @@ def main() -> int:
     ratios: dict[str, dict[str, list[float]]] = {p: {} for p in points}
     # client CPU per request (h2load: its rusage over the run; fastoip bench: its own process CPU in the windows)
     cpu: dict[str, dict[str, list[float]]] = {p: {} for p in points}
-    with Fastoip(None) as server:
+    with Fastoip(None, http="http" in points) as server:
         for _ in range(args.rounds):
             for point in points:
                 model, concurrency = POINTS[point]
                 this_round: dict[str, float] = {}
                 this_cpu: dict[str, float] = {}
-                for connections in (concurrency, 1):
+                if point == "http":
+                    r = wrk(server.http, args.seconds, concurrency)
+                    if not r["verified"]:
+                        raise SystemExit("wrk: errors")
+                    this_round["wrk (64 connections)"] = r["req_per_s"]
+                    this_cpu["wrk (64 connections)"] = r["cpu_us_per_req"]
+                for connections in (concurrency, 1) if point != "http" else ():
                     r = h2load(server.grpc, args.seconds, model, concurrency, connections)
                     if not r["verified"]:
                         raise SystemExit("h2load: DATA bytes do not add up to successful responses")
                     layout = f"{connections} connections x {concurrency // connections} stream(s)"
                     this_round[f"h2load ({layout})"] = r["req_per_s"]
                     this_cpu[f"h2load ({layout})"] = r["cpu_us_per_req"]
-                for name, extra in clients:
+                for name, extra in clients if point != "http" else [("fastoip bench --no-http-binary", ())]:
+                    url = f"http://{server.http}" if point == "http" else f"grpc://{server.grpc}"
+                    extra = ("--no-http-binary",) if point == "http" else extra
                     result = fastoip_bench(
-                        f"grpc://{server.grpc}", "-m", model, "--concurrency-range", f"{concurrency}",
+                        url, "-m", model, "--concurrency-range", f"{concurrency}",
                         "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
                     )
                     row = result["results"][0]
@@ -122,7 +156,7 @@ def main() -> int:
                     this_round[key] = row["throughput_req_per_s"]
                     if row.get("client_cpu_percent") is not None and row["throughput_req_per_s"]:
                         this_cpu[key] = 1e4 * row["client_cpu_percent"] / row["throughput_req_per_s"]
-                base = max(v for k, v in this_round.items() if k.startswith("h2load"))
+                base = max(v for k, v in this_round.items() if k.startswith(("h2load", "wrk")))
                 for key, value in this_round.items():
                     runs[point].setdefault(key, []).append(value)
                     ratios[point].setdefault(key, []).append(value / base)
@@ -136,7 +170,7 @@ def main() -> int:
                 for k, v in runs[point].items()]
         print()
         print(markdown_table([f"client ({model}, c={concurrency})", "req/s (median)",
-                              "vs the faster h2load of the same round, per round",
+                              "vs the faster h2load (wrk) of the same round, per round",
                               "client CPU us/request (median)"], rows))
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "ratios": ratios, "client_cpu_us": cpu}, indent=1))
