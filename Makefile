@@ -10,8 +10,10 @@ CODEC_SOURCES := src/fastoip/_codec.pyx src/fastoip/_codec.pxd src/fastoip/_code
 SHMGUARD_SOURCES := src/fastoip/_shmguard.pyx src/fastoip/_shmguard.pxd src/fastoip/_shmguard.h
 HTTP2_SOURCES := $(wildcard src/fastoip/server/grpc/_http2.pyx src/fastoip/server/grpc/*.pxd)
 ARGS ?=
+# make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
+TEST_WORKERS ?= 4
 
-.PHONY: venv serve-venv serve test test-compat bench build proto clean check debug gpu-check
+.PHONY: venv serve-venv serve test test-unit test-e2e test-compat bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -48,7 +50,13 @@ bench: $(SERVE_STAMP)  ## throughput sweep of a private fastoip on the demo repo
 	$(SERVE_VENV)/bin/fastoip bench $(if $(ARGS),$(ARGS),--local-server)
 
 test: venv
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+
+test-unit: venv  ## the tests without sockets or processes (tests/unit)
+	$(BIN)/python -m pytest -q tests/unit $(ARGS)
+
+test-e2e: venv  ## the end-to-end tests against real server processes (tests/e2e)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/e2e $(ARGS)
 
 # test-compat: the tritonclient-facing tests again, in a second venv with the OLDEST tritonclient fastoip supports.
 # 2.41.0 is the oldest release pip installs beside protobuf 6 and grpcio >= 1.81 (what fastoip needs): 2.41.1-2.66
@@ -59,9 +67,9 @@ test: venv
 COMPAT_VENV ?= .venv-compat
 TRITONCLIENT_OLDEST ?= 2.41.0
 COMPAT_STAMP := $(COMPAT_VENV)/.fastoip-tritonclient-$(TRITONCLIENT_OLDEST)
-COMPAT_TESTS := tests/test_grpc.py tests/test_http_tritonclient.py tests/test_drop_in.py tests/test_http_drop_in.py
+COMPAT_TESTS := tests/e2e/test_grpc.py tests/e2e/test_http_tritonclient.py tests/e2e/test_drop_in.py tests/e2e/test_http_drop_in.py
 COMPAT_DESELECT := -k 'not BF16' $(foreach case,gzip-gzip deflate-deflate gzip-None,\
-	--deselect 'tests/test_http_tritonclient.py::test_compression[$(case)]')
+	--deselect 'tests/e2e/test_http_tritonclient.py::test_compression[$(case)]')
 
 $(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES)
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
@@ -85,7 +93,7 @@ check: venv  ## the guard-rails CI runs before the tests: ruff, mypy (config in 
 # release extensions nor their generated .c files are touched; the tests that drive them in memory (codec,
 # fuzz, the HTTP/2 session cut at every byte, the native calls) run against it through PYTHONPATH.
 DEBUG_DIR := build/debug
-DEBUG_TESTS := tests/test_codec_fuzz.py tests/test_codec.py tests/test_http2_session.py tests/test_native_calls.py
+DEBUG_TESTS := tests/unit/test_codec_fuzz.py tests/unit/test_codec.py tests/unit/test_http2_session.py tests/unit/test_native_calls.py
 debug: venv  ## build the bounds-checked extensions into build/debug and run the in-memory native tests on them
 	$(BIN)/python -m pip install --quiet "Cython>=3.1,<4" "setuptools>=77"  # [build-system] requires, for setup.py
 	rm -rf $(DEBUG_DIR) && mkdir -p $(DEBUG_DIR)
@@ -109,7 +117,9 @@ clean:
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
 # limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run.
-gpu-check:  ## prepare the GPU run's files and dry-run it (scripts/gpu_check.sh says how to run it on a GPU)
-	bash scripts/gpu_check.sh prepare
+gpu-check: $(STAMP)  ## prepare the GPU run's files and dry-run it on CPU (scripts/gpu_check.sh says how to run it on a GPU)
+	PY=$(BIN)/python bash scripts/gpu_check.sh prepare
 	rm -rf /tmp/fastoip-gpu && for n in $$(seq 1 $$(cat .gpu/BATCHES)); do bash scripts/gpu_check.sh stage $$n; done
-	bash scripts/gpu_check.sh run
+	PY=$(BIN)/python bash scripts/gpu_check.sh run
+	PY=$(BIN)/python bash scripts/gpu_check.sh bench
+	PY=$(BIN)/python bash scripts/gpu_check.sh dry-run

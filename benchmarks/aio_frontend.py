@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from fastoip import _codec
-from fastoip.core import Core
+from fastoip.core import CallContext, Core
 from fastoip.errors import InferenceError
 from fastoip.repository import RepositoryOptions
 from fastoip.server.grpc.service import SERVICE, UNARY, DecodeFailure, GrpcService, decode_request
@@ -59,7 +59,7 @@ def build_handler(core: Core) -> grpc.GenericRpcHandler:
         remaining = context.time_remaining()
         deadline_ns = time.monotonic_ns() + int(remaining * 1e9) if remaining is not None and remaining < 1e9 else 0
         try:
-            return await core.infer_async(request, deadline_ns)
+            return await core.infer_async(request, CallContext(deadline_ns))
         except InferenceError as exc:
             await context.abort(_status(exc), exc.message)
 

@@ -7,7 +7,7 @@
 # dependencies plus mlserver for fastoip itself (FASTOIP_PY; PYTHONPATH is set to this tree's src).
 # Models: an MLServer-style NumPy runtime written here (x -> 2x, FP32 [1,16]) and, when CUSTOM_JSON names a copy
 # of MLServer's custom-json example, that runtime unchanged (its model-settings.json gains an input declaration
-# only). REST: wrk -c16 with the lab's v2_infer.lua; gRPC (NumPy runtime): h2load -c16 -m1. MLServer runs with
+# only). REST: wrk -c16 with the lab's v2_infer.lua; gRPC: h2load -c16 -m1 (p99 from its --log-file). MLServer runs with
 # its default settings (one inference worker process).
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +55,11 @@ t = r.inputs.add(); t.name = "x"; t.datatype = "FP32"; t.shape.extend([1, 16])
 r.raw_input_contents.append(np.full(16, 0.5, np.float32).tobytes())
 b = r.SerializeToString()
 open(f"{work}/numpy.grpc", "wb").write(b"\x00" + struct.pack(">I", len(b)) + b)
+r = pb.ModelInferRequest(model_name="json-hello-world")  # the README's gRPC request: BYTES [len(text)], one element
+t = r.inputs.add(); t.name = "echo_request"; t.datatype = "BYTES"; t.shape.extend([len(text)])
+t.contents.bytes_contents.append(text.encode())
+b = r.SerializeToString()
+open(f"{work}/json.grpc", "wb").write(b"\x00" + struct.pack(">I", len(b)) + b)
 PY
 wait_ready() { for _ in $(seq 1 120); do curl -sf -o /dev/null "http://127.0.0.1:$1/v2/health/ready" && return 0; sleep 0.5; done; return 1; }
 measure() { # name http-port grpc-port
@@ -62,7 +67,9 @@ measure() { # name http-port grpc-port
     -- "$WORK/json_body.json" > "$OUT/$1-json-rest.txt" 2>&1
   wrk -t1 -c16 -d"${D}s" -s "$LUA" "http://127.0.0.1:$2/v2/models/numpy-double/infer" -- "$WORK/numpy_body.json" \
     > "$OUT/$1-np-rest.txt" 2>&1
-  h2load -t 1 -c 16 -m 1 -D "$D" -d "$WORK/numpy.grpc" -H 'content-type: application/grpc' -H 'te: trailers' \
+  [ -n "${CUSTOM_JSON:-}" ] && h2load -t 1 -c 16 -m 1 -D "$D" --log-file="$OUT/$1-json-grpc.log" -d "$WORK/json.grpc" -H 'content-type: application/grpc' \
+    -H 'te: trailers' "http://127.0.0.1:$3/inference.GRPCInferenceService/ModelInfer" > "$OUT/$1-json-grpc.txt" 2>&1
+  h2load -t 1 -c 16 -m 1 -D "$D" --log-file="$OUT/$1-np-grpc.log" -d "$WORK/numpy.grpc" -H 'content-type: application/grpc' -H 'te: trailers' \
     "http://127.0.0.1:$3/inference.GRPCInferenceService/ModelInfer" > "$OUT/$1-np-grpc.txt" 2>&1
 }
 (cd "$REPO" && exec "$MLSERVER" start "$REPO") > "$OUT/mlserver.log" 2>&1 &
@@ -75,4 +82,7 @@ FP=$!
 wait_ready 18811 && measure fastoip 18811 18812
 kill $FP; sleep 2; kill -9 $FP 2>/dev/null
 for f in "$OUT"/*-rest.txt; do echo "$(basename "$f") $(grep -o 'Requests/sec: *[0-9.]*' "$f") $(grep -o '"lat_p99_us":[0-9]*' "$f")"; done
-for f in "$OUT"/*-grpc.txt; do echo "$(basename "$f") $(grep -o 'finished in .*req/s' "$f")"; done
+for f in "$OUT"/*-grpc.txt; do
+  p99=$(cut -f3 "${f%.txt}.log" 2>/dev/null | sort -n | awk '{v[NR]=$1} END {if (NR) print v[int(NR*0.99)]}')
+  echo "$(basename "$f") $(grep -o 'finished in .*req/s' "$f") $(grep -o '[0-9]* succeeded, [0-9]* failed' "$f") p99_us=$p99"
+done

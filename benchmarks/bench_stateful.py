@@ -3,7 +3,7 @@
 Three parts, one fastoip process (pinned to SERVER_CPUS) serving one generated repository; the client
 is this process (grpc.aio through ``tritonclient.grpc.aio``, pinned to CLIENT_CPUS):
 
-* ``sequence``: an accumulator with implicit state (``tests/models.py``'s Triton dyna_sequence
+* ``sequence``: an accumulator with implicit state (``tests/helpers/models.py``'s Triton dyna_sequence
   stand-in, UINT64 correlation ids), once with the ``direct`` strategy and once with ``oldest``
   (same model, same ``max_batch_size``).  ``--sequences`` concurrent sequences of ``--steps`` steps,
   each step sent when the previous answer came back; every answer is checked (the running sum).
@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import CLIENT_CPUS, ROOT, Fastoip, markdown_table  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.grpc.aio as aioclient  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402

@@ -4,7 +4,7 @@
 Usage:
   python benchmarks/bench_trace_overhead.py [--requests 20000] [--rounds 7] [--mode off|unsampled|traced]
 
-Runs ``Core.submit`` (the native frontend's entry point) on a queue-less ``simple`` (real ONNX Runtime, run on
+Runs ``Core.start`` (every frontend's entry point) on a queue-less ``simple`` (real ONNX Runtime, run on
 the calling thread) and reports the process CPU time per request, the minimum over rounds (the least
 disturbed by other load on a shared machine).  ``off`` runs on any fastoip version, so an A/B against an
 older build is: the same script with each build's Python, alternately, e.g.
@@ -16,7 +16,6 @@ older build is: the same script with each build's Python, alternately, e.g.
 from __future__ import annotations
 
 import argparse
-import inspect
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import fastoip
-from fastoip.core import Core
+from fastoip.core import CallContext, Core
 from fastoip.demo import write_repository
 from fastoip.options import RepositoryOptions
 from fastoip.types import InferInput, InferRequest
@@ -58,13 +57,12 @@ def main() -> None:
             inputs = [InferInput("INPUT0", "INT32", (1, 16), a), InferInput("INPUT1", "INT32", (1, 16), a)]
             headers = {b"content-type": b"application/grpc", b"te": b"trailers"}
             done: list[object] = []
-            # a build before tracing was wired takes no headers (its frontends passed none)
-            extra = (headers,) if "trace_headers" in inspect.signature(core.submit).parameters else ()
 
             def run(count: int) -> float:
                 start = time.process_time()
                 for _ in range(count):
-                    core.submit(InferRequest("simple", inputs=inputs), done.append, 0, True, *extra)
+                    call = CallContext(trace_headers=headers, caller_runs=True)
+                    core.start(InferRequest("simple", inputs=inputs), call, done.append)
                 elapsed = time.process_time() - start
                 done.clear()
                 return elapsed

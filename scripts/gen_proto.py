@@ -9,7 +9,7 @@ Usage::
 
 Requires ``grpcio-tools`` (which bundles ``protoc``). The output is
 deterministic for a given grpcio-tools version, so the generated files are
-committed and ``tests/test_proto.py`` checks they are up to date.
+committed and ``tests/unit/test_proto.py`` checks they are up to date.
 
 Post-processing applied to protoc's output
 ------------------------------------------

@@ -7,20 +7,26 @@
 #                                  each (the device tool carries at most 64 MiB a command); prints the plan
 #   scripts/gpu_check.sh plan      the device commands, one per batch, in order
 #   scripts/gpu_check.sh stage N   there: copy batch N into $STAGE (it stays while the machine is held)
+#   scripts/gpu_check.sh probe     there, in the first command: the GPU, Python and the packages relied on
 #   scripts/gpu_check.sh run       there, after the last stage: reassemble and check the pieces, install into
 #                                  /tmp/site, build the extensions (native gRPC frontend on the carried
-#                                  libnghttp2 headers), run the GPU tests, a short GPU benchmark, and write
-#                                  $OUT/summary.md (or .gpu/out/summary.md without $OUT)
+#                                  libnghttp2 headers), run the GPU tests; $OUT/summary.md, build.log, tests.log
+#   scripts/gpu_check.sh bench     there, the next command: benchmarks/gpu_bench.py (CUDA EP vs CPU EP, pinned vs
+#                                  pageable, CUDA vs system shm vs bytes); the whole $OUT/summary.md and
+#                                  gpu_bench.json (or .gpu/out/ without $OUT)
+#   scripts/gpu_check.sh dry-run   here: benchmarks/gpu_bench.py --dry-run (CPU EP, short; GPU parts listed)
 #
-# Without a GPU (no nvidia-smi, or it lists none), `run` stops cleanly: it prints "no GPU" and what it would
-# have run, and exits 0. `make gpu-check` is `prepare` then `run` on this machine: on CPU, a dry run.
+# Without a GPU (no nvidia-smi, or it lists none), `run` and `bench` stop cleanly: "no GPU" and what they would
+# have run, exit 0. `make gpu-check` is `prepare`, every `stage`, `run`, `bench`, `dry-run` on this machine.
+# The exact sequence of device commands, their carry lists and the device-time budget: benchmarks/RESULTS.md
+# (2026-11-27, "The GPU check, completed") and `plan`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GPU_DIR=.gpu
 STAGE=${STAGE:-/tmp/fastoip-gpu}
-PIECE_MIB=${PIECE_MIB:-48}
-BATCH_MIB=${BATCH_MIB:-52}
+PIECE_MIB=${PIECE_MIB:-50}
+BATCH_MIB=${BATCH_MIB:-54}
 PY=${PY:-python3}
 # What the GPU image lacks (its package list: the device tool's KINDS.md): ONNX Runtime's CUDA build, fastoip's
 # HTTP stack, and tritonclient with what its grpc/http clients import. Exact versions: one of each travels.
@@ -28,6 +34,8 @@ WHEELS=(
     onnxruntime-gpu==1.31.1
     "tritonclient==2.73.0" python-rapidjson geventhttpclient gevent greenlet zope.event zope.interface brotli
     uvicorn httptools orjson swagger-ui-bundle==1.1.0
+    # the image has grpcio and protobuf, of versions nobody has read: the ones fastoip is tested with travel
+    grpcio==1.85.3 protobuf==6.33.6
 )
 DEBS=(libnghttp2-dev libnghttp2-14)
 
@@ -89,14 +97,26 @@ PACK
 }
 
 plan() {
-    local batches
+    local batches calls
     batches=$(cat "$GPU_DIR/BATCHES")
-    say "$batches device commands, in order, to the same held machine (each carries one batch folder):"
+    calls=$((batches + 1))
+    say "$calls device commands, in order, to the same held machine: issue each as soon as the last returns"
+    say "(the machine goes back after 30 s idle, and with it everything staged); timeout_s as given"
+    # what travels besides the batch: the tracked and untracked-not-ignored files of this checkout
+    local tree
+    tree=$(git ls-files -z -co --exclude-standard 2>/dev/null | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+    tree=${tree:-0}
     for n in $(seq 1 "$batches"); do
-        local cmd="bash scripts/gpu_check.sh stage $n"
-        [ "$n" = "$batches" ] && cmd="$cmd && bash scripts/gpu_check.sh run"
-        echo "  [$n/$batches] carry=[\"$GPU_DIR/batch$n\"] ($(du -sh "$GPU_DIR/batch$n" | cut -f1))  command: $cmd"
+        local cmd="bash scripts/gpu_check.sh stage $n" timeout=120 size
+        size=$(du -sb "$GPU_DIR/batch$n" | cut -f1)
+        [ "$n" = 1 ] && cmd="bash scripts/gpu_check.sh probe; $cmd"
+        [ "$n" = "$batches" ] && cmd="$cmd && bash scripts/gpu_check.sh run" && timeout=420
+        echo "  [$n/$calls] carry=[\"$GPU_DIR/batch$n\"] ($size bytes + tree $tree) timeout_s=$timeout  command: $cmd"
+        if [ $((size + tree)) -gt $((60 * 1024 * 1024)) ]; then
+            say "WARNING: call $n would carry more than 60 MiB: rerun with a smaller BATCH_MIB (pack)"
+        fi
     done
+    echo "  [$calls/$calls] carry=[] timeout_s=480  command: bash scripts/gpu_check.sh bench"
 }
 
 stage() {
@@ -109,14 +129,25 @@ would_run() {
     cat <<EOF
 gpu-check: would run, on the GPU machine:
   1. (done) reassemble the split wheels in $STAGE and check them against SHA256SUMS
-  2. pip install --no-index --no-deps --target /tmp/site $STAGE/*.whl (onnxruntime-gpu 1.31.1, tritonclient, ...)
-  3. unpack libnghttp2-dev/-14 into /tmp/nghttp2; setup.py build_ext --inplace (native gRPC frontend on them)
-  4. pytest tests/test_cuda.py tests/test_cuda_plumbing.py, test_metrics.py -k gpu (CUDA EP + IO binding,
+  2. pip install --no-index --no-deps --target /tmp/site $STAGE/*.whl (onnxruntime-gpu 1.31.1, tritonclient,
+     grpcio, protobuf, uvicorn, ...); tritonclient's CUDA shm utilities use the image's cuda-bindings
+  3. unpack libnghttp2-dev/-14 into /tmp/nghttp2; setup.py build_ext --inplace -j 8 (native gRPC frontend on them)
+  4. pytest tests/e2e/test_cuda.py tests/e2e/test_cuda_plumbing.py, test_metrics.py -k gpu (CUDA EP + IO binding,
      pinned batch buffers, CUDA shared memory from tritonclient over gRPC and HTTP, nv_gpu_* metrics)
-  5. bench: fastoip serve on the demo repository, CUDA EP then --cpu-only, fastoip bench -i grpc -m mlp at
-     c=1,16,64; image_identity (602 KB) with --shared-memory cuda / system / none at c=1,16
-  6. write summary.md (GPU, versions, test counts, bench tables) into \$OUT
+  5. benchmarks/gpu_bench.py (about 3-4 min): mlp and resnet50 (a ResNet-50-shaped CNN built there, 102 MB)
+     on the CUDA EP and the CPU EP at c=1,16,64 (infer/s, p99, avg batch); host-to-device copy of a batch
+     from pinned vs pageable memory (CUDA events, CuPy); identity_602k and identity_16m with
+     --shared-memory cuda / system / none at c=1,16
+  6. write summary.md (GPU, versions, test counts, bench tables), gpu_bench.json, logs into \$OUT
 EOF
+}
+
+dry_run() {
+    # here, without a GPU: the benchmark driver end to end on the CPU EP (short windows), GPU parts listed
+    local out=${OUT:-$GPU_DIR/out}
+    mkdir -p "$out"
+    "$PY" benchmarks/gpu_bench.py --out /tmp/fastoip-gpu-bench-dry --dry-run --window-ms 300 --trials 2
+    cp /tmp/fastoip-gpu-bench-dry/gpu_bench.md /tmp/fastoip-gpu-bench-dry/gpu_bench.json "$out/"
 }
 
 reassemble() {
@@ -129,65 +160,109 @@ reassemble() {
     say "reassembled and checked: $(ls "$STAGE" | grep -c '\.whl$') wheels, $(ls "$STAGE" | grep -c '\.deb$') debs"
 }
 
-run() {
-    local out=${OUT:-$GPU_DIR/out}
-    mkdir -p "$out"
-    reassemble
-    if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU "; then
-        say "no GPU on this machine: stopping here (the files were reassembled and checked; nothing installed or built)"
-        would_run
-        { echo "# gpu-check: no GPU"; echo; would_run; } > "$out/summary.md"
-        return 0
-    fi
-    local summary="$out/summary.md"
-    { echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo; echo '```'; nvidia-smi -L; echo '```'; } > "$summary"
-    echo "- pieces reassembled, checksums ok" >> "$summary"
-    # 2. install
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$STAGE"/*.whl
+has_gpu() {
+    command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU "
+}
+
+probe() {
+    # what the image has, read in the first command (costs a second): the GPU, Python, the packages relied on
+    nvidia-smi -L 2>&1 || true
+    "$PY" - <<'PROBE' 2>&1 || true
+import importlib, sys
+import os, sysconfig
+print("python", sys.version.split()[0], sys.executable)
+include = sysconfig.get_paths()["include"]
+print("  Python.h", "found" if os.path.exists(os.path.join(include, "Python.h")) else "MISSING", "in", include)
+for name in ("numpy", "onnx", "onnxruntime", "grpc", "google.protobuf", "cupy", "cuda.bindings", "Cython",
+             "pynvml", "prometheus_client", "rich", "uvloop", "pytest", "hypothesis", "ml_dtypes", "urllib3"):
+    try:
+        module = importlib.import_module(name)
+        print(" ", name, getattr(module, "__version__", "?"))
+    except Exception as exc:
+        print(" ", name, "MISSING:", type(exc).__name__, exc)
+PROBE
+}
+
+use_site() {
+    # the carried wheels first on the path, the native frontend's libnghttp2 from the carried debs
     export PYTHONPATH=/tmp/site:$PWD/src
-    # 3. build (native gRPC frontend on the carried headers; grpcio otherwise)
-    if ls "$STAGE"/libnghttp2-dev_*.deb >/dev/null 2>&1; then
-        for deb in "$STAGE"/libnghttp2*.deb; do dpkg -x "$deb" /tmp/nghttp2; done
+    if [ -d /tmp/nghttp2/usr/include ]; then
         export CPATH=/tmp/nghttp2/usr/include LIBRARY_PATH=/tmp/nghttp2/usr/lib/x86_64-linux-gnu
         export LD_LIBRARY_PATH=/tmp/nghttp2/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
         export FASTOIP_NGHTTP2_INCLUDE=/tmp/nghttp2/usr/include
     fi
-    "$PY" setup.py -q build_ext --inplace > "$out/build.log" 2>&1 || { echo "- build FAILED (build.log)" >> "$summary"; return 1; }
-    "$PY" -c 'import onnxruntime as o; print("- onnxruntime", o.__version__, o.get_available_providers())' >> "$summary"
+}
+
+publish() {
+    # $OUT is emptied before each command: the summary grows in $STAGE and is copied out each time
+    local out=${OUT:-$GPU_DIR/out}
+    mkdir -p "$out"
+    cp "$STAGE/summary.md" "$out/" 2>/dev/null || true
+    for file in "$@"; do [ -f "$file" ] && cp "$file" "$out/"; done
+    return 0
+}
+
+run() {
+    # reassemble, install, build, GPU tests (about 3 min); `bench` follows in the next command
+    reassemble
+    if ! has_gpu; then
+        say "no GPU on this machine: stopping here (the files were reassembled and checked; nothing installed or built)"
+        would_run
+        { echo "# gpu-check: no GPU"; echo; would_run; } > "$STAGE/summary.md"
+        publish
+        return 0
+    fi
+    local summary="$STAGE/summary.md" logs="$STAGE/logs"
+    mkdir -p "$logs"
+    { echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"; echo
+      echo '```'; nvidia-smi -L; echo '```'; echo "- pieces reassembled, checksums ok"; } > "$summary"
+    # 2. install
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$STAGE"/*.whl
+    # 3. build (native gRPC frontend on the carried headers; grpcio otherwise)
+    if ls "$STAGE"/libnghttp2-dev_*.deb >/dev/null 2>&1; then
+        for deb in "$STAGE"/libnghttp2*.deb; do dpkg -x "$deb" /tmp/nghttp2; done
+    fi
+    use_site
+    local started=$SECONDS
+    if ! "$PY" setup.py -q build_ext --inplace -j 8 > "$logs/build.log" 2>&1; then
+        echo "- build FAILED (build.log)" >> "$summary"; publish "$logs/build.log"; return 1
+    fi
+    echo "- build: $((SECONDS - started)) s" >> "$summary"
+    "$PY" -c 'import onnxruntime as o; print("- onnxruntime", o.__version__, o.get_available_providers())' >> "$summary" 2>&1 || true
     # 4. tests
     set +e
-    timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_plumbing.py \
-        "tests/test_metrics.py" -k "cuda or gpu or Cuda or GPU" > "$out/tests.log" 2>&1
-    echo "- tests (exit $?): $(tail -1 "$out/tests.log")" >> "$summary"
-    # 5. bench
-    bench_pair >> "$summary" 2>&1
+    started=$SECONDS
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 -rs tests/e2e/test_cuda.py tests/e2e/test_cuda_plumbing.py \
+        "tests/e2e/test_metrics.py" -k "cuda or gpu or Cuda or GPU" > "$logs/tests.log" 2>&1
+    echo "- tests (exit $?, $((SECONDS - started)) s; 124: timed out): $(tail -1 "$logs/tests.log")" >> "$summary"
     set -e
+    publish "$logs/build.log" "$logs/tests.log"
     say "summary in $summary"
     cat "$summary"
 }
 
-bench_pair() {
-    local repo=/tmp/fastoip-demo
-    "$PY" -m fastoip.cli demo-repository "$repo" >/dev/null
-    for mode in cuda cpu; do
-        local extra=()
-        [ "$mode" = cpu ] && extra=(--cpu-only)
-        "$PY" -m fastoip.cli serve --model-repository "$repo" --grpc-port 18001 --http-port -1 --metrics-port -1 \
-            --shutdown-grace 0 "${extra[@]}" > "/tmp/serve-$mode.log" 2>&1 &
-        local pid=$!
-        for _ in $(seq 1 120); do grep -q "grpc listening" "/tmp/serve-$mode.log" && break; sleep 0.5; done
-        echo; echo "## mlp, $mode EP (c=1,16,64)"; echo '```'
-        "$PY" -m fastoip.cli bench grpc://127.0.0.1:18001 -m mlp --concurrency-range 1,16,64 -p 1000 -r 4 -q
-        if [ "$mode" = cuda ]; then
-            for shm in cuda system none; do
-                echo "## image_identity (602 KB), shared memory $shm"
-                "$PY" -m fastoip.cli bench grpc://127.0.0.1:18001 -m image_identity --shared-memory "$shm" \
-                    --concurrency-range 1,16 -p 1000 -r 4 -q
-            done
-        fi
-        echo '```'
-        kill -INT "$pid"; wait "$pid" || true
-    done
+bench() {
+    # the GPU benchmark (about 4 min, at most 420 s), after `run` on the same held machine
+    local summary="$STAGE/summary.md"
+    if ! has_gpu; then
+        say "no GPU on this machine: the benchmark would run benchmarks/gpu_bench.py (see would_run); stopping"
+        return 0
+    fi
+    use_site
+    set +e
+    local started=$SECONDS
+    timeout 420 "$PY" benchmarks/gpu_bench.py --out /tmp/fastoip-gpu-bench > "$STAGE/logs/bench.log" 2>&1
+    local status=$?
+    set -e
+    {
+        echo "- bench (exit $status, $((SECONDS - started)) s; 0: every point answered without errors; 124: timed out)"
+        echo
+        if [ -f /tmp/fastoip-gpu-bench/gpu_bench.md ]; then cat /tmp/fastoip-gpu-bench/gpu_bench.md
+        else echo '```'; tail -30 "$STAGE/logs/bench.log"; echo '```'; fi
+    } >> "$summary"
+    publish "$STAGE/logs/tests.log" "$STAGE/logs/bench.log" /tmp/fastoip-gpu-bench/gpu_bench.json \
+        /tmp/fastoip-gpu-bench/serve-cuda.log /tmp/fastoip-gpu-bench/serve-cpu.log
+    cat "$summary"
 }
 
 case "${1:-}" in
@@ -195,6 +270,9 @@ case "${1:-}" in
     pack) pack; plan ;;
     plan) plan ;;
     stage) stage "$2" ;;
+    probe) probe ;;
     run) run ;;
-    *) echo "usage: $0 prepare | plan | stage N | run" >&2; exit 2 ;;
+    bench) bench ;;
+    dry-run) dry_run ;;
+    *) echo "usage: $0 prepare | plan | stage N | probe | run | bench | dry-run" >&2; exit 2 ;;
 esac

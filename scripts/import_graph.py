@@ -12,12 +12,17 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 
 0. ground: the vocabulary every layer shares (types, errors, datatypes,
    options, settings, the generated protobuf modules, CUDA helpers,
-   statistics, tracing, classification, content types, the Python model API);
+   statistics, tracing, model configs, classification, content types, the Python model API);
 1. wire: where tensor bytes come from and go: the codecs (``_codec``,
    ``wire/``) and the shared-memory regions;
 2. models: ``repository/``, ``scheduling/``, ``backends/``, the response cache and output finishing;
 3. core: ``core/`` and ``testing`` (an in-process client on the Core);
 4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository, ``embed``.
+
+One more rule for the frontends (``server/grpc/``, ``server/http/``: the translators): they reach the models
+only through the Core.  They import the Core, the wire layer and the ground floor, never ``repository/``,
+``scheduling/`` (the scheduler's ``Job``), ``backends/`` or the models layer's other modules.  ``server/app.py``
+is the assembly, not a translator: it may build what the Core is given (a remote repository's copy).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ LAYERS: dict[str, int] = {
     "host_metrics": 0,
     "allocator": 0,  # standard library only: the serve process's malloc setting
     "tracing": 0,
+    "model_config": 0,  # config.pbtxt in every form and the precomputed ModelSpec (backends and repository read it)
+    "model_settings": 0,  # MLServer's model-settings.json, validated (model_config reads it)
     "pyworker": 0,  # standard library and numpy only: what a Python model's worker process imports
     "_codec": 1,
     "wire": 1,
@@ -71,6 +78,10 @@ LAYERS: dict[str, int] = {
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench
 }
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
+
+#: Module prefixes (after ``fastoip.``) that are frontends: they may not import the models layer at all.
+FRONTENDS = ("server.grpc", "server.http")
+MODELS = LAYER_NAMES.index("models")
 
 
 def module_name(path: Path) -> str:
@@ -170,6 +181,18 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     return sorted((a, b) for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a))
 
 
+def is_frontend(module: str) -> bool:
+    rest = module[len(PACKAGE) + 1 :]
+    return any(rest == prefix or rest.startswith(prefix + ".") for prefix in FRONTENDS)
+
+
+def past_the_core(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Frontend imports of the models layer (a frontend reaches models through the Core only)."""
+    return sorted(
+        (a, b) for a, targets in graph.items() if is_frontend(a) for b in targets if layer_of(b) == MODELS
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--show", action="store_true", help="print every module with its layer and imports")
@@ -188,6 +211,9 @@ def main() -> int:
             f"upward import: {source} ({LAYER_NAMES[layer_of(source)]}) imports "
             f"{target} ({LAYER_NAMES[layer_of(target)]})"
         )
+    for source, target in past_the_core(graph):
+        problems += 1
+        print(f"frontend past the Core: {source} imports {target} (models); go through fastoip.core")
     edges = sum(len(t) for t in graph.values())
     print(f"import_graph: {len(graph)} modules, {edges} imports, {problems} problem(s)")
     return 1 if problems else 0

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+# tests/helpers holds what several test modules share (server processes, models, raw HTTP/2, PKI); the two rooms
+# are tests/unit (no socket, no process) and tests/e2e (real processes and clients).
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
+from pki import Pki, make_pki  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 KNOWN_FRONTENDS = ("native", "grpcio")
@@ -87,3 +90,9 @@ def frontend_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-unt
     """One fastoip on the demo repository per selected gRPC frontend, for the modules parametrised over it."""
     with ServerProcess(demo_repo, http=False, grpc_frontend=grpc_frontend) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throwaway CA with server and client certificates, for the TLS tests of either frontend."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -208,3 +208,15 @@ def set_max_bytes_elements(limit):
 
 def max_bytes_elements():
     return _max_bytes_elements
+
+
+def set_max_bytes_memory(limit):
+    """Set the memory one BYTES tensor's decoded elements may take (the server's ``--max-bytes-memory``)."""
+    global _max_bytes_memory
+    if limit < 1:
+        raise ValueError("the BYTES memory limit must be at least 1 byte")
+    _max_bytes_memory = limit
+
+
+def max_bytes_memory():
+    return _max_bytes_memory

@@ -78,9 +78,13 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
                    help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
                         "client run code inside the server (default off: such loads are refused)")
-    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 17))),
-                   help="most BYTES elements one request may carry, all its BYTES inputs together (each element "
-                        "becomes a Python object); default 131072")
+    p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 24))),
+                   help="most BYTES elements one request may carry, all its BYTES inputs together, refused before "
+                        "any is decoded; default 16777216")
+    p.add_argument("--max-bytes-memory", type=int, default=int(_env("MAX_BYTES_MEMORY", str(256 << 20))),
+                   metavar="BYTES",
+                   help="most memory the decoded elements of one BYTES tensor may take (each element becomes a "
+                        "Python object), charged as they are built; default 268435456 (256 MiB)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode: seconds between scans")
     p.add_argument("--shutdown-grace", type=float, default=float(_env("SHUTDOWN_GRACE", "5")),
                    help="seconds readiness is false while requests are still served, before the listeners close "
@@ -165,7 +169,7 @@ def serve_options(argv: Sequence[str]) -> ServeOptions:
 
 def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .metrics import MetricsConfig
-    from .repository import RepositoryOptions
+    from .options import RepositoryOptions
     from .response_cache import CacheSettings
     from .server.app import ServeOptions
 
@@ -178,11 +182,12 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
             raise triton_flags.FlagError(mistake)
     try:
         metrics_config = MetricsConfig.parse(args.metrics_config)
-        cache = CacheSettings.parse(args.cache_config)
+        cache = CacheSettings.parse([*args.cache_config, *triton.cache_config])
     except ValueError as exc:
         raise triton_flags.FlagError(str(exc)) from None
     return ServeOptions(
         model_repository=triton.model_repository,
+        more_repositories=triton.more_repositories,
         model_repository_url=triton.model_repository_url,
         host=triton.grpc_host or args.host,
         grpc_port=args.grpc_port,
@@ -194,7 +199,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         metrics_config=metrics_config,
         cache_size_bytes=cache.size_bytes,
         grpc_frontend=args.grpc_frontend,
-        grpc_native=_native_grpc_options(args),
+        grpc_native=_native_grpc_options(args, triton),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
         http_json_workers=max(0, args.http_thread_count),
@@ -214,6 +219,10 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         log_file=triton.log_file,
         server_id=triton.server_id,
         trace_config=triton.trace,
+        exit_on_error=bool(triton.exit_on_error),
+        pinned_pool_bytes=triton.pinned_pool_bytes,
+        http_forward_pattern=triton.http_forward_pattern,
+        no_effect_flags=triton.no_effect,
         repository=RepositoryOptions(
             default_max_batch_size=triton.default_max_batch_size,
             auto_complete=triton.auto_complete,
@@ -345,7 +354,7 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-root-cert", default="", help="PEM CA certificates that client certificates must chain to")
 
 
-def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
+def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSettings) -> NativeGrpcOptions:
     from .server.grpc.native_options import NativeGrpcOptions
 
     return NativeGrpcOptions(
@@ -367,6 +376,10 @@ def _native_grpc_options(args: argparse.Namespace) -> NativeGrpcOptions:
         server_cert=args.grpc_server_cert,
         server_key=args.grpc_server_key,
         root_cert=args.grpc_root_cert,
+        response_compression_level=triton.grpc_compression_level,
+        max_pings_without_data=triton.grpc_max_pings_without_data,
+        keepalive_without_calls=True if triton.grpc_permit_without_calls is None else triton.grpc_permit_without_calls,
+        forward_header_pattern=triton.grpc_forward_pattern,
     )
 
 
@@ -391,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
         _codec.set_max_bytes_elements(args.max_bytes_elements)
+        _codec.set_max_bytes_memory(args.max_bytes_memory)
         pin_mmap_threshold()
         return serve(options)
     if args.command == "demo-repository":

@@ -197,12 +197,52 @@ def _load() -> CudaRuntime | None:
 
 
 # -- pinned host memory ------------------------------------------------------------------------
+#: Triton's --pinned-memory-pool-byte-size default: 256 MB.
+DEFAULT_PINNED_POOL_BYTES = 256 * 1024 * 1024
+
+
+class PinnedPool:
+    """The budget of page-locked host bytes (Triton's pinned memory pool: its size and what is in use).
+
+    Triton carves its pool out of one block; here each batch buffer is its own
+    ``cudaHostAlloc`` and the pool is the bound on their total: a buffer that
+    would pass it is allocated pageable instead (Triton falls back the same way).
+    """
+
+    def __init__(self, total: int = DEFAULT_PINNED_POOL_BYTES) -> None:
+        self.total = total
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used + nbytes > self.total:
+                return False
+            self.used += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - nbytes)
+
+
+#: The process's pool (``fastoip serve --pinned-memory-pool-byte-size`` sets its size).
+pinned_pool = PinnedPool()
+
+
+def set_pinned_pool_size(total: int) -> None:
+    """Triton's --pinned-memory-pool-byte-size: 0 turns pinned batch buffers off."""
+    pinned_pool.total = total
+
+
 class _PinnedBlock:
     """Owns one cudaHostAlloc block; numpy arrays on it keep it alive through ``base``."""
 
     def __init__(self, cuda: CudaRuntime, nbytes: int) -> None:
         self._cuda = cuda
+        self._nbytes = 0
         self._pointer = cuda.host_alloc(nbytes)
+        self._nbytes = nbytes
         self.__array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",
@@ -217,6 +257,7 @@ class _PinnedBlock:
             except CudaError as exc:  # pragma: no cover - nothing to do but say so
                 log.warning("freeing pinned memory: %s", exc)
             self._pointer = 0
+            pinned_pool.release(self._nbytes)
 
 
 def pinned_allocator(nbytes: int) -> np.ndarray:
@@ -226,9 +267,14 @@ def pinned_allocator(nbytes: int) -> np.ndarray:
     """
     cuda = runtime()
     if cuda is not None:
+        if not pinned_pool.reserve(nbytes):
+            _warn_once(f"the pinned memory pool ({pinned_pool.total} bytes) is used up: "
+                       "further batches use pageable memory")
+            return np.empty(nbytes, dtype=np.uint8)
         try:
             return np.asarray(_PinnedBlock(cuda, nbytes))
         except CudaError as exc:
+            pinned_pool.release(nbytes)
             _warn_once(f"pinned host memory is not available, batches use pageable memory: {exc}")
     else:
         _warn_once("no CUDA runtime found: batches use pageable host memory")

@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import Metric
 log = logging.getLogger("fastoip.metrics")
 
 CPU_NAMES = frozenset({"nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"})
+PINNED_NAMES = frozenset({"nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes"})
 GPU_NAMES = frozenset({
     "nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage",
     "nv_gpu_power_limit", "nv_energy_consumption",
@@ -150,7 +151,18 @@ class HostMetrics:
         self.gpu = GpuCollector.create()
 
     def collect(self) -> list[Metric]:
-        return self.cpu.collect() + (self.gpu.collect() if self.gpu is not None else [])
+        return self.cpu.collect() + pinned_pool_metrics() + (self.gpu.collect() if self.gpu is not None else [])
+
+
+def pinned_pool_metrics() -> list[Metric]:
+    """Triton's ``nv_pinned_memory_pool_*`` gauges: the pool's size and the pinned bytes batches hold now."""
+    from .cuda import pinned_pool  # the module loads no CUDA library on import
+
+    return [
+        _gauge("nv_pinned_memory_pool_total_bytes", "Pinned memory pool total memory size, in bytes",
+               pinned_pool.total),
+        _gauge("nv_pinned_memory_pool_used_bytes", "Pinned memory pool used memory size, in bytes", pinned_pool.used),
+    ]
 
 
 def _gauge(name: str, help_text: str, value: float) -> Metric:

@@ -1,6 +1,6 @@
 """Start, watch and stop server child processes: one launcher for the tests, the benchmarks and ``fastoip bench``.
 
-Users: ``tests/serverproc.py`` (``fastoip serve`` for the end-to-end tests), ``benchmarks/_harness.py`` and
+Users: ``tests/helpers/serverproc.py`` (``fastoip serve`` for the end-to-end tests), ``benchmarks/_harness.py`` and
 ``benchmarks/bench_python_model.py`` (a pinned ``fastoip serve``), ``benchmarks/lab.py`` (fastoip and the peer
 servers), ``fastoip.bench.local`` (the bench's local fastoip and its ceiling server). Standard library only, so
 the lab's driver can import it from outside fastoip's virtualenv.

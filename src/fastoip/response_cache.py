@@ -63,17 +63,6 @@ class CacheSettings:
 
 
 @dataclass
-class CacheCounters:
-    """What ModelStatistics and Prometheus report: hits, misses and the time lookups took."""
-
-    hits: int = 0
-    hit_ns: int = 0
-    misses: int = 0
-    miss_ns: int = 0
-    evictions: int = 0
-
-
-@dataclass
 class _Entry:
     outputs: list[InferOutput]
     parameters: Parameters

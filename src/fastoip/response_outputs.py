@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .classification import apply_classification
 from .errors import InternalError
-from .repository.config import ModelSpec
+from .model_config import ModelSpec
 from .types import InferRequest, InferResponse
 
 

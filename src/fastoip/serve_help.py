@@ -13,26 +13,32 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from .triton_flags import DEFAULT_ONLY, NO_EFFECT
+
 #: (title, description, flags) in the order the help shows them.
 GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("repository", "what to serve and how models load", (
         "--model-repository", "--model-control-mode", "--load-model", "--repository-poll-secs",
         "--strict-readiness", "--disable-auto-complete-config", "--strict-model-config",
-        "--backend-config", "--default-max-batch-size",
+        "--backend-config", "--default-max-batch-size", "--exit-on-error",
     )),
     ("network", "listeners: addresses, ports, protocols, connections", (
         "--host", "--grpc-port", "--http-port", "--metrics-port", "--grpc-address", "--http-address",
         "--http-host", "--metrics-address", "--allow-grpc", "--allow-http", "--allow-metrics", "--grpc-frontend",
         "--grpc-workers", "--grpc-max-concurrent-streams", "--grpc-keepalive-time", "--grpc-keepalive-timeout",
         "--grpc-max-connection-age", "--grpc-max-connection-age-grace", "--http-keep-alive-timeout",
+        "--grpc-keepalive-permit-without-calls", "--grpc-http2-max-pings-without-data",
+        "--grpc-infer-response-compression-level",
         "--http-thread-count",
     )),
     ("scheduling", "batching, execution and shutdown", (
         "--default-dynamic-batching", "--default-max-queue-delay-microseconds", "--ort-threads", "--cpu-only",
-        "--cache-config", "--shutdown-grace", "--exit-timeout-secs", "--exit-timeout",
+        "--cache-config", "--response-cache-byte-size", "--pinned-memory-pool-byte-size", "--shutdown-grace",
+        "--exit-timeout-secs", "--exit-timeout",
     )),
     ("limits", "what one request or connection may cost", (
-        "--http-max-input-size", "--grpc-max-message-size", "--max-bytes-elements", "--http-max-header-size",
+        "--http-max-input-size", "--grpc-max-message-size", "--max-bytes-elements", "--max-bytes-memory",
+        "--http-max-header-size",
         "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
         "--http-body-min-rate-grace", "--grpc-stream-idle-timeout", "--grpc-max-connections",
         "--grpc-max-connection-idle", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
@@ -49,8 +55,10 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--trace-log-frequency",
     )),
     ("Triton compatibility", "Triton's flags fastoip honours that no group above holds", (
-        "--id",
+        "--id", "--http-header-forward-pattern", "--grpc-header-forward-pattern",
     )),
+    ("Triton flags without effect", "taken so Triton's command lines start; the start log says once that each has "
+     "no effect here (the values that ask for what fastoip lacks are refused)", (*NO_EFFECT, *DEFAULT_ONLY)),
 )
 
 #: Alias (or near-alias) spelling -> the spelling to prefer and why; said once, on the alias.

@@ -45,11 +45,12 @@ class LogSettings:
             if type(value) is not expected:
                 raise InvalidArgument(f"log setting '{key}' must be {expected.__name__}, got {value!r}")
             if key == "log_file" and value:
-                raise InvalidArgument("log_file is not supported: fastoip logs to stderr")
+                # Triton's words; the log file is set at start (--log-file)
+                raise InvalidArgument("log file location can not be updated through network protocol")
             if key == "log_verbose_level" and not 0 <= int(value) <= 0xFFFFFFFF:  # the gRPC field is uint32
                 raise InvalidArgument(f"log_verbose_level must be an unsigned 32-bit integer, got {value!r}")
             if key == "log_format" and value not in ("default", "ISO8601"):
-                raise InvalidArgument("log_format must be 'default' or 'ISO8601'")
+                raise InvalidArgument(f"invalid argument for log_format, got: {value} (expected default or ISO8601)")
             self.values[key] = value
         self._apply()
         return dict(self.values)

@@ -118,23 +118,28 @@ def _kind_class(kind: str) -> type:
 
 def _open_key(name: str, key: str) -> int:
     """Open the object ``key`` names in /dev/shm for reading and writing: a plain name, never a link."""
-    bare = key[1:] if key.startswith("/") else key
-    if not bare or "/" in bare or "\0" in bare or bare in (".", ".."):
-        raise InvalidArgument(
-            f"unable to register shared memory region '{name}': key '{key!s}' is not a valid POSIX shared memory "
-            "name ('/name' or 'name', without further '/' or NUL)"
-        )
+    bare = key.lstrip("/")  # as glibc's shm_open: every leading '/' goes
+    if not bare:
+        raise InvalidArgument(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
     if bare.startswith(RESERVED_KEY_PREFIX):
         raise InvalidArgument(
             f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
             f"prefix '{RESERVED_KEY_PREFIX}'"
+        )
+    if "/" in bare or "\0" in bare or bare in (".", ".."):
+        # Triton's shm_open fails on these: its words, then why (a client mistake here: INVALID_ARGUMENT).
+        raise InvalidArgument(
+            f"Unable to open shared memory region: '{key}' (region '{name}': not a valid POSIX shared memory "
+            "name ('/name' or 'name', without further '/' or NUL))"
         )
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused right after, by fstat).
         return os.open(os.path.join(SHM_DIR, bare), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         reason = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise InvalidArgument(f"unable to open shared memory region '{name}' (key '{key}'): {reason}") from None
+        message = f"Unable to open shared memory region: '{key}' (region '{name}': {reason})"
+        # No such object: Triton's shm_open failure, INTERNAL; a link or a directory is fastoip's refusal.
+        raise (InternalError if exc.errno == errno.ENOENT else InvalidArgument)(message) from None
 
 
 class SharedMemoryRegistry:
@@ -148,7 +153,7 @@ class SharedMemoryRegistry:
         if not name:
             raise InvalidArgument("shared memory region name must not be empty")
         if name in self._regions:
-            raise AlreadyExists(f"shared memory region '{name}' is already registered")
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def _add(self, region: Region | CudaRegion) -> None:
         with self._lock:
@@ -194,8 +199,8 @@ class SharedMemoryRegistry:
             size = info.st_size
             if offset < 0 or byte_size <= 0 or offset + byte_size > size:
                 raise InvalidArgument(
-                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"exceeds the object's size {size}"
+                    f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte_size "
+                    f"{byte_size} exceeds the object's size {size})"
                 )
             try:
                 mapping = GuardedMapping(fd, size)
@@ -254,9 +259,10 @@ class SharedMemoryRegistry:
         if not isinstance(byte_size, int) or isinstance(byte_size, bool) or byte_size < 0:
             raise InvalidArgument(f"tensor '{tensor}': invalid {BYTE_SIZE} {byte_size!r}")
         if offset + byte_size > region.byte_size:
+            triton = "Invalid offset" if offset >= region.byte_size else "Invalid offset + byte size"
             raise InvalidArgument(
-                f"tensor '{tensor}': shared memory offset {offset} + byte size {byte_size} exceeds "
-                f"region '{region.name}' of {region.byte_size} bytes"
+                f"{triton} for shared memory region: '{region.name}' (tensor '{tensor}': shared memory offset "
+                f"{offset} + byte size {byte_size} exceeds region '{region.name}' of {region.byte_size} bytes)"
             )
         return region, region.offset + offset, byte_size
 
@@ -267,8 +273,9 @@ class SharedMemoryRegistry:
         shape: tuple[int, ...],
         parameters: dict,
         uses: list[Region] | None = None,
+        model: str = "",
     ) -> np.ndarray:
-        """A zero-copy view of an input held in a region, checked against the region.
+        """A zero-copy view of an input held in a region, checked against the region (``model``: for errors).
 
         The system region is appended to ``uses``: check them with :func:`check_intact`
         once the request is done, before its answer goes out.
@@ -282,8 +289,9 @@ class SharedMemoryRegistry:
         expected = count * ITEM_SIZES.get(datatype, 0)
         if datatype != "BYTES" and expected != byte_size:
             raise InvalidArgument(
-                f"input '{name}': {datatype} {list(shape)} needs {expected} bytes, "
-                f"but {BYTE_SIZE} is {byte_size}"
+                f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got "
+                f"{byte_size} (input '{name}': {datatype} {list(shape)} needs {expected} bytes, "
+                f"but {BYTE_SIZE} is {byte_size})"
             )
         if isinstance(region, CudaRegion):
             # Device bytes come to the host once, as a tensor from the wire would.

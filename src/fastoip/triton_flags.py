@@ -4,8 +4,12 @@ Rules:
 - Values parse as Triton parses them: booleans are true/on/1 and false/off/0 in
   any case; ``--flag=value`` and ``--flag value`` both work (argparse, like
   Triton's getopt_long).
-- A Triton flag fastoip cannot honour is refused with a message naming it and
-  why; nothing is accepted and then silently ignored.
+- Every flag of ``tritonserver`` is accepted.  Where fastoip has the mechanism
+  the flag is honoured (:data:`HONOURED`); where it has none, the flag is taken
+  and the start log says, once per flag, that it has no effect here and why
+  (:data:`NO_EFFECT`); never silently ignored.  A value asking for a feature
+  fastoip does not have (``--rate-limit=execution_count``,
+  ``--model-namespacing=true``) is refused by name (:data:`DEFAULT_ONLY`).
 - ``--trace-config`` and the deprecated ``--trace-file``, ``--trace-level``,
   ``--trace-rate``, ``--trace-count``, ``--trace-log-frequency`` read as Triton
   reads them (:mod:`fastoip.tracing.config`).
@@ -18,7 +22,9 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +36,8 @@ from .server.restricted import RestrictedFeatures
 from .tracing import TraceConfig, parse_trace_config
 from .tracing.otel import require_sdk
 
+log = logging.getLogger("fastoip.flags")
+
 #: Triton's ``default-max-batch-size`` backend setting when none is given.
 TRITON_DEFAULT_MAX_BATCH_SIZE = 4
 
@@ -38,14 +46,7 @@ BACKENDS = ("onnxruntime", "python")
 
 #: Triton flags fastoip knows it cannot honour, and why (argparse names every other unknown flag).
 UNSUPPORTED = {
-    "--allow-sagemaker": "the SageMaker frontend is not implemented",
-    "--allow-vertex-ai": "the Vertex AI frontend is not implemented",
-    "--response-cache-byte-size": "Triton deprecated it: use --cache-config local,size=N",
-    "--rate-limit": "the rate limiter is not implemented",
-    "--model-namespacing": "model namespacing is not implemented",
     "--model-config-name": "only config.pbtxt is read",
-    "--backend-directory": "backends are built in (onnxruntime, python)",
-    "--repoagent-directory": "repository agents are not implemented",
 }
 
 
@@ -61,6 +62,65 @@ def parse_bool(value: str) -> bool:
     if lowered in ("false", "off", "0"):
         return False
     raise argparse.ArgumentTypeError(f"invalid value for bool option: {value}")
+
+
+def _int_pair(value: str) -> str:
+    """Triton's ``<integer>:<integer>`` (device id and byte size)."""
+    left, colon, right = value.partition(":")
+    try:
+        int(left), int(right)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected <integer>:<integer>, got '{value}'") from None
+    if not colon:
+        raise argparse.ArgumentTypeError(f"expected <integer>:<integer>, got '{value}'")
+    return value
+
+
+#: Triton flags fastoip takes and logs as having no effect here: flag -> (value parser, why).
+NO_EFFECT: dict[str, tuple[Callable[[str], object], str]] = {
+    "--model-load-thread-count": (int, "models load one at a time under the repository's load lock"),
+    "--model-load-retry-count": (int, "a failed load is not retried"),
+    "--model-load-gpu-limit": (str, "ONNX Runtime's CUDA EP manages device memory itself"),
+    "--reuse-http-port": (parse_bool, "the HTTP listener does not set SO_REUSEPORT"),
+    "--reuse-grpc-port": (parse_bool, "the gRPC listener does not set SO_REUSEPORT"),
+    "--grpc-infer-thread-count": (int, "the native gRPC frontend runs on one event loop, with no thread pool"),
+    "--grpc-infer-allocation-pool-size": (int, "the native gRPC frontend keeps no pool of call states to size"),
+    "--grpc-max-response-pool-size": (int, "responses are written as they finish, with no pool to size"),
+    "--grpc-http2-min-recv-ping-interval-without-data": (int, "client PINGs are acknowledged, never counted"),
+    "--grpc-http2-max-ping-strikes": (int, "client PINGs are acknowledged, never counted"),
+    "--cuda-memory-pool-byte-size": (_int_pair, "ONNX Runtime's CUDA EP allocates device memory itself"),
+    "--cuda-virtual-address-size": (_int_pair, "ONNX Runtime's CUDA EP allocates device memory itself"),
+    "--min-supported-compute-capability": (float, "the CUDA EP decides which GPUs it can use"),
+    "--buffer-manager-thread-count": (int, "tensor copies run on the request's own thread"),
+    "--host-policy": (str, "no NUMA or CPU-core placement of instances"),
+    "--enable-peer-access": (parse_bool, "no CUDA peer access is set up"),
+    "--allow-gpu-metrics": (parse_bool, "GPU metrics are not exported"),
+    "--allow-cpu-metrics": (parse_bool, "CPU metrics are not exported"),
+    "--metrics-interval-ms": (float, "metrics are computed when /metrics is read"),
+    "--cache-directory": (str, "the response cache is built in (local)"),
+    "--backend-directory": (str, "backends are built in (onnxruntime, python)"),
+    "--repoagent-directory": (str, "repository agents are not implemented"),
+    "--rate-limit-resource": (str, "the rate limiter is not implemented (--rate-limit is off)"),
+    "--sagemaker-port": (int, "the SageMaker frontend is not implemented"),
+    "--sagemaker-safe-port-range": (str, "the SageMaker frontend is not implemented"),
+    "--sagemaker-thread-count": (int, "the SageMaker frontend is not implemented"),
+    "--vertex-ai-port": (int, "the Vertex AI frontend is not implemented"),
+    "--vertex-ai-thread-count": (int, "the Vertex AI frontend is not implemented"),
+    "--vertex-ai-default-model": (str, "the Vertex AI frontend is not implemented"),
+}
+
+#: Triton flags whose value must ask for what fastoip does: flag -> (parser, the value fastoip has, why another
+#: value is refused).  Triton's default is that value in every case.
+DEFAULT_ONLY: dict[str, tuple[Callable[[str], object], object, str]] = {
+    "--rate-limit": (str.lower, "off", "the rate limiter (execution_count) is not implemented"),
+    "--model-namespacing": (parse_bool, False, "model namespacing is not implemented"),
+    "--allow-sagemaker": (parse_bool, False, "the SageMaker frontend is not implemented"),
+    "--allow-vertex-ai": (parse_bool, False, "the Vertex AI frontend is not implemented"),
+    "--allow-client-shm": (parse_bool, True, "client shared memory cannot be turned off"),
+}
+
+#: Triton's --grpc-infer-response-compression-level values.
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
 
 
 def add_triton_flags(parser: argparse.ArgumentParser) -> None:
@@ -104,6 +164,49 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<protocols>:<key>=<value>",
                    help="gRPC methods of these groups answer UNAVAILABLE unless the call has metadata "
                         f"'triton-grpc-protocol-<key>' with <value> (repeatable). Groups: {groups}")
+    _add_honoured_flags(parser)
+    _add_accepted_flags(parser)
+
+
+def _add_honoured_flags(parser: argparse.ArgumentParser) -> None:
+    """Triton flags fastoip honours with its own mechanisms."""
+    g = parser.add_argument_group("Triton flags honoured by fastoip's own mechanisms")
+    g.add_argument("--exit-on-error", type=parse_bool, default=None, metavar="BOOL",
+                   help="true: a model that fails to load at start-up stops the server (Triton's default is true); "
+                        "without the flag fastoip serves the models that loaded")
+    g.add_argument("--pinned-memory-pool-byte-size", type=int, default=None, metavar="BYTES",
+                   help="most page-locked host memory batches for the CUDA EP may hold (default 256 MB as Triton); "
+                        "past it batches use pageable memory")
+    g.add_argument("--grpc-infer-response-compression-level", type=str.lower, default="none",
+                   choices=COMPRESSION_LEVELS, metavar="none|low|medium|high",
+                   help="native gRPC: compress ModelInfer / ModelStreamInfer responses with an algorithm the client "
+                        "accepts, chosen for the level as gRPC core chooses it (default none)")
+    g.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2, metavar="N",
+                   help="native gRPC: keepalive PINGs sent to a connection with nothing received in between "
+                        "(0: no limit; default 2 as Triton)")
+    g.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=None, metavar="BOOL",
+                   help="native gRPC: false sends keepalive PINGs only while calls are open "
+                        "(without the flag fastoip also pings idle connections)")
+    g.add_argument("--http-header-forward-pattern", default=None, metavar="REGEX",
+                   help="HTTP headers whose name matches (case-insensitive) become inference request parameters")
+    g.add_argument("--grpc-header-forward-pattern", default=None, metavar="REGEX",
+                   help="native gRPC: metadata whose key matches (case-insensitive) become request parameters")
+    g.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="deprecated by Triton: --cache-config local,size=BYTES")
+
+
+def _dest(flag: str) -> str:
+    return "triton_" + flag[2:].replace("-", "_")
+
+
+def _add_accepted_flags(parser: argparse.ArgumentParser) -> None:
+    """Triton flags fastoip takes without an effect (logged at start), and those that must ask for the default."""
+    g = parser.add_argument_group("Triton flags accepted with no effect (the start log says so, once per flag)")
+    for flag, (parse, why) in NO_EFFECT.items():
+        g.add_argument(flag, dest=_dest(flag), type=parse, default=None, metavar="VALUE", help=why)
+    for flag, (parse, wanted, why) in DEFAULT_ONLY.items():
+        g.add_argument(flag, dest=_dest(flag), type=parse, default=None, metavar="VALUE",
+                       help=f"accepted as {str(wanted).lower()} (Triton's default); other values: {why}")
 
 
 def unknown_flags_message(unknown: list[str]) -> str:
@@ -125,6 +228,8 @@ class TritonSettings:
     """What the Triton flags (and fastoip's own equivalents) resolve to."""
 
     model_repository: Path | None
+    #: Further --model-repository directories (Triton serves several).
+    more_repositories: tuple[Path, ...]
     #: An object-storage repository (s3://, gs://, as://); model_repository is None then.
     model_repository_url: str | None
     server_id: str
@@ -144,13 +249,27 @@ class TritonSettings:
     trace: TraceConfig
     http_restricted: RestrictedFeatures
     grpc_restricted: RestrictedFeatures
+    #: --exit-on-error (None: not given, fastoip serves the models that loaded).
+    exit_on_error: bool | None = None
+    #: --pinned-memory-pool-byte-size (None: the default, 256 MB).
+    pinned_pool_bytes: int | None = None
+    grpc_compression_level: str = "none"
+    grpc_max_pings_without_data: int = 2
+    grpc_permit_without_calls: bool | None = None
+    http_forward_pattern: str | None = None
+    grpc_forward_pattern: str | None = None
+    #: --response-cache-byte-size, as Triton reads it: --cache-config local,size=N.
+    cache_config: tuple[str, ...] = ()
+    #: One line per Triton flag given that has no effect here (logged at start).
+    no_effect: tuple[str, ...] = ()
 
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
     """Check and combine the parsed flags; FlagError names the flag that cannot be honoured."""
-    root, url = _model_repository(args.model_repository)
+    roots, url = _model_repository(args.model_repository)
     return TritonSettings(
-        model_repository=root,
+        model_repository=roots[0] if roots else None,
+        more_repositories=roots[1:],
         model_repository_url=url,
         server_id=args.server_id,
         exit_timeout=float(args.exit_timeout_secs) if args.exit_timeout_secs is not None else None,
@@ -168,7 +287,55 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         trace=_trace_config(args),
         http_restricted=_restrictions(restricted.parse_http_restrictions, args.http_restricted_api),
         grpc_restricted=_restrictions(restricted.parse_grpc_restrictions, args.grpc_restricted_protocol),
+        exit_on_error=args.exit_on_error,
+        pinned_pool_bytes=_non_negative("--pinned-memory-pool-byte-size", args.pinned_memory_pool_byte_size),
+        grpc_compression_level=args.grpc_infer_response_compression_level,
+        grpc_max_pings_without_data=_non_negative(
+            "--grpc-http2-max-pings-without-data", args.grpc_http2_max_pings_without_data) or 0,
+        grpc_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http_forward_pattern=_pattern("--http-header-forward-pattern", args.http_header_forward_pattern),
+        grpc_forward_pattern=_pattern("--grpc-header-forward-pattern", args.grpc_header_forward_pattern),
+        cache_config=_response_cache(args.response_cache_byte_size),
+        no_effect=_no_effect(args),
     )
+
+
+def _non_negative(flag: str, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise FlagError(f"{flag} must be >= 0, got {value}")
+    return value
+
+
+def _pattern(flag: str, pattern: str | None) -> str | None:
+    """A header forwarding pattern, checked now (Triton: RE2, case-insensitive; here Python's re)."""
+    if pattern is None:
+        return None
+    try:
+        re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise FlagError(f"{flag}: invalid regular expression '{pattern}': {exc}") from None
+    return pattern
+
+
+def _response_cache(size: int | None) -> tuple[str, ...]:
+    if size is None:
+        return ()
+    log.warning("'--response-cache-byte-size' has been deprecated by Triton: it means "
+                "'--cache-config=local,size=%d'", size)
+    return (f"local,size={size}",)
+
+
+def _no_effect(args: argparse.Namespace) -> tuple[str, ...]:
+    """The log lines for Triton flags given that have no effect here; FlagError for a value asking for more."""
+    lines = []
+    for flag, (_, why) in NO_EFFECT.items():
+        if getattr(args, _dest(flag)) is not None:
+            lines.append(f"{flag} has no effect in fastoip: {why}")
+    for flag, (_, wanted, why) in DEFAULT_ONLY.items():
+        given = getattr(args, _dest(flag))
+        if given is not None and given != wanted:
+            raise FlagError(f"{flag}={str(given).lower()} is not supported by fastoip: {why}")
+    return tuple(lines)
 
 
 def _trace_config(args: argparse.Namespace) -> TraceConfig:
@@ -196,30 +363,34 @@ def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: lis
         raise FlagError(str(exc)) from None
 
 
-def _model_repository(given: list[str] | None) -> tuple[Path | None, str | None]:
-    """The local repository folder, or the object-storage URL (s3://, gs://, as://)."""
+def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | None]:
+    """Every local --model-repository (Triton takes several; a model is found in the first that has it), or the
+    one object-storage URL (s3://, gs://, as://)."""
     if not given:
         env = os.environ.get("FASTOIP_MODEL_REPOSITORY")
         given = [env] if env else []
-    if len(given) > 1:
+    roots: list[Path] = []
+    urls: list[str] = []
+    for item in given:
+        text = str(item)
+        try:
+            location = parse_location(text)
+        except InvalidArgument as exc:
+            raise FlagError(f"--model-repository: {exc.message}") from None
+        if location is not None:
+            urls.append(text)
+            continue
+        root = Path(text)
+        if not root.exists():
+            raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
+        if not root.is_dir():
+            raise FlagError(f"--model-repository {root} is not a directory")
+        roots.append(root)
+    if urls and (len(urls) > 1 or roots):
         raise FlagError(
-            "--model-repository / --model-store given more than once: fastoip serves one model repository"
+            "--model-repository: an object-storage repository (s3://, gs://, as://) must be the only one"
         )
-    if not given:
-        return None, None
-    text = str(given[0])
-    try:
-        location = parse_location(text)
-    except InvalidArgument as exc:
-        raise FlagError(f"--model-repository: {exc.message}") from None
-    if location is not None:
-        return None, text
-    root = Path(text)
-    if not root.exists():
-        raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
-    if not root.is_dir():
-        raise FlagError(f"--model-repository {root} is not a directory")
-    return root, None
+    return tuple(dict.fromkeys(roots)), (urls[0] if urls else None)
 
 
 def _log_level(args: argparse.Namespace) -> str | None:

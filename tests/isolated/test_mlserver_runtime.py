@@ -115,6 +115,35 @@ class Echo(MLModel):
         return InferenceResponse(model_name=self.name, outputs=outputs)
 '''
 
+ROWS_RUNTIME = '''
+import asyncio
+
+import numpy as np
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec
+from mlserver.types import InferenceRequest, InferenceResponse, Parameters
+
+
+class Rows(MLModel):
+    """Doubles x and says how many rows the call it ran in had (several when requests were merged)."""
+
+    async def load(self) -> bool:
+        self.loop = asyncio.get_running_loop()
+        self.lock = asyncio.Lock()  # bound to the loop the runtime lives on
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        assert asyncio.get_running_loop() is self.loop
+        async with self.lock:
+            await asyncio.sleep(0)
+        x = NumpyCodec.decode_input(payload.inputs[0])
+        rows = NumpyCodec.encode_output("rows", np.full((len(x), 1), len(x), dtype=np.int32))
+        if len(x) > 1:  # a per-row parameter, as MLServer's batch split reads them
+            rows.parameters = Parameters(content_type="np", tag=[f"row{i}" for i in range(len(x))])
+        return InferenceResponse(model_name=self.name, id=payload.id,
+                                 outputs=[NumpyCodec.encode_output("y", x * 2), rows])
+'''
+
 PLAIN_IMPORT = '''
 from mlserver import MLModel
 
@@ -153,6 +182,14 @@ def write_layout(root: Path) -> Path:
         (root / name).mkdir()
         (root / name / "runtime.py").write_text(source)
         (root / name / "model-settings.json").write_text(settings(name=name, implementation=f"runtime.{cls}"))
+    x = [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
+    for name, extra in (("batched", {"max_batch_size": 4, "max_batch_time": 5.0}),
+                        ("unbatched", {"max_batch_size": 4, "max_batch_time": 0}),
+                        ("shared-loop", {"parameters": {"fastoip_event_loop": "shared"}})):
+        (root / name).mkdir()
+        (root / name / "runtime.py").write_text(ROWS_RUNTIME)
+        (root / name / "model-settings.json").write_text(
+            settings(name=name, implementation="runtime.Rows", inputs=x, **extra))
     return root
 
 
@@ -196,7 +233,7 @@ def test_layouts_load_every_model(server: fastoip.Server) -> None:
     assert status == 200
     states = {entry["name"]: entry.get("state") for entry in index}
     assert states == {"json-hello": "READY", "summer": "READY", "stream": "READY", "echo": "READY",
-                      "triton-text": "READY"}
+                      "triton-text": "READY", "batched": "READY", "unbatched": "READY", "shared-loop": "READY"}
     assert get(server, "/v2/health/ready") == (200, {"ready": True})
 
 
@@ -369,3 +406,62 @@ def test_without_mlserver_the_error_names_the_extra(tmp_path: Path) -> None:
     (model / "runtime.py").write_text(PLAIN_IMPORT)
     (model / "model-settings.json").write_text(settings(name="plain", implementation="runtime.Plain"))
     assert "pip install 'fastoip[mlserver]'" in load_error(tmp_path / "repo", "plain")
+
+
+def rows_request(x: np.ndarray, request_id: str) -> InferenceRequest:
+    return InferenceRequest(id=request_id, inputs=[NumpyCodec.encode_input("x", x)])
+
+
+@needs_mlserver
+def test_adaptive_batching_merges_and_splits(server: fastoip.Server) -> None:
+    # max_batch_size 4, max_batch_time 5 s: four requests sent at once run as one predict call of 4 rows
+    # (the batch is full: nobody waits the 5 s), and each gets its own rows, id and row parameters back
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs = [np.full((1, 2), i, dtype=np.float32) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: infer(server, "batched", rows_request(xs[i], f"r{i}")), range(4)))
+    for i, response in enumerate(answers):
+        assert response.id == f"r{i}"
+        np.testing.assert_array_equal(NumpyCodec.decode_output(response.outputs[0]), xs[i] * 2)
+        rows = response.outputs[1]
+        assert NumpyCodec.decode_output(rows).tolist() == [[4]]  # it ran in a call of 4 rows
+        assert rows.shape == [1, 1]
+        assert rows.parameters.tag.startswith("row")  # a per-row list parameter: this request's element
+    tags = sorted(response.outputs[1].parameters.tag for response in answers)
+    assert tags == ["row0", "row1", "row2", "row3"]
+    status, config = get(server, "/v2/models/batched/config")
+    assert config["max_batch_size"] == 4
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5_000_000
+
+
+@needs_mlserver
+def test_max_batch_time_zero_does_not_batch(server: fastoip.Server) -> None:
+    status, config = get(server, "/v2/models/unbatched/config")
+    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config  # as MLServer: no batching
+    response = infer(server, "unbatched", rows_request(np.ones((1, 2), dtype=np.float32), "one"))
+    assert NumpyCodec.decode_output(response.outputs[1]).tolist() == [[1]]
+
+
+@needs_mlserver
+@pytest.mark.parametrize("model", ["unbatched", "shared-loop"])
+def test_runtime_keeps_its_event_loop(server: fastoip.Server, model: str) -> None:
+    # the runtime's load() and every predict() see the same running loop (its asyncio.Lock works), with the
+    # instance's own loop (default) and with the backend's shared loop
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(
+            lambda i: infer(server, model, rows_request(np.full((1, 2), i, dtype=np.float32), str(i))), range(8)))
+    assert [float(NumpyCodec.decode_output(a.outputs[0])[0, 0]) for a in answers] == [2.0 * i for i in range(8)]
+
+
+@needs_mlserver
+def test_unknown_event_loop_mode_is_a_load_error(tmp_path: Path) -> None:
+    root = tmp_path / "repository"
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "runtime.py").write_text(ROWS_RUNTIME)
+    (root / "m" / "model-settings.json").write_text(
+        settings(name="m", implementation="runtime.Rows", parameters={"fastoip_event_loop": "mine"}))
+    reason = load_error(root, "m")
+    assert "fastoip_event_loop" in reason and "'mine'" in reason

@@ -32,11 +32,11 @@ from .._proto import model_config_pb2 as mc
 from ..cuda import DeviceArray, DeviceBytes
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
-from ..repository.config import ONNX_PLATFORM, DiscoveredTensor, complete_config
+from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
 from .ort_options import apply_session_options, thread_counts
 
 if TYPE_CHECKING:
-    from ..repository.repository import RepositoryOptions
+    from ..options import RepositoryOptions
 
 log = logging.getLogger("fastoip.onnx")
 

@@ -11,11 +11,16 @@ Modules, one job each:
 - :mod:`.control`  the non-inference RPCs: readiness, metadata, config, statistics.
 - :mod:`.inputs`   model metadata/config -> tensor shapes -> encoded requests.
 - :mod:`.verify`   decode responses, check shapes, reference outputs of the demo models.
+- :mod:`.probe`    each distinct request sent once before the load, its response fully checked.
 - :mod:`.load`     gRPC load generators (future callbacks, grpc.aio, streaming).
 - :mod:`.httpload` HTTP/1.1 keep-alive load generator over asyncio.
+- :mod:`.generators` which load generator carries a level, and the factory that builds it.
+- :mod:`.shm`      ``--shared-memory system|cuda``: tensors in shared-memory regions.
+- :mod:`.tls`      TLS for the bench's connections (perf_analyzer's ``--ssl-*`` flags).
 - :mod:`.procs`    the same generators spread over several client processes.
 - :mod:`.measure`  windows, stability, percentiles, server-side statistics deltas.
 - :mod:`.report`   the result schema, the table, JSON, CSV and ``compare``.
+- :mod:`.perf_analyzer` perf_analyzer compatibility: its CSV layout, GPU metrics, the flags refused.
 - :mod:`.progress` the live progress line.
 - :mod:`.ceiling`  a fixed-response server: the client's own limit.
 - :mod:`.local`    start/stop a local fastoip on the demo repository, CPU pinning.

@@ -216,7 +216,3 @@ class SharedRegions:
             except BenchError:
                 pass  # nothing more to do for it; the others are still released
         self.regions.clear()
-
-
-def placement_or_none(regions: SharedRegions | None, index: int) -> Placement | None:
-    return regions.placements[index] if regions is not None else None

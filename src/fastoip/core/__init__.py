@@ -1,6 +1,6 @@
 """The Core: the API every frontend calls (see :mod:`.core`), its typed answers and its call context."""
 
-from ..repository.config import config_to_json  # the Triton JSON form of model_config()'s answer
+from ..model_config import config_to_json  # the Triton JSON form of model_config()'s answer
 from ..shared_memory import CUDA, SYSTEM
 from .answers import (
     BatchStatistics,
@@ -15,7 +15,7 @@ from .answers import (
     SystemRegionStatus,
     TensorMetadata,
 )
-from .call import CallContext, FinishedCall
+from .call import CallContext, FinishedCall, OnDone, OnResponse, Ticket, on_loop
 from .control import EXTENSIONS, ModelControl
 from .core import Core
 from .dataplane import SERVER_NAME, DataPlane
@@ -38,8 +38,12 @@ __all__ = [
     "ModelStatistics",
     "RegionStatus",
     "RepositoryIndexEntry",
+    "OnDone",
+    "OnResponse",
     "ServerMetadata",
     "SystemRegionStatus",
     "TensorMetadata",
+    "Ticket",
     "config_to_json",
+    "on_loop",
 ]

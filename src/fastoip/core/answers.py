@@ -81,7 +81,7 @@ class ModelStatistics:
 
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any]) -> ModelStatistics:
-        """From ``metrics.ModelStatistics.snapshot()`` (Triton's JSON shape)."""
+        """From ``metrics.VersionCounters.snapshot()`` (Triton's JSON shape)."""
 
         def duration(value: dict[str, int]) -> Duration:
             return Duration(value["count"], value["ns"])

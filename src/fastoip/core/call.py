@@ -13,6 +13,12 @@ Rules:
   ``time_remaining`` (seconds; grpcio's ``context.time_remaining``) only for a
   request that will wait in a queue: one that runs at once has its turn
   already, and the hot path skips the clock reads.
+- ``caller_runs``: the caller lends its thread (a grpcio stream's reader, a
+  blocking caller): a model without a queue runs there instead of on a worker.
+- ``Core.start`` answers a :class:`Ticket` (``cancel()``, safe from any
+  thread); the finished call reaches ``on_done`` on the thread that finished
+  it.  An event-loop frontend wraps its callbacks with :func:`on_loop`, the
+  one loop hop ("call this back on that loop unless it is closed").
 - ``trace_headers`` are the request's headers (gRPC metadata, HTTP headers) as
   the frontend has them, unread (:data:`fastoip.tracing.TraceHeaders`): the
   Core reads the caller's W3C ``traceparent`` / ``tracestate`` from them only
@@ -21,12 +27,13 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import ParamSpec, Protocol
 
 from ..errors import InferenceError
-from ..tracing import TraceHeaders
+from ..tracing import FrontendTrace, TraceHeaders
 from ..types import InferRequest, InferResponse
 
 #: A remaining time at or above this many seconds means "no deadline" (grpcio reports ~forever as a huge number).
@@ -38,7 +45,7 @@ CancelRegistration = Callable[[Callable[[], None]], object]
 class CallContext:
     """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
-    __slots__ = ("deadline_ns", "on_cancel", "time_remaining", "trace_headers")
+    __slots__ = ("caller_runs", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers")
 
     def __init__(
         self,
@@ -46,17 +53,18 @@ class CallContext:
         on_cancel: CancelRegistration | None = None,
         time_remaining: Callable[[], float | None] | None = None,
         trace_headers: TraceHeaders | None = None,
+        caller_runs: bool = False,
+        frontend_trace: FrontendTrace | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
         self.on_cancel = on_cancel
         self.time_remaining = time_remaining
         self.trace_headers = trace_headers
-
-    @classmethod
-    def with_timeout(cls, remaining_s: float | None, on_cancel: CancelRegistration | None = None) -> CallContext:
-        """From a relative time left (seconds, None: no deadline), read now."""
-        return cls(_deadline_after(remaining_s), on_cancel)
+        #: The caller's thread may run the model (it would only wait): no hand-off to a worker.
+        self.caller_runs = caller_runs
+        #: The frontend's timestamps (Triton's HTTP_* / GRPC_*), joined to the request's trace if it is traced.
+        self.frontend_trace = frontend_trace
 
     def queued_deadline_ns(self) -> int:
         """The deadline of a request about to wait in a queue: ``deadline_ns``, else from ``time_remaining``."""
@@ -71,7 +79,17 @@ def _deadline_after(remaining_s: float | None) -> int:
     return time.monotonic_ns() + int(remaining_s * 1e9)
 
 
-class FinishedCall(Protocol):
+class Ticket(Protocol):
+    """What ``Core.start`` answers: a started call, to cancel (from any thread) when the client goes away."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+
+class FinishedCall(Ticket, Protocol):
     """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread.
 
     Exactly one of ``response`` / ``error`` is set, except for a decoupled call (``decoupled``), which
@@ -85,4 +103,24 @@ class FinishedCall(Protocol):
     @property
     def decoupled(self) -> bool: ...
 
-    def cancel(self) -> None: ...
+
+#: ``on_done(call)``: the call finished (read ``response`` / ``error``); runs on the finishing thread.
+OnDone = Callable[[FinishedCall], object]
+#: ``on_response(call, response)``: one response of a decoupled model, on the producing thread.
+OnResponse = Callable[[FinishedCall, InferResponse], object]
+
+P = ParamSpec("P")
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[P, object]) -> Callable[P, None]:
+    """``callback`` made callable from any thread: it runs on ``loop``, unless the loop is closed (the server
+    stopped past its exit timeout: nobody is left to answer).  Positional arguments only."""
+    call_soon = loop.call_soon_threadsafe
+
+    def hop(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            call_soon(callback, *args)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    return hop

@@ -16,8 +16,8 @@ from typing import Any
 
 from .. import cuda
 from ..errors import InferenceError, InvalidArgument, Unavailable
+from ..model_config import config_from_json
 from ..repository import ModelRepository, ModelState
-from ..repository.config import config_from_json
 from ..repository.poller import RepositoryPoller
 from .answers import RepositoryIndexEntry
 
@@ -129,10 +129,14 @@ class ModelControl:
             raise InvalidArgument(f"load '{name}': model files in the request need a 'config' parameter too")
         self.repository.load(name, override, files or None, from_client=True)
 
-    def unload_model(self, name: str) -> None:
-        """Stop serving ``name`` (explicit mode); requests in flight finish first."""
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop serving ``name`` (explicit mode); requests in flight finish first.
+
+        ``unload_dependents`` (Triton's parameter): an ensemble's composing models go too, those no other
+        loaded ensemble uses.  A name the server does not know is a no-op, as in Triton.
+        """
         self._check_explicit("unload")
-        self.repository.unload(name)
+        self.repository.unload(name, unload_dependents)
 
     def _check_explicit(self, action: str) -> None:
         if self.model_control_mode == "poll":

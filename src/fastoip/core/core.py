@@ -15,7 +15,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,15 +23,14 @@ from typing import Any
 from .._proto import model_config_pb2 as mc
 from ..backends.python.server_bridge import CUSTOM_METRICS, attach_core
 from ..errors import InferenceError
-from ..metrics import prometheus_text
+from ..metrics import MetricsConfig, prometheus_text
 from ..options import RepositoryOptions
 from ..repository import ModelRepository
-from ..scheduling.job import Job
 from ..shared_memory import SYSTEM
-from ..tracing import TraceConfig, TraceHeaders
+from ..tracing import TraceConfig
 from ..types import InferRequest, InferResponse
 from .answers import ModelMetadata, ModelStatistics, RegionStatus, RepositoryIndexEntry, ServerMetadata
-from .call import CallContext
+from .call import CallContext, OnDone, OnResponse, Ticket
 from .control import ModelControl
 from .dataplane import DataPlane
 
@@ -41,7 +40,7 @@ class Core:
 
     def __init__(
         self,
-        repository_root: Path,
+        repository_root: Path | Sequence[Path],
         options: RepositoryOptions | None = None,
         *,
         worker_threads: int = 16,
@@ -51,10 +50,13 @@ class Core:
         poll_interval: float = 15.0,
         cache_size_bytes: int = 0,
         trace_config: TraceConfig | None = None,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
         try:
-            self.repository = ModelRepository(repository_root, self.executor, options)
+            #: This server's ``--metrics-config`` (its own: two servers in one process keep theirs).
+            self.metrics_config = metrics_config or MetricsConfig()
+            self.repository = ModelRepository(repository_root, self.executor, options, self.metrics_config)
             self.control = ModelControl(
                 self.repository,
                 model_control_mode=model_control_mode,
@@ -97,8 +99,8 @@ class Core:
     def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self.control.load_model(name, parameters)
 
-    def unload_model(self, name: str) -> None:
-        self.control.unload_model(name)
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.control.unload_model(name, unload_dependents)
 
     # -- health -----------------------------------------------------------------------
     def server_live(self) -> bool:
@@ -151,25 +153,29 @@ class Core:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.data.model_config(name, version)
 
-    # -- inference ----------------------------------------------------------------------
-    def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
-        return self.data.infer(request, call)
-
-    def submit(
+    # -- inference: one verb ------------------------------------------------------------
+    def start(
         self,
         request: InferRequest,
-        on_done: Callable[[Job], None],
-        deadline_ns: int = 0,
-        run_here: bool = False,
-        trace_headers: TraceHeaders | None = None,
-        on_response: Callable[[Job, InferResponse], None] | None = None,
-    ) -> Job:
-        return self.data.submit(request, on_done, deadline_ns, run_here, trace_headers, on_response)
+        call: CallContext | None,
+        on_done: OnDone,
+        on_response: OnResponse | None = None,
+    ) -> Ticket:
+        """Start ``request`` without blocking; ``on_done(call)`` on the finishing thread (see ``DataPlane.start``)."""
+        return self.data.start(request, call, on_done, on_response)
 
-    async def infer_async(
-        self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None
-    ) -> InferResponse:
-        return await self.data.infer_async(request, deadline_ns, trace_headers)
+    def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
+        """``start`` and wait, on the calling thread (which runs a queue-less model itself)."""
+        return self.data.infer(request, call)
+
+    async def infer_async(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
+        """``start`` and await, on the running event loop."""
+        return await self.data.infer_async(request, call)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether any request may be traced now (frontends take their timestamps only then)."""
+        return self.data.tracer.active
 
     # -- statistics -----------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
@@ -178,12 +184,13 @@ class Core:
     def prometheus_metrics(self) -> str:
         """Every loaded version's statistics as Prometheus text, under Triton's metric names."""
         models = [model for record in self.repository.records() for model in record.versions.values()]
-        pending = {(m.name, m.version_str): m.scheduler.pending() if m.scheduler.queues else 0 for m in models}
+        pending = {(m.name, m.version_str): m.scheduler.pending() for m in models}
         cached = frozenset(
             (m.name, m.version_str) for m in models if m.uses_response_cache and self.data.response_cache is not None
         )
         text = prometheus_text(
-            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached
+            self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached,
+            self.metrics_config,
         )
         return text + CUSTOM_METRICS.text()  # pb_utils.MetricFamily families of Triton Python models
 

@@ -1,16 +1,18 @@
 """The data plane: health, metadata, inference, statistics, shared memory, trace and log settings.
 
 Rules:
-- Every inference goes one way: ``_start`` (find the model, resolve
-  shared-memory inputs, validate, count it in flight) -> the model's scheduler
-  -> ``_complete`` (reshape back and classify, shared-memory outputs, the
-  regions' intact check, in-flight count, statistics, trace).
-  ``_complete`` is the only place that writes those, whichever entry point
-  started the request: ``infer`` runs it on the caller's thread after the wait,
-  ``submit`` on the thread that finished the job, just before ``on_done``.
-- ``infer`` blocks the calling thread (thread-per-call frontends); ``submit``
+- Every inference goes one way: ``start`` (the one verb; ``infer`` and
+  ``infer_async`` wrap it) -> ``_start`` (the current version counted in flight,
+  shared-memory inputs, validation, cache look-up) -> the request runner
+  (:mod:`fastoip.repository.runner`, which ensemble steps share) enqueues it ->
+  ``_complete`` (the cache's part, then the runner's completion: reshape back
+  and classify, shared-memory outputs, the regions' intact check, in-flight
+  count, statistics; then the trace).  ``_complete`` runs once per request:
+  ``infer`` on the caller's thread after the wait, ``start`` on the thread that
+  finished the job, just before ``on_done``.
+- ``infer`` blocks the calling thread (thread-per-call frontends); ``start``
   never blocks and calls back on the finishing thread (event-loop frontends
-  hop back with ``call_soon_threadsafe``; see ``infer_async``).
+  hop back with :func:`.call.on_loop`; see ``infer_async``).
 - Answers are the typed values of :mod:`.answers`; errors are
   :mod:`fastoip.errors` values that the frontends map to statuses.
 - Tracing (:mod:`fastoip.tracing`) costs a request two attribute checks
@@ -19,10 +21,10 @@ Rules:
   :class:`~fastoip.tracing.Trace` on the job, and ``_complete`` fills in
   Triton's timestamps and tensors from the job and hands it back.
 - Decoupled models (``model_transaction_policy { decoupled: true }``) answer
-  through ``submit(..., on_response=...)`` only: each response but the final
+  through ``start(..., on_response=...)`` only: each response but the final
   flag goes to ``on_response`` as the model produces it (outputs finished per
   response), then ``on_done`` once, with an error or with neither error nor
-  response (the final flag alone).  ``infer`` / ``infer_async`` and a submit
+  response (the final flag alone).  ``infer`` / ``infer_async`` and a start
   without ``on_response`` answer :class:`~fastoip.errors.OneResponseCall`
   (Triton's refusal).  Statistics count one inference per request, as Triton does.
 """
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,13 +42,12 @@ from .._proto import model_config_pb2 as mc
 from ..errors import InferenceError, InvalidArgument, NotFound, OneResponseCall, Unavailable
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
+from ..repository.runner import RequestRunner
 from ..response_cache import ResponseCache, request_key
-from ..response_outputs import finish_outputs
-from ..scheduling.contract import enter_current
 from ..scheduling.job import Job
 from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
-from ..tracing import Trace, TraceConfig, TraceHeaders, TraceManager
+from ..tracing import Trace, TraceConfig, TraceManager
 from ..types import InferRequest, InferResponse
 from .answers import (
     CudaRegionStatus,
@@ -58,7 +58,7 @@ from .answers import (
     SystemRegionStatus,
     TensorMetadata,
 )
-from .call import CallContext, FinishedCall
+from .call import CallContext, FinishedCall, OnDone, OnResponse, Ticket, on_loop
 
 SERVER_NAME = "fastoip"
 
@@ -76,6 +76,8 @@ class DataPlane:
         trace_config: TraceConfig | None = None,
     ) -> None:
         self.repository = repository
+        #: The one request runner (the repository's: ensemble steps run through it too).
+        self.runner = repository.runner
         #: Triton's response cache (``--cache-config local,size=N``), for models with ``response_cache { enable }``.
         self.response_cache = ResponseCache(cache_size_bytes) if cache_size_bytes > 0 else None
         self.extensions = extensions
@@ -134,20 +136,47 @@ class DataPlane:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.repository.get(name, version).config
 
-    # -- inference: one path -------------------------------------------------------------
-    def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
-        """Run ``request`` and block until its response (or raise its error): start, run, wait, complete.
+    # -- inference: one way in -------------------------------------------------------------
+    def start(
+        self,
+        request: InferRequest,
+        call: CallContext | None,
+        on_done: OnDone,
+        on_response: OnResponse | None = None,
+    ) -> Ticket:
+        """Start ``request`` without blocking: the one verb every frontend starts a request with.
 
-        A queue-less model runs on this thread; a queued one is armed by ``_start`` and this thread waits.
+        ``on_done(call)`` runs once, on the thread that finished the request, after its completion step
+        (outputs, statistics, trace); it reads ``response`` / ``error`` (see :class:`.call.FinishedCall`)
+        and must not block.  The ticket's ``cancel()`` may be called from any thread.  Errors found
+        before the request starts (unknown model, invalid input, shutting down) are raised here, not
+        passed to ``on_done``.  ``on_response(call, response)``: where a decoupled model's responses go,
+        on the producing thread (a decoupled model never runs on the calling thread).
         """
-        model, job = self._start(request, call)
-        try:
-            if job.cache_key is not None and not job.cache_leader:
-                self._answer_from_cache(job)
-            else:
-                model.scheduler.run(job)
-        except Exception as exc:  # a scheduler that raises instead of failing the job: the job fails, once
-            job.fail(exc)
+        model, job = self._start(request, call, on_response, False)
+
+        def done(finished: Job) -> None:
+            self._complete(model, finished)
+            on_done(finished)
+
+        job.on_done(done)
+        job.arm()  # the stream or event loop that called may cancel it from another thread
+        if job.cache_key is None or job.cache_leader:
+            self.runner.enqueue(model, job)
+        else:
+            self._answer_from_cache(job)
+        return job
+
+    def infer(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
+        """``start`` for a thread that blocks until the response (or raises its error).
+
+        The calling thread lends itself: a queue-less model runs on it, a queued one is waited for.
+        """
+        model, job = self._start(request, call, None, True)
+        if job.cache_key is None or job.cache_leader:
+            self.runner.enqueue(model, job)
+        else:
+            self._answer_from_cache(job)
         try:
             job.wait()  # returns at once when it ran on this thread
         except InferenceError:
@@ -158,86 +187,39 @@ class DataPlane:
         assert job.response is not None
         return job.response
 
-    def submit(
-        self,
-        request: InferRequest,
-        on_done: Callable[[Job], None],
-        deadline_ns: int = 0,
-        run_here: bool = False,
-        trace_headers: TraceHeaders | None = None,
-        on_response: Callable[[Job, InferResponse], None] | None = None,
-    ) -> Job:
-        """Start ``request`` without blocking; ``on_done(job)`` runs on the thread that finished it.
-
-        ``on_done`` reads ``job.response`` / ``job.error`` (see :class:`.call.FinishedCall`)
-        and must not block; the returned job's ``cancel()`` may be called from any thread.
-        ``run_here``: when the model has no queue (direct scheduler), execute on the
-        calling thread instead of handing off to a worker (for callers that are a
-        dedicated reader thread, like a gRPC stream).  Errors found before the
-        request starts (unknown model, invalid input) are raised here, not passed to ``on_done``.
-        ``trace_headers``: the request's headers, read only while tracing is on (see :mod:`.call`).
-        ``on_response(job, response)``: where a decoupled model's responses go, on the producing thread
-        (a decoupled model never runs on the calling thread: its responses must reach the caller meanwhile).
-        """
-        call = CallContext(deadline_ns) if deadline_ns else None
-        model, job = self._start(request, call, trace_headers, on_response)
-
-        def done(finished: Job) -> None:
-            self._complete(model, finished)
-            on_done(finished)
-
-        job.on_done(done)
-        job.arm()  # the stream or event loop that called may cancel it from another thread
-        if job.cache_key is not None and not job.cache_leader:
-            self._answer_from_cache(job)
-            return job
-        try:
-            if run_here and not model.scheduler.queues and not model.decoupled:
-                model.scheduler.run(job)
-            else:
-                model.scheduler.submit(job)
-        except Exception as exc:  # the job reaches on_done either way
-            job.fail(exc)
-        return job
-
-    async def infer_async(
-        self, request: InferRequest, deadline_ns: int = 0, trace_headers: TraceHeaders | None = None
-    ) -> InferResponse:
-        """``infer`` for asyncio frontends: the event loop never blocks, no thread waits for the call."""
+    async def infer_async(self, request: InferRequest, call: CallContext | None = None) -> InferResponse:
+        """``start`` for asyncio frontends: the event loop never blocks, no thread waits for the call."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferResponse] = loop.create_future()
 
-        def resolve(job: FinishedCall) -> None:
+        def resolve(finished: FinishedCall) -> None:
             if not future.done():
-                if job.error is not None:
-                    future.set_exception(job.error)
+                if finished.error is not None:
+                    future.set_exception(finished.error)
                 else:
-                    assert job.response is not None
-                    future.set_result(job.response)
+                    assert finished.response is not None
+                    future.set_result(finished.response)
 
-        def hop_to_loop(finished: Job) -> None:  # runs on the finishing thread
-            loop.call_soon_threadsafe(resolve, finished)
-
-        job = self.submit(request, hop_to_loop, deadline_ns, trace_headers=trace_headers)
+        ticket = self.start(request, call, on_loop(loop, resolve))
         try:
             return await future
         except asyncio.CancelledError:
-            job.cancel()
+            ticket.cancel()
             raise
 
     def _start(
         self,
         request: InferRequest,
         call: CallContext | None,
-        trace_headers: TraceHeaders | None = None,
-        on_response: Callable[[Job, InferResponse], None] | None = None,
+        on_response: OnResponse | None,
+        blocking: bool,
     ) -> tuple[LoadedModel, Job]:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
             raise Unavailable("the server is shutting down and accepts no new requests")
-        model = enter_current(lambda: self.repository.get(request.model_name, request.model_version))
+        model = self.runner.enter(request)
         try:
-            return model, self._prepare(model, request, call, trace_headers, on_response)
+            return model, self._prepare(model, request, call, on_response, blocking)
         except BaseException:
             model.leave()
             raise
@@ -247,8 +229,8 @@ class DataPlane:
         model: LoadedModel,
         request: InferRequest,
         call: CallContext | None,
-        trace_headers: TraceHeaders | None,
-        on_response: Callable[[Job, InferResponse], None] | None,
+        on_response: OnResponse | None,
+        blocking: bool,
     ) -> Job:
         if model.decoupled and on_response is None:
             raise OneResponseCall()
@@ -256,7 +238,7 @@ class DataPlane:
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
                 tensor.data = self.shared_memory.input_view(
-                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions, request.model_name
                 )
         try:
             job = model.prepare(request)
@@ -270,43 +252,59 @@ class DataPlane:
         if model.decoupled:
             assert on_response is not None
             self._stream(model, job, on_response)
+        elif blocking or (call is not None and call.caller_runs):
+            job.caller_runs = True
+        waits = model.queued
         if self.response_cache is not None and model.uses_response_cache:
             self._look_up(model, job)
-        if model.scheduler.queues or (job.cache_key is not None and not job.cache_leader):
-            job.arm()  # it will wait in a queue (or for an identical request): other threads may finish it
-            if call is not None:
-                job.deadline_ns = call.queued_deadline_ns()
+            if job.cache_key is not None and not job.cache_leader:
+                waits = True  # for an identical request: that request's thread finishes it
+        if waits or not blocking:
+            job.arm()  # other threads may finish or cancel it (start() arms it too; arming twice is a no-op)
+        if call is not None:
+            job.deadline_ns = call.deadline_ns
+            # a request that waits (or runs elsewhere) gets the caller's lazy deadline and cancellation; one that
+            # runs at once on the blocking caller's thread has its turn already and nothing to cancel
+            if waits or not blocking:
+                if not job.deadline_ns and call.time_remaining is not None:
+                    job.deadline_ns = call.queued_deadline_ns()
                 if call.on_cancel is not None:
                     call.on_cancel(job.cancel)
-        elif call is not None:
-            job.deadline_ns = call.deadline_ns
         if self.tracer.active:  # while tracing is off, this and job.trace in _complete are all it costs
-            if trace_headers is None and call is not None:
-                trace_headers = call.trace_headers
+            trace_headers = call.trace_headers if call is not None else None
             job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
+            frontend = call.frontend_trace if call is not None else None
+            if frontend is not None and job.trace is not None:
+                # the trace is written when the frontend has answered too (its HTTP_* / GRPC_* timestamps)
+                frontend.attach(job.trace, self.tracer.finish)
+                job.frontend_trace = frontend
         return job
 
     @staticmethod
-    def _stream(model: LoadedModel, job: Job, on_response: Callable[[Job, InferResponse], None]) -> None:
+    def _answer_from_cache(job: Job) -> None:
+        """An identical request's answer: cached (finish now), or coming (its completion finishes this job)."""
+        if job.cached is not None:
+            job.finish(job.cached)
+
+    @staticmethod
+    def _stream(model: LoadedModel, job: Job, on_response: OnResponse) -> None:
         """Give a decoupled model's job its response sink: each response finished (reshape, classification)
-        as ``_complete`` finishes a single one, then handed to ``on_response``."""
+        as the runner finishes a single one, then handed to ``on_response``."""
         if job.destinations:
             raise InvalidArgument(
                 f"model '{model.name}' is decoupled: its responses cannot be written to shared-memory outputs"
             )
-        spec = model.spec
         request = job.request
 
         def deliver(streamed: Job, response: InferResponse) -> None:
-            if request.outputs or spec.reshaped:
-                finish_outputs(spec, request, response)
+            RequestRunner.finish_outputs(model, request, response)
             on_response(streamed, response)
 
         job.stream_to(deliver)
 
     def _complete(self, model: LoadedModel, job: Job) -> None:
-        """The one completion step: outputs finished (reshape, classification, shared memory), the regions'
-        intact check, in-flight count, statistics, trace."""
+        """The response cache's part, the runner's completion (outputs, shared memory, the regions' intact
+        check, in-flight count, statistics), then the trace."""
         if job.cache_leader and self.response_cache is not None:
             assert job.cache_key is not None
             # the raw response is stored (outputs are finished per request below); identical waiters get it
@@ -315,24 +313,9 @@ class DataPlane:
             model.stats.record_cache(False, job.cache_lookup_ns + time.monotonic_ns() - insert_start)
             for waiter, answer, error in answers:
                 waiter(answer, error)
-        response = job.response
-        if job.error is None and response is not None:
-            request = job.request
-            try:
-                if request.outputs or model.spec.reshaped:  # reshape back, classification; before shared memory
-                    finish_outputs(model.spec, request, response)
-                if job.destinations:
-                    _write_shared_memory_outputs(job.destinations, response)
-                if job.regions:
-                    check_intact(job.regions)
-            except InferenceError as exc:
-                job.error, job.response = exc, None
-        model.leave()
-        end_ns = time.monotonic_ns()
-        ok = job.error is None
-        model.stats.record_request(ok, end_ns - job.arrival_ns, job.queue_ns, job.error)
+        self.runner.complete(model, job, _shared_memory_outputs if job.regions or job.destinations else None)
         if job.trace is not None:
-            self._finish_trace(job.trace, job, end_ns)
+            self._finish_trace(job.trace, job, time.monotonic_ns())
 
     def _finish_trace(self, trace: Trace, job: Job, outputs_done_ns: int) -> None:
         """Triton's timestamps and tensors of a traced request, from its job; then the trace is written.
@@ -361,7 +344,10 @@ class DataPlane:
                     tensors.append(
                         ("TENSOR_BACKEND_OUTPUT", output.name, output.datatype, tuple(output.shape), output.data)
                     )
-        self.tracer.finish(trace)
+        if job.frontend_trace is not None:
+            job.frontend_trace.core_done()  # written once the frontend has answered too
+        else:
+            self.tracer.finish(trace)
 
     def _look_up(self, model: LoadedModel, job: Job) -> None:
         """Ask the response cache: a hit finishes the job now, an identical request in flight answers it later,
@@ -380,12 +366,6 @@ class DataPlane:
         model.stats.record_cache(True, elapsed)
         if found is not False:
             job.cached = found
-
-    @staticmethod
-    def _answer_from_cache(job: Job) -> None:
-        if job.cached is not None:
-            job.finish(job.cached)
-        # else: an identical request is running; its completion finishes this job (job.pending_cache_answer)
 
     def _output_destinations(self, request: InferRequest, regions: list[Any]) -> dict[str, Any] | None:
         """Region bytes (numpy or CUDA) for the outputs the client wants in shared memory, or None."""
@@ -463,8 +443,17 @@ def _tensors(entries: list[dict[str, Any]]) -> tuple[TensorMetadata, ...]:
     return tuple(TensorMetadata(t["name"], t["datatype"], tuple(t["shape"])) for t in entries)
 
 
+def _shared_memory_outputs(job: Job, response: InferResponse) -> None:
+    """Put outputs into their regions (the response keeps an empty entry for each, as Triton sends), then
+    check that the regions the request used are still intact."""
+    destinations = job.destinations
+    if destinations:
+        _write_shared_memory_outputs(destinations, response)
+    if job.regions:
+        check_intact(job.regions)
+
+
 def _write_shared_memory_outputs(destinations: dict[str, Any], response: InferResponse) -> None:
-    """Put outputs into their regions; the response keeps an empty entry for each, as Triton sends."""
     for output in response.outputs:
         destination = destinations.get(output.name)
         if destination is not None and output.data is not None:

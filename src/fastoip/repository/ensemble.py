@@ -18,13 +18,14 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2
 from ..errors import InferenceError, InvalidArgument
-from ..scheduling.ensemble import EnsembleScheduler, Resolve
+from ..metrics import MetricsConfig
+from ..scheduling.ensemble import EnsembleScheduler
 from .loaded import LoadedModel
+from .runner import RequestRunner
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,14 @@ class TensorShape:
 
     datatype: str
     dims: tuple[int, ...]
+    #: Whether the declaring model batches (its full shape has a leading variable batch dimension).
+    batching: bool = False
+    #: The model that declares it (named in errors).
+    model: str = ""
+
+    @property
+    def full_dims(self) -> tuple[int, ...]:
+        return (-1, *self.dims) if self.batching else self.dims
 
 
 @dataclass(frozen=True)
@@ -77,18 +86,21 @@ def is_ensemble(config: mc.ModelConfig) -> bool:
     return config.platform == "ensemble" or config.HasField("ensemble_scheduling")
 
 
-def _shape(tensor: mc.ModelInput | mc.ModelOutput) -> TensorShape:
+def _shape(tensor: mc.ModelInput | mc.ModelOutput, batching: bool = False, model: str = "") -> TensorShape:
     # the client-facing dims: a composing model's reshape is its own business
-    return TensorShape(CONFIG_TO_V2.get(mc.DataType.Name(tensor.data_type), ""), tuple(tensor.dims))
+    return TensorShape(
+        CONFIG_TO_V2.get(mc.DataType.Name(tensor.data_type), ""), tuple(tensor.dims), batching, model
+    )
 
 
 def composing_model_of(config: mc.ModelConfig) -> ComposingModel:
     """The wiring-relevant part of a loaded model's (completed) config."""
+    batching = config.max_batch_size > 0
     return ComposingModel(
         config.name,
         config.max_batch_size,
-        {t.name: _shape(t) for t in config.input},
-        {t.name: _shape(t) for t in config.output},
+        {t.name: _shape(t, batching, config.name) for t in config.input},
+        {t.name: _shape(t, batching, config.name) for t in config.output},
         bool(config.model_transaction_policy.decoupled),
     )
 
@@ -104,8 +116,9 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
     steps_config = list(config.ensemble_scheduling.step)
     if not steps_config:
         raise InvalidArgument(f"ensemble '{name}' must have at least one step")
-    declared_inputs = {t.name: _shape(t) for t in config.input}
-    declared_outputs = {t.name: _shape(t) for t in config.output}
+    batching = config.max_batch_size > 0
+    declared_inputs = {t.name: _shape(t, batching, name) for t in config.input}
+    declared_outputs = {t.name: _shape(t, batching, name) for t in config.output}
     producer: dict[str, int] = {}
     known: dict[str, TensorShape] = dict(declared_inputs)
     steps: list[EnsembleStep] = []
@@ -119,10 +132,12 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
                 f"{where}: model '{configured.model_name}' is decoupled; fastoip's ensembles take models that "
                 "answer each request once"
             )
-        if model.max_batch_size == 0 and config.max_batch_size > 0:
+        # Triton: a batching ensemble may hold a non-batching model (its full shapes must then agree),
+        # but not one that batches less than the ensemble does.
+        if 0 < model.max_batch_size < config.max_batch_size:
             raise InvalidArgument(
-                f"{where}: the ensemble batches (max_batch_size {config.max_batch_size}) "
-                f"but model '{configured.model_name}' does not"
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "
+                f"{configured.model_name} which only allows maximum batch size to be {model.max_batch_size}"
             )
         missing = sorted(set(model.inputs) - set(configured.input_map))
         if missing:
@@ -164,22 +179,31 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
 
 
 def _agree(where: str, tensor: str, known: dict[str, TensorShape], seen: TensorShape) -> None:
-    """Datatypes must match; fixed dims must match where both sides fix them."""
+    """Triton's tensor consistency: datatypes match; dims match (a -1 matches anything), or, where a batching
+    and a non-batching model meet, their full shapes (batch dimension included) do."""
     previous = known.get(tensor)
     if previous is None:
         known[tensor] = seen
         return
     if previous.datatype != seen.datatype:
         raise InvalidArgument(
-            f"{where}: ensemble tensor '{tensor}' is {previous.datatype} in one place and {seen.datatype} in another"
+            f"{where}: ensemble tensor '{tensor}' is {previous.datatype} in one place and {seen.datatype} in another "
+            f"(inconsistent data type: TYPE_{previous.datatype} is inferred from model {previous.model} while "
+            f"TYPE_{seen.datatype} is inferred from model {seen.model})"
         )
-    if len(previous.dims) == len(seen.dims) and any(
-        a != b and a >= 0 and b >= 0 for a, b in zip(previous.dims, seen.dims, strict=True)
-    ):
+    if not _dims_match(previous.dims, seen.dims) and not _dims_match(previous.full_dims, seen.full_dims):
         raise InvalidArgument(
-            f"{where}: ensemble tensor '{tensor}' has shape {list(previous.dims)} in one place "
-            f"and {list(seen.dims)} in another"
+            f"{where}: ensemble tensor '{tensor}': inconsistent shape: {_dims_text(previous.full_dims)} is inferred "
+            f"from model {previous.model} while {_dims_text(seen.full_dims)} is inferred from model {seen.model}"
         )
+
+
+def _dims_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
+
+
+def _dims_text(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(dim) for dim in dims) + "]"
 
 
 def _ordered(name: str, steps: list[EnsembleStep], producer: dict[str, int]) -> tuple[EnsembleStep, ...]:
@@ -230,14 +254,16 @@ class EnsembleModel(LoadedModel):
         config: mc.ModelConfig,
         executor: Executor,
         plan: EnsemblePlan,
-        resolve: Callable[[str, str], LoadedModel],
+        runner: RequestRunner,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.plan = plan
-        self._resolve = resolve
+        self._resolve = runner.look_up
         super().__init__(
             name, version, path, config, [], executor,
-            lambda context, instances, executor: EnsembleScheduler(plan, cast(Resolve, resolve)),
+            lambda context, instances, executor: EnsembleScheduler(plan, runner),
             model_dir=path.parent,  # ``path`` is the version directory: an ensemble has no model file
+            metrics_config=metrics_config,
         )
 
     def is_ready(self) -> bool:

@@ -21,13 +21,13 @@ from .._proto import model_config_pb2 as mc
 from ..classification import class_count
 from ..cuda import pinned_allocator
 from ..errors import InvalidArgument
-from ..metrics import ModelStatistics
+from ..metrics import MetricsConfig, VersionCounters
+from ..model_config import ModelSpec, TensorSpec, model_spec
 from ..scheduling.buffers import BufferPool
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
 from ..scheduling.execute import TensorBackend
 from ..scheduling.job import Job, input_signature
 from ..types import InferInput, InferRequest, InferResponse
-from .config import ModelSpec, TensorSpec, model_spec
 
 log = logging.getLogger("fastoip.repository")
 
@@ -50,6 +50,7 @@ class LoadedModel:
         executor: Executor,
         scheduler_factory: SchedulerFactory,
         model_dir: Path | None = None,
+        metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -62,17 +63,16 @@ class LoadedModel:
         self.all_output_names = [t.name for t in self.spec.outputs]
         #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
         self.backends = list(backends)
-        self.stats = ModelStatistics(name, self.version_str)
+        self.stats = VersionCounters(name, self.version_str, metrics_config)
         tensor_models = [b for b in backends if isinstance(b, TensorModel)]
-        #: Backends that take whole requests (Python models) instead of merged tensors.
-        self.runs_requests = not tensor_models
         # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
         self.on_gpu = any(b.on_gpu for b in tensor_models)
         self.buffers = BufferPool(pinned_allocator if self.on_gpu and wants_pinned_inputs(config) else None)
         # A plain lock-guarded count: correct on every Python build (free-threaded too), ~0.1 µs a side.
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
-        #: Set when the version is retired (reload or unload): new requests must not start on it.
+        #: Set when the version is retired (reload or unload): new requests must not start on it
+        #: (``runner.RequestRunner.enter`` hands them its successor).
         self.retiring = False
         #: What the scheduler may know of this model (it never sees the LoadedModel itself).
         self.context = ExecutionContext(
@@ -83,13 +83,15 @@ class LoadedModel:
             output_datatypes={t.name: t.datatype for t in self.spec.outputs},
             stats=self.stats,
             buffers=self.buffers,
-            runs_requests=self.runs_requests,
             signature=self.signature,
         )
         #: What the scheduler runs: tensor models get the merge/split adapter, the others are Backends already.
         self.instances: list[Backend] = [
             TensorBackend(b, self.context) if isinstance(b, TensorModel) else b for b in backends
         ]
+        #: Requests wait for their turn (dynamic or sequence batching, an ensemble's steps: the config's
+        #: ``scheduling_choice``); without one a request runs at once, on a caller's lent thread where it can.
+        self.queued = config.WhichOneof("scheduling_choice") is not None
         #: Decoupled (``model_transaction_policy { decoupled }``): any number of responses per request.
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         #: Triton's response cache applies (never to sequence or decoupled models: their answers depend on more).
@@ -203,7 +205,8 @@ class LoadedModel:
         """Run one request through this model's own scheduler and wait (warm-up, before the model serves)."""
         job = self.prepare(request)
         job.arm()
-        self.scheduler.run(job)
+        job.caller_runs = True
+        self.scheduler.enqueue(job)
         return job.wait()
 
     # -- metadata -----------------------------------------------------------
@@ -252,7 +255,7 @@ class LoadedModel:
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish what is in flight (up to ``timeout``), then release the instances."""
-        self.retiring = True  # requests that find this version from now on go to its successor (DataPlane._enter)
+        self.retiring = True  # requests that find this version from now on go to its successor (RequestRunner.enter)
         if not self.wait_idle(timeout):
             log.warning("model '%s' v%s: %d requests still running at unload", self.name, self.version, self.in_flight)
         self.scheduler.stop()

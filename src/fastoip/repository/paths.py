@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from ..errors import InvalidArgument
+from ..errors import InternalError, InvalidArgument
 
 #: Longest file-name component most file systems take (Linux NAME_MAX), in bytes.
 NAME_MAX = 255
@@ -49,7 +49,7 @@ def upload_parts(model: str, relative: str) -> tuple[str, ...]:
     """The components of an uploaded file's relative path, checked one by one."""
     where = f"load '{model}': model file 'file:{_shown(relative, quoted=False)}'"
     if len(relative.encode("utf-8", "surrogatepass")) > UPLOAD_PATH_MAX:
-        raise InvalidArgument(f"{where}: the path is longer than {UPLOAD_PATH_MAX} bytes")
+        raise _too_long(model, f"{where}: the path is longer than {UPLOAD_PATH_MAX} bytes")
     if relative.startswith("/"):
         raise InvalidArgument(f"{where} must be a relative path inside the model directory")
     parts = tuple(PurePosixPath(relative).parts)
@@ -57,9 +57,16 @@ def upload_parts(model: str, relative: str) -> tuple[str, ...]:
         raise InvalidArgument(f"{where} must name a file")
     for part in parts:
         problem = _name_problem(part)
+        if problem.startswith("it is longer than"):
+            raise _too_long(model, f"{where}: {problem}")
         if problem:
             raise InvalidArgument(f"{where} must be a relative path inside the model directory: {problem}")
     return parts
+
+
+def _too_long(model: str, detail: str) -> InternalError:
+    """A name the file system would refuse for its length: Triton's writing fails, INTERNAL, in its words."""
+    return InternalError(f"failed to load '{model}', failed to poll from model repository: {detail}")
 
 
 def check_file_name(model: str, field: str, name: str) -> None:

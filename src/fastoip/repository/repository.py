@@ -46,9 +46,8 @@ from typing import Protocol, cast
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
-from ..options import RepositoryOptions
-from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
-from .config import (
+from ..metrics import MetricsConfig
+from ..model_config import (
     MODEL_SETTINGS,
     is_model_settings_config,
     named_copy,
@@ -56,12 +55,17 @@ from .config import (
     read_config_file,
     read_model_settings,
 )
+from ..model_settings import find_model_settings
+from ..options import RepositoryOptions
+from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
+from .defaults import fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .layout import missing_version_hint
 from .loaded import LoadedModel
-from .model_settings import find_model_settings
 from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .runner import RequestRunner
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
+from .validation import validate_config
 from .warmup import run_warmup
 
 log = logging.getLogger("fastoip.repository")
@@ -97,14 +101,30 @@ class ModelRecord:
 
 
 class ModelRepository:
-    """Loads models from a directory and hands out the loaded versions."""
+    """Loads models from one or more directories (Triton's repeated --model-repository) and hands out the
+    loaded versions.  A model is found in the first directory that has it."""
 
-    def __init__(self, root: Path, executor: Executor, options: RepositoryOptions | None = None) -> None:
-        self.root = Path(root)
+    def __init__(
+        self,
+        root: Path | Sequence[Path],
+        executor: Executor,
+        options: RepositoryOptions | None = None,
+        metrics_config: MetricsConfig | None = None,
+    ) -> None:
+        self.roots = [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+        if not self.roots:
+            raise ValueError("a model repository needs at least one directory")
+        self.root = self.roots[0]
+        #: Which latency metrics every version's counters keep (the server's ``--metrics-config``).
+        self.metrics_config = metrics_config or MetricsConfig()
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
         self._load_lock = threading.Lock()
+        #: Ensembles whose steps are being loaded (outermost first): a step naming one of them is a cycle.
+        self._ensembles_loading: list[str] = []
+        #: How requests run on the models here (the data plane's and ensemble steps' one path).
+        self.runner = RequestRunner(self.get)
         #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
         self._settings_dirs: dict[str, Path] = {}
         #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
@@ -112,25 +132,37 @@ class ModelRepository:
 
     # -- discovery --------------------------------------------------------
     def model_names(self) -> list[str]:
-        """Models in the repository, sorted: its directories (Triton's layout) and the folders holding a
-        ``model-settings.json`` deeper down or at the root (MLServer's layouts, :mod:`.model_settings`)."""
-        if not self.root.is_dir():
-            return []
-        self._settings_dirs = found = find_model_settings(self.root)
-        containers = {folder.relative_to(self.root).parts[0] for folder in found.values() if folder != self.root}
-        names = {
-            p.name
-            for p in self.root.iterdir()
-            if p.is_dir()
-            and not p.name.startswith(".")
-            and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
-        }
-        return sorted(names | set(found))
+        """Models in the repositories, sorted (a name in several: once, the first one's): their directories
+        (Triton's layout) and the folders holding a ``model-settings.json`` deeper down or at a root (MLServer's
+        layouts, :mod:`.model_settings`)."""
+        names: set[str] = set()
+        settings_dirs: dict[str, Path] = {}
+        for root in self.roots:
+            if not root.is_dir():
+                continue
+            found = find_model_settings(root)
+            for name, folder in found.items():
+                settings_dirs.setdefault(name, folder)
+            containers = {folder.relative_to(root).parts[0] for folder in found.values() if folder != root}
+            names |= {
+                p.name
+                for p in root.iterdir()
+                if p.is_dir()
+                and not p.name.startswith(".")
+                and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
+            }
+            names |= set(found)
+        self._settings_dirs = settings_dirs
+        return sorted(names)
 
     def model_dir(self, name: str) -> Path:
-        """The folder of model ``name``: ``<root>/<name>``, or where its model-settings.json was found."""
+        """The folder of model ``name``: ``<root>/<name>`` in the first repository that has it, or where its
+        model-settings.json was found."""
+        for root in self.roots:
+            if (root / name).is_dir():
+                return root / name
         found = self._settings_dirs.get(name)
-        if found is not None and not (self.root / name).is_dir():
+        if found is not None:
             return found
         return self.root / name
 
@@ -265,22 +297,43 @@ class ModelRepository:
         record.uploaded_dir = uploaded
         log.info("model '%s' ready, versions %s", name, sorted(loaded))
 
-    def unload(self, name: str) -> None:
-        """Stop serving ``name``; requests in flight finish first."""
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop serving ``name``; requests in flight finish first.
+
+        An unknown name is a no-op (Triton).  ``unload_dependents``: an ensemble's composing models are
+        unloaded with it, except those another loaded ensemble still uses.
+        """
         self._model_dir(name)
         with self._load_lock:
             record = self._records.get(name)
             if record is None:
-                raise NotFound(f"failed to unload '{name}': model is not known")
-            old = record.versions
-            record.versions = {}
-            record.newest = None
-            record.state = ModelState.UNAVAILABLE
-            record.reason = "unloaded"
-            record.unloaded = True
-            for model in old.values():
-                self._retire(model)
-            self._forget_uploaded(record)
+                log.info("unload '%s': no such model, nothing to do", name)
+                return
+            steps = self._composing_models(record) if unload_dependents else []
+            self._unload_locked(record)
+            for step in steps:
+                step_record = self._records.get(step)
+                if step_record is not None and step_record.versions and not self._used_by_an_ensemble(step):
+                    self._unload_locked(step_record)
+
+    def _composing_models(self, record: ModelRecord) -> list[str]:
+        if record.newest is None or not is_ensemble(record.newest.config):
+            return []
+        return list(dict.fromkeys(step.model_name for step in record.newest.config.ensemble_scheduling.step))
+
+    def _used_by_an_ensemble(self, name: str) -> bool:
+        return any(name in self._composing_models(other) for other in self._records.values() if other.versions)
+
+    def _unload_locked(self, record: ModelRecord) -> None:
+        old = record.versions
+        record.versions = {}
+        record.newest = None
+        record.state = ModelState.UNAVAILABLE
+        record.reason = "unloaded"
+        record.unloaded = True
+        for model in old.values():
+            self._retire(model)
+        self._forget_uploaded(record)
 
     def close(self) -> None:
         for name in list(self._records):
@@ -301,6 +354,34 @@ class ModelRepository:
             shutil.rmtree(record.uploaded_dir, ignore_errors=True)
             record.uploaded_dir = None
 
+    def _load_step_model(self, name: str, step: mc.ModelEnsembling.Step, from_client: bool = False) -> None:
+        """Load a step's model with its ensemble (as Triton does) and check the version the step pins."""
+        if step.model_name in self._ensembles_loading:
+            chain = self._ensembles_loading[self._ensembles_loading.index(step.model_name):]
+            raise InvalidArgument(
+                f"circular dependency between ensembles: {step.model_name} -> ... -> {chain[-1]} -> {step.model_name}"
+            )
+        record = self.record(step.model_name)
+        if (record is None or not record.versions) and (self.model_dir(step.model_name)).is_dir():
+            try:
+                # Triton loads an ensemble's models with it, under the ensemble's rules (the code guard too)
+                self._load_locked(step.model_name, None, None, from_client)
+            except InferenceError as exc:
+                if "circular dependency between ensembles" in exc.message:
+                    raise
+            record = self.record(step.model_name)
+        if record is None and not (self.model_dir(step.model_name)).is_dir():
+            return  # not in the repository: the plan says the model is not available
+        missing = _step_dependency_error(name, step.model_name, record)
+        if missing is not None:
+            raise missing
+        assert record is not None
+        if step.model_version >= 0 and step.model_version not in record.versions:
+            raise InvalidArgument(
+                f"ensemble '{name}' depends on '{step.model_name}' whose required version {step.model_version} "
+                "is not loaded."
+            )
+
     def _prepare(self, names: list[str]) -> None:
         """Once-per-server backend work before any model loads (Python models' ``@on_deployment`` hooks).
 
@@ -318,7 +399,7 @@ class ModelRepository:
     def _without_paths(self, message: str, name: str, model_dir: Path) -> str:
         """A load error as a client may read it: the model's directory (a private upload directory, or the
         repository's) named by the model instead (backends such as ONNX Runtime put file paths in theirs)."""
-        for path, shown in ((model_dir, f"<model '{name}'>"), (self.root, "<repository>")):
+        for path, shown in ((model_dir, f"<model '{name}'>"), *((root, "<repository>") for root in self.roots)):
             for text in {str(path.resolve()), str(path)}:
                 message = message.replace(text, shown)
         return message
@@ -331,7 +412,7 @@ class ModelRepository:
 
     # -- building versions ---------------------------------------------------------
     def _is_ensemble_dir(self, name: str) -> bool:
-        path = self.root / name / "config.pbtxt"
+        path = self.model_dir(name) / "config.pbtxt"
         try:
             return path.is_file() and is_ensemble(read_config_file(path))
         except InferenceError:
@@ -346,11 +427,14 @@ class ModelRepository:
         elif (model_dir / "config.pbtxt").is_file():
             base = read_config_file(model_dir / "config.pbtxt")
         elif (model_dir / MODEL_SETTINGS).is_file():
-            by_name = model_dir != self.root / name  # MLServer's layouts: the file names the model
+            # MLServer's layouts: the file names the model
+            by_name = all(model_dir != root / name for root in self.roots)
             base = read_model_settings(model_dir / MODEL_SETTINGS, name, by_name=by_name)
             log_ignored_model_settings(model_dir / MODEL_SETTINGS, name)
         else:
             base = mc.ModelConfig()
+        # Triton's checks on the config as written, before any model file is looked for
+        validate_config(base, name, self.options.auto_complete)
         if is_ensemble(base):
             refuse_unbuilt_sections(base, name, "ensemble")
             # an ensemble has no model file: each version is a directory (Triton's layout)
@@ -413,6 +497,7 @@ class ModelRepository:
             return self._load_ensemble(name, version, path, base, from_client)
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
+        fill_defaults(config, kind.default_filename)  # what Triton's config API shows
         # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
         auto_batcher = options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
         if (
@@ -425,7 +510,8 @@ class ModelRepository:
             for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
         model = LoadedModel(
-            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent)
+            name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent),
+            metrics_config=self.metrics_config,
         )
         if config.model_warmup:
             try:
@@ -440,16 +526,17 @@ class ModelRepository:
         self, name: str, version: int, path: Path, base: mc.ModelConfig, from_client: bool
     ) -> LoadedModel:
         config = named_copy(base, name)
-        for index, step in enumerate(config.ensemble_scheduling.step):
-            try:
-                step_dir = self._model_dir(step.model_name)
-            except InvalidArgument as exc:
-                raise InvalidArgument(f"ensemble '{name}' step {index}: {exc}") from None
-            record = self.record(step.model_name)
-            loaded = record is not None and bool(record.versions)
-            if not loaded and step.model_name != name and step_dir.is_dir():
-                # Triton loads an ensemble's models with it, under the ensemble's rules (the code guard too).
-                self._load_locked(step.model_name, None, None, from_client)
+        fill_defaults(config)
+        self._ensembles_loading.append(name)
+        try:
+            for index, step in enumerate(config.ensemble_scheduling.step):
+                try:
+                    self._model_dir(step.model_name)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"ensemble '{name}' step {index}: {exc}") from None
+                self._load_step_model(name, step, from_client)
+        finally:
+            self._ensembles_loading.pop()
 
         def lookup(model_name: str) -> ComposingModel | None:
             try:
@@ -458,7 +545,16 @@ class ModelRepository:
                 return None
 
         plan = plan_ensemble(config, lookup)
-        return EnsembleModel(name, version, path, config, self.executor, plan, self.get)
+        return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
+
+
+def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> InvalidArgument | None:
+    """Triton's words when a step's model has no loaded version (None when it has one)."""
+    if record is not None and record.versions:
+        return None
+    reason = record.reason if record is not None and record.reason else ""
+    detail = f" Model '{step}' loading failed with error: {reason}" if reason else ""
+    return InvalidArgument(f"ensemble '{name}' depends on '{step}' which has no loaded version.{detail}")
 
 
 def settings_version(config: mc.ModelConfig) -> int:
@@ -559,10 +655,13 @@ def _select_versions(config: mc.ModelConfig, available: list[int], name: str) ->
     if choice == "all":
         return available
     if choice == "specific":
-        wanted = list(policy.specific.versions)
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise Unavailable(f"model '{name}': version_policy asks for versions {missing}, which do not exist")
-        return sorted(wanted)
+        # Triton loads the versions that exist and logs the others.
+        present = sorted({v for v in policy.specific.versions if v in available})
+        for version in sorted(set(policy.specific.versions) - set(present)):
+            log.error("version %d is specified for model '%s', but the version directory is not present",
+                      version, name)
+        if not present:
+            raise Unavailable(f"at least one version must be available under the version policy of model '{name}'")
+        return present
     count = policy.latest.num_versions if choice == "latest" and policy.latest.num_versions > 0 else 1
     return available[-count:]

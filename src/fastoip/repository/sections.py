@@ -24,8 +24,11 @@ from ..errors import Unsupported
 log = logging.getLogger("fastoip.repository")
 
 #: model-settings.json fields that describe MLServer's process model, not the model (``parallel_workers`` is
-#: the instance count; ``parameters.uri`` is read by the runtime).
-IGNORED_MODEL_SETTINGS = ("warm_workers",)
+#: the instance count; ``parameters.uri`` is read by the runtime), and why they have no effect here.
+IGNORED_MODEL_SETTINGS = {
+    "warm_workers": "deprecated in MLServer 1.7, where inference workers are always warmed up at start; "
+    "fastoip loads every instance before the model is ready",
+}
 
 
 #: Backend kinds whose models may be decoupled (answer a request with any number of responses).
@@ -78,6 +81,6 @@ def log_ignored_model_settings(path: Path, model_name: str) -> None:
         return  # the settings reader reports the error
     if not isinstance(settings, dict):
         return
-    for key in IGNORED_MODEL_SETTINGS:
+    for key, why in IGNORED_MODEL_SETTINGS.items():
         if key in settings:
-            log.warning("model '%s': %s field '%s' is not used by fastoip and is ignored", model_name, path.name, key)
+            log.info("model '%s': %s field '%s' is accepted and has no effect (%s)", model_name, path.name, key, why)

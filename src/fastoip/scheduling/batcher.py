@@ -213,9 +213,6 @@ class BatchQueue:
 class DynamicBatcher:
     """Merges waiting requests into batches for a pool of instance threads."""
 
-    #: Requests wait here, so a cancelled call must be able to leave the queue.
-    queues = True
-
     def __init__(
         self,
         context: ExecutionContext,
@@ -242,11 +239,8 @@ class DynamicBatcher:
             thread.start()
 
     # -- entry points ------------------------------------------------------------
-    def run(self, job: Job) -> None:
-        """Queue ``job``; the caller then waits with ``job.wait()``."""
-        self.submit(job)
-
-    def submit(self, job: Job) -> None:
+    def enqueue(self, job: Job) -> None:
+        """Queue ``job`` (a cancelled or expired one leaves the queue unrun)."""
         job.signature = self.context.signature(job)
         job.arm()
         with self._cond:

@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..metrics import ModelStatistics
+from ..metrics import VersionCounters
 from ..types import InferResponse
 from .buffers import BufferPool
 from .job import Job
@@ -124,27 +124,22 @@ class ExecutionContext:
     batching: bool
     #: Datatype of every output, by name (responses carry it).
     output_datatypes: Mapping[str, str]
-    stats: ModelStatistics
+    stats: VersionCounters
     #: Where merged batch inputs are gathered (pinned host memory on the CUDA EP).
     buffers: BufferPool
-    #: True when the instances take whole requests (Python models), not merged tensors (for
-    #: observers such as statistics and logs: every instance has the one ``execute`` shape).
-    runs_requests: bool
     #: Jobs merge into one batch only when these values are equal.
     signature: Callable[[Job], Hashable]
 
 
 class Scheduler(Protocol):
-    """Decides when, and together with which others, a job runs on an instance."""
+    """Decides when, and together with which others, a job runs on an instance (Triton's ``Scheduler``)."""
 
-    #: True when jobs wait in a queue here (so a cancelled call must leave it); False: they run at once.
-    queues: bool
+    def enqueue(self, job: Job) -> None:
+        """Take ``job`` (armed here); it finishes once, through ``on_done`` / ``wait``, never by raising.
 
-    def submit(self, job: Job) -> None:
-        """Hand ``job`` over (it is armed here); its ``on_done`` callback reports the result."""
-
-    def run(self, job: Job) -> None:
-        """Run ``job`` for a blocking caller (on the caller's thread where possible); then ``job.wait()``."""
+        A job marked ``caller_runs`` comes from a caller that lends its thread (it would only wait):
+        a scheduler without a queue runs it there; the others queue it as any job.
+        """
 
     def pending(self) -> int:
         """Jobs waiting in this scheduler's queues (0 for schedulers without one)."""
@@ -156,32 +151,3 @@ class Scheduler(Protocol):
 #: How the repository makes a scheduler for one model version: ``factory(context, instances, executor)``.
 SchedulerFactory = Callable[[ExecutionContext, Sequence[Backend], Executor], Scheduler]
 
-
-class InFlight(Protocol):
-    """A model version's in-flight count and whether a reload or unload retired it."""
-
-    retiring: bool
-
-    def enter(self) -> None: ...
-
-    def leave(self) -> None: ...
-
-
-M = TypeVar("M", bound=InFlight)
-
-
-def enter_current(look_up: Callable[[], M]) -> M:
-    """The version ``look_up`` finds, counted in flight, never a retired one.
-
-    A reload swaps the versions first and then retires the old one once nothing is in flight on it; a caller that
-    looked the old one up just before the swap would otherwise reach its stopped scheduler ("is being unloaded").
-    Counted first, checked second: either the retiring version waits for this caller, or the caller sees it
-    retiring and takes its successor (as Triton's reload serves throughout).
-    """
-    model = look_up()
-    model.enter()
-    if model.retiring:
-        model.leave()
-        model = look_up()
-        model.enter()
-    return model

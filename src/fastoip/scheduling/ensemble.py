@@ -1,52 +1,36 @@
 """The ensemble scheduler: one request runs a graph of composing models.
 
 Rules:
-- Each step is an ordinary request to its composing model, through that model's
-  own scheduler: a batched composing model batches steps of many ensemble
-  requests together with its direct clients.
+- Each step is an ordinary request to its composing model, started through the
+  request runner the data plane uses (:class:`StepRunner`): the same version
+  handover, validation, scheduler and completion (reshape back, classification,
+  statistics) as a direct request; a batched composing model batches steps of
+  many ensemble requests together with its direct clients.
 - A step starts as soon as every tensor it reads exists; steps that do not
   depend on each other run at the same time.
 - Tensors pass between steps as the arrays the previous step produced (no copy).
 - The first failing step fails the ensemble request with that step's error,
   naming the step; steps still running finish, and nothing new starts.
-- Composing models record their own request statistics, as Triton reports them.
+- Composing models record their own request statistics (the runner's completion), as Triton reports them.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from ..errors import InferenceError
 from ..types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
-from .contract import enter_current
 from .job import Job
 
 
-class StepScheduler(Protocol):
-    def submit(self, job: Job) -> None: ...
+class StepRunner(Protocol):
+    """How a step runs: the request runner under the Core (``repository.runner.RequestRunner``)."""
 
-
-class StepStatistics(Protocol):
-    def record_request(self, ok: bool, total_ns: int, queue_ns: int = 0) -> None: ...
-
-
-class StepModel(Protocol):
-    """What the ensemble needs of a composing model."""
-
-    name: str
-    scheduler: StepScheduler
-    stats: StepStatistics
-    #: Retired by a reload or unload: a step that found it must go to its successor.
-    retiring: bool
-
-    def prepare(self, request: InferRequest) -> Job: ...
-
-    def enter(self) -> None: ...
-
-    def leave(self) -> None: ...
+    def start(self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None]) -> Job:
+        """Enter the composing model, prepare, enqueue; ``on_done`` once outputs, in-flight count and
+        statistics are done.  Raises InferenceError for a step that cannot start."""
 
 
 class Step(Protocol):
@@ -73,26 +57,17 @@ class Plan(Protocol):
     def steps(self) -> tuple[Step, ...]: ...
 
 
-#: Finds the composing model for a step: (name, version or "") -> model; raises NotFound / Unavailable.
-Resolve = Callable[[str, str], StepModel]
-
-
 class EnsembleScheduler:
     """Runs ensemble requests; holds no queue of its own (steps queue in their models)."""
 
-    queues = True  # a request waits on its steps: the caller must wait (or be called back)
-
-    def __init__(self, plan: Plan, resolve: Resolve) -> None:
+    def __init__(self, plan: Plan, runner: StepRunner) -> None:
         self.plan = plan
-        self.resolve = resolve
+        self.runner = runner
         self._running = 0
         self._lock = threading.Lock()
 
-    def run(self, job: Job) -> None:
-        """Start ``job``; the caller waits with ``job.wait()``."""
-        self.submit(job)
-
-    def submit(self, job: Job) -> None:
+    def enqueue(self, job: Job) -> None:
+        """Start ``job``'s steps; it finishes (``on_done``, ``wait``) when the last one has."""
         job.arm()
         with self._lock:
             self._running += 1
@@ -116,10 +91,14 @@ class _EnsembleRun:
         self.scheduler = scheduler
         self.job = job
         self.tensors: dict[str, InferInput | InferOutput] = {t.name: t for t in job.request.inputs}
-        self.waiting = list(scheduler.plan.steps)
-        self.running: dict[int, Job] = {}
+        # Triton prunes the steps whose outputs no requested output depends on
+        self.waiting = needed_steps(scheduler.plan.steps, job.output_names)
+        #: Steps started and not done: their jobs (None while a step is being started).
+        self.running: dict[int, Job | None] = {}
         self.failed = False
         self.lock = threading.Lock()
+        #: Set once, by whichever thread sees the last step done: the request ends (and is uncounted) once.
+        self.ended = False
 
     def start(self) -> None:
         self._launch_ready()
@@ -134,7 +113,11 @@ class _EnsembleRun:
             else:
                 ready = [s for s in self.waiting if s.needs <= self.tensors.keys()]
                 self.waiting = [s for s in self.waiting if s not in ready]
-            done = not self.waiting and not self.running and not ready
+                for step in ready:  # running from now on: a step that finishes at once must not end the request
+                    self.running[step.index] = None
+            done = not self.waiting and not self.running and not ready and not self.ended
+            if done:
+                self.ended = True
         if done:
             self._finish()
             return
@@ -146,34 +129,28 @@ class _EnsembleRun:
             step.model_name,
             step.model_version,
             self.job.request.id,
+            # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
+            parameters=dict(self.job.request.parameters),
             inputs=[_as_input(model_input, self.tensors[tensor]) for model_input, tensor in step.inputs.items()],
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
         try:
-            model = enter_current(lambda: self.scheduler.resolve(step.model_name, step.model_version))
+            sub = self.scheduler.runner.start(
+                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished)
+            )
         except InferenceError as exc:
+            with self.lock:
+                self.running.pop(step.index, None)
             self._fail(step, exc)
             return
-        try:
-            sub = model.prepare(request)
-        except InferenceError as exc:
-            model.leave()
-            self._fail(step, exc)
-            return
-        sub.deadline_ns = self.job.deadline_ns
-        sub.arm()
-        started = time.monotonic_ns()
         with self.lock:
-            self.running[step.index] = sub
-        sub.on_done(lambda finished: self._step_done(step, model, finished, started))
-        try:
-            model.scheduler.submit(sub)
-        except InferenceError as exc:
-            sub.fail(exc)
+            if step.index in self.running:  # not finished already
+                self.running[step.index] = sub
+            cancel = self.failed
+        if cancel:  # another step failed while this one was starting
+            sub.cancel()
 
-    def _step_done(self, step: Step, model: StepModel, sub: Job, started_ns: int) -> None:
-        model.leave()
-        model.stats.record_request(sub.error is None, time.monotonic_ns() - started_ns, sub.queue_ns)
+    def _step_done(self, step: Step, sub: Job) -> None:
         with self.lock:
             self.running.pop(step.index, None)
         if sub.error is not None:
@@ -192,8 +169,10 @@ class _EnsembleRun:
             first = not self.failed
             self.failed = True
             self.waiting = []
-            others = list(self.running.values())
-            finished = not self.running
+            others = [other for other in self.running.values() if other is not None]
+            finished = not self.running and not self.ended
+            if finished:
+                self.ended = True
         if first:
             if isinstance(error, InferenceError):
                 where = f"in ensemble '{self.scheduler.plan.name}', step {step.index} ('{step.model_name}')"
@@ -219,3 +198,15 @@ class _EnsembleRun:
 def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:
     assert tensor is not None
     return InferInput(name, tensor.datatype, tuple(tensor.shape), tensor.data)
+
+
+def needed_steps(steps: Sequence[Step], wanted: Iterable[str]) -> list[Step]:
+    """The steps (in plan order) that some output in ``wanted`` depends on: the others are not run."""
+    needed = set(wanted)
+    keep: list[Step] = []
+    for step in reversed(steps):  # plan order puts every step after the steps it needs
+        if needed & set(step.outputs.values()):
+            keep.append(step)
+            needed |= set(step.inputs.values())
+    keep.reverse()
+    return keep

@@ -28,7 +28,7 @@ from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
 from ..types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
-    from ..tracing import Trace
+    from ..tracing import FrontendTrace, Trace
 
 
 class Job:
@@ -54,11 +54,13 @@ class Job:
         "compute_input_end_ns",
         "compute_end_ns",
         "cancelled",
+        "caller_runs",
         "cache_key",
         "cache_leader",
         "cached",
         "cache_lookup_ns",
         "trace",
+        "frontend_trace",
         "_done",
         "_claim",
         "_on_done",
@@ -100,6 +102,8 @@ class Job:
         self.compute_input_end_ns = 0
         self.compute_end_ns = 0
         self.cancelled = False
+        #: The caller lends its thread (it would only wait): a scheduler without a queue runs the job there.
+        self.caller_runs = False
         #: Response cache: this request's digest, whether it is the one that runs, and a hit's stored answer.
         self.cache_key: bytes | None = None
         self.cache_leader = False
@@ -108,6 +112,8 @@ class Job:
         self.cache_lookup_ns = 0
         #: The Core's trace of this request, or None: not traced.
         self.trace: Trace | None = None
+        #: The frontend's timestamps of a traced request (tracing.FrontendTrace), or None.
+        self.frontend_trace: FrontendTrace | None = None
         self._done: threading.Lock | None = None
         self._claim: threading.Lock | None = None
         self._on_done: Callable[[Job], None] | None = None

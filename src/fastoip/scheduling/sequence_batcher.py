@@ -109,8 +109,6 @@ class Batch:
 class SequenceBatcher:
     """The scheduler for models with ``sequence_batching``."""
 
-    queues = True
-
     def __init__(
         self,
         model: SequenceModel,
@@ -146,11 +144,7 @@ class SequenceBatcher:
                 self._threads.append(thread)
 
     # -- the Scheduler contract ------------------------------------------------------
-    def run(self, job: Job) -> None:
-        """Queue ``job``; the caller waits with ``job.wait()``."""
-        self.submit(job)
-
-    def submit(self, job: Job) -> None:
+    def enqueue(self, job: Job) -> None:
         job.arm()
         try:
             corrid, start, end = self._sequence_of(job)
@@ -299,14 +293,25 @@ class SequenceBatcher:
         wake: int | None = self._next_idle_deadline()
         if ready:
             ready.sort(key=lambda s: s.queue[0].queued_ns)
-            signature = _signature(ready[0].queue[0].job)
-            chosen = [s for s in ready if _signature(s.queue[0].job) == signature][: self.max_batch]
+            signature = self._signature(ready[0])
+            chosen = [s for s in ready if self._signature(s) == signature][: self.max_batch]
             target = max(self.settings.preferred_batch_sizes or (self.max_batch,))
             ripe_at = ready[0].queue[0].queued_ns + self.settings.queue_delay_ns
             if len(chosen) >= min(target, self.max_batch) or now >= ripe_at:
                 return Batch(instance, tuple((s, s.queue[0]) for s in chosen))
             wake = ripe_at if wake is None else min(wake, ripe_at)
         return wake
+
+    def _signature(self, sequence: _Sequence) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The next request's input shapes and its implicit states' shapes (variable-sized states batch only
+        with states of the same shape)."""
+        pending = sequence.queue[0]
+        states = tuple(
+            (state.input_name, tuple(state.initial.shape if pending.start
+                                     else sequence.state.get(state.input_name, state.initial).shape))
+            for state in self.settings.states
+        )
+        return _signature(pending.job) + states
 
     def _next_idle_deadline(self) -> int | None:
         idle = [s.last_ns + self.settings.idle_ns + 1 for s in self._active if not s.busy and not s.queue]

@@ -73,15 +73,6 @@ class SequenceSettings:
     queue_delay_ns: int
     corrid_datatype: str | None
 
-    @property
-    def injected_inputs(self) -> frozenset[str]:
-        """Model inputs the batcher supplies: clients never send these."""
-        return frozenset([c.name for c in self.controls] + [s.input_name for s in self.states])
-
-    @property
-    def state_outputs(self) -> frozenset[str]:
-        return frozenset(s.output_name for s in self.states)
-
 
 def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> SequenceSettings:
     """Check ``config.sequence_batching`` and precompute what the batcher needs."""
@@ -153,25 +144,30 @@ def _state(model: str, entry: mc.ModelSequenceBatching.State, model_dir: Path | 
     where = f"state '{entry.input_name}' of model '{model}'"
     if not entry.input_name or not entry.output_name:
         raise InvalidArgument(f"sequence batching state of model '{model}' must name its input and output")
-    if not datatype or datatype == "BYTES":
-        raise InvalidArgument(f"{where}: implicit state needs a numeric data_type")
+    if not datatype:
+        raise InvalidArgument(f"{where}: implicit state needs a data_type")
     dims = tuple(entry.dims)
-    if not dims or any(d < 0 for d in dims):
-        raise InvalidArgument(f"{where}: implicit state dims must be fixed, got {list(dims)}")
+    if not dims or any(d < 1 and d != -1 for d in dims):
+        raise InvalidArgument(f"{where}: implicit state dims must be >= 1 or -1, got {list(dims)}")
     if len(entry.initial_state) > 1:
         raise InvalidArgument(
             f"initial_state field for state input '{entry.input_name}' must contain exactly one or zero element, "
             f"found '{len(entry.initial_state)}' elements"
         )
+    # Triton: a variable dimension starts at 1; an initial_state with dims gives the starting shape.
+    start = tuple(1 if d == -1 else d for d in dims)
+    if entry.initial_state and entry.initial_state[0].dims:
+        start = tuple(1 if d == -1 else d for d in entry.initial_state[0].dims)
     dtype = NUMPY_DTYPES[datatype]
-    initial = np.zeros(dims, dtype=dtype)
+    # zeros; a string state starts as empty strings (Triton's SetStringDataToZero)
+    initial = np.full(start, b"", dtype=object) if datatype == "BYTES" else np.zeros(start, dtype=dtype)
     if entry.initial_state and entry.initial_state[0].WhichOneof("state_data") == "data_file":
-        initial = _initial_from_file(where, entry.initial_state[0].data_file, dtype, dims, model_dir)
+        initial = _initial_from_file(where, entry.initial_state[0].data_file, datatype, start, model_dir)
     initial.flags.writeable = False
     return StateSpec(entry.input_name, entry.output_name, datatype, dims, initial)
 
 
-def _initial_from_file(where: str, filename: str, dtype: np.dtype, dims: tuple[int, ...],
+def _initial_from_file(where: str, filename: str, datatype: str, dims: tuple[int, ...],
                        model_dir: Path | None) -> np.ndarray:
     if model_dir is None:
         raise InvalidArgument(f"{where}: initial_state data_file needs the model's directory")
@@ -183,6 +179,14 @@ def _initial_from_file(where: str, filename: str, dtype: np.dtype, dims: tuple[i
         )
     raw = path.read_bytes()
     count = int(np.prod(dims))
+    if datatype == "BYTES":  # the length-prefixed BYTES framing, as Triton reads it
+        from .._codec import deserialize_bytes_tensor
+
+        try:
+            return np.asarray(deserialize_bytes_tensor(raw, count)).reshape(dims)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{where}: initial_state data_file '{filename}': {exc.message}") from None
+    dtype = NUMPY_DTYPES[datatype]
     if len(raw) != count * dtype.itemsize:
         raise InvalidArgument(
             f"{where}: initial_state data_file '{filename}' has {len(raw)} bytes, expected {count * dtype.itemsize}"

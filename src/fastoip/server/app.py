@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..core import Core
-from ..repository import RepositoryOptions
+from ..options import RepositoryOptions
 from ..repository.remote import RemoteRepository, parse_location
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
@@ -50,6 +50,8 @@ class ServeOptions:
     """Everything ``fastoip serve`` can be told."""
 
     model_repository: Path | None = None
+    #: Further model repositories (Triton's repeated --model-repository); a model is found in the first that has it.
+    more_repositories: tuple[Path, ...] = ()
     #: A repository on object storage (s3://, gs://, as://), copied to a local cache (repository/remote.py).
     model_repository_url: str | None = None
     host: str = "127.0.0.1"
@@ -97,6 +99,14 @@ class ServeOptions:
     #: Triton's ``--trace-config`` (and its deprecated ``--trace-*`` flags).
     trace_config: TraceConfig = field(default_factory=TraceConfig)
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
+    #: Triton's --exit-on-error=true: a model that fails to load at start-up stops the start.
+    exit_on_error: bool = False
+    #: Triton's --pinned-memory-pool-byte-size (None: 256 MB).
+    pinned_pool_bytes: int | None = None
+    #: Triton's --http-header-forward-pattern.
+    http_forward_pattern: str | None = None
+    #: Lines the start logs for Triton flags that have no effect here.
+    no_effect_flags: tuple[str, ...] = ()
 
 
 class ServerApp:
@@ -121,9 +131,8 @@ class ServerApp:
             from ..demo import default_repository
 
             root = default_repository()
-        metrics.configure(options.metrics_config)  # before any model loads: their statistics read it
         self.core = Core(
-            root,
+            [root, *options.more_repositories] if options.more_repositories else root,
             options.repository,
             worker_threads=options.worker_threads,
             strict_readiness=options.strict_readiness,
@@ -132,6 +141,7 @@ class ServerApp:
             poll_interval=options.poll_interval,
             cache_size_bytes=options.cache_size_bytes,
             trace_config=options.trace_config,
+            metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
         if self.remote is not None:
@@ -152,12 +162,28 @@ class ServerApp:
         # The ports first: one in use is reported now, not after every model loaded.
         claims = claim_ports(self._listeners())
         try:
-            log.info("model repository: %s", self.core.repository_root)
-            self.core.load_models()
+            log.info("model repository: %s", ", ".join(str(r) for r in self.core.repository.roots))
+            self._load_models()
             self._start_frontends(claims)
         finally:
             claims.release_all()
         self._started = True
+
+    def _load_models(self) -> None:
+        """Triton's start-up: flags without effect said once, the pinned pool sized, the models loaded
+        (``--exit-on-error=true``: one that failed stops the start)."""
+        options = self.options
+        for line in options.no_effect_flags:
+            log.info("%s", line)
+        if options.pinned_pool_bytes is not None:
+            from .. import cuda
+
+            cuda.set_pinned_pool_size(options.pinned_pool_bytes)
+        self.core.load_models()
+        if options.exit_on_error:
+            failed = sorted(entry.name for entry in self.core.repository_index() if entry.state == "UNAVAILABLE")
+            if failed:
+                raise RuntimeError(f"failed to load all models ({', '.join(failed)}); --exit-on-error=true")
 
     def _listeners(self) -> list[tuple[str, str, int]]:
         """(flag, host, port) of each listener this server will open."""
@@ -221,6 +247,7 @@ class ServerApp:
                 limits=options.http_limits,
                 tls=options.http_tls,
                 restricted=options.http_restricted,
+                forward_header_pattern=options.http_forward_pattern,
                 json_workers=options.http_json_workers,
             )
             self.http_port = self.http_server.start()

@@ -7,7 +7,8 @@ and :mod:`.otel` write it out.
 
 from .config import TraceConfig, parse_trace_config
 from .context import TraceHeaders
+from .frontend import FrontendTrace
 from .manager import Trace, TraceManager
 from .record import TraceRecord
 
-__all__ = ["Trace", "TraceConfig", "TraceHeaders", "TraceManager", "TraceRecord", "parse_trace_config"]
+__all__ = ["FrontendTrace", "Trace", "TraceConfig", "TraceHeaders", "TraceManager", "TraceRecord", "parse_trace_config"]

@@ -111,7 +111,8 @@ def decode_infer_request(
         raise InvalidArgument(f"'id' must be a string, got {_json_type(request_id)}")
     parameters = _parameters(doc.get("parameters"), "the request")
     default_binary = _bool_parameter(parameters.pop("binary_data_output", False), "binary_data_output")
-    inputs = _decode_inputs(doc.get("inputs"), body, json_end, header_length is not None, loose_bytes)
+    inputs = _decode_inputs(doc.get("inputs"), body, json_end, header_length is not None, loose_bytes,
+                            model_name=model_name)
     outputs, per_output = _decode_outputs(doc.get("outputs"))
     request = InferRequest(model_name, model_version, request_id, parameters, inputs, outputs)
     return request, OutputFormat(default_binary, per_output)
@@ -128,8 +129,10 @@ def decode_raw_request(
     """
     if len(specs) != 1:
         raise InvalidArgument(
-            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; "
-            f"model '{model_name}' has {len(specs)}: {', '.join(s.name for s in specs)}"
+            # Triton's words (the request has one input, the body), then fastoip's detail.
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(specs)} inputs in "
+            f"'{model_name}' model configuration (a raw binary request, Inference-Header-Content-Length: 0, "
+            f"needs a model with exactly one input; this one has {', '.join(s.name for s in specs)})"
         )
     spec = specs[0]
     name, datatype = spec.name, spec.datatype
@@ -184,7 +187,7 @@ def _parse_json(data: Any) -> dict:
 
 
 def _decode_inputs(
-    items: Any, body: bytes, offset: int, has_binary: bool, loose_bytes: bool = False
+    items: Any, body: bytes, offset: int, has_binary: bool, loose_bytes: bool = False, model_name: str = ""
 ) -> list[InferInput]:
     """The request's inputs; binary ones are taken from ``body`` in order, starting at ``offset``."""
     if type(items) is not list:
@@ -240,9 +243,10 @@ def _decode_inputs(
                     f"input '{name}': binary_data_size is {size} but only {len(body) - offset} bytes "
                     "of binary data remain in the request body"
                 )
-            array = _binary_tensor(body, offset, size, datatype, shape, name)
+            array = _binary_tensor(body, offset, size, datatype, shape, name, model_name)
             offset += size
         elif "data" in item:
+            _check_element_count(name, datatype, shape)
             if loose_bytes and datatype == "BYTES" and type(item["data"]) is list:
                 flat = np.asarray(item["data"], dtype=object).reshape(-1)
                 array = _json_bytes(flat.tolist(), flat.size, name)
@@ -267,7 +271,47 @@ def _shape(value: Any, name: str) -> list[int]:
     return value
 
 
-def _binary_tensor(body: bytes, offset: int, size: int, datatype: str, shape: list[int], name: str) -> np.ndarray:
+INT64_MAX = 2**63 - 1
+#: Triton's HTTP_MAX_JSON_NESTING_DEPTH: how deep a JSON 'data' array may nest.
+MAX_JSON_DATA_DEPTH = 100
+
+
+def _check_element_count(name: str, datatype: str, shape: list[int]) -> None:
+    """Triton's checks on a JSON input's shape: its element count and byte size must fit an int64."""
+    count = math.prod(shape)
+    if count > INT64_MAX:
+        raise InvalidArgument(
+            f"invalid shape for input '{name}': shape {shape_text(shape)} causes total element count to exceed "
+            f"maximum size of {INT64_MAX}"
+        )
+    item_size = NUMPY_DTYPES[datatype].itemsize if datatype != "BYTES" else 1
+    if item_size > 1 and count > INT64_MAX // item_size:
+        raise InvalidArgument(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size ({item_size}) exceeds "
+            f"maximum allowed size ({INT64_MAX})"
+        )
+
+
+def shape_text(shape: list[int]) -> str:
+    """A shape as Triton prints it: ``[2,3]``."""
+    return "[" + ",".join(str(dim) for dim in shape) + "]"
+
+
+def _check_json_depth(data: list) -> None:
+    """Triton's nesting bound on 'data' (its parser recurses once per level); the first path is the depth."""
+    depth = 0
+    while type(data) is list:
+        depth += 1
+        if depth >= MAX_JSON_DATA_DEPTH:
+            raise InvalidArgument(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DATA_DEPTH})")
+        if not data:
+            return
+        data = data[0]
+
+
+def _binary_tensor(
+    body: bytes, offset: int, size: int, datatype: str, shape: list[int], name: str, model_name: str = ""
+) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         return _bytes_tensor(body, offset, size, count, f"input '{name}':").reshape(shape)
@@ -275,8 +319,10 @@ def _binary_tensor(body: bytes, offset: int, size: int, datatype: str, shape: li
     expected = count * dtype.itemsize
     if size != expected:
         raise InvalidArgument(
-            f"input '{name}': {datatype} {shape} needs {expected} bytes of binary data, "
-            f"but its binary_data_size is {size}"
+            # Triton's words first, then the detail.
+            f"input byte size mismatch for input '{name}' for model '{model_name}'. Expected {expected}, got {size} "
+            f"(input '{name}': {datatype} {shape} needs {expected} bytes of binary data, "
+            f"but its binary_data_size is {size})"
         )
     # A read-only view on the request body: no copy.
     return np.frombuffer(body, dtype, count, offset).reshape(shape)
@@ -301,6 +347,7 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
         )
     if type(data) is not list:
         raise InvalidArgument(f"input '{name}': 'data' must be a list, got {_json_type(data)}")
+    _check_json_depth(data)
     count = math.prod(shape)
     if datatype == "BYTES":
         return _json_bytes(data, count, name).reshape(shape)

@@ -15,7 +15,7 @@ from ...content_types import ModelContentTypes
 from ...errors import InferenceError, InternalError, InvalidArgument, Unavailable
 from ...lifecycle import SHUTDOWN, STARTUP, hook_names
 from ...model import Model
-from ...repository.config import ModelSpec
+from ...model_config import ModelSpec
 from ...scheduling.contract import END_OF_STREAM, Execution, Results
 from ...types import InferResponse
 from .decoupled import close, values_of

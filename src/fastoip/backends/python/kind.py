@@ -13,13 +13,7 @@ from ...content_types import ModelContentTypes
 from ...datatypes import CONFIG_TO_V2
 from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
-from ...repository.config import (
-    MODEL_SETTINGS,
-    DiscoveredTensor,
-    complete_config,
-    is_model_settings_config,
-    model_spec,
-)
+from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config, is_model_settings_config, model_spec
 from .deployment import run_deployment_hooks as _run_deployment_hooks
 from .host import PythonInstance, _Host
 from .model_file import import_model_file as _import_model_file

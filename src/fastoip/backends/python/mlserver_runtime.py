@@ -9,10 +9,17 @@ Rules:
   result is the model's readiness), and calls ``predict(InferenceRequest) -> InferenceResponse``
   and ``unload()``.  The runtime's own ``decode_request``/``encode_response``/``self.settings`` work as
   in MLServer because the runtime is MLServer's own class; nothing is re-implemented.
-- The wrapper lives in fastoip's Python-model hosting (``host.py``), so instances, async methods on the
-  backend's event loop, health, draining and statistics are the same as for any Python model;
-  ``parallel_workers`` is the instance count.  Each request runs alone (MLServer's adaptive batching
-  merges requests inside MLServer; here ``max_batch_size`` gives the model a batch dimension only).
+- The wrapper lives in fastoip's Python-model hosting (``host.py``), so instances, health, draining and
+  statistics are the same as for any Python model; ``parallel_workers`` is the instance count.  The
+  runtime's coroutines run on an event loop of the instance's own, driven by the thread that runs the
+  instance (no hop to another thread per request), or on the backend's shared loop with model-settings
+  ``parameters.fastoip_event_loop: "shared"`` (see :class:`MLServerRuntime`).
+- Adaptive batching (MLServer's ``max_batch_size`` > 1 with ``max_batch_time`` > 0) is fastoip's dynamic
+  batcher (``max_batch_size``, ``max_queue_delay`` = ``max_batch_time``): the jobs it gathers reach
+  ``predict`` as one merged ``InferenceRequest`` and its response is split back per job, as MLServer's
+  ``BatchedRequests`` merges and splits (:class:`MLServerPayloads`).  Unlike MLServer, the batch bound counts
+  rows (Triton's meaning; the same with one row per request), and only requests whose request-level
+  parameters agree are merged.
 - Streaming: a runtime that overrides ``predict_stream`` and not ``predict`` is decoupled (each response
   it yields is sent as it comes, over gRPC ModelStreamInfer and HTTP generate_stream); one that overrides
   both serves ``predict`` (a streaming call gets its one response).
@@ -27,10 +34,11 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +47,11 @@ import numpy as np
 from ... import metrics
 from ...content_types import ModelContentTypes
 from ...datatypes import NUMPY_DTYPES
-from ...errors import InternalError
+from ...errors import InternalError, InvalidArgument
 from ...model import Model
-from ...repository.config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
+from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
+from ...pyworker.loop import EVENT_LOOP
+from ...scheduling.execute import check_rows, merge_inputs, row_slices
 from ...types import InferOutput, InferResponse
 from .payloads import PayloadCodec
 
@@ -50,6 +60,10 @@ if TYPE_CHECKING:
 
 #: What to install for MLServer runtimes.
 EXTRA = "pip install 'fastoip[mlserver]'"
+
+#: model-settings.json ``parameters`` key: "own" (default) or "shared" event loop (see MLServerRuntime).
+LOOP_PARAMETER = "fastoip_event_loop"
+_DONE = object()
 
 _lock = threading.Lock()
 _adapters: dict[type, type[Model]] = {}
@@ -106,22 +120,33 @@ def _export_metrics() -> None:
 
 
 class MLServerRuntime(Model):
-    """Hosts one instance of an MLServer runtime (``runtime_class``)."""
+    """Hosts one instance of an MLServer runtime (``runtime_class``).
+
+    Event loop: by default each instance owns an asyncio loop that the thread running the instance drives
+    (``run_until_complete``; an instance runs one call at a time), so a request costs no hop to another
+    thread; model-settings ``parameters.fastoip_event_loop: "shared"`` runs the runtime on the Python
+    backend's one shared loop instead (tasks a runtime starts in the background then keep running between
+    requests; with an own loop they progress only while the runtime is called).
+    """
 
     runtime_class: type
     streams_only = False
-    #: MLServer runtimes take whole requests: one request per predict call, through this codec.
-    one_request_per_call = True
+    #: Jobs reach predict merged only with adaptive batching (model-settings max_batch_size/max_batch_time).
+    one_request_per_call = False
     runtime: Any
 
     @classmethod
     def payload_codec(cls, name: str, version_str: str, spec: ModelSpec, defaults: ModelContentTypes) -> PayloadCodec:
         return MLServerPayloads(name, version_str, spec, defaults)
 
+    def _document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.parameters.get(MODEL_SETTINGS_PARAMETER) or "{}")
+        return doc
+
     def _settings(self) -> Any:
         from mlserver.settings import ModelSettings
 
-        doc = json.loads(self.parameters.get(MODEL_SETTINGS_PARAMETER) or "{}")
+        doc = self._document()
         doc["name"] = self.name
         doc["implementation"] = self.runtime_class
         settings = ModelSettings(**doc)
@@ -141,25 +166,63 @@ class MLServerRuntime(Model):
         model_name_var.set(settings.name)
         model_version_var.set(settings.version or "")
 
-    async def load(self) -> None:
+    def _run(self, awaitable: Awaitable[Any]) -> Any:
+        """``awaitable`` on this instance's loop (own: on the calling thread; shared: on the backend's loop)."""
+        loop = self._own_loop
+        if loop is None:
+            return EVENT_LOOP.run(awaitable)
+        with self._loop_lock:  # the scheduler gives an instance to one thread at a time; this makes sure
+            return loop.run_until_complete(awaitable)
+
+    _own_loop: asyncio.AbstractEventLoop | None = None
+    _loop_lock = threading.Lock()
+
+    def load(self) -> None:
         _export_metrics()
-        self.runtime = self.runtime_class(self._settings())
+        parameters = self._document().get("parameters") or {}
+        mode = parameters.get(LOOP_PARAMETER, "own")
+        if mode not in ("own", "shared"):
+            raise InvalidArgument(
+                f"model '{self.name}': parameters.{LOOP_PARAMETER} must be \"own\" or \"shared\", got {mode!r}"
+            )
+        if mode == "own":
+            self._own_loop = asyncio.new_event_loop()
+            self._loop_lock = threading.Lock()
+        try:
+            self.runtime = self.runtime_class(self._settings())
+            self._run(self._load())
+        except BaseException:
+            if self._own_loop is not None:
+                self._own_loop.close()
+            raise
+
+    async def _load(self) -> None:
         self._enter()
         ready = await self.runtime.load()
         self.runtime.ready = True if ready is None else bool(ready)
 
-    async def unload(self) -> None:
+    def unload(self) -> None:
         runtime = getattr(self, "runtime", None)
-        if runtime is not None:
-            self._enter()
-            await runtime.unload()
-            runtime.ready = False
+        try:
+            if runtime is not None:
+                self._run(self._unload(runtime))
+        finally:
+            if self._own_loop is not None:
+                self._own_loop.close()
+
+    async def _unload(self, runtime: Any) -> None:
+        self._enter()
+        await runtime.unload()
+        runtime.ready = False
 
     def is_ready(self) -> bool:
         runtime = getattr(self, "runtime", None)
         return bool(runtime is not None and runtime.ready)
 
-    async def predict(self, inputs: Any, parameters: dict) -> Any:
+    def predict(self, inputs: Any, parameters: dict) -> Any:
+        return self._run(self._predict(inputs))
+
+    async def _predict(self, inputs: Any) -> Any:
         self._enter()
         return await self.runtime.predict(inputs)
 
@@ -167,79 +230,161 @@ class MLServerRuntime(Model):
 class MLServerStreamRuntime(MLServerRuntime):
     """A runtime that only streams: ``predict_stream`` with the one request, each response sent as it comes."""
 
-    async def predict(self, inputs: Any, parameters: dict) -> Any:  # an async generator
+    one_request_per_call = True
+
+    def predict(self, inputs: Any, parameters: dict) -> Any:  # a generator: each response as it comes
         async def requests() -> AsyncIterator[Any]:
             yield inputs
 
         produced = self.runtime.predict_stream(requests())
+
+        async def step() -> Any:
+            self._enter()  # each step runs in its own task context
+            try:
+                return await produced.__anext__()
+            except StopAsyncIteration:
+                return _DONE
+
         try:
-            while True:
-                self._enter()  # each step runs in its own task context
-                try:
-                    response = await produced.__anext__()
-                except StopAsyncIteration:
-                    return
+            while (response := self._run(step())) is not _DONE:
                 yield response
         finally:
-            await produced.aclose()
+            self._run(produced.aclose())
 
 
 class MLServerPayloads(PayloadCodec):
-    """fastoip requests <-> MLServer's ``InferenceRequest`` / ``InferenceResponse`` (pydantic models)."""
+    """fastoip requests <-> MLServer's ``InferenceRequest`` / ``InferenceResponse`` (pydantic models).
+
+    Built as MLServer's own gRPC converters build them (``model_construct``: no validation, the datatype as
+    its string); several jobs (adaptive batching) become one request as MLServer merges them: inputs
+    concatenated along the first axis, input parameters that several requests carry listed per request,
+    requested outputs united; the response is split back by each job's rows.
+    """
+
+    def __init__(self, name: str, version_str: str, spec: ModelSpec, defaults: ModelContentTypes) -> None:
+        super().__init__(name, version_str, spec, defaults)
+        from mlserver import types
+
+        self._types = types
+
+    def _parameters(self, values: dict[str, Any]) -> Any:
+        return self._types.Parameters(**values) if values else None
 
     def decode(self, group: list[Job]) -> tuple[Any, dict]:
-        from mlserver.types import Datatype, InferenceRequest, Parameters, RequestInput, RequestOutput, TensorData
-
-        job = group[0]  # one request per call (one_request_per_call)
+        types = self._types
+        job = group[0]
         request = job.request
+        feeds = job.feeds if len(group) == 1 else merge_inputs(group)[0]
         inputs = []
         for tensor in request.inputs:
-            data = job.feeds[tensor.name]
+            data = feeds[tensor.name]
             if tensor.datatype == "BYTES":
                 values: Any = data.reshape(-1).tolist()  # MLServer's gRPC path gives BYTES as a list of bytes
             else:
                 values = data.reshape(-1)  # a view: MLServer's codecs copy once (np.array)
-            inputs.append(RequestInput.model_construct(
+            if len(group) == 1:
+                shape, parameters = list(tensor.shape), tensor.parameters
+            else:
+                shape = [int(data.shape[0]), *tensor.shape[1:]]
+                parameters = _merged_input_parameters([_input(j, tensor.name) for j in group])
+            inputs.append(types.RequestInput.model_construct(
                 name=tensor.name,
-                shape=list(tensor.shape),
-                datatype=Datatype(tensor.datatype),
-                parameters=Parameters(**tensor.parameters) if tensor.parameters else None,
-                data=TensorData.model_construct(root=values),
+                shape=shape,
+                datatype=tensor.datatype,
+                parameters=self._parameters(parameters),
+                data=types.TensorData.model_construct(root=values),
             ))
+        wanted: dict[str, dict[str, Any]] = {}
+        for member in group:
+            for output in member.request.outputs:
+                wanted[output.name] = {**wanted.get(output.name, {}), **output.parameters}
         outputs = [
-            RequestOutput.model_construct(name=o.name, parameters=Parameters(**o.parameters) if o.parameters else None)
-            for o in request.outputs
+            types.RequestOutput.model_construct(name=name, parameters=self._parameters(parameters))
+            for name, parameters in wanted.items()
         ]
-        payload = InferenceRequest.model_construct(
-            id=request.id or None,
-            parameters=Parameters(**request.parameters) if request.parameters else None,
+        payload = types.InferenceRequest.model_construct(
+            id=(request.id or None) if len(group) == 1 else None,  # a merged request has no id of its own
+            parameters=self._parameters(request.parameters),  # jobs batch together only when these agree
             inputs=inputs,
             outputs=outputs or None,
         )
         return payload, dict(request.parameters)
 
     def encode(self, value: Any, group: list[Job]) -> list[InferResponse]:
-        from mlserver.types import InferenceResponse
-
-        job = group[0]
-        if not isinstance(value, InferenceResponse):
+        if not isinstance(value, self._types.InferenceResponse):
             raise InternalError(
                 f"model '{self.name}': predict returned {type(value).__name__}, not an mlserver InferenceResponse"
             )
-        wanted = {o.name for o in job.request.outputs}
-        outputs = []
+        parameters = _plain(value.parameters)
+        if len(group) == 1:
+            job = group[0]
+            wanted = {o.name for o in job.request.outputs}
+            outputs = []
+            for out in value.outputs:
+                if wanted and out.name not in wanted:
+                    continue
+                datatype = getattr(out.datatype, "value", out.datatype)
+                shape = tuple(int(d) for d in out.shape)
+                data = _array(self.name, out.name, datatype, getattr(out.data, "root", out.data), shape)
+                if data.shape != shape:
+                    shape = data.shape  # MLServer's BYTES [len(s)] for one string: sent as the elements there are
+                outputs.append(InferOutput(out.name, datatype, shape, data, _plain(out.parameters)))
+            return [InferResponse(job.request.model_name, self.version_str, job.request.id, parameters, outputs)]
+        return self._split(value, group, parameters)
+
+    def _split(self, value: Any, group: list[Job], parameters: dict[str, Any]) -> list[InferResponse]:
+        """A merged request's response, each job's rows of every output (MLServer's split)."""
+        rows = row_slices(group)
+        total = sum(job.batch_size for job in group)
+        per_job: list[list[InferOutput]] = [[] for _ in group]
         for out in value.outputs:
-            if wanted and out.name not in wanted:
-                continue
             datatype = getattr(out.datatype, "value", out.datatype)
             shape = tuple(int(d) for d in out.shape)
             data = _array(self.name, out.name, datatype, getattr(out.data, "root", out.data), shape)
-            if data.shape != shape:
-                shape = data.shape  # MLServer's BYTES [len(s)] for one string: sent as the elements there are
-            parameters = out.parameters.model_dump(exclude_none=True) if out.parameters else {}
-            outputs.append(InferOutput(out.name, datatype, shape, data, parameters))
-        parameters = value.parameters.model_dump(exclude_none=True) if value.parameters else {}
-        return [InferResponse(job.request.model_name, self.version_str, job.request.id, parameters, outputs)]
+            check_rows(self.name, out.name, data, total)
+            out_parameters = _plain(out.parameters)
+            for index, (job, part) in enumerate(zip(group, rows, strict=True)):
+                wanted = {o.name for o in job.request.outputs}
+                if wanted and out.name not in wanted:
+                    continue
+                mine = {
+                    key: (str(item[part.start]) if isinstance(item, list) and len(item) == total else item)
+                    for key, item in out_parameters.items()
+                }
+                per_job[index].append(InferOutput(out.name, datatype, data[part].shape, data[part], mine))
+        return [
+            InferResponse(job.request.model_name, self.version_str, job.request.id, parameters, outputs)
+            for job, outputs in zip(group, per_job, strict=True)
+        ]
+
+
+def _input(job: Job, name: str) -> Any:
+    return next((tensor for tensor in job.request.inputs if tensor.name == name), None)
+
+
+def _plain(parameters: Any) -> dict[str, Any]:
+    """An mlserver ``Parameters`` as a dict without the unset (None) ones."""
+    if parameters is None:
+        return {}
+    values = {**parameters.__dict__, **(parameters.__pydantic_extra__ or {})}
+    return {key: item for key, item in values.items() if item is not None}
+
+
+def _merged_input_parameters(tensors: list[Any]) -> dict[str, Any]:
+    """One input's parameters over merged requests: a key several requests give becomes the list of their
+    values (``content_type`` and ``headers`` keep one value), as MLServer merges them."""
+    merged: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for tensor in tensors:
+        for key, item in (tensor.parameters if tensor is not None else {}).items():
+            counts[key] = counts.get(key, 0) + 1
+            if key in ("content_type", "headers") or counts[key] == 1:
+                merged[key] = item
+            elif counts[key] == 2:
+                merged[key] = [merged[key], item]
+            else:
+                merged[key].append(item)
+    return merged
 
 
 def _array(model: str, name: str, datatype: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:

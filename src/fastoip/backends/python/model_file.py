@@ -14,7 +14,7 @@ from types import ModuleType
 from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
 from ...model import Model
-from ...repository.config import parameter
+from ...model_config import parameter
 from .describe import describe as _describe
 from .mlserver_runtime import adapter as mlserver_adapter
 from .mlserver_runtime import is_mlmodel, missing_extra_hint

@@ -21,7 +21,7 @@ from ...content_types import (
 )
 from ...datatypes import NUMPY_DTYPES, bf16_bits_from_float32
 from ...errors import InternalError
-from ...repository.config import ModelSpec, TensorSpec
+from ...model_config import ModelSpec, TensorSpec
 from ...scheduling.execute import check_rows, merge_inputs, row_slices
 from ...types import InferOutput, InferResponse
 

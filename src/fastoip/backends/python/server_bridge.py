@@ -2,7 +2,7 @@
 
 Rules:
 - The Core registers itself here when it is built (:func:`attach_core`); BLS
-  requests then go through ``Core.infer`` / ``Core.submit`` (the batcher,
+  requests then go through ``Core.infer`` / ``Core.start`` (the batcher,
   statistics and everything else a client's request gets), never a socket.
 - Errors of a BLS call come back inside the response (a ``TritonError`` with
   Triton's code), as Triton's ``exec()`` returns them.
@@ -43,8 +43,12 @@ ResponseData = tuple[list, "tuple[int, str] | None", dict]
 class CoreLike(Protocol):
     def infer(self, request: InferRequest) -> InferResponse: ...
 
-    def submit(
-        self, request: InferRequest, on_done: Callable[[Any], None], *args: Any, **kwargs: Any
+    def start(
+        self,
+        request: InferRequest,
+        call: Any,
+        on_done: Callable[[Any], object],
+        on_response: Callable[[Any, InferResponse], object] | None = None,
     ) -> Any: ...
 
     def model_ready(self, name: str, version: str = "") -> bool: ...
@@ -161,7 +165,7 @@ def stream(
             else:
                 deliver(None, True)
 
-        return _core().submit(request, on_done, on_response=on_response)
+        return _core().start(request, None, on_done, on_response)
     except InferenceError as exc:
         deliver(error_data(exc), True)
         return None

@@ -26,7 +26,7 @@ from google.protobuf import json_format
 
 from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
-from ...repository.config import MODEL_SETTINGS, DiscoveredTensor, complete_config
+from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from .describe import describe as _describe
 from .triton_host import InProcessInstance, ProcessInstance
 from .triton_process import WorkerDied, WorkerError, WorkerProcess

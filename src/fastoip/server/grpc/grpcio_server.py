@@ -9,7 +9,9 @@ Rules:
   :class:`DecodeFailure` and become INVALID_ARGUMENT there.
 - Why it stays: it is the reference the native frontend is compared against in
   differential tests, and the frontend used where the native one was not built.
-  It holds a thread per call (see DESIGN.md, principle 7).
+  It holds a thread per call, which caps it at its thread count (16 idle
+  streams deny every other call; README "Frontends" and benchmarks/RESULTS.md
+  give the measurements).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import grpc
 from google.protobuf.message import Message
 
 from ... import _codec
-from ...core import CallContext, Core, FinishedCall
+from ...core import CallContext, Core, FinishedCall, Ticket
 from ...errors import InferenceError
 from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
@@ -83,7 +85,7 @@ class GrpcioFrontend:
         are cancelled.
         """
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        in_flight: set[FinishedCall] = set()
+        in_flight: set[Ticket] = set()
         #: Requests that asked for an empty final response (noted before they start: they may finish at once).
         empty_final: set[InferRequest] = set()
         started = [0]
@@ -111,10 +113,8 @@ class GrpcioFrontend:
                     try:
                         if request.parameters and take_empty_final_flag(request):
                             empty_final.add(request)
-                        job = core.submit(
-                            request, finished.put, run_here=True, trace_headers=context.invocation_metadata,
-                            on_response=partial,
-                        )
+                        call = CallContext(trace_headers=context.invocation_metadata, caller_runs=True)
+                        job = core.start(request, call, finished.put, partial)
                     except InferenceError as exc:
                         empty_final.discard(request)
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from ..inflate import ON_LOOP_BYTES, InflateError, Inflation, pool
-from . import wire
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 
 #: Compressed bytes of messages queued for (or inflating in) the pool, all connections together.
 WAITING_LIMIT = 64 * 1024 * 1024

@@ -3,7 +3,7 @@
 MLServer's clients (``ModelInferRequestConverter``) send one string as BYTES with ``shape: [len(s)]`` and the
 string as the only element of ``contents.bytes_contents``; the native codec keeps Triton's rule (one element
 per shape position) and refuses it.  On exactly that refusal, and only for a model whose config came from a
-model-settings.json (:func:`fastoip.repository.config.is_model_settings_config`), the request is read again
+model-settings.json (:func:`fastoip.model_config.is_model_settings_config`), the request is read again
 here with protobuf, its elements taken as sent.  Nothing of this runs for a request the codec accepts.
 """
 
@@ -17,7 +17,7 @@ from ..._proto import grpc_service_pb2 as pb
 from ...core import Core
 from ...datatypes import NUMPY_DTYPES
 from ...errors import InferenceError
-from ...repository.config import is_model_settings_config
+from ...model_config import is_model_settings_config
 from ...types import InferInput, InferRequest, RequestedOutput, UInt64
 
 #: The codec's words for a BYTES tensor whose element count differs from its shape.

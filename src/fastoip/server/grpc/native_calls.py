@@ -3,8 +3,8 @@
 Rules:
 - Everything here runs on the connection's event loop; model execution never
   does.  Infer requests start through :class:`CoreCalls` (the one place that
-  calls the Core's completion API) and their completion comes back to the loop
-  by ``call_soon_threadsafe``.
+  calls ``Core.start``) and their completion comes back to the loop by
+  :func:`fastoip.core.on_loop`.
 - ModelInfer / ModelStreamInfer use the codec (no protobuf objects); every
   other RPC is the transport-free translation in :mod:`.service`, cheap ones on
   the loop, the rest (model load, shared memory, settings) on a small pool.
@@ -24,12 +24,13 @@ from typing import Protocol, cast
 from google.protobuf.message import DecodeError, Message
 
 from ... import _codec
-from ...core import Core
+from ...core import CallContext, Core, FinishedCall, Ticket, on_loop
 from ...errors import InferenceError
-from ...scheduling.job import Job
+from ...tracing import FrontendTrace
 from ...types import InferRequest, InferResponse
+from ..forward_headers import HeaderForwarder, forwarder
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
-from . import wire
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .limits import RequestBudget
 from .service import (
     HEALTH_SERVICE,
@@ -59,18 +60,19 @@ INLINE_RPCS = frozenset({
 
 
 class CoreCalls:
-    """Every call the native frontend makes into the Core's completion path.
+    """Every call the native frontend makes into the Core (``Core.start``, the one verb).
 
-    The Core's completion API is being reshaped elsewhere: keep all of it here.
-    ``start`` submits without blocking; ``on_finished(job)`` runs on the loop,
+    ``start`` starts without blocking; ``on_finished(job)`` runs on the loop,
     where ``job.error`` (an InferenceError or None) and ``job.response`` are read.
-    Direct-scheduler models go to the Core's worker pool (``run_here=False``), so
-    the loop never executes a model.
+    Direct-scheduler models go to the Core's worker pool (the loop does not lend
+    its thread: ``caller_runs`` stays False), so the loop never executes a model.
     """
 
-    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, forward: HeaderForwarder | None = None) -> None:
         self.core = core
         self.loop = loop
+        #: Triton's --grpc-header-forward-pattern (None: no metadata becomes a parameter).
+        self.forward = forward
         #: Stream request bytes held, per stream and server-wide (issue 27; the server sets its own).
         self.budget = RequestBudget()
 
@@ -78,39 +80,29 @@ class CoreCalls:
         self,
         request: InferRequest,
         deadline_ns: int,
-        on_finished: Callable[[Job], None],
+        on_finished: Callable[[FinishedCall], None],
         headers: dict[bytes, bytes] | None = None,
-        on_response: Callable[[Job, InferResponse], None] | None = None,
-    ) -> Job:
-        """Submit ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
+        on_response: Callable[[FinishedCall, InferResponse], None] | None = None,
+        frontend_trace: FrontendTrace | None = None,
+    ) -> Ticket:
+        """Start ``request``; raises InferenceError when it cannot start (unknown model, shutting down).
 
         ``headers``: the call's request headers, for the Core's tracing (read only while tracing is on).
         ``on_response`` (from :meth:`on_loop`): where a decoupled model's responses go.
         """
-        call_soon = self.loop.call_soon_threadsafe
+        if self.forward is not None:
+            self.forward.apply(headers, request.parameters)
+        call = CallContext(deadline_ns, trace_headers=headers, frontend_trace=frontend_trace)
+        return self.core.start(request, call, on_loop(self.loop, on_finished), on_response)
 
-        def finished_elsewhere(job: Job) -> None:
-            try:
-                call_soon(on_finished, job)
-            except RuntimeError:  # the loop closed (server stopped past its exit timeout): nobody to answer
-                pass
-
-        return self.core.submit(request, finished_elsewhere, deadline_ns, False, headers, on_response)
-
-    def on_loop(self, on_response: Callable[[Job, InferResponse], None]) -> Callable[[Job, InferResponse], None]:
+    def on_loop(
+        self, on_response: Callable[[FinishedCall, InferResponse], None]
+    ) -> Callable[[FinishedCall, InferResponse], None]:
         """``on_response`` run on the loop (the responses of one job keep their order: one thread sends them)."""
-        call_soon = self.loop.call_soon_threadsafe
-
-        def produced_elsewhere(job: Job, response: InferResponse) -> None:
-            try:
-                call_soon(on_response, job, response)
-            except RuntimeError:  # the loop closed: nobody to answer
-                pass
-
-        return produced_elsewhere
+        return on_loop(self.loop, on_response)
 
     @staticmethod
-    def cancel(job: Job) -> None:
+    def cancel(job: Ticket) -> None:
         """The client went away or its deadline passed: a queued job leaves its queue."""
         job.cancel()
 
@@ -178,14 +170,22 @@ class Call:
 class InferCall(Call):
     """ModelInfer: codec in, Core completion path, codec out."""
 
-    __slots__ = ("core", "job")
+    __slots__ = ("core", "job", "frontend")
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
-        self.job: Job | None = None
+        self.job: Ticket | None = None
+        #: Triton's GRPC_WAITREAD_* / GRPC_SEND_* timestamps while tracing is on (the headers arrived now).
+        self.frontend: FrontendTrace | None = None
+        if core.core.tracing:
+            self.frontend = FrontendTrace()
+            self.frontend.stamp("GRPC_WAITREAD_START")
 
     def run(self, data: wire.Payload) -> None:
+        frontend = self.frontend
+        if frontend is not None:
+            frontend.stamp("GRPC_WAITREAD_END")
         request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
             loose = accept_mlserver_shapes(self.core.core, request)
@@ -194,31 +194,42 @@ class InferCall(Call):
                 return
             request = loose
         try:
-            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers)
+            self.job = self.core.start(request, self.deadline_ns, self.done, self.headers, frontend_trace=frontend)
         except InferenceError as exc:
             self.fail(wire.status_code(exc.grpc_code), exc.message)
 
-    def done(self, job: Job) -> None:
+    def done(self, job: FinishedCall) -> None:
         self.job = None
-        if self.finished:
-            return
-        if job.error is not None:
-            self.fail(wire.status_code(job.error.grpc_code), job.error.message)
-            return
-        response = job.response
-        assert response is not None  # no error: a response is set
+        frontend = self.frontend
         try:
-            # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
-            body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
-        except Exception as exc:  # an output the codec cannot encode: the client hears why
-            self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
-            return
-        self.reply(body[0] if len(body) == 1 and type(body[0]) is bytes else body)
+            if self.finished:
+                return
+            if job.error is not None:
+                self.fail(wire.status_code(job.error.grpc_code), job.error.message)
+                return
+            response = job.response
+            assert response is not None  # no error: a response is set
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_START")
+            try:
+                # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
+                body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
+            except Exception as exc:  # an output the codec cannot encode: the client hears why
+                self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
+                return
+            self.reply(body[0] if len(body) == 1 and type(body[0]) is bytes else body)
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_END")  # the response queued on the connection
+        finally:
+            if frontend is not None:
+                frontend.done()
 
     def cancel(self) -> None:
         super().cancel()
         if self.job is not None:
             self.core.cancel(self.job)
+        if self.frontend is not None:
+            self.frontend.done()
 
 
 class StreamInferCall(Call):
@@ -236,15 +247,15 @@ class StreamInferCall(Call):
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
         super().__init__(stream_id, out, deadline_ns)
         self.core = core
-        self.jobs: set[Job] = set()
+        self.jobs: set[Ticket] = set()
         self.started = 0
         self.answered = 0
         self.half_closed = False
         self.partial_sink = core.on_loop(self.partial)
         #: Jobs whose request asked for an empty final response.
-        self.empty_final: set[Job] = set()
+        self.empty_final: set[Ticket] = set()
         #: issue 27: each unanswered job's message size, counted in core.budget until it is answered.
-        self.held: dict[Job, int] = {}
+        self.held: dict[Ticket, int] = {}
         self.held_bytes = 0
 
     def on_message(self, data: wire.Payload) -> None:
@@ -283,18 +294,18 @@ class StreamInferCall(Call):
         if empty_final:
             self.empty_final.add(job)
 
-    def release(self, job: Job) -> None:
+    def release(self, job: Ticket) -> None:
         size = self.held.pop(job, 0)
         if size:
             self.held_bytes -= size
             self.core.budget.give(size)
 
-    def partial(self, job: Job, response: InferResponse) -> None:
+    def partial(self, job: FinishedCall, response: InferResponse) -> None:
         """A decoupled model's response that is not the last (on the loop, in the order produced)."""
         if not self.finished:
             self.send(encode_partial(response))
 
-    def done(self, job: Job) -> None:
+    def done(self, job: FinishedCall) -> None:
         self.jobs.discard(job)
         self.release(job)
         if self.finished:
@@ -417,8 +428,9 @@ class Dispatcher:
         loop: asyncio.AbstractEventLoop,
         executor: Executor,
         restricted: RestrictedFeatures | None = None,
+        forward_header_pattern: str | None = None,
     ) -> None:
-        self.core_calls = CoreCalls(core, loop)
+        self.core_calls = CoreCalls(core, loop, forwarder(forward_header_pattern))
         #: :path of a restricted RPC -> the header it needs (--grpc-restricted-protocol); empty: none.
         self.restricted: dict[bytes, Restriction] = {
             path.encode(): restriction

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..restricted import Restriction
-from . import wire
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 
 #: The header block of a 405 answer (gRPC is POST only).
 NOT_POST: wire.Headers = [(b":status", b"405"), (b"allow", b"POST")]

@@ -49,5 +49,14 @@ class NativeGrpcOptions:
     use_ssl_mutual: bool = False
     #: Triton's --grpc-restricted-protocol: RPC groups that need a header key=value.
     restricted_protocols: RestrictedFeatures = field(default_factory=lambda: RestrictedFeatures({}))
+    #: Triton's --grpc-infer-response-compression-level: none, low, medium or high.
+    response_compression_level: str = "none"
+    #: Triton's --grpc-http2-max-pings-without-data: keepalive PINGs sent with nothing received in between
+    #: (0: no limit).
+    max_pings_without_data: int = 2
+    #: Triton's --grpc-keepalive-permit-without-calls; fastoip's default (True) also pings idle connections.
+    keepalive_without_calls: bool = True
+    #: Triton's --grpc-header-forward-pattern: metadata keys matching it become request parameters.
+    forward_header_pattern: str | None = None
     #: Threads for the slow control RPCs (model load, shared memory); inference never uses them.
     control_threads: int = 4

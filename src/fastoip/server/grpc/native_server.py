@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from ...core import Core
-from . import _http2, wire
+from . import _http2
+from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .intake import MessageIntake
 from .limits import RequestBudget, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from
@@ -89,6 +90,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         )
         #: stream id -> its record, for every stream whose call has not finished.
         self.streams: dict[int, StreamRecord] = {}
+        #: Streams whose responses are compressed (--grpc-infer-response-compression-level) -> the algorithm.
+        self.response_encodings: dict[int, bytes] = {}
         # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
         self.limits: ServerLimits = server.limits
         self.admitted = False
@@ -177,6 +180,12 @@ class GrpcConnection(asyncio.BufferedProtocol):
             return
         call.headers = head.fields  # read by the Core only for a traced request (W3C traceparent)
         record = self.streams[stream_id] = StreamRecord(call, head.encoding, self.timers.last_read)
+        level = self.options.response_compression_level
+        if level != "none" and head.path in (self.dispatcher.infer_path, self.dispatcher.stream_path):
+            # Triton's --grpc-infer-response-compression-level: an algorithm the client accepts, for the level
+            chosen = wire.response_encoding(level, head.fields.get(b"grpc-accept-encoding"))
+            if chosen is not None:
+                self.response_encodings[stream_id] = chosen
         self.timers.call_started()
         if head.timeout_ns is not None:
             record.deadline = self.timers.deadline(stream_id, head.timeout_ns)
@@ -278,12 +287,22 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     # -- answering (the calls' Responder) -----------------------------------------------------
     def send_headers(self, stream_id: int) -> None:
-        self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
+        self.timers.data_sent()
+        encoding = self.response_encodings.get(stream_id)
+        if encoding is None:
+            self.session.send_headers(stream_id, wire.RESPONSE_HEADERS)
+        else:
+            self.session.send_headers(stream_id, [*wire.RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
 
     def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        self.timers.data_sent()
         # a response is never refused for its size alone: one queued while nothing else waits always goes
         others_waiting = self.limits.queued_total > 0
-        if type(message) is list:  # a large response in parts: its outputs go out from their arrays
+        encoding = self.response_encodings.get(stream_id)
+        if encoding is not None:  # compressed: one message (copy: the parts joined, then deflated)
+            whole = message if type(message) is bytes else b"".join(message)  # type: ignore[arg-type]
+            self.session.send_message(stream_id, wire.compress(whole, encoding), True)
+        elif type(message) is list:  # a large response in parts: its outputs go out from their arrays
             self.session.send_message_parts(stream_id, message)
         else:
             self.session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
@@ -326,6 +345,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def forget(self, stream_id: int) -> None:
         """Drop a stream's record (its call finished or was cancelled) and its deadline."""
         record = self.streams.pop(stream_id, None)
+        self.response_encodings.pop(stream_id, None)
         if record is not None:
             self.timers.call_ended()
             if record.deadline is not None:
@@ -457,7 +477,8 @@ class NativeGrpcServer:
         self.ssl_context = _ssl_context(options) if options.use_ssl else None
         self.loop: asyncio.AbstractEventLoop = _new_loop()
         self.read_buffer = memoryview(bytearray(READ_BUFFER))
-        self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols)
+        self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols,
+                                     options.forward_header_pattern)
         self.dispatcher.core_calls.budget = self.limits.requests  # issue 27: stream messages held, bounded
         self._listener: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None

@@ -69,6 +69,8 @@ class ConnectionTimers:
         #: When a call last started or ended (the no-call timeout measures from it).
         self.last_call = self.last_read
         self.keepalive: asyncio.TimerHandle | None = None
+        #: Keepalive PINGs sent since HEADERS or DATA last went out (--grpc-http2-max-pings-without-data).
+        self.pings_without_data = 0
         self.ping_wait: asyncio.TimerHandle | None = None
         self.goaway_wait: asyncio.TimerHandle | None = None
         self.age: asyncio.TimerHandle | None = None
@@ -118,12 +120,25 @@ class ConnectionTimers:
     def check_keepalive(self) -> None:
         idle = time.monotonic() - self.last_read
         interval = self.options.keepalive_time_ms / 1000
-        if idle >= interval and self.ping_wait is None:
+        if idle >= interval and self.ping_wait is None and self.may_ping():
+            self.pings_without_data += 1
             self.ping_wait = self.loop.call_later(self.options.keepalive_timeout_ms / 1000, self.on_ping_timeout)
             self.owner.ping()
         if not self.stopped:
             self.keepalive = self.loop.call_later(max(interval - idle, 0.001) if idle < interval else interval,
                                                   self.check_keepalive)
+
+    def may_ping(self) -> bool:
+        """Triton's keepalive policy: --grpc-http2-max-pings-without-data (PINGs sent while no HEADERS or DATA
+        went out), --grpc-keepalive-permit-without-calls (false: only while calls are open)."""
+        limit = self.options.max_pings_without_data
+        if limit > 0 and self.pings_without_data >= limit:
+            return False
+        return self.options.keepalive_without_calls or self.owner.has_calls()
+
+    def data_sent(self) -> None:
+        """HEADERS or DATA went out: keepalive PINGs may be sent again."""
+        self.pings_without_data = 0
 
     def on_ping_timeout(self) -> None:
         log.info("gRPC keepalive: no PING ACK within %d ms, closing the connection", self.options.keepalive_timeout_ms)

@@ -18,8 +18,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -203,7 +202,8 @@ class GrpcService:
         return pb.RepositoryModelLoadResponse()
 
     def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
-        self.core.unload_model(request.model_name)
+        dependents = request.parameters.get("unload_dependents")
+        self.core.unload_model(request.model_name, bool(dependents is not None and dependents.bool_param))
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ----------------------------------------------------------------------
@@ -328,12 +328,3 @@ UNARY: dict[str, tuple[type[Message], type[Message]]] = {
 HEALTH_UNARY: dict[str, tuple[type[Message], type[Message]]] = {
     "Check": (health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse),
 }
-
-
-def unary_methods(service: GrpcService) -> dict[str, Callable[[Message], Message]]:
-    """Full method path (``/package.Service/Method``) -> bound translator, for both services."""
-    methods: dict[str, Callable[[Message], Message]] = {
-        f"/{SERVICE}/{name}": getattr(service, name) for name in UNARY
-    }
-    methods[f"/{HEALTH_SERVICE}/Check"] = cast("Callable[[Message], Message]", service.HealthCheck)
-    return methods

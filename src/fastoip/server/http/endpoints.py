@@ -17,18 +17,21 @@ Rules:
 - Readiness answers carry the Core's not-ready reason, the same one every frontend has.  Server health
   answers ``{"live": true}`` / ``{"ready": true}`` as KServe's server does (its REST client parses them;
   tritonclient reads the status only); a model's V2 readiness keeps the spec's empty body.
-- KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict]``): :mod:`.v1`.
+- KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict|:explain]``): :mod:`.v1`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 
-from ...core import CUDA, SYSTEM, Core, config_to_json
+from ...core import CUDA, SYSTEM, CallContext, Core, config_to_json
 from ...errors import InferenceError, InvalidArgument, OneResponseCall
-from ...repository.config import is_model_settings_config
-from ...wire import http as wire
+from ...model_config import is_model_settings_config
+from ...tracing import FrontendTrace
+from ...wire import http as http_codec
 from ...wire.http import json_excerpt
+from ..forward_headers import HeaderForwarder
 from . import docs_assets, openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
 from .generate import GenerateEndpoints
@@ -41,6 +44,10 @@ from .v1 import V1Endpoints
 LIVE = json_response({"live": True})
 READY = json_response({"ready": True})
 
+#: Triton's words for a repository index request whose 'ready' is not a boolean.
+READY_NOT_BOOLEAN = "Invalid value for 'ready': expected a boolean"
+READY_NOT_A_VALUE = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
 
 class HttpFrontend(Router):
     """The ASGI application: the router's tables filled with one handler per endpoint."""
@@ -49,6 +56,8 @@ class HttpFrontend(Router):
         super().__init__()
         self.core = core
         self.max_body_size = max_body_size
+        #: Triton's --http-header-forward-pattern (None: no header becomes a parameter).
+        self.forward_headers: HeaderForwarder | None = None
         #: issue 27: large JSON requests are decoded in worker processes, off the loop (json_pool.py)
         self.json_pool = json_pool or JsonPool()
         self.fixed_paths = {
@@ -67,7 +76,11 @@ class HttpFrontend(Router):
         v1 = V1Endpoints(core, max_body_size)
         self.fixed_paths["/"] = {"GET": v1.v1_root}
         self.fixed_paths["/v1/models"] = {"GET": v1.v1_models}
-        self.v1_model_paths = {None: {"GET": v1.v1_model_ready}, "predict": {"POST": v1.v1_predict}}
+        self.v1_model_paths = {
+            None: {"GET": v1.v1_model_ready},
+            "predict": {"POST": v1.v1_predict},
+            "explain": {"POST": v1.v1_explain},
+        }
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},
@@ -125,10 +138,16 @@ class HttpFrontend(Router):
 
     # -- repository -------------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:
-        doc = optional_json_object(await read_body(request, self.max_body_size), "repository index request")
+        body = await read_body(request, self.max_body_size)
+        try:
+            doc = optional_json_object(body, "repository index request")
+        except InvalidArgument:
+            if READY_NOT_A_VALUE.match(body):  # too deep to parse, but 'ready' is visibly an array or object
+                raise InvalidArgument(READY_NOT_BOOLEAN) from None
+            raise
         ready = doc.get("ready", False)
         if type(ready) is not bool:
-            raise InvalidArgument(f"'ready' must be true or false, got {ready!r}")
+            raise InvalidArgument(f"{READY_NOT_BOOLEAN}, got {json_excerpt(ready)}")
         return json_response(self.core.repository_index(ready))
 
     async def load_model(self, request: Request, model: str) -> Response:
@@ -143,9 +162,11 @@ class HttpFrontend(Router):
 
     async def unload_model(self, request: Request, model: str) -> Response:
         doc = optional_json_object(await read_body(request, self.max_body_size), "unload request")
-        parameters_of(doc, "unload request")  # unload_dependents: no ensembles, nothing depends on a model
+        dependents = parameters_of(doc, "unload request").get("unload_dependents", False)
+        if type(dependents) is not bool:
+            raise InvalidArgument(f"'unload_dependents' must be a boolean, got {json_excerpt(dependents)}")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.core.unload_model, model)
+        await loop.run_in_executor(None, self.core.unload_model, model, dependents)
         return EMPTY_OK
 
     # -- shared memory -------------------------------------------------------------------------
@@ -254,28 +275,47 @@ class HttpFrontend(Router):
             return False
 
     async def infer(self, request: Request, model: str, version: str) -> Response:
+        if not self.core.tracing:
+            return await self._infer(request, model, version, None)
+        # Triton's HTTP_RECV_* / HTTP_SEND_* timestamps, in the request's trace (if it is sampled)
+        frontend = FrontendTrace()
+        frontend.stamp("HTTP_RECV_START")
+        try:
+            return await self._infer(request, model, version, frontend)
+        finally:
+            frontend.done()
+
+    async def _infer(self, request: Request, model: str, version: str, frontend: FrontendTrace | None) -> Response:
         body = await read_body(request, self.max_body_size)
+        if frontend is not None:
+            frontend.stamp("HTTP_RECV_END")
         header_length = inference_header_length(request.headers, len(body))
         if header_length == 0:
             inputs = self.core.model_metadata(model, version).inputs
             batching = self.core.model_config(model, version).max_batch_size > 0
-            infer_request, output_format = wire.decode_raw_request(model, version, body, inputs, batching)
+            infer_request, output_format = http_codec.decode_raw_request(model, version, body, inputs, batching)
         else:
             try:
                 infer_request, output_format = await self.json_pool.decode(model, version, body, header_length)
             except InvalidArgument as exc:
                 # MLServer's BYTES shapes ([len(s)] for one string), for models from model-settings.json only:
                 # looked up on this error path, so other requests pay nothing for it.
-                if not (exc.message.startswith(wire.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
+                if not (exc.message.startswith(http_codec.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
                     raise
                 infer_request, output_format = await self.json_pool.decode(
                     model, version, body, header_length, loose_bytes=True
                 )
+        if self.forward_headers is not None:
+            self.forward_headers.apply(request.headers, infer_request.parameters)
         try:
-            response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+            response = await self.core.infer_async(
+                infer_request, CallContext(trace_headers=request.headers, frontend_trace=frontend)
+            )
         except OneResponseCall:
             raise OneResponseCall(OneResponseCall.HTTP) from None  # Triton's words for HTTP
-        content_type, json_length, payload = wire.encode_infer_response(response, output_format)
+        if frontend is not None:
+            frontend.stamp("HTTP_SEND_START")
+        content_type, json_length, payload = http_codec.encode_infer_response(response, output_format)
         headers = [(b"content-type", content_type)]
         if json_length is not None:
             headers.append((b"inference-header-content-length", b"%d" % json_length))
@@ -284,4 +324,6 @@ class HttpFrontend(Router):
         if encoding is not None:
             payload = await off_loop_if_large(len(payload), compress, payload, encoding)
             headers.append((b"content-encoding", encoding.encode()))
+        if frontend is not None:
+            frontend.stamp("HTTP_SEND_END")  # the response's bytes handed to the HTTP server
         return Response(200, headers, payload)

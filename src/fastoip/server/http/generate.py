@@ -2,9 +2,8 @@
 
 Rules (Triton's ``docs/protocol/extension_generate.md`` and ``http_server.cc``):
 - Translate only: the JSON mapping is :mod:`fastoip.wire.generate`; the
-  request runs through the Core's completion path (``submit`` with a response
-  sink), so decoupled and ordinary models both serve it and the event loop
-  never waits on a model.
+  request runs through ``Core.start`` with a response sink, so decoupled and
+  ordinary models both serve it and the event loop never waits on a model.
 - A request that fails before it runs (bad JSON, an input that does not fit,
   unknown model) answers a JSON error with its status, as every endpoint does.
 - ``/generate`` answers one JSON object; a model that gave more or fewer than
@@ -21,11 +20,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from ...core import Core
+from ...core import Core, FinishedCall, on_loop
 from ...errors import InferenceError, InternalError
-from ...scheduling.job import Job
 from ...types import InferRequest, InferResponse
-from ...wire import generate as wire
+from ...wire import generate as codec
 from .bodies import read_body
 from .router import Request, Response, StreamingResponse, error_response
 
@@ -56,9 +54,9 @@ class GenerateEndpoints:
             while await answers.get() is not None:
                 count += 1
         if first is None or count != 1:
-            error = InternalError(wire.NOT_ONE_RESPONSE)
+            error = InternalError(codec.NOT_ONE_RESPONSE)
             return error_response(error.http_status, error.message)
-        return Response(200, [(b"content-type", JSON)], wire.generate_response_json(first))
+        return Response(200, [(b"content-type", JSON)], codec.generate_response_json(first))
 
     async def generate_stream(self, request: Request, model: str, version: str) -> StreamingResponse:
         answers = await self._start(request, model, version)
@@ -69,7 +67,7 @@ class GenerateEndpoints:
     async def _start(self, request: Request, model: str, version: str) -> _Answers:
         body = await read_body(request, self.max_body_size)
         inputs = self.core.model_metadata(model, version).inputs
-        infer_request = wire.decode_generate_request(model, version, body, inputs)
+        infer_request = codec.decode_generate_request(model, version, body, inputs)
         return _Answers(self.core, infer_request)
 
 
@@ -79,25 +77,19 @@ class _Answers:
     def __init__(self, core: Core, request: InferRequest) -> None:
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Answer] = asyncio.Queue()
-        put = self.queue.put_nowait
+        hop = on_loop(loop, self.queue.put_nowait)  # called on the thread that produced the answer
 
-        def hop(answer: Answer) -> None:  # on the thread that produced it
-            try:
-                loop.call_soon_threadsafe(put, answer)
-            except RuntimeError:  # the loop closed (server stopped): nobody to answer
-                pass
-
-        def on_response(job: Job, response: InferResponse) -> None:
+        def on_response(job: FinishedCall, response: InferResponse) -> None:
             hop(response)
 
-        def on_done(job: Job) -> None:
+        def on_done(job: FinishedCall) -> None:
             if job.error is not None:
                 hop(job.error)
             elif job.response is not None:
                 hop(job.response)
             hop(None)
 
-        self.job = core.submit(request, on_done, on_response=on_response)
+        self.job = core.start(request, None, on_done, on_response)
 
     async def get(self) -> Answer:
         return await self.queue.get()
@@ -109,13 +101,13 @@ async def _events(first: Answer, answers: _Answers) -> AsyncGenerator[bytes, Non
     try:
         while answer is not None:
             if isinstance(answer, InferenceError):
-                yield wire.sse_event(wire.error_json(answer.message))
+                yield codec.sse_event(codec.error_json(answer.message))
                 break
             try:
-                data = wire.generate_response_json(answer)
+                data = codec.generate_response_json(answer)
             except InferenceError as exc:  # an output with no JSON form: the client hears why
-                data = wire.error_json(exc.message)
-            yield wire.sse_event(data)
+                data = codec.error_json(exc.message)
+            yield codec.sse_event(data)
             answer = await answers.get()
     finally:
         if not answers.job.finished:

@@ -310,6 +310,10 @@ OPERATIONS: dict[str, Operation] = {
                                 response="V1ModelReady"),
     "v1_predict": Operation("KServe V1 predict, run as a V2 inference", INFERENCE, request="V1PredictRequest",
                             response="V1PredictResponse"),
+    "v1_explain": Operation(
+        "KServe V1 explain: fastoip hosts no explainers; 501 as KServe answers for a model without one", INFERENCE,
+        request="V1PredictRequest", response="ErrorResponse",
+    ),
     "openapi_document": Operation("This OpenAPI document", DOCS, response="OpenApiDocument"),
     "docs_page": Operation(
         "A Swagger UI page on this document", DOCS, response_type="text/html",

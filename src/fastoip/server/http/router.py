@@ -92,8 +92,8 @@ MODEL_PATH = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
     r"(?:/(?P<action>ready|infer|generate|generate_stream|config|stats|trace/setting))?"
 )
-#: KServe V1: ``/v1/models/<model>`` and ``/v1/models/<model>:predict`` (a model name holds no ':').
-V1_MODEL_PATH = re.compile(r"/v1/models/(?P<model>[^/:]+)(?::(?P<action>predict))?")
+#: KServe V1: ``/v1/models/<model>``, ``/v1/models/<model>:predict`` and ``:explain`` (a model name holds no ':').
+V1_MODEL_PATH = re.compile(r"/v1/models/(?P<model>[^/:]+)(?::(?P<action>predict|explain))?")
 REPOSITORY_PATH = re.compile(r"/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)")
 SHARED_MEMORY_PATH = re.compile(
     r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/(?P<action>status|register|unregister)"

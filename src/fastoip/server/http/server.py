@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from ...core import Core
+from ..forward_headers import forwarder
 from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
 from .json_pool import DEFAULT_WORKERS, JsonPool
@@ -67,6 +68,7 @@ class HttpServer:
         limits: HttpLimits | None = None,
         tls: HttpTls | None = None,
         restricted: RestrictedFeatures | None = None,
+        forward_header_pattern: str | None = None,
         json_workers: int = DEFAULT_WORKERS,
     ) -> None:
         self.core = core
@@ -76,6 +78,7 @@ class HttpServer:
         self.limits = limits or HttpLimits()
         self.tls = tls
         self.restricted = restricted
+        self.forward_header_pattern = forward_header_pattern
         self.json_pool = JsonPool(json_workers)
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
@@ -86,6 +89,7 @@ class HttpServer:
         sock = _bind(self.host, self.port)
         bound_port = sock.getsockname()[1]
         app = HttpFrontend(self.core, self.max_body_size, self.json_pool)
+        app.forward_headers = forwarder(self.forward_header_pattern)
         if self.restricted:
             app.restrict(self.restricted)
         tls = self.tls

@@ -1,5 +1,5 @@
 """KServe's V1 protocol on the HTTP frontend: ``GET /``, ``GET /v1/models``, ``GET /v1/models/<m>``,
-``POST /v1/models/<m>:predict``.
+``POST /v1/models/<m>:predict``, ``POST /v1/models/<m>:explain``.
 
 Rules (KServe's ``protocol/rest/v1_endpoints.py`` and ``errors.py``):
 - Translate only: the JSON mapping is :mod:`fastoip.wire.v1`; predict runs through the Core's one
@@ -7,16 +7,22 @@ Rules (KServe's ``protocol/rest/v1_endpoints.py`` and ``errors.py``):
 - ``GET /`` answers ``{"status": "alive"}`` (what KServe's V1 client reads as liveness);
   ``GET /v1/models`` answers ``{"models": [names]}`` (every model the repository knows).
 - A model not ready answers 503 and an unknown model 404, with KServe's messages, before the body is read.
+- ``:explain``: fastoip hosts no explainers, so it answers as KServe answers for a model without one
+  (no ``explainer_host``): 501 ``{"error": "Could not find explainer_host."}``, after the same readiness
+  checks and after the body is read as JSON (a body that is not a JSON object is 400, as in KServe).
 """
 
 from __future__ import annotations
 
-from ...core import Core
+from ...core import CallContext, Core
 from ...wire import v1 as wire
+from ...wire.http import parse_json_object
 from .bodies import read_body
 from .router import Request, Response, error_response, json_response
 
 JSON = b"application/json"
+#: KServe's answer to ``:explain`` for a model that has no explainer (``Model.explain`` without ``explainer_host``).
+NO_EXPLAINER = "Could not find explainer_host."
 
 
 class V1Endpoints:
@@ -43,8 +49,15 @@ class V1Endpoints:
         body = await read_body(request, self.max_body_size)
         inputs = self.core.model_metadata(model).inputs
         infer_request, rows_added = wire.decode_predict_request(model, body, inputs)
-        response = await self.core.infer_async(infer_request, trace_headers=request.headers)
+        response = await self.core.infer_async(infer_request, CallContext(trace_headers=request.headers))
         return Response(200, [(b"content-type", JSON)], wire.encode_predictions(response, rows_added))
+
+    async def v1_explain(self, request: Request, model: str) -> Response:
+        refusal = self._refusal(model)
+        if refusal is not None:
+            return refusal
+        parse_json_object(await read_body(request, self.max_body_size), "V1 explain request")
+        return error_response(501, NO_EXPLAINER)
 
     def _refusal(self, model: str) -> Response | None:
         """KServe's answer for a model that cannot serve (404 unknown, 503 not ready), else None."""

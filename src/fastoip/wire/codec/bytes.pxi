@@ -1,10 +1,30 @@
 # BYTES tensors: the element limit, the length-prefixed framing both ways.
 
-#: Most BYTES elements one request (and so one tensor) may decode into: each becomes a Python bytes
-#: object (~40-60 bytes of memory for as little as 4 bytes on the wire), so a small request must not
-#: expand without bound.
-DEFAULT_MAX_BYTES_ELEMENTS = 1 << 17
+#: Most BYTES elements one request (and so one tensor) may decode into (2**24: Triton's own tests send
+#: 10,485,760 in one request), refused before any element is built ...
+DEFAULT_MAX_BYTES_ELEMENTS = 1 << 24
 cdef int64_t _max_bytes_elements = DEFAULT_MAX_BYTES_ELEMENTS
+#: ... and the memory one BYTES tensor's decoded elements may take, charged while they are built: each
+#: element is a Python bytes object (~50 bytes for as little as 4 bytes on the wire), so a small request
+#: must not expand without bound.
+DEFAULT_MAX_BYTES_MEMORY = 256 * 1024 * 1024
+cdef int64_t _max_bytes_memory = DEFAULT_MAX_BYTES_MEMORY
+#: Per element: its pointer in the list being built and in the numpy array made from it.
+cdef int64_t _ELEMENT_POINTERS = 2 * sizeof(void*)
+
+
+cdef inline int64_t _element_cost(Py_ssize_t n) noexcept:
+    """Memory one decoded BYTES element of ``n`` bytes takes (CPython shares the 0- and 1-byte objects)."""
+    if n <= 1:
+        return _ELEMENT_POINTERS
+    # PyBytesObject: a 33-byte header with the terminating NUL, in 16-byte allocator blocks.
+    return _ELEMENT_POINTERS + ((33 + n + 15) // 16) * 16
+
+
+cdef int _over_bytes_memory(int64_t spent, str what) except -1:
+    raise CodecError(
+        f"{what}: its BYTES elements take more than this server's limit of {_max_bytes_memory} bytes of memory "
+        f"(--max-bytes-memory; {spent} so far)")
 
 
 cdef int _check_bytes_count(int64_t count, str what) except -1:
@@ -35,6 +55,7 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
     cdef const uchar* end = p + n
     cdef uint32_t ln
     cdef Py_ssize_t i
+    cdef int64_t spent = 0
     if count < 0:
         raise CodecError(f"{what}: negative BYTES element count {count}")
     if count > n // 4:
@@ -51,6 +72,9 @@ cdef object _bytes_array(const uchar* p, Py_ssize_t n, int64_t count, str what):
         if ln > <uint64_t>(end - p):
             raise CodecError(
                 f"{what}: BYTES element {i} declares {ln} bytes but only {end - p} remain")
+        spent += _element_cost(ln)
+        if spent > _max_bytes_memory:
+            _over_bytes_memory(spent, what)
         item = PyBytes_FromStringAndSize(<const char*>p, ln)   # copy: one bytes per element
         Py_INCREF(item)
         PyList_SET_ITEM(lst, i, item)

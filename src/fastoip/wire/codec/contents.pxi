@@ -14,7 +14,7 @@ cdef object _bytes_view(bytes base, object shape, object dtype, Py_ssize_t offse
 
 
 cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* info,
-                        object tensor, str kind):
+                        object tensor, str kind, str model=""):
     """A tensor from its raw entry: a read-only zero-copy view (BYTES: new object array)."""
     cdef int64_t count = info.count
     cdef int isz = _ITEMSIZE[info.code]
@@ -24,10 +24,13 @@ cdef object _raw_tensor(object base, const uchar* start, Span span, TensorInfo* 
         arr = _bytes_array(start + span.off, span.n, count, f"{kind} '{tensor.name}'")
         return arr.reshape(shape)
     if count > span.n // isz or count * isz != span.n:
-        raise CodecError(
+        if kind is _INPUT:
             # Triton's words first (clients match on them), then the detail.
-            ("input byte size mismatch: " if kind is _INPUT else "")
-            + f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
+            raise CodecError(
+                f"input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+                f"Expected {<object>count * isz}, got {span.n} ({_DT_NAMES[info.code]} {_shape_str(shape)})")
+        raise CodecError(
+            f"{kind} '{tensor.name}': expected {<object>count * isz} bytes for {_DT_NAMES[info.code]} "
             f"{_shape_str(shape)}, got {span.n}")
     # No copy: a view on the received buffer (read-only because the buffer is).
     if PyBytes_CheckExact(base):
@@ -164,6 +167,7 @@ cdef object _typed_tensor(const uchar* start, Span* spans, TensorInfo* info, obj
     cdef int wt
     cdef uint64_t v = 0
     cdef Reader sub
+    cdef int64_t spent = 0
     memset(counts, 0, sizeof(counts))
     for i in range(info.span_lo, info.span_hi):
         r.base = start
@@ -196,6 +200,9 @@ cdef object _typed_tensor(const uchar* start, Span* spans, TensorInfo* info, obj
                 _read_tag(&r, &field, &wt)
                 if field == CONTENTS_BYTES and wt == WT_LEN and idx < counts[want]:
                     _read_len(&r, &sub)
+                    spent += _element_cost(sub.end - sub.p)
+                    if spent > _max_bytes_memory:
+                        _over_bytes_memory(spent, f"{kind} '{name}'")
                     # copy: one bytes object per element
                     item = PyBytes_FromStringAndSize(<const char*>sub.p, sub.end - sub.p)
                     Py_INCREF(item)

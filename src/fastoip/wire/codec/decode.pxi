@@ -113,7 +113,7 @@ cdef object _decode(object data, bint response):
                               _typed_tensor(start, <Span*>_vdata(&spans), &info[i], t, kind))
                 else:
                     _set_data(t, InferInput, &_L_INPUT,
-                              _raw_tensor(base, start, span[j], &info[i], t, kind))
+                              _raw_tensor(base, start, span[j], &info[i], t, kind, model_name))
                     j += 1
     finally:
         _vfree(&spans)

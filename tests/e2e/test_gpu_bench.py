@@ -1,0 +1,108 @@
+"""The prepared GPU check (issue 26), proven on CPU: the ResNet-50-shaped CNN, the bench driver, the "no GPU" stop.
+
+``benchmarks/gpu_bench.py`` and ``scripts/gpu_check.sh`` run for real only on a GPU machine; here the CNN is
+built and run on ONNX Runtime's CPU EP, the driver runs its shared-memory part end to end on the CPU EP, and the
+script's ``run`` reassembles split files, checks them and stops with "no GPU".
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_gpu_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu_bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_bench = load_gpu_bench()
+
+
+def gpu_listed() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return any(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+def test_resnet50_has_resnet50s_layers_and_runs_on_the_cpu_ep() -> None:
+    import onnx
+    import onnxruntime as ort
+
+    model = gpu_bench.build_resnet50()
+    onnx.checker.check_model(model)
+    ops = collections.Counter(node.op_type for node in model.graph.node)
+    # stem conv + 16 bottlenecks x 3 convs + 4 projection shortcuts; ReLU: stem + 2 a block + 1 after each Add
+    assert ops == {"Conv": 53, "Relu": 49, "Add": 16, "MaxPool": 1, "GlobalAveragePool": 1, "Flatten": 1, "Gemm": 1}
+    parameters = sum(int(np.prod(init.dims)) for init in model.graph.initializer)
+    assert 25_000_000 < parameters < 26_000_000  # ResNet-50's 25.5 M, less BatchNorm's (folded)
+    data = model.SerializeToString()
+    assert len(data) < 110_000_000
+    assert hashlib.sha256(data).digest() == hashlib.sha256(gpu_bench.build_resnet50().SerializeToString()).digest()
+
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    (inp,) = session.get_inputs()
+    assert inp.name == "INPUT0" and inp.shape[1:] == [3, 224, 224]
+    images = np.random.default_rng(0).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    (out,) = session.run(None, {"INPUT0": images})
+    assert out.shape == (2, 1000) and out.dtype == np.float32
+    assert np.isfinite(out).all() and not np.allclose(out[0], out[1])  # a real function of its input
+
+
+@pytest.mark.skipif(gpu_listed(), reason="a GPU is here: the driver would run its GPU parts (minutes)")
+def test_the_driver_runs_end_to_end_on_the_cpu_ep_and_lists_the_gpu_parts(tmp_path: Path) -> None:
+    code = gpu_bench.main(
+        ["--out", str(tmp_path), "--dry-run", "--parts", "shm", "--window-ms", "200", "--trials", "1"]
+    )
+    results = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert code == 0 and results["passed"] and results["dry_run"]
+    assert results["instance_kinds"]["cpu"]["resnet50"] == "KIND_CPU"
+    points = {(row["model"], row["shm"]) for row in results["shm"]}
+    assert points == {(m, s) for m in ("identity_602k", "identity_16m") for s in ("system", "none")}
+    assert all(row["infer_per_s"] > 0 and row["errors"] == 0 for row in results["shm"])
+    assert any("cuda" in line and "no GPU" in line for line in results["skipped"])
+    table = (tmp_path / "gpu_bench.md").read_text()
+    assert "identity_16m | cpu | system | 1 |" in table and "skipped: shm: --shared-memory cuda" in table
+
+
+@pytest.mark.skipif(gpu_listed(), reason="a GPU is here: run would install and build")
+def test_gpu_check_run_reassembles_checks_and_stops_saying_no_gpu(tmp_path: Path) -> None:
+    gpu_dir, stage, out = tmp_path / "gpu", tmp_path / "stage", tmp_path / "out"
+    (gpu_dir / "wheels").mkdir(parents=True)
+    wheel = gpu_dir / "wheels" / "big-1.0-py3-none-any.whl"
+    wheel.write_bytes(os.urandom(3 * 1024 * 1024 + 5))
+    (gpu_dir / "SHA256SUMS").write_text(f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  wheels/{wheel.name}\n")
+    stage.mkdir()
+    # what `pack` and `stage` leave there: the file split in pieces, and the checksums
+    data = wheel.read_bytes()
+    for index, start in enumerate(range(0, len(data), 1024 * 1024)):
+        (stage / f"{wheel.name}.part{index:02d}").write_bytes(data[start : start + 1024 * 1024])
+    shutil.copy(gpu_dir / "SHA256SUMS", stage)
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "PY": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "run"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "reassembled and checked: 1 wheels" in done.stdout
+    assert "no GPU on this machine" in done.stdout and "benchmarks/gpu_bench.py" in done.stdout
+    assert (stage / wheel.name).read_bytes() == data and not list(stage.glob("*.part*"))
+    assert (out / "summary.md").read_text().startswith("# gpu-check: no GPU")
+
+    (stage / wheel.name).write_bytes(b"corrupt")  # a bad piece must stop the run, not install it
+    failed = subprocess.run(["bash", "scripts/gpu_check.sh", "run"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert failed.returncode != 0

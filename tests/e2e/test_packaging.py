@@ -1,0 +1,121 @@
+"""fastoip as a user installs it: ``python -m build``, then the wheel in a fresh venv outside the repository.
+
+What this proves, and what it does not:
+- ``python -m build`` makes the sdist, then builds the wheel *from that sdist* in an isolated environment
+  (PEP 517, as ``pip install fastoip-*.tar.gz`` does): the sdist carries every source the extensions need,
+  and the Cython extensions compile from it; the native gRPC frontend is in the wheel exactly when
+  libnghttp2's headers are on this machine, else the build said it falls back to grpcio.
+- That wheel, installed by pip with its declared dependencies into a fresh venv (no ``--system-site-packages``,
+  run from a folder outside the repository, no PYTHONPATH), serves the built-in demo repository over HTTP
+  and gRPC, and ``fastoip bench`` measures it: the dependency list and the package data are complete.
+- Lean: one build and one install; the dependencies come from pip's cache when it has them. It does not
+  install the sdist a second time (the wheel above was built from it), nor the ``gpu`` extra (no GPU here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fastoip.launcher import ChildProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.timeout(1500)]
+
+
+def _has_nghttp2_headers() -> bool:
+    if shutil.which("pkg-config"):
+        found = subprocess.run(["pkg-config", "--exists", "libnghttp2"], capture_output=True)
+        if found.returncode == 0:
+            return True
+    return Path("/usr/include/nghttp2/nghttp2.h").exists()
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment of a user's shell: no PYTHONPATH pointing at this checkout, no venv of ours."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    pytest.importorskip("build", reason="python -m build needs the 'build' package (in the test extra)")
+    out = tmp_path_factory.mktemp("dist")
+    # build isolates itself (a fresh venv with the [build-system] requirements): this process's env is fine
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return out, done.stdout + done.stderr
+
+
+def test_the_sdist_carries_every_source_the_extensions_need(dist: tuple[Path, str]) -> None:
+    out, _ = dist
+    (sdist,) = out.glob("fastoip-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    for source in ("src/fastoip/_codec.pyx", "src/fastoip/_shmguard.pyx", "src/fastoip/server/grpc/_http2.pyx",
+                   "src/fastoip/wire/codec/decode.pxi", "setup.py", "pyproject.toml", "README.md",
+                   # the C declarations beside each .pyx (issue 22)
+                   "src/fastoip/_codec.pxd", "src/fastoip/_codec.h", "src/fastoip/_shmguard.pxd",
+                   "src/fastoip/_shmguard.h", "src/fastoip/server/grpc/_http2.pxd",
+                   "src/fastoip/server/grpc/_nghttp2.pxd"):
+        assert source in names, source
+
+
+def test_the_wheel_built_from_the_sdist_has_the_extensions(dist: tuple[Path, str]) -> None:
+    out, log = dist
+    (wheel,) = out.glob("fastoip-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("fastoip/_codec.") and n.endswith(".so") for n in names)
+    assert any(n.startswith("fastoip/_shmguard.") and n.endswith(".so") for n in names)
+    native = any(n.startswith("fastoip/server/grpc/_http2.") and n.endswith(".so") for n in names)
+    if _has_nghttp2_headers():
+        assert native
+    else:  # the fallback is said, not silent
+        assert not native and "falls back to the grpcio frontend" in log
+
+
+def test_the_wheel_installs_in_a_fresh_venv_and_serves(dist: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = dist
+    (wheel,) = out.glob("fastoip-*.whl")
+    venv = tmp_path / "venv"
+    env = _clean_env()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+                         capture_output=True, text=True, timeout=1200, env=env, cwd=tmp_path)
+    assert pip.returncode == 0, pip.stdout[-4000:] + pip.stderr[-4000:]
+    fastoip = venv / "bin" / "fastoip"
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import fastoip; print(fastoip.__file__)"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert str(venv) in where.stdout, where  # the installed copy, not this checkout
+    server = ChildProcess([str(fastoip), "serve", "--grpc-port", "0", "--http-port", "0", "--metrics-port", "-1",
+                           "--shutdown-grace", "0"], want={"grpc", "http"}, env=env)
+    server.start(120)
+    try:
+        http = f"127.0.0.1:{server.ports['http']}"
+        with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=10) as answer:
+            assert answer.status == 200
+        body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+                                      {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [2] * 16}]})
+        request = urllib.request.Request(f"http://{http}/v2/models/simple/infer", data=body.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            outputs = {o["name"]: o["data"] for o in json.load(answer)["outputs"]}
+        assert outputs["OUTPUT0"] == [3] * 16
+        bench = subprocess.run([str(fastoip), "bench", "-m", "simple", "-u", f"127.0.0.1:{server.ports['grpc']}",
+                                "-i", "grpc", "-p", "300", "-r", "2", "--warmup-ms", "0"],
+                               capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+        assert "simple" in bench.stdout
+    finally:
+        server.stop(30)

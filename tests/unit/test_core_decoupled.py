@@ -1,0 +1,115 @@
+"""Decoupled Python models through the Core in-process: the response sink, the final flag, refusals, warm-up.
+
+What crosses a socket (gRPC streams, SSE) is in test_decoupled.py and test_generate.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from fastoip.core import CallContext, Core
+from fastoip.errors import OneResponseCall
+from fastoip.scheduling.job import Job
+from fastoip.types import InferInput, InferRequest, InferResponse
+from harness import core_on, success_and_failure
+from models import identity_model_bytes, write_model
+from python_models import COUNTER, COUNTER_CONFIG, write_python_model
+
+WARMED = COUNTER_CONFIG + """
+    model_warmup [ { name: "three" batch_size: 1 count: 2
+                     inputs { key: "COUNT" value { data_type: TYPE_INT32 dims: [ 1 ] input_data_file: "three" } } } ]
+"""
+
+ENSEMBLE = """
+    platform: "ensemble"
+    max_batch_size: 0
+    input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "INDEX" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    ensemble_scheduling { step [ { model_name: "counter" model_version: -1
+                                   input_map { key: "COUNT" value: "COUNT" }
+                                   output_map { key: "INDEX" value: "INDEX" } } ] }
+"""
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
+    root = tmp_path_factory.mktemp("decoupled-core")
+    write_python_model(root, "counter", COUNTER, COUNTER_CONFIG)
+    warmed = write_python_model(root, "warmed", COUNTER, WARMED)
+    (warmed / "warmup").mkdir()
+    (warmed / "warmup" / "three").write_bytes(np.array([3], dtype=np.int32).tobytes())
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.pbtxt").write_text(ENSEMBLE)
+    with core_on(root) as opened:
+        yield opened
+
+
+def count_request(n: int, model: str = "counter", **parameters: object) -> InferRequest:
+    data = np.array([n], dtype=np.int32)
+    return InferRequest(model, parameters=dict(parameters), inputs=[InferInput("COUNT", "INT32", (1,), data)])
+
+
+def run(core: Core, request: InferRequest) -> tuple[list[InferResponse], Job]:
+    """Submit ``request`` with a response sink; every response, then the finished job."""
+    responses: list[InferResponse] = []
+    finished = threading.Event()
+    done: list[Job] = []
+
+    def on_done(job: Job) -> None:
+        done.append(job)
+        finished.set()
+
+    core.start(request, CallContext(caller_runs=True), on_done, lambda job, response: responses.append(response))
+    assert finished.wait(60)
+    return responses, done[0]
+
+
+@pytest.mark.parametrize("count", [0, 1, 25])
+def test_responses_reach_the_sink_in_order_then_the_final_flag_alone(core: Core, count: int) -> None:
+    before = success_and_failure(core, "counter")
+    responses, job = run(core, count_request(count))
+    assert [int(r.outputs[0].data[0]) for r in responses] == list(range(count))
+    assert job.decoupled and job.response is None and job.error is None
+    assert success_and_failure(core, "counter") == (before[0] + 1, before[1])  # one inference per request
+
+
+def test_a_failure_after_some_responses_is_the_jobs_error(core: Core) -> None:
+    before = success_and_failure(core, "counter")
+    responses, job = run(core, count_request(5, fail_at=2))
+    assert len(responses) == 2
+    assert job.error is not None and "no response 2" in job.error.message and job.response is None
+    assert success_and_failure(core, "counter") == (before[0], before[1] + 1)
+
+
+def test_one_response_calls_are_refused_with_tritons_words(core: Core) -> None:
+    with pytest.raises(OneResponseCall, match="ModelInfer RPC doesn't support models with decoupled"):
+        core.infer(count_request(1))
+    with pytest.raises(OneResponseCall):
+        core.start(count_request(1), None, lambda job: None)
+
+
+def test_warmup_runs_a_decoupled_model_before_it_is_ready(core: Core) -> None:
+    assert core.model_ready("warmed")
+    (stats,) = core.statistics("warmed")
+    assert stats.inference_stats.success.count == 0  # warm-up is not counted as inference
+
+
+def test_a_decoupled_model_is_not_an_ensemble_step(core: Core) -> None:
+    index = {entry.name: entry for entry in core.repository_index()}
+    assert index["pipeline"].state == "UNAVAILABLE"
+    assert "model 'counter' is decoupled" in index["pipeline"].reason
+
+
+def test_decoupled_onnx_models_are_refused(tmp_path: Path) -> None:
+    write_model(tmp_path, "onnx", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config="max_batch_size: 4\nmodel_transaction_policy { decoupled: true }\n")
+    with core_on(tmp_path) as core:
+        (entry,) = core.repository_index()
+        assert entry.state == "UNAVAILABLE"
+        assert "not implemented for onnxruntime models (Python models may be decoupled)" in entry.reason
