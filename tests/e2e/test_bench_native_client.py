@@ -189,3 +189,11 @@ def test_request_timeout_counts_deadline_exceeded() -> None:
         listener.close()
     assert sent >= 4 and len(sample.lat_ns) == 0
     assert sample.errors == {"DEADLINE_EXCEEDED": sent}
+
+
+@pytest.mark.parametrize("extra", [["--request-rate-range", "100"], ["--grpc-compression-algorithm", "gzip"]])
+def test_native_where_it_cannot_carry_the_load_is_refused(capsys: Capture, extra: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:  # a usage error, as every bad flag combination
+        bench_main(["grpc://127.0.0.1:1", "-m", "simple", "--grpc-client", "native", *extra, *FAST])
+    assert info.value.code == 2
+    assert "--grpc-client native carries closed-loop unary load" in capsys.readouterr().err

@@ -360,6 +360,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise BenchError("--streaming supports concurrency mode only", stage="args")
     if args.streaming and protocol != "grpc":
         raise BenchError("--streaming needs gRPC (-i grpc)", stage="args")
+    if args.grpc_client == "native" and protocol == "grpc":
+        from .nativeload import native_available
+
+        if not native_available():
+            raise BenchError("--grpc-client native: fastoip.bench._h2client is not built (no libnghttp2 headers "
+                             "when fastoip was built); use auto, future or aio", stage="args")
+        if mode != "concurrency" or args.streaming or tls is not None or args.grpc_compression_algorithm != "none":
+            raise BenchError("--grpc-client native carries closed-loop unary load over plaintext without "
+                             "compression only (not --request-rate-range, --streaming, TLS or "
+                             "--grpc-compression-algorithm); use auto, future or aio", stage="args")
     if args.percentile is not None and not 1 <= args.percentile <= 99:
         raise BenchError("--percentile must be in 1..99", stage="args")
     if args.processes < 1 or args.batch_size < 1 or args.string_length < 0:
