@@ -309,7 +309,7 @@ def test_streaming(server: ServerProcess, tmp_path: Path, capsys: Capture) -> No
     )
     assert rc == 0, err
     document = load_json(out_json)
-    assert document["client"]["kind"] == "aio-stream"
+    assert document["client"]["kind"] == ("native-stream" if native_available() else "aio-stream")
     for row in document["results"]:
         assert_good_row(row)
 

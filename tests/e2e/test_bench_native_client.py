@@ -7,6 +7,7 @@ status, the same statuses for the same fault, the same checks of the answers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import socket
@@ -75,7 +76,9 @@ def test_auto_picks_native_where_it_can() -> None:
     assert resolve_client(spec, "concurrency", 1) == "native"
     assert resolve_client(spec, "concurrency", 64) == "native"
     assert resolve_client(spec, "rate", 100) == "aio"  # no request-rate mode in the native client
-    assert resolve_client(LoadSpec("grpc", "h", 1, [b""], spec.check, streaming=True), "concurrency", 8) == "aio-stream"
+    streaming = LoadSpec("grpc", "h", 1, [b""], spec.check, streaming=True)
+    assert resolve_client(streaming, "concurrency", 8) == "native-stream"
+    assert resolve_client(dataclasses.replace(streaming, client="aio"), "concurrency", 8) == "aio-stream"
     assert resolve_client(LoadSpec("grpc", "h", 1, [b""], spec.check, compression="gzip"), "concurrency", 8) == "aio"
 
 
@@ -164,7 +167,8 @@ def test_cli_native_equals_grpcio(server: ServerProcess, tmp_path: Path, capsys:
     assert rows["native"].keys() == rows["future"].keys()
 
 
-def test_request_timeout_counts_deadline_exceeded() -> None:
+@pytest.mark.parametrize("streaming", [False, True])
+def test_request_timeout_counts_deadline_exceeded(streaming: bool) -> None:
     """A peer that accepts and never answers: each call ends DEADLINE_EXCEEDED after --request-timeout."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -179,7 +183,8 @@ def test_request_timeout_counts_deadline_exceeded() -> None:
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    spec = identity_spec(listener.getsockname()[1], "native")
+    port = listener.getsockname()[1]
+    spec = stream_spec(port, "native") if streaming else identity_spec(port, "native")
     spec.timeout_s = 0.2
     try:
         sample, sent = run_fixed(spec, 2, 0.7)
@@ -196,4 +201,29 @@ def test_native_where_it_cannot_carry_the_load_is_refused(capsys: Capture, extra
     with pytest.raises(SystemExit) as info:  # a usage error, as every bad flag combination
         bench_main(["grpc://127.0.0.1:1", "-m", "simple", "--grpc-client", "native", *extra, *FAST])
     assert info.value.code == 2
-    assert "--grpc-client native carries closed-loop unary load" in capsys.readouterr().err
+    assert "--grpc-client native carries closed-loop load" in capsys.readouterr().err
+
+
+def stream_spec(port: int, client: str, name: str = "identity_fp32") -> LoadSpec:
+    plan = plan_model(meta(name, [16], "FP32"), CONFIG, 1, {})
+    request = encode_grpc(plan, make_requests(plan, "random", 0)[0])
+    return LoadSpec("grpc", "127.0.0.1", port, [request], ResponseCheck("grpc-stream", set(), plan.outputs),
+                    client=client, streaming=True)
+
+
+@pytest.mark.parametrize("client", ["native", "aio"])
+def test_streaming_every_request_is_accounted_for(server: ServerProcess, client: str) -> None:
+    spec = stream_spec(server.grpc_port, client)
+    assert resolve_client(spec, "concurrency", 4) == f"{client}-stream"
+    sample, sent = run_fixed(spec, 4, 0.6)
+    assert sent > 20 and sample.errors == {}
+    assert len(sample.lat_ns) == sent
+
+
+@pytest.mark.parametrize("client", ["native", "aio"])
+def test_streaming_in_band_errors_count_stream_error(server: ServerProcess, client: str) -> None:
+    """ModelStreamInfer reports a bad request in the stream (error_message), and the stream goes on."""
+    spec = stream_spec(server.grpc_port, client, name="nope")
+    sample, sent = run_fixed(spec, 2, 0.4)
+    assert sent > 5 and len(sample.lat_ns) == 0
+    assert sample.errors == {"STREAM_ERROR": sent}

@@ -19,6 +19,7 @@ cimport numpy as cnp
 import numpy as np
 
 from fastoip.server.grpc._nghttp2 cimport (
+    NGHTTP2_ERR_DEFERRED,
     NGHTTP2_DATA_FLAG_EOF, NGHTTP2_FLAG_NONE, NGHTTP2_HEADERS, NGHTTP2_NV_FLAG_NONE,
     NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, nghttp2_data_provider, nghttp2_data_source, nghttp2_frame, nghttp2_nv,
     nghttp2_session, nghttp2_session_callbacks, nghttp2_session_callbacks_del, nghttp2_session_callbacks_new,
@@ -40,6 +41,7 @@ cdef extern from "nghttp2/nghttp2.h":
         nghttp2_session *session, const void *pri_spec, const nghttp2_nv *nva, size_t nvlen,
         const nghttp2_data_provider *data_prd, void *stream_user_data) nogil
     void *nghttp2_session_get_stream_user_data(nghttp2_session *session, int32_t stream_id) nogil
+    int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id) nogil
     int nghttp2_submit_rst_stream(nghttp2_session *session, uint8_t flags, int32_t stream_id,
                                   uint32_t error_code) nogil
     int nghttp2_session_get_remote_settings(nghttp2_session *session, int id) nogil
@@ -87,6 +89,8 @@ cdef enum:
     ERR_RESET = 102
     ERR_CONNECTION = 103
     ERR_HTTP_STATUS = 104
+    ERR_STREAM_ERROR = 105
+    ERR_STREAM_EOF = 106
     OUT_CAP = 262144
     IN_CAP = 262144
 
@@ -96,6 +100,8 @@ ERROR_NAMES = {
     ERR_RESET: "INTERNAL",
     ERR_CONNECTION: "UNAVAILABLE",
     ERR_HTTP_STATUS: "UNAVAILABLE",
+    ERR_STREAM_ERROR: "STREAM_ERROR",
+    ERR_STREAM_EOF: "STREAM_EOF",
 }
 
 
@@ -125,6 +131,9 @@ cdef struct Call:
     int conn
     int32_t stream_id   # 0: the slot is free
     int timed_out
+    int pending         # streaming: a message to send (or being sent)
+    int awaiting        # streaming: a response outstanding
+    uint8_t first       # streaming: the response message's first byte
 
 
 cdef struct Results:
@@ -160,6 +169,7 @@ cdef struct State:
     int running
     int stopping
     int64_t timeout_ns
+    int streaming
 
 
 cdef struct Conn:
@@ -249,6 +259,8 @@ cdef int start_call(State *st, Conn *conn) noexcept nogil:
     provider.source.ptr = call
     provider.read_callback = read_body
     call.timed_out = 0
+    call.pending = 1
+    call.awaiting = 1
     call.t0 = now_ns()
     call.stream_id = nghttp2_submit_request(conn.session, NULL, st.nva, st.nvlen, &provider, call)
     pthread_mutex_lock(&st.res.lock)
@@ -280,6 +292,15 @@ cdef int slow_check(State *st, Call *call) noexcept with gil:
 
 cdef void finish_call(State *st, Conn *conn, Call *call, uint32_t error_code) noexcept nogil:
     cdef int64_t end = now_ns()
+    if st.streaming and not call.awaiting:  # a stream that ended after its last answer
+        call.stream_id = 0
+        free(call.keep)
+        call.keep = NULL
+        st.free_calls[st.nfree] = <int>(call - st.calls)
+        st.nfree += 1
+        if st.running and not st.stopping:
+            conn.want += 1
+        return
     conn.inflight -= 1
     call.stream_id = 0
     if call.timed_out:
@@ -290,6 +311,8 @@ cdef void finish_call(State *st, Conn *conn, Call *call, uint32_t error_code) no
         record_error(st, end, call.status)
     elif call.status < 0:
         record_error(st, end, ERR_RESET if error_code else ERR_NO_STATUS)
+    elif st.streaming:  # the server ended the stream, OK, with an answer outstanding
+        record_error(st, end, ERR_STREAM_EOF)
     elif call.checked and call.received == <size_t>call.message_len + 5:
         record_ok(st, end, end - call.t0)
     elif slow_check(st, call):
@@ -312,7 +335,7 @@ cdef void expire(State *st, int64_t now) noexcept nogil:
     cdef Call *call
     for i in range(st.ncalls):
         call = &st.calls[i]
-        if call.stream_id > 0 and not call.timed_out and now - call.t0 > st.timeout_ns:
+        if call.stream_id > 0 and call.awaiting and not call.timed_out and now - call.t0 > st.timeout_ns:
             call.timed_out = 1
             nghttp2_submit_rst_stream(st.conns[call.conn].session, NGHTTP2_FLAG_NONE, call.stream_id, 8)
 
@@ -326,7 +349,7 @@ cdef void kill(State *st, Conn *conn) noexcept nogil:
         return
     conn.dead = 1
     for i in range(st.ncalls):
-        if st.calls[i].stream_id > 0 and &st.conns[st.calls[i].conn] == conn:
+        if st.calls[i].stream_id > 0 and st.calls[i].awaiting and &st.conns[st.calls[i].conn] == conn:
             st.calls[i].stream_id = 0
             record_error(st, end, ERR_CONNECTION)
     conn.inflight = 0
@@ -430,13 +453,22 @@ cdef ssize_t read_body(nghttp2_session *session, int32_t stream_id, uint8_t *buf
     cdef Call *call = <Call *>source.ptr
     cdef Conn *conn = <Conn *>user_data
     cdef Body *body = &conn.st.bodies[call.body]
-    cdef size_t left = body.size - call.sent_off
+    cdef size_t left
+    if not call.pending:  # streaming, between messages: wait for the answer, or end the stream when stopping
+        if conn.st.stopping:
+            data_flags[0] |= NGHTTP2_DATA_FLAG_EOF
+            return 0
+        return NGHTTP2_ERR_DEFERRED
+    left = body.size - call.sent_off
     if length > left:
         length = left
     memcpy(buf, body.data + call.sent_off, length)
     call.sent_off += length
     if call.sent_off == body.size:
-        data_flags[0] |= NGHTTP2_DATA_FLAG_EOF
+        if conn.st.streaming:
+            call.pending = 0
+        else:
+            data_flags[0] |= NGHTTP2_DATA_FLAG_EOF
     return length
 
 
@@ -471,6 +503,9 @@ cdef int on_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, con
     cdef uint8_t *grown
     if call == NULL:
         return 0
+    if st.streaming:
+        stream_data(st, conn, call, stream_id, data, length)
+        return 0
     i = 0
     while call.received < 5 and i < length:  # the gRPC message prefix: flag + 4-byte length
         call.prefix[call.received] = data[i]
@@ -490,6 +525,75 @@ cdef int on_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, con
                 memcpy(call.keep + call.received - 5, data + i, length - i)
         call.received += length - i
     return 0
+
+
+cdef void stream_data(State *st, Conn *conn, Call *call, int32_t stream_id, const uint8_t *data,
+                      size_t length) noexcept nogil:
+    """ModelStreamInfer: answers arrive as gRPC messages on the call's stream, one per request sent."""
+    cdef size_t i = 0, take
+    cdef int64_t end
+    cdef int ok
+    while i < length:
+        if call.received < 5:
+            call.prefix[call.received] = data[i]
+            call.received += 1
+            i += 1
+            if call.received == 5:
+                call.message_len = (<int64_t>call.prefix[1] << 24) | (<int64_t>call.prefix[2] << 16) | (
+                    <int64_t>call.prefix[3] << 8) | <int64_t>call.prefix[4]
+                call.checked = call.prefix[0] == 0 and known(st, call.message_len)
+                if not call.checked:
+                    call.keep_cap = <size_t>call.message_len
+                    call.keep = <uint8_t *>malloc(call.keep_cap if call.keep_cap else 1)
+            else:
+                continue
+        else:
+            take = <size_t>call.message_len + 5 - call.received
+            if take > length - i:
+                take = length - i
+            if call.received == 5 and take:
+                call.first = data[i]
+            if call.keep != NULL:
+                memcpy(call.keep + call.received - 5, data + i, take)
+            call.received += take
+            i += take
+        if call.received < <size_t>call.message_len + 5 or call.message_len < 0:
+            continue
+        # one whole answer
+        end = now_ns()
+        if not call.awaiting:
+            record_error(st, end, ERR_BAD_RESPONSE)  # an answer nobody asked for
+        else:
+            conn.inflight -= 1
+            call.awaiting = 0
+            if call.message_len > 0 and call.first == 0x0a:  # field 1, error_message, set: an in-band error
+                record_error(st, end, ERR_STREAM_ERROR)
+            elif call.checked:
+                record_ok(st, end, end - call.t0)
+            else:
+                ok = slow_check(st, call)
+                if ok:
+                    record_ok(st, end, end - call.t0)
+                else:
+                    record_error(st, end, ERR_BAD_RESPONSE)
+        free(call.keep)
+        call.keep = NULL
+        call.received = 0
+        call.message_len = -1
+        if st.running and not st.stopping:  # the next request on the same stream
+            call.body = st.next_body
+            st.next_body += 1
+            if st.next_body == st.nbodies:
+                st.next_body = 0
+            call.sent_off = 0
+            call.pending = 1
+            call.awaiting = 1
+            call.t0 = now_ns()
+            conn.inflight += 1
+            pthread_mutex_lock(&st.res.lock)
+            st.res.sent += 1
+            pthread_mutex_unlock(&st.res.lock)
+        nghttp2_session_resume_data(conn.session, stream_id)  # the next message, or the end of the stream
 
 
 cdef int on_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code,
@@ -516,7 +620,7 @@ cdef class Engine:
         self.callbacks = NULL
 
     def __init__(self, list sockets, list requests, object check, str authority, str path, object metadata=(),
-                 double timeout_s=60.0):
+                 double timeout_s=60.0, bint streaming=False):
         """``sockets``: connected non-blocking socket file descriptors, one per HTTP/2 connection, owned (and
         closed) by the engine from here on.  ``requests``: serialized ModelInferRequest messages."""
         cdef Py_ssize_t i
@@ -527,6 +631,7 @@ cdef class Engine:
         self._check = check
         self.st.check = <void *>check
         self.st.timeout_ns = <int64_t>(timeout_s * 1e9)
+        self.st.streaming = streaming
         self.st.nconns = len(sockets)
         self.st.conns = <Conn *>malloc(self.st.nconns * sizeof(Conn))
         memset(self.st.conns, 0, self.st.nconns * sizeof(Conn))
@@ -660,6 +765,11 @@ cdef class Engine:
                 if st.stopping:
                     if deadline == 0:
                         deadline = now_ns() + <int64_t>(drain_s * 1e9)
+                        if st.streaming:  # end the streams that wait between messages
+                            for i in range(st.ncalls):
+                                if st.calls[i].stream_id > 0 and not st.calls[i].awaiting:
+                                    nghttp2_session_resume_data(st.conns[st.calls[i].conn].session,
+                                                                st.calls[i].stream_id)
                     k = 0
                     for i in range(st.nconns):
                         if not st.conns[i].dead:

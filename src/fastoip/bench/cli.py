@@ -323,6 +323,11 @@ def parse_header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()  # RFC 9110: whitespace around a field value is not part of it
 
 
+def stream_kind(rows: list[dict]) -> str:
+    """The streaming client of a run: the one its levels used (aio-stream before any level ran)."""
+    return str(rows[0].get("client", "aio-stream")) if rows else "aio-stream"
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     from .inputs import parse_shape_arg
 
@@ -366,9 +371,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         if not native_available():
             raise BenchError("--grpc-client native: fastoip.bench._h2client is not built (no libnghttp2 headers "
                              "when fastoip was built); use auto, future or aio", stage="args")
-        if mode != "concurrency" or args.streaming or tls is not None or args.grpc_compression_algorithm != "none":
-            raise BenchError("--grpc-client native carries closed-loop unary load over plaintext without "
-                             "compression only (not --request-rate-range, --streaming, TLS or "
+        if mode != "concurrency" or tls is not None or args.grpc_compression_algorithm != "none":
+            raise BenchError("--grpc-client native carries closed-loop load over plaintext without "
+                             "compression only (not --request-rate-range, TLS or "
                              "--grpc-compression-algorithm); use auto, future or aio", stage="args")
     if args.percentile is not None and not 1 <= args.percentile <= 99:
         raise BenchError("--percentile must be in 1..99", stage="args")
@@ -735,7 +740,8 @@ class Run:
             "client": {
                 "kind": "http"
                 if target.protocol == "http"
-                else ("aio-stream" if self.args.streaming else self.args.grpc_client),
+                # --streaming: the stream client that carried it (native-stream or aio-stream)
+                else (stream_kind(self.rows) if self.args.streaming else self.args.grpc_client),
                 "processes": self.args.processes,
                 "channels": self.args.grpc_channels or f"auto (min(C, {auto_channels(10**6)}))",
             },

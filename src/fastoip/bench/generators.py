@@ -31,11 +31,13 @@ AIO_FROM_CONCURRENCY = 8
 
 
 def resolve_client(spec: LoadSpec, mode: str, level: float) -> str:
-    """The client that carries a level: ``http``, ``aio-stream``, ``native``, ``future`` or ``aio``."""
+    """The client that carries a level: ``http``, ``native-stream``, ``aio-stream``, ``native``, ``future`` or
+    ``aio``."""
     if spec.protocol == "http":
         return "http"
     if spec.streaming:
-        return "aio-stream"
+        native = spec.client in ("auto", "native") and native_usable(spec, mode)
+        return "native-stream" if native else "aio-stream"
     if spec.client != "auto":
         return spec.client
     if native_usable(spec, mode):
@@ -48,7 +50,7 @@ def make_generator(spec: LoadSpec, mode: str = "concurrency", level: float = 1) 
     client = resolve_client(spec, mode, level)
     if client == "http":
         return HttpLoad(spec)
-    if client == "native":
+    if client in ("native", "native-stream"):
         return NativeGrpcLoad(spec)
     if client in ("aio", "aio-stream"):
         return GrpcAioLoad(spec)

@@ -1,8 +1,10 @@
 """The native gRPC load generator: ``fastoip.bench._h2client`` (nghttp2 in client mode, C loop, no GIL).
 
-Closed loop only (concurrency C), unary ModelInfer, plaintext, no compression:
-the cases where the grpcio clients were the bottleneck.  Everything else
-(request-rate mode, ``--streaming``, TLS, gzip/deflate) stays on the grpcio
+Closed loop only (concurrency C), unary ModelInfer or ``--streaming``
+ModelStreamInfer (one stream per request in flight, the next request sent
+when its answer is in, as the aio client), plaintext, no compression: the
+cases where the grpcio clients were the bottleneck.  Everything else
+(request-rate mode, TLS, gzip/deflate) stays on the grpcio
 clients of :mod:`fastoip.bench.load`; :func:`native_usable` says which.
 
 The engine runs on a thread of its own and records each completion (end time,
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .load import INFER_METHOD, Generator, LoadSpec, Sample, auto_channels
+from .load import INFER_METHOD, STREAM_METHOD, Generator, LoadSpec, Sample, auto_channels
 
 try:
     from . import _h2client
@@ -45,7 +47,6 @@ def native_usable(spec: LoadSpec, mode: str) -> bool:
         native_available()
         and spec.protocol == "grpc"
         and mode == "concurrency"
-        and not spec.streaming
         and spec.tls is None
         and spec.compression == "none"
     )
@@ -65,7 +66,7 @@ class NativeGrpcLoad(Generator):
         if _h2client is None:
             raise RuntimeError("fastoip.bench._h2client is not built (libnghttp2 headers missing)")
         if not native_usable(spec, "concurrency"):
-            raise ValueError("the native client runs unary, plaintext, uncompressed closed-loop load only")
+            raise ValueError("the native client runs plaintext, uncompressed closed-loop load only")
         self._engine: Any = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -93,9 +94,10 @@ class NativeGrpcLoad(Generator):
             list(self.spec.requests),
             self.spec.check,
             self.spec.address,
-            INFER_METHOD,
+            STREAM_METHOD if self.spec.streaming else INFER_METHOD,
             self.spec.metadata,
             self.spec.timeout_s,
+            self.spec.streaming,
         )
         drain_s = float(self.spec.extra.get("drain_s", 10.0))
         self._cpu_mark = time.process_time_ns()
