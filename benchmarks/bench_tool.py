@@ -12,6 +12,9 @@ alternating (`--rounds`), the same gRPC workload per point (`--points`: `simple`
 
 Target: fastoip bench >= 0.95x the faster h2load on `simple` c=64, within 5 % on 602 KB c=16.
 
+`--points stream`: `fastoip bench --streaming` (ModelStreamInfer; the native client) against
+`--streaming --grpc-client aio` (grpc.aio, before); h2load has no gRPC streaming, so the ratio is to aio.
+
 `--points http` (HTTP, second priority): wrk (1 thread, 64 keep-alive connections, benchmarks/wrk_infer.lua)
 posting a V2 JSON body for `simple` vs `fastoip bench --no-http-binary` at concurrency 64.
 
@@ -38,7 +41,8 @@ from _harness import CLIENT_CPUS, Fastoip, fastoip_bench, markdown_table  # noqa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 #: point -> (model, concurrency)
-POINTS = {"simple": ("simple", 64), "large": ("image_identity", 16), "http": ("simple", 64)}
+POINTS = {"simple": ("simple", 64), "large": ("image_identity", 16), "http": ("simple", 64),
+          "stream": ("simple", 64)}
 WRK_LUA = Path(__file__).parent / "wrk_infer.lua"
 
 
@@ -135,7 +139,7 @@ def main() -> int:
                         raise SystemExit("wrk: errors")
                     this_round["wrk (64 connections)"] = r["req_per_s"]
                     this_cpu["wrk (64 connections)"] = r["cpu_us_per_req"]
-                for connections in (concurrency, 1) if point != "http" else ():
+                for connections in (concurrency, 1) if point not in ("http", "stream") else ():
                     r = h2load(server.grpc, args.seconds, model, concurrency, connections)
                     if not r["verified"]:
                         raise SystemExit("h2load: DATA bytes do not add up to successful responses")
@@ -145,6 +149,7 @@ def main() -> int:
                 for name, extra in clients if point != "http" else [("fastoip bench --no-http-binary", ())]:
                     url = f"http://{server.http}" if point == "http" else f"grpc://{server.grpc}"
                     extra = ("--no-http-binary",) if point == "http" else extra
+                    extra = ("--streaming", *extra) if point == "stream" else extra
                     result = fastoip_bench(
                         url, "-m", model, "--concurrency-range", f"{concurrency}",
                         "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
@@ -156,7 +161,8 @@ def main() -> int:
                     this_round[key] = row["throughput_req_per_s"]
                     if row.get("client_cpu_percent") is not None and row["throughput_req_per_s"]:
                         this_cpu[key] = 1e4 * row["client_cpu_percent"] / row["throughput_req_per_s"]
-                base = max(v for k, v in this_round.items() if k.startswith(("h2load", "wrk")))
+                base = max((v for k, v in this_round.items() if k.startswith(("h2load", "wrk"))), default=0.0)
+                base = base or next(v for k, v in this_round.items() if "aio" in k)
                 for key, value in this_round.items():
                     runs[point].setdefault(key, []).append(value)
                     ratios[point].setdefault(key, []).append(value / base)
