@@ -17,7 +17,6 @@ import pytest
 # are tests/unit (no socket, no process) and tests/e2e (real processes and clients).
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
-from pki import Pki, make_pki  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 KNOWN_FRONTENDS = ("native", "grpcio")
@@ -93,6 +92,8 @@ def frontend_server(demo_repo: Path, grpc_frontend: str):  # type: ignore[no-unt
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+def pki(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A throwaway CA with server and client certificates, for the TLS tests of either frontend."""
+    from pki import make_pki  # cryptography: only where a TLS test runs (make test-compat's venv lacks it)
+
     return make_pki(tmp_path_factory.mktemp("pki"))

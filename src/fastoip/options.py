@@ -28,3 +28,6 @@ class RepositoryOptions:
     default_batching: dict[str, Any] | None = None
     #: Loads requested through the API may run code in the server (Python models, uploaded .py files).
     allow_code_loads: bool = False
+    #: What this repository's Triton Python models call into (BLS, readiness, model control): the Core that owns
+    #: the repository sets its own ``server_bridge.ServerLink`` here (a copy of the options per Core).
+    server_link: Any = None

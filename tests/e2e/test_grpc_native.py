@@ -144,8 +144,9 @@ def test_stream_many_requests_in_flight(native: ServerProcess) -> None:
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("native-slow")
-    # ~0.6 s an item, one at a time: a second request waits in the queue while the first runs.
-    write_model(root, "slow_cancel", slow_model_bytes(rows=1024, layers=48),
+    # ~1.2 s an item here (0.38 s per 48 layers on one thread), one at a time: the requests that follow wait in
+    # the queue, past their 0.2 s deadline and the cancel at ~0.5 s, while the first runs.
+    write_model(root, "slow_cancel", slow_model_bytes(rows=1024, layers=144),
                 config=SLOW_CONFIG)
     with ServerProcess(root, "--grpc-frontend", "native") as proc:
         yield proc

@@ -580,8 +580,8 @@ def test_wrong_method_is_405(client: Client) -> None:
 
 
 def test_unknown_path_is_404(client: Client) -> None:
-    # ("/" and /v1/models/<m> are KServe's V1 protocol: tests/test_kserve_v1.py)
-    for path in ("/v1", "/v1/models/simple:explain", "/v2/models/simple/bogus", "/v2/health"):
+    # ("/", /v1/models/<m> and its :predict / :explain are KServe's V1 protocol: tests/e2e/test_kserve_v1.py)
+    for path in ("/v1", "/v1/models/simple:bogus", "/v2/models/simple/bogus", "/v2/health"):
         status, message = error_of(client.json("GET", path))
         assert status == 404 and path in message
     assert_simple_works(client)

@@ -30,6 +30,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
+import fastoip
 from models import identity_model_bytes, write_model
 from serverproc import ServerProcess, wait_until
 
@@ -229,7 +230,9 @@ TICKER = """
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([sent], dtype=np.int32))]))
                 sent += 1
                 time.sleep(0.02)
-            pb_utils.Logger.log_warn(f"ticker saw the cancellation after {sent} responses: {sender.is_cancelled()}")
+            tag = int(request.inputs()[0].as_numpy()[0])
+            pb_utils.Logger.log_warn(
+                f"ticker {tag} saw the cancellation after {sent} responses: {sender.is_cancelled()}")
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
@@ -383,6 +386,74 @@ BLS_CANCEL = """
 """
 
 
+# async_exec(decoupled=True) into the ticker: the iterator gives each response as it comes (the ticker would
+# send 500 over 10 s), so the model cancels after three.
+BLS_CANCEL_ASYNC = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                inner = pb_utils.InferenceRequest(model_name="ticker", inputs=[request.inputs()[0]],
+                                                  requested_output_names=["OUT"])
+                started = time.monotonic()
+                stream = await inner.async_exec(decoupled=True)
+                waited_ms = int((time.monotonic() - started) * 1000)
+                got, errors = 0, []
+                for response in stream:
+                    if response.has_error():
+                        errors.append(response.error().code())
+                        break
+                    if pb_utils.get_output_tensor_by_name(response, "OUT") is not None:
+                        got += 1
+                    if got == 3:
+                        stream.cancel()
+                cancelled = int(errors == [pb_utils.TritonError.CANCELLED])
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("COUNT", np.array([got], dtype=np.int32)),
+                    pb_utils.Tensor("SUM", np.array([cancelled * 100000 + waited_ms], dtype=np.int32))]))
+            return responses
+"""
+
+
+# Decoupled relay of the ticker through BLS, in Triton's pattern for a cancelled outer request: Triton does not
+# cancel a model's BLS requests when its own request is cancelled; the model checks is_cancelled() and cancels
+# the inner stream with ResponseIterator.cancel().
+BLS_RELAY = """
+    import threading
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                threading.Thread(target=self.relay, args=(request, request.get_response_sender())).start()
+            return None
+
+        def relay(self, request, sender):
+            inner = pb_utils.InferenceRequest(model_name="ticker", inputs=[request.inputs()[0]],
+                                              requested_output_names=["OUT"])
+            stream = inner.exec(decoupled=True)
+            relayed, ended = 0, "completed"
+            for response in stream:
+                if response.has_error():
+                    ended = f"error {response.error().code()}"
+                    break
+                if request.is_cancelled():
+                    stream.cancel()
+                    continue  # the inner stream ends with a CANCELLED error
+                out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                if out is not None:
+                    sender.send(pb_utils.InferenceResponse([out]))
+                    relayed += 1
+            pb_utils.Logger.log_warn(f"relay ended after {relayed} responses: {ended}")
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
 METRICS = """
     import numpy as np
     import triton_python_backend_utils as pb_utils
@@ -468,6 +539,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_async", BLS_ASYNC, BLS_ASYNC_CONFIG)
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "bls_relay", BLS_RELAY, TICKER_CONFIG)
+    write_python_model(root, "bls_cancel_async", BLS_CANCEL_ASYNC, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "add_sub_pipelined", ADD_SUB, ADD_SUB_CONFIG.replace('"add_sub"', '"add_sub_pipelined"')
+                       + 'parameters { key: "worker_pipeline" value: { string_value: "3" } }\n')
+    write_python_model(root, "bad_pipeline", ADD_SUB, ADD_SUB_CONFIG.replace('"add_sub"', '"bad_pipeline"')
+                       + 'parameters { key: "worker_pipeline" value: { string_value: "0" } }\n')
     write_python_model(root, "metrics", METRICS, METRICS_CONFIG)
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "conda", CONDA, CONDA_CONFIG)
@@ -617,9 +694,39 @@ def test_cancelling_a_stream_is_seen_by_the_model(server: ServerProcess) -> None
         result, error = results.get(timeout=30)
         assert error is None
     client.stop_stream(cancel_requests=True)
-    assert wait_until(lambda: "ticker saw the cancellation after" in server.output(), timeout=20)
-    line = next(line for line in server.output().splitlines() if "ticker saw the cancellation" in line)
+    assert wait_until(lambda: "ticker 0 saw the cancellation after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "ticker 0 saw the cancellation" in line)
     assert int(line.split("after ")[1].split()[0]) < 500 and line.endswith("True")
+
+
+def test_cancelling_the_outer_request_cancels_its_bls_stream(server: ServerProcess) -> None:
+    """The client cancels the relay's stream; the relay sees it (is_cancelled) and cancels its BLS stream into
+    the ticker (as Triton's docs show: Triton itself leaves a model's BLS requests running); the ticker sees its
+    request cancelled; the inner request counts in the ticker's statistics."""
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    before = _request_count(grpc, "ticker")
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([7], dtype=np.int32))
+    client.async_stream_infer("bls_relay", [inp])
+    for expected in range(3):
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == expected
+    client.stop_stream(cancel_requests=True)
+    assert wait_until(lambda: "ticker 7 saw the cancellation after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "ticker 7 saw the cancellation" in line)
+    assert int(line.split("after ")[1].split()[0]) < 500 and line.endswith("True")
+    assert wait_until(lambda: "relay ended after" in server.output(), timeout=20)
+    line = next(line for line in server.output().splitlines() if "relay ended after" in line)
+    assert line.endswith("error 7")  # TritonError.CANCELLED: the inner stream's last response
+    assert wait_until(lambda: _request_count(grpc, "ticker") == before + 1, timeout=10)
+
+
+def _request_count(client: grpcclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model)
+    return sum(s.inference_stats.success.count + s.inference_stats.fail.count for s in stats.model_stats)
 
 
 def test_bls_sync_into_python_and_onnx_and_errors(server: ServerProcess) -> None:
@@ -681,6 +788,17 @@ def test_bls_response_iterator_cancel(server: ServerProcess) -> None:
     assert int(result.as_numpy("SUM")[0]) == 1  # the stream ended with a CANCELLED error
 
 
+def test_bls_async_exec_decoupled_yields_as_responses_come(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([1], dtype=np.int32))
+    result = client.infer("bls_cancel_async", [inp])
+    assert 3 <= int(result.as_numpy("COUNT")[0]) < 500  # not gathered: the model read three, then cancelled
+    flag, waited_ms = divmod(int(result.as_numpy("SUM")[0]), 100000)
+    assert flag == 1  # the stream ended with a CANCELLED error
+    assert waited_ms < 5000  # the await resolved at the first response, not after the ticker's 10 s
+
+
 def test_custom_metrics_on_metrics_endpoint(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     for value in (0.5, 5.0, 50.0):
@@ -719,6 +837,19 @@ def test_model_errors_have_triton_codes(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as err:
         http.infer("add_sub", inputs)
     assert err.value.status() == "400" and "differ in shape" in err.value.message()
+
+
+def test_worker_pipeline_answers_each_request_its_own(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    pairs = [(np.full(4, i, dtype=np.float32), np.full(4, 2 * i, dtype=np.float32)) for i in range(24)]
+    with ThreadPoolExecutor(8) as pool:  # up to three requests on their way to the one worker at once
+        results = list(pool.map(lambda ab: client.infer("add_sub_pipelined", _add_sub_inputs(*ab)), pairs))
+    for (a, b), result in zip(pairs, results, strict=True):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index["bad_pipeline"].state == "UNAVAILABLE"
+    assert "'worker_pipeline' must be an integer >= 1" in index["bad_pipeline"].reason
 
 
 def test_execution_env_path_is_refused(server: ServerProcess) -> None:
@@ -928,7 +1059,7 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
         data = np.random.rand(1, 3, 224, 224).astype(np.float32)
         for round_ in range(3):
             before, made = transport.COPIED.bytes_to_shm, transport.COPIED.segments_made
-            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"]))
+            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"], None))
             assert transport.COPIED.bytes_to_shm - before == data.nbytes == 602_112  # one copy in
             assert packed[4][0][2][0] == "p"  # the message names a shared-memory segment, it carries no data
             if round_:
@@ -989,3 +1120,120 @@ def test_sigterm_drains_requests_in_flight_on_workers(tmp_path: Path) -> None:
         assert server.output().count("slow finalize") == 3
     finally:
         server.stop()
+
+
+# -- several embedded servers in one process: BLS stays with the server that loaded the model ---------------
+# "whoami": answers the number its repository was written with.
+WHOAMI = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([{number}], dtype=np.int32))])
+                    for _ in requests]
+"""
+
+# BLS into "whoami" of the same repository (sync exec, from execute).
+ASK = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for request in requests:
+                inner = pb_utils.InferenceRequest(model_name="whoami", inputs=[request.inputs()[0]],
+                                                  requested_output_names=["Y"])
+                answer = inner.exec()
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+                out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "Y")]))
+            return out
+"""
+
+WHOAMI_CONFIG = """
+    backend: "python"
+    input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+WHOAMI_IN_PROCESS = WHOAMI_CONFIG + """
+    parameters { key: "hosting" value: { string_value: "in_process" } }
+"""
+
+
+def write_whoami_repository(root: Path, number: int) -> Path:
+    write_python_model(root, "whoami", WHOAMI.replace("{number}", str(number)), WHOAMI_CONFIG)
+    write_python_model(root, "ask", ASK, WHOAMI_CONFIG)  # a worker process
+    write_python_model(root, "ask_in_process", ASK, WHOAMI_IN_PROCESS)  # in the server process
+    return root
+
+
+def ask(server: fastoip.Server, model: str) -> int:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([0], dtype=np.int32))
+    return int(client.infer(model, [x]).as_numpy("Y")[0])
+
+
+def test_two_embedded_servers_each_get_their_own_bls_calls(tmp_path: Path) -> None:
+    first = write_whoami_repository(tmp_path / "first", 1)
+    second = write_whoami_repository(tmp_path / "second", 2)
+    with fastoip.Server(first, http=False) as one, fastoip.Server(second, http=False) as two:
+        for model in ("ask", "ask_in_process"):
+            assert ask(one, model) == 1, model  # the first server's whoami, though the second was built last
+            assert ask(two, model) == 2, model
+        client = grpcclient.InferenceServerClient(one.grpc_url)
+        stats = client.get_inference_statistics("whoami").model_stats
+        assert sum(s.inference_stats.success.count for s in stats) == 2  # both inner requests counted here
+
+
+# -- BLS child traces --------------------------------------------------------------------------------------
+# BLS into add_sub twice: once with the request's trace (a child trace), once without (traced on its own terms).
+BLS_TRACED = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for request in requests:
+                inputs = [pb_utils.get_input_tensor_by_name(request, n) for n in ("INPUT0", "INPUT1")]
+                child = pb_utils.InferenceRequest(model_name="add_sub", inputs=inputs, request_id="child",
+                                                  requested_output_names=["OUTPUT0", "OUTPUT1"],
+                                                  trace=request.trace())
+                answer = child.exec()
+                assert request.trace().get_context() is None  # Triton mode: no W3C context
+                pb_utils.InferenceRequest(model_name="add_sub", inputs=inputs, request_id="untraced",
+                                          requested_output_names=["OUTPUT0"]).exec()
+                out.append(pb_utils.InferenceResponse(answer.output_tensors()))
+            return out
+"""
+
+
+def test_bls_request_with_the_request_trace_is_its_child(tmp_path: Path) -> None:
+    root = tmp_path / "repository"
+    write_python_model(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
+    write_python_model(root, "bls_traced", BLS_TRACED, ADD_SUB_CONFIG.replace('"add_sub"', '"bls_traced"'))
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--trace-config", "count=-1"]
+    with ServerProcess(root, *args) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.update_trace_settings("add_sub", {"trace_rate": "1000000"})  # add_sub's own requests: not sampled
+        a = np.arange(4, dtype=np.float32)
+        result = client.infer("bls_traced", _add_sub_inputs(a, a), request_id="outer")
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + a)
+
+        def heads() -> list[dict]:
+            try:
+                return [e for e in json.loads(trace_file.read_text()) if "model_name" in e]
+            except (OSError, ValueError):
+                return []
+
+        assert wait_until(lambda: len(heads()) >= 2, timeout=20)
+    by_request = {entry.get("request_id"): entry for entry in heads()}
+    outer, child = by_request["outer"], by_request["child"]
+    assert outer["model_name"] == "bls_traced" and "parent_id" not in outer
+    assert child["model_name"] == "add_sub" and child["parent_id"] == outer["id"]
+    assert "untraced" not in by_request  # sampled as any request of add_sub's (1 in a million)

@@ -45,7 +45,9 @@ CancelRegistration = Callable[[Callable[[], None]], object]
 class CallContext:
     """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
-    __slots__ = ("caller_runs", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers")
+    __slots__ = (
+        "caller_runs", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers", "trace_parent"
+    )
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class CallContext:
         trace_headers: TraceHeaders | None = None,
         caller_runs: bool = False,
         frontend_trace: FrontendTrace | None = None,
+        trace_parent: tuple[int, dict[str, str]] | None = None,
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
@@ -65,6 +68,9 @@ class CallContext:
         self.caller_runs = caller_runs
         #: The frontend's timestamps (Triton's HTTP_* / GRPC_*), joined to the request's trace if it is traced.
         self.frontend_trace = frontend_trace
+        #: ``(trace id, W3C context)`` of the request that made this one (a Python model's BLS request with
+        #: ``trace=request.trace()``): it is traced as that trace's child, as Triton's child traces.
+        self.trace_parent = trace_parent
 
     def queued_deadline_ns(self) -> int:
         """The deadline of a request about to wait in a queue: ``deadline_ns``, else from ``time_remaining``."""

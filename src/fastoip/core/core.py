@@ -15,13 +15,14 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .._proto import model_config_pb2 as mc
-from ..backends.python.server_bridge import CUSTOM_METRICS, attach_core
+from ..backends.python.server_bridge import CUSTOM_METRICS, ServerLink
 from ..errors import InferenceError
 from ..metrics import MetricsConfig, prometheus_text
 from ..options import RepositoryOptions
@@ -53,6 +54,9 @@ class Core:
         metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
+        # Triton Python models' BLS calls come back through this Core (its own link, in its own options copy).
+        link = ServerLink()
+        options = dataclasses.replace(options or RepositoryOptions(), server_link=link)
         try:
             #: This server's ``--metrics-config`` (its own: two servers in one process keep theirs).
             self.metrics_config = metrics_config or MetricsConfig()
@@ -70,7 +74,7 @@ class Core:
             self.repository, self.control.extensions, strict_readiness=strict_readiness,
             cache_size_bytes=cache_size_bytes, trace_config=trace_config,
         )
-        attach_core(self)  # Triton Python models' BLS calls come back through this Core
+        link.attach(self, CallContext)
 
     @property
     def repository_root(self) -> Path:

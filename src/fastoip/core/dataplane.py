@@ -271,8 +271,11 @@ class DataPlane:
                 if call.on_cancel is not None:
                     call.on_cancel(job.cancel)
         if self.tracer.active:  # while tracing is off, this and job.trace in _complete are all it costs
-            trace_headers = call.trace_headers if call is not None else None
-            job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
+            if call is not None and call.trace_parent is not None:  # a BLS request of a traced request
+                job.trace = self.tracer.child(model.name, model.version_str, request.id, call.trace_parent)
+            else:
+                trace_headers = call.trace_headers if call is not None else None
+                job.trace = self.tracer.begin(model.name, model.version_str, request.id, trace_headers)
             frontend = call.frontend_trace if call is not None else None
             if frontend is not None and job.trace is not None:
                 # the trace is written when the frontend has answered too (its HTTP_* / GRPC_* timestamps)

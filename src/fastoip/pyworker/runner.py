@@ -25,8 +25,9 @@ from typing import Any
 from . import utils as pb
 from .loop import call
 
-#: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names)
-RequestData = tuple[str, Any, int, dict, list, list]
+#: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names,
+#: trace: (trace id, W3C context) of the request's trace in the server, or None when it is not traced)
+RequestData = tuple[str, Any, int, dict, list, list, Any]
 #: (outputs [(name, datatype, array)], error (code, message) or None, parameters)
 ResponseData = tuple[list, "tuple[int, str] | None", dict]
 #: Where a decoupled response goes: ``emit(request index, response or None, final)``.
@@ -85,6 +86,7 @@ def request_data(request: pb.InferenceRequest) -> RequestData:
         dict(request._parameters),
         inputs,
         list(request.requested_output_names()),
+        request._trace_data(),
     )
 
 
@@ -117,7 +119,7 @@ class TritonRunner:
         self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
     ) -> list[ResponseData] | None:
         built = []
-        for index, (request_id, correlation_id, flags, parameters, inputs, requested) in enumerate(requests):
+        for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
             request = pb.InferenceRequest(
                 inputs=[pb.Tensor._of(name, datatype, array) for name, datatype, array in inputs],
                 requested_output_names=requested,
@@ -125,6 +127,7 @@ class TritonRunner:
                 request_id=request_id,
                 flags=flags,
                 parameters=parameters,
+                trace=pb.InferenceTrace(trace),
             )
             if cancelled is not None:
                 request._cancelled = functools.partial(cancelled, index)

@@ -193,13 +193,13 @@ def _remove_own_segments() -> None:
 
 
 def pack_request(data: Any) -> Any:
-    request_id, correlation_id, flags, parameters, inputs, requested = data
-    return (request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested)
+    request_id, correlation_id, flags, parameters, inputs, requested, trace = data
+    return (request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested, trace)
 
 
 def unpack_request(data: Any) -> Any:
-    request_id, correlation_id, flags, parameters, inputs, requested = data
-    return (request_id, correlation_id, flags, parameters, unpack_tensors(inputs), requested)
+    request_id, correlation_id, flags, parameters, inputs, requested, trace = data
+    return (request_id, correlation_id, flags, parameters, unpack_tensors(inputs), requested, trace)
 
 
 def pack_response(data: Any) -> Any:

@@ -16,6 +16,8 @@ objects (accepted, not propagated).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -288,10 +290,31 @@ class _NoBridge:
 
 
 class _BridgeSlot:
-    """Where the host puts its bridge (one per process)."""
+    """Where the host puts its bridge: one per process (a worker serves one model), and, for models hosted in
+    the server process, the running model's own on the thread that runs it (:meth:`using`)."""
 
     def __init__(self) -> None:
-        self.current: Bridge = _NoBridge()
+        self._default: Bridge = _NoBridge()
+        self._local = threading.local()
+
+    @property
+    def current(self) -> Bridge:
+        bridge = getattr(self._local, "bridge", None)
+        return bridge if bridge is not None else self._default
+
+    @current.setter
+    def current(self, bridge: Bridge) -> None:
+        self._default = bridge
+
+    @contextlib.contextmanager
+    def using(self, bridge: Bridge) -> Iterator[None]:
+        """``bridge`` on this thread while the block runs."""
+        previous = getattr(self._local, "bridge", None)
+        self._local.bridge = bridge
+        try:
+            yield
+        finally:
+            self._local.bridge = previous
 
 
 BRIDGE = _BridgeSlot()
@@ -377,6 +400,21 @@ class ResponseIterator:
             self._cancel()
 
 
+class InferenceTrace:
+    """The trace of a request the model received (``request.trace()``): passed as a BLS request's ``trace``, the
+    BLS request is traced as its child, as Triton's."""
+
+    def __init__(self, data: Any = None) -> None:
+        #: (trace id, W3C context dict) in the server, or None (not traced).
+        self._data = data
+
+    def get_context(self) -> str | None:
+        """The trace's W3C context (OpenTelemetry mode) as JSON, or None."""
+        if self._data is None or not self._data[1]:
+            return None
+        return json.dumps(self._data[1])
+
+
 class InferenceRequest:
     """A request the model received (in ``execute``), or one it builds to call another model (BLS)."""
 
@@ -408,6 +446,7 @@ class InferenceRequest:
         self._parameters: dict[str, Any] = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Any = None
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -435,6 +474,12 @@ class InferenceRequest:
         check = self._cancelled
         return bool(check()) if check is not None else False
 
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def _trace_data(self) -> Any:
+        return self._trace._data
+
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             raise TritonModelException("get_response_sender() is only available to a decoupled model's requests")
@@ -456,15 +501,23 @@ class InferenceRequest:
         return BRIDGE.current.infer(self)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` without blocking the model's event loop.  With ``decoupled=True`` the awaitable resolves
+        at the first response (as Triton's does) and the iterator gives the rest as they come."""
         import asyncio
 
+        loop = asyncio.get_running_loop()
         if decoupled:
-            # The responses are gathered on a thread; the iterator gives them to the caller in order.
-            responses = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: list(self.exec(decoupled=True))
-            )
-            return ResponseIterator(iter(responses))
-        return await asyncio.get_running_loop().run_in_executor(None, self.exec)
+
+            def start() -> tuple[ResponseIterator, list[InferenceResponse]]:
+                responses = self.exec(decoupled=True)
+                try:
+                    return responses, [next(responses)]
+                except StopIteration:
+                    return responses, []
+
+            responses, head = await loop.run_in_executor(None, start)
+            return ResponseIterator(itertools.chain(head, responses), responses.cancel)
+        return await loop.run_in_executor(None, self.exec)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

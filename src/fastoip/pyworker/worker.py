@@ -1,7 +1,7 @@
 """The worker process of one ``TritonPythonModel`` instance (``python -m fastoip.pyworker.worker FD``).
 
 The server's side is ``fastoip.backends.python.triton_process``.  Messages are pickled tuples on
-one socket (``multiprocessing.connection`` framing); tensors cross through
+one socket (:mod:`.framing`: length-prefixed); tensors cross through
 shared memory (:mod:`.transport`).
 
 Server -> worker: ``("load", path, name, version, memory_limit_mb)``,
@@ -29,15 +29,16 @@ import os
 import pickle
 import queue
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from . import transport as shm
 from . import utils as pb
+from .framing import FramedSocket
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
 
 
@@ -50,7 +51,7 @@ class _Channel:
     runs on the thread that received it: no hand-off between threads on the way in.
     """
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: FramedSocket) -> None:
         self.connection = connection
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
@@ -199,7 +200,7 @@ def _limit_memory(megabytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def serve(connection: Connection) -> None:
+def serve(connection: FramedSocket) -> None:
     channel = _Channel(connection)
     bridge = _WorkerBridge(channel)
     pb.BRIDGE.current = bridge
@@ -263,7 +264,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
-    serve(Connection(fd))
+    serve(FramedSocket(socket.socket(fileno=fd)))
 
 
 if __name__ == "__main__":

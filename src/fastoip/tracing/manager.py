@@ -293,6 +293,17 @@ class TraceManager:
             return None
         return Trace(TraceRecord(next(self._ids), model, version, request_id, carrier=carrier), setting)
 
+    def child(self, model: str, version: str, request_id: str, parent: tuple[int, dict[str, str]]) -> Trace | None:
+        """The trace of a request another traced request made (BLS): traced whenever its model's setting traces
+        at all (no sampling: its parent was sampled), with ``parent_id`` and the parent's W3C context, as Triton's
+        ``TRITONSERVER_InferenceTraceSpawnChildTrace``."""
+        setting = self._models.get(model, self._global)
+        if not setting.can_trace:
+            return None
+        parent_id, carrier = parent
+        record = TraceRecord(next(self._ids), model, version, request_id, carrier=dict(carrier), parent_id=parent_id)
+        return Trace(record, setting)
+
     def finish(self, trace: Trace) -> None:
         """The traced request is done (its record filled): write it, or export its spans."""
         if self._exporter is not None:

@@ -1,9 +1,12 @@
 """What Triton Python models reach in the server: BLS calls through the Core, model control, logs, custom metrics.
 
 Rules:
-- The Core registers itself here when it is built (:func:`attach_core`); BLS
-  requests then go through ``Core.infer`` / ``Core.start`` (the batcher,
-  statistics and everything else a client's request gets), never a socket.
+- Each Core has its own :class:`ServerLink` (it rides in its repository's
+  options to the models it loads), so with several Cores in one process (embedded
+  servers) a model's BLS calls go to the Core that loaded it.  BLS requests go
+  through ``Core.infer`` / ``Core.start`` (the batcher, statistics and
+  everything else a client's request gets), never a socket.  Every Core call of
+  the Python backend is in this module.
 - Errors of a BLS call come back inside the response (a ``TritonError`` with
   Triton's code), as Triton's ``exec()`` returns them.
 - Custom metric families (``pb_utils.MetricFamily``) live in :data:`CUSTOM_METRICS`
@@ -41,7 +44,7 @@ ResponseData = tuple[list, "tuple[int, str] | None", dict]
 
 
 class CoreLike(Protocol):
-    def infer(self, request: InferRequest) -> InferResponse: ...
+    def infer(self, request: InferRequest, call: Any = None) -> InferResponse: ...
 
     def start(
         self,
@@ -58,24 +61,102 @@ class CoreLike(Protocol):
     def unload_model(self, name: str) -> None: ...
 
 
-class _CoreSlot:
+class ServerLink:
+    """The Core that one repository's Triton Python models reach: BLS, readiness, model control.
+
+    Made before its Core (the repository's options carry it to the models), attached when the Core is built."""
+
     def __init__(self) -> None:
         self.core: CoreLike | None = None
+        self._call_type: Callable[..., Any] | None = None
+
+    def attach(self, core: CoreLike, call_type: Callable[..., Any]) -> None:
+        """``call_type``: the Core's ``CallContext`` (the backends never import the Core)."""
+        self.core = core
+        self._call_type = call_type
+
+    def call_of(self, data: Any) -> Any:
+        """The call context of a BLS request: its trace parent (``trace=request.trace()``) when it has one."""
+        trace = data[6]
+        if trace is None or self._call_type is None:
+            return None
+        return self._call_type(trace_parent=(int(trace[0]), dict(trace[1] or {})))
+
+    def _core(self) -> CoreLike:
+        core = self.core
+        if core is None:
+            raise InternalError("BLS: this model's repository has no server core")
+        return core
+
+    def infer(self, model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> ResponseData:
+        """One BLS request through the Core; its error inside the result."""
+        try:
+            request = infer_request(model_name, model_version, data, timeout_us)
+            return response_data(self._core().infer(request, self.call_of(data)))
+        except InferenceError as exc:
+            return error_data(exc)
+
+    def stream(
+        self,
+        model_name: str,
+        model_version: Any,
+        data: Any,
+        deliver: Callable[[ResponseData | None, bool], None],
+        timeout_us: int = 0,
+    ) -> Any:
+        """A BLS request whose responses (a decoupled model's stream) go to ``deliver(response, final)``; the
+        request's job (``cancel()`` cancels it), or None when it failed before it started."""
+        try:
+            request = infer_request(model_name, model_version, data, timeout_us)
+
+            def on_response(job: Any, response: InferResponse) -> None:
+                deliver(response_data(response), False)
+
+            def on_done(job: Any) -> None:
+                if job.error is not None:
+                    deliver(error_data(job.error), True)
+                elif job.response is not None:
+                    deliver(response_data(job.response), True)
+                else:
+                    deliver(None, True)
+
+            return self._core().start(request, self.call_of(data), on_done, on_response)
+        except InferenceError as exc:
+            deliver(error_data(exc), True)
+            return None
+
+    def model_ready(self, name: str, version: str) -> bool:
+        try:
+            return self._core().model_ready(name, version)
+        except InferenceError:
+            return False
+
+    def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None:
+        parameters: dict[str, Any] = {}
+        if config:
+            parameters["config"] = config
+        for path, content in (files or {}).items():
+            parameters[path if path.startswith("file:") else f"file:{path}"] = content
+        try:
+            self._core().load_model(name, parameters or None)
+        except InferenceError as exc:
+            raise pb.TritonModelException(str(exc)) from None
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        try:
+            self._core().unload_model(name)
+        except InferenceError as exc:
+            raise pb.TritonModelException(str(exc)) from None
 
 
-_CORE = _CoreSlot()
+#: The link of models loaded without one (a repository built outside a Core): their calls fail clearly.
+UNLINKED = ServerLink()
 
 
-def attach_core(core: CoreLike) -> None:
-    """The Core that BLS calls go to (the last one built in this process)."""
-    _CORE.core = core
-
-
-def _core() -> CoreLike:
-    core = _CORE.core
-    if core is None:
-        raise InternalError("BLS: no server core in this process")
-    return core
+def link_of(options: Any) -> ServerLink:
+    """The server link a repository's options carry (see ``RepositoryOptions.server_link``)."""
+    link = getattr(options, "server_link", None)
+    return link if isinstance(link, ServerLink) else UNLINKED
 
 
 _CODES: list[tuple[type[InferenceError], int]] = [
@@ -104,7 +185,7 @@ def error_of(code: int, message: str) -> InferenceError:
 
 
 def infer_request(model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> InferRequest:
-    request_id, correlation_id, flags, parameters, inputs, requested = data
+    request_id, correlation_id, flags, parameters, inputs, requested, _ = data
     parameters = dict(parameters)
     if correlation_id:
         parameters["sequence_id"] = correlation_id
@@ -134,76 +215,18 @@ def error_data(error: BaseException) -> ResponseData:
     return [], (code_of(error), str(error)), {}
 
 
-def infer(model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> ResponseData:
-    """One BLS request through the Core; its error inside the result."""
-    try:
-        return response_data(_core().infer(infer_request(model_name, model_version, data, timeout_us)))
-    except InferenceError as exc:
-        return error_data(exc)
-
-
-def stream(
-    model_name: str,
-    model_version: Any,
-    data: Any,
-    deliver: Callable[[ResponseData | None, bool], None],
-    timeout_us: int = 0,
-) -> Any:
-    """A BLS request whose responses (a decoupled model's stream) go to ``deliver(response, final)``; the
-    request's job (``cancel()`` cancels it), or None when it failed before it started."""
-    try:
-        request = infer_request(model_name, model_version, data, timeout_us)
-
-        def on_response(job: Any, response: InferResponse) -> None:
-            deliver(response_data(response), False)
-
-        def on_done(job: Any) -> None:
-            if job.error is not None:
-                deliver(error_data(job.error), True)
-            elif job.response is not None:
-                deliver(response_data(job.response), True)
-            else:
-                deliver(None, True)
-
-        return _core().start(request, None, on_done, on_response)
-    except InferenceError as exc:
-        deliver(error_data(exc), True)
-        return None
-
-
-def model_ready(name: str, version: str) -> bool:
-    try:
-        return _core().model_ready(name, version)
-    except InferenceError:
-        return False
-
-
-def load_model(name: str, config: str, files: dict[str, bytes] | None) -> None:
-    parameters: dict[str, Any] = {}
-    if config:
-        parameters["config"] = config
-    for path, content in (files or {}).items():
-        parameters[path if path.startswith("file:") else f"file:{path}"] = content
-    try:
-        _core().load_model(name, parameters or None)
-    except InferenceError as exc:
-        raise pb.TritonModelException(str(exc)) from None
-
-
-def unload_model(name: str, unload_dependents: bool) -> None:
-    try:
-        _core().unload_model(name)
-    except InferenceError as exc:
-        raise pb.TritonModelException(str(exc)) from None
-
-
 class InProcessBridge:
-    """pb_utils' bridge when the model runs in the server process."""
+    """pb_utils' bridge when the model runs in the server process (its calls go to ``link``'s Core)."""
+
+    def __init__(self, link: ServerLink) -> None:
+        self.link = link
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
         from ...pyworker.runner import request_data, response_of
 
-        return response_of(infer(request.model_name, request.model_version, request_data(request), request.timeout()))
+        return response_of(
+            self.link.infer(request.model_name, request.model_version, request_data(request), request.timeout())
+        )
 
     def infer_stream(self, request: pb.InferenceRequest) -> Any:
         import queue
@@ -211,7 +234,7 @@ class InProcessBridge:
         from ...pyworker.runner import request_data, response_of
 
         answers: queue.SimpleQueue = queue.SimpleQueue()
-        job = stream(
+        job = self.link.stream(
             request.model_name,
             request.model_version,
             request_data(request),
@@ -230,13 +253,13 @@ class InProcessBridge:
         return pb.ResponseIterator(responses(), job.cancel if job is not None else None)
 
     def model_ready(self, name: str, version: str) -> bool:
-        return model_ready(name, version)
+        return self.link.model_ready(name, version)
 
     def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None:
-        load_model(name, config, files)
+        self.link.load_model(name, config, files)
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
-        unload_model(name, unload_dependents)
+        self.link.unload_model(name, unload_dependents)
 
     def log(self, level: int, message: str) -> None:
         log.log(level, message)

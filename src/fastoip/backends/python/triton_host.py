@@ -57,7 +57,9 @@ def job_data(job: Job) -> tuple:
         flags |= pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
     correlation = parameters.get("sequence_id", 0)
     inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
-    return (request.id, correlation, flags, parameters, inputs, list(job.output_names))
+    trace = job.trace
+    traced = (trace.record.trace_id, trace.record.carrier) if trace is not None else None
+    return (request.id, correlation, flags, parameters, inputs, list(job.output_names), traced)
 
 
 def job_response(job: Job, version_str: str, data: Any) -> InferResponse | InferenceError:
@@ -197,9 +199,12 @@ class _Base:
 class InProcessInstance(_Base):
     """A ``TritonPythonModel`` in the server process (config parameter ``hosting: "in_process"``)."""
 
-    def __init__(self, runner: TritonRunner, name: str, version_str: str, index: int, decoupled: bool) -> None:
+    def __init__(
+        self, runner: TritonRunner, name: str, version_str: str, index: int, decoupled: bool, bridge: pb.Bridge
+    ) -> None:
         super().__init__(name, version_str, index, decoupled)
         self.runner = runner
+        self.bridge = bridge  # its calls (BLS) reach the Core that loaded it
         self._ids = 0
 
     def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
@@ -213,13 +218,14 @@ class InProcessInstance(_Base):
                 self.streams.open(call, jobs)
             self._batches[call] = jobs
             try:
-                responses = self.runner.execute(
-                    [job_data(job) for job in jobs],
-                    (lambda index, data, final: self.streams.deliver(call, index, data, final))
-                    if self.decoupled
-                    else None,
-                    lambda index: self.is_cancelled(call, index),
-                )
+                with pb.BRIDGE.using(self.bridge):
+                    responses = self.runner.execute(
+                        [job_data(job) for job in jobs],
+                        (lambda index, data, final: self.streams.deliver(call, index, data, final))
+                        if self.decoupled
+                        else None,
+                        lambda index: self.is_cancelled(call, index),
+                    )
                 error = None
             except Exception as exc:
                 responses, error = None, (exc.message() if isinstance(exc, pb.TritonModelException) else
@@ -243,7 +249,8 @@ class InProcessInstance(_Base):
     def close(self) -> None:
         self._drain()
         try:
-            self.runner.finalize()
+            with pb.BRIDGE.using(self.bridge):
+                self.runner.finalize()
         except Exception:
             log.exception("model %s: finalize() failed", self.where)
 
@@ -258,17 +265,21 @@ class ProcessInstance(_Base):
         index: int,
         decoupled: bool,
         start_messages: list[tuple],
+        link: bridge.ServerLink = bridge.UNLINKED,
     ) -> None:
         super().__init__(name, version_str, index, decoupled)
         self._start_messages = start_messages
-        self._lock = threading.Lock()  # one execute at a time; held while a replacement starts
+        self._link = link
+        self._lock = threading.Lock()  # held while a replacement starts
+        #: How many lanes (see :class:`ProcessLane`) still use this instance: the last one to close closes it.
+        self.lanes = 1
         self._crashes: list[float] = []
         #: Why the instance stopped serving for good (the repository index reports it), or None.
         self.down_reason: str | None = None
         self.worker = self._start()
 
     def _start(self) -> WorkerProcess:
-        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled)
+        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled, self._link)
         try:
             for message in self._start_messages:
                 worker.control(message)
@@ -298,29 +309,34 @@ class ProcessInstance(_Base):
                     self._restart(self.worker.cause or "died")
                 if self.down_reason is not None:
                     return [Unavailable(self.down_reason) for _ in jobs], []
-                started = time.monotonic_ns()
-                packed = [shm.pack_request(job_data(job)) for job in jobs]
-                try:
-                    call, (responses, error) = self.worker.execute_open(packed, self._opener(jobs))
-                    self._batches.pop(call, None)
-                except WorkerDied as died:
-                    self._batches.clear()
-                    for request in packed:
-                        for _, _, tensor in request[4]:
-                            shm.discard(tensor)
-                    failure = self._crash_error(died.cause)
-                    self._restart(died.cause)
-                    return [failure for _ in jobs], self._execution(jobs, started)
-                if self.decoupled:
-                    if error is not None:
-                        self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
-                    return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
-                if responses is not None:
-                    responses = [shm.unpack_response(r) for r in responses]
-                return (
-                    _results_of(jobs, self.version_str, responses, error, self.where),
-                    self._execution(jobs, started),
-                )
+                worker = self.worker
+            # Lanes may run here at once: their batches reach the worker one after the other (it runs one at a
+            # time), so the next is already in its socket when it finishes one.
+            started = time.monotonic_ns()
+            packed = [shm.pack_request(job_data(job)) for job in jobs]
+            try:
+                call, (responses, error) = worker.execute_open(packed, self._opener(jobs))
+                self._batches.pop(call, None)
+            except WorkerDied as died:
+                for request in packed:
+                    for _, _, tensor in request[4]:
+                        shm.discard(tensor)
+                failure = self._crash_error(died.cause)
+                with self._lock:
+                    if self.worker is worker:  # the first lane to see this death starts the replacement
+                        self._batches.clear()
+                        self._restart(died.cause)
+                return [failure for _ in jobs], self._execution(jobs, started)
+            if self.decoupled:
+                if error is not None:
+                    self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+                return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
+            if responses is not None:
+                responses = [shm.unpack_response(r) for r in responses]
+            return (
+                _results_of(jobs, self.version_str, responses, error, self.where),
+                self._execution(jobs, started),
+            )
         finally:
             self._leave()
 
@@ -360,6 +376,42 @@ class ProcessInstance(_Base):
         return True
 
     def close(self) -> None:
+        self.lanes -= 1
+        if self.lanes > 0:
+            return
         self._drain()
         with self._lock:
             self.worker.finalize()
+
+
+#: Requests on their way to one worker unless config parameter ``worker_pipeline`` says more.  1: with more, a
+#: worker that crashes fails the requests waiting in its socket too (they had not run), and the measured gain
+#: was within the noise (benchmarks/RESULTS.md, issue 20 second pass).
+PIPELINE_DEFAULT = 1
+
+
+class ProcessLane:
+    """One more way into a :class:`ProcessInstance` for the scheduler (as ``max_concurrency`` lanes for
+    ``fastoip.Model``): with two, a request is sent while the worker still runs the one before, so the worker
+    goes from one to the next without waiting for the server.  The worker still runs one batch at a time; if it
+    dies, the batches waiting in its socket fail with the one it ran."""
+
+    def __init__(self, instance: ProcessInstance) -> None:
+        self.instance = instance
+        instance.lanes += 1
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        return self.instance.execute(jobs)
+
+    @property
+    def down_reason(self) -> str | None:
+        return self.instance.down_reason
+
+    def is_ready(self) -> bool:
+        return self.instance.is_ready()
+
+    def is_alive(self) -> bool:
+        return self.instance.is_alive()
+
+    def close(self) -> None:
+        self.instance.close()

@@ -27,8 +27,10 @@ from google.protobuf import json_format
 from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
 from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
+from ...pyworker import utils as pb
 from .describe import describe as _describe
-from .triton_host import InProcessInstance, ProcessInstance
+from .server_bridge import link_of
+from .triton_host import PIPELINE_DEFAULT, InProcessInstance, ProcessInstance, ProcessLane
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
 _TRITON_CLASS = re.compile(r"^class\s+TritonPythonModel\b", re.MULTILINE)
@@ -105,12 +107,13 @@ def load_triton(
     load_message = ("load", str(path), model_name, version, memory_mb)
 
     runner = None
+    in_process_bridge: Any = None
     if hosting == "in_process":
-        from ...pyworker import utils as pb
         from ...pyworker.runner import import_runner
         from . import server_bridge
 
-        pb.BRIDGE.current = server_bridge.InProcessBridge()
+        in_process_bridge = server_bridge.InProcessBridge(server_bridge.link_of(options))
+        pb.BRIDGE.current = in_process_bridge  # for the model's own threads (see pb_utils' BRIDGE)
         try:
             runner = import_runner(path, model_name, version)
             base = _merge_auto_complete(base, runner.auto_complete(config_dict(base)), model_name)
@@ -119,7 +122,9 @@ def load_triton(
         except Exception as exc:
             raise InvalidArgument(f"model '{model_name}': {_describe(exc)}") from exc
     elif "auto_complete_config" in path.read_text(encoding="utf-8", errors="replace"):
-        probe = WorkerProcess(f"model '{model_name}' (auto-complete)", lambda *a: None, lambda cause: None)
+        probe = WorkerProcess(
+            f"model '{model_name}' (auto-complete)", lambda *a: None, lambda cause: None, link=link_of(options)
+        )
         try:
             probe.control(load_message)
             completed = probe.control(("auto_complete", config_dict(base)))
@@ -175,28 +180,52 @@ def load_triton(
 
                     instance_runner = runner if index == 0 else import_runner(path, model_name, version)
                     try:
-                        instance_runner.initialize(args, decoupled)
+                        with pb.BRIDGE.using(in_process_bridge):
+                            instance_runner.initialize(args, decoupled)
                     except Exception as exc:
                         raise InvalidArgument(
                             f"model '{model_name}': initialize() failed: {_describe(exc)}"
                         ) from exc
-                    instances.append(InProcessInstance(instance_runner, model_name, str(version), index, decoupled))
+                    instances.append(
+                        InProcessInstance(
+                            instance_runner, model_name, str(version), index, decoupled, in_process_bridge
+                        )
+                    )
                 else:
                     try:
                         instances.append(
                             ProcessInstance(
                                 model_name, str(version), index, decoupled,
-                                [load_message, ("initialize", args, decoupled)],
+                                [load_message, ("initialize", args, decoupled)], link_of(options),
                             )
                         )
                     except (WorkerDied, WorkerError) as exc:
                         raise InvalidArgument(f"model '{model_name}': {_error_text(exc)}") from None
                 index += 1
+        depth = _pipeline_depth(parameters, model_name)
+        workers = [instance for instance in instances if isinstance(instance, ProcessInstance)]
+        instances += [ProcessLane(instance) for _ in range(depth - 1) for instance in workers]
     except BaseException:
         for instance in instances:
             instance.close()
         raise
     return config, instances
+
+
+def _pipeline_depth(parameters: dict[str, str], model_name: str) -> int:
+    """How many batches may be on their way to one worker (config parameter ``worker_pipeline``, default
+    :data:`PIPELINE_DEFAULT`).  With a dynamic batcher, more than one makes its batches smaller (it hands a batch
+    to each free lane instead of letting it grow while the worker is busy)."""
+    text = (parameters.get("worker_pipeline") or "").strip()
+    if not text:
+        return PIPELINE_DEFAULT
+    try:
+        depth = int(text)
+    except ValueError:
+        depth = 0
+    if depth < 1:
+        raise InvalidArgument(f"model '{model_name}': parameter 'worker_pipeline' must be an integer >= 1")
+    return depth
 
 
 def _error_text(exc: Exception) -> str:

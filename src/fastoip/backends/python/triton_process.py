@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from typing import Any
 
 from ...pyworker import transport as shm
+from ...pyworker.framing import FramedSocket
 from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
@@ -70,8 +70,11 @@ class WorkerProcess:
         on_send: Callable[[int, int, Any, bool], None],
         on_death: Callable[[str], None],
         is_cancelled: Callable[[int, int], bool] | None = None,
+        link: bridge.ServerLink = bridge.UNLINKED,
     ) -> None:
         self.label = label
+        #: The Core this worker's calls (BLS, readiness, model control) go to: the one that loaded its model.
+        self._link = link
         self._is_cancelled = is_cancelled
         self._on_send = on_send
         self._on_death = on_death
@@ -100,7 +103,7 @@ class WorkerProcess:
         )
         child.close()
         self.pid = self.process.pid
-        self._connection = Connection(parent.detach())
+        self._connection = FramedSocket(parent)
         self._reader = threading.Thread(target=self._read, name=f"fastoip-worker-{self.pid}", daemon=True)
         self._reader.start()
 
@@ -143,8 +146,10 @@ class WorkerProcess:
                 raise WorkerDied(self.cause)
             self._executing += 1
         try:
+            # Sent before the read lock is taken: a batch may follow the one the worker runs now (pipelined,
+            # see triton_host.ProcessLane); the worker runs them one at a time, in order.
+            self._send(("execute", exec_id, requests))
             with self._read_lock:
-                self._send(("execute", exec_id, requests))
                 while exec_id not in self._finished:
                     message = self._read_one()
                     if message is None:
@@ -259,7 +264,7 @@ class WorkerProcess:
         try:
             if what == "infer":
                 name, version, packed, timeout = args
-                answer: Any = shm.pack_response(bridge.infer(name, version, shm.unpack_request(packed), timeout))
+                answer: Any = shm.pack_response(self._link.infer(name, version, shm.unpack_request(packed), timeout))
             elif what == "stream":
                 name, version, packed, timeout = args
 
@@ -271,7 +276,7 @@ class WorkerProcess:
                     except WorkerDied:
                         pass
 
-                job = bridge.stream(name, version, shm.unpack_request(packed), deliver, timeout)
+                job = self._link.stream(name, version, shm.unpack_request(packed), deliver, timeout)
                 if job is not None and not job.finished:
                     self._outgoing[call_id] = job
                     if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
@@ -280,12 +285,12 @@ class WorkerProcess:
             elif what == "cancelled":
                 answer = bool(self._is_cancelled(*args)) if self._is_cancelled is not None else False
             elif what == "ready":
-                answer = bridge.model_ready(*args)
+                answer = self._link.model_ready(*args)
             elif what == "load":
-                bridge.load_model(*args)
+                self._link.load_model(*args)
                 answer = None
             elif what == "unload":
-                bridge.unload_model(*args)
+                self._link.unload_model(*args)
                 answer = None
             elif what == "metric":
                 answer = bridge.CUSTOM_METRICS.apply(*args)

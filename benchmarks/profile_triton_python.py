@@ -1,0 +1,164 @@
+"""CPU per request of a tiny Triton Python model, process-hosted vs in-process, in one process (no sockets).
+
+A Core serves a 16 x FP32 identity ``TritonPythonModel`` twice (worker process, and ``hosting: in_process``);
+the script calls ``Core.infer`` in a loop from one or more threads and reports, per request, the wall time,
+the server process's CPU time and the worker process's CPU time (``/proc/<pid>/stat``).  CPU per request is
+steadier than throughput on a shared machine.  ``--cprofile FILE`` writes the server side's profile of the
+process-hosted loop (``python -m pstats FILE``).
+
+Run: ``PYTHONPATH=src python benchmarks/profile_triton_python.py [--requests 3000] [--threads 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+IDENTITY = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests
+            ]
+"""
+
+CONFIG = """
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+MODELS = {
+    "process": "",  # worker_pipeline 1 (the default)
+    "process_p2": 'parameters { key: "worker_pipeline" value: { string_value: "2" } }\n',
+    "in_process": 'parameters { key: "hosting" value: { string_value: "in_process" } }\n',
+}
+
+
+def _cpu_of(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of every thread of ``pid``: its wake-ups."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def _worker_pids() -> list[int]:
+    me = os.getpid()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                out.append(int(entry.name))
+    return out
+
+
+def run(core: object, model: str, requests: int, threads: int, profile: str = "") -> dict:
+    from fastoip.types import InferInput, InferRequest, RequestedOutput
+
+    data = np.arange(16, dtype=np.float32)
+
+    def request() -> InferRequest:
+        inputs = [InferInput("INPUT0", "FP32", (16,), data)]
+        return InferRequest(model, "", "", {}, inputs, [RequestedOutput("OUTPUT0")])
+
+    for _ in range(200):  # warm up
+        core.infer(request())  # type: ignore[attr-defined]
+    workers = _worker_pids()
+    worker_cpu = sum(_cpu_of(p) for p in workers)
+    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers)
+    per_thread = requests // threads
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+    def loop() -> None:
+        if profiler is not None:
+            profiler.enable()
+        for _ in range(per_thread):
+            core.infer(request())  # type: ignore[attr-defined]
+        if profiler is not None:
+            profiler.disable()
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    pool = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    worker_cpu = sum(_cpu_of(p) for p in workers) - worker_cpu
+    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers) - switches
+    if profiler is not None:
+        profiler.dump_stats(profile)
+    n = per_thread * threads
+    return {
+        "model": model,
+        "requests": n,
+        "wall_us": wall / n * 1e6,
+        "server_cpu_us": cpu / n * 1e6,
+        "worker_cpu_us": worker_cpu / n * 1e6,
+        "per_s": n / wall,
+        "switches": switches / n,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cprofile", default="")
+    args = parser.parse_args()
+    from fastoip.core import Core
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, extra in MODELS.items():
+            (root / name / "1").mkdir(parents=True)
+            (root / name / "1" / "model.py").write_text(textwrap.dedent(IDENTITY))
+            (root / name / "config.pbtxt").write_text(CONFIG + extra)
+        core = Core(root)
+        core.load_models()
+        try:
+            for round_ in range(args.rounds):
+                for model in MODELS:
+                    profile = args.cprofile if (args.cprofile and model == "process" and round_ == 0) else ""
+                    r = run(core, model, args.requests, args.threads, profile)
+                    print(f"{r['model']:>10}: {r['wall_us']:7.1f} us wall, {r['server_cpu_us']:7.1f} us server CPU, "
+                          f"{r['worker_cpu_us']:6.1f} us worker CPU, {r['switches']:4.1f} context switches per request "
+                          f"({r['per_s']:.0f}/s)", flush=True)
+        finally:
+            core.close()
+
+
+if __name__ == "__main__":
+    main()

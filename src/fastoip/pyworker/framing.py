@@ -1,0 +1,83 @@
+"""Length-prefixed messages on a stream socket between the server and a worker, in as few system calls as may be.
+
+Rules:
+- A message is a 4-byte big-endian length and that many bytes (the framing
+  ``multiprocessing.connection`` uses), sent with one ``sendall`` when small.
+- A receive asks the socket for up to :data:`CHUNK` bytes at a time and keeps
+  what arrived beyond the message for the next one: a small message costs one
+  ``recv`` (``multiprocessing.connection`` makes two: length, then body).
+- One reader at a time (the callers hold their read locks); ``poll`` is also
+  true while a whole message is already buffered.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+
+_LENGTH = struct.Struct("!I")
+#: Bytes asked of the socket per receive, into a buffer kept for it (no allocation per receive).
+CHUNK = 64 * 1024
+#: Messages up to this size go out with their length in one ``sendall`` (one copy of a small message).
+JOIN_LIMIT = 64 * 1024
+
+
+class FramedSocket:
+    """Messages on one end of a socket pair."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+        self._scratch = bytearray(CHUNK)
+        self._view = memoryview(self._scratch)
+
+    def send_bytes(self, data: bytes) -> None:
+        header = _LENGTH.pack(len(data))
+        if len(data) <= JOIN_LIMIT:
+            self._sock.sendall(header + data)
+        else:
+            self._sock.sendall(header)
+            self._sock.sendall(data)
+
+    def _complete(self) -> int:
+        """The end of the first buffered message when it is all here, else 0."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return 0
+        end = 4 + _LENGTH.unpack_from(buffer)[0]
+        return end if len(buffer) >= end else 0
+
+    def recv_bytes(self) -> bytes:
+        """The next message; EOFError when the other side closed."""
+        buffer = self._buffer
+        while True:
+            end = self._complete()
+            if end:
+                data = bytes(buffer[4:end])
+                del buffer[:end]
+                return data
+            missing = (4 + _LENGTH.unpack_from(buffer)[0] - len(buffer)) if len(buffer) >= 4 else 4
+            if missing > CHUNK:  # a large message: the rest of it at once
+                chunk = self._sock.recv(missing)
+                if not chunk:
+                    raise EOFError("the other side closed the channel")
+                buffer += chunk
+                continue
+            count = self._sock.recv_into(self._view)
+            if not count:
+                raise EOFError("the other side closed the channel")
+            buffer += self._view[:count]
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Whether a message (or the end) can be read now, waiting up to ``timeout`` seconds."""
+        if self._complete():
+            return True
+        readable, _, _ = select.select([self._sock], [], [], timeout)
+        return bool(readable)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
