@@ -17,7 +17,8 @@ made no measurable difference at c=64.
 Both grpcio clients stay far below h2load at high rates (grpcio's C core and
 asyncio per call), so ``auto`` takes the native client
 (:mod:`fastoip.bench.nativeload`, nghttp2 from C) wherever it can carry the
-load: closed loop, unary, plaintext, uncompressed, and the extension built.
+load: closed loop (unary or ``--streaming``), plaintext, uncompressed, and the
+extension built.
 """
 
 from __future__ import annotations
