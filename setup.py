@@ -77,6 +77,18 @@ else:
             **HTTP2,
         )
     )
+    # fastoip bench's gRPC load core: nghttp2 in client mode (fastoip.bench falls back to grpcio without it).
+    extensions.append(
+        Extension(
+            "fastoip.bench._h2client",
+            ["src/fastoip/bench/_h2client.pyx"],
+            depends=["src/fastoip/server/grpc/_nghttp2.pxd"],
+            include_dirs=[numpy.get_include(), *HTTP2.get("include_dirs", [])],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
+            **{k: v for k, v in HTTP2.items() if k != "include_dirs"},
+        )
+    )
 
 setup(
     ext_modules=cythonize(

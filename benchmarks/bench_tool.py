@@ -1,15 +1,24 @@
 """Benchmark (issue "fastoip bench"): is the bench client the bottleneck? `fastoip bench` vs h2load.
 
 One fastoip on the demo repository pinned to SERVER_CPUS (CPU 0). On CLIENT_CPUS (CPU 1), in turn and
-alternating (`--rounds`), the same gRPC workload on `simple` at concurrency 64:
+alternating (`--rounds`), the same gRPC workload per point (`--points`: `simple` at concurrency 64, and
+`image_identity` (602 KB each way) at concurrency 16):
 
-* h2load with pre-encoded gRPC frames, as 64 connections x 1 stream and as 1 connection x 64
-  streams (successes checked by grpc-status via exact DATA-byte accounting),
-* `fastoip bench` (1 client process), and `fastoip bench --processes 2` when the machine has the cores.
+* h2load with pre-encoded gRPC frames, as C connections x 1 stream and as 1 connection x C streams
+  (successes checked by grpc-status via exact DATA-byte accounting),
+* `fastoip bench` (1 client process; its default client, the native one where built),
+* `fastoip bench --grpc-client aio` (grpcio, the client before the native one), and with `--processes2`
+  `fastoip bench --processes 2`.
 
-Target: fastoip bench's throughput within 15% of h2load's.
+Target: fastoip bench >= 0.95x the faster h2load on `simple` c=64, within 5 % on 602 KB c=16.
 
-    python benchmarks/bench_tool.py [--seconds 8] [--rounds 2] [--json out.json]
+`--points stream`: `fastoip bench --streaming` (ModelStreamInfer; the native client) against
+`--streaming --grpc-client aio` (grpc.aio, before); h2load has no gRPC streaming, so the ratio is to aio.
+
+`--points http` (HTTP, second priority): wrk (1 thread, 64 keep-alive connections, benchmarks/wrk_infer.lua)
+posting a V2 JSON body for `simple` vs `fastoip bench --no-http-binary` at concurrency 64.
+
+    python benchmarks/bench_tool.py [--seconds 8] [--rounds 2] [--points simple,large] [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,35 +40,66 @@ from _harness import CLIENT_CPUS, Fastoip, fastoip_bench, markdown_table  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+#: point -> (model, concurrency)
+POINTS = {"simple": ("simple", 64), "large": ("image_identity", 16), "http": ("simple", 64),
+          "stream": ("simple", 64)}
+WRK_LUA = Path(__file__).parent / "wrk_infer.lua"
 
-def simple_frame() -> tuple[bytes, int]:
-    """A framed ModelInferRequest for `simple` and the framed size of its response."""
+
+def wrk(target: str, seconds: int, concurrency: int) -> dict:
+    body = {"inputs": [{"name": name, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                       for name in ("INPUT0", "INPUT1")]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
+        json.dump(body, out)
+        path = out.name
+    argv = ["taskset", "-c", CLIENT_CPUS, "wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds}s",
+            "-s", str(WRK_LUA), f"http://{target}/v2/models/simple/infer", "--", path]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    found = re.search(r"LAB_WRK (\{.*\})", text)
+    if found is None:
+        raise RuntimeError(f"wrk printed no summary:\n{text}")
+    summary = json.loads(found.group(1))
+    errors = sum(summary[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
+    done = summary["requests"]
+    return {"req_per_s": done / (summary["duration_us"] / 1e6), "done": done, "verified": errors == 0,
+            "cpu_us_per_req": 1e6 * cpu_s / max(done, 1)}
+
+
+def frames(model: str) -> tuple[bytes, int]:
+    """A framed ModelInferRequest for a demo model and the framed size of its response."""
     from fastoip import _codec
     from fastoip.types import InferInput, InferOutput, InferRequest, InferResponse
 
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    request = _codec.encode_infer_request(
-        InferRequest("simple", inputs=[InferInput("INPUT0", "INT32", (1, 16), a),
-                                       InferInput("INPUT1", "INT32", (1, 16), a)])
-    )
-    response = _codec.encode_infer_response(
-        InferResponse("simple", "1", "", None, [InferOutput("OUTPUT0", "INT32", (1, 16), a + a),
-                                                InferOutput("OUTPUT1", "INT32", (1, 16), a - a)])
-    )
+    if model == "simple":
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = [InferInput("INPUT0", "INT32", (1, 16), a), InferInput("INPUT1", "INT32", (1, 16), a)]
+        outputs = [InferOutput("OUTPUT0", "INT32", (1, 16), a + a), InferOutput("OUTPUT1", "INT32", (1, 16), a - a)]
+    else:
+        x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+        inputs = [InferInput("INPUT0", "FP32", x.shape, x)]
+        outputs = [InferOutput("OUTPUT0", "FP32", x.shape, x)]
+    request = _codec.encode_infer_request(InferRequest(model, inputs=inputs))
+    response = _codec.encode_infer_response(InferResponse(model, "1", "", None, outputs))
     frame = b"\x00" + len(request).to_bytes(4, "big") + request
     return frame, 5 + len(response)
 
 
-def h2load(target: str, seconds: int, connections: int = 64) -> dict:
-    frame, response_size = simple_frame()
+def h2load(target: str, seconds: int, model: str, concurrency: int, connections: int) -> dict:
+    frame, response_size = frames(model)
     with tempfile.NamedTemporaryFile(suffix=".grpc", delete=False) as out:
         out.write(frame)
         path = out.name
-    argv = ["taskset", "-c", CLIENT_CPUS, "h2load", "-t", "1", "-c", str(connections), "-m", str(64 // connections),
-            "-D", str(seconds), "-d", path,
+    argv = ["taskset", "-c", CLIENT_CPUS, "h2load", "-t", "1", "-c", str(connections),
+            "-m", str(concurrency // connections), "-D", str(seconds), "-d", path,
             "-H", "content-type: application/grpc", "-H", "te: trailers",
             f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     text = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rate, finished = re.search(r"([\d.]+) req/s", text), re.search(r"(\d+) done", text)
     if rate is None or finished is None:
         raise RuntimeError(f"h2load printed no summary:\n{text}")
@@ -66,46 +107,79 @@ def h2load(target: str, seconds: int, connections: int = 64) -> dict:
     # Every successful answer carries exactly one framed response in DATA; errors are trailers-only.
     data = re.search(r"traffic: .*?\(([\d]+)\) data", text)
     ok = data is not None and int(data.group(1)) == done * response_size
-    return {"req_per_s": rps, "done": done, "verified": ok}
+    return {"req_per_s": rps, "done": done, "verified": ok, "cpu_us_per_req": 1e6 * cpu_s / max(done, 1)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--points", default="simple,large", help="comma list of: " + ", ".join(POINTS))
+    parser.add_argument("--processes2", action="store_true", help="also fastoip bench --processes 2")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    runs: dict[str, list[float]] = {
-        "h2load (64 connections x 1 stream)": [],
-        "h2load (1 connection x 64 streams)": [],
-        "fastoip bench": [],
-        "fastoip bench --processes 2": [],
-    }
-    with Fastoip(None) as server:
+    clients: list[tuple[str, tuple[str, ...]]] = [("fastoip bench", ()), ("fastoip bench --grpc-client aio",
+                                                                            ("--grpc-client", "aio"))]
+    if args.processes2:
+        clients.append(("fastoip bench --processes 2", ("--processes", "2")))
+    points = [p for p in args.points.split(",") if p]
+    runs: dict[str, dict[str, list[float]]] = {p: {} for p in points}
+    ratios: dict[str, dict[str, list[float]]] = {p: {} for p in points}
+    # client CPU per request (h2load: its rusage over the run; fastoip bench: its own process CPU in the windows)
+    cpu: dict[str, dict[str, list[float]]] = {p: {} for p in points}
+    with Fastoip(None, http="http" in points) as server:
         for _ in range(args.rounds):
-            for connections in (64, 1):
-                r = h2load(server.grpc, args.seconds, connections)
-                if not r["verified"]:
-                    raise SystemExit("h2load: DATA bytes do not add up to successful responses")
-                layout = "64 connections x 1 stream" if connections == 64 else "1 connection x 64 streams"
-                runs[f"h2load ({layout})"].append(r["req_per_s"])
-            for name, extra in (("fastoip bench", ()), ("fastoip bench --processes 2", ("--processes", "2"))):
-                result = fastoip_bench(
-                    f"grpc://{server.grpc}", "-m", "simple", "--concurrency-range", "64:64:1",
-                    "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
-                )
-                row = result["results"][0]
-                if sum(row["errors"].values()):
-                    raise SystemExit(f"{name}: errors {row['errors']}")
-                runs[name].append(row["throughput_req_per_s"])
-            print({k: [round(v) for v in vs] for k, vs in runs.items()}, flush=True)
-    medians = {k: statistics.median(v) for k, v in runs.items()}
-    base = max(medians["h2load (64 connections x 1 stream)"], medians["h2load (1 connection x 64 streams)"])
-    rows = [[k, f"{v:.0f}", f"{v / base:.2f}"] for k, v in medians.items()]
-    print()
-    print(markdown_table(["client (simple, c=64)", "req/s (median)", "vs the faster h2load"], rows))
+            for point in points:
+                model, concurrency = POINTS[point]
+                this_round: dict[str, float] = {}
+                this_cpu: dict[str, float] = {}
+                if point == "http":
+                    r = wrk(server.http, args.seconds, concurrency)
+                    if not r["verified"]:
+                        raise SystemExit("wrk: errors")
+                    this_round["wrk (64 connections)"] = r["req_per_s"]
+                    this_cpu["wrk (64 connections)"] = r["cpu_us_per_req"]
+                for connections in (concurrency, 1) if point not in ("http", "stream") else ():
+                    r = h2load(server.grpc, args.seconds, model, concurrency, connections)
+                    if not r["verified"]:
+                        raise SystemExit("h2load: DATA bytes do not add up to successful responses")
+                    layout = f"{connections} connections x {concurrency // connections} stream(s)"
+                    this_round[f"h2load ({layout})"] = r["req_per_s"]
+                    this_cpu[f"h2load ({layout})"] = r["cpu_us_per_req"]
+                for name, extra in clients if point != "http" else [("fastoip bench --no-http-binary", ())]:
+                    url = f"http://{server.http}" if point == "http" else f"grpc://{server.grpc}"
+                    extra = ("--no-http-binary",) if point == "http" else extra
+                    extra = ("--streaming", *extra) if point == "stream" else extra
+                    result = fastoip_bench(
+                        url, "-m", model, "--concurrency-range", f"{concurrency}",
+                        "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
+                    )
+                    row = result["results"][0]
+                    if sum(row["errors"].values()):
+                        raise SystemExit(f"{name}: errors {row['errors']}")
+                    key = f"{name} [{row['client']}]"
+                    this_round[key] = row["throughput_req_per_s"]
+                    if row.get("client_cpu_percent") is not None and row["throughput_req_per_s"]:
+                        this_cpu[key] = 1e4 * row["client_cpu_percent"] / row["throughput_req_per_s"]
+                base = max((v for k, v in this_round.items() if k.startswith(("h2load", "wrk"))), default=0.0)
+                base = base or next(v for k, v in this_round.items() if "aio" in k)
+                for key, value in this_round.items():
+                    runs[point].setdefault(key, []).append(value)
+                    ratios[point].setdefault(key, []).append(value / base)
+                    if key in this_cpu:
+                        cpu[point].setdefault(key, []).append(this_cpu[key])
+                print(point, {k: round(v) for k, v in this_round.items()}, flush=True)
+    for point in points:
+        model, concurrency = POINTS[point]
+        rows = [[k, f"{statistics.median(v):.0f}", " ".join(f"{r:.2f}" for r in ratios[point][k]),
+                 f"{statistics.median(cpu[point][k]):.1f}" if cpu[point].get(k) else "-"]
+                for k, v in runs[point].items()]
+        print()
+        print(markdown_table([f"client ({model}, c={concurrency})", "req/s (median)",
+                              "vs the faster h2load (wrk) of the same round, per round",
+                              "client CPU us/request (median)"], rows))
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "medians": medians}, indent=1))
+        args.json.write_text(json.dumps({"runs": runs, "ratios": ratios, "client_cpu_us": cpu}, indent=1))
     return 0
 
 

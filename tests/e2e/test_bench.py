@@ -28,6 +28,7 @@ from fastoip.bench.generators import make_generator
 from fastoip.bench.inputs import encode_grpc, file_requests, make_requests, parse_shape_arg, plan_model
 from fastoip.bench.load import LoadSpec, Sample
 from fastoip.bench.measure import LevelResult, MeasureOptions, Window, is_stable, latency_summary, measure_level
+from fastoip.bench.nativeload import native_available
 from fastoip.bench.report import CSV_COLUMNS, LATENCY_KEYS, compare, validate
 from fastoip.bench.verify import ResponseCheck
 
@@ -123,7 +124,8 @@ def test_concurrency_mode_json_and_csv(server: ServerProcess, tmp_path: Path, ca
     assert document["error"] is None and document["batch_size"] == 1
     rows = document["results"]
     assert [r["concurrency"] for r in rows] == [1, 4]
-    assert [r["client"] for r in rows] == ["future", "future"]  # auto: future below concurrency 8
+    # auto: the native client where built, else future below concurrency 8
+    assert [r["client"] for r in rows] == ["native" if native_available() else "future"] * 2
     for row in rows:
         assert_good_row(row)
         assert row["mode"] == "concurrency" and row["request_rate"] is None and row["target"] == "server"
@@ -307,7 +309,7 @@ def test_streaming(server: ServerProcess, tmp_path: Path, capsys: Capture) -> No
     )
     assert rc == 0, err
     document = load_json(out_json)
-    assert document["client"]["kind"] == "aio-stream"
+    assert document["client"]["kind"] == ("native-stream" if native_available() else "aio-stream")
     for row in document["results"]:
         assert_good_row(row)
 
@@ -440,7 +442,8 @@ def test_processes(server: ServerProcess, tmp_path: Path, capsys: Capture) -> No
     assert rc == 0, err
     document = load_json(out_json)
     assert document["client"]["processes"] == 2
-    assert [r["client"] for r in document["results"]] == ["future", "aio"]
+    expected = ["native", "native"] if native_available() else ["future", "aio"]
+    assert [r["client"] for r in document["results"]] == expected
     for row in document["results"]:
         assert_good_row(row)
 

@@ -163,10 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1, help="client processes sharing the load (default 1)")
     p.add_argument(
         "--grpc-client",
-        choices=("auto", "future", "aio"),
+        choices=("auto", "native", "future", "aio"),
         default=DEFAULT_GRPC_CLIENT,
-        help="gRPC client: grpcio future callbacks or grpc.aio (default auto: future below "
-        "concurrency 8, aio from 8 and in request-rate mode, the faster of the two measured)",
+        help="gRPC client: native (nghttp2 driven from C, closed-loop unary plaintext uncompressed load only), "
+        "grpcio future callbacks or grpc.aio (default auto: native wherever it can carry the load and is built; "
+        "else future below concurrency 8, aio from 8, in request-rate mode and for --streaming)",
     )
     p.add_argument(
         "--grpc-channels", type=int, default=0, help="gRPC connections per client process (default: min(C, 4))"
@@ -322,6 +323,11 @@ def parse_header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()  # RFC 9110: whitespace around a field value is not part of it
 
 
+def stream_kind(rows: list[dict]) -> str:
+    """The streaming client of a run: the one its levels used (aio-stream before any level ran)."""
+    return str(rows[0].get("client", "aio-stream")) if rows else "aio-stream"
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     from .inputs import parse_shape_arg
 
@@ -359,6 +365,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise BenchError("--streaming supports concurrency mode only", stage="args")
     if args.streaming and protocol != "grpc":
         raise BenchError("--streaming needs gRPC (-i grpc)", stage="args")
+    if args.grpc_client == "native" and protocol == "grpc":
+        from .nativeload import native_available
+
+        if not native_available():
+            raise BenchError("--grpc-client native: fastoip.bench._h2client is not built (no libnghttp2 headers "
+                             "when fastoip was built); use auto, future or aio", stage="args")
+        if mode != "concurrency" or tls is not None or args.grpc_compression_algorithm != "none":
+            raise BenchError("--grpc-client native carries closed-loop load over plaintext without "
+                             "compression only (not --request-rate-range, TLS or "
+                             "--grpc-compression-algorithm); use auto, future or aio", stage="args")
     if args.percentile is not None and not 1 <= args.percentile <= 99:
         raise BenchError("--percentile must be in 1..99", stage="args")
     if args.processes < 1 or args.batch_size < 1 or args.string_length < 0:
@@ -724,7 +740,8 @@ class Run:
             "client": {
                 "kind": "http"
                 if target.protocol == "http"
-                else ("aio-stream" if self.args.streaming else self.args.grpc_client),
+                # --streaming: the stream client that carried it (native-stream or aio-stream)
+                else (stream_kind(self.rows) if self.args.streaming else self.args.grpc_client),
                 "processes": self.args.processes,
                 "channels": self.args.grpc_channels or f"auto (min(C, {auto_channels(10**6)}))",
             },

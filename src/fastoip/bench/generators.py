@@ -13,25 +13,36 @@ aio costs 277 client CPU-µs a request vs 329.  Hence ``auto`` (the default):
 future below concurrency 8, where its lower per-call latency matters most,
 aio from 8 up and in request-rate mode.  One channel vs min(C, 4) channels
 made no measurable difference at c=64.
+
+Both grpcio clients stay far below h2load at high rates (grpcio's C core and
+asyncio per call), so ``auto`` takes the native client
+(:mod:`fastoip.bench.nativeload`, nghttp2 from C) wherever it can carry the
+load: closed loop (unary or ``--streaming``), plaintext, uncompressed, and the
+extension built.
 """
 
 from __future__ import annotations
 
 from .httpload import HttpLoad
 from .load import Generator, GrpcAioLoad, GrpcFutureLoad, LoadSpec
+from .nativeload import NativeGrpcLoad, native_usable
 
 #: ``auto`` picks aio from this concurrency up (and in request-rate mode).
 AIO_FROM_CONCURRENCY = 8
 
 
 def resolve_client(spec: LoadSpec, mode: str, level: float) -> str:
-    """The client that carries a level: ``http``, ``aio-stream``, ``future`` or ``aio``."""
+    """The client that carries a level: ``http``, ``native-stream``, ``aio-stream``, ``native``, ``future`` or
+    ``aio``."""
     if spec.protocol == "http":
         return "http"
     if spec.streaming:
-        return "aio-stream"
+        native = spec.client in ("auto", "native") and native_usable(spec, mode)
+        return "native-stream" if native else "aio-stream"
     if spec.client != "auto":
         return spec.client
+    if native_usable(spec, mode):
+        return "native"
     return "aio" if mode != "concurrency" or level >= AIO_FROM_CONCURRENCY else "future"
 
 
@@ -40,6 +51,8 @@ def make_generator(spec: LoadSpec, mode: str = "concurrency", level: float = 1) 
     client = resolve_client(spec, mode, level)
     if client == "http":
         return HttpLoad(spec)
+    if client in ("native", "native-stream"):
+        return NativeGrpcLoad(spec)
     if client in ("aio", "aio-stream"):
         return GrpcAioLoad(spec)
     return GrpcFutureLoad(spec)

@@ -13,7 +13,8 @@ object is built per request.  Two clients:
   records the latency and sends the next request.  Callbacks run on grpcio's
   channel threads; the main thread only sleeps.
 - ``aio``: grpc.aio, one coroutine per outstanding request on an event loop
-  in a dedicated thread.  Also the only client for ``--streaming``.
+  in a dedicated thread.  Also the ``--streaming`` client where the native
+  one (:mod:`fastoip.bench.nativeload`) is not built or cannot carry the load.
 
 Which client carries a level is decided in :mod:`fastoip.bench.generators`.
 """

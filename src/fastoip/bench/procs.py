@@ -102,7 +102,7 @@ class ProcessLoad(Generator):
 
     def _start(self, mode: str, shares: list[float]) -> None:
         client = resolve_client(self.spec, mode, sum(shares))
-        if client in ("http", "aio-stream"):
+        if client in ("http", "aio-stream", "native-stream"):
             client = self.spec.client
         self._active = [i for i, share in enumerate(shares) if share > 0]
         for i in self._active:

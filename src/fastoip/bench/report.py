@@ -21,7 +21,7 @@ JSON (``--json PATH``), schema version 1::
 
     ROW = {
       "model": str, "target": "server" | "ceiling",
-      "client": "future" | "aio" | "aio-stream" | "http",   # the load generator used
+      "client": "native" | "future" | "aio" | "native-stream" | "aio-stream" | "http",   # the load generator used
       "mode": "concurrency" | "request_rate",
       "concurrency": int | null,          # set in concurrency mode
       "request_rate": float | null,       # set in request-rate mode (requests/s asked for)
