@@ -69,7 +69,9 @@ def test_the_sdist_carries_every_source_the_extensions_need(dist: tuple[Path, st
                    # the C declarations beside each .pyx (issue 22)
                    "src/fastoip/_codec.pxd", "src/fastoip/_codec.h", "src/fastoip/_shmguard.pxd",
                    "src/fastoip/_shmguard.h", "src/fastoip/server/grpc/_http2.pxd",
-                   "src/fastoip/server/grpc/_nghttp2.pxd"):
+                   "src/fastoip/server/grpc/_nghttp2.pxd",
+                   # fastoip bench's native gRPC load core (issue 24)
+                   "src/fastoip/bench/_h2client.pyx"):
         assert source in names, source
 
 
@@ -82,6 +84,7 @@ def test_the_wheel_built_from_the_sdist_has_the_extensions(dist: tuple[Path, str
     native = any(n.startswith("fastoip/server/grpc/_http2.") and n.endswith(".so") for n in names)
     if _has_nghttp2_headers():
         assert native
+        assert any(n.startswith("fastoip/bench/_h2client.") and n.endswith(".so") for n in names)
     else:  # the fallback is said, not silent
         assert not native and "falls back to the grpcio frontend" in log
 
