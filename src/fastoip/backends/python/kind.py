@@ -10,31 +10,16 @@ from typing import Any
 
 from ..._proto import model_config_pb2 as mc
 from ...content_types import ModelContentTypes
-from ...datatypes import CONFIG_TO_V2
 from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
-from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config, is_model_settings_config, model_spec
+from ...model_config import MODEL_SETTINGS, complete_config, is_model_settings_config, model_spec
 from .deployment import run_deployment_hooks as _run_deployment_hooks
 from .host import PythonInstance, _Host
 from .model_file import import_model_file as _import_model_file
 from .model_file import model_class as _model_class
-from .triton_kind import is_triton_model_file, load_triton
+from .triton_kind import declared_tensors, is_triton_model_file, load_triton
 
 log = logging.getLogger("fastoip.python")
-
-
-def _declared(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -> list[DiscoveredTensor]:
-    out = []
-    for entry in entries:
-        if entry.data_type == mc.TYPE_INVALID:
-            raise InvalidArgument(f"model '{model_name}': {kind} '{entry.name}' needs a data_type")
-        dims = tuple(None if d < 0 else int(d) for d in entry.dims)
-        out.append(
-            DiscoveredTensor(
-                entry.name, CONFIG_TO_V2[mc.DataType.Name(entry.data_type)], ((None,) if batch else ()) + dims
-            )
-        )
-    return out
 
 
 def _truthy(text: str) -> bool | None:
@@ -89,8 +74,8 @@ class PythonKind:
         config = complete_config(
             base,
             model_name,
-            _declared(base.input, batch, model_name, "input"),
-            _declared(base.output, batch, model_name, "output"),
+            declared_tensors(base.input, batch, model_name, "input"),
+            declared_tensors(base.output, batch, model_name, "output"),
             options.default_max_batch_size,
             platform="",
         )

@@ -61,7 +61,8 @@ def config_dict(config: mc.ModelConfig) -> dict[str, Any]:
     return data
 
 
-def _declared(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -> list[DiscoveredTensor]:
+def declared_tensors(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -> list[DiscoveredTensor]:
+    """A config's inputs or outputs as the tensors a Python model declares (a data_type is required)."""
     from ...datatypes import CONFIG_TO_V2
 
     out = []
@@ -148,8 +149,8 @@ def load_triton(
     config = complete_config(
         base,
         model_name,
-        _declared(base.input, batch, model_name, "input"),
-        _declared(base.output, batch, model_name, "output"),
+        declared_tensors(base.input, batch, model_name, "input"),
+        declared_tensors(base.output, batch, model_name, "output"),
         options.default_max_batch_size,
         platform="",
     )
