@@ -74,6 +74,10 @@ def default_max_connections() -> int:
 DRAIN_LINGER_S = 1.0
 
 
+#: How long a refused connection still reads (and drops) what its client sends before it is closed.
+LINGER_AFTER_REFUSAL_S = 2.0
+
+
 class _Refused(Exception):
     """Raised inside a parser callback; httptools wraps it, data_received answers ``refusal``."""
 
@@ -265,7 +269,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
         if not self.transport.is_closing():
             self.transport.write(head.encode("latin-1") + body)
-            self.transport.close()
+            if self.transport.can_write_eof():
+                # Lingering close (nginx's): half-close, drop what the client still sends, close a moment later.
+                # Closing with its unread bytes here would answer them with a reset that can destroy the answer.
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_AFTER_REFUSAL_S, self.transport.close)
+            else:
+                self.transport.close()
 
     def _refuse_in_parser(self, status: int, message: str) -> None:
         self.refusal = (status, message)
