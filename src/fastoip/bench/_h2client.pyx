@@ -136,16 +136,18 @@ cdef struct Call:
     uint8_t first       # streaming: the response message's first byte
 
 
+cdef struct Pairs:
+    # two parallel columns: a call's end time and its latency (ok) or its error code (err)
+    int64_t *end
+    int64_t *value
+    size_t n
+    size_t cap
+
+
 cdef struct Results:
     pthread_mutex_t lock
-    int64_t *ok_end
-    int64_t *ok_lat
-    size_t ok_n
-    size_t ok_cap
-    int64_t *err_end
-    int64_t *err_code
-    size_t err_n
-    size_t err_cap
+    Pairs ok
+    Pairs err
     int64_t sent
 
 
@@ -209,30 +211,46 @@ cdef void add_length(State *st, int64_t length) noexcept nogil:
 
 
 # ---------------------------------------------------------------------- results
-cdef void record_ok(State *st, int64_t end, int64_t lat) noexcept nogil:
+cdef void record(State *st, Pairs *pairs, int64_t end, int64_t value) noexcept nogil:
+    """Append (end, value) under the results lock; a sample that finds no memory is dropped."""
     cdef size_t cap
+    cdef int64_t *ends
+    cdef int64_t *values
     pthread_mutex_lock(&st.res.lock)
-    if st.res.ok_n == st.res.ok_cap:
-        cap = st.res.ok_cap
-        st.res.ok_end = grow64(st.res.ok_end, &cap)
-        st.res.ok_lat = grow64(st.res.ok_lat, &st.res.ok_cap)
-    st.res.ok_end[st.res.ok_n] = end
-    st.res.ok_lat[st.res.ok_n] = lat
-    st.res.ok_n += 1
+    if pairs.n == pairs.cap:
+        cap = pairs.cap
+        ends = grow64(pairs.end, &cap)
+        if ends != NULL:
+            pairs.end = ends
+            cap = pairs.cap
+            values = grow64(pairs.value, &cap)
+            if values != NULL:
+                pairs.value = values
+                pairs.cap = cap
+    if pairs.n < pairs.cap:
+        pairs.end[pairs.n] = end
+        pairs.value[pairs.n] = value
+        pairs.n += 1
     pthread_mutex_unlock(&st.res.lock)
 
 
-cdef void record_error(State *st, int64_t end, int64_t code) noexcept nogil:
-    cdef size_t cap
-    pthread_mutex_lock(&st.res.lock)
-    if st.res.err_n == st.res.err_cap:
-        cap = st.res.err_cap
-        st.res.err_end = grow64(st.res.err_end, &cap)
-        st.res.err_code = grow64(st.res.err_code, &st.res.err_cap)
-    st.res.err_end[st.res.err_n] = end
-    st.res.err_code[st.res.err_n] = code
-    st.res.err_n += 1
-    pthread_mutex_unlock(&st.res.lock)
+cdef inline void record_ok(State *st, int64_t end, int64_t lat) noexcept nogil:
+    record(st, &st.res.ok, end, lat)
+
+
+cdef inline void record_error(State *st, int64_t end, int64_t code) noexcept nogil:
+    record(st, &st.res.err, end, code)
+
+
+cdef tuple take(Pairs *pairs):
+    """The recorded columns as numpy arrays, and the record emptied (the caller holds the results lock)."""
+    cdef cnp.ndarray ends = np.empty(pairs.n, np.int64)
+    cdef cnp.ndarray values = np.empty(pairs.n, np.int64)
+    if pairs.n:
+        memcpy(cnp.PyArray_DATA(ends), pairs.end, pairs.n * sizeof(int64_t))
+        memcpy(cnp.PyArray_DATA(values), pairs.value, pairs.n * sizeof(int64_t))
+    pairs.n = 0
+    return ends, values
 
 
 # ---------------------------------------------------------------------- calls
@@ -702,10 +720,10 @@ cdef class Engine:
         free(self.st.free_calls)
         free(self.st.nva)
         free(self.st.lengths)
-        free(self.st.res.ok_end)
-        free(self.st.res.ok_lat)
-        free(self.st.res.err_end)
-        free(self.st.res.err_code)
+        free(self.st.res.ok.end)
+        free(self.st.res.ok.value)
+        free(self.st.res.err.end)
+        free(self.st.res.err.value)
         if self.callbacks != NULL:
             nghttp2_session_callbacks_del(self.callbacks)
         pthread_mutex_destroy(&self.st.res.lock)
@@ -713,23 +731,14 @@ cdef class Engine:
     def drain(self):
         """(ok_end, ok_latency, error_end, error_code, sent): what was recorded since the last drain (sent:
         the running total of calls started)."""
-        cdef cnp.ndarray ok_end, ok_lat, err_end, err_code
         cdef Results *res = &self.st.res
         pthread_mutex_lock(&res.lock)
-        ok_end = np.empty(res.ok_n, np.int64)
-        ok_lat = np.empty(res.ok_n, np.int64)
-        err_end = np.empty(res.err_n, np.int64)
-        err_code = np.empty(res.err_n, np.int64)
-        if res.ok_n:
-            memcpy(cnp.PyArray_DATA(ok_end), res.ok_end, res.ok_n * sizeof(int64_t))
-            memcpy(cnp.PyArray_DATA(ok_lat), res.ok_lat, res.ok_n * sizeof(int64_t))
-        if res.err_n:
-            memcpy(cnp.PyArray_DATA(err_end), res.err_end, res.err_n * sizeof(int64_t))
-            memcpy(cnp.PyArray_DATA(err_code), res.err_code, res.err_n * sizeof(int64_t))
-        res.ok_n = 0
-        res.err_n = 0
-        sent = res.sent
-        pthread_mutex_unlock(&res.lock)
+        try:
+            ok_end, ok_lat = take(&res.ok)
+            err_end, err_code = take(&res.err)
+            sent = res.sent
+        finally:
+            pthread_mutex_unlock(&res.lock)
         return ok_end, ok_lat, err_end, err_code, sent
 
     def stop(self):

@@ -12,12 +12,12 @@ from ..._proto import model_config_pb2 as mc
 from ...content_types import ModelContentTypes
 from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
-from ...model_config import MODEL_SETTINGS, complete_config, is_model_settings_config, model_spec
+from ...model_config import MODEL_SETTINGS, is_model_settings_config, model_spec
 from .deployment import run_deployment_hooks as _run_deployment_hooks
 from .host import PythonInstance, _Host
 from .model_file import import_model_file as _import_model_file
 from .model_file import model_class as _model_class
-from .triton_kind import declared_tensors, is_triton_model_file, load_triton
+from .triton_kind import complete_python_config, is_triton_model_file, load_triton
 
 log = logging.getLogger("fastoip.python")
 
@@ -70,17 +70,7 @@ class PythonKind:
                 f"model '{model_name}': a Python model declares its inputs and outputs "
                 f"in config.pbtxt or {MODEL_SETTINGS}"
             )
-        batch = base.max_batch_size > 0
-        config = complete_config(
-            base,
-            model_name,
-            declared_tensors(base.input, batch, model_name, "input"),
-            declared_tensors(base.output, batch, model_name, "output"),
-            options.default_max_batch_size,
-            platform="",
-        )
-        if not config.backend:
-            config.backend = "python"
+        config = complete_python_config(base, model_name, options.default_max_batch_size)
         spec = model_spec(config)
         parameters = {key: value.string_value for key, value in config.parameters.items()}
         defaults = ModelContentTypes.from_parameters(

@@ -61,6 +61,22 @@ def config_dict(config: mc.ModelConfig) -> dict[str, Any]:
     return data
 
 
+def complete_python_config(base: mc.ModelConfig, model_name: str, default_max_batch_size: int) -> mc.ModelConfig:
+    """A Python model's config completed from the tensors it declares (either kind: fastoip's or Triton's)."""
+    batch = base.max_batch_size > 0
+    config = complete_config(
+        base,
+        model_name,
+        declared_tensors(base.input, batch, model_name, "input"),
+        declared_tensors(base.output, batch, model_name, "output"),
+        default_max_batch_size,
+        platform="",
+    )
+    if not config.backend:
+        config.backend = "python"
+    return config
+
+
 def declared_tensors(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -> list[DiscoveredTensor]:
     """A config's inputs or outputs as the tensors a Python model declares (a data_type is required)."""
     from ...datatypes import CONFIG_TO_V2
@@ -145,17 +161,7 @@ def load_triton(
     for group_index, group in enumerate(base.instance_group):
         if not group.name:
             group.name = f"{model_name}_{group_index}"  # Triton's group names: instances are <group>_<n>
-    batch = base.max_batch_size > 0
-    config = complete_config(
-        base,
-        model_name,
-        declared_tensors(base.input, batch, model_name, "input"),
-        declared_tensors(base.output, batch, model_name, "output"),
-        options.default_max_batch_size,
-        platform="",
-    )
-    if not config.backend:
-        config.backend = "python"
+    config = complete_python_config(base, model_name, options.default_max_batch_size)
     decoupled = bool(config.model_transaction_policy.decoupled)
     config_json = json.dumps(config_dict(config))
 
