@@ -12,6 +12,7 @@ Rules:
 - The first failing step fails the ensemble request with that step's error,
   naming the step; steps still running finish, and nothing new starts.
 - Composing models record their own request statistics (the runner's completion), as Triton reports them.
+- A traced ensemble request's steps are traced as its children (``parent_id``), as Triton's.
 - Sequence parameters follow Triton's ensemble: a step whose response carries
   ``sequence_id``, ``sequence_start`` or ``sequence_end`` marks the tensors it
   produced with that sequence id (the step's own when the response names
@@ -42,9 +43,12 @@ SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 class StepRunner(Protocol):
     """How a step runs: the request runner under the Core (``repository.runner.RequestRunner``)."""
 
-    def start(self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None]) -> Job:
+    def start(
+        self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None], parent: Job | None = None
+    ) -> Job:
         """Enter the composing model, prepare, enqueue; ``on_done`` once outputs, in-flight count and
-        statistics are done.  Raises InferenceError for a step that cannot start."""
+        statistics are done (``parent``: the ensemble request, whose trace the step's is a child of).
+        Raises InferenceError for a step that cannot start."""
 
 
 class Step(Protocol):
@@ -166,7 +170,7 @@ class _EnsembleRun:
         )
         try:
             sub = self.scheduler.runner.start(
-                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished)
+                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished), self.job
             )
         except InferenceError as exc:
             with self.lock:
