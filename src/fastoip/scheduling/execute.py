@@ -13,6 +13,9 @@ Rules:
   * jobs of one batch may ask for different outputs: the model computes the
     union (in the order first asked), each job gets only what it asked for;
   * every pooled buffer goes back to the pool on every path.
+  * a model with ragged inputs, batch inputs or batch outputs (Triton's ragged
+    batching, ``ragged.py``) merges and splits as its :class:`~fastoip.scheduling.ragged.RaggedPlan` says,
+    one request or many.
 - :func:`merge_inputs` and :func:`row_slices` are the merge and split along
   dim 0 that every backend kind shares (the Python backend uses them too).
 """
