@@ -328,3 +328,36 @@ def test_ensemble_step_spans_carry_the_parent_trace_id() -> None:
     assert ids["pipeline"]["triton.trace_parent_id"] == 0
     assert ids["first"]["triton.trace_parent_id"] == ids["pipeline"]["triton.trace_id"]
     assert ids["second"]["triton.trace_parent_id"] == ids["pipeline"]["triton.trace_id"]
+    # as Triton's child traces: each step's model span hangs under the ensemble's, with no InferRequest of its own
+    assert spans["first"].parent_span_id == spans["pipeline"].span_id
+    assert spans["second"].parent_span_id == spans["pipeline"].span_id
+    with receiver.lock:
+        roots = [span for span in receiver.spans if span.name == "InferRequest"]
+    assert len(roots) == 1 and spans["pipeline"].parent_span_id == roots[0].span_id
+
+
+def test_child_spans_wait_for_their_parent_and_orphans_go_out_alone() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from fastoip.tracing.otel import OtelExporter
+
+    def stamped(trace_id: int, model: str, parent_id: int | None) -> TraceRecord:
+        rec = TraceRecord(trace_id, model, "1", "", carrier={"traceparent": TRACEPARENT}, parent_id=parent_id)
+        base = time.monotonic_ns()
+        rec.stamp("REQUEST_START", base)
+        rec.stamp("REQUEST_END", base + 1000)
+        return rec
+
+    with otlp_receiver() as receiver:
+        exporter = OtelExporter(parse_trace_config([f"opentelemetry,url={receiver.url}", "mode=opentelemetry"]))
+        exporter.export(stamped(2, "step", parent_id=1))  # a child finishes first: it waits for its parent
+        exporter.export(stamped(1, "outer", parent_id=None))
+        exporter.export(stamped(3, "late", parent_id=1))  # after its parent: hung under it all the same
+        exporter.export(stamped(5, "orphan", parent_id=4))  # its parent never comes: out alone at shutdown
+        exporter.shutdown()
+    spans = receiver.spans_of("4bf92f3577b34da6a3ce929d0e0e4736")
+    assert spans["step"].parent_span_id == spans["outer"].span_id
+    assert spans["late"].parent_span_id == spans["outer"].span_id
+    with receiver.lock:
+        roots = [span for span in receiver.spans if span.name == "InferRequest"]
+    assert len(roots) == 2  # the outer request's and the orphan's
+    assert spans["orphan"].parent_span_id in {root.span_id for root in roots}
