@@ -1,7 +1,7 @@
 """Triton's --model-load-thread-count: the models of one load operation load side by side on that many threads,
 and a model's versions side by side; one load operation at a time (the load lock), ensembles after their steps.
 
-Each model's ``__init__`` takes a second and writes when it started and ended, so overlap is visible."""
+Each model's ``__init__`` takes two seconds and writes when it started and ended, so overlap is visible."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ SLOW = """
     class Slow(fastoip.Model):
         def __init__(self):
             started = time.time()
-            time.sleep(1.0)
+            time.sleep(2.0)
             with open(self.parameters["log"], "a") as log:
                 log.write(f"{self.name} {self.version} {started} {time.time()}\\n")
 
