@@ -184,10 +184,12 @@ def complete_config(
     default_max_batch_size: int,
     platform: str = ONNX_PLATFORM,
     on_gpu: bool = False,
+    auto_complete: bool = True,
 ) -> mc.ModelConfig:
     """Fill what ``config`` leaves out from the model's own tensors, and check what it says.
 
     ``on_gpu``: the instances run on GPU 0, so the instance groups say KIND_GPU as Triton's do.
+    ``auto_complete``: Triton's auto-complete runs (its words for a batch size the model cannot take).
     Returns a new message; ``config`` is not modified.
     """
     done = named_copy(config, model_name)
@@ -220,6 +222,15 @@ def complete_config(
 
     # A model file's own shapes are checked against the config (a Python model's come from the config).
     check_shapes = platform == ONNX_PLATFORM
+    if check_shapes and auto_complete and done.max_batch_size > 0 and all_tensors and not can_batch:
+        # Triton's onnxruntime backend, auto-completing max_batch_size
+        raise InvalidArgument(
+            f"autofill failed for model '{model_name}': model does not support batching while non-zero "
+            "max_batch_size is specified"
+        )
+    if check_shapes and done.input and len(done.input) != len(inputs):
+        # Triton's onnxruntime backend counts the inputs before it looks at their names
+        _refuse_input_count(model_name, done.input, inputs)
     # a ragged input reaches the model flat and a batch output leaves it flat: their shapes are checked apart
     ragged = {entry.name for entry in config.input if entry.allow_ragged_batch}
     scattered = {target for entry in config.batch_output for target in entry.target_name}
@@ -227,11 +238,7 @@ def complete_config(
     _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes, scattered)
     if check_shapes and len(done.input) != len(inputs):
         # Triton's onnxruntime backend: every model input must be in the config (else every request fails).
-        missing = sorted({t.name for t in inputs} - {entry.name for entry in done.input})
-        raise InvalidArgument(
-            f"unable to load model '{model_name}', configuration expects {len(done.input)} inputs, model provides "
-            f"{len(inputs)} (not in the config: {', '.join(missing)})"
-        )
+        _refuse_input_count(model_name, done.input, inputs)
 
     if not done.instance_group:
         group = done.instance_group.add()
@@ -252,6 +259,27 @@ def complete_config(
             f"model '{model_name}': dynamic_batching needs max_batch_size > 0"
         )
     return done
+
+
+def _refuse_input_count(
+    model_name: str, configured: RepeatedCompositeFieldContainer[mc.ModelInput], inputs: Sequence[DiscoveredTensor]
+) -> None:
+    names = {entry.name for entry in configured}
+    missing = sorted({t.name for t in inputs} - names)
+    extra = sorted(names - {t.name for t in inputs})
+    detail = "; ".join(part for part in (
+        f"not in the config: {', '.join(missing)}" if missing else "",
+        f"not in the model: {', '.join(extra)}" if extra else "",
+    ) if part)
+    raise InvalidArgument(
+        f"unable to load model '{model_name}', configuration expects {len(configured)} inputs, model provides "
+        f"{len(inputs)}" + (f" ({detail})" if detail else "")
+    )
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """A shape as Triton's backends write it in messages: ``[-1,16]``."""
+    return "[" + ",".join(str(dim) for dim in shape) + "]"
 
 
 def _check_batch_targets(model_name: str, targets: set[str], inputs: Sequence[DiscoveredTensor]) -> None:
@@ -295,17 +323,20 @@ def _complete_tensors(
     for entry in configured:
         model_tensor = found.get(entry.name)
         if model_tensor is None:
+            # Triton's backends' words (CheckAllowedModelInput / CheckAllowedModelOutput)
             raise InvalidArgument(
-                f"model '{model_name}': config {kind} '{entry.name}' is not in the model "
-                f"(model {kind}s: {', '.join(sorted(found)) or 'none'})"
+                f"unexpected inference {kind} '{entry.name}', allowed {kind}s are: {', '.join(sorted(found))} "
+                f"(model '{model_name}')"
             )
         if entry.data_type == mc.TYPE_INVALID:
             entry.data_type = config_data_type(model_tensor.datatype)
         configured_type = CONFIG_TO_V2.get(mc.DataType.Name(entry.data_type))
         if configured_type != model_tensor.datatype:
+            # Triton's onnxruntime backend's words
             raise InvalidArgument(
-                f"model '{model_name}': {kind} '{entry.name}' is {model_tensor.datatype} in the model "
-                f"but {mc.DataType.Name(entry.data_type)} in config.pbtxt"
+                f"unable to load model '{model_name}', configuration expects datatype "
+                f"{mc.DataType.Name(entry.data_type)} for {kind} '{entry.name}', model provides "
+                f"{V2_TO_CONFIG.get(model_tensor.datatype, model_tensor.datatype)}"
             )
         if not entry.dims and not entry.HasField("reshape"):
             entry.dims.extend(-1 if d is None else int(d) for d in model_tensor.shape[batch_dims:])
@@ -378,13 +409,14 @@ def check_model_shape(entry: Any, model_tensor: DiscoveredTensor, batching: bool
     if not fits:
         batch_note = (
             " (an initial batch dimension because max_batch_size > 0 followed by the explicit tensor shape, "
-            f"making complete shape {full})"
+            f"making complete shape {shape_text(full)})"
             if batching
             else ""
         )
         raise InvalidArgument(
             f"model '{model_name}', tensor '{entry.name}': the model expects {len(model_shape)} dimensions "
-            f"(shape {model_shape}) but the model configuration specifies {len(full)} dimensions{batch_note}"
+            f"(shape {shape_text(model_shape)}) but the model configuration specifies {len(full)} "
+            f"dimensions{batch_note}"
             + ("" if entry.HasField("reshape") else "; a 'reshape' in the config maps between the two")
         )
 

@@ -25,6 +25,7 @@ import argparse
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--log-error", type=parse_bool, default=None, metavar="BOOL")
     g.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
     g.add_argument("--log-file", default="", help="write the log to this file instead of stderr")
-    g.add_argument("--strict-model-config", type=parse_bool, default=False, metavar="BOOL",
+    g.add_argument("--strict-model-config", type=parse_bool, default=None, metavar="BOOL",
                    help="true: no auto-complete, every model needs a complete config.pbtxt")
     g.add_argument("--disable-auto-complete-config", action="store_true",
                    help="same as --strict-model-config=true")
@@ -286,7 +287,7 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         log_level=_log_level(args),
         log_format=args.log_format,
         log_file=args.log_file,
-        auto_complete=not (args.strict_model_config or args.disable_auto_complete_config),
+        auto_complete=_auto_complete(args),
         default_max_batch_size=_default_max_batch_size(args),
         trace=_trace_config(args),
         http_restricted=_restrictions(restricted.parse_http_restrictions, args.http_restricted_api),
@@ -303,6 +304,20 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         model_load_threads=_at_least_one("--model-load-thread-count", args.model_load_thread_count),
         no_effect=_no_effect(args),
     )
+
+
+def _auto_complete(args: argparse.Namespace) -> bool:
+    """Config auto-complete on or off, with the warnings Triton prints on stderr for the deprecated flag."""
+    strict: bool | None = args.strict_model_config
+    if strict is not None:
+        print("Warning: '--strict-model-config' has been deprecated! Please use "
+              "'--disable-auto-complete-config' instead.", file=sys.stderr, flush=True)
+    if args.disable_auto_complete_config:
+        if strict is False:
+            print("Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+                  "'--disable-auto-complete-config'!", file=sys.stderr, flush=True)
+        return False
+    return not strict
 
 
 def _non_negative(flag: str, value: int | None) -> int | None:

@@ -140,7 +140,7 @@ def test_dims_that_do_not_fit_the_model_are_refused_at_load_with_the_reason(core
     index = {entry.name: entry for entry in core.repository_index()}
     misfit = index["misfit"]
     assert misfit.state == "UNAVAILABLE"
-    assert "tensor 'INPUT0': the model expects 3 dimensions (shape [-1, 2, 3])" in misfit.reason
+    assert "tensor 'INPUT0': the model expects 3 dimensions (shape [-1,2,3])" in misfit.reason
     assert "'reshape'" in misfit.reason
     assert "has different size for dims and reshape" in index["wrong_count"].reason
     assert index["reshaped"].state == "READY"

@@ -156,3 +156,42 @@ def test_the_config_api_shows_tritons_defaults(tmp_path: Path) -> None:
         assert [g.name for g in config.instance_group] == ["plain_0", "plain_1"]
     finally:
         core.close()
+
+
+def test_tritons_special_cases_platform_pair_and_runtime(tmp_path: Path) -> None:
+    """qa/L0_model_config special_cases: a misspelt platform beside a model.onnx, and runtime libraries that
+    are missing or leave the model's folder, refused with Triton's words."""
+    write_model(tmp_path, "invalid_platform", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config='platform: "onnxruntim"\nmax_batch_size: 4\n' + IO)
+    identity = 'backend: "identity"\nmax_batch_size: 2\n' + IO + "instance_group [ { kind: KIND_CPU } ]\n"
+    for name, runtime in (("invalid_runtime", "__invalid_runtime__"),
+                          ("runtime_escape", "../dummy_runtime/libtriton_identity.so")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(identity + f'runtime: "{runtime}"\n')
+    (tmp_path / "runtime_escape" / "dummy_runtime").mkdir()
+    (tmp_path / "runtime_escape" / "dummy_runtime" / "libtriton_identity.so").write_bytes(b"")
+    index = _load(tmp_path)
+    expected = {
+        "invalid_platform": "unexpected 'platform' and 'backend' pair, got:onnxruntim, onnxruntime",
+        "invalid_runtime": "unable to find backend library '__invalid_runtime__' for model 'invalid_runtime'",
+        "runtime_escape": "backend library name '../dummy_runtime/libtriton_identity.so' escapes backend directory",
+    }
+    for name, words in expected.items():
+        state, reason = index[name]
+        assert state == "UNAVAILABLE", name
+        assert words in reason, (name, reason)
+
+
+def test_a_known_backend_with_another_backends_platform_is_refused(tmp_path: Path) -> None:
+    write_model(tmp_path, "mixed", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config='platform: "tensorrt_plan"\nbackend: "onnxruntime"\nmax_batch_size: 4\n' + IO)
+    state, reason = _load(tmp_path)["mixed"]
+    assert state == "UNAVAILABLE"
+    assert "unexpected 'platform' and 'backend' pair, got:tensorrt_plan, onnxruntime" in reason
+
+
+def test_own_runtime_names_still_load(tmp_path: Path) -> None:
+    write_model(tmp_path, "named", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config='backend: "onnxruntime"\nruntime: "libtriton_onnxruntime.so"\nmax_batch_size: 4\n' + IO)
+    state, reason = _load(tmp_path)["named"]
+    assert state == "READY", reason

@@ -52,19 +52,75 @@ def kind_named(name: str) -> BackendKind:
     return importlib.import_module(module).KIND
 
 
-def kind_for(config: mc.ModelConfig, model_dir: Path) -> BackendKind:
-    """The backend a model uses: from its config, else from the files in its version folders."""
+def kind_for(config: mc.ModelConfig, model_dir: Path, name: str = "") -> BackendKind:
+    """The backend a model uses: from its config, else from the files in its version folders.
+
+    As Triton: a ``runtime`` naming a library is looked for in the model's folders
+    first; a platform no backend knows, with a model file a backend recognises,
+    is a mismatched platform/backend pair; a known backend with another
+    backend's platform likewise.
+    """
+    if config.runtime:
+        _check_runtime(config, model_dir, name or config.name)
     if config.backend:
-        return kind_named(config.backend)
+        kind = kind_named(config.backend)
+        if config.platform and kind.platforms and config.platform not in kind.platforms:
+            raise _pair_error(config.platform, kind.name)
+        return kind
+    from_files = _kind_from_files(config, model_dir)
     if config.platform:
         for name in MODULES:
             kind = kind_named(name)
             if config.platform in kind.platforms:
                 return kind
+        if from_files is not None:
+            raise _pair_error(config.platform, from_files.name)
         raise InvalidArgument(f"platform '{config.platform}' is not supported")
+    return from_files if from_files is not None else kind_named("onnxruntime")
+
+
+def _kind_from_files(config: mc.ModelConfig, model_dir: Path) -> BackendKind | None:
     for name in MODULES:
         kind = kind_named(name)
         filename = config.default_model_filename or kind.default_filename
         if any((p / filename).is_file() for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()):
             return kind
-    return kind_named("onnxruntime")
+    return None
+
+
+def _pair_error(platform: str, backend: str) -> InvalidArgument:
+    # Triton's wording (model_config_utils.cc, ValidateModelConfig).
+    return InvalidArgument(f"unexpected 'platform' and 'backend' pair, got:{platform}, {backend}")
+
+
+#: ``runtime`` values that name fastoip's own backends (Triton's library names for them).
+OWN_RUNTIMES = frozenset({"libtriton_onnxruntime.so", "libtriton_python.so", "model.py"})
+
+
+def _check_runtime(config: mc.ModelConfig, model_dir: Path, name: str) -> None:
+    """A ``runtime`` naming some other library: Triton's errors when it is missing or leaves its folder.
+
+    Triton looks for the library in the version folder, the model folder and
+    its backend folders; fastoip has no backend folders and loads no C++
+    backend library, so one found in a model folder is refused too.
+    """
+    runtime = config.runtime
+    if runtime in OWN_RUNTIMES:
+        return
+    versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: p.name)
+    search = [*versions, model_dir]
+    shown = [f"{name}/{folder.name}" for folder in versions] + [name]
+    for folder, where in zip(search, shown, strict=True):
+        candidate = folder / runtime
+        if candidate.is_file():
+            if not candidate.resolve().is_relative_to(folder.resolve()):
+                raise InvalidArgument(
+                    f"backend library name '{runtime}' escapes backend directory '{where}', for model "
+                    f"'{name}', check model config runtime field"
+                )
+            raise InvalidArgument(
+                f"backend library '{runtime}' for model '{name}' is a C++ backend library; fastoip loads "
+                f"none (runtime may name {', '.join(sorted(OWN_RUNTIMES))})"
+            )
+    searched = " ".join(f"'{where}'" for where in shown)
+    raise InvalidArgument(f"unable to find backend library '{runtime}' for model '{name}', searched: {searched}")

@@ -335,7 +335,8 @@ class OnnxKind:
         first = make_backend(instance_devices(base)[0])
         inputs, outputs = first.discover()
         config = complete_config(
-            base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu
+            base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu,
+            auto_complete=options.auto_complete,
         )
         devices = instance_devices(config)
         return config, [first] + [make_backend(device) for device in devices[1:]]

@@ -478,7 +478,7 @@ class ModelRepository:
             check_file_name(name, "default_model_filename", base.default_model_filename)
         if from_client:
             _check_instance_count(name, base)
-        kind = kind_for(base, model_dir)
+        kind = kind_for(base, model_dir, name)
         refuse_unbuilt_sections(base, name, kind.name)
         if from_client and kind.name == "python" and not self.options.allow_code_loads:
             raise InvalidArgument(

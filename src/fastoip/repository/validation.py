@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument
+from .ensemble_config import validate_ensemble_config
 
 WILDCARD = -1
 _SEQUENCE = mc.ModelSequenceBatching
@@ -47,6 +48,7 @@ def validate_config(config: mc.ModelConfig, name: str, auto_complete: bool = Tru
         _check_dynamic_batching(config.dynamic_batching, config.max_batch_size, name)
     if config.HasField("sequence_batching"):
         _check_sequence_batching(config, name)
+    validate_ensemble_config(config, name)
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
         raise InvalidArgument(
             f"Response Cache does not currently support model {name} with 'decoupled' transaction policy. "

@@ -1,0 +1,36 @@
+"""Triton's command line as fastoip reads it: the deprecated ``--strict-model-config`` prints Triton's
+warnings on stderr (the text Triton's qa/L0_model_config cli_messages cases look for) and keeps its meaning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fastoip.cli import serve_options
+
+DEPRECATED = ("Warning: '--strict-model-config' has been deprecated! Please use "
+              "'--disable-auto-complete-config' instead.")
+OVERRIDE = ("Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+            "'--disable-auto-complete-config'!")
+
+
+def _auto_complete(root: Path, *argv: str) -> bool:
+    return serve_options(["--model-repository", str(root), *argv]).repository.auto_complete
+
+
+@pytest.mark.parametrize(("argv", "auto_complete", "warnings"), [
+    ((), True, ()),
+    (("--disable-auto-complete-config",), False, ()),
+    (("--strict-model-config=true",), False, (DEPRECATED,)),
+    (("--strict-model-config=false",), True, (DEPRECATED,)),
+    (("--disable-auto-complete-config", "--strict-model-config=false"), False, (DEPRECATED, OVERRIDE)),
+    (("--disable-auto-complete-config", "--strict-model-config=true"), False, (DEPRECATED,)),
+])
+def test_strict_model_config_warns_as_triton(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], auto_complete: bool,
+    warnings: tuple[str, ...],
+) -> None:
+    assert _auto_complete(tmp_path, *argv) is auto_complete
+    err = capsys.readouterr().err
+    assert err.splitlines() == list(warnings)
