@@ -195,3 +195,23 @@ def test_own_runtime_names_still_load(tmp_path: Path) -> None:
                 config='backend: "onnxruntime"\nruntime: "libtriton_onnxruntime.so"\nmax_batch_size: 4\n' + IO)
     state, reason = _load(tmp_path)["named"]
     assert state == "READY", reason
+
+
+def test_a_model_nothing_names_a_backend_for_fails_with_tritons_words(tmp_path: Path) -> None:
+    """qa/L0_model_config common/no_version and custom/*: no backend, platform or model file; Triton then reads
+    the backend from a ``<model>.<backend>`` name; fastoip's layout hint follows Triton's words."""
+    for name in ("no_version", "no_delimiter", "unknown_backend.unknown"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text("max_batch_size: 1\n" + IO)
+    (tmp_path / "no_delimiter" / "1").mkdir()
+    index = _load(tmp_path)
+    for name in ("no_version", "no_delimiter"):
+        state, reason = index[name]
+        assert state == "UNAVAILABLE"
+        assert (f"Invalid model name: Could not determine backend for model '{name}' with no backend in model "
+                "configuration. Expected model name of the form 'model.<backend_name>'.") in reason
+    assert "create the version folder no_version/1/ and put model.onnx in it" in index["no_version"][1]
+    state, reason = index["unknown_backend.unknown"]
+    assert state == "UNAVAILABLE"
+    assert ("unable to find backend library for backend 'unknown', try specifying runtime on the model "
+            "configuration.") in reason

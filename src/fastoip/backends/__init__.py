@@ -76,7 +76,31 @@ def kind_for(config: mc.ModelConfig, model_dir: Path, name: str = "") -> Backend
         if from_files is not None:
             raise _pair_error(config.platform, from_files.name)
         raise InvalidArgument(f"platform '{config.platform}' is not supported")
-    return from_files if from_files is not None else kind_named("onnxruntime")
+    if from_files is not None:
+        return from_files
+    if config.default_model_filename:
+        return kind_named("onnxruntime")
+    return _kind_from_name(name or config.name)
+
+
+class UndeterminedBackend(InvalidArgument):
+    """Nothing says which backend a model uses (no backend, platform, model file or ``model.<backend>`` name)."""
+
+
+def _kind_from_name(name: str) -> BackendKind:
+    """Triton's last resort: a model named ``<model>.<backend>`` uses that backend."""
+    if "." not in name:
+        raise UndeterminedBackend(
+            f"Invalid model name: Could not determine backend for model '{name}' with no backend in model "
+            "configuration. Expected model name of the form 'model.<backend_name>'."
+        )
+    backend = name.split(".", 1)[1]
+    if backend not in MODULES:
+        raise InvalidArgument(
+            f"unable to find backend library for backend '{backend}', try specifying runtime on the model "
+            f"configuration. (fastoip's backends: {', '.join(sorted(MODULES))})"
+        )
+    return kind_named(backend)
 
 
 def _kind_from_files(config: mc.ModelConfig, model_dir: Path) -> BackendKind | None:

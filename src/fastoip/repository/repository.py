@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from .._proto import model_config_pb2 as mc
-from ..backends import BackendKind, kind_for
+from ..backends import BackendKind, UndeterminedBackend, kind_for
 from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..metrics import MetricsConfig
 from ..model_config import (
@@ -478,7 +478,11 @@ class ModelRepository:
             check_file_name(name, "default_model_filename", base.default_model_filename)
         if from_client:
             _check_instance_count(name, base)
-        kind = kind_for(base, model_dir, name)
+        try:
+            kind = kind_for(base, model_dir, name)
+        except UndeterminedBackend as exc:
+            hint = missing_version_hint(name, model_dir, "model.onnx")
+            raise UndeterminedBackend(f"{exc.message} ({hint})" if hint else exc.message) from None
         refuse_unbuilt_sections(base, name, kind.name)
         if from_client and kind.name == "python" and not self.options.allow_code_loads:
             raise InvalidArgument(
