@@ -222,7 +222,9 @@ def complete_config(
 
     # A model file's own shapes are checked against the config (a Python model's come from the config).
     check_shapes = platform == ONNX_PLATFORM
-    if check_shapes and auto_complete and done.max_batch_size > 0 and all_tensors and not can_batch:
+    # Triton's onnxruntime backend auto-completes unless the config lists both inputs and outputs
+    backend_completes = auto_complete and not ((config.input or config.batch_input) and config.output)
+    if check_shapes and backend_completes and done.max_batch_size > 0 and all_tensors and not can_batch:
         # Triton's onnxruntime backend, auto-completing max_batch_size
         raise InvalidArgument(
             f"autofill failed for model '{model_name}': model does not support batching while non-zero "

@@ -204,3 +204,17 @@ def test_strict_model_config_needs_a_complete_config(tmp_path: Path) -> None:
         assert not core.model_config("full").HasField("dynamic_batching")  # no auto-complete: no batcher added
     finally:
         core.close()
+
+
+def test_a_config_listing_inputs_and_outputs_gets_no_auto_batcher(tmp_path: Path) -> None:
+    """Triton's onnxruntime backend skips its auto-complete when the config lists both inputs and outputs
+    (qa/L0_model_config autofill_noplatform_success/onnx/cpu_instance): no dynamic batcher is added then."""
+    write_model(tmp_path, "listed", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n" + IO)
+    write_model(tmp_path, "inputs_only", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config='max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    core = _core(tmp_path)
+    try:
+        assert not core.model_config("listed").HasField("dynamic_batching")
+        assert core.model_config("inputs_only").HasField("dynamic_batching")
+    finally:
+        core.close()

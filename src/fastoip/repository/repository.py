@@ -552,8 +552,11 @@ class ModelRepository:
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
         fill_defaults(config, kind.default_filename)  # what Triton's config API shows
-        # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher.
-        auto_batcher = options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
+        # Triton's onnxruntime auto-complete gives a model that batches (> 1) a dynamic batcher; it does not run
+        # when the config lists both inputs (batch inputs count) and outputs.
+        listed_io = bool(base.input or base.batch_input) and bool(base.output)
+        auto_batcher = (options.auto_complete and kind.name == "onnxruntime" and config.max_batch_size > 1
+                        and not listed_io)
         if (
             (options.default_batching is not None or auto_batcher)
             and config.max_batch_size > 0
