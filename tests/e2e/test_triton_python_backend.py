@@ -601,7 +601,7 @@ def test_initialize_args_and_request_fields(server: ServerProcess, repo: Path) -
     info = json.loads(result.as_numpy("INFO")[0])
     assert info["model_name"] == "args_echo" and info["model_version"] == "1"
     assert info["model_instance_kind"] == "CPU" and info["model_instance_device_id"] == "0"
-    assert info["model_instance_name"] == "args_echo_0_0"
+    assert info["model_instance_name"] == "args_echo_0"  # Triton: the group it adds is named after the model
     assert info["model_repository"] == str(repo / "args_echo")
     config = json.loads(info["model_config"])
     assert config["name"] == "args_echo" and config["max_batch_size"] == 0

@@ -105,7 +105,10 @@ class TritonRunner:
             return config
         result = method(pb.ModelConfig(config))
         if not isinstance(result, pb.ModelConfig):
-            raise pb.TritonModelException("auto_complete_config() must return the pb_utils.ModelConfig it was given")
+            raise pb.TritonModelException(  # python_backend's words
+                f"auto_complete_config function in model '{self.model_name}' must return a valid pb.ModelConfig "
+                "object."
+            )
         return result.as_dict()
 
     def initialize(self, args: dict[str, str], decoupled: bool) -> None:

@@ -683,31 +683,80 @@ class ModelConfig:
             )
         self._config["max_batch_size"] = int(max_batch_size)
 
+    def _model(self) -> str:
+        return str(self._config.get("name", ""))
+
     def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._config:
+                raise ValueError(  # python_backend's words
+                    f"Configuration specified scheduling_choice as '{scheduler}', but auto-complete-config function "
+                    f"for model '{self._model()}' tries to set scheduling_choice as 'dynamic_batching'"
+                )
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
-        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+        if any(key != "decoupled" for key in transaction_policy_dict):
+            raise ValueError(
+                f"model transaction property in auto-complete-config function for model '{self._model()}' contains "
+                "property other than 'decoupled'."
+            )
+        policy = self._config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model '{self._model()}', "
+                    f"which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted
 
     def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002  (Triton's name)
-        self._add("input", input)
+        self._add("input", input, ("name", "data_type", "dims", "optional"))
 
     def add_output(self, output: dict[str, Any]) -> None:
-        self._add("output", output)
+        self._add("output", output, ("name", "data_type", "dims"))
 
-    def _add(self, kind: str, entry: dict[str, Any]) -> None:
+    def _add(self, kind: str, entry: dict[str, Any], allowed: tuple[str, ...]) -> None:
+        """python_backend's rules and words: known properties only, name/data_type/dims given, and an entry the
+        configuration already has must agree with it (its data type and dims are then filled in)."""
         if not isinstance(entry, dict):
-            raise TritonModelException(f"{kind} must be a dict")
-        for key in ("name", "data_type", "dims"):
+            raise ValueError(f"{kind} must be a dict")
+        model = self._model()
+        label = f"{kind} '{entry.get('name', '')}' in auto-complete-config function for model '{model}'"
+        if any(key not in allowed for key in entry):
+            listed = ", ".join(f"'{key}'" for key in allowed[:-1]) + f" and '{allowed[-1]}'"
+            raise ValueError(f"{label} contains property other than {listed}.")
+        if "name" not in entry:
+            raise ValueError(f"{kind} in auto-complete-config function for model '{model}' is missing 'name' property.")
+        for key in ("data_type", "dims"):
             if key not in entry:
-                raise TritonModelException(f"{kind} '{entry.get('name', '')}' in auto-complete-config needs '{key}'")
+                raise ValueError(f"{label} is missing '{key}' property.")
         entries = self._config.setdefault(kind, [])
         for existing in entries:
-            if existing.get("name") == entry["name"]:
-                if list(map(int, existing.get("dims", []))) != list(map(int, entry["dims"])):
-                    raise TritonModelException(
-                        f"{kind} '{entry['name']}': dims {list(entry['dims'])} do not match the configuration's "
-                        f"{list(existing.get('dims', []))}"
-                    )
-                return
+            if existing.get("name") != entry["name"]:
+                continue
+            known_type = existing.get("data_type", "TYPE_INVALID")
+            known_dims = [int(d) for d in existing.get("dims", [])]
+            dims = [int(d) for d in entry["dims"]]
+            if known_type not in ("", "TYPE_INVALID") and known_type != entry["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype {known_type} for {kind} "
+                    f"'{entry['name']}', model provides {entry['data_type']}"
+                )
+            if known_dims and known_dims != dims:
+                raise ValueError(
+                    f"model '{model}', tensor '{entry['name']}': the model expects dims {dims} but the model "
+                    f"configuration specifies dims {known_dims}"
+                )
+            if "optional" in existing and "optional" in entry and existing["optional"] != entry["optional"]:
+                raise ValueError(
+                    f"model '{model}', tensor '{entry['name']}': the model expects optional {entry['optional']} but "
+                    f"the model configuration specifies optional {existing['optional']}"
+                )
+            existing["data_type"] = entry["data_type"]
+            existing["dims"] = dims
+            if "optional" in entry:
+                existing["optional"] = entry["optional"]
+            return
         entries.append(dict(entry))

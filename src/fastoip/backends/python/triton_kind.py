@@ -157,7 +157,8 @@ def load_triton(
             f"{MODEL_SETTINGS} or auto_complete_config()"
         )
     if not base.instance_group:
-        base.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
+        # the group Triton adds is named after the model (the ones a config lists: <model>_<index>)
+        base.instance_group.add(name=model_name, count=1, kind=mc.ModelInstanceGroup.KIND_AUTO)
     for group_index, group in enumerate(base.instance_group):
         if not group.name:
             group.name = f"{model_name}_{group_index}"  # Triton's group names: instances are <group>_<n>
