@@ -215,3 +215,45 @@ def test_a_model_nothing_names_a_backend_for_fails_with_tritons_words(tmp_path: 
     assert state == "UNAVAILABLE"
     assert ("unable to find backend library for backend 'unknown', try specifying runtime on the model "
             "configuration.") in reason
+
+
+def test_model_metrics_are_checked_and_their_buckets_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """qa/L0_model_config model_metrics: Triton's words for a broken ``model_metrics``; the histogram buckets a
+    model sets for nv_inference_first_response_histogram_ms are its own; another family is a warning."""
+    from fastoip.metrics import MetricsConfig
+
+    broken = {
+        "no_metric_identifier": ("histogram_options { buckets: [ 1, 2 ] }",
+                                 "metric control must specify 'metric_identifier'"),
+        "empty_metric_family": ('metric_identifier { family: "" } histogram_options { buckets: [ 1 ] }',
+                                "metric identifier must specify non-empty 'family'"),
+        "no_histogram_options": ('metric_identifier { family: "nv_inference_first_response_histogram_ms" }',
+                                 "metric control must specify 'histogram_options'"),
+        "empty_buckets": ('metric_identifier { family: "nv_inference_first_response_histogram_ms" } '
+                          "histogram_options { }", "histogram options must specify non-empty 'buckets'"),
+    }
+    good = {
+        "custom": 'metric_identifier { family: "nv_inference_first_response_histogram_ms" } '
+                  "histogram_options { buckets: [ 1, 2, 4, 8 ] }",
+        "unknown_family": 'metric_identifier { family: "nv_inference_request_success" } '
+                          "histogram_options { buckets: [ 1, 2 ] }",
+    }
+    for name, control in {**{k: v[0] for k, v in broken.items()}, **good}.items():
+        write_model(tmp_path, name, identity_model_bytes(TensorProto.FLOAT, [4]),
+                    config="max_batch_size: 4\n" + IO + f"model_metrics {{ metric_control [ {{ {control} }} ] }}\n")
+    core = Core(tmp_path, RepositoryOptions(use_gpu=False), metrics_config=MetricsConfig(histogram_latencies=True))
+    with caplog.at_level("WARNING", logger="fastoip"):
+        core.load_models()
+    try:
+        index = {entry.name: (entry.state, entry.reason) for entry in core.repository_index()}
+        for name, (_, words) in broken.items():
+            assert index[name][0] == "UNAVAILABLE" and words in index[name][1], (name, index[name])
+        assert index["custom"][0] == index["unknown_family"][0] == "READY"
+        latency = core.repository.get("custom").stats.latency
+        assert latency is not None and latency.config.first_response_buckets_ms == (1, 2, 4, 8)
+        other = core.repository.get("unknown_family").stats.latency
+        assert other is not None and other.config.first_response_buckets_ms == (100, 500, 2000, 5000)
+        assert ("Metric family 'nv_inference_request_success' in 'metric_identifier' is not a customizable metric "
+                "in Triton core.") in caplog.text
+    finally:
+        core.close()

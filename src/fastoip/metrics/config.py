@@ -28,6 +28,8 @@ class MetricsConfig:
     summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
     #: prometheus-cpp's summary window: quantiles describe the last ``max_age_s`` seconds.
     summary_max_age_s: float = 60.0
+    #: ``nv_inference_first_response_histogram_ms`` buckets (a model's ``model_metrics`` may set its own).
+    first_response_buckets_ms: tuple[float, ...] = DEFAULT_FIRST_RESPONSE_BUCKETS_MS
 
     @classmethod
     def parse(cls, settings: Iterable[str]) -> MetricsConfig:

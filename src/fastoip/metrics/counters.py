@@ -23,7 +23,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from ..errors import Cancelled, DeadlineExceeded, InternalError, Unavailable
-from .config import DEFAULT_FIRST_RESPONSE_BUCKETS_MS, MetricsConfig
+from .config import MetricsConfig
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
@@ -126,7 +126,7 @@ class LatencyMetrics:
             else None
         )
         self.first_response_ms: Histogram | None = (
-            Histogram("nv_inference_first_response_histogram_ms", "", buckets=DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
+            Histogram("nv_inference_first_response_histogram_ms", "", buckets=config.first_response_buckets_ms,
                       registry=None)
             if config.histogram_latencies
             else None

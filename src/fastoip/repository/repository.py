@@ -44,7 +44,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -568,7 +568,7 @@ class ModelRepository:
                 setattr(config.dynamic_batching, key, value)
         model = LoadedModel(
             name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent),
-            metrics_config=self.metrics_config,
+            metrics_config=_model_metrics_config(self.metrics_config, config),
         )
         if config.model_warmup:
             try:
@@ -731,3 +731,20 @@ def _select_versions(config: mc.ModelConfig, available: list[int], name: str) ->
         return present
     count = policy.latest.num_versions if choice == "latest" and policy.latest.num_versions > 0 else 1
     return available[-count:]
+
+
+#: The metric families a model's ``model_metrics`` may customise (Triton's core has this one).
+CUSTOMIZABLE_METRICS = ("nv_inference_first_response_histogram_ms",)
+
+
+def _model_metrics_config(server: MetricsConfig, config: mc.ModelConfig) -> MetricsConfig:
+    """The server's metrics settings with the histogram buckets a model's ``model_metrics`` sets (Triton's)."""
+    settings = server
+    for control in config.model_metrics.metric_control:
+        family = control.metric_identifier.family
+        if family in CUSTOMIZABLE_METRICS:
+            settings = replace(settings, first_response_buckets_ms=tuple(control.histogram_options.buckets))
+        else:  # Triton's words
+            log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric in Triton core.",
+                        family)
+    return settings

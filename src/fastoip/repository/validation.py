@@ -54,6 +54,8 @@ def validate_config(config: mc.ModelConfig, name: str, auto_complete: bool = Tru
             f"Response Cache does not currently support model {name} with 'decoupled' transaction policy. "
             "Please disable the response cache."
         )
+    if config.HasField("model_metrics"):
+        _check_model_metrics(config.model_metrics)
     for group_index, group in enumerate(config.instance_group):
         _check_instance_group(group, group_index, name)
     for model_input in config.input:
@@ -154,6 +156,18 @@ def _check_boolean_control(batcher: mc.ModelSequenceBatching, kind: int, name: s
             raise InvalidArgument(
                 f"sequence batching control '{given[0]}' must have exactly 2 entries for {kind_name} for {name}"
             )
+
+
+def _check_model_metrics(metrics: mc.ModelMetrics) -> None:
+    for control in metrics.metric_control:
+        if not control.HasField("metric_identifier"):
+            raise InvalidArgument("metric control must specify 'metric_identifier'")
+        if not control.metric_identifier.family:
+            raise InvalidArgument("metric identifier must specify non-empty 'family'")
+        if not control.HasField("histogram_options"):
+            raise InvalidArgument("metric control must specify 'histogram_options'")
+        if not control.histogram_options.buckets:
+            raise InvalidArgument("histogram options must specify non-empty 'buckets'")
 
 
 def _check_instance_group(group: mc.ModelInstanceGroup, index: int, name: str) -> None:
