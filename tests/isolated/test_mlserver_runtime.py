@@ -465,6 +465,23 @@ def test_string_codec_shape_is_accepted(server: fastoip.Server) -> None:
     assert StringCodec.decode_output(response.outputs[0]) == ["one", "two"]
 
 
+@needs_mlserver
+@pytest.mark.parametrize("model", ["echo", "echo-w"])
+def test_bare_string_bytes_data_is_one_element(server: fastoip.Server, model: str) -> None:
+    # MLServer's content-type example sends BYTES "data" as a bare string (its TensorData takes any value)
+    body = {"inputs": [
+        {"name": "a", "datatype": "BYTES", "shape": [1], "data": "hello world 😁",
+         "parameters": {"content_type": "str"}},
+    ]}
+    status, doc = post(server, f"/v2/models/{model}/infer", body)
+    assert status == 200, doc
+    assert doc["outputs"][0]["data"] == ["hello world 😁"]
+    # a model with a config.pbtxt keeps Triton's rule: 'data' is a list
+    body["inputs"][0]["name"] = "INPUT0"
+    status, doc = post(server, "/v2/models/triton-text/infer", body)
+    assert status == 400 and "'data' must be a list, got a string" in doc["error"]
+
+
 # -- no server needed, and no mlserver: settings validation and the missing extra ------------------------
 
 
