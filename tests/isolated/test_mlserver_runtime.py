@@ -587,3 +587,32 @@ def test_unknown_hosting_is_a_load_error(tmp_path: Path) -> None:
         settings(name="m", implementation="runtime.Rows", parameters={"fastoip_hosting": "thread"}))
     reason = load_error(root, "m")
     assert "fastoip_hosting" in reason and "'thread'" in reason
+
+
+FAILING_LOAD = '''
+import os
+
+from mlserver import MLModel
+
+
+class Failing(MLModel):
+    async def load(self) -> bool:
+        if self.settings.parameters.extra.get("exit"):
+            os._exit(3)
+        raise RuntimeError("no weights here")
+'''
+
+
+@needs_mlserver
+@pytest.mark.parametrize(("extra", "words"), [
+    ({}, "RuntimeError: no weights here"),
+    ({"exit": True}, "its Python worker process exited with code 3 while loading"),
+])
+def test_a_runtime_failing_to_load_in_a_worker_is_a_load_error(tmp_path: Path, extra: dict, words: str) -> None:
+    root = tmp_path / "repository"
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "runtime.py").write_text(FAILING_LOAD)
+    (root / "m" / "model-settings.json").write_text(settings(
+        name="m", implementation="runtime.Failing", parameters={"fastoip_hosting": "process", "extra": extra}))
+    reason = load_error(root, "m")
+    assert "model 'm'" in reason and words in reason, reason
