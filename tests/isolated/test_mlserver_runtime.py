@@ -220,7 +220,8 @@ def write_layout(root: Path) -> Path:
     x = [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
     for name, extra in (("batched", {"max_batch_size": 4, "max_batch_time": 5.0}),
                         ("unbatched", {"max_batch_size": 4, "max_batch_time": 0}),
-                        ("shared-loop", {"parameters": {"fastoip_event_loop": "shared"}})):
+                        ("shared-loop", {"parameters": {"fastoip_event_loop": "shared"}}),
+                        ("batched-w", {"max_batch_size": 4, "max_batch_time": 5.0, "parameters": in_workers})):
         (root / name).mkdir()
         (root / name / "runtime.py").write_text(ROWS_RUNTIME)
         (root / name / "model-settings.json").write_text(
@@ -270,7 +271,7 @@ def test_layouts_load_every_model(server: fastoip.Server) -> None:
     assert states == {"json-hello": "READY", "summer": "READY", "stream": "READY", "echo": "READY",
                       "triton-text": "READY", "batched": "READY", "unbatched": "READY", "shared-loop": "READY",
                       "json-worker": "READY", "summer-w": "READY", "stream-w": "READY", "echo-w": "READY",
-                      "crashy": "READY"}
+                      "crashy": "READY", "batched-w": "READY"}
     assert get(server, "/v2/health/ready") == (200, {"ready": True})
 
 
@@ -350,8 +351,8 @@ def crashy(server: fastoip.Server, word: str) -> tuple[int, Any]:
 
 @needs_mlserver
 def test_runtimes_in_worker_processes(server: fastoip.Server) -> None:
-    # json-worker, echo-w, stream-w, crashy: one worker each; summer-w: parallel_workers 2
-    assert len(worker_processes()) == 6
+    # json-worker, echo-w, stream-w, crashy, batched-w: one worker each; summer-w: parallel_workers 2
+    assert len(worker_processes()) == 7
     status, doc = crashy(server, "pid")
     assert status == 200, doc
     pid = doc["outputs"][0]["data"][0]
@@ -544,6 +545,21 @@ def test_adaptive_batching_merges_and_splits(server: fastoip.Server) -> None:
     status, config = get(server, "/v2/models/batched/config")
     assert config["max_batch_size"] == 4
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5_000_000
+
+
+@needs_mlserver
+def test_adaptive_batching_in_a_worker_runs_each_request_alone(server: fastoip.Server) -> None:
+    # the batcher gathers the four (a full batch) and hands them to the worker as one batch; there each runs its
+    # own predict (no merge in a worker), and each gets its own answer and id
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs = [np.full((1, 2), i, dtype=np.float32) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: infer(server, "batched-w", rows_request(xs[i], f"r{i}")), range(4)))
+    for i, response in enumerate(answers):
+        assert response.id == f"r{i}"
+        np.testing.assert_array_equal(NumpyCodec.decode_output(response.outputs[0]), xs[i] * 2)
+        assert NumpyCodec.decode_output(response.outputs[1]).tolist() == [[1]]  # a predict call of its own
 
 
 @needs_mlserver
