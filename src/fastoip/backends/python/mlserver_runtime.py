@@ -14,6 +14,9 @@ Rules:
   runtime's coroutines run on an event loop of the instance's own, driven by the thread that runs the
   instance (no hop to another thread per request), or on the backend's shared loop with model-settings
   ``parameters.fastoip_event_loop: "shared"`` (see :class:`MLServerRuntime`).
+- This is the in-process hosting (the default); model-settings ``parameters.fastoip_hosting: "process"`` runs the
+  runtime in worker processes instead (:mod:`.mlserver_process`).  Both build MLServer's request and read its
+  response with the same functions (:mod:`fastoip.pyworker.mlserver_runner`).
 - Adaptive batching (MLServer's ``max_batch_size`` > 1 with ``max_batch_time`` > 0) is fastoip's dynamic
   batcher (``max_batch_size``, ``max_queue_delay`` = ``max_batch_time``): the jobs it gathers reach
   ``predict`` as one merged ``InferenceRequest`` and its response is split back per job, as MLServer's
