@@ -421,6 +421,38 @@ def test_predict_stream_over_grpc(server: fastoip.Server, model: str) -> None:
     assert got == ["tick-0", "tick-1", "tick-2"]
 
 
+def sse_events(server: fastoip.Server, path: str, body: Any) -> tuple[int, list[Any]]:
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            text = answer.read().decode()
+            return answer.status, [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    except urllib.error.HTTPError as error:
+        return error.code, [json.loads(error.read())]
+
+
+@needs_mlserver
+@pytest.mark.parametrize("model", ["stream", "stream-w"])
+def test_generate_stream_takes_mlserver_v2_requests(server: fastoip.Server, model: str) -> None:
+    # MLServer's streaming example posts an InferenceRequest to generate_stream and reads V2 responses
+    request = InferenceRequest(inputs=[StringCodec.encode_input("in", ["tick"], use_bytes=False)],
+                               outputs=[{"name": "out"}])
+    status, events = sse_events(server, f"/v2/models/{model}/generate_stream", request.model_dump(exclude_none=True))
+    assert status == 200, events
+    responses = [InferenceResponse.model_validate(event) for event in events]
+    assert [StringCodec.decode_output(r.outputs[0])[0] for r in responses] == ["tick-0", "tick-1", "tick-2"]
+    assert all(r.model_name == model for r in responses)
+
+
+@needs_mlserver
+def test_generate_takes_mlserver_v2_requests(server: fastoip.Server) -> None:
+    x = np.array([[1.5, 2.5]], dtype=np.float64)
+    request = InferenceRequest(inputs=[NumpyCodec.encode_input("a", x)])
+    status, doc = post(server, "/v2/models/echo/generate", request.model_dump(exclude_none=True))
+    assert status == 200, doc
+    np.testing.assert_array_equal(NumpyCodec.decode_output(InferenceResponse.model_validate(doc).outputs[0]), x)
+
+
 @needs_mlserver
 @pytest.mark.parametrize("model", ["echo", "echo-w"])
 @pytest.mark.parametrize("codec", ["str", "np", "base64", "datetime"])
