@@ -96,6 +96,8 @@ class Counter(MLModel):
 '''
 
 ECHO_RUNTIME = '''
+import json
+
 from mlserver import MLModel
 from mlserver.types import InferenceRequest, InferenceResponse, Parameters, RequestOutput
 
@@ -104,6 +106,8 @@ class Echo(MLModel):
     """Decodes the request as its content types say and encodes the decoded value back (a codec round trip)."""
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        # MLServer's content-type example prints each input this way: its numeric data must be plain lists.
+        json.dumps([i.dict() for i in payload.inputs if i.datatype != "BYTES"])
         if payload.parameters is not None and payload.parameters.content_type:
             decoded = self.decode_request(payload)
             if hasattr(decoded, "dtypes"):  # mlserver 1.7's PandasCodec needs pandas 3's str columns as object

@@ -61,8 +61,7 @@ def inference_request(
 ) -> Any:
     """MLServer's ``InferenceRequest``, built as MLServer's gRPC converters build it (``model_construct``: no
     validation, the datatype as its string).  ``inputs``: ``(name, datatype, shape, values, parameters)``,
-    values a flat numpy array (a view: MLServer's codecs copy once, ``np.array``) or, for BYTES, a list of
-    ``bytes`` (as MLServer's gRPC path gives them)."""
+    values a flat list (:func:`tensor_values`)."""
 
     def params(values: dict[str, Any]) -> Any:
         return types.Parameters(**values) if values else None
@@ -82,6 +81,12 @@ def inference_request(
         ],
         outputs=[types.RequestOutput.model_construct(name=name, parameters=params(p)) for name, p in outputs] or None,
     )
+
+
+def tensor_values(array: np.ndarray) -> list[Any]:
+    """A tensor's elements as ``RequestInput.data`` holds them in MLServer: a flat Python list (BYTES as
+    ``bytes``), so a runtime may serialise ``request_input.dict()`` as MLServer's own examples do."""
+    return array.reshape(-1).tolist()
 
 
 def plain_parameters(parameters: Any) -> dict[str, Any]:
@@ -202,8 +207,7 @@ class MLServerRunner:
         tensors = []
         for name, datatype, array in inputs:
             shape, parameters = shapes[name]
-            values = array.reshape(-1).tolist() if datatype == "BYTES" else array.reshape(-1)
-            tensors.append((name, datatype, shape, values, parameters))
+            tensors.append((name, datatype, shape, tensor_values(array), parameters))
         return inference_request(self._types, request_id, described["parameters"], tensors, requested)
 
     def response_data(self, value: Any) -> ResponseData:

@@ -26,9 +26,9 @@ Rules:
 - Streaming: a runtime that overrides ``predict_stream`` and not ``predict`` is decoupled (each response
   it yields is sent as it comes, over gRPC ModelStreamInfer and HTTP generate_stream); one that overrides
   both serves ``predict`` (a streaming call gets its one response).
-- Requests cross at the edge with the fewest copies: a numeric input reaches the runtime as a flat numpy
-  view on the received bytes (MLServer's codecs make their one copy with ``np.array``), BYTES as a list of
-  ``bytes`` (as MLServer's gRPC path gives them); outputs are read back with one ``np.asarray``.
+- A request's tensors reach the runtime as MLServer gives them: ``data`` a flat Python list (BYTES as
+  ``bytes``), so runtimes that serialise ``request_input.dict()`` work unchanged; outputs are read back with
+  one ``np.asarray``.
 - ``mlserver.register`` / ``mlserver.log`` work: the model name and version are set in MLServer's
   context variables around every call, and MLServer's metrics registry is exported on fastoip's
   ``/metrics`` (:func:`fastoip.metrics.add_registry`).
@@ -54,7 +54,13 @@ from ...errors import InternalError, InvalidArgument
 from ...model import Model
 from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...pyworker.loop import EVENT_LOOP
-from ...pyworker.mlserver_runner import OutputError, inference_request, output_array, plain_parameters
+from ...pyworker.mlserver_runner import (
+    OutputError,
+    inference_request,
+    output_array,
+    plain_parameters,
+    tensor_values,
+)
 from ...scheduling.execute import check_rows, merge_inputs, row_slices
 from ...types import InferOutput, InferResponse
 from .payloads import PayloadCodec
@@ -278,10 +284,7 @@ class MLServerPayloads(PayloadCodec):
         inputs: list[tuple[str, str, list[int], Any, dict[str, Any]]] = []
         for tensor in request.inputs:
             data = feeds[tensor.name]
-            if tensor.datatype == "BYTES":
-                values: Any = data.reshape(-1).tolist()  # MLServer's gRPC path gives BYTES as a list of bytes
-            else:
-                values = data.reshape(-1)  # a view: MLServer's codecs copy once (np.array)
+            values = tensor_values(data)
             if len(group) == 1:
                 shape, parameters = list(tensor.shape), tensor.parameters
             else:
