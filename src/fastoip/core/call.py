@@ -18,9 +18,10 @@ Rules:
 - ``Core.start`` answers a :class:`Ticket` (``cancel()``, safe from any
   thread); the finished call reaches ``on_done`` on the thread that finished
   it.  An event-loop frontend wraps its callbacks with :func:`on_loop`, the
-  one loop hop ("call this back on that loop unless it is closed"), and
-  calls :func:`start_in_bursts` on the loop's thread, so the requests it
-  starts in one pass of the loop wake the schedulers' threads once.
+  one loop hop ("call this back on that loop unless it is closed"); one that
+  starts many requests per pass of its loop (the native gRPC frontend) calls
+  :func:`start_in_bursts` on the loop's thread, so they wake the schedulers'
+  threads once per pass.
 - ``trace_headers`` are the request's headers (gRPC metadata, HTTP headers) as
   the frontend has them, unread (:data:`fastoip.tracing.TraceHeaders`): the
   Core reads the caller's W3C ``traceparent`` / ``tracestate`` from them only

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from ...core import Core, start_in_bursts
+from ...core import Core
 from ..forward_headers import forwarder
 from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
@@ -125,7 +125,6 @@ class HttpServer:
 
         loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
-        start_in_bursts(loop)  # one wake-up of a model's batcher per pass of the loop, not per request
         try:
             assert self._server is not None
             loop.run_until_complete(self._server.serve(sockets=[sock]))
