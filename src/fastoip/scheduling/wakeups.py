@@ -50,11 +50,11 @@ def wake_later(wake: Callable[[], object]) -> bool:
     if pending is None:
         return False
     if wake not in pending:
-        pending[wake] = None
-        if len(pending) == 1:
+        if not pending:  # the burst's first wake-up asks for the release (if that fails, nothing is held)
             schedule = _held.schedule
             assert schedule is not None
             schedule()
+        pending[wake] = None
     return True
 
 
