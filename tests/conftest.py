@@ -18,7 +18,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
 from schedule import longest_modules_first  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from serverproc import PYCACHE, ServerProcess  # noqa: E402
+
+# Where PYTHONDONTWRITEBYTECODE is set (this project's machines set it), each of make test's workers compiled and
+# assertion-rewrote every test module, and every fastoip module it imports, at every run (about 5 s of CPU a
+# worker, all at the start): keep them in .pytest_cache/pycache instead, never beside the sources.
+if sys.dont_write_bytecode and sys.pycache_prefix is None:
+    sys.pycache_prefix = str(PYCACHE)
+    sys.dont_write_bytecode = False
 
 KNOWN_FRONTENDS = ("native", "grpcio")
 

@@ -84,8 +84,9 @@ class ServerProcess:
         self.stop()
 
 
-# Compiled modules the servers of every run share (never beside the sources): .pytest_cache/ is ignored by git.
-PYCACHE = Path(__file__).resolve().parents[2] / ".pytest_cache" / "server-pycache"
+# Compiled modules the test processes and servers of every run share (never beside the sources; .pytest_cache/ is
+# ignored by git): tests/conftest.py points its own process here too.
+PYCACHE = Path(__file__).resolve().parents[2] / ".pytest_cache" / "pycache"
 
 
 def compiled_modules_env() -> dict[str, str]:
