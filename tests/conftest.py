@@ -17,15 +17,14 @@ import pytest
 # are tests/unit (no socket, no process) and tests/e2e (real processes and clients).
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
+import bytecode  # noqa: E402
 from schedule import longest_modules_first  # noqa: E402
-from serverproc import PYCACHE, ServerProcess  # noqa: E402
+from serverproc import ServerProcess  # noqa: E402
 
-# Where PYTHONDONTWRITEBYTECODE is set (this project's machines set it), each of make test's workers compiled and
-# assertion-rewrote every test module, and every fastoip module it imports, at every run (about 5 s of CPU a
-# worker, all at the start): keep them in .pytest_cache/pycache instead, never beside the sources.
-if sys.dont_write_bytecode and sys.pycache_prefix is None:
-    sys.pycache_prefix = str(PYCACHE)
-    sys.dont_write_bytecode = False
+# PYTHONDONTWRITEBYTECODE: the test modules' compiled forms are written while collecting, and only then (bytecode.py)
+WRITES_FORBIDDEN = bytecode.writes_forbidden()
+if WRITES_FORBIDDEN:
+    bytecode.allow_writes_while_collecting()
 
 KNOWN_FRONTENDS = ("native", "grpcio")
 
@@ -66,6 +65,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # (tests/helpers/schedule.py): keep the order pytest_collection_modifyitems makes
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if WRITES_FORBIDDEN and not hasattr(config, "workerinput"):  # the controller (or a serial run), once
+        bytecode.compile_fastoip()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if WRITES_FORBIDDEN:
+        bytecode.forbid_writes_again()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -33,7 +33,7 @@ class ServerProcess:
         args += ["--shutdown-grace", "0"]  # tests stop servers often; a test that wants a grace passes one
         args += list(extra)
         self.args = args
-        self.env = {**os.environ, **compiled_modules_env(), **(env or {})}
+        self.env = {**os.environ, **(env or {})}
         self.grpc_frontend = grpc_frontend
         self.proc: subprocess.Popen | None = None
         self.child: ChildProcess | None = None
@@ -82,23 +82,6 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# Compiled modules the test processes and servers of every run share (never beside the sources; .pytest_cache/ is
-# ignored by git): tests/conftest.py points its own process here too.
-PYCACHE = Path(__file__).resolve().parents[2] / ".pytest_cache" / "pycache"
-
-
-def compiled_modules_env() -> dict[str, str]:
-    """Environment that lets a server read compiled modules instead of compiling fastoip again.
-
-    Where ``PYTHONDONTWRITEBYTECODE`` is set (this project's machines set it), every server process compiled
-    fastoip's modules from source at start: about 0.1 s of CPU, and a run starts well over a hundred servers.  They keep
-    them in ``PYCACHE`` instead (``PYTHONPYCACHEPREFIX``); Python checks each against its source as usual.
-    """
-    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
-        return {}
-    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(PYCACHE)}
 
 
 @cache
