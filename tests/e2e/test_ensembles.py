@@ -121,7 +121,9 @@ def test_a_badly_wired_ensemble_is_refused_at_load_with_the_reason(server: Serve
     client = grpcclient.InferenceServerClient(server.grpc_url)
     index = {m.name: m for m in client.get_model_repository_index().models}
     assert index["broken"].state == "UNAVAILABLE"
-    assert "ensemble tensor 'x' is never produced" in index["broken"].reason
+    # Triton's words (its core checks the ensemble's data flow before anything loads)
+    assert ("output 'LABEL' for ensemble 'broken' is not written: at least one of its depending tensors, 'x', is "
+            "not connected") in index["broken"].reason
     assert not client.is_model_ready("broken")
 
 

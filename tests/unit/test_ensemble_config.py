@@ -82,3 +82,26 @@ def test_ensemble_configs_triton_refuses_fail_with_tritons_words(tmp_path: Path)
         state, reason = index[name]
         assert state == "UNAVAILABLE", name
         assert words in reason, (name, reason)
+
+
+def test_a_loaded_ensembles_config_says_it_is_not_decoupled(tmp_path: Path) -> None:
+    """Triton's config API shows an ensemble's ``model_transaction_policy`` (decoupled as its steps; fastoip's
+    ensembles hold no decoupled step), as Triton's qa/L0_model_config python/conflicting_scheduler_ensemble reads."""
+    from onnx import TensorProto
+
+    from models import identity_model_bytes, write_model
+
+    write_model(tmp_path, "step", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
+    (tmp_path / "ens" / "1").mkdir(parents=True)
+    (tmp_path / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        "ensemble_scheduling { step [ " + _step("step", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}) + " ] }\n")
+    core = Core(tmp_path, RepositoryOptions(use_gpu=False))
+    core.load_models()
+    try:
+        config = core.model_config("ens")
+        assert config.HasField("model_transaction_policy") and not config.model_transaction_policy.decoupled
+    finally:
+        core.close()
