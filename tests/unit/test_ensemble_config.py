@@ -28,10 +28,12 @@ ONE = _step("model_a", {"in": "data"}, {"out": "prob"})
 
 #: model name -> (config.pbtxt, Triton's words for it).
 CASES: dict[str, tuple[str, str]] = {
-    "ensemble_scheduling_not_set": ('platform: "ensemble"\nmax_batch_size: 8\n' + IO,
-                                    "ensemble scheduling must be set for ensemble ensemble_scheduling_not_set whose "
-                                    "platform is ensemble"),
-    "has_backend": (_ensemble(ONE, extra='backend: "onnxruntime"\n'),
+    # the config's own name, as Triton's messages give it (the folder is ensemble_scheduling_no_set in Triton's QA)
+    "ensemble_scheduling_no_set": ('name: "ensemble_scheduling_not_set"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+                                   + IO,
+                                   "ensemble scheduling must be set for ensemble ensemble_scheduling_not_set whose "
+                                   "platform is ensemble"),
+    "has_backend": ('platform: "ensemble"\nbackend: "onnxruntime"\nmax_batch_size: 8\n' + IO,
                     "Ensemble model 'has_backend' must have platform type 'ensemble' and empty backend type"),
     "not_ensemble": (_ensemble(ONE).replace('platform: "ensemble"', 'platform: "onnxruntime_onnx"'),
                      "ensemble scheduling cannot be set for model 'not_ensemble' whose platform is not ensemble"),
@@ -105,3 +107,22 @@ def test_a_loaded_ensembles_config_says_it_is_not_decoupled(tmp_path: Path) -> N
         assert config.HasField("model_transaction_policy") and not config.model_transaction_policy.decoupled
     finally:
         core.close()
+
+
+def test_steps_no_repository_holds_are_named_before_any_step_loads(tmp_path: Path) -> None:
+    """qa/L0_model_config ensemble/non_existing_model: Triton names the missing steps even when another step
+    would fail to load (here: a step with no model file)."""
+    (tmp_path / "broken_step" / "1").mkdir(parents=True)
+    (tmp_path / "broken_step" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n' + IO)
+    (tmp_path / "non_existing_model" / "1").mkdir(parents=True)
+    (tmp_path / "non_existing_model" / "config.pbtxt").write_text(_ensemble(
+        _step("broken_step", {"in": "data"}, {"out": "t"}), _step("nowhere", {"in": "t"}, {"out": "prob"})))
+    core = Core(tmp_path, RepositoryOptions(use_gpu=False))
+    core.load_models()
+    try:
+        index = {entry.name: (entry.state, entry.reason) for entry in core.repository_index()}
+    finally:
+        core.close()
+    state, reason = index["non_existing_model"]
+    assert state == "UNAVAILABLE"
+    assert "ensemble non_existing_model contains models that are not available or ambiguous: nowhere" in reason

@@ -33,17 +33,21 @@ class _Tensor:
 
 
 def validate_ensemble_config(config: mc.ModelConfig, name: str) -> None:
-    """Refuse an ensemble config (or an ensemble section on another platform) as Triton does."""
+    """Refuse an ensemble config (or an ensemble section on another platform) as Triton does.
+
+    The messages name the model as its config does, as Triton's do (the folder's name when the config has none).
+    """
+    name = config.name or name
+    if config.platform == ENSEMBLE_PLATFORM and config.backend:
+        raise InvalidArgument(
+            f"Ensemble model '{name}' must have platform type '{ENSEMBLE_PLATFORM}' and empty backend type"
+        )
     if not config.HasField("ensemble_scheduling"):
         if config.platform == ENSEMBLE_PLATFORM:
             raise InvalidArgument(
                 f"ensemble scheduling must be set for ensemble {name} whose platform is {ENSEMBLE_PLATFORM}"
             )
         return
-    if config.platform == ENSEMBLE_PLATFORM and config.backend:
-        raise InvalidArgument(
-            f"Ensemble model '{name}' must have platform type '{ENSEMBLE_PLATFORM}' and empty backend type"
-        )
     if config.platform != ENSEMBLE_PLATFORM:
         raise InvalidArgument(
             f"ensemble scheduling cannot be set for model '{name}' whose platform is not {ENSEMBLE_PLATFORM}"

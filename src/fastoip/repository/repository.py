@@ -591,6 +591,14 @@ class ModelRepository:
                     self._model_dir(step.model_name)
                 except InvalidArgument as exc:
                     raise InvalidArgument(f"ensemble '{name}' step {index}: {exc}") from None
+            # Triton's dependency graph: steps no repository holds are named before any step loads
+            absent = [step for step in dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step)
+                      if self.record(step) is None and not self.model_dir(step).is_dir()]
+            if absent:
+                raise InvalidArgument(
+                    f"ensemble {name} contains models that are not available or ambiguous: {', '.join(absent)}"
+                )
+            for step in config.ensemble_scheduling.step:
                 self._load_step_model(name, step, from_client)
         finally:
             self._ensembles_loading.pop()
