@@ -139,15 +139,25 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
                 f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "
                 f"{configured.model_name} which only allows maximum batch size to be {model.max_batch_size}"
             )
+        # Triton's words (its core's ensemble checks), fastoip's place after them
+        for model_input, tensor in configured.input_map.items():
+            if model_input not in model.inputs:
+                raise InvalidArgument(
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input {model_input} in "
+                    f"model {configured.model_name} ({where})"
+                )
         missing = sorted(set(model.inputs) - set(configured.input_map))
         if missing:
-            raise InvalidArgument(f"{where}: model input(s) {missing} are not mapped in input_map")
-        for model_input in configured.input_map:
-            if model_input not in model.inputs:
-                raise InvalidArgument(f"{where}: model '{configured.model_name}' has no input '{model_input}'")
+            raise InvalidArgument(
+                f"in ensemble {name}, input {missing[0]} in model {configured.model_name} is not mapped to any "
+                f"ensemble tensors ({where}: model input(s) {missing} are not mapped in input_map)"
+            )
         for model_output, tensor in configured.output_map.items():
             if model_output not in model.outputs:
-                raise InvalidArgument(f"{where}: model '{configured.model_name}' has no output '{model_output}'")
+                raise InvalidArgument(
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output {model_output} "
+                    f"in model {configured.model_name} ({where})"
+                )
             if tensor in producer:
                 raise InvalidArgument(
                     f"{where}: ensemble tensor '{tensor}' is already produced by step {producer[tensor]}"
@@ -157,7 +167,7 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
                     f"{where}: ensemble tensor '{tensor}' is an ensemble input; a step cannot write it"
                 )
             producer[tensor] = index
-            _agree(where, tensor, known, model.outputs[model_output])
+            _agree(name, where, tensor, known, model.outputs[model_output])
         version = "" if configured.model_version < 0 else str(configured.model_version)
         steps.append(
             EnsembleStep(index, configured.model_name, version, dict(configured.input_map),
@@ -170,15 +180,15 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         for model_input, tensor in step.inputs.items():
             if tensor not in declared_inputs and tensor not in producer:
                 raise InvalidArgument(f"{where}: ensemble tensor '{tensor}' is never produced")
-            _agree(where, tensor, known, model.inputs[model_input])
+            _agree(name, where, tensor, known, model.inputs[model_input])
     for output in declared_outputs:
         if output not in producer:
             raise InvalidArgument(f"ensemble '{name}': output '{output}' is not produced by any step")
-        _agree(f"ensemble '{name}'", output, known, declared_outputs[output])
+        _agree(name, f"ensemble '{name}'", output, known, declared_outputs[output])
     return EnsemblePlan(name, tuple(declared_inputs), tuple(declared_outputs), _ordered(name, steps, producer))
 
 
-def _agree(where: str, tensor: str, known: dict[str, TensorShape], seen: TensorShape) -> None:
+def _agree(name: str, where: str, tensor: str, known: dict[str, TensorShape], seen: TensorShape) -> None:
     """Triton's tensor consistency: datatypes match; dims match (a -1 matches anything), or, where a batching
     and a non-batching model meet, their full shapes (batch dimension included) do."""
     previous = known.get(tensor)
@@ -186,15 +196,16 @@ def _agree(where: str, tensor: str, known: dict[str, TensorShape], seen: TensorS
         known[tensor] = seen
         return
     if previous.datatype != seen.datatype:
-        raise InvalidArgument(
-            f"{where}: ensemble tensor '{tensor}' is {previous.datatype} in one place and {seen.datatype} in another "
-            f"(inconsistent data type: TYPE_{previous.datatype} is inferred from model {previous.model} while "
-            f"TYPE_{seen.datatype} is inferred from model {seen.model})"
+        raise InvalidArgument(  # Triton's words, then fastoip's
+            f"in ensemble {name}, ensemble tensor {tensor}: inconsistent data type: TYPE_{previous.datatype} is "
+            f"inferred from model {previous.model} while TYPE_{seen.datatype} is inferred from model {seen.model} "
+            f"({where}: ensemble tensor '{tensor}' is {previous.datatype} in one place and {seen.datatype} in another)"
         )
     if not _dims_match(previous.dims, seen.dims) and not _dims_match(previous.full_dims, seen.full_dims):
-        raise InvalidArgument(
-            f"{where}: ensemble tensor '{tensor}': inconsistent shape: {_dims_text(previous.full_dims)} is inferred "
-            f"from model {previous.model} while {_dims_text(seen.full_dims)} is inferred from model {seen.model}"
+        raise InvalidArgument(  # Triton's words, then fastoip's place
+            f"in ensemble {name}, ensemble tensor {tensor}: inconsistent shape: {_dims_text(previous.full_dims)} is "
+            f"inferred from model {previous.model} while {_dims_text(seen.full_dims)} is inferred from model "
+            f"{seen.model} ({where})"
         )
 
 
