@@ -218,3 +218,17 @@ def test_a_config_listing_inputs_and_outputs_gets_no_auto_batcher(tmp_path: Path
         assert core.model_config("inputs_only").HasField("dynamic_batching")
     finally:
         core.close()
+
+
+def test_a_dynamic_batcher_shows_tritons_preferred_batch_size(tmp_path: Path) -> None:
+    """Triton's config API writes ``preferred_batch_size: [max_batch_size]`` for a dynamic batcher that names none
+    (qa/L0_model_config autofill_noplatform_success/onnx/empty_config, python/dynamic_batching)."""
+    write_model(tmp_path, "auto", identity_model_bytes(TensorProto.FLOAT, [4]))
+    write_model(tmp_path, "named", identity_model_bytes(TensorProto.FLOAT, [4]),
+                config="max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 2 ] }\n")
+    core = _core(tmp_path)
+    try:
+        assert list(core.model_config("auto").dynamic_batching.preferred_batch_size) == [4]
+        assert list(core.model_config("named").dynamic_batching.preferred_batch_size) == [2]
+    finally:
+        core.close()

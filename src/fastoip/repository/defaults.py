@@ -8,8 +8,10 @@ Rules:
 - ``optimization { input_pinned_memory, output_pinned_memory }``: enabled; not for ensembles.
 - Instance groups without a name are named ``<model>_<index>`` (a group auto-complete added keeps the
   model's name, as Triton's does).
-- Not filled, on purpose (COMPATIBILITY.md): Triton's default of two CPU instances for onnxruntime models,
-  ``preferred_batch_size: [max_batch_size]`` and ``max_sequence_idle_microseconds``.
+- ``dynamic_batching { preferred_batch_size: [max_batch_size] }`` when a batching model's dynamic batcher names
+  no preferred size (:func:`fill_batching_defaults`, once the batcher is decided; the batcher reads it so anyway).
+- Not filled, on purpose (COMPATIBILITY.md): Triton's default of two CPU instances for onnxruntime models and
+  ``max_sequence_idle_microseconds``.
 """
 
 from __future__ import annotations
@@ -33,3 +35,10 @@ def fill_defaults(config: mc.ModelConfig, default_filename: str = "") -> None:
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
+
+
+def fill_batching_defaults(config: mc.ModelConfig) -> None:
+    """Triton's ``preferred_batch_size: [max_batch_size]`` for a dynamic batcher that names none."""
+    batching = config.dynamic_batching
+    if config.HasField("dynamic_batching") and not batching.preferred_batch_size and config.max_batch_size > 0:
+        batching.preferred_batch_size.append(config.max_batch_size)

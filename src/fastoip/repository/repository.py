@@ -63,7 +63,7 @@ from ..model_config import (
 from ..model_settings import find_model_settings
 from ..options import RepositoryOptions
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory
-from .defaults import fill_defaults
+from .defaults import fill_batching_defaults, fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .layout import missing_version_hint
 from .loaded import LoadedModel
@@ -566,6 +566,7 @@ class ModelRepository:
             config.dynamic_batching.SetInParent()
             for key, value in (options.default_batching or {}).items():
                 setattr(config.dynamic_batching, key, value)
+        fill_batching_defaults(config)  # what Triton's config API shows
         model = LoadedModel(
             name, version, path, config, backends, self.executor, _scheduler_for(config, path.parent.parent),
             metrics_config=_model_metrics_config(self.metrics_config, config),
