@@ -257,3 +257,17 @@ def test_model_metrics_are_checked_and_their_buckets_used(tmp_path: Path, caplog
                 "in Triton core.") in caplog.text
     finally:
         core.close()
+
+
+def test_a_runtime_leading_out_of_the_model_is_refused_whether_or_not_it_exists(tmp_path: Path) -> None:
+    """No probing of the server's disk through ``runtime``: the same answer for a file that exists and one that
+    does not, once the name leads out of the model's folders."""
+    config = 'backend: "identity"\nmax_batch_size: 2\n' + IO
+    for name, runtime in (("exists", "../../exists/config.pbtxt"), ("absent", "../../nowhere/libx.so")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(config + f'runtime: "{runtime}"\n')
+    index = _load(tmp_path)
+    for name in ("exists", "absent"):
+        state, reason = index[name]
+        assert state == "UNAVAILABLE"
+        assert "escapes backend directory" in reason, reason

@@ -69,8 +69,8 @@ def kind_for(config: mc.ModelConfig, model_dir: Path, name: str = "") -> Backend
         return kind
     from_files = _kind_from_files(config, model_dir)
     if config.platform:
-        for name in MODULES:
-            kind = kind_named(name)
+        for backend in MODULES:
+            kind = kind_named(backend)
             if config.platform in kind.platforms:
                 return kind
         if from_files is not None:
@@ -126,7 +126,9 @@ def _check_runtime(config: mc.ModelConfig, model_dir: Path, name: str) -> None:
 
     Triton looks for the library in the version folder, the model folder and
     its backend folders; fastoip has no backend folders and loads no C++
-    backend library, so one found in a model folder is refused too.
+    backend library, so one found in a model folder is refused too.  A name
+    that leads out of the folder is refused without looking whether it exists
+    (a model loaded through the API must not learn what the server's disk holds).
     """
     runtime = config.runtime
     if runtime in OWN_RUNTIMES:
@@ -136,12 +138,12 @@ def _check_runtime(config: mc.ModelConfig, model_dir: Path, name: str) -> None:
     shown = [f"{name}/{folder.name}" for folder in versions] + [name]
     for folder, where in zip(search, shown, strict=True):
         candidate = folder / runtime
+        if not candidate.resolve().is_relative_to(folder.resolve()):
+            raise InvalidArgument(
+                f"backend library name '{runtime}' escapes backend directory '{where}', for model "
+                f"'{name}', check model config runtime field"
+            )
         if candidate.is_file():
-            if not candidate.resolve().is_relative_to(folder.resolve()):
-                raise InvalidArgument(
-                    f"backend library name '{runtime}' escapes backend directory '{where}', for model "
-                    f"'{name}', check model config runtime field"
-                )
             raise InvalidArgument(
                 f"backend library '{runtime}' for model '{name}' is a C++ backend library; fastoip loads "
                 f"none (runtime may name {', '.join(sorted(OWN_RUNTIMES))})"
