@@ -502,26 +502,3 @@ def test_the_queued_size_follows_every_way_out_of_the_queue() -> None:
     assert queue.next_batch(clock()) == ([fresh, delayed], 0)
     assert queue.queued_size == 0 and len(queue) == 0
     assert isinstance(error_of(late), DeadlineExceeded)
-
-
-def test_an_instance_woken_after_a_batch_of_several_lets_the_delivery_finish_and_runs() -> None:
-    """After a batch of several requests, an idle instance woken by an arrival gives the GIL back once
-    before it decides (the delivering thread may be queuing more); the decision is the same as ever."""
-    clock, model = Clock(), RowModel()
-    batcher = make_batcher(clock, model, preferred=(2,), delay_us=100_000, threads=True)
-    try:
-        assert not batcher._company
-        pair = [job(1), job(1)]
-        for j in pair:
-            batcher.enqueue(j)  # the first gathers (frozen clock), the second makes the preferred 2
-        for j in pair:
-            j.wait()
-        assert [size for size, _ in model.batches] == [2] and batcher._company
-        late = job(1)
-        batcher.enqueue(late)  # wakes the idle instance: it yields once, then waits out the delay
-        clock.advance(100 * MS)  # the delay is over when it looks again (within its 100 ms real wait)
-        assert data(late, "SUM").shape == (1, 1)
-        assert [size for size, _ in model.batches] == [2, 1]
-        assert not batcher._company  # a lone request: the next wake-up does not wait for a delivery
-    finally:
-        batcher.stop()

@@ -35,10 +35,9 @@ decisions of core ``dynamic_batch_scheduler.cc`` ``GetDynamicBatch``):
   differs from the gathering batch's, or its timeout or deadline falls before
   the instance's wake-up.  Otherwise the instance sleeps on and takes
   everything that arrived when the delay is over, instead of being woken (and
-  recomputing the batch) once per arrival.  An instance woken from idle after
-  a batch of several requests gives the GIL back once before it looks at the
-  queue, so the thread delivering requests finishes what it is delivering
-  (``_let_the_delivery_finish``).
+  recomputing the batch) once per arrival.  An instance woken from idle gives
+  the GIL back once before it looks at the queue, so the thread delivering
+  requests finishes what it is delivering (``_let_the_delivery_finish``).
 - Every decision reads one injected clock (:data:`~fastoip.scheduling.contract.Clock`),
   so tests drive the decisions with a controllable clock and no sleeps.
 """
@@ -278,9 +277,6 @@ class DynamicBatcher:
         self._stopping = False
         self._preserve_ordering = config.dynamic_batching.preserve_ordering and len(self.instances) > 1
         self._last_gate: threading.Event | None = None
-        #: The last batch held more than one request: an idle instance woken by an arrival lets the delivery
-        #: finish before it decides (see ``_let_the_delivery_finish``).
-        self._company = False
         self._threads = [
             threading.Thread(target=self._serve, args=(backend,), name=f"batcher-{context.name}-{i}", daemon=True)
             for i, backend in enumerate(self.instances if start_threads else ())
@@ -352,8 +348,7 @@ class DynamicBatcher:
                         if self._stopping:
                             return None, None, None
                         self._cond.wait()
-                        if self._company:
-                            self._let_the_delivery_finish()
+                        self._let_the_delivery_finish()
                     else:
                         self._cond.wait(wait_ns / 1e9)
                     continue
@@ -363,8 +358,6 @@ class DynamicBatcher:
                     self._last_gate = gate_out
                 if len(self._queue):
                     self._cond.notify()  # another idle instance can take the rest
-                # requests that come in company (the last batch had several) are worth waiting a GIL turn for
-                self._company = len(batch) > 1
                 return batch, gate_in, gate_out
 
     def _let_the_delivery_finish(self) -> None:
@@ -373,10 +366,8 @@ class DynamicBatcher:
         The thread that queued the request (the event loop) is usually in the middle of delivering several
         (one loop turn reads many); without this the instance takes the GIL at the loop's first system call
         and runs the first request alone (measured in the server at a queue delay of 0: 68-75 % of the
-        batches were single requests while 64 were in flight; 1 % with this).  The decision itself is
-        unchanged (Triton's: what is queued when the instance decides); only when it looks.  Only after a
-        batch of several requests: a lone client (every batch a single request) would wait the loop's turn
-        for nothing (measured: +35-60 us per request at c=1).  Called with ``_cond`` held.
+        batches were single requests while 64 were in flight).  The decision itself is unchanged (Triton's:
+        what is queued when the instance decides); only when it looks.  Called with ``_cond`` held.
         """
         self._cond.release()
         try:
