@@ -35,9 +35,7 @@ decisions of core ``dynamic_batch_scheduler.cc`` ``GetDynamicBatch``):
   differs from the gathering batch's, or its timeout or deadline falls before
   the instance's wake-up.  Otherwise the instance sleeps on and takes
   everything that arrived when the delay is over, instead of being woken (and
-  recomputing the batch) once per arrival.  An instance woken from idle gives
-  the GIL back once before it looks at the queue, so the thread delivering
-  requests finishes what it is delivering (``_let_the_delivery_finish``).
+  recomputing the batch) once per arrival.
 - Every decision reads one injected clock (:data:`~fastoip.scheduling.contract.Clock`),
   so tests drive the decisions with a controllable clock and no sleeps.
 """
@@ -348,7 +346,6 @@ class DynamicBatcher:
                         if self._stopping:
                             return None, None, None
                         self._cond.wait()
-                        self._let_the_delivery_finish()
                     else:
                         self._cond.wait(wait_ns / 1e9)
                     continue
@@ -359,18 +356,3 @@ class DynamicBatcher:
                 if len(self._queue):
                     self._cond.notify()  # another idle instance can take the rest
                 return batch, gate_in, gate_out
-
-    def _let_the_delivery_finish(self) -> None:
-        """An idle instance was woken by an arrival: before it decides, give the GIL back once.
-
-        The thread that queued the request (the event loop) is usually in the middle of delivering several
-        (one loop turn reads many); without this the instance takes the GIL at the loop's first system call
-        and runs the first request alone (measured in the server at a queue delay of 0: 68-75 % of the
-        batches were single requests while 64 were in flight).  The decision itself is unchanged (Triton's:
-        what is queued when the instance decides); only when it looks.  Called with ``_cond`` held.
-        """
-        self._cond.release()
-        try:
-            time.sleep(0)  # releases the GIL; the loop goes on delivering until its next release
-        finally:
-            self._cond.acquire()
