@@ -876,6 +876,10 @@ CRASHER = """
                     ctypes.string_at(0)
                 elif how == 2:
                     os._exit(3)
+                elif how == 4:  # a crash after a while: requests sent meanwhile wait behind it
+                    import time
+                    time.sleep(0.5)
+                    ctypes.string_at(0)
                 elif how == 3:
                     hoard = []
                     while True:
@@ -898,14 +902,34 @@ def crash_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
     root = tmp_path_factory.mktemp("crashes")
     write_python_model(root, "crasher", CRASHER, CRASHER_CONFIG)
     write_python_model(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
+    write_python_model(root, "crasher_queued", CRASHER, CRASHER_CONFIG)
     with ServerProcess(root, http=True) as proc:
         yield proc
 
 
-def _how(client: grpcclient.InferenceServerClient, how: int) -> int:
+def _how(client: grpcclient.InferenceServerClient, how: int, model: str = "crasher") -> int:
     x = grpcclient.InferInput("HOW", [1], "INT32")
     x.set_data_from_numpy(np.array([how], dtype=np.int32))
-    return int(client.infer("crasher", [x]).as_numpy("PID")[0])
+    return int(client.infer(model, [x]).as_numpy("PID")[0])
+
+
+def test_requests_waiting_behind_a_crash_run_on_the_replacement(crash_server: ServerProcess) -> None:
+    """Without a batcher several requests are on their way to one worker (worker_pipeline): when it dies, only
+    the one it was running fails; those waiting in its socket never started and are answered by its successor."""
+    client = grpcclient.InferenceServerClient(crash_server.grpc_url)
+    first_pid = _how(client, 0, "crasher_queued")
+    with ThreadPoolExecutor(4) as pool:
+        crash = pool.submit(_how, grpcclient.InferenceServerClient(crash_server.grpc_url), 4, "crasher_queued")
+        time.sleep(0.2)  # the crash request runs (0.5 s) while these three are sent behind it
+        behind = [pool.submit(_how, grpcclient.InferenceServerClient(crash_server.grpc_url), 0, "crasher_queued")
+                  for _ in range(3)]
+        with pytest.raises(InferenceServerException) as err:
+            crash.result(timeout=60)
+        assert err.value.status() == "StatusCode.INTERNAL"
+        assert "crasher_queued" in err.value.message() and "SIGSEGV" in err.value.message()
+        pids = {f.result(timeout=60) for f in behind}
+    assert len(pids) == 1 and first_pid not in pids  # all three answered by the restarted worker
+    assert client.is_model_ready("crasher_queued")
 
 
 def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) -> None:
@@ -1052,7 +1076,11 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
                 return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
                         for r in requests]
     """))
-    worker = WorkerProcess("identity", lambda *a: None, lambda cause: None)
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    worker = WorkerProcess(
+        "identity", lambda *a: None, lambda cause: None,
+        on_result=lambda exec_id, responses, error: results.put((responses, error)),
+    )
     try:
         worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
         worker.control(("initialize", {}, False))
@@ -1064,7 +1092,8 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
             assert packed[4][0][2][0] == "p"  # the message names a shared-memory segment, it carries no data
             if round_:
                 assert transport.COPIED.segments_made == made  # the segment of the last round is reused
-            _, (responses, error) = worker.execute_open([packed], lambda call: None)
+            worker.submit(round_ + 1, [packed])
+            responses, error = results.get(timeout=60)
             assert error is None
             ((name, datatype, out_packed),), _, _ = responses[0]
             assert out_packed[0] == "p"

@@ -57,7 +57,8 @@ class RespondsLater:
     __slots__ = ()
 
 
-#: The one :class:`RespondsLater` value.
+#: The one :class:`RespondsLater` value.  A backend that answers a job later and knows its execution only then
+#: has ``record_executions_to(record)``: the repository hands it ``record_execution`` of the model's statistics.
 RESPONDS_LATER = RespondsLater()
 
 #: Per job, in the order given: its response, the error that job alone failed with, or (a decoupled job)

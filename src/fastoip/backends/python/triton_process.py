@@ -1,12 +1,14 @@
 """The server's handle on one worker process (:mod:`fastoip.pyworker.worker`): start, control, execute, death.
 
 Rules:
-- The worker is ``python -m fastoip.backends.python.triton_worker FD`` on one
-  end of a socket pair; one reader thread here takes every message it sends.
+- The worker is ``python -m fastoip.pyworker.worker FD`` on one end of a
+  socket pair; one reader thread here takes every message it sends (all that
+  arrived, per wake-up) and is the only thread that reads.
 - Control messages (load, auto-complete, initialize, finalize) wait for their
-  answer; ``execute`` waits for its result while decoupled responses and the
-  worker's own calls (BLS, readiness, model control, metrics) arrive meanwhile.
-  Calls run on a small shared thread pool, never on the reader.
+  answer.  ``submit`` sends a batch and returns at once: nobody waits per
+  request; the reader hands each result to ``on_result`` (which finishes the
+  jobs), decoupled responses to ``on_send``, and the worker's own calls (BLS,
+  readiness, model control, metrics) to a small shared thread pool.
 - When the socket closes, the process is reaped and :class:`WorkerDied` (with the
   cause: exit code or signal) is raised to every waiter; ``on_death(cause)``
   runs once, on the reader thread.
@@ -14,7 +16,6 @@ Rules:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import pickle
@@ -23,7 +24,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,6 +71,7 @@ class WorkerProcess:
         on_death: Callable[[str], None],
         is_cancelled: Callable[[int, int], bool] | None = None,
         link: bridge.ServerLink = bridge.UNLINKED,
+        on_result: Callable[[int, Any, Any], None] | None = None,
     ) -> None:
         self.label = label
         #: The Core this worker's calls (BLS, readiness, model control) go to: the one that loaded its model.
@@ -81,14 +82,9 @@ class WorkerProcess:
         self._write_lock = threading.Lock()
         self._state = threading.Lock()
         self._control: _Waiter | None = None
-        #: Only its holder reads the socket: the thread running a batch reads its own result (no hand-off
-        #: between threads on the hot path); the background reader takes what comes while no batch runs.
-        self._read_lock = threading.Lock()
-        self._executing = 0
-        self._finished: dict[int, Any] = {}
+        self._on_result = on_result or (lambda exec_id, responses, error: None)
         #: The worker's BLS streams in flight (their jobs), by call id: ``ResponseIterator.cancel()`` cancels one.
         self._outgoing: dict[int, Any] = {}
-        self._ids = itertools.count(1)
         self._dead = False
         self.cause: str | None = None
         parent, child = socket.socketpair()
@@ -133,62 +129,22 @@ class WorkerProcess:
             raise WorkerError(value)
         return value
 
-    def execute_open(self, requests: list, before: Callable[[int], None]) -> tuple[int, Any]:
-        """Run one batch; ``(exec_id, (responses | None, error | None))``; WorkerDied if it dies meanwhile.
-
-        ``before(exec_id)`` runs before the batch is sent (decoupled streams open there: their
-        responses may arrive before the result does).  The calling thread reads the socket until its
-        result comes, handling whatever else arrives meanwhile (decoupled responses, the worker's calls)."""
-        exec_id = next(self._ids)
-        before(exec_id)
-        with self._state:
-            if self.cause is not None:
-                raise WorkerDied(self.cause)
-            self._executing += 1
-        try:
-            # Sent before the read lock is taken: a batch may follow the one the worker runs now (pipelined,
-            # see triton_host.ProcessLane); the worker runs them one at a time, in order.
-            self._send(("execute", exec_id, requests))
-            with self._read_lock:
-                while exec_id not in self._finished:
-                    message = self._read_one()
-                    if message is None:
-                        break
-                    self._dispatch(message)
-        finally:
-            with self._state:
-                self._executing -= 1
-        if exec_id not in self._finished:
-            self._died()
-            raise WorkerDied(self.cause or "died")
-        return exec_id, self._finished.pop(exec_id)
+    def submit(self, exec_id: int, requests: list) -> None:
+        """Send one batch and return; its result comes to ``on_result(exec_id, responses, error)`` on the
+        reader thread (decoupled responses and the worker's calls meanwhile).  WorkerDied if it is gone."""
+        if self.cause is not None:
+            raise WorkerDied(self.cause)
+        self._send(("execute", exec_id, requests))
 
     # -- reading -------------------------------------------------------------------------------------------
     def _read(self) -> None:
-        """The background reader: takes messages while no batch runs (control answers, decoupled responses
-        sent after ``execute`` returned, the worker's calls)."""
-        connection = self._connection
-        while not self._dead:
-            if self._executing:
-                time.sleep(0.02)  # the batch's own thread reads meanwhile
-                continue
-            try:
-                if not connection.poll(0.05):
-                    continue
-            except (OSError, EOFError, ValueError):
+        """The reader: takes every message the worker sends (several per wake-up when they queued up), until
+        the worker closes its end."""
+        while True:
+            message = self._read_one()
+            if message is None:
                 break
-            with self._read_lock:
-                if self._executing or self._dead:
-                    continue
-                try:
-                    if not connection.poll(0):
-                        continue
-                except (OSError, EOFError, ValueError):
-                    break
-                message = self._read_one()
-                if message is None:
-                    break
-                self._dispatch(message)
+            self._dispatch(message)
         self._died()
 
     def _read_one(self) -> tuple | None:
@@ -211,7 +167,10 @@ class WorkerProcess:
                 waiter.event.set()
         elif kind == "result":
             _, exec_id, responses, error = message
-            self._finished[exec_id] = (responses, error)
+            try:
+                self._on_result(exec_id, responses, error)
+            except Exception:
+                log.exception("%s: finishing a batch failed", self.label)
         elif kind == "send":
             _, exec_id, index, response, final = message
             try:
@@ -319,7 +278,8 @@ class WorkerProcess:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        self._reader.join(timeout=10)
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=10)
         try:
             self._connection.close()
         except OSError:
