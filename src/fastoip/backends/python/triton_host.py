@@ -275,6 +275,10 @@ class _Batch:
 PIPELINE_DEFAULT = 8
 #: The same for a model with a batcher: one, so the batcher's next batch grows while the worker runs this one.
 PIPELINE_BATCHED_DEFAULT = 1
+#: A request the event loop may hand over itself (``takes_without_waiting``): its tensors' bytes at most, and
+#: batches on their way at most (QUICK_PENDING messages of QUICK_BYTES fit a Unix socket's default buffer).
+QUICK_BYTES = 16 * 1024
+QUICK_PENDING = 8
 
 
 class ProcessInstance(_Base):
@@ -310,6 +314,23 @@ class ProcessInstance(_Base):
         #: Why the instance stopped serving for good (the repository index reports it), or None.
         self.down_reason: str | None = None
         self.worker = self._start()
+
+    def takes_without_waiting(self, job: Job) -> bool:
+        """Whether ``execute([job])`` returns at once (the direct scheduler may then call it on the event loop):
+        the worker is up (no restart to wait for), room stays on the way after it (no wait for a slot), and the
+        request is small numeric tensors (a short message: the socket's buffer takes it without blocking, no
+        shared-memory copy on the loop)."""
+        if self._closed or self.down_reason is not None or not self.worker.alive:
+            return False
+        # Only the reader thread changes _pending meanwhile, and only by taking from it: the check holds.
+        if len(self._pending) + 1 >= min(self._window, QUICK_PENDING):
+            return False
+        total = 0
+        for array in job.feeds.values():
+            if array.dtype.hasobject:
+                return False
+            total += array.nbytes
+        return total <= QUICK_BYTES
 
     def record_executions_to(self, record: Callable[[int, int, int, int, int], None]) -> None:
         """Where this instance records its executions (it finishes them after ``execute`` returned)."""
