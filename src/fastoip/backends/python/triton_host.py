@@ -386,7 +386,8 @@ class ProcessInstance(_Base):
         with self._flow:
             self._pending[call] = batch
         try:
-            worker.submit(call, batch.packed)
+            # Deferred to the end of an event loop's turn unless a caller waits on this thread (caller_runs).
+            worker.submit(call, batch.packed, not any(job.caller_runs for job in jobs))
         except WorkerDied as died:
             with self._flow:
                 mine = self._pending.pop(call, None) is not None  # else the death handler took it

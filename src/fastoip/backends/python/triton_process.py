@@ -16,6 +16,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pickle
@@ -80,6 +81,9 @@ class WorkerProcess:
         self._on_send = on_send
         self._on_death = on_death
         self._write_lock = threading.Lock()
+        #: Batches the event loop handed over, written at the end of its turn (guarded by the write lock).
+        self._outbox: list[bytes] = []
+        self._flush_scheduled = False
         self._state = threading.Lock()
         self._control: _Waiter | None = None
         self._on_result = on_result or (lambda exec_id, responses, error: None)
@@ -108,9 +112,28 @@ class WorkerProcess:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with self._write_lock:
-                self._connection.send_bytes(data)
+                if self._outbox:  # in order, behind the batches the event loop has not sent yet
+                    self._outbox.append(data)
+                    self._flush_outbox()
+                else:
+                    self._connection.send_bytes(data)
         except OSError:
             raise WorkerDied(self.cause or "closed its channel") from None
+
+    def _flush_outbox(self) -> None:
+        """Send what the outbox holds, in one write when small (the write lock is held)."""
+        held, self._outbox = self._outbox, []
+        self._connection.send_many(held)
+
+    def _flush_later(self) -> None:
+        """The event loop's deferred write of the batches it handed over during this turn."""
+        try:
+            with self._write_lock:
+                self._flush_scheduled = False
+                if self._outbox:
+                    self._flush_outbox()
+        except OSError:
+            pass  # the worker died: its reader fails or resends those batches (they are pending there)
 
     def control(self, message: tuple, timeout: float = CONTROL_TIMEOUT_S) -> Any:
         """Send a control message and wait for its answer (WorkerError with the model's message)."""
@@ -129,12 +152,31 @@ class WorkerProcess:
             raise WorkerError(value)
         return value
 
-    def submit(self, exec_id: int, requests: list) -> None:
+    def submit(self, exec_id: int, requests: list, defer: bool = False) -> None:
         """Send one batch and return; its result comes to ``on_result(exec_id, responses, error)`` on the
-        reader thread (decoupled responses and the worker's calls meanwhile).  WorkerDied if it is gone."""
+        reader thread (decoupled responses and the worker's calls meanwhile).  WorkerDied if it is gone.
+
+        ``defer`` (nobody on this thread will wait for the batch): on an event loop's thread the write waits for
+        the end of the loop's turn (``call_soon``), so the batches handed over while it reads a socket full of
+        requests go out in one write and the loop drops the GIL once for them, not once per request (a dropped
+        GIL may go to the reader thread for a while)."""
         if self.cause is not None:
             raise WorkerDied(self.cause)
-        self._send(("execute", exec_id, requests))
+        message = ("execute", exec_id, requests)
+        try:
+            loop = asyncio.get_running_loop() if defer else None
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self._send(message)
+            return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._write_lock:
+            self._outbox.append(data)
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        loop.call_soon(self._flush_later)
 
     # -- reading -------------------------------------------------------------------------------------------
     def _read(self) -> None:
