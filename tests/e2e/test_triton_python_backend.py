@@ -839,6 +839,49 @@ def test_model_errors_have_triton_codes(server: ServerProcess) -> None:
     assert err.value.status() == "400" and "differ in shape" in err.value.message()
 
 
+SLOW_ECHO = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(0.002)  # long enough for requests to queue behind this one in the worker's socket
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy() * 2)]) for r in requests]
+"""
+
+SLOW_ECHO_CONFIG = """
+    backend: "python"
+    input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_blocking_callers_share_the_worker_window_and_statistics_count_the_worker_time(tmp_path: Path) -> None:
+    """Core.infer from threads that wait (they lend their thread): each gets its own answer from the reader
+    thread, and the statistics count every execution with the worker's time, recorded when the result came."""
+    from fastoip.core import Core
+    from fastoip.types import InferInput, InferRequest, RequestedOutput
+
+    write_python_model(tmp_path, "slow_echo", SLOW_ECHO, SLOW_ECHO_CONFIG)
+    core = Core(tmp_path)
+    core.load_models()
+    try:
+        def one(i: int) -> int:
+            x = InferInput("X", "INT32", (1,), np.array([i], np.int32))
+            request = InferRequest("slow_echo", "", f"r{i}", {}, [x], [RequestedOutput("Y")])
+            return int(core.infer(request).outputs[0].data[0])
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(one, range(64))) == [2 * i for i in range(64)]
+        (stats,) = core.statistics("slow_echo")
+        assert stats.execution_count == stats.inference_count == 64
+        infer = stats.inference_stats.compute_infer
+        assert infer.count == 64 and infer.ns >= 64 * 2_000_000  # the worker's 2 ms each, not the send's time
+    finally:
+        core.close()
+
+
 def test_worker_pipeline_answers_each_request_its_own(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     pairs = [(np.full(4, i, dtype=np.float32), np.full(4, 2 * i, dtype=np.float32)) for i in range(24)]
