@@ -234,6 +234,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
             ),
             use_gpu=not args.cpu_only,
             allow_code_loads=args.model_control_allow_code,
+            load_threads=triton.model_load_threads,
         ),
     )
 

@@ -203,7 +203,11 @@ def complete_config(
         name for state in config.sequence_batching.state for name in (state.input_name, state.output_name)
         if name not in listed_outputs
     }
-    inputs = [t for t in inputs if t.name not in injected]
+    # batch inputs (Triton's ragged batching) are computed by the server, not sent by clients
+    batch_targets = {target for entry in config.batch_input for target in entry.target_name}
+    if platform == ONNX_PLATFORM:
+        _check_batch_targets(model_name, batch_targets, inputs)
+    inputs = [t for t in inputs if t.name not in injected and t.name not in batch_targets]
     outputs = [t for t in outputs if t.name not in injected]
     all_tensors = list(inputs) + list(outputs)
     can_batch = bool(all_tensors) and all(t.shape and t.shape[0] is None for t in all_tensors)
@@ -216,8 +220,11 @@ def complete_config(
 
     # A model file's own shapes are checked against the config (a Python model's come from the config).
     check_shapes = platform == ONNX_PLATFORM
-    _complete_tensors(done.input, inputs, batch_dims, model_name, "input", check_shapes)
-    _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes)
+    # a ragged input reaches the model flat and a batch output leaves it flat: their shapes are checked apart
+    ragged = {entry.name for entry in config.input if entry.allow_ragged_batch}
+    scattered = {target for entry in config.batch_output for target in entry.target_name}
+    _complete_tensors(done.input, inputs, batch_dims, model_name, "input", check_shapes, ragged)
+    _complete_tensors(done.output, outputs, batch_dims, model_name, "output", check_shapes, scattered)
     if check_shapes and len(done.input) != len(inputs):
         # Triton's onnxruntime backend: every model input must be in the config (else every request fails).
         missing = sorted({t.name for t in inputs} - {entry.name for entry in done.input})
@@ -247,6 +254,16 @@ def complete_config(
     return done
 
 
+def _check_batch_targets(model_name: str, targets: set[str], inputs: Sequence[DiscoveredTensor]) -> None:
+    """Every batch input's target must be an input of the model file (ONNX Runtime feeds it by name)."""
+    model_inputs = {t.name for t in inputs}
+    for target in sorted(targets - model_inputs):
+        raise InvalidArgument(
+            f"model '{model_name}': batch input target '{target}' is not an input of the model "
+            f"(model inputs: {', '.join(sorted(model_inputs)) or 'none'})"
+        )
+
+
 def config_data_type(datatype: str) -> mc.DataType:
     """The config.pbtxt ``TYPE_*`` value of a V2 datatype name ("FP32" -> TYPE_FP32)."""
     # protoc's stubs give the field the enum's type and Value() a plain int: the same value at run time.
@@ -260,7 +277,13 @@ def _complete_tensors(
     model_name: str,
     kind: str,
     check_shapes: bool = False,
+    flat: set[str] | frozenset[str] = frozenset(),
 ) -> None:
+    """Fill ``configured`` from the model's tensors (all of them when it lists none) and check what it lists.
+
+    ``flat``: tensors the model takes or gives flat (ragged inputs, batch outputs), whose dims are not
+    compared with the model's; a ragged input must be ``[-1]`` in the model, as Triton's onnxruntime backend says.
+    """
     found = {t.name: t for t in discovered}
     if not configured:
         for tensor in discovered:
@@ -287,7 +310,14 @@ def _complete_tensors(
         if not entry.dims and not entry.HasField("reshape"):
             entry.dims.extend(-1 if d is None else int(d) for d in model_tensor.shape[batch_dims:])
         check_reshape(entry, batch_dims > 0, model_name, kind)
-        if check_shapes:
+        if check_shapes and entry.name in flat:
+            if kind == "input" and model_tensor.shape != (None,):
+                model_shape = [-1 if d is None else int(d) for d in model_tensor.shape]
+                raise InvalidArgument(  # Triton's words
+                    f"unable to load model '{model_name}', configuration expects model provides input with shape "
+                    f"[-1] for ragged input '{entry.name}', model provides {model_shape}"
+                )
+        elif check_shapes:
             check_model_shape(entry, model_tensor, batch_dims > 0, model_name)
 
 

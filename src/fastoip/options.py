@@ -31,3 +31,6 @@ class RepositoryOptions:
     #: What this repository's Triton Python models call into (BLS, readiness, model control): the Core that owns
     #: the repository sets its own ``server_bridge.ServerLink`` here (a copy of the options per Core).
     server_link: Any = None
+    #: Triton's --model-load-thread-count (default 4): models of one load operation (start-up, a poll) load on
+    #: this many threads, and a model's versions load side by side on up to this many.
+    load_threads: int = 4

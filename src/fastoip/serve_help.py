@@ -20,7 +20,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("repository", "what to serve and how models load", (
         "--model-repository", "--model-control-mode", "--load-model", "--repository-poll-secs",
         "--strict-readiness", "--disable-auto-complete-config", "--strict-model-config",
-        "--backend-config", "--default-max-batch-size", "--exit-on-error",
+        "--backend-config", "--default-max-batch-size", "--exit-on-error", "--model-load-thread-count",
     )),
     ("network", "listeners: addresses, ports, protocols, connections", (
         "--host", "--grpc-port", "--http-port", "--metrics-port", "--grpc-address", "--http-address",

@@ -78,7 +78,6 @@ def _int_pair(value: str) -> str:
 
 #: Triton flags fastoip takes and logs as having no effect here: flag -> (value parser, why).
 NO_EFFECT: dict[str, tuple[Callable[[str], object], str]] = {
-    "--model-load-thread-count": (int, "models load one at a time under the repository's load lock"),
     "--model-load-retry-count": (int, "a failed load is not retried"),
     "--model-load-gpu-limit": (str, "ONNX Runtime's CUDA EP manages device memory itself"),
     "--reuse-http-port": (parse_bool, "the HTTP listener does not set SO_REUSEPORT"),
@@ -191,6 +190,9 @@ def _add_honoured_flags(parser: argparse.ArgumentParser) -> None:
                    help="HTTP headers whose name matches (case-insensitive) become inference request parameters")
     g.add_argument("--grpc-header-forward-pattern", default=None, metavar="REGEX",
                    help="native gRPC: metadata whose key matches (case-insensitive) become request parameters")
+    g.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
+                   help="models of one load operation (start-up, a poll) load on N threads, and a model's versions "
+                        "side by side (default 4 as Triton)")
     g.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
                    help="deprecated by Triton: --cache-config local,size=BYTES")
 
@@ -258,6 +260,8 @@ class TritonSettings:
     grpc_permit_without_calls: bool | None = None
     http_forward_pattern: str | None = None
     grpc_forward_pattern: str | None = None
+    #: --model-load-thread-count (Triton's default 4).
+    model_load_threads: int = 4
     #: --response-cache-byte-size, as Triton reads it: --cache-config local,size=N.
     cache_config: tuple[str, ...] = ()
     #: One line per Triton flag given that has no effect here (logged at start).
@@ -296,6 +300,7 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         http_forward_pattern=_pattern("--http-header-forward-pattern", args.http_header_forward_pattern),
         grpc_forward_pattern=_pattern("--grpc-header-forward-pattern", args.grpc_header_forward_pattern),
         cache_config=_response_cache(args.response_cache_byte_size),
+        model_load_threads=_at_least_one("--model-load-thread-count", args.model_load_thread_count),
         no_effect=_no_effect(args),
     )
 
@@ -303,6 +308,12 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
 def _non_negative(flag: str, value: int | None) -> int | None:
     if value is not None and value < 0:
         raise FlagError(f"{flag} must be >= 0, got {value}")
+    return value
+
+
+def _at_least_one(flag: str, value: int) -> int:
+    if value < 1:
+        raise FlagError(f"{flag} must be >= 1, got {value}")
     return value
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -131,8 +132,31 @@ def one(x: float) -> list[tg.InferInput]:
     return [inp]
 
 
+def pending(proc: ServerProcess, model: str) -> int:
+    """The server's ``nv_inference_pending_request_count`` for ``model`` (requests queued, not yet running)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def start_running(root: Path, name: str, call: Callable[[], object]) -> threading.Thread:
+    """Start ``call`` on a thread and return once the sleeper ``name`` has begun executing it."""
+    started(root, name).unlink(missing_ok=True)
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert wait_until(started(root, name).exists, timeout=60), f"{name} never started"
+    return thread
+
+
 def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: str) -> None:
-    with ServerProcess(slow_repo, grpc_frontend=grpc_frontend) as proc:
+    # Each step waits for what the server shows (an execution started, a queue length), never for a fixed time,
+    # so a busy machine slows the test down instead of reordering it.
+    with ServerProcess(slow_repo, metrics=True, grpc_frontend=grpc_frontend) as proc:
         client = tg.InferenceServerClient(proc.grpc_url)
 
         # Queue full: one running, two waiting, the rest refused.
@@ -155,17 +179,13 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: 
         assert outcomes.count("ok") >= 3
 
         # Timeout from the policy (20 ms) while the instance is busy, and overridden per request.
-        busy = threading.Thread(target=lambda: client.infer("slow_timeout", one(0)))
-        busy.start()
-        time.sleep(0.01)
+        busy = start_running(slow_repo, "slow_timeout", lambda: client.infer("slow_timeout", one(0)))
         with pytest.raises(InferenceServerException) as err:
             client.infer("slow_timeout", one(1))
         assert err.value.status() == "StatusCode.UNAVAILABLE"
         assert "Request timeout expired" in err.value.message()
         busy.join()
-        busy = threading.Thread(target=lambda: client.infer("slow_timeout", one(0)))
-        busy.start()
-        time.sleep(0.01)
+        busy = start_running(slow_repo, "slow_timeout", lambda: client.infer("slow_timeout", one(0)))
         client.infer("slow_timeout", one(2), timeout=30_000_000)  # 30 s in µs: waits and succeeds
         busy.join()
 
@@ -178,13 +198,11 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: 
             with lock:
                 finished.append(name)
 
-        blocker = threading.Thread(target=run, args=("blocker", 2))
-        blocker.start()
-        time.sleep(0.02)
+        blocker = start_running(slow_repo, "slow_priority", lambda: run("blocker", 2))
         low = [threading.Thread(target=run, args=(f"low{i}", 2)) for i in range(3)]
         for thread in low:
             thread.start()
-        time.sleep(0.02)
+        assert wait_until(lambda: pending(proc, "slow_priority") == 3, timeout=60), proc.output()
         high = threading.Thread(target=run, args=("high", 1))
         high.start()
         for thread in [blocker, *low, high]:
@@ -198,8 +216,9 @@ def test_queue_full_timeout_priority_and_cancel(slow_repo: Path, grpc_frontend: 
         payload = _codec.encode_infer_request(
             InferRequest("slow_cancel", inputs=[InferInput("INPUT0", "FP32", (1, 1), np.ones((1, 1), np.float32))])
         )
+        started(slow_repo, "slow_cancel").unlink(missing_ok=True)
         running = call.future(payload, timeout=30)
-        time.sleep(0.01)
+        assert wait_until(started(slow_repo, "slow_cancel").exists, timeout=60), proc.output()
         cancelled = call.future(payload, timeout=30)
         expired = call.future(payload, timeout=0.05)
         time.sleep(0.005)

@@ -51,3 +51,33 @@ def test_http_and_grpc_timestamps_in_the_trace(demo_repo: Path, tmp_path: Path, 
     for stamps, order in orders:
         times = [stamps[name] for name in order]
         assert times == sorted(times), order
+
+
+def test_grpc_timestamps_on_every_frontend_and_on_streams(demo_repo: Path, tmp_path: Path, grpc_frontend: str) -> None:
+    """ModelInfer and ModelStreamInfer on the native and the grpcio frontend: every traced request carries
+    GRPC_WAITREAD_START/END and GRPC_SEND_START/END around the Core's timestamps."""
+    import queue
+
+    path = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1"]
+    with ServerProcess(demo_repo, *args, grpc_frontend=grpc_frontend) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.infer("simple", _inputs(grpcclient), request_id="unary")
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for index in range(3):
+            client.async_stream_infer("simple", _inputs(grpcclient), request_id=f"stream-{index}")
+        for _ in range(3):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+        client.stop_stream()
+        client.close()
+    traces = _traces(path)
+    assert len(traces) == 4
+    grpc_names = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+    order = grpc_names[:2] + CORE + grpc_names[2:]
+    for stamps in traces.values():
+        assert set(stamps) == set(CORE + grpc_names), stamps
+        times = [stamps[name] for name in order]
+        assert times == sorted(times), (grpc_frontend, stamps)

@@ -89,6 +89,7 @@ def test_every_triton_flag_is_accepted(repo: Path, flag: str) -> None:
     ("--allow-client-shm=false", "client shared memory cannot be turned off"),
     ("--http-header-forward-pattern=(", "invalid regular expression"),
     ("--pinned-memory-pool-byte-size=-1", "must be >= 0"),
+    ("--model-load-thread-count=0", "must be >= 1"),
 ])
 def test_values_asking_for_what_fastoip_lacks_are_refused(repo: Path, flag: str, words: str) -> None:
     with pytest.raises(FlagError, match=words):
@@ -100,8 +101,10 @@ def test_honoured_flags_reach_the_server_options(repo: Path) -> None:
         f"--model-store={repo}", "--grpc-infer-response-compression-level=HIGH",
         "--grpc-http2-max-pings-without-data=0", "--grpc-keepalive-permit-without-calls=false",
         "--http-header-forward-pattern=x-fwd", "--grpc-header-forward-pattern=x-g", "--exit-on-error=true",
-        "--pinned-memory-pool-byte-size=1048576", "--response-cache-byte-size=4096",
+        "--pinned-memory-pool-byte-size=1048576", "--response-cache-byte-size=4096", "--model-load-thread-count=2",
     ])
+    assert options.repository.load_threads == 2
+    assert serve_options([f"--model-store={repo}"]).repository.load_threads == 4  # Triton's default
     native = options.grpc_native
     assert native is not None
     assert native.response_compression_level == "high"

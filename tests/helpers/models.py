@@ -305,3 +305,90 @@ def implicit_state_sequence_model_bytes() -> bytes:
         initializer=[one],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString()
+
+
+#: Triton's batch input kinds -> the name of the model input each feeds (see ``ragged_batch_model_bytes``).
+BATCH_INPUT_TARGETS = {
+    "BATCH_ELEMENT_COUNT": "COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT": "ACCUMULATED",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO": "ACCUMULATED_WITH_ZERO",
+    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE": "MAX_AS_SHAPE",
+    "BATCH_ITEM_SHAPE": "ITEM_SHAPE",
+    "BATCH_ITEM_SHAPE_FLATTEN": "ITEM_SHAPE_FLATTEN",
+}
+
+
+def ragged_batch_model_bytes() -> bytes:
+    """A model that shows what Triton's ragged batching feeds it (FP32 throughout).
+
+    Inputs: ``RAGGED_INPUT`` (flat, ``[-1]``) and one input per batch input kind
+    (``BATCH_INPUT_TARGETS``).  Outputs, batch-first so that every request of an
+    execution gets one row: ``<input>_OUT`` = that 1-D input repeated once per
+    batch item (``[batch, len]``; the batch comes from ``ITEM_SHAPE``'s first dim),
+    and ``ITEM_SHAPE_OUT`` = ``ITEM_SHAPE`` itself (each item its own row).
+    """
+    f32 = TensorProto.FLOAT
+    flat = ["RAGGED_INPUT", "COUNT", "ACCUMULATED", "ACCUMULATED_WITH_ZERO", "MAX_AS_SHAPE", "ITEM_SHAPE_FLATTEN"]
+    nodes = [
+        helper.make_node("Shape", ["ITEM_SHAPE"], ["item_shape_dims"]),
+        helper.make_node("Gather", ["item_shape_dims", "first"], ["batch"], axis=0),
+        helper.make_node("Identity", ["ITEM_SHAPE"], ["ITEM_SHAPE_OUT"]),
+    ]
+    for name in flat:
+        nodes += [
+            helper.make_node("Shape", [name], [f"{name}_len"]),
+            helper.make_node("Concat", ["batch", f"{name}_len"], [f"{name}_target"], axis=0),
+            helper.make_node("Unsqueeze", [name, "first"], [f"{name}_row"]),
+            helper.make_node("Expand", [f"{name}_row", f"{name}_target"], [f"{name}_OUT"]),
+        ]
+    inputs = [helper.make_tensor_value_info(name, f32, [f"{name}_n"]) for name in flat]
+    inputs.append(helper.make_tensor_value_info("ITEM_SHAPE", f32, ["items", "rank"]))
+    outputs = [helper.make_tensor_value_info(f"{name}_OUT", f32, ["batch", f"{name}_n"]) for name in flat]
+    outputs.append(helper.make_tensor_value_info("ITEM_SHAPE_OUT", f32, ["items", "rank"]))
+    first = helper.make_tensor("first", TensorProto.INT64, [1], [0])
+    graph = helper.make_graph(nodes, "ragged_batch", inputs, outputs, initializer=[first])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def ragged_batch_config(max_batch_size: int = 8, preferred: int = 4) -> str:
+    """config.pbtxt for ``ragged_batch_model_bytes``: every batch input kind from ``RAGGED_INPUT``
+    (``[-1, -1]``, ragged), and a batcher that runs once ``preferred`` batch items wait."""
+    batch_inputs = ", ".join(
+        f'{{ kind: {kind} target_name: "{target}" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" }}'
+        for kind, target in BATCH_INPUT_TARGETS.items()
+    )
+    outputs = ", ".join(
+        f'{{ name: "{name}_OUT" data_type: TYPE_FP32 dims: [ -1 ] }}'
+        for name in ["RAGGED_INPUT", "COUNT", "ACCUMULATED", "ACCUMULATED_WITH_ZERO", "MAX_AS_SHAPE",
+                     "ITEM_SHAPE_FLATTEN", "ITEM_SHAPE"]
+    )
+    return (
+        f"max_batch_size: {max_batch_size}\n"
+        'input [ { name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true } ]\n'
+        f"batch_input [ {batch_inputs} ]\n"
+        f"output [ {outputs} ]\n"
+        f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: 20000000 }}\n"
+    )
+
+
+def ragged_io_model_bytes() -> bytes:
+    """Triton's QA ``ragged_io``: a flat identity, ``INPUT0`` (ragged) -> ``OUTPUT0`` (a batch output)."""
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "ragged_io",
+        [helper.make_tensor_value_info("INPUT0", f32, ["n"])], [helper.make_tensor_value_info("OUTPUT0", f32, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+RAGGED_IO_CONFIG = (
+    "max_batch_size: 8\n"
+    'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]\n'
+    'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    "batch_output [ { target_name: \"OUTPUT0\" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: \"INPUT0\" } ]\n"
+    "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 20000000 }\n"
+)

@@ -171,3 +171,71 @@ def test_a_sequence_model_runs_as_an_ensemble_step(tmp_path: Path) -> None:
         assert step(5, start=False) == 5
     finally:
         core.close()
+
+
+TAGGER = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                value = pb_utils.get_input_tensor_by_name(request, "VALUE").as_numpy()
+                # a value of 1 opens sequence 42, a value of 9 ends it
+                parameters = {"sequence_id": 42, "sequence_start": bool(value[0, 0] == 1)}
+                if value[0, 0] == 9:
+                    parameters["sequence_end"] = True
+                responses.append(pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("TAGGED", value)], parameters=parameters))
+            return responses
+"""
+
+
+def test_a_steps_sequence_parameters_reach_later_steps_and_the_response(tmp_path: Path) -> None:
+    """Triton's ensemble: sequence parameters a step answers with mark its tensors; the steps that read them run
+    in that sequence, and the ensemble's response echoes them for its marked outputs."""
+    from models import sequence_controls, simple_sequence_model_bytes
+    from python_models import write_python_model
+
+    write_python_model(tmp_path, "tagger", TAGGER, 'backend: "python"\nmax_batch_size: 4\n'
+                       'input [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+                       'output [ { name: "TAGGED" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    _model(tmp_path, "seq", "max_batch_size: 4\n"
+           'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+           'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+           f"sequence_batching {{ {sequence_controls('START', 'READY')} }}\n", simple_sequence_model_bytes())
+    (tmp_path / "tagged_seq" / "1").mkdir(parents=True)
+    (tmp_path / "tagged_seq" / "config.pbtxt").write_text(
+        'name: "tagged_seq" platform: "ensemble" max_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },\n'
+        '         { name: "TAG" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [\n'
+        '  { model_name: "tagger" model_version: -1 input_map { key: "VALUE" value: "IN" }\n'
+        '    output_map { key: "TAGGED" value: "TAG" } },\n'
+        '  { model_name: "seq" model_version: -1 input_map { key: "INPUT" value: "TAG" }\n'
+        '    output_map { key: "OUTPUT" value: "OUT" } } ] }\n')
+    core = _core(tmp_path)
+    try:
+        def send(value: int, outputs: tuple[str, ...] = ("OUT", "TAG")) -> tuple[dict, dict]:
+            data = np.array([[value]], dtype=np.int32)
+            # the ensemble request names no sequence: the tagger's response does
+            request = InferRequest("tagged_seq", inputs=[InferInput("IN", "INT32", data.shape, data)],
+                                   outputs=[RequestedOutput(name) for name in outputs])
+            response = core.infer(request)
+            return {out.name: int(out.data[0, 0]) for out in response.outputs}, response.parameters
+
+        values, parameters = send(1)
+        assert values == {"OUT": 2, "TAG": 1}  # the sequence model saw START: (INPUT + START) * READY
+        assert parameters == {"sequence_id": 42, "sequence_start": True, "sequence_end": False}
+        values, parameters = send(5)
+        assert values == {"OUT": 5, "TAG": 5}  # same sequence, not a start
+        assert parameters == {"sequence_id": 42, "sequence_start": False, "sequence_end": False}
+        values, parameters = send(9)
+        assert parameters["sequence_end"] is True
+        # only outputs from marked tensors echo them: OUT comes from the sequence model, which set none
+        values, parameters = send(1, outputs=("OUT",))
+        assert values == {"OUT": 2} and parameters == {}
+    finally:
+        core.close()

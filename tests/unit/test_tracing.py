@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -250,3 +252,112 @@ def test_batched_tensor_traces_are_bounded_in_memory(tmp_path: Path, monkeypatch
         traces.finish(trace)
     assert (tmp_path / "trace.json.0").exists(), "the batch was kept in memory past the limit"
     traces.close()
+
+
+# -- ensembles: each step is a child trace of the ensemble request (Triton's parent_id) --------------------
+def _ensemble_repository(root: Path) -> Path:
+    from onnx import TensorProto
+
+    from models import identity_model_bytes, write_model
+
+    io = ('input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+          'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    for name in ("first", "second"):
+        write_model(root, name, identity_model_bytes(TensorProto.FLOAT, [4], name, batch=False),
+                    config="max_batch_size: 0\n" + io)
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'ensemble_scheduling { step [\n'
+        '  { model_name: "first" model_version: -1 input_map { key: "INPUT0" value: "IN" }\n'
+        '    output_map { key: "OUTPUT0" value: "mid" } },\n'
+        '  { model_name: "second" model_version: -1 input_map { key: "INPUT0" value: "mid" }\n'
+        '    output_map { key: "OUTPUT0" value: "OUT" } } ] }\n')
+    return root
+
+
+def _ensemble_request() -> Any:
+    from fastoip.types import InferInput, InferRequest
+
+    data = np.arange(4, dtype=np.float32)
+    return InferRequest("pipeline", id="ens", inputs=[InferInput("IN", "FP32", (4,), data)])
+
+
+def test_ensemble_steps_are_child_traces_in_the_trace_file(tmp_path: Path) -> None:
+    root = _ensemble_repository(tmp_path / "repo")
+    path = tmp_path / "trace.json"
+    config = parse_trace_config([f"triton,file={path}", "level=TIMESTAMPS", "rate=1"])
+    with core_on(root, trace_config=config) as core:
+        core.infer(_ensemble_request())
+        core.infer(_ensemble_request())
+    entries = json.loads(path.read_text())
+    heads = [e for e in entries if "model_name" in e]
+    ensembles = [h for h in heads if h["model_name"] == "pipeline"]
+    assert len(ensembles) == 2 and all("parent_id" not in h for h in ensembles)
+    for ensemble in ensembles:
+        steps = sorted((h for h in heads if h.get("parent_id") == ensemble["id"]), key=lambda h: h["model_name"])
+        assert [(h["model_name"], h["request_id"]) for h in steps] == [("first", "ens"), ("second", "ens")]
+        for step in steps:  # each child has its own timestamps, inside its parent's
+            stamps = {e["timestamps"][0]["name"]: e["timestamps"][0]["ns"] for e in entries
+                      if e["id"] == step["id"] and "timestamps" in e}
+            parent = {e["timestamps"][0]["name"]: e["timestamps"][0]["ns"] for e in entries
+                      if e["id"] == ensemble["id"] and "timestamps" in e}
+            assert {"REQUEST_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"} <= stamps.keys()
+            assert parent["REQUEST_START"] <= stamps["REQUEST_START"] <= stamps["REQUEST_END"]
+    assert len(heads) == 6
+
+
+def test_ensemble_step_spans_carry_the_parent_trace_id() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from fastoip.core import CallContext
+
+    with otlp_receiver() as receiver, tempfile.TemporaryDirectory() as tmp:
+        root = _ensemble_repository(Path(tmp))
+        config = parse_trace_config([f"opentelemetry,url={receiver.url}", "mode=opentelemetry", "level=TIMESTAMPS",
+                                     "rate=1", "opentelemetry,bsp_schedule_delay=10"])
+        with core_on(root, trace_config=config) as core:
+            core.infer(_ensemble_request(), CallContext(trace_headers={"traceparent": TRACEPARENT}))
+        deadline = time.monotonic() + 20
+        while len(receiver.spans_of("4bf92f3577b34da6a3ce929d0e0e4736")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    spans = receiver.spans_of("4bf92f3577b34da6a3ce929d0e0e4736")
+    ids = {name: {a.key: a.value.int_value for a in spans[name].attributes if a.key.startswith("triton.trace")}
+           for name in ("pipeline", "first", "second")}
+    assert ids["pipeline"]["triton.trace_parent_id"] == 0
+    assert ids["first"]["triton.trace_parent_id"] == ids["pipeline"]["triton.trace_id"]
+    assert ids["second"]["triton.trace_parent_id"] == ids["pipeline"]["triton.trace_id"]
+    # as Triton's child traces: each step's model span hangs under the ensemble's, with no InferRequest of its own
+    assert spans["first"].parent_span_id == spans["pipeline"].span_id
+    assert spans["second"].parent_span_id == spans["pipeline"].span_id
+    with receiver.lock:
+        roots = [span for span in receiver.spans if span.name == "InferRequest"]
+    assert len(roots) == 1 and spans["pipeline"].parent_span_id == roots[0].span_id
+
+
+def test_child_spans_wait_for_their_parent_and_orphans_go_out_alone() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from fastoip.tracing.otel import OtelExporter
+
+    def stamped(trace_id: int, model: str, parent_id: int | None) -> TraceRecord:
+        rec = TraceRecord(trace_id, model, "1", "", carrier={"traceparent": TRACEPARENT}, parent_id=parent_id)
+        base = time.monotonic_ns()
+        rec.stamp("REQUEST_START", base)
+        rec.stamp("REQUEST_END", base + 1000)
+        return rec
+
+    with otlp_receiver() as receiver:
+        exporter = OtelExporter(parse_trace_config([f"opentelemetry,url={receiver.url}", "mode=opentelemetry"]))
+        exporter.export(stamped(2, "step", parent_id=1))  # a child finishes first: it waits for its parent
+        exporter.export(stamped(1, "outer", parent_id=None))
+        exporter.export(stamped(3, "late", parent_id=1))  # after its parent: hung under it all the same
+        exporter.export(stamped(5, "orphan", parent_id=4))  # its parent never comes: out alone at shutdown
+        exporter.shutdown()
+    spans = receiver.spans_of("4bf92f3577b34da6a3ce929d0e0e4736")
+    assert spans["step"].parent_span_id == spans["outer"].span_id
+    assert spans["late"].parent_span_id == spans["outer"].span_id
+    with receiver.lock:
+        roots = [span for span in receiver.spans if span.name == "InferRequest"]
+    assert len(roots) == 2  # the outer request's and the orphan's
+    assert spans["orphan"].parent_span_id in {root.span_id for root in roots}

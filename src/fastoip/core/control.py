@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from .. import cuda
-from ..errors import InferenceError, InvalidArgument, Unavailable
+from ..errors import InvalidArgument, Unavailable
 from ..model_config import config_from_json
 from ..repository import ModelRepository, ModelState
 from ..repository.poller import RepositoryPoller
@@ -71,12 +71,8 @@ class ModelControl:
         if self.model_control_mode == "explicit":
             if "*" in self.startup_models:
                 self.repository.load_all()
-            else:
-                for name in self.startup_models:
-                    try:
-                        self.repository.load(name)
-                    except InferenceError as exc:
-                        log.error("model '%s' failed to load: %s", name, exc)
+            else:  # one load operation, as Triton loads its --load-model list
+                self.repository.load_many(self.startup_models)
             return
         if self.startup_models:
             raise ValueError("--load-model is only valid with --model-control-mode explicit")

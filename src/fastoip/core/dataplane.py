@@ -78,6 +78,7 @@ class DataPlane:
         self.repository = repository
         #: The one request runner (the repository's: ensemble steps run through it too).
         self.runner = repository.runner
+        self.runner.step_tracing = self  # a traced ensemble request's steps are traced as its children
         #: Triton's response cache (``--cache-config local,size=N``), for models with ``response_cache { enable }``.
         self.response_cache = ResponseCache(cache_size_bytes) if cache_size_bytes > 0 else None
         self.extensions = extensions
@@ -317,6 +318,20 @@ class DataPlane:
             for waiter, answer, error in answers:
                 waiter(answer, error)
         self.runner.complete(model, job, _shared_memory_outputs if job.regions or job.destinations else None)
+        if job.trace is not None:
+            self._finish_trace(job.trace, job, time.monotonic_ns())
+
+    # -- ensemble steps of traced requests (the runner's StepTracing) ------------------------------------
+    def begin_step(self, model: LoadedModel, job: Job, parent: Job) -> None:
+        """A step of a traced ensemble request: its child trace (``parent_id``), as Triton's ensemble spawns."""
+        trace = parent.trace
+        if trace is not None and self.tracer.active:
+            record = trace.record
+            job.trace = self.tracer.child(
+                model.name, model.version_str, job.request.id, (record.trace_id, record.carrier)
+            )
+
+    def end_step(self, job: Job) -> None:
         if job.trace is not None:
             self._finish_trace(job.trace, job, time.monotonic_ns())
 

@@ -26,7 +26,8 @@ from ..model_config import ModelSpec, TensorSpec, model_spec
 from ..scheduling.buffers import BufferPool
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
 from ..scheduling.execute import TensorBackend
-from ..scheduling.job import Job, input_signature
+from ..scheduling.job import Job, input_signature, ragged_signature
+from ..scheduling.ragged import RaggedPlan
 from ..types import InferInput, InferRequest, InferResponse
 
 log = logging.getLogger("fastoip.repository")
@@ -78,6 +79,8 @@ class LoadedModel:
         #: Set when the version is retired (reload or unload): new requests must not start on it
         #: (``runner.RequestRunner.enter`` hands them its successor).
         self.retiring = False
+        #: Triton's ragged batching (ragged inputs, batch inputs and outputs), or None: the model has none.
+        self.ragged = RaggedPlan.of(config)
         #: What the scheduler may know of this model (it never sees the LoadedModel itself).
         self.context = ExecutionContext(
             name=name,
@@ -88,6 +91,7 @@ class LoadedModel:
             stats=self.stats,
             buffers=self.buffers,
             signature=self.signature,
+            ragged=self.ragged,
         )
         #: What the scheduler runs: tensor models get the merge/split adapter, the others are Backends already.
         self.instances: list[Backend] = [
@@ -175,6 +179,8 @@ class LoadedModel:
 
     def signature(self, job: Job) -> Hashable:
         """Jobs merge into one batch only when these agree (see :func:`~fastoip.scheduling.job.input_signature`)."""
+        if self.ragged is not None and self.ragged.ragged:
+            return ragged_signature(job, self.spec.batching, self.ragged.ragged)
         return input_signature(job, self.spec.batching)
 
     def _reject_input(self, tensor: InferInput, expected: TensorSpec | None, feeds: dict) -> None:

@@ -67,16 +67,16 @@ class RepositoryPoller:
                 log.error("poll: %s; the loaded models keep serving", exc.message)
                 return
         names = set(self.repository.model_names())
+        changed = []
         for name in sorted(names):
             current = fingerprint(self.repository.model_dir(name))
             if self.seen.get(name) == current:
                 continue
             self.seen[name] = current
             log.info("poll: model '%s' changed, loading", name)
-            try:
-                self.repository.load(name)
-            except InferenceError as exc:
-                log.error("poll: model '%s' failed to load: %s", name, exc)
+            changed.append(name)
+        if changed:  # one load operation: side by side on the load threads (Triton's --model-load-thread-count)
+            self.repository.load_many(changed, what="poll: ")
         for name in sorted(set(self.seen) - names):
             del self.seen[name]
             log.info("poll: model '%s' removed, unloading", name)

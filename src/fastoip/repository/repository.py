@@ -14,6 +14,11 @@ Rules:
   (Python models), else what the backend finds in the model file.
 - ``load_all`` first lets every backend kind prepare every model (Python
   models' ``@on_deployment`` hooks), so that work runs before any model loads.
+- One load operation at a time (the load lock: a load, an unload, start-up's
+  or a poll's set of models), as Triton's repository manager.  Inside one,
+  models load on ``load_threads`` threads (Triton's ``--model-load-thread-count``,
+  default 4) and each model's versions side by side; ensembles load after the
+  other models of the set, one at a time (their steps must be there first).
 - A load may bring its own model files (Triton's ``file:<version>/<name>``
   load parameters, with a ``config``): they are written to a private
   directory that serves as the model's directory until the next load or
@@ -38,7 +43,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, cast
@@ -214,12 +219,37 @@ class ModelRepository:
     def load_all(self) -> None:
         names = self.model_names()
         self._prepare(names)
-        # ensembles last: their steps' models must be loaded to check the wiring
-        for name in sorted(names, key=lambda n: (self._is_ensemble_dir(n), n)):
+        self.load_many(names)
+
+    def load_many(self, names: Sequence[str], what: str = "") -> None:
+        """Load (or reload) ``names`` as one load operation; a model that fails is logged (``what`` prefixes the
+        line, e.g. ``"poll: "``) and the others load.
+
+        The plain models load on ``options.load_threads`` threads, then the ensembles one at a time (their
+        steps' models must be loaded to check the wiring), all under the load lock.
+        """
+        ensembles = sorted(name for name in names if _is_plain_name(name) and self._is_ensemble_dir(name))
+        plain = sorted(name for name in names if name not in ensembles)
+
+        def load_one(name: str) -> None:
             try:
-                self.load(name)
+                self._model_dir(name)
+                if not self.model_dir(name).is_dir():
+                    raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
+                self._load_locked(name, None, None, False)
             except InferenceError as exc:
-                log.error("model '%s' failed to load: %s", name, exc)
+                log.error("%smodel '%s' failed to load: %s", what, name, exc)
+
+        threads = min(max(1, self.options.load_threads), len(plain))
+        with self._load_lock:
+            if threads > 1:
+                with ThreadPoolExecutor(threads, thread_name_prefix="fastoip-load") as pool:
+                    list(pool.map(load_one, plain))
+            else:
+                for name in plain:
+                    load_one(name)
+            for name in ensembles:
+                load_one(name)
 
     def load(
         self,
@@ -480,6 +510,26 @@ class ModelRepository:
             for _, path in paths:  # a client's config or files: links must not lead out of the model
                 check_inside(name, model_dir, path, "the model file")
         loaded: dict[int, LoadedModel] = {}
+        threads = min(max(1, self.options.load_threads), len(paths))
+        if threads > 1 and kind is not ENSEMBLE_KIND:
+            # Triton loads a model's versions side by side; every one must load, or none is kept
+            def load_version(entry: tuple[int, Path]) -> LoadedModel:
+                return self._load_version(name, entry[0], entry[1], base, kind, from_client)
+
+            with ThreadPoolExecutor(threads, thread_name_prefix=f"fastoip-load-{name}") as pool:
+                futures = [(version, pool.submit(load_version, (version, path))) for version, path in paths]
+            failure: BaseException | None = None
+            for version, future in futures:
+                error = future.exception()
+                if error is None:
+                    loaded[version] = future.result()
+                elif failure is None:
+                    failure = error
+            if failure is not None:
+                for model in loaded.values():  # the versions that did load release their instances
+                    model.close()
+                raise failure
+            return loaded
         try:
             for version, path in paths:
                 loaded[version] = self._load_version(name, version, path, base, kind, from_client)
@@ -546,6 +596,15 @@ class ModelRepository:
 
         plan = plan_ensemble(config, lookup)
         return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
+
+
+def _is_plain_name(name: str) -> bool:
+    """Whether ``name`` may become a path (the load itself reports one that may not)."""
+    try:
+        check_model_name(name)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> InvalidArgument | None:

@@ -8,7 +8,8 @@ Rules:
   caller's extra step; in-flight count; statistics).  The data plane adds what
   only a client request has around it (shared memory, the response cache,
   tracing, the caller's deadline and cancellation); an ensemble step is
-  ``start``: all four steps with nothing around them.
+  ``start``: all four steps with nothing around them but its child trace
+  when the ensemble request is traced (``StepTracing``, the data plane's).
 - ``complete`` runs once per request, on the thread that finished it (or the
   blocking caller's), before the caller hears of the result.
 - Version retirement lives here, not in the scheduling contract: a reload swaps
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from ..errors import InferenceError
 from ..response_outputs import finish_outputs
@@ -36,13 +38,25 @@ LookUp = Callable[[str, str], LoadedModel]
 ExtraStep = Callable[[Job, InferResponse], None]
 
 
+class StepTracing(Protocol):
+    """How an ensemble step of a traced request is traced (the data plane, which owns the tracer)."""
+
+    def begin_step(self, model: LoadedModel, job: Job, parent: Job) -> None:
+        """Give ``job`` (a step of ``parent``, which is traced) its child trace, when its model traces."""
+
+    def end_step(self, job: Job) -> None:
+        """``job`` (a traced step) is complete: stamp and write its trace."""
+
+
 class RequestRunner:
     """Enter, prepare, enqueue and complete requests on the models ``look_up`` finds."""
 
-    __slots__ = ("look_up",)
+    __slots__ = ("look_up", "step_tracing")
 
     def __init__(self, look_up: LookUp) -> None:
         self.look_up = look_up
+        #: Traces ensemble steps as children of their traced request (set by the data plane), or None.
+        self.step_tracing: StepTracing | None = None
 
     def enter(self, request: InferRequest) -> LoadedModel:
         """The version ``request`` names, counted in flight (the caller must ``complete`` or ``leave`` it)."""
@@ -89,10 +103,14 @@ class RequestRunner:
         if request.outputs or model.spec.reshaped:
             finish_outputs(model.spec, request, response)
 
-    def start(self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None]) -> Job:
+    def start(
+        self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None], parent: Job | None = None
+    ) -> Job:
         """Run ``request`` with nothing around it (an ensemble step): ``on_done(job)`` once it is complete.
 
-        Errors found before it starts (unknown model, invalid input) are raised here.
+        ``parent``: the ensemble request the step belongs to; when it is traced, the step is traced as its
+        child (Triton's ``parent_id``).  Errors found before it starts (unknown model, invalid input) are
+        raised here.
         """
         model = self.enter(request)
         try:
@@ -101,9 +119,14 @@ class RequestRunner:
             model.leave()
             raise
         job.deadline_ns = deadline_ns
+        tracing = self.step_tracing
+        if parent is not None and parent.trace is not None and tracing is not None:
+            tracing.begin_step(model, job, parent)
 
         def done(finished: Job) -> None:
             self.complete(model, finished)
+            if finished.trace is not None and tracing is not None:
+                tracing.end_step(finished)
             on_done(finished)
 
         job.on_done(done)

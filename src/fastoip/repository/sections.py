@@ -2,8 +2,8 @@
 
 Rules:
 - A config must mean what it says.  Sections that change a model's results or
-  its protocol and are not built yet (batch_input / batch_output; decoupled
-  transactions for any backend but Python models) are refused at load with
+  its protocol and are not built yet (batch_input / batch_output for any
+  backend but ONNX Runtime; decoupled transactions for any backend but Python models) are refused at load with
   the reason, which the repository index shows; the model is UNAVAILABLE
   instead of READY-and-failing.
 - Hints that only tune speed and that fastoip cannot honour (rate
@@ -34,6 +34,9 @@ IGNORED_MODEL_SETTINGS = {
 #: Backend kinds whose models may be decoupled (answer a request with any number of responses).
 DECOUPLED_BACKENDS = ("python",)
 
+#: Backend kinds whose models may have batch inputs and batch outputs (Triton's ragged batching).
+RAGGED_BACKENDS = ("onnxruntime",)
+
 
 def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str, backend: str) -> None:
     """Unsupported naming the first section that would change results or the protocol (``backend``: the
@@ -44,8 +47,8 @@ def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str, backend: st
             f"model_transaction_policy {{ decoupled: true }} (decoupled responses) is not implemented for {backend} "
             "models (Python models may be decoupled)"
         )
-    elif config.batch_input or config.batch_output:
-        reason = "batch_input / batch_output are not implemented"
+    elif (config.batch_input or config.batch_output) and backend not in RAGGED_BACKENDS:
+        reason = f"batch_input / batch_output are not implemented for {backend} models (ONNX models may have them)"
     if reason:
         raise Unsupported(f"failed to load '{model_name}': {reason}; remove it from the config to serve the model")
 

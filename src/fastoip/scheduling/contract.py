@@ -36,6 +36,7 @@ from ..metrics import VersionCounters
 from ..types import InferResponse
 from .buffers import BufferPool
 from .job import Job
+from .ragged import RaggedPlan
 
 #: ``(batch_size, request_count, input_ns, infer_ns, output_ns)`` of one model execution (for statistics).
 Execution = tuple[int, int, int, int, int]
@@ -133,6 +134,8 @@ class ExecutionContext:
     buffers: BufferPool
     #: Jobs merge into one batch only when these values are equal.
     signature: Callable[[Job], Hashable]
+    #: Ragged inputs, batch inputs and batch outputs (Triton's ragged batching), or None: the model has none.
+    ragged: RaggedPlan | None = None
 
 
 class Scheduler(Protocol):

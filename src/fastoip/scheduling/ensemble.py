@@ -12,25 +12,43 @@ Rules:
 - The first failing step fails the ensemble request with that step's error,
   naming the step; steps still running finish, and nothing new starts.
 - Composing models record their own request statistics (the runner's completion), as Triton reports them.
+- A traced ensemble request's steps are traced as its children (``parent_id``), as Triton's.
+- Sequence parameters follow Triton's ensemble: a step whose response carries
+  ``sequence_id``, ``sequence_start`` or ``sequence_end`` marks the tensors it
+  produced with that sequence id (the step's own when the response names
+  none) and those flags (absent: false).  A later step that reads a marked
+  tensor runs with them instead of the ensemble request's (the first marked
+  tensor wins when two disagree, logged), and the ensemble's response echoes
+  ``sequence_id``, ``sequence_start`` and ``sequence_end`` when one of its
+  outputs is a marked tensor.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from ..errors import InferenceError
+from ..errors import InferenceError, InvalidArgument
 from ..types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
 from .job import Job
+
+log = logging.getLogger("fastoip.scheduling")
+
+#: The response parameters that carry a sequence past a step (Triton's ensemble reads these three).
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 
 class StepRunner(Protocol):
     """How a step runs: the request runner under the Core (``repository.runner.RequestRunner``)."""
 
-    def start(self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None]) -> Job:
+    def start(
+        self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None], parent: Job | None = None
+    ) -> Job:
         """Enter the composing model, prepare, enqueue; ``on_done`` once outputs, in-flight count and
-        statistics are done.  Raises InferenceError for a step that cannot start."""
+        statistics are done (``parent``: the ensemble request, whose trace the step's is a child of).
+        Raises InferenceError for a step that cannot start."""
 
 
 class Step(Protocol):
@@ -91,6 +109,8 @@ class _EnsembleRun:
         self.scheduler = scheduler
         self.job = job
         self.tensors: dict[str, InferInput | InferOutput] = {t.name: t for t in job.request.inputs}
+        #: Tensor name -> the sequence parameters the step that produced it answered with (Triton's override).
+        self.sequences: dict[str, dict[str, Any]] = {}
         # Triton prunes the steps whose outputs no requested output depends on
         self.waiting = needed_steps(scheduler.plan.steps, job.output_names)
         #: Steps started and not done: their jobs (None while a step is being started).
@@ -125,18 +145,32 @@ class _EnsembleRun:
             self._launch(step)
 
     def _launch(self, step: Step) -> None:
+        # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
+        parameters = dict(self.job.request.parameters)
+        chosen: dict[str, Any] | None = None
+        for tensor in step.inputs.values():
+            marked = self.sequences.get(tensor)
+            if marked is None:
+                continue
+            if chosen is None:
+                chosen = marked
+                parameters.update(marked)
+            elif marked != chosen:
+                log.error(
+                    "ensemble '%s', step %d ('%s'): different sequence parameters are set for its inputs; "
+                    "%s is used", self.scheduler.plan.name, step.index, step.model_name, chosen,
+                )
         request = InferRequest(
             step.model_name,
             step.model_version,
             self.job.request.id,
-            # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
-            parameters=dict(self.job.request.parameters),
+            parameters=parameters,
             inputs=[_as_input(model_input, self.tensors[tensor]) for model_input, tensor in step.inputs.items()],
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
         try:
             sub = self.scheduler.runner.start(
-                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished)
+                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished), self.job
             )
         except InferenceError as exc:
             with self.lock:
@@ -157,11 +191,18 @@ class _EnsembleRun:
             self._fail(step, sub.error)
             return
         assert sub.response is not None
+        try:
+            marked = _sequence_override(sub.request.parameters, sub.response.parameters)
+        except InvalidArgument as exc:
+            self._fail(step, exc)
+            return
         with self.lock:
             for output in sub.response.outputs:
                 tensor = step.outputs.get(output.name)
                 if tensor is not None:
                     self.tensors[tensor] = output
+                    if marked is not None:
+                        self.sequences[tensor] = marked
         self._launch_ready()
 
     def _fail(self, step: Step, error: BaseException) -> None:
@@ -188,11 +229,37 @@ class _EnsembleRun:
         if self.failed:
             return
         outputs = []
+        parameters: dict[str, Any] = {}
         for name in self.job.output_names:
             tensor = self.tensors[name]
             outputs.append(InferOutput(name, tensor.datatype, tuple(tensor.shape), tensor.data))
+            marked = self.sequences.get(name)
+            if marked is not None:
+                parameters.update(marked)  # Triton adds them once per marked output: the last one stands
         request = self.job.request
-        self.job.finish(InferResponse(request.model_name, request.model_version, request.id, outputs=outputs))
+        self.job.finish(
+            InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
+        )
+
+
+def _sequence_override(request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any] | None:
+    """The sequence parameters a step's response sets for the tensors it produced, or None when it sets none.
+
+    Triton's reading: the sequence id is the response's, else the step request's; each flag is the response's
+    boolean, else false.
+    """
+    if not any(key in response for key in SEQUENCE_PARAMETERS):
+        return None
+    sequence_id = response.get("sequence_id", request.get("sequence_id", 0))
+    if isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str)):
+        raise InvalidArgument("expected parameter 'sequence_id' to be an integer or a string")
+    marked: dict[str, Any] = {"sequence_id": sequence_id}
+    for flag in ("sequence_start", "sequence_end"):
+        value = response.get(flag, False)
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"expect parameter '{flag}' to be a boolean")
+        marked[flag] = value
+    return marked
 
 
 def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:

@@ -234,3 +234,10 @@ def input_signature(job: Job, batching: bool) -> Hashable:
     skip = 1 if batching else 0
     # In the request's order (clients send a fixed order; sorting would cost on every request).
     return tuple([(t.name, tuple(t.shape[skip:])) for t in job.request.inputs])
+
+
+def ragged_signature(job: Job, batching: bool, ragged: frozenset[str]) -> Hashable:
+    """:func:`input_signature` where the shapes of ``ragged`` inputs (``allow_ragged_batch``) do not count:
+    Triton batches requests whatever their shapes of those."""
+    skip = 1 if batching else 0
+    return tuple([(t.name, () if t.name in ragged else tuple(t.shape[skip:])) for t in job.request.inputs])

@@ -15,6 +15,12 @@ Rules (Triton's ``src/tracer.cc`` in OpenTelemetry mode, plus the spans fastoip 
 - Attributes on the model span, as Triton sets them: ``triton.model_name``,
   ``triton.model_version`` (int), ``triton.trace_id``, ``triton.trace_parent_id``
   (0: none), ``triton.request_id`` (when there is one).
+- A child trace (``parent_id``: an ensemble step, a BLS request) has no
+  ``InferRequest`` span of its own: its model span hangs under its parent's
+  model span, as Triton's child traces.  Children finish before their parent,
+  so a child waits (up to :data:`MAX_WAITING` of them) until its parent is
+  exported; a child whose parent is gone (exported long ago, or never) is
+  exported on its own, under the caller's W3C context.
 - Monotonic stamps are moved to the wall clock with one offset taken at start-up (Triton does the same).
 - Export is OTLP/HTTP through the SDK's batch span processor; the SDK is the
   optional extra ``fastoip[otel]``, imported only when this mode is chosen.
@@ -22,6 +28,8 @@ Rules (Triton's ``src/tracer.cc`` in OpenTelemetry mode, plus the spans fastoip 
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from typing import Any
 
@@ -37,6 +45,11 @@ _COMPUTE_PARTS = (
     ("compute_output", "COMPUTE_OUTPUT_START", "COMPUTE_END"),
 )
 
+
+#: Child traces waiting for their parent's export, at most (beyond it the oldest is exported on its own).
+MAX_WAITING = 4096
+#: Exported traces whose model span a late child may still hang under.
+MAX_REMEMBERED = 4096
 
 SDK_MISSING = "--trace-config mode=opentelemetry needs the OpenTelemetry SDK: pip install 'fastoip[otel]'"
 
@@ -75,6 +88,12 @@ class OtelExporter:
         self._tracer = self._provider.get_tracer("triton-server")  # Triton's tracer name
         self._propagator = TraceContextTextMapPropagator()
         self._offset_ns = time.time_ns() - time.monotonic_ns()
+        self._lock = threading.Lock()
+        #: parent trace id -> its children's records, until the parent is exported.
+        self._waiting: collections.OrderedDict[int, list[TraceRecord]] = collections.OrderedDict()
+        self._waiting_count = 0
+        #: trace id -> the context of its model span, for the last MAX_REMEMBERED exported traces.
+        self._exported: collections.OrderedDict[int, Any] = collections.OrderedDict()
 
     def is_valid_parent(self, carrier: dict[str, str]) -> bool:
         """True when ``carrier`` holds a valid W3C ``traceparent`` (Triton then traces the request whatever
@@ -88,17 +107,56 @@ class OtelExporter:
         return self._tracer.start_span(name, context=parent, kind=self._server_kind, start_time=start_ns)
 
     def export(self, record: TraceRecord) -> None:
-        """Build ``record``'s spans (ended, with their real times) and queue them for export."""
+        """Build ``record``'s spans (ended, with their real times) and queue them for export; a child's wait
+        for its parent's (see the module rules)."""
+        alone: list[TraceRecord] = []
+        parent_context = None
+        waits = False
+        with self._lock:
+            if record.parent_id is not None:
+                parent_context = self._exported.get(record.parent_id)
+                waits = parent_context is None
+                if waits:
+                    self._waiting.setdefault(record.parent_id, []).append(record)
+                    self._waiting_count += 1
+                    while self._waiting_count > MAX_WAITING:
+                        _, oldest = self._waiting.popitem(last=False)
+                        self._waiting_count -= len(oldest)
+                        alone += oldest
+        for orphan in alone:
+            self._export_tree(orphan, None)
+        if not waits:
+            self._export_tree(record, parent_context)
+
+    def _export_tree(self, record: TraceRecord, parent_context: Any) -> None:
+        """``record``'s spans (under ``parent_context``, a parent's model span, when given), then its waiting
+        children's under its own model span."""
+        context = self._export_one(record, parent_context)
+        with self._lock:
+            if context is not None:
+                self._exported[record.trace_id] = context
+                while len(self._exported) > MAX_REMEMBERED:
+                    self._exported.popitem(last=False)
+            children = self._waiting.pop(record.trace_id, [])
+            self._waiting_count -= len(children)
+        for child in children:  # under this model span; on their own when it has none
+            self._export_tree(child, context)
+
+    def _export_one(self, record: TraceRecord, parent_context: Any) -> Any:
+        """``record``'s spans; the context of its model span (None: it had no request timestamps)."""
         wall = {name: ns + self._offset_ns for name, ns in record.timestamps}
         if "REQUEST_START" not in wall or "REQUEST_END" not in wall:
-            return
+            return None
         set_in = self._api.set_span_in_context
-        parent = self._propagator.extract(record.carrier) if record.carrier else None
-        root = self._span("InferRequest", parent, min(wall.values()))
-        for name, ns in wall.items():
-            if name.startswith(("GRPC_", "HTTP_")):
-                root.add_event(name, timestamp=ns)
-        model = self._span(record.model_name, set_in(root), wall["REQUEST_START"])
+        root = None
+        if parent_context is None:
+            parent = self._propagator.extract(record.carrier) if record.carrier else None
+            root = self._span("InferRequest", parent, min(wall.values()))
+            for name, ns in wall.items():
+                if name.startswith(("GRPC_", "HTTP_")):
+                    root.add_event(name, timestamp=ns)
+            parent_context = set_in(root)
+        model = self._span(record.model_name, parent_context, wall["REQUEST_START"])
         version = record.model_version
         model.set_attribute("triton.model_name", record.model_name)
         model.set_attribute("triton.model_version", int(version) if version.isdigit() else version)
@@ -124,8 +182,16 @@ class OtelExporter:
             compute.end(end_time=wall["COMPUTE_END"])
         model.add_event("REQUEST_END", timestamp=wall["REQUEST_END"])
         model.end(end_time=wall["REQUEST_END"])
-        root.end(end_time=max(wall.values()))
+        if root is not None:
+            root.end(end_time=max(wall.values()))
+        return model_context
 
     def shutdown(self) -> None:
-        """Export what is still batched and stop the exporter."""
+        """Export what is still waiting or batched and stop the exporter."""
+        with self._lock:
+            orphans = [child for children in self._waiting.values() for child in children]
+            self._waiting.clear()
+            self._waiting_count = 0
+        for orphan in orphans:
+            self._export_tree(orphan, None)
         self._provider.shutdown()

@@ -7,6 +7,12 @@ Rules:
   deserializer and response serializer.  A deserializer must not raise (grpcio
   would answer INTERNAL), so decode failures travel to the handler as
   :class:`DecodeFailure` and become INVALID_ARGUMENT there.
+- While tracing is on, Triton's GRPC_WAITREAD_START / GRPC_WAITREAD_END
+  bracket the decode of the request message (grpcio hands a message over
+  whole, after it was read) and GRPC_SEND_START / GRPC_SEND_END the encode of
+  the response (then grpcio sends it): :class:`TracedRequest` carries the
+  frontend's stamps from the deserializer to the handler, :class:`TracedResponse`
+  from the handler to the serializer (ModelStreamInfer encodes in its handler).
 - Why it stays: it is the reference the native frontend is compared against in
   differential tests, and the frontend used where the native one was not built.
   It holds a thread per call, which caps it at its thread count (16 idle
@@ -29,6 +35,7 @@ from google.protobuf.message import Message
 from ... import _codec
 from ...core import CallContext, Core, FinishedCall, Ticket
 from ...errors import InferenceError
+from ...tracing import FrontendTrace
 from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from .service import (
@@ -52,6 +59,54 @@ log = logging.getLogger("fastoip.grpc")
 __all__ = ["INT32_MAX", "GrpcioFrontend", "create_server", "method_handlers"]
 
 
+class TracedRequest:
+    """A decoded request (or its DecodeFailure) of a traced call, with the frontend's timestamps so far."""
+
+    __slots__ = ("request", "frontend")
+
+    def __init__(self, request: InferRequest | DecodeFailure, frontend: FrontendTrace) -> None:
+        self.request = request
+        self.frontend = frontend
+
+
+class TracedResponse:
+    """A traced call's response on its way to the serializer, which stamps GRPC_SEND_* around the encode."""
+
+    __slots__ = ("response", "frontend")
+
+    def __init__(self, response: InferResponse, frontend: FrontendTrace) -> None:
+        self.response = response
+        self.frontend = frontend
+
+
+def request_decoder(core: Core) -> Callable[[bytes], InferRequest | DecodeFailure | TracedRequest]:
+    """The request deserializer: the codec, plus GRPC_WAITREAD_* around it while tracing is on."""
+
+    def decode(data: bytes) -> InferRequest | DecodeFailure | TracedRequest:
+        if not core.tracing:
+            return decode_request(data)
+        frontend = FrontendTrace()
+        frontend.stamp("GRPC_WAITREAD_START")
+        request = decode_request(data)
+        frontend.stamp("GRPC_WAITREAD_END")
+        return TracedRequest(request, frontend)
+
+    return decode
+
+
+def encode_response(response: InferResponse | TracedResponse) -> bytes:
+    """The ModelInfer response serializer: the codec, plus GRPC_SEND_* around it for a traced call."""
+    if not isinstance(response, TracedResponse):
+        return _codec.encode_infer_response(response)
+    frontend = response.frontend
+    frontend.stamp("GRPC_SEND_START")
+    try:
+        return _codec.encode_infer_response(response.response)
+    finally:
+        frontend.stamp("GRPC_SEND_END")  # handed to grpcio, which sends it
+        frontend.done()
+
+
 def abort(context: grpc.ServicerContext, error: InferenceError) -> None:
     context.abort(getattr(grpc.StatusCode, error.grpc_code, grpc.StatusCode.UNKNOWN), error.message)
 
@@ -62,19 +117,29 @@ class GrpcioFrontend:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    def ModelInfer(self, request: InferRequest | DecodeFailure, context: grpc.ServicerContext) -> Any:
+    def ModelInfer(
+        self, request: InferRequest | DecodeFailure | TracedRequest, context: grpc.ServicerContext
+    ) -> Any:
+        frontend: FrontendTrace | None = None
+        if type(request) is TracedRequest:
+            frontend, request = request.frontend, request.request
         if type(request) is DecodeFailure:
             loose = accept_mlserver_shapes(self.core, request)
             if loose is None:
+                if frontend is not None:
+                    frontend.done()
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.status_message)
             request = loose
         try:
-            return self.core.infer(request, call_context(context))  # type: ignore[arg-type]  # abort() raised for a DecodeFailure
+            response = self.core.infer(request, call_context(context, frontend))  # type: ignore[arg-type]  # abort() raised for a DecodeFailure
         except InferenceError as exc:
+            if frontend is not None:
+                frontend.done()
             abort(context, exc)
+        return response if frontend is None else TracedResponse(response, frontend)
 
     def ModelStreamInfer(
-        self, requests: Iterable[InferRequest | DecodeFailure], context: grpc.ServicerContext
+        self, requests: Iterable[InferRequest | DecodeFailure | TracedRequest], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """Bidirectional stream: many requests in flight, responses as they finish.
 
@@ -90,6 +155,8 @@ class GrpcioFrontend:
         empty_final: set[InferRequest] = set()
         started = [0]
         core = self.core
+        #: The frontend's timestamps of each traced request in flight (set before it starts: it may finish at once).
+        traces: dict[InferRequest, FrontendTrace] = {}
 
         def cancel_all() -> None:
             for job in list(in_flight):
@@ -104,19 +171,31 @@ class GrpcioFrontend:
             try:
                 for request in requests:
                     started[0] += 1
+                    frontend: FrontendTrace | None = None
+                    if isinstance(request, TracedRequest):
+                        frontend, request = request.frontend, request.request
                     if isinstance(request, DecodeFailure):
                         loose = accept_mlserver_shapes(core, request)
                         if loose is None:
+                            if frontend is not None:
+                                frontend.done()
                             finished.put(_codec.encode_stream_response(None, request.status_message))
                             continue
                         request = loose
                     try:
                         if request.parameters and take_empty_final_flag(request):
                             empty_final.add(request)
-                        call = CallContext(trace_headers=context.invocation_metadata, caller_runs=True)
+                        call = CallContext(
+                            trace_headers=context.invocation_metadata, caller_runs=True, frontend_trace=frontend
+                        )
+                        if frontend is not None:
+                            traces[request] = frontend
                         job = core.start(request, call, finished.put, partial)
                     except InferenceError as exc:
                         empty_final.discard(request)
+                        if frontend is not None:
+                            traces.pop(request, None)
+                            frontend.done()
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
                         continue
                     in_flight.add(job)
@@ -141,13 +220,20 @@ class GrpcioFrontend:
                 yield item
                 continue
             in_flight.discard(item)
+            frontend = traces.pop(item.request, None) if traces else None
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_START")
+            last: bytes | None
             if item.response is not None:
                 if empty_final:  # asked for by a request that had one response anyway
                     empty_final.discard(item.request)
-                yield _codec.encode_stream_response(item.response)
-                continue
-            last = encode_final(item, item.request in empty_final)  # an error, or a decoupled request's final flag
-            empty_final.discard(item.request)
+                last = _codec.encode_stream_response(item.response)
+            else:
+                last = encode_final(item, item.request in empty_final)  # an error, or a decoupled request's final
+                empty_final.discard(item.request)
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_END")  # handed to grpcio, which sends it
+                frontend.done()
             if last is not None:
                 yield last
 
@@ -155,14 +241,15 @@ class GrpcioFrontend:
 _END = object()
 
 
-def call_context(context: grpc.ServicerContext) -> CallContext:
+def call_context(context: grpc.ServicerContext, frontend: FrontendTrace | None = None) -> CallContext:
     """The client's deadline, and cancel the request when the call ends (the Core registers that only
     for a request that will wait in a queue: a direct request runs at once on this thread); the metadata is
-    read only for a traced request."""
+    read only for a traced request; ``frontend``: the call's GRPC_* timestamps while tracing is on."""
     return CallContext(
         on_cancel=context.add_callback,
         time_remaining=context.time_remaining,
         trace_headers=context.invocation_metadata,
+        frontend_trace=frontend,
     )
 
 
@@ -186,12 +273,12 @@ def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
     handlers: dict[str, grpc.RpcMethodHandler] = {
         "ModelInfer": grpc.unary_unary_rpc_method_handler(
             frontend.ModelInfer,
-            request_deserializer=decode_request,
-            response_serializer=_codec.encode_infer_response,
+            request_deserializer=request_decoder(core),
+            response_serializer=encode_response,
         ),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
             frontend.ModelStreamInfer,
-            request_deserializer=decode_request,
+            request_deserializer=request_decoder(core),
             response_serializer=None,
         ),
     }

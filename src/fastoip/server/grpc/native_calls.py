@@ -241,7 +241,7 @@ class StreamInferCall(Call):
     """
 
     __slots__ = ("core", "jobs", "started", "answered", "half_closed", "partial_sink", "empty_final", "held",
-                 "held_bytes")
+                 "held_bytes", "traces", "wait_start_ns")
     streaming = True
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
@@ -257,6 +257,10 @@ class StreamInferCall(Call):
         #: issue 27: each unanswered job's message size, counted in core.budget until it is answered.
         self.held: dict[Ticket, int] = {}
         self.held_bytes = 0
+        #: Triton's GRPC_WAITREAD_* / GRPC_SEND_* timestamps of each traced request of the stream, by job.
+        self.traces: dict[Ticket, FrontendTrace] = {}
+        #: When the stream began waiting for its next message (its GRPC_WAITREAD_START if that one is traced).
+        self.wait_start_ns = time.monotonic_ns()
 
     def on_message(self, data: wire.Payload) -> None:
         if self.finished:
@@ -269,6 +273,16 @@ class StreamInferCall(Call):
             self.fail(wire.RESOURCE_EXHAUSTED, refusal)
             return
         self.started += 1
+        frontend: FrontendTrace | None = None
+        if self.core.core.tracing:
+            # as Triton's stream reader: waiting for this message began when the previous one was read
+            now = time.monotonic_ns()
+            frontend = FrontendTrace()
+            frontend.stamp("GRPC_WAITREAD_START", self.wait_start_ns)
+            frontend.stamp("GRPC_WAITREAD_END", now)
+            self.wait_start_ns = now
+        else:
+            self.wait_start_ns = time.monotonic_ns()
         try:
             request = decode_request(cast(bytes, data))  # the codec reads any buffer
         except BaseException:
@@ -283,11 +297,15 @@ class StreamInferCall(Call):
             request = loose
         try:
             empty_final = take_empty_final_flag(request) if request.parameters else False
-            job = self.core.start(request, self.deadline_ns, self.done, self.headers, self.partial_sink)
+            job = self.core.start(
+                request, self.deadline_ns, self.done, self.headers, self.partial_sink, frontend_trace=frontend
+            )
         except InferenceError as exc:
             self.core.budget.give(size)
             self.answer(_codec.encode_stream_response(error_echo(request), exc.message))
             return
+        if frontend is not None:
+            self.traces[job] = frontend  # done() runs later, on this loop
         self.held[job] = size
         self.held_bytes += size
         self.jobs.add(job)
@@ -308,20 +326,31 @@ class StreamInferCall(Call):
     def done(self, job: FinishedCall) -> None:
         self.jobs.discard(job)
         self.release(job)
-        if self.finished:
-            return
-        response = job.response
-        if response is None:  # an error, or a decoupled request's final flag
-            self.answer(encode_final(job, job in self.empty_final))
-            self.empty_final.discard(job)
-            return
-        if self.empty_final:  # asked for by a request that had one response anyway
-            self.empty_final.discard(job)
+        frontend = self.traces.pop(job, None) if self.traces else None
         try:
-            body = _codec.encode_stream_response(response)
-        except Exception as exc:
-            body = _codec.encode_stream_response(error_echo(job.request), f"cannot encode the response: {exc}")
-        self.answer(body)
+            if self.finished:
+                return
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_START")
+            response = job.response
+            if response is None:  # an error, or a decoupled request's final flag
+                self.answer(encode_final(job, job in self.empty_final))
+                self.empty_final.discard(job)
+            else:
+                if self.empty_final:  # asked for by a request that had one response anyway
+                    self.empty_final.discard(job)
+                try:
+                    body = _codec.encode_stream_response(response)
+                except Exception as exc:
+                    body = _codec.encode_stream_response(
+                        error_echo(job.request), f"cannot encode the response: {exc}"
+                    )
+                self.answer(body)
+            if frontend is not None:
+                frontend.stamp("GRPC_SEND_END")  # the response queued on the connection
+        finally:
+            if frontend is not None:
+                frontend.done()
 
     def send(self, body: bytes) -> None:
         if not self.headers_sent:
@@ -359,6 +388,9 @@ class StreamInferCall(Call):
             self.release(job)
         self.jobs.clear()
         self.empty_final.clear()
+        for frontend in self.traces.values():
+            frontend.done()
+        self.traces.clear()
 
 
 class UnaryCall(Call):
