@@ -57,10 +57,6 @@ class FramedSocket:
             parts.append(data)
         self._sock.sendall(b"".join(parts))
 
-    def buffered(self) -> bool:
-        """Whether a whole message is already here (reading it costs no system call)."""
-        return self._complete() != 0
-
     def _complete(self) -> int:
         """The end of the first buffered message when it is all here, else 0."""
         buffer = self._buffer

@@ -18,8 +18,8 @@ metrics) answered by ``("reply", ...)`` or, for a BLS stream, by several
 The main thread reads and runs each batch itself (one at a time, as an instance
 runs one batch at a time); a thread waiting for an answer reads meanwhile
 (see :class:`_Channel`).  Several requests may be waiting in the socket (the
-server's ``worker_pipeline``): their results go back together, up to
-:data:`HOLD_S` after the first, in one write.
+server's ``worker_pipeline``): one ``recv`` takes them all, and they run one
+after the other.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,6 @@ from . import transport as shm
 from . import utils as pb
 from .framing import FramedSocket
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
-
-#: How long a result may be held back while the worker answers the requests queued behind it.
-HOLD_S = 0.0002
 
 
 class _Channel:
@@ -63,9 +59,6 @@ class _Channel:
         self._read_lock = threading.Lock()
         self._calls = itertools.count(1)
         self._waiting: dict[int, queue.SimpleQueue] = {}
-        #: Results held back while more requests wait here (sent together; guarded by ``_lock``), and since when.
-        self._held: list[bytes] = []
-        self._held_since = 0.0
         #: Messages for the main loop that another thread read.
         self.inbox: collections.deque = collections.deque()
 
@@ -94,8 +87,6 @@ class _Channel:
             with self._read_lock:
                 if self.inbox:
                     continue
-                if self._held and not self.connection.buffered():
-                    self.flush()  # about to wait: what is held goes now
                 message = self._read_one()
             if not self._route(message):
                 return message
@@ -124,34 +115,7 @@ class _Channel:
     def send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            if self._held:  # in order, behind the results held back
-                self._held.append(data)
-                self._flush_held()
-            else:
-                self.connection.send_bytes(data)
-
-    def send_result(self, message: tuple, took: float) -> None:
-        """A batch's result: held back while the next request is already here (a whole message buffered) and
-        batches are quick (this one ``took`` under :data:`HOLD_S`), for up to :data:`HOLD_S` since the first
-        held, so that several results reach the server together (one wake-up there, not one each)."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        now = time.monotonic()
-        with self._lock:
-            if not self._held:
-                self._held_since = now
-            self._held.append(data)
-            if took < HOLD_S and now - self._held_since < HOLD_S and (self.inbox or self.connection.buffered()):
-                return
-            self._flush_held()
-
-    def flush(self) -> None:
-        with self._lock:
-            if self._held:
-                self._flush_held()
-
-    def _flush_held(self) -> None:
-        held, self._held = self._held, []
-        self.connection.send_many(held)
+            self.connection.send_bytes(data)
 
     def call(self, what: str, *args: Any) -> queue.SimpleQueue:
         return self.call_with_id(what, *args)[1]
@@ -246,7 +210,6 @@ def serve(connection: FramedSocket) -> None:
 
     def execute(exec_id: int, packed: list) -> None:
         assert runner is not None
-        began = time.monotonic()
         try:
             requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
 
@@ -260,7 +223,7 @@ def serve(connection: FramedSocket) -> None:
             packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
-            channel.send_result(("result", exec_id, packed_out, None), time.monotonic() - began)
+            channel.send(("result", exec_id, packed_out, None))
         except BaseException as exc:  # the model's error fails the batch; the worker lives on
             logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
             channel.send(("result", exec_id, None, _describe(exc)))
