@@ -80,12 +80,17 @@ def job_response(job: Job, version_str: str, data: Any) -> InferResponse | Infer
     return InferResponse(request.model_name, version_str, request.id, parameters, produced)
 
 
+#: How a response's plain data becomes the job's response (:func:`job_response`, or a hosting's own).
+Respond = Callable[["Job", str, Any], "InferResponse | InferenceError"]
+
+
 class _Streams:
     """A decoupled instance's open jobs: ``(call, index) -> job`` until the final flag."""
 
-    def __init__(self, model: str, version_str: str) -> None:
+    def __init__(self, model: str, version_str: str, respond: Respond = job_response) -> None:
         self.model = model
         self.version_str = version_str
+        self.respond = respond
         self._lock = threading.Condition()
         self._open: dict[tuple[int, int], Job] = {}
         self._last: dict[tuple[int, int], InferResponse] = {}
@@ -105,7 +110,7 @@ class _Streams:
                 last = self._last.pop((call, index), None)
                 self._lock.notify_all()
         if data is not None:
-            response = job_response(job, self.version_str, data)
+            response = self.respond(job, self.version_str, data)
             if isinstance(response, InferenceError):
                 job.fail(response)
             elif job.decoupled:
@@ -142,23 +147,28 @@ class _Streams:
             return self._lock.wait_for(lambda: not self._open, timeout)
 
 
-def _results_of(jobs: Sequence[Job], version_str: str, responses: Any, error: str | None, where: str) -> Results:
+def _results_of(
+    jobs: Sequence[Job], version_str: str, responses: Any, error: str | None, where: str,
+    respond: Respond = job_response,
+) -> Results:
     if error is not None:
         failure = InternalError(f"Failed to process the request(s) for model {where}, message: {error}")
         return [failure for _ in jobs]
-    return [job_response(job, version_str, data) for job, data in zip(jobs, responses, strict=True)]
+    return [respond(job, version_str, data) for job, data in zip(jobs, responses, strict=True)]
 
 
 class _Base:
     """What both hostings share: names, streams, in-flight accounting for close."""
 
-    def __init__(self, name: str, version_str: str, index: int, decoupled: bool) -> None:
+    def __init__(
+        self, name: str, version_str: str, index: int, decoupled: bool, respond: Respond = job_response
+    ) -> None:
         self.name = name
         self.version_str = version_str
         self.index = index
         self.where = f"'{name}' instance {index}"
         self.decoupled = decoupled
-        self.streams = _Streams(name, version_str)
+        self.streams = _Streams(name, version_str, respond)
         self._busy = threading.Condition()
         self._in_flight = 0
         self._closed = False
@@ -288,7 +298,15 @@ class ProcessInstance(_Base):
     ``window`` batches are already on their way.  The worker's reader thread finishes the jobs when the result
     comes.  The worker runs batches one at a time, in order: when it dies, the first batch not answered is the
     one it ran (it fails with the cause); the ones behind it never started and are sent to its replacement
-    (a decoupled model's fail too: their streams were open)."""
+    (a decoupled model's fail too: their streams were open).
+
+    ``start_messages`` load it in a fresh worker (again after a crash); a hosting of another kind of model
+    (an MLServer runtime: ``mlserver_process``) gives its own ``request_data`` (a job as the plain data its
+    worker's runner takes) and ``respond`` (that runner's plain response as the job's response)."""
+
+    def request_data(self, job: Job) -> tuple:
+        """``job`` as the plain data the worker's runner takes."""
+        return job_data(job)
 
     def __init__(
         self,
@@ -298,9 +316,11 @@ class ProcessInstance(_Base):
         decoupled: bool,
         start_messages: list[tuple],
         link: bridge.ServerLink = bridge.UNLINKED,
+        respond: Respond = job_response,
         window: int = PIPELINE_BATCHED_DEFAULT,
     ) -> None:
-        super().__init__(name, version_str, index, decoupled)
+        super().__init__(name, version_str, index, decoupled, respond)
+        self._respond = respond
         self._start_messages = start_messages
         self._link = link
         self._window = max(1, window)
@@ -373,7 +393,8 @@ class ProcessInstance(_Base):
                     return [Unavailable(self.down_reason) for _ in jobs], []
                 worker = self.worker
             call = next(self._calls)
-            batch = _Batch(jobs, [shm.pack_request(job_data(job)) for job in jobs], worker, time.monotonic_ns())
+            packed = [shm.pack_request(self.request_data(job)) for job in jobs]
+            batch = _Batch(jobs, packed, worker, time.monotonic_ns())
         except BaseException:
             self._leave()
             raise
@@ -416,7 +437,7 @@ class ProcessInstance(_Base):
                 try:
                     if responses is not None:
                         responses = [shm.unpack_response(r) for r in responses]
-                    results = _results_of(jobs, self.version_str, responses, error, self.where)
+                    results = _results_of(jobs, self.version_str, responses, error, self.where, self._respond)
                 except Exception as exc:
                     results = [InternalError(f"model {self.where}: unreadable result: {exc}") for _ in jobs]
                 for job, result in zip(jobs, results, strict=True):

@@ -204,7 +204,7 @@ def load_triton(
                         instances.append(
                             ProcessInstance(
                                 model_name, str(version), index, decoupled,
-                                [load_message, ("initialize", args, decoupled)], link_of(options), window,
+                                [load_message, ("initialize", args, decoupled)], link_of(options), window=window,
                             )
                         )
                     except (WorkerDied, WorkerError) as exc:
