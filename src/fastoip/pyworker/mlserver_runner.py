@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .runner import Emit, RequestData, ResponseData
+from .source_import import import_source
 from .utils import TRITON_STRING_TO_NUMPY, TritonError
 
 #: prometheus_client's multiprocess directory variable (read when prometheus_client is first imported).
@@ -129,12 +130,7 @@ def import_runtime_class(module_name: str, module_file: str | None, folder: str,
         sys.path.insert(0, folder)
         try:
             if module_file is not None and module_name.startswith("_fastoip_model_"):
-                spec = importlib.util.spec_from_file_location(module_name, module_file)
-                if spec is None or spec.loader is None:
-                    raise ImportError(f"cannot import {module_file}")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[module_name] = module
-                spec.loader.exec_module(module)
+                module = import_source(module_file, module_name)
             else:
                 module = importlib.import_module(module_name)
         finally:
