@@ -36,6 +36,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of every thread of ``pid`` so far."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = open(f"/proc/{pid}/task/{task}/status").read()
+        except OSError:
+            continue  # the thread ended
+        total += sum(int(n) for n in re.findall(r"^(?:non)?voluntary_ctxt_switches:\s+(\d+)", status, re.M))
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, metavar="NAME=PATH", help="the baseline checkout")
@@ -48,6 +60,7 @@ def main() -> None:
     ap.add_argument("--python", default=os.path.join(HERE, "..", ".venv", "bin", "python"))
     ap.add_argument("--server-cpus", default="0")
     ap.add_argument("--client-cpus", default="1")
+    ap.add_argument("--serve-args", default="", help="more `fastoip serve` arguments for both (e.g. --ort-threads 1)")
     args = ap.parse_args()
 
     trees = dict(spec.split("=", 1) for spec in (args.a, args.b))
@@ -60,7 +73,7 @@ def main() -> None:
             argv = ["taskset", "-c", args.server_cpus, args.python, "-m", "fastoip.cli", "serve",
                     "--model-repository", os.path.join(args.work, "repos", "std"), "--host", "127.0.0.1",
                     "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
-                    "--grpc-frontend", "native", "--log-level", "WARNING"]
+                    "--grpc-frontend", "native", "--log-level", "WARNING", *args.serve_args.split()]
             servers[name] = (subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                               text=True), port)
         for name, (proc, port) in servers.items():
@@ -74,9 +87,10 @@ def main() -> None:
                         raise SystemExit(f"{name} did not start: {proc.stderr.read() if proc.stderr else ''}") from None
                     time.sleep(0.2)
 
-        def load(name: str, seconds: int) -> tuple[float, float]:
+        def load(name: str, seconds: int) -> tuple[float, float, float]:
             proc, port = servers[name]
             before = cpu_seconds(proc.pid)
+            switches = context_switches(proc.pid)
             out = subprocess.run(
                 ["taskset", "-c", args.client_cpus, "h2load", "-t", "1", "-c", str(args.conc), "-m", "1",
                  "-D", str(seconds), "-d", os.path.join(args.work, "payloads", f"{args.model}.b1.grpc"),
@@ -84,26 +98,31 @@ def main() -> None:
                  f"http://127.0.0.1:{port}/inference.GRPCInferenceService/ModelInfer"],
                 capture_output=True, text=True, timeout=seconds + 60).stdout
             spent = cpu_seconds(proc.pid) - before
+            switches = context_switches(proc.pid) - switches
             rate = re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out)
             done = re.search(r"(\d+) succeeded, (\d+) failed", out)
             if rate is None or done is None or int(done.group(2)):
                 raise SystemExit(f"h2load against {name} failed:\n{out}")
-            return float(rate.group(1)), spent / max(int(done.group(1)), 1) * 1e6
+            count = max(int(done.group(1)), 1)
+            return float(rate.group(1)), spent / count * 1e6, switches / count
 
         for name in names:
             load(name, 2)  # warm-up
-        results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
         for round_ in range(args.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
-                rate, cpu = load(name, args.seconds)
-                results[name].append((rate, cpu))
-                print(f"round {round_:2d} {name:10s} {rate:9.1f} req/s {cpu:7.1f} us server CPU/request", flush=True)
-        medians = {name: (statistics.median(r for r, _ in rows), statistics.median(c for _, c in rows))
+                rate, cpu, switches = load(name, args.seconds)
+                results[name].append((rate, cpu, switches))
+                print(f"round {round_:2d} {name:10s} {rate:9.1f} req/s {cpu:7.1f} us server CPU/request "
+                      f"{switches:5.2f} context switches/request", flush=True)
+        medians = {name: (statistics.median(r for r, _, _ in rows), statistics.median(c for _, c, _ in rows),
+                          statistics.median(s for _, _, s in rows))
                    for name, rows in results.items()}
-        for name, (rate, cpu) in medians.items():
-            print(f"median   {name:10s} {rate:9.1f} req/s {cpu:7.1f} us server CPU/request")
+        for name, (rate, cpu, switches) in medians.items():
+            print(f"median   {name:10s} {rate:9.1f} req/s {cpu:7.1f} us server CPU/request "
+                  f"{switches:5.2f} context switches/request")
         a, b = names
-        ratios = [rb / ra for (ra, _), (rb, _) in zip(results[a], results[b], strict=True)]
+        ratios = [rb / ra for (ra, _, _), (rb, _, _) in zip(results[a], results[b], strict=True)]
         print(f"{b}/{a}: throughput {medians[b][0] / medians[a][0]:.3f} (median of per-round ratios "
               f"{statistics.median(ratios):.3f}), server CPU per request {medians[b][1] / medians[a][1]:.3f}")
     finally:

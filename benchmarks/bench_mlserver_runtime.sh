@@ -9,6 +9,8 @@
 # of MLServer's custom-json example, that runtime unchanged (its model-settings.json gains an input declaration
 # only). REST: wrk -c16 with the lab's v2_infer.lua; gRPC: h2load -c16 -m1 (p99 from its --log-file). MLServer runs with
 # its default settings (one inference worker process).
+# HOSTINGS="in_process process" serves the same models through fastoip once per hosting (model-settings
+# parameters.fastoip_hosting: the runtime in the server process, or in a worker process), one after the other.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/fastoip-mlserver-bench.XXXX)}
@@ -29,17 +31,25 @@ class Doubler(MLModel):
         x = NumpyCodec.decode_input(payload.inputs[0])
         return InferenceResponse(model_name=self.name, outputs=[NumpyCodec.encode_output("y", x * 2)])
 PY
-cat > "$REPO/numpy-double/model-settings.json" <<'JS'
+HOSTINGS=${HOSTINGS:-in_process}
+write_settings() { # MLServer's settings; with a hosting: fastoip's parameters.fastoip_hosting too
+  local extra=""
+  [ -n "${1:-}" ] && extra=", \"parameters\": {\"fastoip_hosting\": \"$1\"}"
+  cat > "$REPO/numpy-double/model-settings.json" <<JS
 {"name": "numpy-double", "implementation": "runtime.Doubler",
  "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}],
- "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 16]}]}
+ "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 16]}]$extra}
 JS
+  if [ -n "${CUSTOM_JSON:-}" ]; then
+    echo "{\"name\": \"json-hello-world\", \"implementation\": \"jsonmodels.JsonHelloWorldModel\"$extra}" \
+      > "$REPO/json-hello-world/model-settings.json"
+  fi
+}
 echo '{"host": "127.0.0.1", "http_port": 18801, "grpc_port": 18802, "metrics_port": 18803}' > "$REPO/settings.json"
 if [ -n "${CUSTOM_JSON:-}" ]; then
   mkdir -p "$REPO/json-hello-world" && cp "$CUSTOM_JSON"/jsonmodels.py "$REPO/json-hello-world/"
-  echo '{"name": "json-hello-world", "implementation": "jsonmodels.JsonHelloWorldModel"}' \
-    > "$REPO/json-hello-world/model-settings.json"
 fi
+write_settings ""
 PYTHONPATH=$HERE/src "$FASTOIP_PY" - "$WORK" <<'PY'
 import json, struct, sys
 import numpy as np
@@ -76,11 +86,15 @@ measure() { # name http-port grpc-port
 MP=$!
 wait_ready 18801 && measure mlserver 18801 18802
 CHILDREN=$(pgrep -P $MP | tr '\n' ' '); kill -9 $MP $CHILDREN 2>/dev/null; sleep 1
-PYTHONPATH=$HERE/src "$FASTOIP_PY" -c "import sys; from fastoip.cli import main; sys.exit(main())" serve \
-  --model-repository "$REPO" --http-port 18811 --grpc-port 18812 --metrics-port -1 > "$OUT/fastoip.log" 2>&1 &
-FP=$!
-wait_ready 18811 && measure fastoip 18811 18812
-kill $FP; sleep 2; kill -9 $FP 2>/dev/null
+for HOSTING in $HOSTINGS; do
+  write_settings "$HOSTING"
+  NAME=fastoip; [ "$HOSTINGS" != in_process ] && NAME=fastoip-$HOSTING
+  PYTHONPATH=$HERE/src "$FASTOIP_PY" -c "import sys; from fastoip.cli import main; sys.exit(main())" serve \
+    --model-repository "$REPO" --http-port 18811 --grpc-port 18812 --metrics-port -1 > "$OUT/$NAME.log" 2>&1 &
+  FP=$!
+  wait_ready 18811 && measure "$NAME" 18811 18812
+  kill $FP; sleep 2; kill -9 $FP 2>/dev/null
+done
 for f in "$OUT"/*-rest.txt; do echo "$(basename "$f") $(grep -o 'Requests/sec: *[0-9.]*' "$f") $(grep -o '"lat_p99_us":[0-9]*' "$f")"; done
 for f in "$OUT"/*-grpc.txt; do
   p99=$(cut -f3 "${f%.txt}.log" 2>/dev/null | sort -n | awk '{v[NR]=$1} END {if (NR) print v[int(NR*0.99)]}')

@@ -4,10 +4,13 @@
 A ``GrpcConnection`` on a fake transport is fed pre-built client frames (HEADERS + DATA of the demo
 ``simple`` request, 64 streams per read) and answers them through a real Core whose ``simple`` has no
 batcher (``max_batch_size: 1``), so every request costs the same and the figure does not move with batch
-sizes.  CPU time of the whole process (all threads) per request, best of ``--reps``: on a busy shared machine
-much steadier than throughput, and it isolates the frontend + Core from the load generator.
+sizes; ``--batcher`` keeps the demo's config (auto-complete's dynamic batcher) and holds the batcher's
+wake-ups per pass of the loop as the server does.  ``--profile FILE`` writes a cProfile of the loop thread
+(thread CPU time, so waits for the GIL do not count; the profiler's own clock reads inflate every figure).
+CPU time of the whole process (all threads) per request, best of ``--reps``: on a busy shared machine much
+steadier than throughput, and it isolates the frontend + Core from the load generator.
 
-    PYTHONPATH=src python benchmarks/bench_native_connection.py --requests 3000 --reps 8
+    PYTHONPATH=src python benchmarks/bench_native_connection.py --requests 3000 --reps 8 [--batcher]
 """
 
 from __future__ import annotations
@@ -69,16 +72,29 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--streams", type=int, default=64, help="requests per read (concurrent streams)")
+    ap.add_argument("--batcher", action="store_true", help="simple as the demo has it (auto-complete's dynamic "
+                    "batcher), with the loop's wake-ups held per pass as the server holds them")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the loop thread into FILE (pstats)")
     args = ap.parse_args()
 
     root = write_repository(Path(tempfile.mkdtemp()) / "repo", ["simple"])
-    (root / "simple" / "config.pbtxt").write_text('name: "simple"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n')
+    if not args.batcher:
+        config = 'name: "simple"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
+        (root / "simple" / "config.pbtxt").write_text(config)
     core = Core(root, RepositoryOptions(use_gpu=False), worker_threads=1)
     core.load_models()
     server = native_server.NativeGrpcServer(core, "127.0.0.1", 0,
                                             NativeGrpcOptions(max_concurrent_streams=args.requests + 1))
     message = simple_message()
     best = float("inf")
+    if args.batcher:
+        from fastoip import core as core_module
+        if hasattr(core_module, "start_in_bursts"):
+            core_module.start_in_bursts(server.loop)  # the server does this on its loop's thread
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile(time.thread_time)  # CPU of the loop thread: waits for the GIL do not count
     try:
         for _ in range(args.reps):
             encoder = Encoder()
@@ -99,14 +115,21 @@ def main() -> None:
                         await asyncio.sleep(0.0005)
 
             started = time.process_time()
+            if profiler is not None:
+                profiler.enable()
             server.loop.run_until_complete(drive())
+            if profiler is not None:
+                profiler.disable()
             best = min(best, time.process_time() - started)
             connection.connection_lost(None)
     finally:
         core.close()
         server.loop.close()
         server.sock.close()
-    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, no batcher) through GrpcConnection "
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+    batching = "dynamic batcher" if args.batcher else "no batcher"
+    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, {batching}) through GrpcConnection "
           f"+ Core, best of {args.reps} x {args.requests} ({native_server.__file__})")
     sys.stdout.flush()
 

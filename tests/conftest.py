@@ -17,7 +17,14 @@ import pytest
 # are tests/unit (no socket, no process) and tests/e2e (real processes and clients).
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
+import bytecode  # noqa: E402
+from schedule import longest_modules_first  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
+
+# PYTHONDONTWRITEBYTECODE: the test modules' compiled forms are written while collecting, and only then (bytecode.py)
+WRITES_FORBIDDEN = bytecode.writes_forbidden()
+if WRITES_FORBIDDEN:
+    bytecode.allow_writes_while_collecting()
 
 KNOWN_FRONTENDS = ("native", "grpcio")
 
@@ -54,6 +61,22 @@ GRPC_FRONTENDS = selected_frontends()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long or memory-hungry; see the test's docstring for when it runs")
+    # pytest-xdist's --dist loadfile would otherwise hand out modules by their number of tests, the longest last
+    # (tests/helpers/schedule.py): keep the order pytest_collection_modifyitems makes
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    if WRITES_FORBIDDEN and not hasattr(config, "workerinput"):  # the controller (or a serial run), once
+        bytecode.compile_fastoip()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if WRITES_FORBIDDEN:
+        bytecode.forbid_writes_again()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest modules first, so that ``make test``'s workers finish together (tests/helpers/schedule.py)."""
+    longest_modules_first(items, Path(__file__).parent)
 
 
 @pytest.fixture(scope="module", params=GRPC_FRONTENDS)

@@ -276,9 +276,17 @@ def test_explicit_model_control_without_downtime(tmp_path: Path, grpc_frontend: 
         assert set(index) == {"1", "2"}
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_load_with_uploaded_model_files(tmp_path: Path, protocol: str, grpc_frontend: str) -> None:
+def test_load_with_uploaded_model_files_over_grpc(tmp_path: Path, grpc_frontend: str) -> None:
     """Triton's load with ``config`` + ``file:<version>/model.onnx``: the model need not be in the repository."""
+    load_with_uploaded_model_files(tmp_path, "grpc", grpc_frontend)
+
+
+def test_load_with_uploaded_model_files_over_http(tmp_path: Path) -> None:
+    """The same over HTTP: once, on the server's default gRPC frontend (no gRPC frontend is under test)."""
+    load_with_uploaded_model_files(tmp_path, "http", None)
+
+
+def load_with_uploaded_model_files(tmp_path: Path, protocol: str, grpc_frontend: str | None) -> None:
     import tritonclient.http as th
 
     write_model(tmp_path, "swap", identity_model_bytes(1, [4], "swap"), 1)

@@ -66,6 +66,14 @@ def test_a_model_folder_given_as_the_repository_names_its_parent(tmp_path: Path,
         with pytest.raises(FlagError, match=f"give its parent, --model-repository {tmp_path}"):
             serve_options([f"--model-repository={tmp_path / name}"])
     assert model_folder_given_as_repository(tmp_path) == ""  # the repository itself is fine
+    # MLServer's layout: model-settings.json at the repository root (`mlserver start .`) is a repository...
+    mlserver_root = tmp_path / "mlserver-root"
+    mlserver_root.mkdir()
+    (mlserver_root / "model-settings.json").write_text('{"name": "m", "implementation": "runtime.M"}')
+    assert model_folder_given_as_repository(mlserver_root) == ""
+    # ...but beside version folders it marks one model's folder
+    (mlserver_root / "1").mkdir()
+    assert "it holds model-settings.json" in model_folder_given_as_repository(mlserver_root)
     done = subprocess.run([*SERVE, f"--model-repository={tmp_path / 'simple'}", *NO_PORTS],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "looks like one model's folder" in done.stderr

@@ -99,7 +99,11 @@ def inference_count(client: tg.InferenceServerClient, model: str) -> int:
 
 
 def executions_settled(client: tg.InferenceServerClient, model: str, quiet_s: float = 2.0) -> int:
-    """The model's inference count once it has stopped changing for ``quiet_s`` (bounded by the test timeout)."""
+    """The model's inference count once it has stopped changing for ``quiet_s`` (bounded by the test timeout).
+
+    Each test that queues requests on "slow" ends with this (or with a synchronous call), so the next one starts
+    from a settled count and reads it directly.
+    """
     last, since = inference_count(client, model), time.monotonic()
     while time.monotonic() - since < quiet_s:
         time.sleep(0.2)
@@ -288,7 +292,7 @@ def occupy_slow_model(client: tg.InferenceServerClient) -> list:
 @pytest.mark.parametrize("api", APIS)
 def test_deadline_exceeded_while_queued(server: ServerProcess, api: str) -> None:
     client = tg.InferenceServerClient(server.grpc_url)
-    before = executions_settled(client, "slow")
+    before = inference_count(client, "slow")  # the test before left "slow" settled (see executions_settled)
     done = occupy_slow_model(client)
     time.sleep(0.2)
     if api == "grpc":
@@ -313,7 +317,7 @@ def test_deadline_exceeded_while_queued(server: ServerProcess, api: str) -> None
 @pytest.mark.parametrize("api", APIS)
 def test_cancelled_unary_requests_leave_the_queue(server: ServerProcess, api: str) -> None:
     client = tg.InferenceServerClient(server.grpc_url)
-    before = executions_settled(client, "slow")
+    before = inference_count(client, "slow")  # the test before left "slow" settled (see executions_settled)
     done = occupy_slow_model(client)
     time.sleep(0.2)
     queued = 6
@@ -346,7 +350,7 @@ def test_cancelled_unary_requests_leave_the_queue(server: ServerProcess, api: st
 
 def test_stream_stop_cancels_queued_requests(server: ServerProcess) -> None:
     client = tg.InferenceServerClient(server.grpc_url)
-    before = executions_settled(client, "slow")
+    before = inference_count(client, "slow")  # the test before left "slow" settled (see executions_settled)
     client.start_stream(callback=lambda result, error: None)
     for i in range(6):
         client.async_stream_infer("slow", slow_input(), request_id=str(i))

@@ -8,6 +8,7 @@ with the same codecs.  model-settings.json validation and the missing-extra mess
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -67,13 +68,14 @@ class SumModel(MLModel):
         with open(uri) as f:
             self.offset = float(f.read())
         self.scale = self.settings.parameters.extra["scale"]
-        mlserver.register("sum_calls", "predict calls of the sum model")
+        self.prefix = self.settings.parameters.extra.get("prefix", "sum")
+        mlserver.register(f"{self.prefix}_calls", "predict calls of the sum model")
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         x = NumpyCodec.decode_input(payload.inputs[0])
         total = x.sum(axis=-1, keepdims=True) * self.scale + self.offset
-        mlserver.log(sum_calls=1, sum_rows=len(x))
+        mlserver.log(**{f"{self.prefix}_calls": 1, f"{self.prefix}_rows": len(x)})
         return InferenceResponse(model_name=self.name, model_version=self.version,
                                  outputs=[NumpyCodec.encode_output("total", total.astype(np.float32))])
 '''
@@ -94,6 +96,8 @@ class Counter(MLModel):
 '''
 
 ECHO_RUNTIME = '''
+import json
+
 from mlserver import MLModel
 from mlserver.types import InferenceRequest, InferenceResponse, Parameters, RequestOutput
 
@@ -102,6 +106,8 @@ class Echo(MLModel):
     """Decodes the request as its content types say and encodes the decoded value back (a codec round trip)."""
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        # MLServer's content-type example prints each input this way: its numeric data must be plain lists.
+        json.dumps([i.dict() for i in payload.inputs if i.datatype != "BYTES"])
         if payload.parameters is not None and payload.parameters.content_type:
             decoded = self.decode_request(payload)
             if hasattr(decoded, "dtypes"):  # mlserver 1.7's PandasCodec needs pandas 3's str columns as object
@@ -144,6 +150,28 @@ class Rows(MLModel):
                                  outputs=[NumpyCodec.encode_output("y", x * 2), rows])
 '''
 
+CRASHY_RUNTIME = '''
+import os
+
+import numpy as np
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec, StringCodec
+from mlserver.types import InferenceResponse
+
+
+class Crashy(MLModel):
+    """Answers its process id; "exit" ends its process, "raise" fails the request."""
+
+    async def predict(self, payload):
+        word = StringCodec.decode_input(payload.inputs[0])[0]
+        if word == "exit":
+            os._exit(3)
+        if word == "raise":
+            raise ValueError("asked to fail")
+        return InferenceResponse(model_name=self.name,
+                                 outputs=[NumpyCodec.encode_output("pid", np.array([os.getpid()], dtype=np.int64))])
+'''
+
 PLAIN_IMPORT = '''
 from mlserver import MLModel
 
@@ -162,15 +190,21 @@ def write_layout(root: Path) -> Path:
     root.mkdir(parents=True)
     (root / "models.py").write_text(JSON_RUNTIME)
     (root / "model-settings.json").write_text(settings(name="json-hello", implementation="models.JsonHelloWorldModel"))
-    nested = root / "group" / "sum"
-    nested.mkdir(parents=True)
-    (nested / "runtime.py").write_text(SUM_RUNTIME)
-    (nested / "offset.txt").write_text("0.5")
-    (nested / "model-settings.json").write_text(settings(
-        name="summer", implementation="runtime.SumModel", parallel_workers=2,
-        parameters={"uri": "./offset.txt", "version": "3", "extra": {"scale": 2.0}},
-        inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
-    ))
+    in_workers = {"fastoip_hosting": "process"}
+    (root / "json-worker").mkdir()
+    (root / "json-worker" / "models.py").write_text(JSON_RUNTIME)
+    (root / "json-worker" / "model-settings.json").write_text(
+        settings(name="json-worker", implementation="models.JsonHelloWorldModel", parameters=in_workers))
+    for name, folder, hosting, prefix in (("summer", "sum", {}, "sum"), ("summer-w", "sum-w", in_workers, "wsum")):
+        nested = root / "group" / folder
+        nested.mkdir(parents=True)
+        (nested / "runtime.py").write_text(SUM_RUNTIME)
+        (nested / "offset.txt").write_text("0.5")
+        (nested / "model-settings.json").write_text(settings(
+            name=name, implementation="runtime.SumModel", parallel_workers=2,
+            parameters={"uri": "./offset.txt", "version": "3", "extra": {"scale": 2.0, "prefix": prefix}, **hosting},
+            inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
+        ))
     # a Triton-config model beside them keeps Triton's checks
     from onnx import TensorProto
 
@@ -178,14 +212,20 @@ def write_layout(root: Path) -> Path:
 
     write_model(root, "triton-text", identity_model_bytes(TensorProto.STRING, [1]),
                 config='platform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
-    for name, source, cls in (("stream", STREAM_RUNTIME, "Counter"), ("echo", ECHO_RUNTIME, "Echo")):
+    for name, source, cls, parameters in (
+        ("stream", STREAM_RUNTIME, "Counter", {}), ("echo", ECHO_RUNTIME, "Echo", {}),
+        ("stream-w", STREAM_RUNTIME, "Counter", in_workers), ("echo-w", ECHO_RUNTIME, "Echo", in_workers),
+        ("crashy", CRASHY_RUNTIME, "Crashy", in_workers),
+    ):
         (root / name).mkdir()
         (root / name / "runtime.py").write_text(source)
-        (root / name / "model-settings.json").write_text(settings(name=name, implementation=f"runtime.{cls}"))
+        (root / name / "model-settings.json").write_text(
+            settings(name=name, implementation=f"runtime.{cls}", parameters=parameters))
     x = [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
     for name, extra in (("batched", {"max_batch_size": 4, "max_batch_time": 5.0}),
                         ("unbatched", {"max_batch_size": 4, "max_batch_time": 0}),
-                        ("shared-loop", {"parameters": {"fastoip_event_loop": "shared"}})):
+                        ("shared-loop", {"parameters": {"fastoip_event_loop": "shared"}}),
+                        ("batched-w", {"max_batch_size": 4, "max_batch_time": 5.0, "parameters": in_workers})):
         (root / name).mkdir()
         (root / name / "runtime.py").write_text(ROWS_RUNTIME)
         (root / name / "model-settings.json").write_text(
@@ -233,16 +273,19 @@ def test_layouts_load_every_model(server: fastoip.Server) -> None:
     assert status == 200
     states = {entry["name"]: entry.get("state") for entry in index}
     assert states == {"json-hello": "READY", "summer": "READY", "stream": "READY", "echo": "READY",
-                      "triton-text": "READY", "batched": "READY", "unbatched": "READY", "shared-loop": "READY"}
+                      "triton-text": "READY", "batched": "READY", "unbatched": "READY", "shared-loop": "READY",
+                      "json-worker": "READY", "summer-w": "READY", "stream-w": "READY", "echo-w": "READY",
+                      "crashy": "READY", "batched-w": "READY"}
     assert get(server, "/v2/health/ready") == (200, {"ready": True})
 
 
 @needs_mlserver
-def test_custom_json_runtime_with_its_readme_request(server: fastoip.Server) -> None:
+@pytest.mark.parametrize("model", ["json-hello", "json-worker"])
+def test_custom_json_runtime_with_its_readme_request(server: fastoip.Server, model: str) -> None:
     text = json.dumps({"name": "Foo Bar", "message": "Hello from Client (REST)!"})
     # MLServer's README sends shape [len(text)] with one element
     body = {"inputs": [{"name": "echo_request", "shape": [len(text)], "datatype": "BYTES", "data": [text]}]}
-    status, doc = post(server, "/v2/models/json-hello/infer", body)
+    status, doc = post(server, f"/v2/models/{model}/infer", body)
     assert status == 200, doc
     answer = json.loads(doc["outputs"][0]["data"][0])
     assert answer == {"request": {"echo_request": json.loads(text)}, "server_response": "Hello from the server."}
@@ -278,36 +321,90 @@ def test_custom_json_runtime_with_its_readme_grpc_request(server: fastoip.Server
 
 
 @needs_mlserver
-def test_settings_uri_version_extra_and_parallel_workers(server: fastoip.Server) -> None:
+@pytest.mark.parametrize("model", ["summer", "summer-w"])
+def test_settings_uri_version_extra_and_parallel_workers(server: fastoip.Server, model: str) -> None:
     x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
     request = InferenceRequest(inputs=[NumpyCodec.encode_input("x", x)])
-    response = infer(server, "summer", request)
+    response = infer(server, model, request)
     total = NumpyCodec.decode_output(response.outputs[0])
     np.testing.assert_allclose(total, x.sum(axis=-1, keepdims=True) * 2.0 + 0.5)
     assert response.model_version == "3"  # parameters.version
-    status, config = get(server, "/v2/models/summer/config")
+    status, config = get(server, f"/v2/models/{model}/config")
     assert sum(group["count"] for group in config["instance_group"]) == 2  # parallel_workers
 
 
+def worker_processes() -> list[int]:
+    """This process's Python worker processes (pids)."""
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] != me:
+                continue
+            if b"fastoip.pyworker.worker" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def crashy(server: fastoip.Server, word: str) -> tuple[int, Any]:
+    request = InferenceRequest(inputs=[StringCodec.encode_input("w", [word])])
+    return post(server, "/v2/models/crashy/infer", request.model_dump_json(exclude_none=True).encode())
+
+
 @needs_mlserver
-def test_custom_metrics_reach_metrics_endpoint(server: fastoip.Server) -> None:
+def test_runtimes_in_worker_processes(server: fastoip.Server) -> None:
+    # json-worker, echo-w, stream-w, crashy, batched-w: one worker each; summer-w: parallel_workers 2
+    assert len(worker_processes()) == 7
+    status, doc = crashy(server, "pid")
+    assert status == 200, doc
+    pid = doc["outputs"][0]["data"][0]
+    assert pid in worker_processes() and pid != os.getpid()
+
+
+@needs_mlserver
+def test_runtime_error_in_a_worker_fails_its_request(server: fastoip.Server) -> None:
+    status, doc = crashy(server, "raise")
+    assert status == 500
+    assert doc["error"] == "model 'crashy': predict failed: ValueError: asked to fail"
+
+
+@needs_mlserver
+def test_crashed_runtime_worker_fails_its_request_and_restarts(server: fastoip.Server) -> None:
+    status, doc = crashy(server, "pid")
+    assert status == 200, doc
+    before = doc["outputs"][0]["data"][0]
+    status, doc = crashy(server, "exit")
+    assert status == 500
+    assert "'crashy'" in doc["error"] and "exited with code 3" in doc["error"], doc
+    status, doc = crashy(server, "pid")  # a new worker
+    assert status == 200, doc
+    assert doc["outputs"][0]["data"][0] != before
+    assert get(server, "/v2/models/crashy/ready")[0] == 200
+
+
+@needs_mlserver
+@pytest.mark.parametrize(("model", "prefix"), [("summer", "sum"), ("summer-w", "wsum")])
+def test_custom_metrics_reach_metrics_endpoint(server: fastoip.Server, model: str, prefix: str) -> None:
     x = np.ones((4, 2), dtype=np.float32)
-    infer(server, "summer", InferenceRequest(inputs=[NumpyCodec.encode_input("x", x)]))
+    infer(server, model, InferenceRequest(inputs=[NumpyCodec.encode_input("x", x)]))
     with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
         text = answer.read().decode()
-    assert 'sum_calls_count{model_name="summer",model_version="3"}' in text
-    assert 'sum_rows_sum{model_name="summer",model_version="3"}' in text
+    assert f'{prefix}_calls_count{{model_name="{model}",model_version="3"}}' in text
+    assert f'{prefix}_rows_sum{{model_name="{model}",model_version="3"}}' in text
 
 
 @needs_mlserver
-def test_predict_stream_over_grpc(server: fastoip.Server) -> None:
+@pytest.mark.parametrize("model", ["stream", "stream-w"])
+def test_predict_stream_over_grpc(server: fastoip.Server, model: str) -> None:
     # MLServer's own gRPC stubs (tritonclient.grpc cannot be imported beside mlserver: both register the
     # 'inference' protobuf package in the default descriptor pool)
     import grpc
     from mlserver.grpc import dataplane_pb2 as pb
     from mlserver.grpc.converters import ModelInferResponseConverter
 
-    request = pb.ModelInferRequest(model_name="stream", inputs=[pb.ModelInferRequest.InferInputTensor(
+    request = pb.ModelInferRequest(model_name=model, inputs=[pb.ModelInferRequest.InferInputTensor(
         name="in", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[b"tick"]))])
     # MLServer's own proto answers ModelStreamInfer with bare ModelInferResponses; Triton's (and fastoip's)
     # wrap each in a ModelStreamInferResponse: read them with fastoip's message (its own descriptor pool)
@@ -328,9 +425,42 @@ def test_predict_stream_over_grpc(server: fastoip.Server) -> None:
     assert got == ["tick-0", "tick-1", "tick-2"]
 
 
+def sse_events(server: fastoip.Server, path: str, body: Any) -> tuple[int, list[Any]]:
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            text = answer.read().decode()
+            return answer.status, [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    except urllib.error.HTTPError as error:
+        return error.code, [json.loads(error.read())]
+
+
 @needs_mlserver
+@pytest.mark.parametrize("model", ["stream", "stream-w"])
+def test_generate_stream_takes_mlserver_v2_requests(server: fastoip.Server, model: str) -> None:
+    # MLServer's streaming example posts an InferenceRequest to generate_stream and reads V2 responses
+    request = InferenceRequest(inputs=[StringCodec.encode_input("in", ["tick"], use_bytes=False)],
+                               outputs=[{"name": "out"}])
+    status, events = sse_events(server, f"/v2/models/{model}/generate_stream", request.model_dump(exclude_none=True))
+    assert status == 200, events
+    responses = [InferenceResponse.model_validate(event) for event in events]
+    assert [StringCodec.decode_output(r.outputs[0])[0] for r in responses] == ["tick-0", "tick-1", "tick-2"]
+    assert all(r.model_name == model for r in responses)
+
+
+@needs_mlserver
+def test_generate_takes_mlserver_v2_requests(server: fastoip.Server) -> None:
+    x = np.array([[1.5, 2.5]], dtype=np.float64)
+    request = InferenceRequest(inputs=[NumpyCodec.encode_input("a", x)])
+    status, doc = post(server, "/v2/models/echo/generate", request.model_dump(exclude_none=True))
+    assert status == 200, doc
+    np.testing.assert_array_equal(NumpyCodec.decode_output(InferenceResponse.model_validate(doc).outputs[0]), x)
+
+
+@needs_mlserver
+@pytest.mark.parametrize("model", ["echo", "echo-w"])
 @pytest.mark.parametrize("codec", ["str", "np", "base64", "datetime"])
-def test_input_codecs_round_trip(server: fastoip.Server, codec: str) -> None:
+def test_input_codecs_round_trip(server: fastoip.Server, codec: str, model: str) -> None:
     import datetime
 
     values: dict[str, Any] = {
@@ -341,7 +471,7 @@ def test_input_codecs_round_trip(server: fastoip.Server, codec: str) -> None:
     }
     codec_class, value = values[codec]
     request = InferenceRequest(inputs=[codec_class.encode_input("a", value)])
-    response = infer(server, "echo", request)
+    response = infer(server, model, request)
     back = codec_class.decode_output(response.outputs[0])
     if isinstance(value, np.ndarray):
         np.testing.assert_array_equal(back, value)
@@ -350,13 +480,14 @@ def test_input_codecs_round_trip(server: fastoip.Server, codec: str) -> None:
 
 
 @needs_mlserver
-def test_pandas_codec_round_trip(server: fastoip.Server) -> None:
+@pytest.mark.parametrize("model", ["echo", "echo-w"])
+def test_pandas_codec_round_trip(server: fastoip.Server, model: str) -> None:
     import pandas as pd
 
     # an object column: mlserver 1.7's PandasCodec does not know pandas 3's string dtype (a client-side limit)
     frame = pd.DataFrame({"a": [1, 2, 3], "b": pd.Series(["x", "y", "z"], dtype=object), "c": [0.5, 1.5, 2.5]})
     request = PandasCodec.encode_request(frame)
-    response = infer(server, "echo", request)
+    response = infer(server, model, request)
     back = PandasCodec.decode_response(response)
     pd.testing.assert_frame_equal(back, frame, check_dtype=False)  # strings come back as pandas 3's str dtype
     assert back["b"].tolist() == ["x", "y", "z"] and back["a"].dtype == frame["a"].dtype
@@ -369,6 +500,23 @@ def test_string_codec_shape_is_accepted(server: fastoip.Server) -> None:
     assert list(request.inputs[0].shape) == [2, 1]
     response = infer(server, "echo", request)
     assert StringCodec.decode_output(response.outputs[0]) == ["one", "two"]
+
+
+@needs_mlserver
+@pytest.mark.parametrize("model", ["echo", "echo-w"])
+def test_bare_string_bytes_data_is_one_element(server: fastoip.Server, model: str) -> None:
+    # MLServer's content-type example sends BYTES "data" as a bare string (its TensorData takes any value)
+    body = {"inputs": [
+        {"name": "a", "datatype": "BYTES", "shape": [1], "data": "hello world 😁",
+         "parameters": {"content_type": "str"}},
+    ]}
+    status, doc = post(server, f"/v2/models/{model}/infer", body)
+    assert status == 200, doc
+    assert doc["outputs"][0]["data"] == ["hello world 😁"]
+    # a model with a config.pbtxt keeps Triton's rule: 'data' is a list
+    body["inputs"][0]["name"] = "INPUT0"
+    status, doc = post(server, "/v2/models/triton-text/infer", body)
+    assert status == 400 and "'data' must be a list, got a string" in doc["error"]
 
 
 # -- no server needed, and no mlserver: settings validation and the missing extra ------------------------
@@ -436,6 +584,21 @@ def test_adaptive_batching_merges_and_splits(server: fastoip.Server) -> None:
 
 
 @needs_mlserver
+def test_adaptive_batching_in_a_worker_runs_each_request_alone(server: fastoip.Server) -> None:
+    # the batcher gathers the four (a full batch) and hands them to the worker as one batch; there each runs its
+    # own predict (no merge in a worker), and each gets its own answer and id
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs = [np.full((1, 2), i, dtype=np.float32) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: infer(server, "batched-w", rows_request(xs[i], f"r{i}")), range(4)))
+    for i, response in enumerate(answers):
+        assert response.id == f"r{i}"
+        np.testing.assert_array_equal(NumpyCodec.decode_output(response.outputs[0]), xs[i] * 2)
+        assert NumpyCodec.decode_output(response.outputs[1]).tolist() == [[1]]  # a predict call of its own
+
+
+@needs_mlserver
 def test_max_batch_time_zero_does_not_batch(server: fastoip.Server) -> None:
     status, config = get(server, "/v2/models/unbatched/config")
     assert config["max_batch_size"] == 0 and "dynamic_batching" not in config  # as MLServer: no batching
@@ -465,3 +628,43 @@ def test_unknown_event_loop_mode_is_a_load_error(tmp_path: Path) -> None:
         settings(name="m", implementation="runtime.Rows", parameters={"fastoip_event_loop": "mine"}))
     reason = load_error(root, "m")
     assert "fastoip_event_loop" in reason and "'mine'" in reason
+
+
+@needs_mlserver
+def test_unknown_hosting_is_a_load_error(tmp_path: Path) -> None:
+    root = tmp_path / "repository"
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "runtime.py").write_text(ROWS_RUNTIME)
+    (root / "m" / "model-settings.json").write_text(
+        settings(name="m", implementation="runtime.Rows", parameters={"fastoip_hosting": "thread"}))
+    reason = load_error(root, "m")
+    assert "fastoip_hosting" in reason and "'thread'" in reason
+
+
+FAILING_LOAD = '''
+import os
+
+from mlserver import MLModel
+
+
+class Failing(MLModel):
+    async def load(self) -> bool:
+        if self.settings.parameters.extra.get("exit"):
+            os._exit(3)
+        raise RuntimeError("no weights here")
+'''
+
+
+@needs_mlserver
+@pytest.mark.parametrize(("extra", "words"), [
+    ({}, "RuntimeError: no weights here"),
+    ({"exit": True}, "its Python worker process exited with code 3 while loading"),
+])
+def test_a_runtime_failing_to_load_in_a_worker_is_a_load_error(tmp_path: Path, extra: dict, words: str) -> None:
+    root = tmp_path / "repository"
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "runtime.py").write_text(FAILING_LOAD)
+    (root / "m" / "model-settings.json").write_text(settings(
+        name="m", implementation="runtime.Failing", parameters={"fastoip_hosting": "process", "extra": extra}))
+    reason = load_error(root, "m")
+    assert "model 'm'" in reason and words in reason, reason

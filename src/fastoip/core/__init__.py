@@ -15,7 +15,7 @@ from .answers import (
     SystemRegionStatus,
     TensorMetadata,
 )
-from .call import CallContext, FinishedCall, OnDone, OnResponse, Ticket, on_loop
+from .call import CallContext, FinishedCall, OnDone, OnResponse, Ticket, on_loop, start_in_bursts
 from .control import EXTENSIONS, ModelControl
 from .core import Core
 from .dataplane import SERVER_NAME, DataPlane
@@ -46,4 +46,5 @@ __all__ = [
     "Ticket",
     "config_to_json",
     "on_loop",
+    "start_in_bursts",
 ]

@@ -18,7 +18,10 @@ Rules:
 - ``Core.start`` answers a :class:`Ticket` (``cancel()``, safe from any
   thread); the finished call reaches ``on_done`` on the thread that finished
   it.  An event-loop frontend wraps its callbacks with :func:`on_loop`, the
-  one loop hop ("call this back on that loop unless it is closed").
+  one loop hop ("call this back on that loop unless it is closed"); one that
+  starts many requests per pass of its loop (the native gRPC frontend) calls
+  :func:`start_in_bursts` on the loop's thread, so they wake the schedulers'
+  threads once per pass.
 - ``trace_headers`` are the request's headers (gRPC metadata, HTTP headers) as
   the frontend has them, unread (:data:`fastoip.tracing.TraceHeaders`): the
   Core reads the caller's W3C ``traceparent`` / ``tracestate`` from them only
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from typing import ParamSpec, Protocol
 
 from ..errors import InferenceError
+from ..scheduling import wakeups
 from ..tracing import FrontendTrace, TraceHeaders
 from ..types import InferRequest, InferResponse
 
@@ -130,3 +134,10 @@ def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[P, object]) -> C
             pass
 
     return hop
+
+
+def start_in_bursts(loop: asyncio.AbstractEventLoop) -> None:
+    """Called on ``loop``'s thread (before it runs): the requests started on this thread in one pass of the loop
+    wake the schedulers' instance threads once, at the loop's next pass, not once each while the loop still
+    runs (:mod:`fastoip.scheduling.wakeups`)."""
+    wakeups.hold(lambda: loop.call_soon(wakeups.release))

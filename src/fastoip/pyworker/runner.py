@@ -13,7 +13,6 @@ Rules:
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import re
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 from . import utils as pb
 from .loop import call
+from .source_import import import_source
 
 #: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names,
 #: trace: (trace id, W3C context) of the request's trace in the server, or None when it is not traced)
@@ -169,23 +169,10 @@ def import_runner(path: Path, model_name: str, version: int) -> TritonRunner:
     register_utils()
     safe = re.sub(r"\W", "_", model_name)
     module_name = f"_fastoip_triton_{safe}_v{version}_{next(_generation)}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise pb.TritonModelException(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    folder = str(path.parent)
-    sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        module = import_source(path, module_name)
     except BaseException as exc:
-        sys.modules.pop(module_name, None)
         raise pb.TritonModelException(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        try:
-            sys.path.remove(folder)
-        except ValueError:
-            pass
     if not defines_triton_model(module):
         raise pb.TritonModelException(f"{path} defines no TritonPythonModel class")
     return TritonRunner(module, model_name)

@@ -4,7 +4,8 @@ The server's side is ``fastoip.backends.python.triton_process``.  Messages are p
 one socket (:mod:`.framing`: length-prefixed); tensors cross through
 shared memory (:mod:`.transport`).
 
-Server -> worker: ``("load", path, name, version, memory_limit_mb)``,
+Server -> worker: ``("load", path, name, version, memory_limit_mb)`` or, for an MLServer runtime,
+``("load_mlserver", spec, memory_limit_mb)`` (:class:`.mlserver_runner.MLServerRunner`: loaded at once),
 ``("auto_complete", config)``, ``("initialize", args, decoupled)``,
 ``("execute", id, requests)``, ``("reply", call_id, value)`` (answers to the
 worker's own calls), ``("finalize",)``.
@@ -17,7 +18,9 @@ metrics) answered by ``("reply", ...)`` or, for a BLS stream, by several
 ``("stream", call_id, response, final)``.
 The main thread reads and runs each batch itself (one at a time, as an instance
 runs one batch at a time); a thread waiting for an answer reads meanwhile
-(see :class:`_Channel`).
+(see :class:`_Channel`).  Several requests may be waiting in the socket (the
+server's ``worker_pipeline``): one ``recv`` takes them all, and they run one
+after the other.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 from . import transport as shm
 from . import utils as pb
 from .framing import FramedSocket
+from .mlserver_runner import MLServerRunner
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
 
 
@@ -204,7 +208,7 @@ def serve(connection: FramedSocket) -> None:
     channel = _Channel(connection)
     bridge = _WorkerBridge(channel)
     pb.BRIDGE.current = bridge
-    runner: TritonRunner | None = None
+    runner: TritonRunner | MLServerRunner | None = None
 
     def execute(exec_id: int, packed: list) -> None:
         assert runner is not None
@@ -238,11 +242,16 @@ def serve(connection: FramedSocket) -> None:
                     _limit_memory(memory_mb)
                     runner = import_runner(Path(path), name, version)
                     value: Any = None
+                elif kind == "load_mlserver":
+                    _, spec, memory_mb = message
+                    _limit_memory(memory_mb)
+                    runner = MLServerRunner(spec)
+                    value = None
                 elif kind == "auto_complete":
-                    assert runner is not None
+                    assert isinstance(runner, TritonRunner)
                     value = runner.auto_complete(message[1])
                 elif kind == "initialize":
-                    assert runner is not None
+                    assert isinstance(runner, TritonRunner)
                     runner.initialize(message[1], message[2])
                     value = None
                 elif kind == "finalize":

@@ -4,7 +4,9 @@ Rules:
 - Triton's layout is ``<repository>/<model>/<version>/<model file>`` with an optional
   ``<repository>/<model>/config.pbtxt``; each hint names the path the user has and the path to make.
 - A model folder given as the repository (it holds ``config.pbtxt``, a model file, or only numeric
-  version folders) is refused at start with the folder to give instead.
+  version folders) is refused at start with the folder to give instead.  A ``model-settings.json`` marks one
+  only beside version folders: alone, it is MLServer's layout with the settings at the repository root
+  (``mlserver start .``), which loads.
 - Hints only add words to an error; they never change what loads.
 """
 
@@ -13,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 #: Files that mark a folder as one model's folder (Triton's default model file names, MLServer's settings).
-MODEL_FOLDER_MARKERS = ("config.pbtxt", "model.onnx", "model.py", "model-settings.json")
+MODEL_SETTINGS = "model-settings.json"
+MODEL_FOLDER_MARKERS = ("config.pbtxt", "model.onnx", "model.py", MODEL_SETTINGS)
 
 
 def model_folder_given_as_repository(root: Path) -> str:
@@ -23,6 +26,8 @@ def model_folder_given_as_repository(root: Path) -> str:
     marker = next((name for name in MODEL_FOLDER_MARKERS if (root / name).is_file()), "")
     folders = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     numeric = [p for p in folders if p.name.isdigit()]
+    if marker == MODEL_SETTINGS and not numeric:
+        marker = ""  # MLServer's settings at the repository root
     if marker:
         why = f"it holds {marker}"
     elif folders and len(numeric) == len(folders):

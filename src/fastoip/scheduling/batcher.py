@@ -51,6 +51,7 @@ from concurrent.futures import Executor
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument, Unavailable
+from . import wakeups
 from .contract import Backend, Clock, ExecutionContext
 from .execute import run_jobs
 from .job import Job
@@ -295,8 +296,15 @@ class DynamicBatcher:
             if refused is not None:
                 job.fail(refused)
                 return
-            if self._queue.wakes(job):
+            # Triton's wake rule first (a gathering instance sleeps on unless this arrival can change its
+            # decision), then an event loop's burst: one wake-up at its end
+            if self._queue.wakes(job) and not wakeups.wake_later(self.wake):
                 self._cond.notify()
+
+    def wake(self) -> None:
+        """Wake an idle instance thread (for the jobs queued since the last wake-up)."""
+        with self._cond:
+            self._cond.notify()
 
     def pending(self) -> int:
         return len(self._queue)

@@ -101,8 +101,9 @@ def decode_infer_request(
 
     ``header_length`` is the parsed ``Inference-Header-Content-Length`` (None:
     the whole body is JSON); the caller has checked ``0 < header_length <= len(body)``.
-    ``loose_bytes``: a BYTES input's JSON ``data`` is taken as its elements whatever its shape says
-    (MLServer's ``shape: [len(s)]`` for one string; models from model-settings.json only).
+    ``loose_bytes``: a BYTES input's JSON ``data`` is taken as its elements whatever its shape says, and a bare
+    string as one element (MLServer's ``shape: [len(s)]`` for one string, and its TensorData; models from
+    model-settings.json only).
     """
     json_end = len(body) if header_length is None else header_length
     doc = _parse_json(body if header_length is None else memoryview(body)[:json_end])
@@ -247,8 +248,10 @@ def _decode_inputs(
             offset += size
         elif "data" in item:
             _check_element_count(name, datatype, shape)
-            if loose_bytes and datatype == "BYTES" and type(item["data"]) is list:
-                flat = np.asarray(item["data"], dtype=object).reshape(-1)
+            if loose_bytes and datatype == "BYTES" and type(item["data"]) in (list, str):
+                # MLServer's TensorData: a bare string is one element (its content-type example sends one)
+                flat = np.asarray(item["data"] if type(item["data"]) is list else [item["data"]], dtype=object)
+                flat = flat.reshape(-1)
                 array = _json_bytes(flat.tolist(), flat.size, name)
             else:
                 array = _json_tensor(item["data"], datatype, shape, name)
@@ -337,6 +340,14 @@ def _bytes_tensor(body: bytes, offset: int, size: int, count: int, where: str) -
 
 #: Triton's words for JSON 'data' whose element count does not match the shape (clients match on them).
 SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+#: The start of the refusal of JSON 'data' that is not a list.
+NOT_A_LIST = "'data' must be a list, got"
+
+
+def loose_bytes_may_accept(message: str) -> bool:
+    """Whether a refusal is one that ``loose_bytes`` decoding (MLServer's BYTES rules) may accept: a BYTES shape
+    that does not count the elements, or a bare string as ``data``."""
+    return message.startswith(SHAPE_MISMATCH) or (NOT_A_LIST + " a string") in message
 
 
 def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
@@ -346,7 +357,7 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
             "(parameters.binary_data_size and Inference-Header-Content-Length)"
         )
     if type(data) is not list:
-        raise InvalidArgument(f"input '{name}': 'data' must be a list, got {_json_type(data)}")
+        raise InvalidArgument(f"input '{name}': {NOT_A_LIST} {_json_type(data)}")
     _check_json_depth(data)
     count = math.prod(shape)
     if datatype == "BYTES":

@@ -50,7 +50,8 @@ Modules, one job each: ``event_loop`` (the loop async model code runs on),
 (requests to ``predict`` arguments, its return value to responses),
 ``decoupled`` (a decoupled model's generator stepped into responses) and
 ``mlserver_runtime`` (an ``mlserver.MLModel`` subclass wrapped as a ``fastoip.Model``: the class attributes
-``payload_codec``, ``one_request_per_call`` and ``streams_only`` are the hooks ``host``/``kind`` read).
+``payload_codec``, ``one_request_per_call`` and ``streams_only`` are the hooks ``host``/``kind`` read) and
+``mlserver_process`` (such a runtime in worker processes instead, model-settings ``fastoip_hosting: "process"``).
 """
 
 from __future__ import annotations

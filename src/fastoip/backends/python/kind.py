@@ -12,9 +12,10 @@ from ..._proto import model_config_pb2 as mc
 from ...content_types import ModelContentTypes
 from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
-from ...model_config import MODEL_SETTINGS, is_model_settings_config, model_spec
+from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, is_model_settings_config, model_spec
 from .deployment import run_deployment_hooks as _run_deployment_hooks
 from .host import PythonInstance, _Host
+from .mlserver_process import hosting_of, start_workers
 from .model_file import import_model_file as _import_model_file
 from .model_file import model_class as _model_class
 from .triton_kind import complete_python_config, is_triton_model_file, load_triton
@@ -77,6 +78,16 @@ class PythonKind:
             parameters, [t.name for t in spec.inputs], [t.name for t in spec.outputs]
         )
         defaults.check(model_name)
+        runtime_class = getattr(cls, "runtime_class", None)  # an MLServer runtime (mlserver_runtime.adapter)
+        if runtime_class is not None:
+            document = json.loads(parameters.get(MODEL_SETTINGS_PARAMETER) or "{}")
+            if hosting_of(document, model_name) == "process":
+                workers = start_workers(
+                    runtime_class, model_name, version, path, config, options, bool(getattr(cls, "streams_only", False))
+                )
+                log.info("model '%s' version %d: %s in %d worker processes", model_name, version,
+                         runtime_class.__qualname__, len(workers))
+                return config, workers
         extra: dict = {}
         if parameters.get("extra"):
             try:

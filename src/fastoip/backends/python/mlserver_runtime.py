@@ -14,6 +14,9 @@ Rules:
   runtime's coroutines run on an event loop of the instance's own, driven by the thread that runs the
   instance (no hop to another thread per request), or on the backend's shared loop with model-settings
   ``parameters.fastoip_event_loop: "shared"`` (see :class:`MLServerRuntime`).
+- This is the in-process hosting (the default); model-settings ``parameters.fastoip_hosting: "process"`` runs the
+  runtime in worker processes instead (:mod:`.mlserver_process`).  Both build MLServer's request and read its
+  response with the same functions (:mod:`fastoip.pyworker.mlserver_runner`).
 - Adaptive batching (MLServer's ``max_batch_size`` > 1 with ``max_batch_time`` > 0) is fastoip's dynamic
   batcher (``max_batch_size``, ``max_queue_delay`` = ``max_batch_time``): the jobs it gathers reach
   ``predict`` as one merged ``InferenceRequest`` and its response is split back per job, as MLServer's
@@ -23,9 +26,9 @@ Rules:
 - Streaming: a runtime that overrides ``predict_stream`` and not ``predict`` is decoupled (each response
   it yields is sent as it comes, over gRPC ModelStreamInfer and HTTP generate_stream); one that overrides
   both serves ``predict`` (a streaming call gets its one response).
-- Requests cross at the edge with the fewest copies: a numeric input reaches the runtime as a flat numpy
-  view on the received bytes (MLServer's codecs make their one copy with ``np.array``), BYTES as a list of
-  ``bytes`` (as MLServer's gRPC path gives them); outputs are read back with one ``np.asarray``.
+- A request's tensors reach the runtime as MLServer gives them: ``data`` a flat Python list (BYTES as
+  ``bytes``), so runtimes that serialise ``request_input.dict()`` work unchanged; outputs are read back with
+  one ``np.asarray``.
 - ``mlserver.register`` / ``mlserver.log`` work: the model name and version are set in MLServer's
   context variables around every call, and MLServer's metrics registry is exported on fastoip's
   ``/metrics`` (:func:`fastoip.metrics.add_registry`).
@@ -51,6 +54,13 @@ from ...errors import InternalError, InvalidArgument
 from ...model import Model
 from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...pyworker.loop import EVENT_LOOP
+from ...pyworker.mlserver_runner import (
+    OutputError,
+    inference_request,
+    output_array,
+    plain_parameters,
+    tensor_values,
+)
 from ...scheduling.execute import check_rows, merge_inputs, row_slices
 from ...types import InferOutput, InferResponse
 from .payloads import PayloadCodec
@@ -267,46 +277,30 @@ class MLServerPayloads(PayloadCodec):
 
         self._types = types
 
-    def _parameters(self, values: dict[str, Any]) -> Any:
-        return self._types.Parameters(**values) if values else None
-
     def decode(self, group: list[Job]) -> tuple[Any, dict]:
-        types = self._types
         job = group[0]
         request = job.request
         feeds = job.feeds if len(group) == 1 else merge_inputs(group)[0]
-        inputs = []
+        inputs: list[tuple[str, str, list[int], Any, dict[str, Any]]] = []
         for tensor in request.inputs:
             data = feeds[tensor.name]
-            if tensor.datatype == "BYTES":
-                values: Any = data.reshape(-1).tolist()  # MLServer's gRPC path gives BYTES as a list of bytes
-            else:
-                values = data.reshape(-1)  # a view: MLServer's codecs copy once (np.array)
+            values = tensor_values(data)
             if len(group) == 1:
                 shape, parameters = list(tensor.shape), tensor.parameters
             else:
                 shape = [int(data.shape[0]), *tensor.shape[1:]]
                 parameters = _merged_input_parameters([_input(j, tensor.name) for j in group])
-            inputs.append(types.RequestInput.model_construct(
-                name=tensor.name,
-                shape=shape,
-                datatype=tensor.datatype,
-                parameters=self._parameters(parameters),
-                data=types.TensorData.model_construct(root=values),
-            ))
+            inputs.append((tensor.name, tensor.datatype, shape, values, parameters))
         wanted: dict[str, dict[str, Any]] = {}
         for member in group:
             for output in member.request.outputs:
                 wanted[output.name] = {**wanted.get(output.name, {}), **output.parameters}
-        outputs = [
-            types.RequestOutput.model_construct(name=name, parameters=self._parameters(parameters))
-            for name, parameters in wanted.items()
-        ]
-        payload = types.InferenceRequest.model_construct(
-            id=(request.id or None) if len(group) == 1 else None,  # a merged request has no id of its own
-            parameters=self._parameters(request.parameters),  # jobs batch together only when these agree
-            inputs=inputs,
-            outputs=outputs or None,
+        payload = inference_request(
+            self._types,
+            request.id if len(group) == 1 else None,  # a merged request has no id of its own
+            request.parameters,  # jobs batch together only when these agree
+            inputs,
+            list(wanted.items()),
         )
         return payload, dict(request.parameters)
 
@@ -323,12 +317,8 @@ class MLServerPayloads(PayloadCodec):
             for out in value.outputs:
                 if wanted and out.name not in wanted:
                     continue
-                datatype = getattr(out.datatype, "value", out.datatype)
-                shape = tuple(int(d) for d in out.shape)
-                data = _array(self.name, out.name, datatype, getattr(out.data, "root", out.data), shape)
-                if data.shape != shape:
-                    shape = data.shape  # MLServer's BYTES [len(s)] for one string: sent as the elements there are
-                outputs.append(InferOutput(out.name, datatype, shape, data, _plain(out.parameters)))
+                datatype, data = _array(self.name, out)
+                outputs.append(InferOutput(out.name, datatype, data.shape, data, _plain(out.parameters)))
             return [InferResponse(job.request.model_name, self.version_str, job.request.id, parameters, outputs)]
         return self._split(value, group, parameters)
 
@@ -338,9 +328,7 @@ class MLServerPayloads(PayloadCodec):
         total = sum(job.batch_size for job in group)
         per_job: list[list[InferOutput]] = [[] for _ in group]
         for out in value.outputs:
-            datatype = getattr(out.datatype, "value", out.datatype)
-            shape = tuple(int(d) for d in out.shape)
-            data = _array(self.name, out.name, datatype, getattr(out.data, "root", out.data), shape)
+            datatype, data = _array(self.name, out)
             check_rows(self.name, out.name, data, total)
             out_parameters = _plain(out.parameters)
             for index, (job, part) in enumerate(zip(group, rows, strict=True)):
@@ -362,12 +350,7 @@ def _input(job: Job, name: str) -> Any:
     return next((tensor for tensor in job.request.inputs if tensor.name == name), None)
 
 
-def _plain(parameters: Any) -> dict[str, Any]:
-    """An mlserver ``Parameters`` as a dict without the unset (None) ones."""
-    if parameters is None:
-        return {}
-    values = {**parameters.__dict__, **(parameters.__pydantic_extra__ or {})}
-    return {key: item for key, item in values.items() if item is not None}
+_plain = plain_parameters
 
 
 def _merged_input_parameters(tensors: list[Any]) -> dict[str, Any]:
@@ -387,20 +370,9 @@ def _merged_input_parameters(tensors: list[Any]) -> dict[str, Any]:
     return merged
 
 
-def _array(model: str, name: str, datatype: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """An MLServer output's data as the numpy array fastoip's encoders write."""
-    if datatype == "BYTES":
-        elements = data.reshape(-1).tolist() if isinstance(data, np.ndarray) else list(data)
-        flat = np.empty(len(elements), dtype=object)
-        flat[:] = [e.encode() if isinstance(e, str) else bytes(e) for e in elements]
-        # MLServer lets a BYTES output's shape count characters ([len(s)] for one string): the elements win
-        return flat.reshape(shape) if flat.size == int(np.prod(shape)) else flat
-    dtype = NUMPY_DTYPES.get(datatype)
-    if dtype is None:
-        raise InternalError(f"model '{model}': output '{name}' has datatype '{datatype}', which fastoip does not know")
-    array = np.asarray(data, dtype=dtype)
-    if array.size != int(np.prod(shape)):
-        raise InternalError(
-            f"model '{model}': output '{name}' has shape {list(shape)} but {array.size} elements"
-        )
-    return array.reshape(shape)
+def _array(model: str, output: Any) -> tuple[str, np.ndarray]:
+    """An MLServer output as ``(datatype, array)`` for fastoip's encoders (INTERNAL when it cannot be sent)."""
+    try:
+        return output_array(model, output, NUMPY_DTYPES)
+    except OutputError as exc:
+        raise InternalError(str(exc)) from None

@@ -15,6 +15,7 @@ from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
 from ...model import Model
 from ...model_config import parameter
+from ...pyworker.source_import import import_source
 from .describe import describe as _describe
 from .mlserver_runtime import adapter as mlserver_adapter
 from .mlserver_runtime import is_mlmodel, missing_extra_hint
@@ -55,25 +56,12 @@ def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
             return cached[1]
         safe = re.sub(r"\W", "_", model_name)
         module_name = f"_fastoip_model_{safe}_v{version}_{next(_generation)}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise InvalidArgument(f"model '{model_name}': cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        folder = str(path.parent)
-        sys.path.insert(0, folder)
         try:
-            spec.loader.exec_module(module)
+            module = import_source(path, module_name)
         except BaseException as exc:
-            sys.modules.pop(module_name, None)
             raise InvalidArgument(
                 f"model '{model_name}': importing {path.name} failed: {_describe(exc)}{missing_extra_hint(exc)}"
             ) from exc
-        finally:
-            try:
-                sys.path.remove(folder)
-            except ValueError:
-                pass
         _modules[key] = (stamp, module)
         return module
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-from ...core import Core
+from ...core import Core, start_in_bursts
 from . import _http2
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .intake import MessageIntake
@@ -489,6 +489,7 @@ class NativeGrpcServer:
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
+            start_in_bursts(self.loop)  # one wake-up of a model's batcher per pass of the loop, not per request
             try:
                 self._listener = self.loop.run_until_complete(self.loop.create_server(
                     lambda: GrpcConnection(self), sock=self.sock, ssl=self.ssl_context, backlog=1024))

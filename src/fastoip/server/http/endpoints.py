@@ -298,9 +298,9 @@ class HttpFrontend(Router):
             try:
                 infer_request, output_format = await self.json_pool.decode(model, version, body, header_length)
             except InvalidArgument as exc:
-                # MLServer's BYTES shapes ([len(s)] for one string), for models from model-settings.json only:
-                # looked up on this error path, so other requests pay nothing for it.
-                if not (exc.message.startswith(http_codec.SHAPE_MISMATCH) and self._mlserver_model(model, version)):
+                # MLServer's BYTES shapes ([len(s)] for one string) and bare-string BYTES data, for models from
+                # model-settings.json only: looked up on this error path, so other requests pay nothing for it.
+                if not (http_codec.loose_bytes_may_accept(exc.message) and self._mlserver_model(model, version)):
                     raise
                 infer_request, output_format = await self.json_pool.decode(
                     model, version, body, header_length, loose_bytes=True

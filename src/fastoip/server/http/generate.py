@@ -13,17 +13,25 @@ Rules (Triton's ``docs/protocol/extension_generate.md`` and ``http_server.cc``):
   first: the error's status), so an error after the first response is an
   ``{"error": ...}`` event under 200, as in Triton.  The client going away
   cancels the request (a decoupled model stops producing).
+- MLServer's form, for models from model-settings.json: a body whose ``inputs`` is a list is a V2 inference
+  request (MLServer's ``generate`` / ``generate_stream`` take an ``InferenceRequest``), read as ``/infer``
+  reads it (MLServer's BYTES rules included), and each answer is a V2 inference response in JSON (all
+  outputs as JSON data), as MLServer sends them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+
+import orjson
 
 from ...core import Core, FinishedCall, on_loop
 from ...errors import InferenceError, InternalError
+from ...model_config import is_model_settings_config
 from ...types import InferRequest, InferResponse
 from ...wire import generate as codec
+from ...wire import http as http_codec
 from .bodies import read_body
 from .router import Request, Response, StreamingResponse, error_response
 
@@ -32,6 +40,14 @@ JSON = b"application/json"
 
 #: What an answer queue holds: a response, the call's error, or None (no more answers).
 Answer = InferResponse | InferenceError | None
+#: How one call's responses are written: Triton's generate JSON, or MLServer's V2 response JSON.
+Encode = Callable[[InferResponse], bytes]
+#: MLServer's V2 responses carry every output as JSON data (an event stream has no binary part).
+_ALL_JSON = http_codec.OutputFormat()
+
+
+def _v2_response_json(response: InferResponse) -> bytes:
+    return http_codec.encode_infer_response(response, _ALL_JSON)[2]
 
 
 class GenerateEndpoints:
@@ -42,7 +58,7 @@ class GenerateEndpoints:
         self.max_body_size = max_body_size
 
     async def generate(self, request: Request, model: str, version: str) -> Response:
-        answers = await self._start(request, model, version)
+        answers, encode = await self._start(request, model, version)
         first = await answers.get()
         if isinstance(first, InferenceError):
             return error_response(first.http_status, first.message)
@@ -56,19 +72,32 @@ class GenerateEndpoints:
         if first is None or count != 1:
             error = InternalError(codec.NOT_ONE_RESPONSE)
             return error_response(error.http_status, error.message)
-        return Response(200, [(b"content-type", JSON)], codec.generate_response_json(first))
+        return Response(200, [(b"content-type", JSON)], encode(first))
 
     async def generate_stream(self, request: Request, model: str, version: str) -> StreamingResponse:
-        answers = await self._start(request, model, version)
+        answers, encode = await self._start(request, model, version)
         first = await answers.get()
         status = first.http_status if isinstance(first, InferenceError) else 200
-        return StreamingResponse(status, [(b"content-type", EVENT_STREAM)], _events(first, answers))
+        return StreamingResponse(status, [(b"content-type", EVENT_STREAM)], _events(first, answers, encode))
 
-    async def _start(self, request: Request, model: str, version: str) -> _Answers:
+    async def _start(self, request: Request, model: str, version: str) -> tuple[_Answers, Encode]:
         body = await read_body(request, self.max_body_size)
+        if self._v2_body(model, version, body):
+            infer_request, _ = http_codec.decode_infer_request(model, version, body, None, loose_bytes=True)
+            return _Answers(self.core, infer_request), _v2_response_json
         inputs = self.core.model_metadata(model, version).inputs
         infer_request = codec.decode_generate_request(model, version, body, inputs)
-        return _Answers(self.core, infer_request)
+        return _Answers(self.core, infer_request), codec.generate_response_json
+
+    def _v2_body(self, model: str, version: str, body: bytes) -> bool:
+        """Whether ``body`` is MLServer's form (a V2 request, ``inputs`` a list) sent to a model-settings model."""
+        if b'"inputs"' not in body or not is_model_settings_config(self.core.model_config(model, version)):
+            return False
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return False  # the generate decoder says what is wrong with it
+        return type(doc) is dict and type(doc.get("inputs")) is list
 
 
 class _Answers:
@@ -95,7 +124,7 @@ class _Answers:
         return await self.queue.get()
 
 
-async def _events(first: Answer, answers: _Answers) -> AsyncGenerator[bytes, None]:
+async def _events(first: Answer, answers: _Answers, encode: Encode) -> AsyncGenerator[bytes, None]:
     """The SSE body: an event per response, an error event, until the end; cancels the call if closed early."""
     answer = first
     try:
@@ -104,7 +133,7 @@ async def _events(first: Answer, answers: _Answers) -> AsyncGenerator[bytes, Non
                 yield codec.sse_event(codec.error_json(answer.message))
                 break
             try:
-                data = codec.generate_response_json(answer)
+                data = encode(answer)
             except InferenceError as exc:  # an output with no JSON form: the client hears why
                 data = codec.error_json(exc.message)
             yield codec.sse_event(data)

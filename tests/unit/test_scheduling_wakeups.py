@@ -1,0 +1,128 @@
+"""Held wake-ups (``scheduling/wakeups.py``): a thread that queues a burst wakes each batcher once, at its end.
+
+The module's own rules first (thread-local, once per scheduler, ``schedule`` once per burst), then a real
+``DynamicBatcher`` with its instance thread: jobs queued while wake-ups are held run after ``release``,
+with one wake-up for the whole burst; a thread that holds nothing still wakes at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from test_scheduling_batcher import RowModel, job, make_batcher
+
+from fastoip.scheduling import wakeups
+from fastoip.scheduling.batcher import DynamicBatcher
+from fastoip.scheduling.job import Job
+
+
+@pytest.fixture
+def held() -> Iterator[list[int]]:
+    """This thread holds its wake-ups for the test; the list counts the calls of ``schedule``."""
+    scheduled: list[int] = []
+    wakeups.hold(lambda: scheduled.append(1))
+    try:
+        yield scheduled
+    finally:
+        wakeups.release()
+        wakeups._held.pending = None  # back to a thread that holds nothing
+        wakeups._held.schedule = None
+
+
+def test_a_thread_that_holds_nothing_wakes_at_once() -> None:
+    assert wakeups.wake_later(lambda: None) is False
+
+
+def test_held_wake_ups_run_once_each_in_order_at_release(held: list[int]) -> None:
+    ran: list[str] = []
+
+    def first() -> None:
+        ran.append("first")
+
+    def second() -> None:
+        ran.append("second")
+
+    assert wakeups.wake_later(first) and wakeups.wake_later(second) and wakeups.wake_later(first)
+    assert ran == [] and held == [1]  # one release asked for the whole burst
+    wakeups.release()
+    assert ran == ["first", "second"]
+    wakeups.release()  # nothing left
+    assert ran == ["first", "second"]
+    assert wakeups.wake_later(first)  # the next burst asks for its own release
+    assert held == [1, 1]
+
+
+def test_the_hold_belongs_to_the_thread_that_asked(held: list[int]) -> None:
+    seen: list[bool] = []
+    other = threading.Thread(target=lambda: seen.append(wakeups.wake_later(lambda: None)))
+    other.start()
+    other.join(5)
+    assert seen == [False] and held == []
+
+
+class CountingBatcher(DynamicBatcher):
+    """A DynamicBatcher that counts its wake-ups."""
+
+    wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+        super().wake()
+
+
+def counting_batcher(model: RowModel) -> CountingBatcher:
+    plain = make_batcher(time.monotonic_ns, model, delay_us=0, threads=False)  # type: ignore[arg-type]
+    return CountingBatcher(plain.context, plain.instances, None, clock=time.monotonic_ns)  # type: ignore[arg-type]
+
+
+DONE: dict[int, threading.Event] = {}
+
+
+def watched(j: Job) -> Job:
+    """``j`` with an event set when it finishes (registered before it is queued)."""
+    event = DONE[id(j)] = threading.Event()
+    j.on_done(lambda _: event.set())
+    return j
+
+
+def finished_within(jobs: list[Job], seconds: float = 10) -> bool:
+    """Whether every watched job finished within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    return all(DONE[id(j)].wait(max(deadline - time.monotonic(), 0)) for j in jobs)
+
+
+def test_a_burst_queued_while_held_runs_after_one_wake_up(held: list[int]) -> None:
+    model = RowModel()
+    batcher = counting_batcher(model)
+    try:
+        burst = [watched(job(1)) for _ in range(8)]
+        for j in burst:
+            batcher.enqueue(j)
+        assert batcher.wakes == 0 and held == [1]
+        wakeups.release()
+        assert batcher.wakes == 1
+        assert finished_within(burst)
+        for j in burst:
+            np.testing.assert_array_equal(j.wait().output("SUM").data, [[3.0]])
+        assert sum(size for size, _ in model.batches) == 8
+    finally:
+        batcher.stop()
+
+
+def test_another_thread_queues_and_wakes_at_once_while_this_one_holds(held: list[int]) -> None:
+    model = RowModel()
+    batcher = counting_batcher(model)
+    try:
+        queued = watched(job(1))
+        other = threading.Thread(target=batcher.enqueue, args=(queued,))
+        other.start()
+        other.join(5)
+        assert finished_within([queued])
+        np.testing.assert_array_equal(queued.wait().output("SUM").data, [[3.0]])
+        assert batcher.wakes == 0 and held == []  # notified directly, nothing held here
+    finally:
+        batcher.stop()
