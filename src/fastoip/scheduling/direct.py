@@ -1,8 +1,12 @@
 """The direct scheduler: every request runs on its own, on the first free instance.
 
 A caller that lends its thread (``job.caller_runs``: it would only wait) runs
-the model there, with no hand-off at all; the others wait in this scheduler's
-line and are run on the core's executor by at most one *runner* per instance.
+the model there, with no hand-off at all.  Where an instance that only hands
+requests over (a Python worker process: ``takes_without_waiting(job)``, see the
+contract) is free and says it takes this one without waiting, it is handed over
+on the caller's thread (the event loop), one thread hop less per request.  The
+others wait in this scheduler's line and are run on the core's executor by at
+most one *runner* per instance.
 
 Rules:
 - A runner is one executor task that runs the jobs waiting in line, one after
@@ -14,8 +18,9 @@ Rules:
 - At most ``instance_group { count }`` runners: a model never holds more
   executor threads than it has instances (before, every queued request held a
   pool thread blocked on a free instance).
-- Jobs run in arrival order.  A job that waits is armed (cancel and deadline
-  apply while it waits: ``run_jobs`` skips finished and expired jobs).
+- Jobs in line run in arrival order (a job handed over at once may pass them).
+  A job that waits is armed (cancel and deadline apply while it waits:
+  ``run_jobs`` skips finished and expired jobs).
 - Once the executor is shut down, jobs still in line are run by the runner that
   holds them (as the executor runs its queued tasks); a job that no runner can
   take fails.
@@ -52,6 +57,8 @@ class DirectScheduler:
         #: Runners submitted or running (at most _max_runners).
         self._runners = 0
         self._max_runners = max(1, len(instances))
+        #: Every instance may take a request on the caller's thread (see the contract's ``takes_without_waiting``).
+        self._hands_over = bool(instances) and all(hasattr(b, "takes_without_waiting") for b in instances)
 
     def enqueue(self, job: Job) -> None:
         """Run ``job`` now on the caller's thread when it lends it, else on an executor thread."""
@@ -59,6 +66,8 @@ class DirectScheduler:
             self._run(job)
             return
         job.arm()
+        if self._hands_over and self._hand_over(job):
+            return
         with self._lock:
             self._line.append(job)
             if self._runners >= self._max_runners:
@@ -106,6 +115,20 @@ class DirectScheduler:
             self._line.clear()
         for job in stranded:
             job.fail(exc)
+
+    def _hand_over(self, job: Job) -> bool:
+        """Give ``job`` to a free instance that takes it without waiting, on this thread; False: none does."""
+        try:
+            backend = self._instances.get_nowait()
+        except queue.Empty:
+            return False
+        try:
+            if not backend.takes_without_waiting(job):  # type: ignore[attr-defined]
+                return False
+            run_jobs(self.context, backend, (job,))
+            return True
+        finally:
+            self._instances.put(backend)
 
     def _run(self, job: Job) -> None:
         """Run ``job`` on this thread (blocking until an instance is free)."""
