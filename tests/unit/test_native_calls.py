@@ -55,6 +55,11 @@ class Recorder:
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
         self.sent.append(("finish", stream_id, code, message))
 
+    def answer(self, stream_id: int, message: bytes) -> None:
+        self.send_headers(stream_id)
+        self.send_message(stream_id, message)
+        self.finish(stream_id, 0)
+
     @property
     def finished(self) -> bool:
         return bool(self.sent) and self.sent[-1][0] == "finish"
