@@ -12,6 +12,11 @@ alternating (`--rounds`), the same gRPC workload per point (`--points`: `simple`
 
 Target: fastoip bench >= 0.95x the faster h2load on `simple` c=64, within 5 % on 602 KB c=16.
 
+Each gRPC client's run also gives the **server's CPU per request** under that client's arrival pattern (the
+server process's CPU time over the run / the successes its statistics counted), the figure that tells
+whether the server serves one client's pattern worse than another's; the machine's other load disturbs it
+far less than req/s.
+
 `--points stream`: `fastoip bench --streaming` (ModelStreamInfer; the native client) against
 `--streaming --grpc-client aio` (grpc.aio, before); h2load has no gRPC streaming, so the ratio is to aio.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import statistics
@@ -66,6 +72,36 @@ def wrk(target: str, seconds: int, concurrency: int) -> dict:
     done = summary["requests"]
     return {"req_per_s": done / (summary["duration_us"] / 1e6), "done": done, "verified": errors == 0,
             "cpu_us_per_req": 1e6 * cpu_s / max(done, 1)}
+
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds the server process (every thread) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_successes(target: str, model: str) -> int:
+    """The successful inferences the server's statistics have counted for ``model``."""
+    import tritonclient.grpc as triton_grpc
+
+    client = triton_grpc.InferenceServerClient(target)
+    try:
+        stats = client.get_inference_statistics(model).model_stats
+        return sum(entry.inference_stats.success.count for entry in stats)
+    finally:
+        client.close()
+
+
+def server_mark(server: Fastoip, model: str) -> tuple[float, int]:
+    """(server CPU seconds, successes of ``model``) now."""
+    return server_cpu_s(server.pid), server_successes(server.grpc, model)
+
+
+def server_per_request(server: Fastoip, model: str, mark: tuple[float, int], key: str, into: dict) -> None:
+    """Server CPU us per successful request since ``mark``, into ``into[key]``."""
+    cpu_s, done = server_mark(server, model)
+    if done > mark[1]:
+        into[key] = 1e6 * (cpu_s - mark[0]) / (done - mark[1])
 
 
 def frames(model: str) -> tuple[bytes, int]:
@@ -116,23 +152,32 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--points", default="simple,large", help="comma list of: " + ", ".join(POINTS))
     parser.add_argument("--processes2", action="store_true", help="also fastoip bench --processes 2")
+    parser.add_argument("--bench-variant", action="append", default=[], metavar="ARGS",
+                        help="also `fastoip bench ARGS` (repeatable), e.g. '--grpc-channels 4'")
+    parser.add_argument("--no-aio", action="store_true", help="leave out `fastoip bench --grpc-client aio`")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     clients: list[tuple[str, tuple[str, ...]]] = [("fastoip bench", ()), ("fastoip bench --grpc-client aio",
                                                                             ("--grpc-client", "aio"))]
     if args.processes2:
         clients.append(("fastoip bench --processes 2", ("--processes", "2")))
+    if args.no_aio:
+        clients = [client for client in clients if "aio" not in client[0]]
+    clients += [(f"fastoip bench {variant}", tuple(variant.split())) for variant in args.bench_variant]
     points = [p for p in args.points.split(",") if p]
     runs: dict[str, dict[str, list[float]]] = {p: {} for p in points}
     ratios: dict[str, dict[str, list[float]]] = {p: {} for p in points}
     # client CPU per request (h2load: its rusage over the run; fastoip bench: its own process CPU in the windows)
     cpu: dict[str, dict[str, list[float]]] = {p: {} for p in points}
+    # server CPU per request under each gRPC client (see the docstring)
+    server_cpu: dict[str, dict[str, list[float]]] = {p: {} for p in points}
     with Fastoip(None, http="http" in points) as server:
         for _ in range(args.rounds):
             for point in points:
                 model, concurrency = POINTS[point]
                 this_round: dict[str, float] = {}
                 this_cpu: dict[str, float] = {}
+                this_server: dict[str, float] = {}
                 if point == "http":
                     r = wrk(server.http, args.seconds, concurrency)
                     if not r["verified"]:
@@ -140,16 +185,21 @@ def main() -> int:
                     this_round["wrk (64 connections)"] = r["req_per_s"]
                     this_cpu["wrk (64 connections)"] = r["cpu_us_per_req"]
                 for connections in (concurrency, 1) if point not in ("http", "stream") else ():
+                    mark = server_mark(server, model)
                     r = h2load(server.grpc, args.seconds, model, concurrency, connections)
-                    if not r["verified"]:
-                        raise SystemExit("h2load: DATA bytes do not add up to successful responses")
                     layout = f"{connections} connections x {concurrency // connections} stream(s)"
+                    if not r["verified"]:  # a failed or unfinished call: this run is left out of the round
+                        print(f"h2load ({layout}): DATA bytes do not add up to successful responses: left out",
+                              flush=True)
+                        continue
                     this_round[f"h2load ({layout})"] = r["req_per_s"]
                     this_cpu[f"h2load ({layout})"] = r["cpu_us_per_req"]
+                    server_per_request(server, model, mark, f"h2load ({layout})", this_server)
                 for name, extra in clients if point != "http" else [("fastoip bench --no-http-binary", ())]:
                     url = f"http://{server.http}" if point == "http" else f"grpc://{server.grpc}"
                     extra = ("--no-http-binary",) if point == "http" else extra
                     extra = ("--streaming", *extra) if point == "stream" else extra
+                    mark = server_mark(server, model) if point != "http" else (0.0, 0)
                     result = fastoip_bench(
                         url, "-m", model, "--concurrency-range", f"{concurrency}",
                         "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
@@ -159,6 +209,8 @@ def main() -> int:
                         raise SystemExit(f"{name}: errors {row['errors']}")
                     key = f"{name} [{row['client']}]"
                     this_round[key] = row["throughput_req_per_s"]
+                    if point != "http":
+                        server_per_request(server, model, mark, key, this_server)
                     if row.get("client_cpu_percent") is not None and row["throughput_req_per_s"]:
                         this_cpu[key] = 1e4 * row["client_cpu_percent"] / row["throughput_req_per_s"]
                 base = max((v for k, v in this_round.items() if k.startswith(("h2load", "wrk"))), default=0.0)
@@ -168,18 +220,23 @@ def main() -> int:
                     ratios[point].setdefault(key, []).append(value / base)
                     if key in this_cpu:
                         cpu[point].setdefault(key, []).append(this_cpu[key])
-                print(point, {k: round(v) for k, v in this_round.items()}, flush=True)
+                    if key in this_server:
+                        server_cpu[point].setdefault(key, []).append(this_server[key])
+                print(point, {k: round(v) for k, v in this_round.items()},
+                      "server CPU us/req", {k: round(v, 1) for k, v in this_server.items()}, flush=True)
     for point in points:
         model, concurrency = POINTS[point]
         rows = [[k, f"{statistics.median(v):.0f}", " ".join(f"{r:.2f}" for r in ratios[point][k]),
-                 f"{statistics.median(cpu[point][k]):.1f}" if cpu[point].get(k) else "-"]
+                 f"{statistics.median(cpu[point][k]):.1f}" if cpu[point].get(k) else "-",
+                 " ".join(f"{c:.1f}" for c in server_cpu[point][k]) if server_cpu[point].get(k) else "-"]
                 for k, v in runs[point].items()]
         print()
         print(markdown_table([f"client ({model}, c={concurrency})", "req/s (median)",
                               "vs the faster h2load (wrk) of the same round, per round",
-                              "client CPU us/request (median)"], rows))
+                              "client CPU us/request (median)", "server CPU us/request, per round"], rows))
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "ratios": ratios, "client_cpu_us": cpu}, indent=1))
+        args.json.write_text(json.dumps({"runs": runs, "ratios": ratios, "client_cpu_us": cpu,
+                                               "server_cpu_us": server_cpu}, indent=1))
     return 0
 
 

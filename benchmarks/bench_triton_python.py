@@ -140,8 +140,8 @@ def against_triton(window_ms: int, rounds: int) -> dict:
                 time.sleep(0.5)
             with Fastoip(root) as server:  # both servers up, measured in turn
                 out.update(alternate({
-                    "fastoip": lambda: point(f"grpc://{server.grpc}", "add_sub", 16, window_ms),
-                    "triton": lambda: point(f"grpc://127.0.0.1:{grpc_port}", "add_sub", 16, window_ms),
+                    "fastoip": lambda: point(f"grpc://{server.grpc}", "add_sub", 16, window_ms, server_pid(server)),
+                    "triton": lambda: point(f"grpc://127.0.0.1:{grpc_port}", "add_sub", 16, window_ms, triton.pid),
                 }, rounds))
         finally:
             if triton.poll() is None:
@@ -173,19 +173,62 @@ def write(root: Path, name: str, source: str, cfg: str) -> None:
     (root / name / "config.pbtxt").write_text(cfg)
 
 
-def point(url: str, model: str, concurrency: int, window_ms: int) -> dict:
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and every process below it (a server and its Python workers)."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += cpu.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
+def _success_count(url: str, model: str) -> int:
+    import tritonclient.grpc as grpcclient
+
+    stats = grpcclient.InferenceServerClient(url.removeprefix("grpc://")).get_inference_statistics(model)
+    return sum(m.inference_stats.success.count for m in stats.model_stats)
+
+
+def point(url: str, model: str, concurrency: int, window_ms: int, pid: int = 0) -> dict:
+    """One closed-loop measurement; with ``pid`` (the server's), also the CPU its process tree spent per request
+    it answered meanwhile (the server's own statistics count them): steadier than req/s on a shared machine."""
+    if pid:
+        cpu0, count0 = _tree_cpu_s(pid), _success_count(url, model)
     result = fastoip_bench(
         url, "-m", model, "--concurrency-range", f"{concurrency}:{concurrency}:1",
         "-p", str(window_ms), "--max-trials", "2", "--warmup-ms", "500",
     )
     row = result["results"][0]
+    extra = {}
+    if pid:
+        answered = _success_count(url, model) - count0
+        extra["server_cpu_us_per_req"] = round((_tree_cpu_s(pid) - cpu0) / max(1, answered) * 1e6, 1)
     return {
+        **extra,
         "req_per_s": round(row["throughput_req_per_s"], 1),
         "p50_ms": round((row["latency_us"]["p50"] or 0) / 1000, 3),
         "p99_ms": round((row["latency_us"]["p99"] or 0) / 1000, 3),
         "errors": sum(row["errors"].values()),
         "other_cpu_percent": row.get("other_cpu_percent"),
     }
+
+
+def server_pid(server: Fastoip) -> int:
+    assert server.proc is not None
+    return server.proc.pid
 
 
 def alternate(points: dict, rounds: int) -> dict:
@@ -199,6 +242,10 @@ def alternate(points: dict, rounds: int) -> dict:
     for name, rows in seen.items():
         ordered = sorted(rows, key=lambda r: r["req_per_s"])
         out[name] = {**ordered[len(ordered) // 2], "rounds_req_per_s": [r["req_per_s"] for r in rows]}
+        cpu = sorted(r["server_cpu_us_per_req"] for r in rows if "server_cpu_us_per_req" in r)
+        if cpu:
+            out[name]["rounds_server_cpu_us_per_req"] = [r.get("server_cpu_us_per_req") for r in rows]
+            out[name]["median_server_cpu_us_per_req"] = cpu[len(cpu) // 2]
     return out
 
 
@@ -283,8 +330,10 @@ def main() -> int:
             url = f"grpc://{server.grpc}"
             for size in ("tiny", "large"):
                 pair = alternate({
-                    "process": lambda size=size: point(url, f"{size}_process", 16, args.window_ms),
-                    "in_process": lambda size=size: point(url, f"{size}_in_process", 16, args.window_ms),
+                    "process": lambda size=size: point(url, f"{size}_process", 16, args.window_ms, server_pid(server)),
+                    "in_process": lambda size=size: point(
+                        url, f"{size}_in_process", 16, args.window_ms, server_pid(server)
+                    ),
                 }, args.rounds)
                 process, in_process = pair["process"], pair["in_process"]
                 results[size] = {

@@ -41,8 +41,8 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 
 
 MODELS = {
-    "process": "",  # worker_pipeline 1 (the default)
-    "process_p2": 'parameters { key: "worker_pipeline" value: { string_value: "2" } }\n',
+    "process": "",  # worker_pipeline 8 (the default without a batcher)
+    "process_p1": 'parameters { key: "worker_pipeline" value: { string_value: "1" } }\n',
     "in_process": 'parameters { key: "hosting" value: { string_value: "in_process" } }\n',
 }
 

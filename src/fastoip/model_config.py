@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 ONNX_PLATFORM = "onnxruntime_onnx"
 #: The config parameter holding a model-settings.json document (JSON) for the model built from it.
 MODEL_SETTINGS_PARAMETER = "model_settings"
+#: How many fitting shapes each TensorSpec remembers (see TensorSpec.accepted).
+ACCEPTED_SHAPES_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,23 @@ class TensorSpec:
     #: The model's own shape (without the batch dim) when the config has ``reshape``, else None.
     reshape: tuple[int, ...] | None = None
 
+    #: Shapes (tuples) already found to fit, so a repeated shape costs one dict lookup on the infer path;
+    #: bounded (ACCEPTED_SHAPES_KEPT): arbitrary variable dims must not grow it without end.
+    accepted: dict[tuple, bool] = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
+
     def accepts(self, shape: tuple) -> bool:
         """True when ``shape`` fits this spec (-1 matches any size)."""
+        accepted = self.accepted
+        if type(shape) is tuple and shape in accepted:
+            return True
         expected = self.shape
         if len(shape) != len(expected):
             return False
         for got, want in zip(shape, expected, strict=False):
             if want != -1 and got != want:
                 return False
+        if type(shape) is tuple and len(accepted) < ACCEPTED_SHAPES_KEPT:
+            accepted[shape] = True
         return True
 
 

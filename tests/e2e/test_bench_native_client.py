@@ -23,6 +23,7 @@ from fastoip.bench.generators import make_generator, resolve_client
 from fastoip.bench.inputs import encode_grpc, make_requests, plan_model
 from fastoip.bench.load import LoadSpec, Sample
 from fastoip.bench.measure import MeasureOptions, measure_level
+from fastoip.bench.nativeload import NativeGrpcLoad, native_connections
 from fastoip.bench.verify import ResponseCheck
 
 pytest.importorskip("fastoip._codec", reason="the native codec is not built (setup.py build_ext --inplace)")
@@ -80,6 +81,34 @@ def test_auto_picks_native_where_it_can() -> None:
     assert resolve_client(streaming, "concurrency", 8) == "native-stream"
     assert resolve_client(dataclasses.replace(streaming, client="aio"), "concurrency", 8) == "aio-stream"
     assert resolve_client(LoadSpec("grpc", "h", 1, [b""], spec.check, compression="gzip"), "concurrency", 8) == "aio"
+
+
+def test_the_default_layout_is_the_one_the_server_serves_best() -> None:
+    """Small unary calls share a connection (100 in flight each at most); 64 KiB requests or more get one
+    connection per call, up to 16; streaming keeps min(C, 4) (benchmarks/RESULTS.md, 2026-11-27)."""
+    assert [native_connections(c, 200) for c in (1, 64, 100, 101, 1000)] == [1, 1, 1, 2, 10]
+    assert [native_connections(c, 602_000) for c in (1, 4, 16, 64)] == [1, 4, 16, 16]
+    assert native_connections(64, 64 * 1024 - 1) == 1 and native_connections(64, 64 * 1024) == 16
+    assert [native_connections(c, 200, streaming=True) for c in (1, 64)] == [1, 4]
+
+
+@pytest.mark.parametrize("model, dims, concurrency, connections",
+                         [("identity_fp32", (16,), 64, 1), ("image_identity", (3, 224, 224), 4, 4)],
+                         ids=["small-one-connection", "large-one-each"])
+def test_the_native_client_opens_its_default_connections(server: ServerProcess, model: str, dims: tuple[int, ...],
+                                                         concurrency: int, connections: int) -> None:
+    spec = identity_spec(server.grpc_port, "native", name=model, dims=dims)
+    generator = make_generator(spec, "concurrency", concurrency)
+    assert isinstance(generator, NativeGrpcLoad)
+    try:
+        generator.start_concurrency(concurrency)
+        assert generator.connections == connections
+        time.sleep(0.5)
+        generator.stop(5.0)
+        sample = generator.cut(0, 2**62)
+    finally:
+        generator.close()
+    assert sample.sent >= concurrency and sample.errors == {} and len(sample.lat_ns) == sample.sent
 
 
 @pytest.mark.parametrize("client", ["native", "future"])

@@ -839,6 +839,49 @@ def test_model_errors_have_triton_codes(server: ServerProcess) -> None:
     assert err.value.status() == "400" and "differ in shape" in err.value.message()
 
 
+SLOW_ECHO = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(0.002)  # long enough for requests to queue behind this one in the worker's socket
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy() * 2)]) for r in requests]
+"""
+
+SLOW_ECHO_CONFIG = """
+    backend: "python"
+    input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_blocking_callers_share_the_worker_window_and_statistics_count_the_worker_time(tmp_path: Path) -> None:
+    """Core.infer from threads that wait (they lend their thread): each gets its own answer from the reader
+    thread, and the statistics count every execution with the worker's time, recorded when the result came."""
+    from fastoip.core import Core
+    from fastoip.types import InferInput, InferRequest, RequestedOutput
+
+    write_python_model(tmp_path, "slow_echo", SLOW_ECHO, SLOW_ECHO_CONFIG)
+    core = Core(tmp_path)
+    core.load_models()
+    try:
+        def one(i: int) -> int:
+            x = InferInput("X", "INT32", (1,), np.array([i], np.int32))
+            request = InferRequest("slow_echo", "", f"r{i}", {}, [x], [RequestedOutput("Y")])
+            return int(core.infer(request).outputs[0].data[0])
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(one, range(64))) == [2 * i for i in range(64)]
+        (stats,) = core.statistics("slow_echo")
+        assert stats.execution_count == stats.inference_count == 64
+        infer = stats.inference_stats.compute_infer
+        assert infer.count == 64 and infer.ns >= 64 * 2_000_000  # the worker's 2 ms each, not the send's time
+    finally:
+        core.close()
+
+
 def test_worker_pipeline_answers_each_request_its_own(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     pairs = [(np.full(4, i, dtype=np.float32), np.full(4, 2 * i, dtype=np.float32)) for i in range(24)]
@@ -876,6 +919,10 @@ CRASHER = """
                     ctypes.string_at(0)
                 elif how == 2:
                     os._exit(3)
+                elif how == 4:  # a crash after a while: requests sent meanwhile wait behind it
+                    import time
+                    time.sleep(0.5)
+                    ctypes.string_at(0)
                 elif how == 3:
                     hoard = []
                     while True:
@@ -898,14 +945,34 @@ def crash_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
     root = tmp_path_factory.mktemp("crashes")
     write_python_model(root, "crasher", CRASHER, CRASHER_CONFIG)
     write_python_model(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
+    write_python_model(root, "crasher_queued", CRASHER, CRASHER_CONFIG)
     with ServerProcess(root, http=True) as proc:
         yield proc
 
 
-def _how(client: grpcclient.InferenceServerClient, how: int) -> int:
+def _how(client: grpcclient.InferenceServerClient, how: int, model: str = "crasher") -> int:
     x = grpcclient.InferInput("HOW", [1], "INT32")
     x.set_data_from_numpy(np.array([how], dtype=np.int32))
-    return int(client.infer("crasher", [x]).as_numpy("PID")[0])
+    return int(client.infer(model, [x]).as_numpy("PID")[0])
+
+
+def test_requests_waiting_behind_a_crash_run_on_the_replacement(crash_server: ServerProcess) -> None:
+    """Without a batcher several requests are on their way to one worker (worker_pipeline): when it dies, only
+    the one it was running fails; those waiting in its socket never started and are answered by its successor."""
+    client = grpcclient.InferenceServerClient(crash_server.grpc_url)
+    first_pid = _how(client, 0, "crasher_queued")
+    with ThreadPoolExecutor(4) as pool:
+        crash = pool.submit(_how, grpcclient.InferenceServerClient(crash_server.grpc_url), 4, "crasher_queued")
+        time.sleep(0.2)  # the crash request runs (0.5 s) while these three are sent behind it
+        behind = [pool.submit(_how, grpcclient.InferenceServerClient(crash_server.grpc_url), 0, "crasher_queued")
+                  for _ in range(3)]
+        with pytest.raises(InferenceServerException) as err:
+            crash.result(timeout=60)
+        assert err.value.status() == "StatusCode.INTERNAL"
+        assert "crasher_queued" in err.value.message() and "SIGSEGV" in err.value.message()
+        pids = {f.result(timeout=60) for f in behind}
+    assert len(pids) == 1 and first_pid not in pids  # all three answered by the restarted worker
+    assert client.is_model_ready("crasher_queued")
 
 
 def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) -> None:
@@ -1052,7 +1119,11 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
                 return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
                         for r in requests]
     """))
-    worker = WorkerProcess("identity", lambda *a: None, lambda cause: None)
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    worker = WorkerProcess(
+        "identity", lambda *a: None, lambda cause: None,
+        on_result=lambda exec_id, responses, error: results.put((responses, error)),
+    )
     try:
         worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
         worker.control(("initialize", {}, False))
@@ -1064,7 +1135,8 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
             assert packed[4][0][2][0] == "p"  # the message names a shared-memory segment, it carries no data
             if round_:
                 assert transport.COPIED.segments_made == made  # the segment of the last round is reused
-            _, (responses, error) = worker.execute_open([packed], lambda call: None)
+            worker.submit(round_ + 1, [packed])
+            responses, error = results.get(timeout=60)
             assert error is None
             ((name, datatype, out_packed),), _, _ = responses[0]
             assert out_packed[0] == "p"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -17,7 +18,7 @@ from fastoip.core import CallContext, Core, FinishedCall  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.errors import Cancelled, DeadlineExceeded, InvalidArgument, NotFound  # noqa: E402
 from fastoip.shared_memory import BYTE_SIZE, REGION  # noqa: E402
-from fastoip.types import RequestedOutput  # noqa: E402
+from fastoip.types import InferRequest, RequestedOutput  # noqa: E402
 from harness import DIRECT_SIMPLE, HOLDING_BATCHER, core_on, fp32_request, simple_request, success_and_failure  # noqa: E402
 
 EXPECTED_SUM = np.arange(16, dtype=np.int32).reshape(1, 16) + 1
@@ -274,3 +275,61 @@ def test_on_loop_calls_back_on_the_loop_and_not_once_it_is_closed() -> None:
     loop.close()
     hop("too late")  # the loop is closed (a server stopped past its exit timeout): dropped, no error
     assert seen == [("from a worker", True)]
+
+
+def _tracked(request: InferRequest, refs: list[weakref.ref[np.ndarray]]) -> InferRequest:
+    """``request``, with a weak reference to each input array (and to the array it views) added to ``refs``."""
+    for tensor in request.inputs:
+        assert tensor.data is not None
+        refs.append(weakref.ref(tensor.data))
+        if tensor.data.base is not None:
+            refs.append(weakref.ref(tensor.data.base))
+    return request
+
+
+@pytest.mark.parametrize("model, requests", [("simple", 1), ("held", 8)], ids=["alone", "merged-batch"])
+def test_the_core_lets_go_of_the_inputs_before_the_response_goes_out(core: Core, model: str, requests: int) -> None:
+    """Triton releases a request when its execution ends: when the frontend hears of the result (and then
+    encodes and sends the response), nothing in the Core holds the input arrays any more (refcount, not
+    timing).  ``simple`` runs alone; eight ``held`` requests reach its preferred size and run as one
+    merged batch.  The caller's own request object is left as it was."""
+    refs: list[list[weakref.ref[np.ndarray]]] = [[] for _ in range(requests)]
+    seen: list[tuple[int, list[bool], FinishedCall]] = []
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def on_done(index: int) -> Callable[[FinishedCall], None]:
+        def done(call: FinishedCall) -> None:
+            with lock:
+                seen.append((index, [ref() is None for ref in refs[index]], call))
+                if len(seen) == requests:
+                    finished.set()
+
+        return done
+
+    for index in range(requests):
+        # the request is built in the call: only the Core holds it (and its arrays) from here on
+        made = simple_request() if model == "simple" else fp32_request(model)
+        core.start(_tracked(made, refs[index]), None, on_done(index))
+        del made
+    assert finished.wait(30)
+    assert len(seen) == requests
+    for index, freed, call in seen:
+        assert call.error is None and call.response is not None
+        assert freed and all(freed), f"request {index}: an input array outlived the execution"
+        assert [tensor.data for tensor in call.request.inputs] == [None] * len(call.request.inputs)
+    if model == "simple":
+        np.testing.assert_array_equal(seen[0][2].response.output("OUTPUT0").data, EXPECTED_SUM)  # type: ignore[union-attr]
+    else:
+        for _, _, call in seen:
+            assert call.response is not None
+            np.testing.assert_array_equal(call.response.output("OUTPUT0").data, np.arange(16, dtype=np.float32)[None])
+
+
+def test_the_callers_request_keeps_its_inputs(core: Core) -> None:
+    """Only the Core's references go: a caller that holds its request can send it again."""
+    request = simple_request()
+    first = core.infer(request)
+    assert all(tensor.data is not None for tensor in request.inputs)
+    second = core.infer(request)
+    np.testing.assert_array_equal(first.output("OUTPUT0").data, second.output("OUTPUT0").data)

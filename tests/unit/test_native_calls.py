@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -53,6 +54,11 @@ class Recorder:
 
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
         self.sent.append(("finish", stream_id, code, message))
+
+    def answer(self, stream_id: int, message: bytes) -> None:
+        self.send_headers(stream_id)
+        self.send_message(stream_id, message)
+        self.finish(stream_id, 0)
 
     @property
     def finished(self) -> bool:
@@ -571,3 +577,29 @@ def test_a_deadline_answers_an_unfinished_request_and_forgets_it(grpc_server: na
     (answer,) = [e for e in client.of(stream_id) if isinstance(e, ResponseReceived)]
     assert dict(answer.headers)[b"grpc-status"] == str(wire.DEADLINE_EXCEEDED).encode()
     assert client.connection.streams == {}
+
+
+def test_model_infer_frees_the_request_message_before_it_sends_the_response(
+    dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop
+) -> None:
+    """The inputs are views on the received message: once the execution ends the Core lets go of them, so
+    the message's memory is freed before the response is encoded and sent (a weak reference, not timing)."""
+
+    class Watching(Recorder):
+        def send_message(self, stream_id: int, message: bytes) -> None:
+            freed.append(received() is None)
+            super().send_message(stream_id, message)
+
+    # the message in a buffer that takes weak references (bytes does not); the codec reads any buffer
+    message = np.frombuffer(bytearray(simple_bytes(request_id="freed")), dtype=np.uint8)
+    received = weakref.ref(message)
+    freed: list[bool] = []
+    out = Watching()
+    call = new_call(dispatcher, "ModelInfer", out)
+    call.on_message(message)  # type: ignore[arg-type]  # a buffer, as the connection's bytes are
+    del message
+    call.on_end()
+    run_until(loop, lambda: out.finished)
+    assert out.sent[-1][2] == wire.OK
+    assert _codec.decode_infer_response(out.messages[0]).id == "freed"
+    assert freed == [True]

@@ -20,7 +20,7 @@ import pytest
 from fastoip._proto import model_config_pb2 as mc
 from fastoip.errors import Cancelled, DeadlineExceeded, InferenceError, InternalError, Unavailable
 from fastoip.metrics import VersionCounters
-from fastoip.scheduling.batcher import DynamicBatcher
+from fastoip.scheduling.batcher import BatchQueue, DynamicBatcher
 from fastoip.scheduling.buffers import BufferPool
 from fastoip.scheduling.contract import Backend, ExecutionContext, TensorModel
 from fastoip.scheduling.direct import DirectScheduler
@@ -416,3 +416,89 @@ def test_a_failing_single_request_fails_alone_and_the_batcher_goes_on() -> None:
     batcher.step()
     assert data(fine, "SUM").shape == (1, 1)
     assert batcher.context.stats.execution_count == 1  # only the execution that succeeded is counted
+
+
+def make_queue(
+    max_batch_size: int = 8, preferred: Sequence[int] = (), delay_us: int = 100_000, **batching: Any
+) -> BatchQueue:
+    settings = mc.ModelDynamicBatching(
+        preferred_batch_size=list(preferred), max_queue_delay_microseconds=delay_us, **batching
+    )
+    return BatchQueue("rows", max_batch_size, settings)
+
+
+def queued(queue: BatchQueue, j: Job, now_ns: int, batching: bool = True) -> bool:
+    """Add ``j`` as ``DynamicBatcher.enqueue`` does; whether it wakes an instance."""
+    j.signature = input_signature(j, batching)
+    assert queue.add(j, now_ns) is None
+    return queue.wakes(j)
+
+
+def test_arrivals_below_the_next_preferred_size_do_not_wake_a_gathering_instance() -> None:
+    """Triton's Enqueue: while a batch gathers, only reaching the next preferred size wakes the batcher."""
+    clock = Clock()
+    queue = make_queue(preferred=(4, 8))
+    first = job(1)
+    assert queued(queue, first, clock())  # nothing gathers yet: the first arrival wakes an instance
+    assert queue.next_batch(clock()) == ([], 100 * MS)  # 1 < 4: it gathers for the delay
+    clock.advance(10 * MS)
+    rest = [job(1), job(1), job(1)]
+    assert [queued(queue, j, clock()) for j in rest] == [False, False, True]  # 2 and 3 sleep on, 4 is preferred
+    assert queue.next_batch(clock()) == ([first, *rest], 0)
+    assert queued(queue, job(1), clock())  # a new batch starts: the next arrival wakes again
+
+
+def test_without_preferred_sizes_only_a_full_batch_wakes_a_gathering_instance() -> None:
+    clock = Clock()
+    queue = make_queue(max_batch_size=4)  # preferred defaults to [4]
+    assert queued(queue, job(1), clock())
+    assert queue.next_batch(clock())[0] == []
+    assert not queued(queue, job(2), clock())
+    assert queued(queue, job(1), clock())  # 4 queued: the batch is full
+    batch, wait_ns = queue.next_batch(clock())
+    assert sizes(batch) == [1, 2, 1] and wait_ns == 0
+
+
+def test_an_arrival_of_another_shape_wakes_and_the_gathering_batch_runs() -> None:
+    clock = Clock()
+    queue = make_queue(preferred=(4,))
+    narrow = job(1, width=3)
+    queued(queue, narrow, clock())
+    assert queue.next_batch(clock())[0] == []
+    assert queued(queue, job(1, width=4), clock())  # it would close the gathering batch: wake
+    assert queue.next_batch(clock()) == ([narrow], 0)
+
+
+def test_an_arrival_that_expires_before_the_wake_up_wakes() -> None:
+    clock = Clock()
+    queue = make_queue(preferred=(4,))
+    queued(queue, job(1), clock())
+    assert queue.next_batch(clock()) == ([], 100 * MS)
+    later, sooner = job(1), job(1)
+    later.deadline_ns = clock() + 200 * MS
+    sooner.deadline_ns = clock() + 50 * MS
+    assert not queued(queue, later, clock())
+    assert queued(queue, sooner, clock())
+    assert queue.next_batch(clock()) == ([], 50 * MS)  # the wait now ends at the sooner deadline
+    timed = job(1, timeout=10_000)
+    overriding = make_queue(preferred=(4,), default_queue_policy=mc.ModelQueuePolicy(allow_timeout_override=True))
+    queued(overriding, job(1), clock())
+    assert overriding.next_batch(clock())[0] == []
+    assert queued(overriding, timed, clock())  # its 10 ms queue timeout ends before the 100 ms delay
+
+
+def test_the_queued_size_follows_every_way_out_of_the_queue() -> None:
+    clock = Clock()
+    policy = mc.ModelQueuePolicy(default_timeout_microseconds=5_000, timeout_action=mc.ModelQueuePolicy.DELAY)
+    queue = make_queue(max_batch_size=16, delay_us=0, default_queue_policy=policy)
+    cancelled, late, delayed, fresh = job(2), job(3), job(4), job(5)
+    late.deadline_ns = clock() + 1 * MS
+    for j in (cancelled, late, delayed):
+        queued(queue, j, clock())
+    assert queue.queued_size == 9
+    clock.advance(6 * MS)  # the deadline passes, the 5 ms timeout moves ``delayed`` behind everything
+    queued(queue, fresh, clock())
+    cancelled.cancel()
+    assert queue.next_batch(clock()) == ([fresh, delayed], 0)
+    assert queue.queued_size == 0 and len(queue) == 0
+    assert isinstance(error_of(late), DeadlineExceeded)

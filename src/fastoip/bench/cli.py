@@ -170,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         "else future below concurrency 8, aio from 8, in request-rate mode and for --streaming)",
     )
     p.add_argument(
-        "--grpc-channels", type=int, default=0, help="gRPC connections per client process (default: min(C, 4))"
+        "--grpc-channels",
+        type=int,
+        default=0,
+        help="gRPC connections per client process (default: min(C, 4) for the grpcio clients and native "
+        "streaming; native unary: one per 100 calls in flight, or one per call up to 16 for requests of 64 KiB "
+        "or more)",
     )
     p.add_argument(
         "--http-binary",
@@ -743,7 +748,9 @@ class Run:
                 # --streaming: the stream client that carried it (native-stream or aio-stream)
                 else (stream_kind(self.rows) if self.args.streaming else self.args.grpc_client),
                 "processes": self.args.processes,
-                "channels": self.args.grpc_channels or f"auto (min(C, {auto_channels(10**6)}))",
+                "channels": self.args.grpc_channels
+                or f"auto (min(C, {auto_channels(10**6)}); native unary: 1 per 100 calls, 1 per call up to 16 "
+                "for requests of 64 KiB or more)",
             },
             "settings": {
                 "window_ms": self.s.window_ms,

@@ -37,6 +37,28 @@ STATUS_NAMES = (
 )
 
 
+#: Unary calls whose largest request is this big or bigger get a connection each (up to LARGE_CONNECTIONS).
+LARGE_REQUEST_BYTES = 64 * 1024
+LARGE_CONNECTIONS = 16
+#: Smaller unary calls share connections, this many calls in flight on each at most.
+STREAMS_PER_CONNECTION = 100
+
+
+def native_connections(concurrency: int, request_bytes: int, streaming: bool = False) -> int:
+    """Connections for ``concurrency`` calls when ``--grpc-channels`` is not given.
+
+    Measured against fastoip's server (benchmarks/RESULTS.md, 2026-11-27, server CPU per request under each
+    layout): small unary calls cost the server ~20 % less over one connection than over four (the layout of
+    h2load's faster run: more requests per read, more answers per write), and 602 KB calls ~30 % less with a
+    connection per call than over four (as h2load's faster layout there).  Streaming keeps min(C, 4).
+    """
+    if streaming:
+        return auto_channels(concurrency)
+    if request_bytes >= LARGE_REQUEST_BYTES:
+        return max(1, min(concurrency, LARGE_CONNECTIONS))
+    return max(1, -(-concurrency // STREAMS_PER_CONNECTION))
+
+
 def native_available() -> bool:
     return _h2client is not None
 
@@ -76,6 +98,8 @@ class NativeGrpcLoad(Generator):
         self._err_code = np.empty(0, np.int64)
         self._sent = self._sent_mark = 0
         self._cpu_mark = time.process_time_ns()
+        #: The HTTP/2 connections the load runs on (set when it starts).
+        self.connections = 0
 
     def _connect(self, count: int) -> list[int]:
         fds = []
@@ -87,8 +111,10 @@ class NativeGrpcLoad(Generator):
         return fds
 
     def start_concurrency(self, concurrency: int) -> None:
-        count = min(self.spec.channels or auto_channels(concurrency), concurrency)
+        largest = max((len(request) for request in self.spec.requests), default=0)
+        count = min(self.spec.channels or native_connections(concurrency, largest, self.spec.streaming), concurrency)
         fds = self._connect(count)
+        self.connections = count
         self._engine = _h2client.Engine(
             fds,
             list(self.spec.requests),

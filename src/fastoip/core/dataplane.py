@@ -160,8 +160,7 @@ class DataPlane:
             self._complete(model, finished)
             on_done(finished)
 
-        job.on_done(done)
-        job.arm()  # the stream or event loop that called may cancel it from another thread
+        job.on_done(done)  # (the job is armed: _prepare arms every job that is not run by a blocking caller)
         if job.cache_key is None or job.cache_leader:
             self.runner.enqueue(model, job)
         else:
@@ -261,7 +260,7 @@ class DataPlane:
             if job.cache_key is not None and not job.cache_leader:
                 waits = True  # for an identical request: that request's thread finishes it
         if waits or not blocking:
-            job.arm()  # other threads may finish or cancel it (start() arms it too; arming twice is a no-op)
+            job.arm()  # other threads (the stream or event loop that called) may finish or cancel it
         if call is not None:
             job.deadline_ns = call.deadline_ns
             # a request that waits (or runs elsewhere) gets the caller's lazy deadline and cancellation; one that

@@ -8,6 +8,7 @@ Rules:
   ``recv`` (``multiprocessing.connection`` makes two: length, then body).
 - One reader at a time (the callers hold their read locks); ``poll`` is also
   true while a whole message is already buffered.
+- ``send_many`` joins several small messages into one ``sendall``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,22 @@ class FramedSocket:
         else:
             self._sock.sendall(header)
             self._sock.sendall(data)
+
+    def send_many(self, messages: list[bytes]) -> None:
+        """Several messages, in one ``sendall`` when they are small together (one wake-up of the reader)."""
+        if len(messages) == 1:
+            self.send_bytes(messages[0])
+            return
+        total = sum(len(m) for m in messages)
+        if total > JOIN_LIMIT:
+            for data in messages:
+                self.send_bytes(data)
+            return
+        parts = []
+        for data in messages:
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        self._sock.sendall(b"".join(parts))
 
     def _complete(self) -> int:
         """The end of the first buffered message when it is all here, else 0."""

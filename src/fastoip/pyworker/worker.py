@@ -18,7 +18,9 @@ metrics) answered by ``("reply", ...)`` or, for a BLS stream, by several
 ``("stream", call_id, response, final)``.
 The main thread reads and runs each batch itself (one at a time, as an instance
 runs one batch at a time); a thread waiting for an answer reads meanwhile
-(see :class:`_Channel`).
+(see :class:`_Channel`).  Several requests may be waiting in the socket (the
+server's ``worker_pipeline``): one ``recv`` takes them all, and they run one
+after the other.
 """
 
 from __future__ import annotations

@@ -65,6 +65,10 @@ class LoadedModel:
         #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
         self.backends = list(backends)
         self.stats = VersionCounters(name, self.version_str, metrics_config)
+        for backend in backends:  # a backend that finishes its jobs after execute returned records there
+            record_to = getattr(backend, "record_executions_to", None)
+            if record_to is not None:
+                record_to(self.stats.record_execution)
         tensor_models = [b for b in backends if isinstance(b, TensorModel)]
         # On the CUDA EP batches are gathered in pinned host memory: ORT's upload is then a DMA.
         self.on_gpu = any(b.on_gpu for b in tensor_models)
@@ -111,7 +115,7 @@ class LoadedModel:
         """Validate ``request`` against the config and make a Job of it."""
         spec = self.spec
         by_name = spec.input_by_name
-        batching = spec.batching
+        batching = spec.max_batch_size > 0  # (spec.batching without a property call on the hot path)
         feeds: dict = {}
         batch_size = 1
         for tensor in request.inputs:

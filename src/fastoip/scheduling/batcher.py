@@ -29,6 +29,13 @@ decisions of core ``dynamic_batch_scheduler.cc`` ``GetDynamicBatch``):
 - Cancelled requests and expired client deadlines leave the queue without running.
 - ``preserve_ordering``: batches finish in the order they were formed, even
   with several instances.
+- Wake-ups (Triton's ``Enqueue``): while an instance waits out the delay of a
+  gathering batch, a new request wakes it only when it can change the
+  decision: the queued batch size reaches the next preferred size, its shape
+  differs from the gathering batch's, or its timeout or deadline falls before
+  the instance's wake-up.  Otherwise the instance sleeps on and takes
+  everything that arrived when the delay is over, instead of being woken (and
+  recomputing the batch) once per arrival.
 - Every decision reads one injected clock (:data:`~fastoip.scheduling.contract.Clock`),
   so tests drive the decisions with a controllable clock and no sleeps.
 """
@@ -86,6 +93,12 @@ class BatchQueue:
         ]
         # One FIFO per level, then (index ``levels``) the jobs a DELAY timeout moved behind everything.
         self._queues: list[collections.deque[Job]] = [collections.deque() for _ in range(self.levels + 1)]
+        #: The sum of the waiting jobs' batch sizes (Triton's ``queued_batch_size_``).
+        self.queued_size = 0
+        # What the last decision waits for (see ``wakes``): 0 = nothing gathers, every arrival wakes.
+        self._wake_size = 0
+        self._wake_signature: object = None
+        self._wake_ns = 0
 
     def __len__(self) -> int:
         count = 0
@@ -108,13 +121,31 @@ class BatchQueue:
             return Unavailable("Exceeds maximum queue size")
         job.enqueue_ns = now_ns
         queue.append(job)
+        self.queued_size += job.batch_size
         return None
+
+    def wakes(self, job: Job) -> bool:
+        """Whether ``job``, just added, can change the decision the last :meth:`next_batch` waits on.
+
+        Triton's ``Enqueue`` wake rule: while a batch gathers (the last decision was a wait for the
+        delay), an arrival wakes the instance only when the queued batch size reaches the next preferred
+        size above the gathering batch, or when its shape differs (the gathering batch then runs at once),
+        or when its timeout or deadline comes before the wake-up.  When nothing gathers, every arrival wakes.
+        """
+        if not self._wake_size or self.queued_size >= self._wake_size or job.signature != self._wake_signature:
+            return True
+        expiry = job.deadline_ns
+        if job.timeout_ns:
+            timeout_at = job.enqueue_ns + job.timeout_ns
+            expiry = timeout_at if not expiry else min(expiry, timeout_at)
+        return bool(expiry) and expiry < self._wake_ns
 
     def next_batch(self, now_ns: int, flush: bool = False) -> tuple[list[Job], int]:
         """What runs now, taken off the queue; or ``([], ns to wait)``: ``-1`` when nothing waits.
 
         ``flush`` (the batcher is stopping): whatever is pending runs without waiting.
         """
+        self._wake_size = 0  # unless this decision is a wait (below), the next arrival wakes an instance
         wake_ns = self._drop_dead(now_ns)
         queues = self._queues
         level = 0
@@ -154,7 +185,13 @@ class BatchQueue:
             batch = batch[:best]
         elif not (send_now or size >= self.max_preferred or delay_over or self.delay_ns == 0 or flush):
             wait_ns = oldest_ns + self.delay_ns - now_ns
-            return [], wait_ns if wake_ns < 0 else min(wait_ns, wake_ns)
+            if wake_ns >= 0:
+                wait_ns = min(wait_ns, wake_ns)
+            # Triton's next_preferred_batch_size_: the arrivals that can make this batch run before the wait ends.
+            self._wake_size = min((p for p in self.preferred if p > size), default=self.max_preferred)
+            self._wake_signature = signature
+            self._wake_ns = now_ns + wait_ns
+            return [], wait_ns
         for job in batch:
             self._remove(job)
         return batch, 0
@@ -172,6 +209,7 @@ class BatchQueue:
             queue.popleft()
         else:
             queue.remove(job)
+        self.queued_size -= job.batch_size
 
     def _drop_dead(self, now_ns: int) -> int:
         """Remove cancelled, finished and timed-out jobs; ns until the next timeout or deadline (-1: none)."""
@@ -187,6 +225,7 @@ class BatchQueue:
             for job in queue:
                 if job.finished or job.expired(now_ns):
                     changed = True
+                    self.queued_size -= job.batch_size
                     continue
                 if job.timeout_ns:
                     left = job.enqueue_ns + job.timeout_ns - now_ns
@@ -198,6 +237,7 @@ class BatchQueue:
                             delayed.append(job)
                         else:
                             job.fail(Unavailable("Request timeout expired"))
+                            self.queued_size -= job.batch_size
                         continue
                     wake_ns = left if wake_ns < 0 else min(wake_ns, left)
                 if job.deadline_ns:
@@ -207,7 +247,11 @@ class BatchQueue:
             if changed:
                 self._queues[level] = keep
         if delayed and any(job.finished or job.expired(now_ns) for job in delayed):
-            self._queues[self.levels] = collections.deque(job for job in delayed if not job.finished)
+            kept = collections.deque(job for job in delayed if not job.finished)
+            for job in delayed:
+                if job.finished:
+                    self.queued_size -= job.batch_size
+            self._queues[self.levels] = kept
         return wake_ns
 
 
@@ -252,7 +296,9 @@ class DynamicBatcher:
             if refused is not None:
                 job.fail(refused)
                 return
-            if not wakeups.wake_later(self.wake):  # an event loop's burst: one wake-up at its end
+            # Triton's wake rule first (a gathering instance sleeps on unless this arrival can change its
+            # decision), then an event loop's burst: one wake-up at its end
+            if self._queue.wakes(job) and not wakeups.wake_later(self.wake):
                 self._cond.notify()
 
     def wake(self) -> None:

@@ -58,7 +58,11 @@ class RespondsLater:
     __slots__ = ()
 
 
-#: The one :class:`RespondsLater` value.
+#: The one :class:`RespondsLater` value.  A backend that answers a job later and knows its execution only then
+#: has ``record_executions_to(record)``: the repository hands it ``record_execution`` of the model's statistics.
+#: One whose ``execute`` only hands jobs over may have ``takes_without_waiting(job) -> bool``: True promises
+#: that ``execute([job])`` returns at once, without blocking (the direct scheduler then runs it on the
+#: enqueuing thread, the event loop, instead of hopping to an executor thread).
 RESPONDS_LATER = RespondsLater()
 
 #: Per job, in the order given: its response, the error that job alone failed with, or (a decoupled job)

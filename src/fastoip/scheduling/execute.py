@@ -62,6 +62,8 @@ def run_jobs(
         return
     try:
         results, executions = backend.execute(live)
+        for job in live:
+            job.release_inputs()  # the execution is over: large inputs are freed before the responses go out
         if len(results) != len(live):
             raise InternalError(f"model '{context.name}': {len(results)} results for {len(live)} requests")
         end_ns = time.monotonic_ns()
@@ -173,6 +175,7 @@ class TensorBackend:
             outputs = self.model.run(job.feeds, job.output_names, job.destinations or None)
             infer_done_ns = time.monotonic_ns()
             job.compute_end_ns = infer_done_ns
+            job.release_inputs()  # the execution is over: a large input is freed before the response goes out
             if before_finish is not None:
                 before_finish()
             job.finish(self._response(job, outputs))

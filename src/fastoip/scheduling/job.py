@@ -13,6 +13,10 @@ Rules:
   sink (``send``) as it is produced, on the producing thread; the job then
   finishes once, with an error or with ``end_stream`` (no response: the
   final flag alone).  A job without a sink drops what is sent (warmup).
+- When its execution ends, a job lets go of its input arrays
+  (:meth:`Job.release_inputs`, as Triton's backends release the request
+  then): a large input is freed before the response is encoded and sent, not
+  when the call ends.  The caller's request object is left as it was.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
-from ..types import InferRequest, InferResponse
+from ..types import InferInput, InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from ..tracing import FrontendTrace, Trace
@@ -120,6 +124,28 @@ class Job:
         self._finished = False
         #: Where a decoupled model's responses go as they are produced (set by the Core), or None.
         self._sink: Callable[[Job, InferResponse], None] | None = None
+
+    def release_inputs(self) -> None:
+        """The execution is over: drop this job's references to its input arrays.
+
+        ``request`` becomes a copy whose inputs keep name, datatype, shape and
+        parameters but no data (the caller's request is not changed; ~1 us), and
+        ``feeds`` empties.  Kept: a decoupled job's inputs (its model may read them
+        while it responds) and a traced job's (the trace records the input tensors
+        when the request completes).
+        """
+        if self._sink is not None or self.trace is not None:
+            return
+        request = self.request
+        self.feeds = {}
+        self.request = InferRequest(
+            request.model_name,
+            request.model_version,
+            request.id,
+            request.parameters,
+            [InferInput(t.name, t.datatype, t.shape, None, t.parameters) for t in request.inputs],
+            request.outputs,
+        )
 
     def arm(self) -> None:
         """Make the job safe to finish, cancel and wait for from other threads."""

@@ -391,6 +391,7 @@ class SequenceBatcher:
 
     def _finish(self, sequence: _Sequence, pending: _Pending, inner: Job) -> None:
         job = pending.job
+        job.release_inputs()  # the execution is over (the inner job has let go of its own references)
         job.queue_ns, job.compute_start_ns, job.compute_end_ns = inner.queue_ns, inner.compute_start_ns, \
             inner.compute_end_ns
         if inner.error is not None or inner.response is None:

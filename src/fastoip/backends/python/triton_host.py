@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -265,8 +266,39 @@ class InProcessInstance(_Base):
             log.exception("model %s: finalize() failed", self.where)
 
 
+class _Batch:
+    """A batch sent to a worker and not answered yet."""
+
+    __slots__ = ("jobs", "packed", "worker", "started")
+
+    def __init__(self, jobs: Sequence[Job], packed: list, worker: WorkerProcess, started: int) -> None:
+        self.jobs = jobs
+        self.packed = packed
+        self.worker = worker
+        self.started = started
+
+
+#: Batches that may be on their way to one worker (config parameter ``worker_pipeline`` overrides) for a model
+#: without a dynamic or sequence batcher: the worker finds the next requests in its socket and answers them
+#: one after the other on one wake-up, and the server sends and reads several per wake-up
+#: (benchmarks/RESULTS.md, pyipc).
+PIPELINE_DEFAULT = 8
+#: The same for a model with a batcher: one, so the batcher's next batch grows while the worker runs this one.
+PIPELINE_BATCHED_DEFAULT = 1
+#: A request the event loop may hand over itself (``takes_without_waiting``): its tensors' bytes at most, and
+#: batches on their way at most (QUICK_PENDING messages of QUICK_BYTES fit a Unix socket's default buffer).
+QUICK_BYTES = 16 * 1024
+QUICK_PENDING = 8
+
+
 class ProcessInstance(_Base):
     """A ``TritonPythonModel`` instance in its own worker process, restarted when it dies.
+
+    ``execute`` sends the batch and returns (its jobs are :data:`RESPONDS_LATER`); it waits only while
+    ``window`` batches are already on their way.  The worker's reader thread finishes the jobs when the result
+    comes.  The worker runs batches one at a time, in order: when it dies, the first batch not answered is the
+    one it ran (it fails with the cause); the ones behind it never started and are sent to its replacement
+    (a decoupled model's fail too: their streams were open).
 
     ``start_messages`` load it in a fresh worker (again after a crash); a hosting of another kind of model
     (an MLServer runtime: ``mlserver_process``) gives its own ``request_data`` (a job as the plain data its
@@ -285,21 +317,56 @@ class ProcessInstance(_Base):
         start_messages: list[tuple],
         link: bridge.ServerLink = bridge.UNLINKED,
         respond: Respond = job_response,
+        window: int = PIPELINE_BATCHED_DEFAULT,
     ) -> None:
         super().__init__(name, version_str, index, decoupled, respond)
         self._respond = respond
         self._start_messages = start_messages
         self._link = link
+        self._window = max(1, window)
         self._lock = threading.Lock()  # held while a replacement starts
-        #: How many lanes (see :class:`ProcessLane`) still use this instance: the last one to close closes it.
-        self.lanes = 1
+        #: Batches sent and not answered, by call id, in the order sent; guarded by ``_flow``.
+        self._pending: dict[int, _Batch] = {}
+        self._flow = threading.Condition()
+        self._calls = itertools.count(1)
+        self._record: Callable[[int, int, int, int, int], None] | None = None
         self._crashes: list[float] = []
         #: Why the instance stopped serving for good (the repository index reports it), or None.
         self.down_reason: str | None = None
         self.worker = self._start()
 
+    def takes_without_waiting(self, job: Job) -> bool:
+        """Whether ``execute([job])`` returns at once (the direct scheduler may then call it on the event loop):
+        the worker is up (no restart to wait for), room stays on the way after it (no wait for a slot), and the
+        request is small numeric tensors (a short message: the socket's buffer takes it without blocking, no
+        shared-memory copy on the loop)."""
+        if self._closed or self.down_reason is not None or not self.worker.alive:
+            return False
+        # Only the reader thread changes _pending meanwhile, and only by taking from it: the check holds.
+        if len(self._pending) + 1 >= min(self._window, QUICK_PENDING):
+            return False
+        total = 0
+        for array in job.feeds.values():
+            if array.dtype.hasobject:
+                return False
+            total += array.nbytes
+        return total <= QUICK_BYTES
+
+    def record_executions_to(self, record: Callable[[int, int, int, int, int], None]) -> None:
+        """Where this instance records its executions (it finishes them after ``execute`` returned)."""
+        self._record = record
+
     def _start(self) -> WorkerProcess:
-        worker = WorkerProcess(f"model {self.where}", self._on_send, self._on_death, self.is_cancelled, self._link)
+        started: list[WorkerProcess] = []
+        worker = WorkerProcess(
+            f"model {self.where}",
+            self._on_send,
+            lambda cause: self._on_death(started[0] if started else None, cause),
+            self.is_cancelled,
+            self._link,
+            self._on_result,
+        )
+        started.append(worker)
         try:
             for message in self._start_messages:
                 worker.control(message)
@@ -310,12 +377,6 @@ class ProcessInstance(_Base):
 
     def _on_send(self, call: int, index: int, data: Any, final: bool) -> None:
         self.streams.deliver(call, index, shm.unpack_response(data), final)
-
-    def _on_death(self, cause: str) -> None:
-        if self._closed:
-            return
-        log.error("model %s: its worker process %s", self.where, cause)
-        self.streams.fail_all(self._crash_error(cause))
 
     def _crash_error(self, cause: str) -> InternalError:
         return InternalError(f"model {self.where}: its Python worker process {cause} while running the request")
@@ -328,45 +389,120 @@ class ProcessInstance(_Base):
                 if not self.worker.alive and self.down_reason is None:
                     self._restart(self.worker.cause or "died")
                 if self.down_reason is not None:
+                    self._leave()
                     return [Unavailable(self.down_reason) for _ in jobs], []
                 worker = self.worker
-            # Lanes may run here at once: their batches reach the worker one after the other (it runs one at a
-            # time), so the next is already in its socket when it finishes one.
-            started = time.monotonic_ns()
+            call = next(self._calls)
             packed = [shm.pack_request(self.request_data(job)) for job in jobs]
-            try:
-                call, (responses, error) = worker.execute_open(packed, self._opener(jobs))
-                self._batches.pop(call, None)
-            except WorkerDied as died:
-                for request in packed:
-                    for _, _, tensor in request[4]:
-                        shm.discard(tensor)
-                failure = self._crash_error(died.cause)
-                with self._lock:
-                    if self.worker is worker:  # the first lane to see this death starts the replacement
-                        self._batches.clear()
-                        self._restart(died.cause)
-                return [failure for _ in jobs], self._execution(jobs, started)
+            batch = _Batch(jobs, packed, worker, time.monotonic_ns())
+        except BaseException:
+            self._leave()
+            raise
+        # From here the batch is finished by _on_result or _on_death (which _leave), on another thread.
+        for job in jobs:
+            job.arm()  # a blocking caller that lent its thread waits for it (arming twice is a no-op)
+        self._batches[call] = jobs
+        if self.decoupled:
+            self.streams.open(call, jobs)
+        with self._flow:
+            self._pending[call] = batch
+        try:
+            # Deferred to the end of an event loop's turn unless a caller waits on this thread (caller_runs).
+            worker.submit(call, batch.packed, not any(job.caller_runs for job in jobs))
+        except WorkerDied as died:
+            with self._flow:
+                mine = self._pending.pop(call, None) is not None  # else the death handler took it
+                self._flow.notify_all()
+            if mine:
+                self._fail(call, batch, self._crash_error(died.cause))
+        with self._flow:
+            self._flow.wait_for(lambda: len(self._pending) < self._window)
+        return [RESPONDS_LATER for _ in jobs], []
+
+    def _on_result(self, call: int, responses: Any, error: Any) -> None:
+        """A batch's result (the worker's reader thread): finish its jobs."""
+        with self._flow:
+            batch = self._pending.pop(call, None)
+            self._flow.notify_all()
+        if batch is None:
+            return
+        try:
+            self._batches.pop(call, None)
+            jobs = batch.jobs
+            end = time.monotonic_ns()
             if self.decoupled:
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
-                return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
-            if responses is not None:
-                responses = [shm.unpack_response(r) for r in responses]
-            return (
-                _results_of(jobs, self.version_str, responses, error, self.where, self._respond),
-                self._execution(jobs, started),
-            )
+            else:
+                try:
+                    if responses is not None:
+                        responses = [shm.unpack_response(r) for r in responses]
+                    results = _results_of(jobs, self.version_str, responses, error, self.where, self._respond)
+                except Exception as exc:
+                    results = [InternalError(f"model {self.where}: unreadable result: {exc}") for _ in jobs]
+                for job, result in zip(jobs, results, strict=True):
+                    job.compute_end_ns = end
+                    if type(result) is InferResponse:
+                        job.finish(result)
+                    else:
+                        job.fail(result)  # type: ignore[arg-type]
+            if self._record is not None:
+                self._record(sum(job.batch_size for job in jobs), len(jobs), 0, end - batch.started, 0)
         finally:
             self._leave()
 
-    def _opener(self, jobs: Sequence[Job]) -> Any:
-        def open_streams(call: int) -> None:
-            self._batches[call] = jobs
+    def _fail(self, call: int, batch: _Batch, error: InferenceError) -> None:
+        """A batch that will never be answered: give back its segments, fail its jobs."""
+        try:
+            self._batches.pop(call, None)
+            for request in batch.packed:
+                for _, _, tensor in request[4]:
+                    shm.discard(tensor)
             if self.decoupled:
-                self.streams.open(call, jobs)
+                self.streams.fail_all(error, call)
+            for job in batch.jobs:
+                job.fail(error)
+        finally:
+            self._leave()
 
-        return open_streams
+    def _on_death(self, worker: WorkerProcess | None, cause: str) -> None:
+        """``worker`` died (its reader thread): fail what it ran, send what it had not started to a new one."""
+        if not self._closed:
+            log.error("model %s: its worker process %s", self.where, cause)
+        failure = self._crash_error(cause)
+        self.streams.fail_all(failure)
+        with self._flow:
+            lost = [(call, batch) for call, batch in self._pending.items() if batch.worker is worker]
+            for call, _ in lost:
+                del self._pending[call]
+            self._flow.notify_all()
+        if not lost:
+            return  # the next execute starts the replacement
+        self._fail(*lost[0], failure)  # the batch it was running
+        waiting = lost[1:]
+        if not waiting:
+            return
+        with self._lock:
+            if self.worker is worker and self.down_reason is None and not self._closed:
+                self._restart(cause)
+            replacement = self.worker
+            down = self.down_reason
+        for call, batch in waiting:
+            if self.decoupled or down is not None or self._closed or not replacement.alive:
+                self._fail(call, batch, Unavailable(down) if down is not None else failure)
+                continue
+            batch.worker = replacement
+            with self._flow:
+                self._pending[call] = batch
+            self._batches[call] = batch.jobs
+            try:
+                replacement.submit(call, batch.packed)
+            except WorkerDied:
+                with self._flow:
+                    mine = self._pending.pop(call, None) is not None
+                    self._flow.notify_all()
+                if mine:
+                    self._fail(call, batch, failure)
 
     def _restart(self, cause: str) -> None:
         """Start a new worker (the lock is held); after too many deaths, stay down with the reason."""
@@ -396,42 +532,6 @@ class ProcessInstance(_Base):
         return True
 
     def close(self) -> None:
-        self.lanes -= 1
-        if self.lanes > 0:
-            return
         self._drain()
         with self._lock:
             self.worker.finalize()
-
-
-#: Requests on their way to one worker unless config parameter ``worker_pipeline`` says more.  1: with more, a
-#: worker that crashes fails the requests waiting in its socket too (they had not run), and the measured gain
-#: was within the noise (benchmarks/RESULTS.md, issue 20 second pass).
-PIPELINE_DEFAULT = 1
-
-
-class ProcessLane:
-    """One more way into a :class:`ProcessInstance` for the scheduler (as ``max_concurrency`` lanes for
-    ``fastoip.Model``): with two, a request is sent while the worker still runs the one before, so the worker
-    goes from one to the next without waiting for the server.  The worker still runs one batch at a time; if it
-    dies, the batches waiting in its socket fail with the one it ran."""
-
-    def __init__(self, instance: ProcessInstance) -> None:
-        self.instance = instance
-        instance.lanes += 1
-
-    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
-        return self.instance.execute(jobs)
-
-    @property
-    def down_reason(self) -> str | None:
-        return self.instance.down_reason
-
-    def is_ready(self) -> bool:
-        return self.instance.is_ready()
-
-    def is_alive(self) -> bool:
-        return self.instance.is_alive()
-
-    def close(self) -> None:
-        self.instance.close()

@@ -30,7 +30,7 @@ from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from ...pyworker import utils as pb
 from .describe import describe as _describe
 from .server_bridge import link_of
-from .triton_host import PIPELINE_DEFAULT, InProcessInstance, ProcessInstance, ProcessLane
+from .triton_host import PIPELINE_BATCHED_DEFAULT, PIPELINE_DEFAULT, InProcessInstance, ProcessInstance
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
 _TRITON_CLASS = re.compile(r"^class\s+TritonPythonModel\b", re.MULTILINE)
@@ -166,6 +166,7 @@ def load_triton(
     decoupled = bool(config.model_transaction_policy.decoupled)
     config_json = json.dumps(config_dict(config))
 
+    window = _pipeline_depth(parameters, model_name, config.WhichOneof("scheduling_choice") is not None)
     instances: list[Any] = []
     try:
         groups = list(config.instance_group) or [mc.ModelInstanceGroup(count=1)]
@@ -204,15 +205,12 @@ def load_triton(
                         instances.append(
                             ProcessInstance(
                                 model_name, str(version), index, decoupled,
-                                [load_message, ("initialize", args, decoupled)], link_of(options),
+                                [load_message, ("initialize", args, decoupled)], link_of(options), window=window,
                             )
                         )
                     except (WorkerDied, WorkerError) as exc:
                         raise InvalidArgument(f"model '{model_name}': {_error_text(exc)}") from None
                 index += 1
-        depth = _pipeline_depth(parameters, model_name)
-        workers = [instance for instance in instances if isinstance(instance, ProcessInstance)]
-        instances += [ProcessLane(instance) for _ in range(depth - 1) for instance in workers]
     except BaseException:
         for instance in instances:
             instance.close()
@@ -220,13 +218,14 @@ def load_triton(
     return config, instances
 
 
-def _pipeline_depth(parameters: dict[str, str], model_name: str) -> int:
-    """How many batches may be on their way to one worker (config parameter ``worker_pipeline``, default
-    :data:`PIPELINE_DEFAULT`).  With a dynamic batcher, more than one makes its batches smaller (it hands a batch
-    to each free lane instead of letting it grow while the worker is busy)."""
+def _pipeline_depth(parameters: dict[str, str], model_name: str, batched: bool) -> int:
+    """How many batches may be on their way to one worker (config parameter ``worker_pipeline``; default
+    :data:`PIPELINE_DEFAULT`, or :data:`PIPELINE_BATCHED_DEFAULT` with a dynamic or sequence batcher: more
+    than one makes its batches smaller, as it hands over a batch instead of letting it grow while the worker
+    is busy)."""
     text = (parameters.get("worker_pipeline") or "").strip()
     if not text:
-        return PIPELINE_DEFAULT
+        return PIPELINE_BATCHED_DEFAULT if batched else PIPELINE_DEFAULT
     try:
         depth = int(text)
     except ValueError:

@@ -1,12 +1,14 @@
 """The server's handle on one worker process (:mod:`fastoip.pyworker.worker`): start, control, execute, death.
 
 Rules:
-- The worker is ``python -m fastoip.backends.python.triton_worker FD`` on one
-  end of a socket pair; one reader thread here takes every message it sends.
+- The worker is ``python -m fastoip.pyworker.worker FD`` on one end of a
+  socket pair; one reader thread here takes every message it sends (all that
+  arrived, per wake-up) and is the only thread that reads.
 - Control messages (load, auto-complete, initialize, finalize) wait for their
-  answer; ``execute`` waits for its result while decoupled responses and the
-  worker's own calls (BLS, readiness, model control, metrics) arrive meanwhile.
-  Calls run on a small shared thread pool, never on the reader.
+  answer.  ``submit`` sends a batch and returns at once: nobody waits per
+  request; the reader hands each result to ``on_result`` (which finishes the
+  jobs), decoupled responses to ``on_send``, and the worker's own calls (BLS,
+  readiness, model control, metrics) to a small shared thread pool.
 - When the socket closes, the process is reaped and :class:`WorkerDied` (with the
   cause: exit code or signal) is raised to every waiter; ``on_death(cause)``
   runs once, on the reader thread.
@@ -14,7 +16,7 @@ Rules:
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import logging
 import os
 import pickle
@@ -23,7 +25,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,6 +72,7 @@ class WorkerProcess:
         on_death: Callable[[str], None],
         is_cancelled: Callable[[int, int], bool] | None = None,
         link: bridge.ServerLink = bridge.UNLINKED,
+        on_result: Callable[[int, Any, Any], None] | None = None,
     ) -> None:
         self.label = label
         #: The Core this worker's calls (BLS, readiness, model control) go to: the one that loaded its model.
@@ -79,16 +81,14 @@ class WorkerProcess:
         self._on_send = on_send
         self._on_death = on_death
         self._write_lock = threading.Lock()
+        #: Batches the event loop handed over, written at the end of its turn (guarded by the write lock).
+        self._outbox: list[bytes] = []
+        self._flush_scheduled = False
         self._state = threading.Lock()
         self._control: _Waiter | None = None
-        #: Only its holder reads the socket: the thread running a batch reads its own result (no hand-off
-        #: between threads on the hot path); the background reader takes what comes while no batch runs.
-        self._read_lock = threading.Lock()
-        self._executing = 0
-        self._finished: dict[int, Any] = {}
+        self._on_result = on_result or (lambda exec_id, responses, error: None)
         #: The worker's BLS streams in flight (their jobs), by call id: ``ResponseIterator.cancel()`` cancels one.
         self._outgoing: dict[int, Any] = {}
-        self._ids = itertools.count(1)
         self._dead = False
         self.cause: str | None = None
         parent, child = socket.socketpair()
@@ -112,9 +112,28 @@ class WorkerProcess:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with self._write_lock:
-                self._connection.send_bytes(data)
+                if self._outbox:  # in order, behind the batches the event loop has not sent yet
+                    self._outbox.append(data)
+                    self._flush_outbox()
+                else:
+                    self._connection.send_bytes(data)
         except OSError:
             raise WorkerDied(self.cause or "closed its channel") from None
+
+    def _flush_outbox(self) -> None:
+        """Send what the outbox holds, in one write when small (the write lock is held)."""
+        held, self._outbox = self._outbox, []
+        self._connection.send_many(held)
+
+    def _flush_later(self) -> None:
+        """The event loop's deferred write of the batches it handed over during this turn."""
+        try:
+            with self._write_lock:
+                self._flush_scheduled = False
+                if self._outbox:
+                    self._flush_outbox()
+        except OSError:
+            pass  # the worker died: its reader fails or resends those batches (they are pending there)
 
     def control(self, message: tuple, timeout: float = CONTROL_TIMEOUT_S) -> Any:
         """Send a control message and wait for its answer (WorkerError with the model's message)."""
@@ -133,62 +152,41 @@ class WorkerProcess:
             raise WorkerError(value)
         return value
 
-    def execute_open(self, requests: list, before: Callable[[int], None]) -> tuple[int, Any]:
-        """Run one batch; ``(exec_id, (responses | None, error | None))``; WorkerDied if it dies meanwhile.
+    def submit(self, exec_id: int, requests: list, defer: bool = False) -> None:
+        """Send one batch and return; its result comes to ``on_result(exec_id, responses, error)`` on the
+        reader thread (decoupled responses and the worker's calls meanwhile).  WorkerDied if it is gone.
 
-        ``before(exec_id)`` runs before the batch is sent (decoupled streams open there: their
-        responses may arrive before the result does).  The calling thread reads the socket until its
-        result comes, handling whatever else arrives meanwhile (decoupled responses, the worker's calls)."""
-        exec_id = next(self._ids)
-        before(exec_id)
-        with self._state:
-            if self.cause is not None:
-                raise WorkerDied(self.cause)
-            self._executing += 1
+        ``defer`` (nobody on this thread will wait for the batch): on an event loop's thread the write waits for
+        the end of the loop's turn (``call_soon``), so the batches handed over while it reads a socket full of
+        requests go out in one write and the loop drops the GIL once for them, not once per request (a dropped
+        GIL may go to the reader thread for a while)."""
+        if self.cause is not None:
+            raise WorkerDied(self.cause)
+        message = ("execute", exec_id, requests)
         try:
-            # Sent before the read lock is taken: a batch may follow the one the worker runs now (pipelined,
-            # see triton_host.ProcessLane); the worker runs them one at a time, in order.
-            self._send(("execute", exec_id, requests))
-            with self._read_lock:
-                while exec_id not in self._finished:
-                    message = self._read_one()
-                    if message is None:
-                        break
-                    self._dispatch(message)
-        finally:
-            with self._state:
-                self._executing -= 1
-        if exec_id not in self._finished:
-            self._died()
-            raise WorkerDied(self.cause or "died")
-        return exec_id, self._finished.pop(exec_id)
+            loop = asyncio.get_running_loop() if defer else None
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self._send(message)
+            return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._write_lock:
+            self._outbox.append(data)
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        loop.call_soon(self._flush_later)
 
     # -- reading -------------------------------------------------------------------------------------------
     def _read(self) -> None:
-        """The background reader: takes messages while no batch runs (control answers, decoupled responses
-        sent after ``execute`` returned, the worker's calls)."""
-        connection = self._connection
-        while not self._dead:
-            if self._executing:
-                time.sleep(0.02)  # the batch's own thread reads meanwhile
-                continue
-            try:
-                if not connection.poll(0.05):
-                    continue
-            except (OSError, EOFError, ValueError):
+        """The reader: takes every message the worker sends (several per wake-up when they queued up), until
+        the worker closes its end."""
+        while True:
+            message = self._read_one()
+            if message is None:
                 break
-            with self._read_lock:
-                if self._executing or self._dead:
-                    continue
-                try:
-                    if not connection.poll(0):
-                        continue
-                except (OSError, EOFError, ValueError):
-                    break
-                message = self._read_one()
-                if message is None:
-                    break
-                self._dispatch(message)
+            self._dispatch(message)
         self._died()
 
     def _read_one(self) -> tuple | None:
@@ -211,7 +209,10 @@ class WorkerProcess:
                 waiter.event.set()
         elif kind == "result":
             _, exec_id, responses, error = message
-            self._finished[exec_id] = (responses, error)
+            try:
+                self._on_result(exec_id, responses, error)
+            except Exception:
+                log.exception("%s: finishing a batch failed", self.label)
         elif kind == "send":
             _, exec_id, index, response, final = message
             try:
@@ -319,7 +320,8 @@ class WorkerProcess:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        self._reader.join(timeout=10)
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=10)
         try:
             self._connection.close()
         except OSError:

@@ -113,6 +113,10 @@ class Responder(Protocol):
     def send_headers(self, stream_id: int) -> None: ...
     def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None: ...
     def finish(self, stream_id: int, code: int, message: str = "") -> None: ...
+    def answer(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        """A unary call's whole answer: headers, its one message, OK (``send_headers``, ``send_message``,
+        ``finish(OK)`` in one call)."""
+        ...
 
 
 class Call:
@@ -162,9 +166,7 @@ class Call:
             return
         self.finished = True
         self.headers_sent = True
-        self.out.send_headers(self.stream_id)
-        self.out.send_message(self.stream_id, message)
-        self.out.finish(self.stream_id, wire.OK)
+        self.out.answer(self.stream_id, message)
 
 
 class InferCall(Call):

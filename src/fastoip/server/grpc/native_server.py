@@ -310,6 +310,30 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.over_server_queued_limit(stream_id)
         self.schedule_flush()
 
+    def answer(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None:
+        """A unary call's answer (headers, message, OK trailers): ``send_headers``, ``send_message`` and
+        ``finish(OK)`` of a call whose headers were not sent, with one lookup and one flush scheduled."""
+        self.timers.data_sent()
+        others_waiting = self.limits.queued_total > 0
+        session = self.session
+        encoding = self.response_encodings.get(stream_id)
+        if encoding is None:
+            session.send_headers(stream_id, wire.RESPONSE_HEADERS)
+            if type(message) is list:  # a large response in parts: its outputs go out from their arrays
+                session.send_message_parts(stream_id, message)
+            else:
+                session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
+        else:  # compressed: one message (copy: the parts joined, then deflated)
+            session.send_headers(stream_id, [*wire.RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
+            whole = message if type(message) is bytes else b"".join(message)  # type: ignore[arg-type]
+            session.send_message(stream_id, wire.compress(whole, encoding), True)
+        if self.limits.account(self) and others_waiting:  # issue 27: unsent responses bounded server-wide
+            self.over_server_queued_limit(stream_id)  # (the stream is reset: no trailers)
+        else:
+            session.send_trailers(stream_id, wire.OK_TRAILERS)
+            self.forget(stream_id)
+        self.schedule_flush()
+
     def finish(self, stream_id: int, code: int, message: str = "") -> None:
         record = self.streams.get(stream_id)
         if record is not None and not record.call.headers_sent:

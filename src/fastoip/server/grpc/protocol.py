@@ -65,6 +65,10 @@ def trailers(code: int, message: str = "") -> Headers:
     return block
 
 
+#: The trailers of a call answered OK (``trailers(OK)``, built once; nghttp2 copies what it sends).
+OK_TRAILERS: Headers = [(b"grpc-status", b"0")]
+
+
 def trailers_only(code: int, message: str = "") -> Headers:
     """gRPC's Trailers-Only response (an error before any message): one HEADERS frame."""
     return RESPONSE_HEADERS + trailers(code, message)
