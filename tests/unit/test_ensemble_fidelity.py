@@ -4,9 +4,12 @@ other (an error, not a RecursionError); and a batching ensemble with a non-batch
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 
 from fastoip.core import Core
@@ -234,8 +237,101 @@ def test_a_steps_sequence_parameters_reach_later_steps_and_the_response(tmp_path
         assert parameters == {"sequence_id": 42, "sequence_start": False, "sequence_end": False}
         values, parameters = send(9)
         assert parameters["sequence_end"] is True
-        # only outputs from marked tensors echo them: OUT comes from the sequence model, which set none
+        # a step that sets none marks its outputs with the sequence it ran in: the tagger's, here
         values, parameters = send(1, outputs=("OUT",))
-        assert values == {"OUT": 2} and parameters == {}
+        assert values == {"OUT": 2}
+        assert parameters == {"sequence_id": 42, "sequence_start": True, "sequence_end": False}
     finally:
         core.close()
+
+
+def test_the_response_carries_the_sequence_flags_the_steps_ran_with(tmp_path: Path) -> None:
+    """Triton's `qa/L0_simple_ensemble` (`test_ensemble_sequence_flags`): steps that are no sequence models still
+    answer with the ensemble request's sequence id and flags; with no sequence, id 0 and both flags false."""
+    _model(tmp_path, "plain", _io(4, 8), _identity(4))
+    _ensemble(tmp_path, "chain", 8, [("plain", -1), ("plain", -1)])
+    core = _core(tmp_path)
+    try:
+        def send(parameters: dict) -> dict:
+            data = np.ones((1, 4), dtype=np.float32)
+            request = InferRequest("chain", inputs=[InferInput("IN", "FP32", data.shape, data)],
+                                   parameters=parameters)
+            return dict(core.infer(request).parameters or {})
+
+        assert send({"sequence_id": 7, "sequence_start": True}) == {
+            "sequence_id": 7, "sequence_start": True, "sequence_end": False}
+        assert send({"sequence_id": 7}) == {"sequence_id": 7, "sequence_start": False, "sequence_end": False}
+        assert send({"sequence_id": 7, "sequence_end": True}) == {
+            "sequence_id": 7, "sequence_start": False, "sequence_end": True}
+        assert send({}) == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    finally:
+        core.close()
+
+
+PARTIAL = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                a = pb_utils.get_input_tensor_by_name(request, "A").as_numpy()
+                # SKIPPED is in the config, but this model never answers it
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", a + a)]))
+            return responses
+"""
+
+
+def test_an_output_a_composing_model_left_out_is_left_out_of_the_response(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Triton's `qa/L0_simple_ensemble` (`test_ensemble_partial_add_sub`): the ensemble answers with the outputs
+    it has and logs "Composing models did not output tensor OUTPUT1" at verbose level (it hung before: the
+    request never ended); a step waiting on the missing tensor does not keep the request open either."""
+    from python_models import write_python_model
+
+    write_python_model(tmp_path, "partial", PARTIAL, 'backend: "python"\nmax_batch_size: 4\n'
+                       'input [ { name: "A" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+                       'output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 2 ] },\n'
+                       '         { name: "SKIPPED" data_type: TYPE_INT32 dims: [ 2 ] } ]\n')
+    (tmp_path / "uses_skipped" / "1").mkdir(parents=True)
+    (tmp_path / "uses_skipped" / "1" / "model.onnx").write_bytes(_int_identity())
+    (tmp_path / "uses_skipped" / "config.pbtxt").write_text(
+        "max_batch_size: 4\n"
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]\n')
+    (tmp_path / "ens" / "1").mkdir(parents=True)
+    (tmp_path / "ens" / "config.pbtxt").write_text(
+        'name: "ens" platform: "ensemble" max_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2 ] },\n'
+        '         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 2 ] },\n'
+        '         { name: "OUTPUT2" data_type: TYPE_INT32 dims: [ 2 ] } ]\n'
+        'ensemble_scheduling { step [\n'
+        '  { model_name: "partial" model_version: -1 input_map { key: "A" value: "IN" }\n'
+        '    output_map { key: "SUM" value: "OUTPUT0" } output_map { key: "SKIPPED" value: "OUTPUT1" } },\n'
+        '  { model_name: "uses_skipped" model_version: -1 input_map { key: "X" value: "OUTPUT1" }\n'
+        '    output_map { key: "Y" value: "OUTPUT2" } } ] }\n')
+    core = _core(tmp_path)
+    try:
+        data = np.array([[1, 2]], dtype=np.int32)
+        for wanted in (("OUTPUT0", "OUTPUT1"), ("OUTPUT0", "OUTPUT1", "OUTPUT2")):
+            request = InferRequest("ens", inputs=[InferInput("IN", "INT32", data.shape, data)],
+                                   outputs=[RequestedOutput(name) for name in wanted])
+            with caplog.at_level(logging.DEBUG, logger="fastoip.scheduling"):
+                with ThreadPoolExecutor(1) as pool:  # bounded: this request used to hang
+                    response = pool.submit(core.infer, request).result(timeout=30.0)
+            assert [out.name for out in response.outputs] == ["OUTPUT0"]
+            np.testing.assert_array_equal(response.outputs[0].data, data + data)
+            assert "Composing models did not output tensor OUTPUT1" in caplog.text
+    finally:
+        core.close()
+
+
+def _int_identity() -> bytes:
+    inp = helper.make_tensor_value_info("X", TensorProto.INT32, ["N", 2])
+    out = helper.make_tensor_value_info("Y", TensorProto.INT32, ["N", 2])
+    graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "g", [inp], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model.SerializeToString()

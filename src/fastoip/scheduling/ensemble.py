@@ -135,7 +135,9 @@ class _EnsembleRun:
                 self.waiting = [s for s in self.waiting if s not in ready]
                 for step in ready:  # running from now on: a step that finishes at once must not end the request
                     self.running[step.index] = None
-            done = not self.waiting and not self.running and not ready and not self.ended
+            # nothing running and nothing to start: a step still waiting needs a tensor no step produced (a
+            # composing model left that output out), and it never will; the request ends with what it has
+            done = not self.running and not ready and not self.ended
             if done:
                 self.ended = True
         if done:
@@ -196,6 +198,8 @@ class _EnsembleRun:
         except InvalidArgument as exc:
             self._fail(step, exc)
             return
+        if marked is None:  # Triton marks a step's outputs with the sequence id and flags the step ran with
+            marked = _step_sequence(sub.request.parameters)
         with self.lock:
             for output in sub.response.outputs:
                 tensor = step.outputs.get(output.name)
@@ -231,7 +235,10 @@ class _EnsembleRun:
         outputs = []
         parameters: dict[str, Any] = {}
         for name in self.job.output_names:
-            tensor = self.tensors[name]
+            tensor = self.tensors.get(name)
+            if tensor is None:  # Triton answers without it (its words, at verbose level)
+                log.debug("Composing models did not output tensor %s", name)
+                continue
             outputs.append(InferOutput(name, tensor.datatype, tuple(tensor.shape), tensor.data))
             marked = self.sequences.get(name)
             if marked is not None:
@@ -260,6 +267,15 @@ def _sequence_override(request: dict[str, Any], response: dict[str, Any]) -> dic
             raise InvalidArgument(f"expect parameter '{flag}' to be a boolean")
         marked[flag] = value
     return marked
+
+
+def _step_sequence(request: dict[str, Any]) -> dict[str, Any]:
+    """The sequence id and flags a step ran with (no sequence: id 0, both flags false)."""
+    return {
+        "sequence_id": request.get("sequence_id", 0),
+        "sequence_start": request.get("sequence_start") is True,
+        "sequence_end": request.get("sequence_end") is True,
+    }
 
 
 def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:
