@@ -3,7 +3,8 @@
 Rules:
 - Log settings use Triton's names (log_info, log_warning, log_error,
   log_verbose_level, log_format, log_file) and drive Python logging for the
-  ``fastoip`` loggers.  ``log_file`` other than "" is refused (logs go to stderr);
+  ``fastoip`` loggers.  ``log_file`` reads the file given at start (``--log-file``, "" for stderr); changing
+  it is refused, in Triton's words;
   ``log_verbose_level`` is an unsigned 32-bit integer, as in Triton's gRPC API.
 """
 
@@ -36,6 +37,10 @@ class LogSettings:
             log_error=level <= logging.ERROR,
             log_verbose_level=1 if level <= logging.DEBUG else 0,
         )
+
+    def started_with(self, log_file: str, log_format: str) -> None:
+        """Report the file and format the process was started with (``--log-file``, ``--log-format``)."""
+        self.values.update(log_file=log_file, log_format=log_format)
 
     def update(self, changes: dict[str, LogValue]) -> dict[str, LogValue]:
         for key, value in changes.items():

@@ -216,3 +216,23 @@ def test_log_settings_refusals_in_tritons_words(server: ServerProcess, protocol:
         client.update_log_settings(settings={"log_file": "log_file.log"})
     with pytest.raises(InferenceServerException, match="invalid argument for log_format, got: nope"):
         client.update_log_settings(settings={"log_format": "nope"})
+
+
+def test_log_settings_report_the_file_and_format_the_server_started_with(tmp_path) -> None:
+    """Triton's `qa/L0_logging` reads `"log_file":"<--log-file>"` and `"log_format":"ISO8601"` back from
+    /v2/logging (fastoip answered "" and "default" whatever the flags said); changing the file stays refused."""
+    log_file = str(tmp_path / "log_file.log")
+    root = write_repository(tmp_path / "models")
+    with ServerProcess(root, "--log-file", log_file, "--log-format", "ISO8601", http=True) as proc:
+        settings = th.InferenceServerClient(proc.http_url).get_log_settings()
+        assert settings["log_file"] == log_file and settings["log_format"] == "ISO8601"
+        grpc_settings = tg.InferenceServerClient(proc.grpc_url).get_log_settings(as_json=True)["settings"]
+        assert grpc_settings["log_file"]["string_param"] == log_file
+        assert grpc_settings["log_format"]["string_param"] == "ISO8601"
+        request = urllib.request.Request(f"http://{proc.http_url}/v2/logging", method="POST",
+                                         data=json.dumps({"log_file": "other_log.log"}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert json.loads(refused.value.read()) == {
+            "error": "log file location can not be updated through network protocol"}
+    assert "fastoip" in open(log_file).read()  # the log went to the file

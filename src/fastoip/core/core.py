@@ -93,6 +93,10 @@ class Core:
     def server_name(self, name: str) -> None:
         self.data.server_name = name
 
+    def started_logging(self, log_file: str, log_format: str) -> None:
+        """The process's --log-file and --log-format, which the log settings report (as Triton's)."""
+        self.data.log_settings_store.started_with(log_file, log_format)
+
     # -- model control --------------------------------------------------------------
     def load_models(self) -> None:
         self.control.load_models()

@@ -144,6 +144,7 @@ class ServerApp:
             metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
+        self.core.started_logging(options.log_file, options.log_format)
         if self.remote is not None:
             self.core.repository.source = self.remote  # poll mode syncs before each scan
         self._stop = threading.Event()
