@@ -7,8 +7,10 @@ batcher (``max_batch_size: 1``), so every request costs the same and the figure 
 sizes; ``--batcher`` keeps the demo's config (auto-complete's dynamic batcher) and holds the batcher's
 wake-ups per pass of the loop as the server does.  ``--profile FILE`` writes a cProfile of the loop thread
 (thread CPU time, so waits for the GIL do not count; the profiler's own clock reads inflate every figure).
-CPU time of the whole process (all threads) per request, best of ``--reps``: on a busy shared machine much
-steadier than throughput, and it isolates the frontend + Core from the load generator.
+CPU time of the whole process (all threads) per request, best of ``--reps`` (and of the loop's thread alone):
+on a busy shared machine much steadier than throughput, and it isolates the frontend + Core from the load
+generator.  ``--connections N`` feeds N connections one request each per pass, each its own read (h2load's
+``-c N -m 1``) instead of one connection with ``--streams`` requests per read (``-c 1 -m 64``).
 
     PYTHONPATH=src python benchmarks/bench_native_connection.py --requests 3000 --reps 8 [--batcher]
     PYTHONPATH=src python benchmarks/bench_native_connection.py --connections 64   # h2load -c 64 -m 1
@@ -80,6 +82,10 @@ def simple_message() -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
+#: CPU time of the loop's thread (this one) per rep, scaled to ``--requests`` as the process figure is.
+LOOP_CPU: list[float] = []
+
+
 def new_connection(server: native_server.NativeGrpcServer) -> tuple[native_server.GrpcConnection, NullTransport]:
     connection = native_server.GrpcConnection(server)
     transport = NullTransport()
@@ -135,6 +141,7 @@ def run_connections(server: native_server.NativeGrpcServer, message: bytes, requ
                     waiting += 1
 
     elapsed = timed(server, drive(), profiler)
+    LOOP_CPU[-1] *= requests / (passes * connections)
     written = 0
     for connection, transport in opened:
         connection.connection_lost(None)
@@ -143,12 +150,13 @@ def run_connections(server: native_server.NativeGrpcServer, message: bytes, requ
 
 
 def timed(server: native_server.NativeGrpcServer, work: Coroutine[Any, Any, None], profiler: Any) -> float:
-    started = time.process_time()
+    started, started_loop = time.process_time(), time.thread_time()
     if profiler is not None:
         profiler.enable()
     server.loop.run_until_complete(work)
     if profiler is not None:
         profiler.disable()
+    LOOP_CPU.append(time.thread_time() - started_loop)
     return time.process_time() - started
 
 
@@ -199,8 +207,10 @@ def main() -> None:
     batching = "dynamic batcher" if args.batcher else "no batcher"
     layout = (f"{args.connections} connections x 1 stream" if args.connections > 1
               else f"1 connection x {args.streams} streams")
+    loop_cpu = min(LOOP_CPU) / args.requests * 1e6
     print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, {batching}, {layout}) through "
-          f"GrpcConnection + Core, best of {args.reps} x {args.requests}, {written / args.requests:.0f} bytes written "
+          f"GrpcConnection + Core (loop thread alone {loop_cpu:.2f} us), best of {args.reps} x {args.requests}, "
+          f"{written / args.requests:.0f} bytes written "
           f"per request ({native_server.__file__})")
     sys.stdout.flush()
 
