@@ -13,7 +13,7 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 4
 
-.PHONY: venv serve-venv serve test test-unit test-e2e test-compat bench build proto clean check debug gpu-check
+.PHONY: venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -82,6 +82,23 @@ $(COMPAT_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES)
 test-compat: $(COMPAT_STAMP)  ## the tritonclient tests with the oldest supported tritonclient
 	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $(COMPAT_DESELECT) $(ARGS)
 
+# test-kserve: KServe's own SDK clients (tests/isolated/test_kserve_clients.py) against a real fastoip, in a venv of
+# their own: kserve 0.21 cannot be installed beside mlserver 1.7 (starlette pins), and mlserver is in the test extra.
+KSERVE_VENV ?= .venv-kserve
+KSERVE_VERSION ?= 0.21.0
+KSERVE_STAMP := $(KSERVE_VENV)/.fastoip-kserve-$(KSERVE_VERSION)
+
+$(KSERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES)
+	test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(KSERVE_VENV)/bin/python -m pip install --quiet -e . 'kserve==$(KSERVE_VERSION)' 'pytest>=8' 'pytest-timeout>=2.3'
+	rm -f $(KSERVE_VENV)/.fastoip-kserve-*
+	touch $@
+
+test-kserve: $(KSERVE_STAMP)  ## KServe's SDK clients (REST V1/V2, gRPC) against fastoip, beside no mlserver
+	FASTOIP_TEST_ISOLATED=1 $(KSERVE_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
+		tests/isolated/test_kserve_clients.py $(ARGS)
+
 check: venv  ## the guard-rails CI runs before the tests: ruff, mypy (config in pyproject.toml), generated code current
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -112,7 +129,7 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(SERVE_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
+	rm -rf $(VENV) $(COMPAT_VENV) $(KSERVE_VENV) $(SERVE_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
 		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command

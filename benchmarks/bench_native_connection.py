@@ -7,10 +7,13 @@ batcher (``max_batch_size: 1``), so every request costs the same and the figure 
 sizes; ``--batcher`` keeps the demo's config (auto-complete's dynamic batcher) and holds the batcher's
 wake-ups per pass of the loop as the server does.  ``--profile FILE`` writes a cProfile of the loop thread
 (thread CPU time, so waits for the GIL do not count; the profiler's own clock reads inflate every figure).
-CPU time of the whole process (all threads) per request, best of ``--reps``: on a busy shared machine much
-steadier than throughput, and it isolates the frontend + Core from the load generator.
+CPU time of the whole process (all threads) per request, best of ``--reps`` (and of the loop's thread alone):
+on a busy shared machine much steadier than throughput, and it isolates the frontend + Core from the load
+generator.  ``--connections N`` feeds N connections one request each per pass, each its own read (h2load's
+``-c N -m 1``) instead of one connection with ``--streams`` requests per read (``-c 1 -m 64``).
 
     PYTHONPATH=src python benchmarks/bench_native_connection.py --requests 3000 --reps 8 [--batcher]
+    PYTHONPATH=src python benchmarks/bench_native_connection.py --connections 64   # h2load -c 64 -m 1
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hpack import Encoder
@@ -77,11 +82,92 @@ def simple_message() -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
+#: CPU time of the loop's thread (this one) per rep, scaled to ``--requests`` as the process figure is.
+LOOP_CPU: list[float] = []
+
+
+def new_connection(server: native_server.NativeGrpcServer) -> tuple[native_server.GrpcConnection, NullTransport]:
+    connection = native_server.GrpcConnection(server)
+    transport = NullTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.receive(memoryview(PREFACE))
+    return connection, transport
+
+
+def busy(connection: native_server.GrpcConnection) -> bool:
+    # ``calls``: the name before issue 22's restructuring, so the same script measures an older checkout
+    return bool(getattr(connection, "streams", None) or getattr(connection, "calls", None))
+
+
+def run_streams(server: native_server.NativeGrpcServer, message: bytes, requests: int, streams: int,
+                profiler: Any) -> tuple[float, int]:
+    """One connection, ``streams`` requests per read (h2load -c 1 -m streams)."""
+    encoder = Encoder()
+    frames = [HeadersFrame(1 + 2 * i, data=encoder.encode(HEAD), flags=["END_HEADERS"]).serialize()
+              + DataFrame(1 + 2 * i, data=message, flags=["END_STREAM"]).serialize()
+              for i in range(requests)]
+    connection, transport = new_connection(server)
+
+    async def drive() -> None:
+        for start in range(0, len(frames), streams):
+            connection.receive(memoryview(b"".join(frames[start:start + streams])))
+            while busy(connection):  # the answers come back through the loop
+                await asyncio.sleep(0.0005)
+
+    elapsed = timed(server, drive(), profiler)
+    connection.connection_lost(None)
+    return elapsed, transport.written
+
+
+def run_connections(server: native_server.NativeGrpcServer, message: bytes, requests: int, connections: int,
+                    profiler: Any) -> tuple[float, int]:
+    """``connections`` connections, one request each per pass, each its own read (h2load -c N -m 1)."""
+    passes = max(requests // connections, 1)
+    opened = [new_connection(server) for _ in range(connections)]
+    encoders = [Encoder() for _ in range(connections)]
+    reads = [[HeadersFrame(1 + 2 * i, data=encoder.encode(HEAD), flags=["END_HEADERS"]).serialize()
+              + DataFrame(1 + 2 * i, data=message, flags=["END_STREAM"]).serialize()
+              for i in range(passes)] for encoder in encoders]
+
+    async def drive() -> None:
+        for i in range(passes):
+            for (connection, _), frames in zip(opened, reads, strict=True):
+                connection.receive(memoryview(frames[i]))
+            waiting = 0
+            while waiting < len(opened):  # the answers come back through the loop
+                if busy(opened[waiting][0]):
+                    await asyncio.sleep(0.0005)
+                else:
+                    waiting += 1
+
+    elapsed = timed(server, drive(), profiler)
+    LOOP_CPU[-1] *= requests / (passes * connections)
+    written = 0
+    for connection, transport in opened:
+        connection.connection_lost(None)
+        written += transport.written
+    return elapsed * requests / (passes * connections), written * requests // (passes * connections)
+
+
+def timed(server: native_server.NativeGrpcServer, work: Coroutine[Any, Any, None], profiler: Any) -> float:
+    started, started_loop = time.process_time(), time.thread_time()
+    if profiler is not None:
+        profiler.enable()
+    server.loop.run_until_complete(work)
+    if profiler is not None:
+        profiler.disable()
+    LOOP_CPU.append(time.thread_time() - started_loop)
+    return time.process_time() - started
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--streams", type=int, default=64, help="requests per read (concurrent streams)")
+    ap.add_argument("--connections", type=int, default=1,
+                    help="N connections with one stream each per pass (h2load's -c N -m 1; --streams is ignored), "
+                         "each read a separate receive, as the loop delivers them")
     ap.add_argument("--batcher", action="store_true", help="simple as the demo has it (auto-complete's dynamic "
                     "batcher), with the loop's wake-ups held per pass as the server holds them")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the loop thread into FILE (pstats)")
@@ -107,33 +193,11 @@ def main() -> None:
         profiler = cProfile.Profile(time.thread_time)  # CPU of the loop thread: waits for the GIL do not count
     try:
         for _ in range(args.reps):
-            encoder = Encoder()
-            frames = [HeadersFrame(1 + 2 * i, data=encoder.encode(HEAD), flags=["END_HEADERS"]).serialize()
-                      + DataFrame(1 + 2 * i, data=message, flags=["END_STREAM"]).serialize()
-                      for i in range(args.requests)]
-            connection = native_server.GrpcConnection(server)
-            transport = NullTransport()
-            connection.connection_made(transport)  # type: ignore[arg-type]
-            connection.receive(memoryview(PREFACE))
-
-            async def drive(connection: native_server.GrpcConnection = connection,
-                            frames: list[bytes] = frames) -> None:
-                for start in range(0, len(frames), args.streams):
-                    connection.receive(memoryview(b"".join(frames[start:start + args.streams])))
-                    # the answers come back through the loop (``calls``: the name before issue 22's restructuring,
-                    # so the same script measures an older checkout through PYTHONPATH)
-                    while getattr(connection, "streams", None) or getattr(connection, "calls", None):
-                        await asyncio.sleep(0.0005)
-
-            started = time.process_time()
-            if profiler is not None:
-                profiler.enable()
-            server.loop.run_until_complete(drive())
-            if profiler is not None:
-                profiler.disable()
-            best = min(best, time.process_time() - started)
-            written = transport.written
-            connection.connection_lost(None)
+            if args.connections > 1:
+                elapsed, written = run_connections(server, message, args.requests, args.connections, profiler)
+            else:
+                elapsed, written = run_streams(server, message, args.requests, args.streams, profiler)
+            best = min(best, elapsed)
     finally:
         core.close()
         server.loop.close()
@@ -141,9 +205,13 @@ def main() -> None:
     if profiler is not None:
         profiler.dump_stats(args.profile)
     batching = "dynamic batcher" if args.batcher else "no batcher"
-    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, {batching}) through GrpcConnection "
-          f"+ Core, best of {args.reps} x {args.requests}, {written / args.requests:.0f} bytes written per request "
-          f"({native_server.__file__})")
+    layout = (f"{args.connections} connections x 1 stream" if args.connections > 1
+              else f"1 connection x {args.streams} streams")
+    loop_cpu = min(LOOP_CPU) / args.requests * 1e6
+    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, {batching}, {layout}) through "
+          f"GrpcConnection + Core (loop thread alone {loop_cpu:.2f} us), best of {args.reps} x {args.requests}, "
+          f"{written / args.requests:.0f} bytes written "
+          f"per request ({native_server.__file__})")
     sys.stdout.flush()
 
 

@@ -1,8 +1,8 @@
 """KServe's own SDK (``kserve.InferenceRESTClient`` and ``InferenceGRPCClient``) against a real fastoip server.
 
 kserve 0.21 cannot be installed beside mlserver 1.7 (kserve needs starlette>=1.3.1, mlserver's fastapi<0.116
-pins starlette<0.47), and mlserver is the one in the test extra; these tests run where kserve is installed
-(``pip install kserve==0.21.0`` in an environment without mlserver) and skip elsewhere.
+pins starlette<0.47), and mlserver is the one in the test extra; ``make test-kserve`` runs them in a venv of
+their own (``.venv-kserve``, kserve 0.21.0, no mlserver); elsewhere they skip.
 KServe's client has no metadata call; metadata is checked with tritonclient in tests/test_http.py.
 """
 

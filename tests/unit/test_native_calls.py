@@ -603,3 +603,45 @@ def test_model_infer_frees_the_request_message_before_it_sends_the_response(
     assert out.sent[-1][2] == wire.OK
     assert _codec.decode_infer_response(out.messages[0]).id == "freed"
     assert freed == [True]
+
+
+@needs_http2
+def test_answers_of_many_connections_go_out_in_one_flush_per_pass(grpc_server: native_server.NativeGrpcServer) -> None:
+    """Connections with output queue themselves on the server; one callback in the next pass writes them all."""
+    clients = [MemoryClient(grpc_server) for _ in range(8)]
+    flushes: list[int] = []
+    flush_all = grpc_server.flush_all
+
+    def counted() -> None:
+        flushes.append(len(grpc_server.to_flush))
+        flush_all()
+
+    grpc_server.flush_all = counted  # type: ignore[method-assign]
+    for client in clients:
+        client.connection.session.ping()  # output waiting, as an answer leaves it
+        client.connection.schedule_flush()
+        client.connection.schedule_flush()  # asked twice in one pass: queued once
+    assert grpc_server.to_flush == [client.connection for client in clients]
+    grpc_server.loop.run_until_complete(asyncio.sleep(0))
+    assert flushes == [8]
+    assert grpc_server.to_flush == []
+    assert all(client.transport.written and not client.connection.flush_scheduled for client in clients)
+
+
+@needs_http2
+def test_many_connections_each_get_their_own_answer(grpc_server: native_server.NativeGrpcServer) -> None:
+    clients = [MemoryClient(grpc_server) for _ in range(8)]
+    streams = [client.call(f"{SERVICE}ModelInfer", simple_bytes(request_id=f"c{i}"))
+               for i, client in enumerate(clients)]
+
+    def answered() -> bool:
+        for client in clients:
+            client.read()
+        return all(any(isinstance(e, StreamEnded) for e in client.of(stream_id))
+                   for client, stream_id in zip(clients, streams, strict=True))
+
+    run_server_loop(grpc_server, clients[0], answered)
+    for i, (client, stream_id) in enumerate(zip(clients, streams, strict=True)):
+        body = b"".join(e.data for e in client.of(stream_id) if isinstance(e, DataReceived))
+        assert _codec.decode_infer_response(body[5:]).id == f"c{i}"
+        assert client.connection.streams == {}
