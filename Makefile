@@ -11,7 +11,7 @@ SHMGUARD_SOURCES := src/fastoip/_shmguard.pyx src/fastoip/_shmguard.pxd src/fast
 HTTP2_SOURCES := $(wildcard src/fastoip/server/grpc/_http2.pyx src/fastoip/server/grpc/*.pxd)
 ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 
 .PHONY: venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
 
