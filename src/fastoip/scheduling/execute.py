@@ -122,9 +122,6 @@ class TensorBackend:
             # Outputs are new arrays, never views on the merged inputs: the buffers can go back now.
             for lease in leases:
                 self.context.buffers.give_back(lease)
-        for job in jobs:
-            job.compute_input_end_ns = input_done_ns
-            job.compute_end_ns = infer_done_ns
         by_name = dict(zip(output_names, outputs, strict=True))
         for name, out in by_name.items():
             check_rows(self.context.name, name, out, batch_size)
@@ -133,14 +130,7 @@ class TensorBackend:
             self._response(job, [by_name[name][rows] for name in job.output_names])
             for job, rows in zip(jobs, row_slices(jobs), strict=True)
         ]
-        execution = (
-            batch_size,
-            len(jobs),
-            input_done_ns - start_ns,
-            infer_done_ns - input_done_ns,
-            time.monotonic_ns() - infer_done_ns,
-        )
-        return results, [execution]
+        return results, [_timed(jobs, batch_size, start_ns, input_done_ns, infer_done_ns)]
 
     def _execute_ragged(self, jobs: Sequence[Job], plan: RaggedPlan) -> tuple[Results, list[Execution]]:
         """``execute`` for a model with ragged inputs, batch inputs or batch outputs (``ragged.py``)."""
@@ -150,23 +140,13 @@ class TensorBackend:
         input_done_ns = time.monotonic_ns()
         outputs = self.model.run(feeds, output_names)
         infer_done_ns = time.monotonic_ns()
-        for job in jobs:
-            job.compute_input_end_ns = input_done_ns
-            job.compute_end_ns = infer_done_ns
         parts = {
             name: plan.split(jobs, name, out, batch_size) for name, out in zip(output_names, outputs, strict=True)
         }
         results: Results = [
             self._response(job, [parts[name][index] for name in job.output_names]) for index, job in enumerate(jobs)
         ]
-        execution = (
-            batch_size,
-            len(jobs),
-            input_done_ns - start_ns,
-            infer_done_ns - input_done_ns,
-            time.monotonic_ns() - infer_done_ns,
-        )
-        return results, [execution]
+        return results, [_timed(jobs, batch_size, start_ns, input_done_ns, infer_done_ns)]
 
     def run_one(self, job: Job, start_ns: int, before_finish: Callable[[], object] | None) -> None:
         """``execute([job])`` and finish the job, as ``run_jobs`` would, minus the lists (the hot path)."""
@@ -267,3 +247,13 @@ def _union(jobs: Sequence[Job]) -> list[str]:
     for job in jobs:
         union.extend(name for name in job.output_names if name not in union)
     return union
+
+
+def _timed(jobs: Sequence[Job], batch_size: int, start_ns: int, input_done_ns: int, infer_done_ns: int) -> Execution:
+    """Stamp each job with its batch's compute phases and give the batch's execution record (output time: until
+    now, with the responses built)."""
+    for job in jobs:
+        job.compute_input_end_ns = input_done_ns
+        job.compute_end_ns = infer_done_ns
+    output_ns = time.monotonic_ns() - infer_done_ns
+    return batch_size, len(jobs), input_done_ns - start_ns, infer_done_ns - input_done_ns, output_ns
