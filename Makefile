@@ -9,6 +9,9 @@ STAMP := $(VENV)/.fastoip-installed
 CODEC_SOURCES := src/fastoip/_codec.pyx src/fastoip/_codec.pxd src/fastoip/_codec.h $(wildcard src/fastoip/wire/codec/*.pxi)
 SHMGUARD_SOURCES := src/fastoip/_shmguard.pyx src/fastoip/_shmguard.pxd src/fastoip/_shmguard.h
 HTTP2_SOURCES := $(wildcard src/fastoip/server/grpc/_http2.pyx src/fastoip/server/grpc/*.pxd)
+# the per-call path's .py modules that setup.py compiles with mypyc (its COMPILED_PY list, one path a line): an
+# edit to one rebuilds them (the compiled module shadows the .py; tests/conftest.py refuses a stale one)
+COMPILED_PY_SOURCES := $(shell sed -n 's/^    "\(src\/fastoip\/.*\.py\)",$$/\1/p' setup.py)
 ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
@@ -20,21 +23,21 @@ SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
 	sh scripts/native_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
 
-build: venv  ## rebuild the native extensions after editing a .pyx (pip builds them in isolation: Cython is not in .venv)
+build: venv  ## rebuild the native extensions after editing a .pyx or a compiled .py (pip builds them in isolation: Cython is not in .venv)
 	$(BIN)/python -c 'import Cython' 2>/dev/null || $(BIN)/python -m pip install --quiet 'Cython>=3.1,<4'
 	$(BIN)/python setup.py build_ext --inplace
 
 serve-venv: $(SERVE_STAMP)
 
 # No --quiet and no pip self-upgrade: a user sees each package arrive, and waits for nothing else.
-$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) scripts/native_deps.sh
+$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
 	@echo "fastoip: [1/3] native gRPC frontend prerequisites (libnghttp2 headers)"
 	@sh scripts/native_deps.sh
 	@echo "fastoip: [2/3] runtime virtualenv $(SERVE_VENV) (no test or lint tools: make test has those)"
@@ -108,16 +111,17 @@ check: venv  ## the guard-rails CI runs before the tests: ruff, mypy (config in 
 # The bounds-checked build (setup.py: FASTOIP_DEBUG=1: Cython's boundscheck/initializedcheck, -O0 -g) of every
 # native extension (codec, HTTP/2 session, shared-memory guard) is made from a copy of the tree, so neither the
 # release extensions nor their generated .c files are touched; the tests that drive them in memory (codec,
-# fuzz, the HTTP/2 session cut at every byte, the native calls) run against it through PYTHONPATH.
+# fuzz, the HTTP/2 session cut at every byte, the native calls) run against it through PYTHONPATH.  The per-call
+# path's modules are not compiled there (FASTOIP_PURE_PYTHON=1): those tests also run the interpreted .py code.
 DEBUG_DIR := build/debug
 DEBUG_TESTS := tests/unit/test_codec_fuzz.py tests/unit/test_codec.py tests/unit/test_http2_session.py tests/unit/test_native_calls.py
 debug: venv  ## build the bounds-checked extensions into build/debug and run the in-memory native tests on them
 	$(BIN)/python -m pip install --quiet "Cython>=3.1,<4" "setuptools>=77"  # [build-system] requires, for setup.py
 	rm -rf $(DEBUG_DIR) && mkdir -p $(DEBUG_DIR)
 	cp -r setup.py pyproject.toml README.md src $(DEBUG_DIR)/
-	find $(DEBUG_DIR)/src -name '_*.so' -delete
+	find $(DEBUG_DIR)/src -name '*.so' -delete
 	rm -f $(DEBUG_DIR)/src/fastoip/_codec.c $(DEBUG_DIR)/src/fastoip/_shmguard.c $(DEBUG_DIR)/src/fastoip/server/grpc/_http2.c
-	cd $(DEBUG_DIR) && FASTOIP_DEBUG=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
+	cd $(DEBUG_DIR) && FASTOIP_DEBUG=1 FASTOIP_PURE_PYTHON=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
 	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -c "import sys, importlib, importlib.util; \
 		names = ['fastoip._codec', 'fastoip._shmguard']; \
 		names += ['fastoip.server.grpc._http2'] if importlib.util.find_spec('fastoip.server.grpc._http2') else []; \
@@ -130,7 +134,8 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(KSERVE_VENV) $(SERVE_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
-		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so
+		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so \
+		src/fastoip/_percall__mypyc*.so $(COMPILED_PY_SOURCES:.py=.*.so)
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
 # limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run.

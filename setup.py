@@ -1,4 +1,5 @@
-"""Build the native extensions: codec, shared-memory guard, HTTP/2 on libnghttp2 (when its headers exist)."""
+"""Build the native extensions: codec, shared-memory guard, HTTP/2 on libnghttp2 (when its headers exist), and the
+per-call path's Python modules compiled by mypyc."""
 
 import glob
 import os
@@ -90,8 +91,57 @@ else:
         )
     )
 
+# The per-call path's pure-Python modules, compiled to C by mypyc from the same .py sources (issue 24 item 1): the
+# .py stays the one source (mypy, ruff and scripts/import_graph.py read it); the built module beside it shadows
+# it on import (fastoip.compiled says which are built, tests/conftest.py refuses a stale one).  Why these: a
+# native gRPC `simple` call runs ~120 Python calls on the event loop's thread and ~43 on the batcher's, and the
+# interpreter's dispatch of them, not any one function, is what is left (perf: more than half of the server's
+# samples in libpython).  They are the modules cProfile of `benchmarks/bench_native_connection.py --connections
+# 64 --batcher` finds on that path (loop and worker threads).  Cython's pure-Python mode compiled the same list
+# with no measurable gain (Python 3.11's specialising interpreter is as fast as Cython's generic object code);
+# mypyc's native classes (attributes in C structs, direct calls) cut the path's CPU by about a third: see
+# benchmarks/RESULTS.md, "The per-call path compiled (cyhot)".  mypyc's rules hold for these modules: the
+# annotations are checked at run time, their classes take no attributes they do not declare, and cannot be
+# subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it).  Left out on purpose:
+# fastoip/types.py (the codec fills its classes' slots by layout) and scheduling/wakeups.py (a threading.local).
+# Keep the list short: every module adds compile time to every build.  FASTOIP_PURE_PYTHON=1 builds none of them
+# (the interpreted path, which `make debug` tests).
+COMPILED_PY = [
+    "src/fastoip/server/grpc/native_server.py",
+    "src/fastoip/server/grpc/native_calls.py",
+    "src/fastoip/server/grpc/native_head.py",
+    "src/fastoip/server/grpc/native_timers.py",
+    "src/fastoip/server/grpc/intake.py",
+    "src/fastoip/server/grpc/limits.py",
+    "src/fastoip/server/grpc/service.py",
+    "src/fastoip/core/call.py",
+    "src/fastoip/core/core.py",
+    "src/fastoip/core/dataplane.py",
+    "src/fastoip/repository/loaded.py",
+    "src/fastoip/repository/ensemble.py",
+    "src/fastoip/repository/runner.py",
+    "src/fastoip/scheduling/batcher.py",
+    "src/fastoip/scheduling/job.py",
+    "src/fastoip/scheduling/execute.py",
+    "src/fastoip/scheduling/direct.py",
+    "src/fastoip/metrics/counters.py",
+]
+compiled_py = []
+if os.environ.get("FASTOIP_PURE_PYTHON") != "1":
+    from mypyc.build import mypycify
+
+    compiled_py = mypycify(
+        # mypy reads pyproject.toml's [tool.mypy]; a build environment (pip's isolated one) lacks the runtime
+        # dependencies and their stubs: their names are Any there, and the checks that depend on them are off
+        ["--ignore-missing-imports", "--no-warn-unused-ignores", *COMPILED_PY],
+        opt_level="0" if DEBUG else "3",
+        debug_level="2" if DEBUG else "1",
+        # one shared library in the package (fastoip/_percall__mypyc*.so) and a small module per source
+        group_name="fastoip._percall",
+    )
+
 setup(
-    ext_modules=cythonize(
+    ext_modules=compiled_py + cythonize(
         extensions,
         language_level=3,
         annotate=os.environ.get("FASTOIP_ANNOTATE") == "1",

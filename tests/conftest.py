@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
 import bytecode  # noqa: E402
+import compiled  # noqa: E402
 from schedule import longest_modules_first  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
@@ -25,6 +26,15 @@ from serverproc import ServerProcess  # noqa: E402
 WRITES_FORBIDDEN = bytecode.writes_forbidden()
 if WRITES_FORBIDDEN:
     bytecode.allow_writes_while_collecting()
+
+# setup.py compiles the per-call path's modules (mypyc); a .py edited after that build would be shadowed by the old
+# compiled module: the tests would run the old code.  Refuse, and say how to rebuild.
+STALE = compiled.stale_modules()
+if STALE:
+    raise pytest.UsageError(
+        f"compiled modules older than their source: {', '.join(STALE)}; rebuild them (`make build`, or "
+        "`python setup.py build_ext --inplace`), or delete their .so files to run the interpreted code"
+    )
 
 KNOWN_FRONTENDS = ("native", "grpcio")
 

@@ -188,7 +188,7 @@ class InferCall(Call):
         frontend = self.frontend
         if frontend is not None:
             frontend.stamp("GRPC_WAITREAD_END")
-        request = decode_request(cast(bytes, data))  # the codec reads any buffer; views on it stay valid
+        request = decode_request(data)  # the codec reads any buffer; views on it stay valid
         if not isinstance(request, InferRequest):
             loose = accept_mlserver_shapes(self.core.core, request)
             if loose is None:
@@ -286,7 +286,7 @@ class StreamInferCall(Call):
         else:
             self.wait_start_ns = time.monotonic_ns()
         try:
-            request = decode_request(cast(bytes, data))  # the codec reads any buffer
+            request = decode_request(data)  # the codec reads any buffer
         except BaseException:
             self.core.budget.give(size)
             raise

@@ -520,7 +520,8 @@ class NativeGrpcServer:
                                      options.forward_header_pattern)
         self.dispatcher.core_calls.budget = self.limits.requests  # issue 27: stream messages held, bounded
         self._listener: asyncio.AbstractServer | None = None
-        self._thread: threading.Thread | None = None
+        # not `_thread`: mypyc names its C field `__thread`, a C keyword
+        self._loop_thread: threading.Thread | None = None
 
     def flush_soon(self, connection: GrpcConnection) -> None:
         """Write ``connection``'s output later in this pass of the loop, with every other connection's."""
@@ -558,8 +559,8 @@ class NativeGrpcServer:
             finally:
                 self.loop.close()
 
-        self._thread = threading.Thread(target=run, name="fastoip-grpc-loop", daemon=True)
-        self._thread.start()
+        self._loop_thread = threading.Thread(target=run, name="fastoip-grpc-loop", daemon=True)
+        self._loop_thread.start()
         ready.wait()
         if failure:
             raise OSError(f"the native gRPC server failed to start: {failure[0]}")
@@ -567,7 +568,7 @@ class NativeGrpcServer:
     def stop(self, grace: float | None = None) -> threading.Event:
         """Drain: refuse new connections, GOAWAY, calls in flight get ``grace`` seconds; set when stopped."""
         stopped = threading.Event()
-        thread = self._thread
+        thread = self._loop_thread
         if thread is None or not thread.is_alive():
             stopped.set()
             return stopped

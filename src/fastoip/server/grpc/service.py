@@ -60,7 +60,7 @@ class DecodeFailure:
         return f"{self.message} (malformed ModelInferRequest)"
 
 
-def decode_request(data: bytes) -> InferRequest | DecodeFailure:
+def decode_request(data: bytes | bytearray | memoryview) -> InferRequest | DecodeFailure:
     """The codec, never raising (grpcio answers INTERNAL for a deserializer that raises)."""
     try:
         return _codec.decode_infer_request(data)
