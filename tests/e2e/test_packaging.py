@@ -83,6 +83,10 @@ def test_the_wheel_built_from_the_sdist_has_the_extensions(dist: tuple[Path, str
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("fastoip/_codec.") and n.endswith(".so") for n in names)
     assert any(n.startswith("fastoip/_shmguard.") and n.endswith(".so") for n in names)
+    # the per-call path compiled by mypyc (setup.py's COMPILED_PY): its shared library and a module per source
+    assert any(n.startswith("fastoip/_percall__mypyc.") and n.endswith(".so") for n in names)
+    assert any(n.startswith("fastoip/core/core.") and n.endswith(".so") for n in names)
+    assert "fastoip/core/core.py" in names  # the source stays beside it
     native = any(n.startswith("fastoip/server/grpc/_http2.") and n.endswith(".so") for n in names)
     if _has_nghttp2_headers():
         assert native
