@@ -92,21 +92,21 @@ else:
         )
     )
 
-# The per-call path's pure-Python modules, compiled to C by mypyc from the same .py sources (issue 24 item 1): the
-# .py stays the one source (mypy, ruff and scripts/import_graph.py read it); the built module beside it shadows
-# it on import (fastoip.compiled says which are built, tests/conftest.py refuses a stale one).  Why these: a
-# native gRPC `simple` call runs ~120 Python calls on the event loop's thread and ~43 on the batcher's, and the
-# interpreter's dispatch of them, not any one function, is what is left (perf: more than half of the server's
+# The per-call path's pure-Python modules, compiled to C by mypyc from the same .py sources (issue 24 item 1):
+# the .py stays the one source (mypy, ruff and scripts/import_graph.py read it); the built module beside it
+# shadows it on import (tests/conftest.py refuses one older than its .py: `make build` rebuilds).  Why these: a
+# native gRPC `simple` call ran ~150 Python calls on the event loop's thread and ~40 on the batcher's, and the
+# interpreter's dispatch of them, not any one function, was what was left (perf: more than half of the server's
 # samples in libpython).  They are the modules cProfile of `benchmarks/bench_native_connection.py --connections
 # 64 --batcher` finds on that path (loop and worker threads).  Cython's pure-Python mode compiled the same list
 # with no measurable gain (Python 3.11's specialising interpreter is as fast as Cython's generic object code);
-# mypyc's native classes (attributes in C structs, direct calls) cut the path's CPU by about a third: see
-# benchmarks/RESULTS.md, "The per-call path compiled (cyhot)".  mypyc's rules hold for these modules: the
-# annotations are checked at run time, their classes take no attributes they do not declare, and cannot be
-# subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it).  Left out on purpose:
-# fastoip/types.py (the codec fills its classes' slots by layout) and scheduling/wakeups.py (a threading.local).
-# Keep the list short: every module adds compile time to every build.  FASTOIP_PURE_PYTHON=1 builds none of them
-# (the interpreted path, which `make debug` tests).
+# mypyc's native classes (attributes in C structs, direct calls) cut the server's CPU per `simple` request by
+# about a quarter end to end: benchmarks/RESULTS.md, "The per-call path compiled (cyhot)".  mypyc's rules hold
+# in these modules: annotations are checked at run time, classes take no attributes they do not declare and
+# cannot be subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it).  Left out
+# on purpose: fastoip/types.py (the codec fills its classes' slots by layout) and scheduling/wakeups.py (a
+# threading.local).  Keep the list short: every module adds compile time to every build (all 18: about 37 s of
+# CPU).  FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).
 COMPILED_PY = [
     "src/fastoip/server/grpc/native_server.py",
     "src/fastoip/server/grpc/native_calls.py",
