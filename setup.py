@@ -130,10 +130,16 @@ COMPILED_PY = [
 # mypyc type-checks and translates when setup.py runs: only for the commands that build (not for the sdist's or
 # the metadata's, which PEP 517 front ends ask for first)
 BUILDS = any(arg.startswith(("build", "bdist", "editable", "develop", "install")) for arg in sys.argv[1:])
+COMPILE_PY = BUILDS and os.environ.get("FASTOIP_PURE_PYTHON") != "1"
 compiled_py = []
-if BUILDS and os.environ.get("FASTOIP_PURE_PYTHON") != "1":
+try:
     from mypyc.build import mypycify
-
+except ImportError:  # pip's builds have it ([build-system] requires); a bare `setup.py build_ext` may not
+    mypycify = None
+if COMPILE_PY and mypycify is None:
+    print("fastoip: mypy (mypyc) is not installed: the per-call path's modules stay interpreted (slower); "
+          "pip install 'mypy==2.4.1' to compile them", flush=True)
+elif COMPILE_PY:
     compiled_py = mypycify(
         # mypy reads pyproject.toml's [tool.mypy]; a build environment (pip's isolated one) lacks the runtime
         # dependencies and their stubs: their names are Any there, the checks that depend on them are off, and
