@@ -77,4 +77,4 @@ def test_freed_messages_stay_mapped_for_the_next_ones() -> None:
     # with the mmap threshold alone pinned, the trim threshold is glibc's 128 KiB: the freed heap top goes back
     # to the system and the next round faults every page in again (8 x 147 pages); pinned, nothing faults
     assert _faults_per_round("trim") < 8
-    assert _faults_per_round("mmap-only") > 8 * 100
+    assert _faults_per_round("mmap-only") > 8 * 50
