@@ -12,7 +12,7 @@ alternating (`--rounds`), the same gRPC workload per point (`--points`: `simple`
 
 Target: fastoip bench >= 0.95x the faster h2load on `simple` c=64, within 5 % on 602 KB c=16.
 
-Each gRPC client's run also gives the **server's CPU per request** under that client's arrival pattern (the
+Each client's run (gRPC and HTTP) also gives the **server's CPU per request** under that client's arrival pattern (the
 server process's CPU time over the run / the successes its statistics counted), the figure that tells
 whether the server serves one client's pattern worse than another's; the machine's other load disturbs it
 far less than req/s.
@@ -179,11 +179,13 @@ def main() -> int:
                 this_cpu: dict[str, float] = {}
                 this_server: dict[str, float] = {}
                 if point == "http":
+                    mark = server_mark(server, model)
                     r = wrk(server.http, args.seconds, concurrency)
                     if not r["verified"]:
                         raise SystemExit("wrk: errors")
                     this_round["wrk (64 connections)"] = r["req_per_s"]
                     this_cpu["wrk (64 connections)"] = r["cpu_us_per_req"]
+                    server_per_request(server, model, mark, "wrk (64 connections)", this_server)
                 for connections in (concurrency, 1) if point not in ("http", "stream") else ():
                     mark = server_mark(server, model)
                     r = h2load(server.grpc, args.seconds, model, concurrency, connections)
@@ -199,7 +201,7 @@ def main() -> int:
                     url = f"http://{server.http}" if point == "http" else f"grpc://{server.grpc}"
                     extra = ("--no-http-binary",) if point == "http" else extra
                     extra = ("--streaming", *extra) if point == "stream" else extra
-                    mark = server_mark(server, model) if point != "http" else (0.0, 0)
+                    mark = server_mark(server, model)
                     result = fastoip_bench(
                         url, "-m", model, "--concurrency-range", f"{concurrency}",
                         "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
@@ -209,12 +211,13 @@ def main() -> int:
                         raise SystemExit(f"{name}: errors {row['errors']}")
                     key = f"{name} [{row['client']}]"
                     this_round[key] = row["throughput_req_per_s"]
-                    if point != "http":
-                        server_per_request(server, model, mark, key, this_server)
+                    server_per_request(server, model, mark, key, this_server)
                     if row.get("client_cpu_percent") is not None and row["throughput_req_per_s"]:
                         this_cpu[key] = 1e4 * row["client_cpu_percent"] / row["throughput_req_per_s"]
                 base = max((v for k, v in this_round.items() if k.startswith(("h2load", "wrk"))), default=0.0)
-                base = base or next(v for k, v in this_round.items() if "aio" in k)
+                # no h2load/wrk (stream): the aio client, or with --no-aio the first client
+                base = base or next((v for k, v in this_round.items() if "aio" in k), None) or next(
+                    iter(this_round.values()))
                 for key, value in this_round.items():
                     runs[point].setdefault(key, []).append(value)
                     ratios[point].setdefault(key, []).append(value / base)
@@ -227,12 +230,13 @@ def main() -> int:
     for point in points:
         model, concurrency = POINTS[point]
         rows = [[k, f"{statistics.median(v):.0f}", " ".join(f"{r:.2f}" for r in ratios[point][k]),
+                 f"{statistics.median(ratios[point][k]):.2f}",
                  f"{statistics.median(cpu[point][k]):.1f}" if cpu[point].get(k) else "-",
                  " ".join(f"{c:.1f}" for c in server_cpu[point][k]) if server_cpu[point].get(k) else "-"]
                 for k, v in runs[point].items()]
         print()
         print(markdown_table([f"client ({model}, c={concurrency})", "req/s (median)",
-                              "vs the faster h2load (wrk) of the same round, per round",
+                              "vs the faster h2load (wrk) of the same round, per round", "median of the ratios",
                               "client CPU us/request (median)", "server CPU us/request, per round"], rows))
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "ratios": ratios, "client_cpu_us": cpu,
