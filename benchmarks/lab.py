@@ -66,6 +66,7 @@ import shutil  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from types import FrameType  # noqa: E402
@@ -646,10 +647,11 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_bounded(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_bounded(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """subprocess.run for the load generators: own session, killed as a group on timeout,
     Ctrl-C or --deadline, so no h2load/wrk outlives the driver."""
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=env)
     try:
         out, err = p.communicate(timeout=timeout)
     except BaseException:
@@ -705,21 +707,22 @@ def run_fastoip_stream(target: str, model: str, conc: int, duration: int, cpus: 
     """ModelStreamInfer load: `fastoip bench --streaming` (its native client: C streams, each sending its next
     request when the answer to the last is in) pinned to `cpus`, one window of `duration` seconds with no warm-up
     of its own (the lab warms up before the point, as for h2load), every answer checked (--verify)."""
-    out_json = os.path.join(TMP, "fastoip-stream.json")
-    if os.path.exists(out_json):
-        os.unlink(out_json)
+    fd, out_json = tempfile.mkstemp(prefix="fastoip-stream-", suffix=".json")
+    os.close(fd)
     argv = ["timeout", "-k", "5", str(duration + 90), "taskset", "-c", cpus, FASTOIP_PY, "-m", "fastoip.cli",
             "bench", f"grpc://{target}", "-m", model, "--streaming", "--concurrency-range", str(conc),
             "-p", str(duration * 1000), "--max-trials", "1", "--warmup-ms", "0", "--verify", "--no-pin",
             "--quiet", "--json", out_json]
     t0 = time.time()
-    r = run_bounded(argv, duration + 120)
+    r = run_bounded(argv, duration + 120, env=fastoip_env())  # this tree's fastoip bench, as its server
     res = dict(tool="fastoip bench --streaming", argv=" ".join(argv[5:]), rc=r.returncode,
                wall_s=round(time.time() - t0, 2))
     try:
-        doc = json.load(open(out_json))
+        with open(out_json) as f:
+            doc = json.load(f)
         row = doc["results"][0]
     except (OSError, ValueError, KeyError, IndexError):
+        os.unlink(out_json)
         res["error"] = f"fastoip bench gave no result (rc {r.returncode}): " + (r.stdout[-400:] + r.stderr[-400:])
         return res
     lat = row["latency_us"]
@@ -729,6 +732,7 @@ def run_fastoip_stream(target: str, model: str, conc: int, duration: int, cpus: 
                bench_client_cpu_pct=row.get("client_cpu_percent"))
     if doc.get("error"):
         res["error"] = f"fastoip bench: {doc['error']}"
+    os.unlink(out_json)
     return res
 
 
