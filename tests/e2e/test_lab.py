@@ -6,6 +6,7 @@ reads its JSON; the target compares it with another server's unary figure of the
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
@@ -73,3 +74,14 @@ def test_stream_target_compares_with_the_cpp_servers_unary_figure(stream_rps: fl
 def test_stream_target_is_left_out_when_the_stream_point_was_not_asked_for() -> None:
     result = {"points": [point("grpc-cpp", "grpc", 66_000.0, 12.0)], "targets": [STREAM_TARGET]}
     assert lab.evaluate_targets(result) == []
+
+
+def test_stream_point_runs_only_when_named() -> None:
+    args = argparse.Namespace(conc=[64], models=["simple"], peers=None, servers=["fastoip-native", "grpc-cpp"],
+                              transports=None, variants={}, order="model", ceilings=False)
+    sessions, _ = lab.build_sessions("grpc-e2e", args)
+    assert sessions == [("fastoip-native", [("simple", "grpc", [64])]), ("grpc-cpp", [("simple", "grpc", [64])])]
+    args.transports = ["grpc", "stream"]
+    sessions, _ = lab.build_sessions("grpc-e2e", args)
+    assert sessions == [("fastoip-native", [("simple", "grpc", [64]), ("simple", "stream", [64])]),
+                        ("grpc-cpp", [("simple", "grpc", [64])])]
