@@ -834,6 +834,9 @@ def measure(server: Server, spec: dict[str, Any], model: str, transport: str, co
         if d["execution_count"]:
             d["avg_batch"] = round(d["inference_count"] / d["execution_count"], 2)
         r["server_stats"] = d
+        if transport == "stream" and d["success"]:
+            # the bench counts its window only; the server also served its drain: per request it served
+            r["server_cpu_us_per_req"] = round(1e6 * (s1 - s0) / d["success"], 1)
     ok, why = verify(r, pr, transport, conc)
     served = (r.get("server_stats") or {}).get("success")
     if ok and transport == "stream" and served is not None and served < r["done"]:
