@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -33,8 +34,10 @@ def load_lab() -> ModuleType:
 
 
 lab = load_lab()
+needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="the lab pins its clients with taskset")
 
 
+@needs_taskset
 def test_stream_point_loads_the_server_and_checks_every_answer(server: ServerProcess,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lab, "FASTOIP_PY", sys.executable)  # this test's interpreter (the lab uses <repo>/.venv)
@@ -47,6 +50,7 @@ def test_stream_point_loads_the_server_and_checks_every_answer(server: ServerPro
     assert lab.verify(result, {}, "stream", 4) == (True, "no errors, every answer checked by fastoip bench --verify")
 
 
+@needs_taskset
 def test_stream_point_with_errors_is_not_verified(server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lab, "FASTOIP_PY", sys.executable)
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
