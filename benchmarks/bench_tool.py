@@ -17,9 +17,8 @@ server process's CPU time over the run / the successes its statistics counted), 
 whether the server serves one client's pattern worse than another's; the machine's other load disturbs it
 far less than req/s. Beside it, the server's minor page faults per request: on 602 KB requests the server's
 CPU per request follows them (glibc returning freed buffers to the kernel and faulting them back in: 4 to 96
-faults per request between rounds, under either client; benchmarks/RESULTS.md, 2026-11-27, benchtool). The
-server inherits this script's environment: `MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=1073741824`
-before the command keeps glibc from returning those buffers and takes most of that noise out.
+faults per request between rounds, under either client, until `fastoip serve` pinned glibc's trim threshold;
+benchmarks/RESULTS.md, 2026-11-27, benchtool and large): the column shows whether they are back.
 
 `--points stream`: `fastoip bench --streaming` (ModelStreamInfer; the native client) against
 `--streaming --grpc-client aio` (grpc.aio, before); h2load has no gRPC streaming, so the ratio is to aio.
