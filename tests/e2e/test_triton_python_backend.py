@@ -975,6 +975,79 @@ def test_requests_waiting_behind_a_crash_run_on_the_replacement(crash_server: Se
     assert client.is_model_ready("crasher_queued")
 
 
+def test_results_read_on_the_event_loop_and_a_crash_still_fails_what_was_in_flight(tmp_path: Path) -> None:
+    """Requests started on an event loop (as the frontends start them) have their results read on that loop: the
+    job finishes on the loop's thread, no reader-thread hop.  A crash still fails the request it ran (INTERNAL
+    naming the model and the signal), the requests behind it run on the replacement, and once the loop is closed
+    a blocking caller is answered again (the reader thread took the worker's socket back)."""
+    import asyncio
+    import threading
+
+    import uvloop
+
+    from fastoip.core import Core, on_loop
+    from fastoip.errors import InternalError
+    from fastoip.types import InferInput, InferRequest, RequestedOutput
+
+    write_python_model(tmp_path, "crasher", CRASHER, CRASHER_CONFIG)
+    core = Core(tmp_path)
+    core.load_models()
+
+    def request(how: int) -> InferRequest:
+        x = InferInput("HOW", "INT32", (1,), np.array([how], np.int32))
+        return InferRequest("crasher", "", "", {}, [x], [RequestedOutput("PID")])
+
+    async def run(hows: list[int]) -> tuple[list, set[int]]:
+        loop = asyncio.get_running_loop()
+        finishing_threads: set[int] = set()
+        answers: list[asyncio.Future] = []
+        for how in hows:
+            answer = loop.create_future()
+
+            def settle(call: object, answer: asyncio.Future = answer) -> None:
+                answer.set_result(call.error or int(call.response.outputs[0].data[0]))  # type: ignore[attr-defined]
+
+            hop = on_loop(loop, settle)
+
+            def done(call: object, hop: object = hop) -> None:
+                finishing_threads.add(threading.get_ident())
+                hop(call)  # type: ignore[operator]
+
+            core.start(request(how), None, done)
+            answers.append(answer)
+            if how == 4:
+                await asyncio.sleep(0.2)  # it runs (0.5 s, then a segfault) while the next ones wait behind it
+        return list(await asyncio.wait_for(asyncio.gather(*answers), 60)), finishing_threads
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop_thread = threading.get_ident()
+        loop.run_until_complete(run([0]))  # the reader thread hands the socket to the loop after this one
+        first, threads = loop.run_until_complete(run([0] * 6))
+        assert len(set(first)) == 1 and threads == {loop_thread}  # finished on the loop's thread
+        pid = first[0]
+
+        answers, _ = loop.run_until_complete(run([0, 4, 0, 0, 0]))
+        assert answers[0] == pid
+        crash = answers[1]
+        assert isinstance(crash, InternalError)
+        assert "crasher" in str(crash) and "SIGSEGV" in str(crash)
+        behind = set(answers[2:])
+        assert len(behind) == 1 and pid not in behind  # answered by the restarted worker
+
+        loop.run_until_complete(run([0]))  # (the replacement's reader thread hands over after one message)
+        again, threads = loop.run_until_complete(run([0] * 4))
+        assert set(again) == behind and threads == {loop_thread}  # the replacement is read on the loop too
+    finally:
+        loop.close()
+    try:
+        # The loop is gone: a blocking caller still gets its answer (the reader thread reads again).
+        response = core.infer(request(0))
+        assert int(response.outputs[0].data[0]) in behind
+    finally:
+        core.close()
+
+
 def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(crash_server.grpc_url)
     first_pid = _how(client, 0)

@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -415,8 +416,9 @@ class ProcessInstance(_Base):
                 self._flow.notify_all()
             if mine:
                 self._fail(call, batch, self._crash_error(died.cause))
-        with self._flow:
-            self._flow.wait_for(lambda: len(self._pending) < self._window)
+        if asyncio._get_running_loop() is None:  # an event loop never waits here: it may be the worker's reader
+            with self._flow:
+                self._flow.wait_for(lambda: len(self._pending) < self._window)
         return [RESPONDS_LATER for _ in jobs], []
 
     def _on_result(self, call: int, responses: Any, error: Any) -> None:
