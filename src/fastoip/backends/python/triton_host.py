@@ -192,7 +192,8 @@ class _Base:
     def _leave(self) -> None:
         with self._busy:
             self._in_flight -= 1
-            self._busy.notify_all()
+            if self._closed:  # only a drain waits here
+                self._busy.notify_all()
 
     def _drain(self) -> None:
         with self._busy:
@@ -283,13 +284,13 @@ class _Batch:
 #: without a dynamic or sequence batcher: the worker finds the next requests in its socket and answers them
 #: one after the other on one wake-up, and the server sends and reads several per wake-up
 #: (benchmarks/RESULTS.md, pyipc).
-PIPELINE_DEFAULT = 8
+PIPELINE_DEFAULT = 16
 #: The same for a model with a batcher: one, so the batcher's next batch grows while the worker runs this one.
 PIPELINE_BATCHED_DEFAULT = 1
 #: A request the event loop may hand over itself (``takes_without_waiting``): its tensors' bytes at most, and
 #: batches on their way at most (QUICK_PENDING messages of QUICK_BYTES fit a Unix socket's default buffer).
-QUICK_BYTES = 16 * 1024
-QUICK_PENDING = 8
+QUICK_BYTES = 8 * 1024
+QUICK_PENDING = 16
 
 
 class ProcessInstance(_Base):
@@ -329,6 +330,8 @@ class ProcessInstance(_Base):
         #: Batches sent and not answered, by call id, in the order sent; guarded by ``_flow``.
         self._pending: dict[int, _Batch] = {}
         self._flow = threading.Condition()
+        #: Threads waiting in ``execute`` for room on the way (guarded by ``_flow``): a result wakes them.
+        self._window_waiters = 0
         self._calls = itertools.count(1)
         self._record: Callable[[int, int, int, int, int], None] | None = None
         self._crashes: list[float] = []
@@ -344,7 +347,7 @@ class ProcessInstance(_Base):
         if self._closed or self.down_reason is not None or not self.worker.alive:
             return False
         # Only the reader thread changes _pending meanwhile, and only by taking from it: the check holds.
-        if len(self._pending) + 1 >= min(self._window, QUICK_PENDING):
+        if len(self._pending) >= min(self._window, QUICK_PENDING):
             return False
         total = 0
         for array in job.feeds.values():
@@ -416,16 +419,22 @@ class ProcessInstance(_Base):
                 self._flow.notify_all()
             if mine:
                 self._fail(call, batch, self._crash_error(died.cause))
-        if asyncio._get_running_loop() is None:  # an event loop never waits here: it may be the worker's reader
+        if len(self._pending) >= self._window and asyncio._get_running_loop() is None:
+            # (an event loop never waits here: it may be the worker's reader)
             with self._flow:
-                self._flow.wait_for(lambda: len(self._pending) < self._window)
+                self._window_waiters += 1
+                try:
+                    self._flow.wait_for(lambda: len(self._pending) < self._window)
+                finally:
+                    self._window_waiters -= 1
         return [RESPONDS_LATER for _ in jobs], []
 
     def _on_result(self, call: int, responses: Any, error: Any) -> None:
         """A batch's result (the worker's reader thread): finish its jobs."""
         with self._flow:
             batch = self._pending.pop(call, None)
-            self._flow.notify_all()
+            if self._window_waiters:
+                self._flow.notify_all()
         if batch is None:
             return
         try:
