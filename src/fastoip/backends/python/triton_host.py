@@ -170,7 +170,9 @@ class _Base:
         self.where = f"'{name}' instance {index}"
         self.decoupled = decoupled
         self.streams = _Streams(name, version_str, respond)
-        self._busy = threading.Condition()
+        #: ``_busy`` is a Condition on this lock; the hot paths take the lock itself (a C context manager).
+        self._busy_lock = threading.Lock()
+        self._busy = threading.Condition(self._busy_lock)
         self._in_flight = 0
         self._closed = False
         #: The batch running now, by call id (whether a request was cancelled is asked while it runs).
@@ -183,14 +185,14 @@ class _Base:
         return job is not None and job.cancelled
 
     def _enter(self) -> bool:
-        with self._busy:
+        with self._busy_lock:
             if self._closed:
                 return False
             self._in_flight += 1
             return True
 
     def _leave(self) -> None:
-        with self._busy:
+        with self._busy_lock:
             self._in_flight -= 1
             if self._closed:  # only a drain waits here
                 self._busy.notify_all()
@@ -329,7 +331,8 @@ class ProcessInstance(_Base):
         self._lock = threading.Lock()  # held while a replacement starts
         #: Batches sent and not answered, by call id, in the order sent; guarded by ``_flow``.
         self._pending: dict[int, _Batch] = {}
-        self._flow = threading.Condition()
+        self._flow_lock = threading.Lock()
+        self._flow = threading.Condition(self._flow_lock)
         #: Threads waiting in ``execute`` for room on the way (guarded by ``_flow``): a result wakes them.
         self._window_waiters = 0
         self._calls = itertools.count(1)
@@ -403,16 +406,19 @@ class ProcessInstance(_Base):
             self._leave()
             raise
         # From here the batch is finished by _on_result or _on_death (which _leave), on another thread.
+        defer = True
         for job in jobs:
             job.arm()  # a blocking caller that lent its thread waits for it (arming twice is a no-op)
+            if job.caller_runs:
+                defer = False
         self._batches[call] = jobs
         if self.decoupled:
             self.streams.open(call, jobs)
-        with self._flow:
+        with self._flow_lock:
             self._pending[call] = batch
         try:
             # Deferred to the end of an event loop's turn unless a caller waits on this thread (caller_runs).
-            worker.submit(call, batch.packed, not any(job.caller_runs for job in jobs))
+            worker.submit(call, batch.packed, defer)
         except WorkerDied as died:
             with self._flow:
                 mine = self._pending.pop(call, None) is not None  # else the death handler took it
@@ -431,7 +437,7 @@ class ProcessInstance(_Base):
 
     def _on_result(self, call: int, responses: Any, error: Any) -> None:
         """A batch's result (the worker's reader thread): finish its jobs."""
-        with self._flow:
+        with self._flow_lock:
             batch = self._pending.pop(call, None)
             if self._window_waiters:
                 self._flow.notify_all()
