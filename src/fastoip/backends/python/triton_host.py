@@ -447,6 +447,21 @@ class ProcessInstance(_Base):
             self._batches.pop(call, None)
             jobs = batch.jobs
             end = time.monotonic_ns()
+            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case, without the lists
+                only = jobs[0]
+                answer: InferResponse | InferenceError
+                try:
+                    answer = self._respond(only, self.version_str, shm.unpack_response(responses[0]))
+                except Exception as exc:
+                    answer = InternalError(f"model {self.where}: unreadable result: {exc}")
+                only.compute_end_ns = end
+                if type(answer) is InferResponse:
+                    only.finish(answer)
+                else:
+                    only.fail(answer)  # type: ignore[arg-type]
+                if self._record is not None:
+                    self._record(only.batch_size, 1, 0, end - batch.started, 0)
+                return
             if self.decoupled:
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]

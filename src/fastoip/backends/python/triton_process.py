@@ -210,10 +210,7 @@ class WorkerProcess:
         if self.cause is not None:
             raise WorkerDied(self.cause)
         message = ("execute", exec_id, requests)
-        try:
-            loop = asyncio.get_running_loop() if defer else None
-        except RuntimeError:
-            loop = None
+        loop = asyncio._get_running_loop() if defer else None
         if loop is None:
             reading = self._loop
             if reading is not None and not reading.is_running():
@@ -350,18 +347,18 @@ class WorkerProcess:
 
     def _dispatch(self, message: tuple) -> None:
         kind = message[0]
-        if kind in ("ok", "error"):
-            waiter = self._control
-            self._control = None
-            if waiter is not None:
-                waiter.value = (kind, message[1])
-                waiter.event.set()
-        elif kind == "result":
+        if kind == "result":
             _, exec_id, responses, error = message
             try:
                 self._on_result(exec_id, responses, error)
             except Exception:
                 log.exception("%s: finishing a batch failed", self.label)
+        elif kind in ("ok", "error"):
+            waiter = self._control
+            self._control = None
+            if waiter is not None:
+                waiter.value = (kind, message[1])
+                waiter.event.set()
         elif kind == "send":
             _, exec_id, index, response, final = message
             try:
