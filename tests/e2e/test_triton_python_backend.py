@@ -593,6 +593,33 @@ def test_add_sub_over_grpc_and_http(server: ServerProcess) -> None:
     assert client.get_model_config("add_sub").config.backend == "python"
 
 
+def test_grpc_and_http_at_once_each_get_their_own_answers(server: ServerProcess) -> None:
+    """Both event-loop frontends hand requests to the same worker at once: one loop reads its results, the other
+    loop's requests are finished there and handed back to their own loop; every caller gets its own answer."""
+
+    def grpc_calls(seed: int) -> int:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for i in range(40):
+            a = np.full(4, seed * 1000 + i, np.float32)
+            result = client.infer("add_sub", _add_sub_inputs(a, np.ones(4, np.float32)))
+            np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + 1)
+        return 40
+
+    def http_calls(seed: int) -> int:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for i in range(40):
+            a = np.full(4, seed * 1000 + i, np.float32)
+            inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(np.ones(4, np.float32))
+            np.testing.assert_allclose(client.infer("add_sub", inputs).as_numpy("OUTPUT1"), a - 1)
+        return 40
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(grpc_calls if n % 2 else http_calls, n) for n in range(8)]
+        assert sum(f.result(timeout=120) for f in futures) == 320
+
+
 def test_initialize_args_and_request_fields(server: ServerProcess, repo: Path) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     x = grpcclient.InferInput("X", [1], "INT32")
