@@ -220,6 +220,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         server_id=triton.server_id,
         trace_config=triton.trace,
         exit_on_error=bool(triton.exit_on_error),
+        init_error=triton.init_error,
         pinned_pool_bytes=triton.pinned_pool_bytes,
         http_forward_pattern=triton.http_forward_pattern,
         no_effect_flags=triton.no_effect,

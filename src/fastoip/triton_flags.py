@@ -254,6 +254,9 @@ class TritonSettings:
     grpc_restricted: RestrictedFeatures
     #: --exit-on-error (None: not given, fastoip serves the models that loaded).
     exit_on_error: bool | None = None
+    #: Why the server failed to initialize ("" when it did not): a --model-repository that does not exist
+    #: with --exit-on-error=false, which Triton survives (not live, not ready, server metadata answered).
+    init_error: str = ""
     #: --pinned-memory-pool-byte-size (None: the default, 256 MB).
     pinned_pool_bytes: int | None = None
     grpc_compression_level: str = "none"
@@ -271,8 +274,11 @@ class TritonSettings:
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
     """Check and combine the parsed flags; FlagError names the flag that cannot be honoured."""
-    roots, url = _model_repository(args.model_repository)
+    missing: list[Path] = []
+    # --exit-on-error=false: a missing repository leaves the server up but failed to initialize, as Triton's
+    roots, url = _model_repository(args.model_repository, missing if args.exit_on_error is False else None)
     return TritonSettings(
+        init_error=f"failed to stat file {missing[0]}" if missing else "",
         model_repository=roots[0] if roots else None,
         more_repositories=roots[1:],
         model_repository_url=url,
@@ -389,9 +395,12 @@ def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: lis
         raise FlagError(str(exc)) from None
 
 
-def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | None]:
+def _model_repository(
+    given: list[str] | None, missing: list[Path] | None = None
+) -> tuple[tuple[Path, ...], str | None]:
     """Every local --model-repository (Triton takes several; a model is found in the first that has it), or the
-    one object-storage URL (s3://, gs://, as://)."""
+    one object-storage URL (s3://, gs://, as://).  ``missing``: a list that collects the local ones that do not
+    exist (kept among the roots) instead of refusing them."""
     if not given:
         env = os.environ.get("FASTOIP_MODEL_REPOSITORY")
         given = [env] if env else []
@@ -408,8 +417,10 @@ def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | 
             continue
         root = Path(text)
         if not root.exists():
-            raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
-        if not root.is_dir():
+            if missing is None:
+                raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
+            missing.append(root)
+        elif not root.is_dir():
             raise FlagError(f"--model-repository {root} is not a directory")
         roots.append(root)
     if urls and (len(urls) > 1 or roots):

@@ -101,6 +101,9 @@ class ServeOptions:
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
     #: Triton's --exit-on-error=true: a model that fails to load at start-up stops the start.
     exit_on_error: bool = False
+    #: Why the server failed to initialize ("" when it did not): with --exit-on-error=false it starts its
+    #: listeners anyway, loads nothing and answers as Triton's SERVER_FAILED_TO_INITIALIZE (Core.fail_initialization).
+    init_error: str = ""
     #: Triton's --pinned-memory-pool-byte-size (None: 256 MB).
     pinned_pool_bytes: int | None = None
     #: Triton's --http-header-forward-pattern.
@@ -164,7 +167,12 @@ class ServerApp:
         claims = claim_ports(self._listeners())
         try:
             log.info("model repository: %s", ", ".join(str(r) for r in self.core.repository.roots))
-            self._load_models()
+            if self.options.init_error:
+                log.error("failed to initialize: %s (--exit-on-error=false: serving, not live, not ready)",
+                          self.options.init_error)
+                self.core.fail_initialization(self.options.init_error)
+            else:
+                self._load_models()
             self._start_frontends(claims)
         finally:
             claims.release_all()
@@ -294,8 +302,8 @@ class ServerApp:
         """
         options = self.options
         grace = options.shutdown_grace
-        if not self._started:
-            grace = 0.0  # the start failed: no load balancer routes here
+        if not self._started or options.init_error:
+            grace = 0.0  # the start (or the initialization) failed: no load balancer routes here
         elif self._interactive and self.core.requests_in_flight() == 0:
             grace = 0.0
             log.info("shutting down: Ctrl-C with no request in flight, no grace period")
