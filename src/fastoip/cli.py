@@ -217,6 +217,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         log_level=triton.log_level or args.log_level,
         log_format=triton.log_format,
         log_file=triton.log_file,
+        log_switches=triton.log_switches,
         server_id=triton.server_id,
         trace_config=triton.trace,
         exit_on_error=bool(triton.exit_on_error),

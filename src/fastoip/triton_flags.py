@@ -135,10 +135,12 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grpc-address", default=None, help="gRPC bind address (Triton's name for --host)")
     g.add_argument("--http-address", default=None, help="HTTP bind address (Triton's name for --http-host)")
     g.add_argument("--metrics-address", default=None, help="metrics bind address (default: the HTTP address)")
-    g.add_argument("--log-verbose", type=int, default=None, metavar="LEVEL", help=">0 logs at debug level")
-    g.add_argument("--log-info", type=parse_bool, default=None, metavar="BOOL")
-    g.add_argument("--log-warning", type=parse_bool, default=None, metavar="BOOL")
-    g.add_argument("--log-error", type=parse_bool, default=None, metavar="BOOL")
+    g.add_argument("--log-verbose", type=int, default=None, metavar="LEVEL",
+                   help=">0 logs fastoip's debug (verbose) messages, whatever --log-info says")
+    g.add_argument("--log-info", type=parse_bool, default=None, metavar="BOOL", help="false: no info messages")
+    g.add_argument("--log-warning", type=parse_bool, default=None, metavar="BOOL",
+                   help="false: no warning messages")
+    g.add_argument("--log-error", type=parse_bool, default=None, metavar="BOOL", help="false: no error messages")
     g.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
     g.add_argument("--log-file", default="", help="write the log to this file instead of stderr")
     g.add_argument("--strict-model-config", type=parse_bool, default=None, metavar="BOOL",
@@ -245,6 +247,8 @@ class TritonSettings:
     metrics_host: str | None
     #: None: keep --log-level.
     log_level: str | None
+    #: Triton's switches as given (log_info, log_warning, log_error, log_verbose_level); None: none was given.
+    log_switches: dict[str, bool | int] | None
     log_format: str
     log_file: str
     auto_complete: bool
@@ -291,6 +295,7 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         http_host=args.http_address,
         metrics_host=args.metrics_address,
         log_level=_log_level(args),
+        log_switches=_log_switches(args),
         log_format=args.log_format,
         log_file=args.log_file,
         auto_complete=_auto_complete(args),
@@ -428,6 +433,18 @@ def _model_repository(
             "--model-repository: an object-storage repository (s3://, gs://, as://) must be the only one"
         )
     return tuple(dict.fromkeys(roots)), (urls[0] if urls else None)
+
+
+def _log_switches(args: argparse.Namespace) -> dict[str, bool | int] | None:
+    """Triton's --log-info / --log-warning / --log-error / --log-verbose, each on its own (None: none given)."""
+    if args.log_verbose is None and args.log_info is None and args.log_warning is None and args.log_error is None:
+        return None
+    return {
+        "log_info": args.log_info is not False,
+        "log_warning": args.log_warning is not False,
+        "log_error": args.log_error is not False,
+        "log_verbose_level": max(args.log_verbose or 0, 0),  # Triton's logger takes max(0, level)
+    }
 
 
 def _log_level(args: argparse.Namespace) -> str | None:

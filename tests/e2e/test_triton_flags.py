@@ -250,3 +250,28 @@ def test_exit_on_error_false_serves_a_server_that_failed_to_initialize(
         with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10) as answer:
             assert answer.status == 200
     assert any(f"failed to stat file {missing}" in line for line in proc.lines)
+
+
+def test_log_switches_are_independent_as_tritons(repo: Path, tmp_path: Path) -> None:
+    """Triton's qa/L0_logging: --log-info=false beside --log-verbose=1 reads back as such (HTTP and gRPC), verbose
+    lines (each HTTP request) are written and info lines are not; each switch is set on its own at run time."""
+    log_file = tmp_path / "server.log"
+    with ServerProcess(repo, f"--log-file={log_file}", "--log-info=false", "--log-verbose=1", http=True) as proc:
+        http = httpclient.InferenceServerClient(proc.http_url)
+        grpc = grpcclient.InferenceServerClient(proc.grpc_url)
+        expected = {"log_file": str(log_file), "log_info": False, "log_warning": True, "log_error": True,
+                    "log_verbose_level": 1, "log_format": "default"}
+        assert http.get_log_settings() == expected
+        settings = grpc.get_log_settings(as_json=True)["settings"]
+        assert {key: next(iter(value.values())) for key, value in settings.items()} == {
+            **expected, "log_verbose_level": 1}
+        assert http.is_server_ready()
+        logged = log_file.read_text()
+        assert "HTTP request: GET /v2/logging" in logged and "HTTP request: GET /v2/health/ready" in logged
+        assert " INFO " not in logged  # "model 'identity' ready" and the rest are info lines
+        grpc.update_log_settings({"log_warning": False})
+        assert http.update_log_settings({"log_info": True, "log_verbose_level": 0}) == {
+            **expected, "log_info": True, "log_warning": False, "log_verbose_level": 0}
+        http.get_log_settings()
+        assert log_file.read_text().count("HTTP request:") == 3  # GET, GET, POST; not the last GET: verbose is off
+    assert log_file.read_text().count("Waiting for in-flight requests to complete.") == 1  # info is on again

@@ -93,9 +93,12 @@ class Core:
     def server_name(self, name: str) -> None:
         self.data.server_name = name
 
-    def started_logging(self, log_file: str, log_format: str) -> None:
-        """The process's --log-file and --log-format, which the log settings report (as Triton's)."""
-        self.data.log_settings_store.started_with(log_file, log_format)
+    def started_logging(
+        self, log_file: str, log_format: str, switches: dict[str, bool | int] | None = None
+    ) -> None:
+        """The process's --log-file and --log-format, which the log settings report (as Triton's), and
+        Triton's --log-info / --log-warning / --log-error / --log-verbose switches it started with."""
+        self.data.log_settings_store.started_with(log_file, log_format, switches)
 
     def fail_initialization(self, reason: str) -> None:
         """Triton's SERVER_FAILED_TO_INITIALIZE (a --model-repository that does not exist, with

@@ -26,6 +26,7 @@ from .. import metrics
 from ..core import Core
 from ..options import RepositoryOptions
 from ..repository.remote import RemoteRepository, parse_location
+from ..settings import SWITCHES, apply_switches
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 from .ports import PortClaims, claim_ports
@@ -95,6 +96,8 @@ class ServeOptions:
     metrics_host: str | None = None
     log_format: str = "default"
     log_file: str = ""
+    #: Triton's --log-info / --log-warning / --log-error / --log-verbose as given (None: those of log_level).
+    log_switches: dict[str, bool | int] | None = None
     server_id: str = "fastoip"
     #: Triton's ``--trace-config`` (and its deprecated ``--trace-*`` flags).
     trace_config: TraceConfig = field(default_factory=TraceConfig)
@@ -147,7 +150,7 @@ class ServerApp:
             metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
-        self.core.started_logging(options.log_file, options.log_format)
+        self.core.started_logging(options.log_file, options.log_format, options.log_switches)
         if self.remote is not None:
             self.core.repository.source = self.remote  # poll mode syncs before each scan
         self._stop = threading.Event()
@@ -313,6 +316,7 @@ class ServerApp:
         if grace > 0:
             self._hurry.wait(grace)
         stopped: list[Any] = []
+        log.info("Waiting for in-flight requests to complete.")  # Triton's words (its qa/L0_logging greps them)
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
             stopped.append(self.grpc_server.stop(grace=options.exit_timeout))
@@ -355,6 +359,10 @@ def serve(options: ServeOptions) -> int:
     )
     if options.log_format == "ISO8601":
         logging.Formatter.converter = time.gmtime
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(SWITCHES)  # Triton's independent info / warning / error / verbose switches
+    if options.log_switches:
+        apply_switches(options.log_switches)  # before the first line (the Core's settings report them again)
     server = ServerApp(options, own_process=True)
 
     def on_signal(signum: int, frame: object) -> None:
