@@ -6,6 +6,7 @@ Steps (ONNX stand-ins built here): ``pre`` UINT8 [4] -> FP32 x0.5; ``net`` FP32 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,3 +148,58 @@ def test_loading_an_ensemble_in_explicit_mode_loads_its_models(tmp_path: Path) -
         images = np.array([[1, 2, 3, 4]], dtype=np.uint8)
         inp.set_data_from_numpy(images)
         np.testing.assert_array_equal(client.infer("pipeline", [inp]).as_numpy("LABEL"), expected(images)[1])
+
+
+LIMITED = """
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_UINT8 dims: [ 4 ] }} ]
+output [ {{ name: "SCALED" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{
+  max_inflight_requests: {limit}
+  step [ {{ model_name: "slow_pre" model_version: -1 input_map {{ key: "RAW" value: "IMAGE" }}
+           output_map {{ key: "SCALED" value: "SCALED" }} }} ]
+}}
+"""
+
+
+def test_max_inflight_requests_bounds_the_steps_and_bad_values_fail_the_load(tmp_path: Path) -> None:
+    """Triton's ensemble back-pressure over tritonclient: with max_inflight_requests 1 the step's batcher never
+    holds two of the ensemble's requests at once (8 executions for 8 concurrent requests); Triton's parser
+    words for the values qa/L0_simple_ensemble tries (negative, a string, past uint32)."""
+    write_repository(tmp_path)
+    (tmp_path / "slow_pre").mkdir()
+    (tmp_path / "slow_pre" / "1").symlink_to(tmp_path / "pre" / "1")
+    (tmp_path / "slow_pre" / "config.pbtxt").write_text(
+        "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }\n")
+    bad = {"negative": ("-5", "Expected integer, got: -"),
+           "string": ('"invalid_value"', 'Expected integer, got: "invalid_value"'),
+           "large": ("12345678901", "Integer out of range (12345678901)")}
+    for name, limit in (("limited", "1"), *((name, value) for name, (value, _) in bad.items())):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(LIMITED.format(name=name, limit=limit))
+    with ServerProcess(tmp_path, "--strict-readiness", "false") as proc:
+        client = grpcclient.InferenceServerClient(proc.grpc_url)
+        index = {m.name: m for m in client.get_model_repository_index().models}
+        for name, (_, words) in bad.items():
+            assert index[name].state == "UNAVAILABLE" and words in index[name].reason, index[name]
+        inp = grpcclient.InferInput("IMAGE", [1, 4], "UINT8")
+        inp.set_data_from_numpy(np.full((1, 4), 4, dtype=np.uint8))
+        answers: list[object] = []
+        done = threading.Semaphore(0)
+
+        def on_answer(result: object, error: object) -> None:
+            answers.append(error or result)
+            done.release()
+
+        for _ in range(8):
+            client.async_infer("limited", [inp], on_answer)
+        for _ in range(8):
+            assert done.acquire(timeout=60)
+        for answer in answers:
+            assert isinstance(answer, grpcclient.InferResult), answer
+            np.testing.assert_array_equal(answer.as_numpy("SCALED"), np.full((1, 4), 2.0, np.float32))
+        (stats,) = client.get_inference_statistics("slow_pre").model_stats
+        assert (stats.inference_count, stats.execution_count) == (8, 8)
+    assert any("Ensemble model 'limited' configured with max_inflight_requests: 1" in line for line in proc.lines)

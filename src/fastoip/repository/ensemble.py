@@ -272,7 +272,9 @@ class EnsembleModel(LoadedModel):
         self._resolve = runner.look_up
         super().__init__(
             name, version, path, config, [], executor,
-            lambda context, instances, executor: EnsembleScheduler(plan, runner),
+            lambda context, instances, executor: EnsembleScheduler(
+                plan, runner, config.ensemble_scheduling.max_inflight_requests
+            ),
             model_dir=path.parent,  # ``path`` is the version directory: an ensemble has no model file
             metrics_config=metrics_config,
         )

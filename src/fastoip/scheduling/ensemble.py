@@ -21,13 +21,22 @@ Rules:
   tensor wins when two disagree, logged), and the ensemble's response echoes
   ``sequence_id``, ``sequence_start`` and ``sequence_end`` when one of its
   outputs is a marked tensor.
+- ``max_inflight_requests`` (Triton's ensemble back-pressure): at most that many
+  requests run in each step at once, counted across every request of the
+  ensemble (one :class:`StepLimiter` per step; 0: no limit).  A step started
+  takes a slot until it is done; a step that finds none waits in its limiter's
+  queue (no thread waits: Triton blocks the thread that would start it) and
+  starts, in arrival order, when a slot is given back.  A step whose request
+  was cancelled or failed meanwhile does not start and passes the slot on.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from ..errors import InferenceError, InvalidArgument
@@ -75,14 +84,57 @@ class Plan(Protocol):
     def steps(self) -> tuple[Step, ...]: ...
 
 
-class EnsembleScheduler:
-    """Runs ensemble requests; holds no queue of its own (steps queue in their models)."""
+class StepLimiter:
+    """At most ``limit`` steps of one index in flight across an ensemble's requests (Triton's
+    ``StepInflightRequestLimiter``, without the blocked thread): launches past the limit wait in order."""
 
-    def __init__(self, plan: Plan, runner: StepRunner) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._waiting: deque[Callable[[], bool]] = deque()
+        self._lock = threading.Lock()
+
+    def acquire(self, launch: Callable[[], bool]) -> None:
+        """Run ``launch`` now when a slot is free, else when one is released.  ``launch`` answers whether
+        it took the slot (False: its step did not start, and the slot passes on)."""
+        with self._lock:
+            if self.in_flight >= self.limit:
+                self._waiting.append(launch)
+                return
+            self.in_flight += 1
+        if not launch():
+            self.release()
+
+    def release(self) -> None:
+        """Give a slot back: the first waiting launch takes it, or it is free."""
+        while True:  # a loop, not recursion: waiting launches that do not start pass the slot on in turn
+            with self._lock:
+                if not self._waiting:
+                    self.in_flight -= 1
+                    return
+                launch = self._waiting.popleft()
+            if launch():
+                return
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+
+class EnsembleScheduler:
+    """Runs ensemble requests; holds no queue of its own (steps queue in their models, or in a step's
+    limiter under ``max_inflight_requests``)."""
+
+    def __init__(self, plan: Plan, runner: StepRunner, max_inflight_requests: int = 0) -> None:
         self.plan = plan
         self.runner = runner
         self._running = 0
         self._lock = threading.Lock()
+        #: Step index -> its limiter (empty: no ``max_inflight_requests``).
+        self.limiters: dict[int, StepLimiter] = {}
+        if max_inflight_requests > 0:
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d", plan.name,
+                     max_inflight_requests)  # Triton's words (its qa/L0_simple_ensemble greps them)
+            self.limiters = {step.index: StepLimiter(max_inflight_requests) for step in plan.steps}
 
     def enqueue(self, job: Job) -> None:
         """Start ``job``'s steps; it finishes (``on_done``, ``wait``) when the last one has."""
@@ -143,10 +195,34 @@ class _EnsembleRun:
         if done:
             self._finish()
             return
+        limiters = self.scheduler.limiters
         for step in ready:
-            self._launch(step)
+            if limiters:
+                limiters[step.index].acquire(partial(self._launch_if_wanted, step))
+            else:
+                self._launch(step)
 
-    def _launch(self, step: Step) -> None:
+    def _launch_if_wanted(self, step: Step) -> bool:
+        """A step that waited for a limiter slot: start it unless its request failed or ended meanwhile.
+        True when it started (and holds the slot until it is done)."""
+        with self.lock:
+            if not self.failed and self.job.finished:  # cancelled, or its deadline passed, while it waited
+                self.failed = True
+                self.waiting = []
+            dropped = self.failed
+            if dropped:
+                self.running.pop(step.index, None)
+                ended = not self.running and not self.ended
+                if ended:
+                    self.ended = True
+        if not dropped:
+            return self._launch(step)
+        if ended:
+            self.scheduler.finished_one()
+        return False
+
+    def _launch(self, step: Step) -> bool:
+        """Start ``step``; False when it could not start (the request fails with its error)."""
         # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
         parameters = dict(self.job.request.parameters)
         chosen: dict[str, Any] | None = None
@@ -178,15 +254,19 @@ class _EnsembleRun:
             with self.lock:
                 self.running.pop(step.index, None)
             self._fail(step, exc)
-            return
+            return False
         with self.lock:
             if step.index in self.running:  # not finished already
                 self.running[step.index] = sub
             cancel = self.failed
         if cancel:  # another step failed while this one was starting
             sub.cancel()
+        return True
 
     def _step_done(self, step: Step, sub: Job) -> None:
+        limiters = self.scheduler.limiters
+        if limiters:  # before anything else: a step waiting for the slot starts now
+            limiters[step.index].release()
         with self.lock:
             self.running.pop(step.index, None)
         if sub.error is not None:
