@@ -21,6 +21,13 @@ Rules:
   tensor wins when two disagree, logged), and the ensemble's response echoes
   ``sequence_id``, ``sequence_start`` and ``sequence_end`` when one of its
   outputs is a marked tensor.
+- A decoupled composing model (Triton's decoupled step) makes the ensemble
+  decoupled: each of its responses opens a branch of the request that runs the
+  steps after it on that response's outputs (no other tensor reaches them: the
+  load checks Triton's rule that a step's inputs share one decoupled lineage).
+  Each branch that produced requested outputs answers them as one response when
+  its steps are done; the final flag follows the last branch, alone.  Without a
+  decoupled step there is one branch and one response, as before.
 - ``max_inflight_requests`` (Triton's ensemble back-pressure): at most that many
   requests run in each step at once, counted across every request of the
   ensemble (one :class:`StepLimiter` per step; 0: no limit).  A step started
@@ -53,10 +60,16 @@ class StepRunner(Protocol):
     """How a step runs: the request runner under the Core (``repository.runner.RequestRunner``)."""
 
     def start(
-        self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None], parent: Job | None = None
+        self,
+        request: InferRequest,
+        deadline_ns: int,
+        on_done: Callable[[Job], None],
+        parent: Job | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
         """Enter the composing model, prepare, enqueue; ``on_done`` once outputs, in-flight count and
-        statistics are done (``parent``: the ensemble request, whose trace the step's is a child of).
+        statistics are done (``parent``: the ensemble request, whose trace the step's is a child of;
+        ``on_response``: where a decoupled model's responses go, before ``on_done``).
         Raises InferenceError for a step that cannot start."""
 
 
@@ -75,6 +88,8 @@ class Step(Protocol):
     def outputs(self) -> dict[str, str]: ...
     @property
     def needs(self) -> frozenset[str]: ...
+    @property
+    def decoupled(self) -> bool: ...
 
 
 class Plan(Protocol):
@@ -124,9 +139,15 @@ class EnsembleScheduler:
     """Runs ensemble requests; holds no queue of its own (steps queue in their models, or in a step's
     limiter under ``max_inflight_requests``)."""
 
-    def __init__(self, plan: Plan, runner: StepRunner, max_inflight_requests: int = 0) -> None:
+    def __init__(
+        self, plan: Plan, runner: StepRunner, max_inflight_requests: int = 0, *, decoupled: bool = False
+    ) -> None:
         self.plan = plan
         self.runner = runner
+        #: A step is decoupled: the ensemble answers a response per branch, then the final flag alone.
+        self.decoupled = decoupled
+        #: Step index -> the indices of the steps that read what it produced, directly or further on.
+        self.after = steps_after(plan.steps)
         self._running = 0
         self._lock = threading.Lock()
         #: Step index -> its limiter (empty: no ``max_inflight_requests``).
@@ -154,80 +175,101 @@ class EnsembleScheduler:
         """Nothing queued here: steps in flight finish in their own models."""
 
 
+class _Branch:
+    """The tensors of one lineage of an ensemble request: the request's own (the root), or one response of a
+    decoupled step and what the steps after it make of it."""
+
+    __slots__ = ("tensors", "sequences", "waiting", "running", "produced", "closed")
+
+    def __init__(self, tensors: dict[str, InferInput | InferOutput], waiting: list[Step]) -> None:
+        self.tensors = tensors
+        #: Tensor name -> the sequence parameters the step that produced it answered with (Triton's override).
+        self.sequences: dict[str, dict[str, Any]] = {}
+        #: Steps not started yet (in plan order).
+        self.waiting = waiting
+        #: Steps started (or starting) and not done.
+        self.running = 0
+        #: Tensors produced in this branch (a decoupled ensemble answers each branch's own outputs).
+        self.produced: set[str] = set()
+        self.closed = False
+
+
 class _EnsembleRun:
-    """One ensemble request in flight: the tensors so far and the steps left."""
+    """One ensemble request in flight: its branches (one, unless a step is decoupled) and the steps left."""
 
     def __init__(self, scheduler: EnsembleScheduler, job: Job) -> None:
         self.scheduler = scheduler
         self.job = job
-        self.tensors: dict[str, InferInput | InferOutput] = {t.name: t for t in job.request.inputs}
-        #: Tensor name -> the sequence parameters the step that produced it answered with (Triton's override).
-        self.sequences: dict[str, dict[str, Any]] = {}
         # Triton prunes the steps whose outputs no requested output depends on
-        self.waiting = needed_steps(scheduler.plan.steps, job.output_names)
-        #: Steps started and not done: their jobs (None while a step is being started).
-        self.running: dict[int, Job | None] = {}
+        self.root = _Branch({t.name: t for t in job.request.inputs}, needed_steps(scheduler.plan.steps,
+                                                                                  job.output_names))
+        self.open_branches = 1
+        #: Step jobs started and not done (cancelled when the request fails), by launch number.
+        self.jobs: dict[int, Job | None] = {}
+        self._launches = 0
         self.failed = False
         self.lock = threading.Lock()
-        #: Set once, by whichever thread sees the last step done: the request ends (and is uncounted) once.
-        self.ended = False
 
     def start(self) -> None:
-        self._launch_ready()
+        self._launch_ready(self.root)
 
-    def _launch_ready(self) -> None:
+    def _launch_ready(self, branch: _Branch) -> None:
         with self.lock:
             if not self.failed and self.job.finished:  # the client cancelled or its deadline passed
                 self.failed = True
-                self.waiting = []
+            ready: list[tuple[Step, list[Step]]] = []
             if self.failed:
-                ready: list[Step] = []
+                branch.waiting = []
             else:
-                ready = [s for s in self.waiting if s.needs <= self.tensors.keys()]
-                self.waiting = [s for s in self.waiting if s not in ready]
-                for step in ready:  # running from now on: a step that finishes at once must not end the request
-                    self.running[step.index] = None
-            # nothing running and nothing to start: a step still waiting needs a tensor no step produced (a
-            # composing model left that output out), and it never will; the request ends with what it has
-            done = not self.running and not ready and not self.ended
-            if done:
-                self.ended = True
-        if done:
-            self._finish()
+                for step in [s for s in branch.waiting if s.needs <= branch.tensors.keys()]:
+                    branch.waiting.remove(step)
+                    after: list[Step] = []
+                    if step.decoupled:  # the steps after it run once per response, each in its own branch
+                        follows = self.scheduler.after[step.index]
+                        after = [s for s in branch.waiting if s.index in follows]
+                        branch.waiting = [s for s in branch.waiting if s.index not in follows]
+                    ready.append((step, after))
+                branch.running += len(ready)  # from now on: a step that finishes at once must not close it
+            # nothing running and nothing to start: the branch is done (a step still waiting needs a tensor no
+            # step produced, as when a composing model left that output out, and it never will)
+            closing = branch.running == 0 and not ready and not branch.closed
+            last = False
+            if closing:
+                branch.closed = True
+                self.open_branches -= 1
+                last = self.open_branches == 0
+                if self.scheduler.decoupled and not self.failed and branch.produced:
+                    # under the lock: every branch's response goes out before the final flag
+                    self._respond(branch)
+        if last:
+            self._end()
             return
         limiters = self.scheduler.limiters
-        for step in ready:
+        for step, after in ready:
             if limiters:
-                limiters[step.index].acquire(partial(self._launch_if_wanted, step))
+                limiters[step.index].acquire(partial(self._launch_if_wanted, branch, step, after))
             else:
-                self._launch(step)
+                self._launch(branch, step, after)
 
-    def _launch_if_wanted(self, step: Step) -> bool:
+    def _launch_if_wanted(self, branch: _Branch, step: Step, after: list[Step]) -> bool:
         """A step that waited for a limiter slot: start it unless its request failed or ended meanwhile.
         True when it started (and holds the slot until it is done)."""
         with self.lock:
             if not self.failed and self.job.finished:  # cancelled, or its deadline passed, while it waited
                 self.failed = True
-                self.waiting = []
             dropped = self.failed
-            if dropped:
-                self.running.pop(step.index, None)
-                ended = not self.running and not self.ended
-                if ended:
-                    self.ended = True
         if not dropped:
-            return self._launch(step)
-        if ended:
-            self.scheduler.finished_one()
+            return self._launch(branch, step, after)
+        self._step_ended(branch)
         return False
 
-    def _launch(self, step: Step) -> bool:
-        """Start ``step``; False when it could not start (the request fails with its error)."""
+    def _launch(self, branch: _Branch, step: Step, after: list[Step]) -> bool:
+        """Start ``step`` in ``branch``; False when it could not start (the request fails with its error)."""
         # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
         parameters = dict(self.job.request.parameters)
         chosen: dict[str, Any] | None = None
         for tensor in step.inputs.values():
-            marked = self.sequences.get(tensor)
+            marked = branch.sequences.get(tensor)
             if marked is None:
                 continue
             if chosen is None:
@@ -243,61 +285,91 @@ class _EnsembleRun:
             step.model_version,
             self.job.request.id,
             parameters=parameters,
-            inputs=[_as_input(model_input, self.tensors[tensor]) for model_input, tensor in step.inputs.items()],
+            inputs=[_as_input(model_input, branch.tensors[tensor]) for model_input, tensor in step.inputs.items()],
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
+        with self.lock:
+            self._launches += 1
+            launch = self._launches
+            self.jobs[launch] = None
+        on_response = partial(self._step_response, step, after) if step.decoupled else None
         try:
             sub = self.scheduler.runner.start(
-                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished), self.job
+                request, self.job.deadline_ns, partial(self._step_done, branch, step, launch), self.job,
+                on_response,
             )
         except InferenceError as exc:
             with self.lock:
-                self.running.pop(step.index, None)
+                self.jobs.pop(launch, None)
             self._fail(step, exc)
+            self._step_ended(branch)
             return False
         with self.lock:
-            if step.index in self.running:  # not finished already
-                self.running[step.index] = sub
+            if launch in self.jobs:  # not finished already
+                self.jobs[launch] = sub
             cancel = self.failed
         if cancel:  # another step failed while this one was starting
             sub.cancel()
         return True
 
-    def _step_done(self, step: Step, sub: Job) -> None:
+    def _step_response(self, step: Step, after: list[Step], sub: Job, response: InferResponse) -> None:
+        """One response of a decoupled step: a branch of its own runs the steps after it on these outputs."""
+        try:
+            marked = _sequence_override(sub.request.parameters, response.parameters or {})
+        except InvalidArgument as exc:
+            self._fail(step, exc)
+            return
+        if marked is None:
+            marked = _step_sequence(sub.request.parameters)
+        child = _Branch({}, list(after))
+        for output in response.outputs:
+            tensor = step.outputs.get(output.name)
+            if tensor is not None:
+                child.tensors[tensor] = output
+                child.produced.add(tensor)
+                child.sequences[tensor] = marked
+        with self.lock:
+            if self.failed:
+                return
+            self.open_branches += 1  # before the step's final flag can close the last branch
+        self._launch_ready(child)
+
+    def _step_done(self, branch: _Branch, step: Step, launch: int, sub: Job) -> None:
         limiters = self.scheduler.limiters
         if limiters:  # before anything else: a step waiting for the slot starts now
             limiters[step.index].release()
         with self.lock:
-            self.running.pop(step.index, None)
+            self.jobs.pop(launch, None)
         if sub.error is not None:
             self._fail(step, sub.error)
-            return
-        assert sub.response is not None
-        try:
-            marked = _sequence_override(sub.request.parameters, sub.response.parameters)
-        except InvalidArgument as exc:
-            self._fail(step, exc)
-            return
-        if marked is None:  # Triton marks a step's outputs with the sequence id and flags the step ran with
-            marked = _step_sequence(sub.request.parameters)
+        elif not step.decoupled:  # (a decoupled step's outputs went to branches of their own)
+            assert sub.response is not None
+            try:
+                marked = _sequence_override(sub.request.parameters, sub.response.parameters)
+            except InvalidArgument as exc:
+                self._fail(step, exc)
+            else:
+                if marked is None:  # Triton marks a step's outputs with the sequence id and flags it ran with
+                    marked = _step_sequence(sub.request.parameters)
+                with self.lock:
+                    for output in sub.response.outputs:
+                        tensor = step.outputs.get(output.name)
+                        if tensor is not None:
+                            branch.tensors[tensor] = output
+                            branch.produced.add(tensor)
+                            branch.sequences[tensor] = marked
+        self._step_ended(branch)
+
+    def _step_ended(self, branch: _Branch) -> None:
         with self.lock:
-            for output in sub.response.outputs:
-                tensor = step.outputs.get(output.name)
-                if tensor is not None:
-                    self.tensors[tensor] = output
-                    if marked is not None:
-                        self.sequences[tensor] = marked
-        self._launch_ready()
+            branch.running -= 1
+        self._launch_ready(branch)
 
     def _fail(self, step: Step, error: BaseException) -> None:
         with self.lock:
             first = not self.failed
             self.failed = True
-            self.waiting = []
-            others = [other for other in self.running.values() if other is not None]
-            finished = not self.running and not self.ended
-            if finished:
-                self.ended = True
+            others = [other for other in self.jobs.values() if other is not None]
         if first:
             if isinstance(error, InferenceError):
                 where = f"in ensemble '{self.scheduler.plan.name}', step {step.index} ('{step.model_name}')"
@@ -305,24 +377,39 @@ class _EnsembleRun:
             self.job.fail(error)
             for other in others:
                 other.cancel()
-        if finished:
-            self.scheduler.finished_one()
 
-    def _finish(self) -> None:
-        self.scheduler.finished_one()
-        if self.failed:
-            return
+    def _respond(self, branch: _Branch) -> None:
+        """A decoupled ensemble's response: the requested outputs ``branch`` produced."""
+        outputs, parameters = self._outputs(branch, [n for n in self.job.output_names if n in branch.produced])
+        if outputs:
+            request = self.job.request
+            self.job.send(
+                InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
+            )
+
+    def _outputs(self, branch: _Branch, names: Iterable[str]) -> tuple[list[InferOutput], dict[str, Any]]:
         outputs = []
         parameters: dict[str, Any] = {}
-        for name in self.job.output_names:
-            tensor = self.tensors.get(name)
+        for name in names:
+            tensor = branch.tensors.get(name)
             if tensor is None:  # Triton answers without it (its words, at verbose level)
                 log.debug("Composing models did not output tensor %s", name)
                 continue
             outputs.append(InferOutput(name, tensor.datatype, tuple(tensor.shape), tensor.data))
-            marked = self.sequences.get(name)
+            marked = branch.sequences.get(name)
             if marked is not None:
                 parameters.update(marked)  # Triton adds them once per marked output: the last one stands
+        return outputs, parameters
+
+    def _end(self) -> None:
+        """The last branch closed: the request ends once (the final flag alone, when decoupled)."""
+        self.scheduler.finished_one()
+        if self.failed:
+            return
+        if self.scheduler.decoupled:
+            self.job.end_stream()
+            return
+        outputs, parameters = self._outputs(self.root, self.job.output_names)
         request = self.job.request
         self.job.finish(
             InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
@@ -373,3 +460,18 @@ def needed_steps(steps: Sequence[Step], wanted: Iterable[str]) -> list[Step]:
             needed |= set(step.inputs.values())
     keep.reverse()
     return keep
+
+
+def steps_after(steps: Sequence[Step]) -> dict[int, frozenset[int]]:
+    """Each step's followers: the steps that read its outputs, and theirs, on to the end."""
+    readers = {
+        step.index: [other.index for other in steps if set(step.outputs.values()) & other.needs] for step in steps
+    }
+    after: dict[int, frozenset[int]] = {}
+    for step in reversed(steps):  # plan order puts every step after the steps it needs
+        found: set[int] = set()
+        for index in readers[step.index]:
+            found.add(index)
+            found |= after.get(index, frozenset())
+        after[step.index] = frozenset(found)
+    return after
