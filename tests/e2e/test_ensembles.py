@@ -6,6 +6,7 @@ Steps (ONNX stand-ins built here): ``pre`` UINT8 [4] -> FP32 x0.5; ``net`` FP32 
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
+from models import identity_model_bytes, write_model
+from python_models import COUNTER, COUNTER_CONFIG, write_python_model
 from serverproc import ServerProcess
 
 WEIGHTS = np.array([[1.0, -1.0], [0.5, 0.25], [-2.0, 1.0], [0.0, 3.0]], dtype=np.float32)
@@ -203,3 +206,49 @@ def test_max_inflight_requests_bounds_the_steps_and_bad_values_fail_the_load(tmp
         (stats,) = client.get_inference_statistics("slow_pre").model_stats
         assert (stats.inference_count, stats.execution_count) == (8, 8)
     assert any("Ensemble model 'limited' configured with max_inflight_requests: 1" in line for line in proc.lines)
+
+
+DECOUPLED_ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "INDEX" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { max_inflight_requests: 2 step [
+  { model_name: "counter" model_version: -1 input_map { key: "COUNT" value: "COUNT" }
+    output_map { key: "INDEX" value: "index" } },
+  { model_name: "same" model_version: -1 input_map { key: "INPUT0" value: "index" }
+    output_map { key: "OUTPUT0" value: "INDEX" } } ] }
+"""
+
+
+def test_a_decoupled_step_streams_the_ensembles_responses(tmp_path: Path) -> None:
+    """Triton's decoupled ensemble step over a tritonclient stream: a response per counter response, through the
+    next step; the last carries triton_final_response (the client needs no empty final response), and the
+    ensemble refuses the one-response RPC as a decoupled model does."""
+    write_python_model(tmp_path, "counter", COUNTER, COUNTER_CONFIG)
+    write_model(tmp_path, "same", identity_model_bytes(TensorProto.INT32, [1], "same", batch=False),
+                config="max_batch_size: 0\n")
+    (tmp_path / "pipeline" / "1").mkdir(parents=True)
+    (tmp_path / "pipeline" / "config.pbtxt").write_text(DECOUPLED_ENSEMBLE)
+    answers: queue.Queue[object] = queue.Queue()
+    with ServerProcess(tmp_path) as proc:
+        client = grpcclient.InferenceServerClient(proc.grpc_url)
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        with pytest.raises(InferenceServerException, match="doesn't support models with decoupled"):
+            count.set_data_from_numpy(np.array([1], np.int32))
+            client.infer("pipeline", [count])
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        try:
+            for n in (4, 0):
+                count.set_data_from_numpy(np.array([n], np.int32))
+                client.async_stream_infer("pipeline", [count], enable_empty_final_response=n == 0)
+                indices, final = [], False
+                while not final:
+                    answer = answers.get(timeout=60)
+                    assert isinstance(answer, grpcclient.InferResult), answer
+                    final = answer.get_response().parameters["triton_final_response"].bool_param
+                    if answer.get_response().outputs:
+                        indices.append(int(answer.as_numpy("INDEX")[0]))
+                assert sorted(indices) == list(range(n))
+        finally:
+            client.stop_stream()

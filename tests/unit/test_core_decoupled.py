@@ -112,13 +112,15 @@ def test_warmup_runs_a_decoupled_model_before_it_is_ready(core: Core) -> None:
 @pytest.mark.parametrize("ensemble", ["pipeline", "limited"])
 def test_a_decoupled_step_runs_the_next_step_once_per_response(core: Core, ensemble: str, count: int) -> None:
     """Triton's decoupled ensemble step: each response flows to the next step, each result is one response of
-    the ensemble (which is decoupled), then the final flag alone."""
+    the ensemble (which is decoupled); the last one ends the call (it carries the final flag, as Triton's
+    ensemble marks it), or the final flag comes alone when there was none."""
     assert core.model_config(ensemble).model_transaction_policy.decoupled
     before = success_and_failure(core, "same")
-    responses, job = run(core, count_request(count, model=ensemble))
+    streamed, job = run(core, count_request(count, model=ensemble))
+    assert job.decoupled and job.error is None and (job.response is None) == (count == 0)
+    responses = streamed + ([job.response] if job.response is not None else [])
     assert sorted(int(r.outputs[0].data[0]) for r in responses) == list(range(count))
     assert all(r.model_name == ensemble and [o.name for o in r.outputs] == ["INDEX"] for r in responses)
-    assert job.decoupled and job.response is None and job.error is None
     assert success_and_failure(core, "same") == (before[0] + count, before[1])
     with pytest.raises(OneResponseCall):
         core.infer(count_request(1, model=ensemble))
@@ -137,3 +139,21 @@ def test_decoupled_onnx_models_are_refused(tmp_path: Path) -> None:
         (entry,) = core.repository_index()
         assert entry.state == "UNAVAILABLE"
         assert "not implemented for onnxruntime models (Python models may be decoupled)" in entry.reason
+
+
+def test_an_ensembles_own_decoupled_flag_is_set_from_its_steps(tmp_path: Path) -> None:
+    """As Triton's ensemble: the flag a config writes is replaced by whether a step is decoupled."""
+    write_model(tmp_path, "same", identity_model_bytes(TensorProto.INT32, [1], "same", batch=False),
+                config="max_batch_size: 0\n")
+    (tmp_path / "plain" / "1").mkdir(parents=True)
+    (tmp_path / "plain" / "config.pbtxt").write_text(
+        'platform: "ensemble" max_batch_size: 0 model_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "same" model_version: -1 input_map { key: "INPUT0" value: "IN" }'
+        ' output_map { key: "OUTPUT0" value: "OUT" } } ] }\n')
+    with core_on(tmp_path) as core:
+        assert not core.model_config("plain").model_transaction_policy.decoupled
+        data = np.array([7], dtype=np.int32)
+        answer = core.infer(InferRequest("plain", inputs=[InferInput("IN", "INT32", (1,), data)]))
+        assert int(answer.output("OUT").data[0]) == 7

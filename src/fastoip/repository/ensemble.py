@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._proto import model_config_pb2 as mc
@@ -68,6 +68,10 @@ class EnsembleStep:
     needs: frozenset[str]  # ensemble tensors this step waits for
     #: The composing model is decoupled: each of its responses runs the steps after it once.
     decoupled: bool = False
+    #: The composing model batches (its inputs' first dimension is the batch).
+    batching: bool = False
+    #: Model input -> its config dims (batch dimension excluded).
+    input_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,10 @@ class EnsemblePlan:
 
     #: A step is decoupled, so the ensemble is (Triton's ensemble writes it into its config).
     decoupled: bool = False
+    #: The ensemble batches (``max_batch_size`` > 0).
+    batching: bool = False
+    #: Ensemble output -> its config dims (batch dimension excluded).
+    output_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def composing_models(self) -> tuple[str, ...]:
@@ -171,7 +179,8 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         version = "" if configured.model_version < 0 else str(configured.model_version)
         steps.append(
             EnsembleStep(index, configured.model_name, version, dict(configured.input_map),
-                         dict(configured.output_map), frozenset(configured.input_map.values()), model.decoupled)
+                         dict(configured.output_map), frozenset(configured.input_map.values()), model.decoupled,
+                         model.max_batch_size > 0, {key: shape.dims for key, shape in model.inputs.items()})
         )
     for step in steps:
         where = f"ensemble '{name}' step {step.index} ('{step.model_name}')"
@@ -187,7 +196,8 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         _agree(name, f"ensemble '{name}'", output, known, declared_outputs[output])
     ordered = _ordered(name, steps, producer)
     decoupled = _check_decoupled_flow(name, ordered, declared_inputs)
-    return EnsemblePlan(name, tuple(declared_inputs), tuple(declared_outputs), ordered, decoupled)
+    return EnsemblePlan(name, tuple(declared_inputs), tuple(declared_outputs), ordered, decoupled, batching,
+                        {key: shape.dims for key, shape in declared_outputs.items()})
 
 
 def _check_decoupled_flow(name: str, ordered: tuple[EnsembleStep, ...], inputs: dict[str, TensorShape]) -> bool:

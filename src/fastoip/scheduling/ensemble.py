@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..errors import InferenceError, InvalidArgument
 from ..types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
 from .job import Job
@@ -90,6 +92,10 @@ class Step(Protocol):
     def needs(self) -> frozenset[str]: ...
     @property
     def decoupled(self) -> bool: ...
+    @property
+    def batching(self) -> bool: ...
+    @property
+    def input_dims(self) -> dict[str, tuple[int, ...]]: ...
 
 
 class Plan(Protocol):
@@ -97,6 +103,10 @@ class Plan(Protocol):
     def name(self) -> str: ...
     @property
     def steps(self) -> tuple[Step, ...]: ...
+    @property
+    def batching(self) -> bool: ...
+    @property
+    def output_dims(self) -> dict[str, tuple[int, ...]]: ...
 
 
 class StepLimiter:
@@ -179,10 +189,12 @@ class _Branch:
     """The tensors of one lineage of an ensemble request: the request's own (the root), or one response of a
     decoupled step and what the steps after it make of it."""
 
-    __slots__ = ("tensors", "sequences", "waiting", "running", "produced", "closed")
+    __slots__ = ("tensors", "batch", "sequences", "waiting", "running", "produced", "closed")
 
     def __init__(self, tensors: dict[str, InferInput | InferOutput], waiting: list[Step]) -> None:
         self.tensors = tensors
+        #: Tensor name -> its batch size when a batching model (or ensemble) made it, 0 when a non-batching one.
+        self.batch: dict[str, int] = {}
         #: Tensor name -> the sequence parameters the step that produced it answered with (Triton's override).
         self.sequences: dict[str, dict[str, Any]] = {}
         #: Steps not started yet (in plan order).
@@ -203,6 +215,8 @@ class _EnsembleRun:
         # Triton prunes the steps whose outputs no requested output depends on
         self.root = _Branch({t.name: t for t in job.request.inputs}, needed_steps(scheduler.plan.steps,
                                                                                   job.output_names))
+        batching = scheduler.plan.batching
+        self.root.batch = {t.name: (int(t.shape[0]) if batching and t.shape else 0) for t in job.request.inputs}
         self.open_branches = 1
         #: Step jobs started and not done (cancelled when the request fails), by launch number.
         self.jobs: dict[int, Job | None] = {}
@@ -234,15 +248,18 @@ class _EnsembleRun:
             # step produced, as when a composing model left that output out, and it never will)
             closing = branch.running == 0 and not ready and not branch.closed
             last = False
+            response: InferResponse | None = None
             if closing:
                 branch.closed = True
                 self.open_branches -= 1
                 last = self.open_branches == 0
                 if self.scheduler.decoupled and not self.failed and branch.produced:
-                    # under the lock: every branch's response goes out before the final flag
-                    self._respond(branch)
+                    response = self._response(branch)
+                    if response is not None and not last:
+                        # under the lock: every branch's response goes out before the last one
+                        self.job.send(response)
         if last:
-            self._end()
+            self._end(response)
             return
         limiters = self.scheduler.limiters
         for step, after in ready:
@@ -285,7 +302,11 @@ class _EnsembleRun:
             step.model_version,
             self.job.request.id,
             parameters=parameters,
-            inputs=[_as_input(model_input, branch.tensors[tensor]) for model_input, tensor in step.inputs.items()],
+            inputs=[
+                _as_input(model_input, branch.tensors[tensor], step.input_dims.get(model_input), step.batching,
+                          branch.batch.get(tensor, 0))
+                for model_input, tensor in step.inputs.items()
+            ],
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
         with self.lock:
@@ -295,7 +316,7 @@ class _EnsembleRun:
         on_response = partial(self._step_response, step, after) if step.decoupled else None
         try:
             sub = self.scheduler.runner.start(
-                request, self.job.deadline_ns, partial(self._step_done, branch, step, launch), self.job,
+                request, self.job.deadline_ns, partial(self._step_done, branch, step, after, launch), self.job,
                 on_response,
             )
         except InferenceError as exc:
@@ -326,6 +347,7 @@ class _EnsembleRun:
             tensor = step.outputs.get(output.name)
             if tensor is not None:
                 child.tensors[tensor] = output
+                child.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
                 child.produced.add(tensor)
                 child.sequences[tensor] = marked
         with self.lock:
@@ -334,7 +356,7 @@ class _EnsembleRun:
             self.open_branches += 1  # before the step's final flag can close the last branch
         self._launch_ready(child)
 
-    def _step_done(self, branch: _Branch, step: Step, launch: int, sub: Job) -> None:
+    def _step_done(self, branch: _Branch, step: Step, after: list[Step], launch: int, sub: Job) -> None:
         limiters = self.scheduler.limiters
         if limiters:  # before anything else: a step waiting for the slot starts now
             limiters[step.index].release()
@@ -342,7 +364,10 @@ class _EnsembleRun:
             self.jobs.pop(launch, None)
         if sub.error is not None:
             self._fail(step, sub.error)
-        elif not step.decoupled:  # (a decoupled step's outputs went to branches of their own)
+        elif step.decoupled:  # its outputs go to branches of their own; its last response may come with the end
+            if sub.response is not None:
+                self._step_response(step, after, sub, sub.response)
+        else:
             assert sub.response is not None
             try:
                 marked = _sequence_override(sub.request.parameters, sub.response.parameters)
@@ -356,6 +381,7 @@ class _EnsembleRun:
                         tensor = step.outputs.get(output.name)
                         if tensor is not None:
                             branch.tensors[tensor] = output
+                            branch.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
                             branch.produced.add(tensor)
                             branch.sequences[tensor] = marked
         self._step_ended(branch)
@@ -378,14 +404,13 @@ class _EnsembleRun:
             for other in others:
                 other.cancel()
 
-    def _respond(self, branch: _Branch) -> None:
-        """A decoupled ensemble's response: the requested outputs ``branch`` produced."""
+    def _response(self, branch: _Branch) -> InferResponse | None:
+        """A decoupled ensemble's response: the requested outputs ``branch`` produced (None: it produced none)."""
         outputs, parameters = self._outputs(branch, [n for n in self.job.output_names if n in branch.produced])
-        if outputs:
-            request = self.job.request
-            self.job.send(
-                InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
-            )
+        if not outputs:
+            return None
+        request = self.job.request
+        return InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
 
     def _outputs(self, branch: _Branch, names: Iterable[str]) -> tuple[list[InferOutput], dict[str, Any]]:
         outputs = []
@@ -395,19 +420,28 @@ class _EnsembleRun:
             if tensor is None:  # Triton answers without it (its words, at verbose level)
                 log.debug("Composing models did not output tensor %s", name)
                 continue
-            outputs.append(InferOutput(name, tensor.datatype, tuple(tensor.shape), tensor.data))
+            plan = self.scheduler.plan
+            shape = batch_reshape(plan.output_dims.get(name), plan.batching, branch.batch.get(name, 0),
+                                  tuple(tensor.shape))
+            data = tensor.data if shape == tuple(tensor.shape) or tensor.data is None else tensor.data.reshape(shape)
+            outputs.append(InferOutput(name, tensor.datatype, shape, data))
             marked = branch.sequences.get(name)
             if marked is not None:
                 parameters.update(marked)  # Triton adds them once per marked output: the last one stands
         return outputs, parameters
 
-    def _end(self) -> None:
-        """The last branch closed: the request ends once (the final flag alone, when decoupled)."""
+    def _end(self, last: InferResponse | None) -> None:
+        """The last branch closed: the request ends once.  Decoupled: with the last branch's response, which
+        carries the final flag (Triton's ensemble marks the response it sends last final), else the final
+        flag alone."""
         self.scheduler.finished_one()
         if self.failed:
             return
         if self.scheduler.decoupled:
-            self.job.end_stream()
+            if last is not None:
+                self.job.finish(last)
+            else:
+                self.job.end_stream()
             return
         outputs, parameters = self._outputs(self.root, self.job.output_names)
         request = self.job.request
@@ -445,9 +479,36 @@ def _step_sequence(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:
+def _as_input(
+    name: str, tensor: InferInput | InferOutput | None, dims: tuple[int, ...] | None, batching: bool, batch: int
+) -> InferInput:
     assert tensor is not None
-    return InferInput(name, tensor.datatype, tuple(tensor.shape), tensor.data)
+    shape = batch_reshape(dims, batching, batch, tuple(tensor.shape))
+    data = tensor.data
+    if shape != tuple(tensor.shape) and isinstance(data, np.ndarray):
+        data = data.reshape(shape)  # a view: the same bytes with a batch dimension added or removed
+    return InferInput(name, tensor.datatype, shape, data)
+
+
+def batch_reshape(
+    dims: tuple[int, ...] | None, batching: bool, batch: int, shape: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Triton's ensemble passes a tensor between a batching and a non-batching model when the full shapes
+    agree: ``shape`` as a model (or the ensemble's response) with config ``dims`` and ``batching`` takes it
+    from a producer that made it with batch size ``batch`` (0: a non-batching producer).  A non-batched
+    tensor whose shape is the config's gets a batch dimension of 1; a batch of 1 that is not the config's
+    shape loses it; anything else is passed as it is (the model's own checks then speak)."""
+    if dims is None or batching == (batch != 0):
+        return shape
+    if batching:
+        return (1, *shape) if _dims_agree(dims, shape) else shape
+    if not _dims_agree(dims, shape) and batch == 1:
+        return shape[1:]
+    return shape
+
+
+def _dims_agree(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(dims) == len(shape) and all(d == -1 or d == s for d, s in zip(dims, shape, strict=True))
 
 
 def needed_steps(steps: Sequence[Step], wanted: Iterable[str]) -> list[Step]:
