@@ -17,7 +17,7 @@ from onnx import TensorProto
 from fastoip.core import CallContext, Core, FinishedCall
 from fastoip.errors import DeadlineExceeded, InvalidArgument
 from fastoip.repository.loaded import LoadedModel
-from fastoip.scheduling.ensemble import StepLimiter
+from fastoip.scheduling.ensemble import StepLimiter, batch_reshape
 from fastoip.types import InferInput, InferRequest, RequestedOutput
 from harness import core_on, success_and_failure
 from models import identity_model_bytes, write_model
@@ -238,3 +238,32 @@ def test_a_step_limiter_starts_waiting_launches_in_order_and_passes_on_a_slot_no
     assert limiter.in_flight == 0
     limiter.acquire(launch("f", takes=False))  # a launch that fails at once gives its slot straight back
     assert limiter.in_flight == 0
+
+
+@pytest.mark.parametrize(("dims", "batching", "batch", "shape", "expected"), [
+    ((1,), True, 0, (1,), (1, 1)),  # a non-batched tensor a batching model takes: a batch of 1
+    ((4,), True, 0, (2, 4), (2, 4)),  # not the config's shape: assumed batched already
+    ((1,), False, 1, (1, 1), (1,)),  # a batch of 1 a non-batching model takes without its batch dimension
+    ((1, 1), False, 1, (1, 1), (1, 1)),  # already the config's shape: as it is
+    ((1,), False, 2, (2, 1), (2, 1)),  # a batch of 2 cannot lose its dimension
+    ((4,), True, 3, (3, 4), (3, 4)),  # batching on both sides: as it is
+    (None, True, 0, (4,), (4,)),
+])
+def test_batch_reshape_follows_tritons_ensemble(
+    dims: tuple[int, ...] | None, batching: bool, batch: int, shape: tuple[int, ...], expected: tuple[int, ...]
+) -> None:
+    assert batch_reshape(dims, batching, batch, shape) == expected
+
+
+def test_a_non_batching_ensemble_feeds_a_batching_step_a_batch_of_one(tmp_path: Path) -> None:
+    """Triton's ensemble reshape: IN [4] of a max_batch_size 0 ensemble reaches a batching step as [1, 4], and
+    the step's [1, 4] answer is the ensemble's OUT [4] again."""
+    write_model(tmp_path, "batched", identity_model_bytes(TensorProto.FLOAT, [4], "batched", batch=True),
+                config=batched_step(1000, 1))
+    (tmp_path / "plain" / "1").mkdir(parents=True)
+    (tmp_path / "plain" / "config.pbtxt").write_text(
+        limited_ensemble("plain", "batched", 0).replace("max_batch_size: 16", "max_batch_size: 0"))
+    with core_on(tmp_path) as core:
+        out = core.infer(request("plain", VALUES)).output("OUT")
+    assert out.shape == (4,)
+    np.testing.assert_array_equal(out.data, VALUES)

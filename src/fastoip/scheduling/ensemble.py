@@ -26,8 +26,13 @@ Rules:
   steps after it on that response's outputs (no other tensor reaches them: the
   load checks Triton's rule that a step's inputs share one decoupled lineage).
   Each branch that produced requested outputs answers them as one response when
-  its steps are done; the final flag follows the last branch, alone.  Without a
-  decoupled step there is one branch and one response, as before.
+  its steps are done; the last branch's response ends the call and carries the
+  final flag (Triton's ensemble marks it so), or the flag comes alone when that
+  branch answered nothing.  Without a decoupled step there is one branch and
+  one response, as before.
+- Tensors pass between a batching and a non-batching model as Triton's
+  ensemble passes them (:func:`batch_reshape`): a batch dimension of 1 is
+  added or removed where the receiver's config dims say so (a view, no copy).
 - ``max_inflight_requests`` (Triton's ensemble back-pressure): at most that many
   requests run in each step at once, counted across every request of the
   ensemble (one :class:`StepLimiter` per step; 0: no limit).  A step started
@@ -212,11 +217,11 @@ class _EnsembleRun:
     def __init__(self, scheduler: EnsembleScheduler, job: Job) -> None:
         self.scheduler = scheduler
         self.job = job
+        inputs = job.request.inputs
         # Triton prunes the steps whose outputs no requested output depends on
-        self.root = _Branch({t.name: t for t in job.request.inputs}, needed_steps(scheduler.plan.steps,
-                                                                                  job.output_names))
+        self.root = _Branch({t.name: t for t in inputs}, needed_steps(scheduler.plan.steps, job.output_names))
         batching = scheduler.plan.batching
-        self.root.batch = {t.name: (int(t.shape[0]) if batching and t.shape else 0) for t in job.request.inputs}
+        self.root.batch = {t.name: (int(t.shape[0]) if batching and t.shape else 0) for t in inputs}
         self.open_branches = 1
         #: Step jobs started and not done (cancelled when the request fails), by launch number.
         self.jobs: dict[int, Job | None] = {}
