@@ -36,6 +36,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def minor_faults(pid: int) -> int:
+    """Page faults served without I/O (a freed heap page touched again, a fresh mapping) so far."""
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7])
+
+
 def context_switches(pid: int) -> int:
     """Voluntary + involuntary context switches of every thread of ``pid`` so far."""
     total = 0
@@ -87,10 +92,11 @@ def main() -> None:
                         raise SystemExit(f"{name} did not start: {proc.stderr.read() if proc.stderr else ''}") from None
                     time.sleep(0.2)
 
-        def load(name: str, seconds: int) -> tuple[float, float, float]:
+        def load(name: str, seconds: int) -> tuple[float, float, float, float]:
             proc, port = servers[name]
             before = cpu_seconds(proc.pid)
             switches = context_switches(proc.pid)
+            faults = minor_faults(proc.pid)
             out = subprocess.run(
                 ["taskset", "-c", args.client_cpus, "h2load", "-t", "1", "-c", str(args.conc), "-m", "1",
                  "-D", str(seconds), "-d", os.path.join(args.work, "payloads", f"{args.model}.b1.grpc"),
@@ -99,30 +105,30 @@ def main() -> None:
                 capture_output=True, text=True, timeout=seconds + 60).stdout
             spent = cpu_seconds(proc.pid) - before
             switches = context_switches(proc.pid) - switches
+            faults = minor_faults(proc.pid) - faults
             rate = re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out)
             done = re.search(r"(\d+) succeeded, (\d+) failed", out)
             if rate is None or done is None or int(done.group(2)):
                 raise SystemExit(f"h2load against {name} failed:\n{out}")
             count = max(int(done.group(1)), 1)
-            return float(rate.group(1)), spent / count * 1e6, switches / count
+            return float(rate.group(1)), spent / count * 1e6, switches / count, faults / count
 
         for name in names:
             load(name, 2)  # warm-up
-        results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+        results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
         for round_ in range(args.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
-                rate, cpu, switches = load(name, args.seconds)
-                results[name].append((rate, cpu, switches))
+                rate, cpu, switches, faults = load(name, args.seconds)
+                results[name].append((rate, cpu, switches, faults))
                 print(f"round {round_:2d} {name:10s} {rate:9.1f} req/s {cpu:7.1f} us server CPU/request "
-                      f"{switches:5.2f} context switches/request", flush=True)
-        medians = {name: (statistics.median(r for r, _, _ in rows), statistics.median(c for _, c, _ in rows),
-                          statistics.median(s for _, _, s in rows))
+                      f"{switches:5.2f} context switches/request {faults:6.1f} page faults/request", flush=True)
+        medians = {name: tuple(statistics.median(row[i] for row in rows) for i in range(4))
                    for name, rows in results.items()}
-        for name, (rate, cpu, switches) in medians.items():
+        for name, (rate, cpu, switches, faults) in medians.items():
             print(f"median   {name:10s} {rate:9.1f} req/s {cpu:7.1f} us server CPU/request "
-                  f"{switches:5.2f} context switches/request")
+                  f"{switches:5.2f} context switches/request {faults:6.1f} page faults/request")
         a, b = names
-        ratios = [rb / ra for (ra, _, _), (rb, _, _) in zip(results[a], results[b], strict=True)]
+        ratios = [rb[0] / ra[0] for ra, rb in zip(results[a], results[b], strict=True)]
         print(f"{b}/{a}: throughput {medians[b][0] / medians[a][0]:.3f} (median of per-round ratios "
               f"{statistics.median(ratios):.3f}), server CPU per request {medians[b][1] / medians[a][1]:.3f}")
     finally:

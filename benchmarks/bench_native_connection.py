@@ -14,6 +14,11 @@ generator.  ``--connections N`` feeds N connections one request each per pass, e
 
     PYTHONPATH=src python benchmarks/bench_native_connection.py --requests 3000 --reps 8 [--batcher]
     PYTHONPATH=src python benchmarks/bench_native_connection.py --connections 64   # h2load -c 64 -m 1
+    PYTHONPATH=src python benchmarks/bench_native_connection.py --model image_identity --connections 64 --batcher
+
+``--model image_identity``: the peer lab's 602 KB FP32 request to the demo's ``image_identity`` instead, in 16 KiB
+DATA frames as h2load sends it (answers: 602 KB each, as the server writes them).  The process's malloc settings
+are the server's (``fastoip.allocator``), as ``fastoip serve`` sets them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import numpy as np
 from hpack import Encoder
 from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame, WindowUpdateFrame
 
-from fastoip import _codec
+from fastoip import _codec, allocator
 from fastoip.core import Core
 from fastoip.demo import write_repository
 from fastoip.repository import RepositoryOptions
@@ -42,10 +47,12 @@ from fastoip.types import InferInput, InferRequest
 
 #: The client's preface with the largest flow-control windows (stream and connection), as a load generator opens:
 #: with HTTP/2's default 64 KiB connection window a client that never acknowledges data would leave most answers
-#: queued inside nghttp2, and the figure would leave out writing them.
+#: queued inside nghttp2, and the figure would leave out writing them.  It acknowledges the server's SETTINGS:
+#: until then the server's own stream window is HTTP/2's 64 KiB, which a 602 KB request would overrun.
 PREFACE = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
            + SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 2**31 - 1}).serialize()
-           + WindowUpdateFrame(0, window_increment=2**31 - 1 - 65_535).serialize())
+           + WindowUpdateFrame(0, window_increment=2**31 - 1 - 65_535).serialize()
+           + SettingsFrame(0, flags=["ACK"]).serialize())
 HEAD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
         (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
 
@@ -78,6 +85,19 @@ def simple_message() -> bytes:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     request = InferRequest("simple", inputs=[InferInput("INPUT0", "INT32", a.shape, a),
                                              InferInput("INPUT1", "INT32", a.shape, a)])
+    return grpc_message(request)
+
+
+def image_identity_message() -> bytes:
+    """The peer lab's 602 KB request: FP32 [1, 3, 224, 224] to the demo's ``image_identity``."""
+    a = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    return grpc_message(InferRequest("image_identity", inputs=[InferInput("INPUT0", "FP32", a.shape, a)]))
+
+
+MESSAGES = {"simple": simple_message, "image_identity": image_identity_message}
+
+
+def grpc_message(request: InferRequest) -> bytes:
     body = _codec.encode_infer_request(request)
     return struct.pack(">BI", 0, len(body)) + body
 
@@ -99,13 +119,21 @@ def busy(connection: native_server.GrpcConnection) -> bool:
     return bool(getattr(connection, "streams", None) or getattr(connection, "calls", None))
 
 
+def data_frames(stream_id: int, message: bytes) -> bytes:
+    """The message as DATA frames of at most 16 KiB (HTTP/2's default frame size, as h2load sends), the last
+    one with END_STREAM."""
+    size = 16384
+    pieces = [message[i:i + size] for i in range(0, len(message), size)] or [b""]
+    return b"".join(DataFrame(stream_id, data=piece, flags=["END_STREAM"] if i == len(pieces) - 1 else [])
+                    .serialize() for i, piece in enumerate(pieces))
+
+
 def run_streams(server: native_server.NativeGrpcServer, message: bytes, requests: int, streams: int,
                 profiler: Any) -> tuple[float, int]:
     """One connection, ``streams`` requests per read (h2load -c 1 -m streams)."""
     encoder = Encoder()
     frames = [HeadersFrame(1 + 2 * i, data=encoder.encode(HEAD), flags=["END_HEADERS"]).serialize()
-              + DataFrame(1 + 2 * i, data=message, flags=["END_STREAM"]).serialize()
-              for i in range(requests)]
+              + data_frames(1 + 2 * i, message) for i in range(requests)]
     connection, transport = new_connection(server)
 
     async def drive() -> None:
@@ -126,8 +154,7 @@ def run_connections(server: native_server.NativeGrpcServer, message: bytes, requ
     opened = [new_connection(server) for _ in range(connections)]
     encoders = [Encoder() for _ in range(connections)]
     reads = [[HeadersFrame(1 + 2 * i, data=encoder.encode(HEAD), flags=["END_HEADERS"]).serialize()
-              + DataFrame(1 + 2 * i, data=message, flags=["END_STREAM"]).serialize()
-              for i in range(passes)] for encoder in encoders]
+              + data_frames(1 + 2 * i, message) for i in range(passes)] for encoder in encoders]
 
     async def drive() -> None:
         for i in range(passes):
@@ -171,17 +198,24 @@ def main() -> None:
     ap.add_argument("--batcher", action="store_true", help="simple as the demo has it (auto-complete's dynamic "
                     "batcher), with the loop's wake-ups held per pass as the server holds them")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the loop thread into FILE (pstats)")
+    ap.add_argument("--model", choices=sorted(MESSAGES), default="simple",
+                    help="the demo model and request: simple (default) or image_identity (the lab's 602 KB FP32 "
+                         "request, in 16 KiB DATA frames)")
     args = ap.parse_args()
+    # malloc as `fastoip serve` sets it (an older checkout: what it had), so 602 KB messages cost what they do there
+    for pin in ("pin_mmap_threshold", "pin_trim_threshold"):
+        if hasattr(allocator, pin):
+            getattr(allocator, pin)()
 
-    root = write_repository(Path(tempfile.mkdtemp()) / "repo", ["simple"])
+    root = write_repository(Path(tempfile.mkdtemp()) / "repo", [args.model])
     if not args.batcher:
-        config = 'name: "simple"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
-        (root / "simple" / "config.pbtxt").write_text(config)
+        config = f'name: "{args.model}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
+        (root / args.model / "config.pbtxt").write_text(config)
     core = Core(root, RepositoryOptions(use_gpu=False), worker_threads=1)
     core.load_models()
     server = native_server.NativeGrpcServer(core, "127.0.0.1", 0,
                                             NativeGrpcOptions(max_concurrent_streams=args.requests + 1))
-    message = simple_message()
+    message = MESSAGES[args.model]()
     best = float("inf")
     if args.batcher:
         from fastoip import core as core_module
@@ -208,7 +242,7 @@ def main() -> None:
     layout = (f"{args.connections} connections x 1 stream" if args.connections > 1
               else f"1 connection x {args.streams} streams")
     loop_cpu = min(LOOP_CPU) / args.requests * 1e6
-    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer (simple, {batching}, {layout}) through "
+    print(f"{best / args.requests * 1e6:.2f} us CPU per ModelInfer ({args.model}, {batching}, {layout}) through "
           f"GrpcConnection + Core (loop thread alone {loop_cpu:.2f} us), best of {args.reps} x {args.requests}, "
           f"{written / args.requests:.0f} bytes written "
           f"per request ({native_server.__file__})")

@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(_parser(), argv)
     if args.command == "serve":
         from . import _codec
-        from .allocator import pin_mmap_threshold
+        from .allocator import pin_mmap_threshold, pin_trim_threshold
         from .server.app import serve
 
         try:
@@ -409,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
         pin_mmap_threshold()
+        pin_trim_threshold()
         return serve(options)
     if args.command == "demo-repository":
         from .demo import write_repository
