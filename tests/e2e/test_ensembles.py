@@ -18,7 +18,6 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from models import identity_model_bytes, write_model
 from python_models import COUNTER, COUNTER_CONFIG, write_python_model
 from serverproc import ServerProcess
 
@@ -216,18 +215,36 @@ output [ { name: "INDEX" data_type: TYPE_INT32 dims: [ 1 ] } ]
 ensemble_scheduling { max_inflight_requests: 2 step [
   { model_name: "counter" model_version: -1 input_map { key: "COUNT" value: "COUNT" }
     output_map { key: "INDEX" value: "index" } },
-  { model_name: "same" model_version: -1 input_map { key: "INPUT0" value: "index" }
+  { model_name: "slow_same" model_version: -1 input_map { key: "INPUT0" value: "index" }
     output_map { key: "OUTPUT0" value: "INDEX" } } ] }
+"""
+
+#: An identity that takes 0.2 s: the counter's final flag is in long before the last answer.
+SLOW_SAME = """
+    import time
+    import fastoip
+
+    class SlowSame(fastoip.Model):
+        def predict(self, inputs, parameters):
+            time.sleep(0.2)
+            return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+SLOW_SAME_CONFIG = """
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    instance_group [ { count: 2 kind: KIND_CPU } ]
 """
 
 
 def test_a_decoupled_step_streams_the_ensembles_responses(tmp_path: Path) -> None:
     """Triton's decoupled ensemble step over a tritonclient stream: a response per counter response, through the
-    next step; the last carries triton_final_response (the client needs no empty final response), and the
-    ensemble refuses the one-response RPC as a decoupled model does."""
+    next step; the last, which comes after the counter's final flag, carries triton_final_response (the client
+    needs no empty final response), and the ensemble refuses the one-response RPC as a decoupled model does."""
     write_python_model(tmp_path, "counter", COUNTER, COUNTER_CONFIG)
-    write_model(tmp_path, "same", identity_model_bytes(TensorProto.INT32, [1], "same", batch=False),
-                config="max_batch_size: 0\n")
+    write_python_model(tmp_path, "slow_same", SLOW_SAME, SLOW_SAME_CONFIG)
     (tmp_path / "pipeline" / "1").mkdir(parents=True)
     (tmp_path / "pipeline" / "config.pbtxt").write_text(DECOUPLED_ENSEMBLE)
     answers: queue.Queue[object] = queue.Queue()
