@@ -12,10 +12,13 @@ alternating (`--rounds`), the same gRPC workload per point (`--points`: `simple`
 
 Target: fastoip bench >= 0.95x the faster h2load on `simple` c=64, within 5 % on 602 KB c=16.
 
-Each gRPC client's run also gives the **server's CPU per request** under that client's arrival pattern (the
+Each client's run (gRPC and HTTP) also gives the **server's CPU per request** under that client's arrival pattern (the
 server process's CPU time over the run / the successes its statistics counted), the figure that tells
 whether the server serves one client's pattern worse than another's; the machine's other load disturbs it
-far less than req/s.
+far less than req/s. Beside it, the server's minor page faults per request: on 602 KB requests the server's
+CPU per request follows them (glibc returning freed buffers to the kernel and faulting them back in: 4 to 96
+faults per request between rounds, under either client, until `fastoip serve` pinned glibc's trim threshold;
+benchmarks/RESULTS.md, 2026-11-27, benchtool and large): the column shows whether they are back.
 
 `--points stream`: `fastoip bench --streaming` (ModelStreamInfer; the native client) against
 `--streaming --grpc-client aio` (grpc.aio, before); h2load has no gRPC streaming, so the ratio is to aio.
@@ -68,16 +71,22 @@ def wrk(target: str, seconds: int, concurrency: int) -> dict:
     if found is None:
         raise RuntimeError(f"wrk printed no summary:\n{text}")
     summary = json.loads(found.group(1))
-    errors = sum(summary[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
+    errors = {k: summary[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout")
+              if summary[k]}
     done = summary["requests"]
-    return {"req_per_s": done / (summary["duration_us"] / 1e6), "done": done, "verified": errors == 0,
-            "cpu_us_per_req": 1e6 * cpu_s / max(done, 1)}
+    return {"req_per_s": done / (summary["duration_us"] / 1e6), "done": done, "verified": not errors,
+            "errors": errors, "cpu_us_per_req": 1e6 * cpu_s / max(done, 1)}
 
 
 def server_cpu_s(pid: int) -> float:
     """CPU seconds the server process (every thread) has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_faults(pid: int) -> int:
+    """Minor page faults of the server process so far (fresh pages its allocator maps in)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
 def server_successes(target: str, model: str) -> int:
@@ -92,16 +101,18 @@ def server_successes(target: str, model: str) -> int:
         client.close()
 
 
-def server_mark(server: Fastoip, model: str) -> tuple[float, int]:
-    """(server CPU seconds, successes of ``model``) now."""
-    return server_cpu_s(server.pid), server_successes(server.grpc, model)
+def server_mark(server: Fastoip, model: str) -> tuple[float, int, int]:
+    """(server CPU seconds, successes of ``model``, server page faults) now."""
+    return server_cpu_s(server.pid), server_successes(server.grpc, model), server_faults(server.pid)
 
 
-def server_per_request(server: Fastoip, model: str, mark: tuple[float, int], key: str, into: dict) -> None:
-    """Server CPU us per successful request since ``mark``, into ``into[key]``."""
-    cpu_s, done = server_mark(server, model)
+def server_per_request(server: Fastoip, model: str, mark: tuple[float, int, int], key: str, into: dict,
+                       faults: dict) -> None:
+    """Server CPU us and page faults per successful request since ``mark``, into ``into[key]``, ``faults[key]``."""
+    cpu_s, done, faulted = server_mark(server, model)
     if done > mark[1]:
         into[key] = 1e6 * (cpu_s - mark[0]) / (done - mark[1])
+        faults[key] = (faulted - mark[2]) / (done - mark[1])
 
 
 def frames(model: str) -> tuple[bytes, int]:
@@ -171,6 +182,9 @@ def main() -> int:
     cpu: dict[str, dict[str, list[float]]] = {p: {} for p in points}
     # server CPU per request under each gRPC client (see the docstring)
     server_cpu: dict[str, dict[str, list[float]]] = {p: {} for p in points}
+    # the server's page faults per request under each client (its allocator mapping fresh pages: on 602 KB
+    # requests the server's CPU per request follows them)
+    server_faults_per: dict[str, dict[str, list[float]]] = {p: {} for p in points}
     with Fastoip(None, http="http" in points) as server:
         for _ in range(args.rounds):
             for point in points:
@@ -178,12 +192,16 @@ def main() -> int:
                 this_round: dict[str, float] = {}
                 this_cpu: dict[str, float] = {}
                 this_server: dict[str, float] = {}
+                this_faults: dict[str, float] = {}
                 if point == "http":
+                    mark = server_mark(server, model)
                     r = wrk(server.http, args.seconds, concurrency)
-                    if not r["verified"]:
-                        raise SystemExit("wrk: errors")
+                    if not r["verified"]:  # no reference in this round: the point is left out of it
+                        print(f"wrk: errors {r['errors']}: the http point is left out of this round", flush=True)
+                        continue
                     this_round["wrk (64 connections)"] = r["req_per_s"]
                     this_cpu["wrk (64 connections)"] = r["cpu_us_per_req"]
+                    server_per_request(server, model, mark, "wrk (64 connections)", this_server, this_faults)
                 for connections in (concurrency, 1) if point not in ("http", "stream") else ():
                     mark = server_mark(server, model)
                     r = h2load(server.grpc, args.seconds, model, concurrency, connections)
@@ -194,12 +212,12 @@ def main() -> int:
                         continue
                     this_round[f"h2load ({layout})"] = r["req_per_s"]
                     this_cpu[f"h2load ({layout})"] = r["cpu_us_per_req"]
-                    server_per_request(server, model, mark, f"h2load ({layout})", this_server)
+                    server_per_request(server, model, mark, f"h2load ({layout})", this_server, this_faults)
                 for name, extra in clients if point != "http" else [("fastoip bench --no-http-binary", ())]:
                     url = f"http://{server.http}" if point == "http" else f"grpc://{server.grpc}"
                     extra = ("--no-http-binary",) if point == "http" else extra
                     extra = ("--streaming", *extra) if point == "stream" else extra
-                    mark = server_mark(server, model) if point != "http" else (0.0, 0)
+                    mark = server_mark(server, model)
                     result = fastoip_bench(
                         url, "-m", model, "--concurrency-range", f"{concurrency}",
                         "-p", str(args.seconds * 1000 // 3), "--max-trials", "4", *extra,
@@ -209,12 +227,13 @@ def main() -> int:
                         raise SystemExit(f"{name}: errors {row['errors']}")
                     key = f"{name} [{row['client']}]"
                     this_round[key] = row["throughput_req_per_s"]
-                    if point != "http":
-                        server_per_request(server, model, mark, key, this_server)
+                    server_per_request(server, model, mark, key, this_server, this_faults)
                     if row.get("client_cpu_percent") is not None and row["throughput_req_per_s"]:
                         this_cpu[key] = 1e4 * row["client_cpu_percent"] / row["throughput_req_per_s"]
                 base = max((v for k, v in this_round.items() if k.startswith(("h2load", "wrk"))), default=0.0)
-                base = base or next(v for k, v in this_round.items() if "aio" in k)
+                # no h2load/wrk (stream): the aio client, or with --no-aio the first client
+                base = base or next((v for k, v in this_round.items() if "aio" in k), None) or next(
+                    iter(this_round.values()))
                 for key, value in this_round.items():
                     runs[point].setdefault(key, []).append(value)
                     ratios[point].setdefault(key, []).append(value / base)
@@ -222,21 +241,27 @@ def main() -> int:
                         cpu[point].setdefault(key, []).append(this_cpu[key])
                     if key in this_server:
                         server_cpu[point].setdefault(key, []).append(this_server[key])
+                        server_faults_per[point].setdefault(key, []).append(this_faults[key])
                 print(point, {k: round(v) for k, v in this_round.items()},
-                      "server CPU us/req", {k: round(v, 1) for k, v in this_server.items()}, flush=True)
+                      "server CPU us/req", {k: round(v, 1) for k, v in this_server.items()},
+                      "server page faults/req", {k: round(v, 1) for k, v in this_faults.items()}, flush=True)
     for point in points:
         model, concurrency = POINTS[point]
         rows = [[k, f"{statistics.median(v):.0f}", " ".join(f"{r:.2f}" for r in ratios[point][k]),
+                 f"{statistics.median(ratios[point][k]):.2f}",
                  f"{statistics.median(cpu[point][k]):.1f}" if cpu[point].get(k) else "-",
-                 " ".join(f"{c:.1f}" for c in server_cpu[point][k]) if server_cpu[point].get(k) else "-"]
+                 " ".join(f"{c:.1f}" for c in server_cpu[point][k]) if server_cpu[point].get(k) else "-",
+                 " ".join(f"{c:.1f}" for c in server_faults_per[point][k]) if server_faults_per[point].get(k) else "-"]
                 for k, v in runs[point].items()]
         print()
         print(markdown_table([f"client ({model}, c={concurrency})", "req/s (median)",
-                              "vs the faster h2load (wrk) of the same round, per round",
-                              "client CPU us/request (median)", "server CPU us/request, per round"], rows))
+                              "vs the faster h2load (wrk) of the same round, per round", "median of the ratios",
+                              "client CPU us/request (median)", "server CPU us/request, per round",
+                              "server page faults/request, per round"], rows))
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "ratios": ratios, "client_cpu_us": cpu,
-                                               "server_cpu_us": server_cpu}, indent=1))
+                                               "server_cpu_us": server_cpu, "server_faults": server_faults_per},
+                                              indent=1))
     return 0
 
 

@@ -267,7 +267,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds per comparison (median reported)")
     parser.add_argument("--triton", action="store_true", help="also add_sub on fastoip vs real Triton")
     parser.add_argument("--only-triton", action="store_true", help="only the add_sub comparison")
+    parser.add_argument("--points", default="cpu2ms,tiny,large", help="which of cpu2ms, tiny, large to measure")
     args = parser.parse_args()
+    points = set(args.points.split(","))
     results: dict = {}
     if args.triton or args.only_triton:
         results["add_sub"] = against_triton(args.window_ms, args.rounds)
@@ -285,50 +287,51 @@ def main() -> int:
         write(root, "large_process", IDENTITY, config("1, 3, 224, 224"))
         write(root, "large_in_process", IDENTITY, config("1, 3, 224, 224", hosting="in_process"))
 
-        # 1. count:1 vs count:2, the server on both cores.
-        saved = os.environ.get("SERVER_CPUS")
-        os.environ["SERVER_CPUS"] = "0-1"
-        import _harness
+        if "cpu2ms" in points:
+            # 1. count:1 vs count:2, the server on both cores.
+            saved = os.environ.get("SERVER_CPUS")
+            os.environ["SERVER_CPUS"] = "0-1"
+            import _harness
 
-        _harness.SERVER_CPUS = "0-1"
-        with Fastoip(root) as server:
-            url = f"grpc://{server.grpc}"
-            stop = threading.Event()
-            samples: list[float] = []
+            _harness.SERVER_CPUS = "0-1"
+            with Fastoip(root) as server:
+                url = f"grpc://{server.grpc}"
+                stop = threading.Event()
+                samples: list[float] = []
 
-            def with_probe() -> dict:
-                prober = threading.Thread(target=probe_liveness, args=(server.grpc, stop, samples), daemon=True)
-                stop.clear()
-                prober.start()
-                try:
-                    return point(url, "cpu2ms_2", 8, args.window_ms)
-                finally:
-                    stop.set()
-                    prober.join()
+                def with_probe() -> dict:
+                    prober = threading.Thread(target=probe_liveness, args=(server.grpc, stop, samples), daemon=True)
+                    stop.clear()
+                    prober.start()
+                    try:
+                        return point(url, "cpu2ms_2", 8, args.window_ms)
+                    finally:
+                        stop.set()
+                        prober.join()
 
-            both = alternate({"count1": lambda: point(url, "cpu2ms_1", 8, args.window_ms), "count2": with_probe},
-                             args.rounds)
-            one, two = both["count1"], both["count2"]
-        samples.sort()
-        results["cpu2ms"] = {
-            "count1": one,
-            "count2": two,
-            "ratio": round(two["req_per_s"] / one["req_per_s"], 2),
-            "live_ms_max": round(samples[-1], 2) if samples else None,
-            "live_ms_p99": round(samples[int(len(samples) * 0.99) - 1], 2) if samples else None,
-            "live_samples": len(samples),
-        }
-        print(json.dumps(results["cpu2ms"]), flush=True)
-        _harness.SERVER_CPUS = saved or "0"
-        if saved is None:
-            os.environ.pop("SERVER_CPUS", None)
-        else:
-            os.environ["SERVER_CPUS"] = saved
+                both = alternate({"count1": lambda: point(url, "cpu2ms_1", 8, args.window_ms), "count2": with_probe},
+                                 args.rounds)
+                one, two = both["count1"], both["count2"]
+            samples.sort()
+            results["cpu2ms"] = {
+                "count1": one,
+                "count2": two,
+                "ratio": round(two["req_per_s"] / one["req_per_s"], 2),
+                "live_ms_max": round(samples[-1], 2) if samples else None,
+                "live_ms_p99": round(samples[int(len(samples) * 0.99) - 1], 2) if samples else None,
+                "live_samples": len(samples),
+            }
+            print(json.dumps(results["cpu2ms"]), flush=True)
+            _harness.SERVER_CPUS = saved or "0"
+            if saved is None:
+                os.environ.pop("SERVER_CPUS", None)
+            else:
+                os.environ["SERVER_CPUS"] = saved
 
         # 2./3. process vs in-process hosting, the server on CPU 0.
         with Fastoip(root) as server:
             url = f"grpc://{server.grpc}"
-            for size in ("tiny", "large"):
+            for size in [p for p in ("tiny", "large") if p in points]:
                 pair = alternate({
                     "process": lambda size=size: point(url, f"{size}_process", 16, args.window_ms, server_pid(server)),
                     "in_process": lambda size=size: point(
@@ -344,19 +347,23 @@ def main() -> int:
                 }
                 print(json.dumps({size: results[size]}), flush=True)
 
-    rows = [
-        ["cpu2ms count:1 (c=8)", results["cpu2ms"]["count1"]["req_per_s"], results["cpu2ms"]["count1"]["p99_ms"], ""],
-        ["cpu2ms count:2 (c=8)", results["cpu2ms"]["count2"]["req_per_s"], results["cpu2ms"]["count2"]["p99_ms"],
-         f"{results['cpu2ms']['ratio']}x count:1"],
-    ]
-    for size in ("tiny", "large"):
+    rows = []
+    if "cpu2ms" in results:
+        rows = [
+            ["cpu2ms count:1 (c=8)", results["cpu2ms"]["count1"]["req_per_s"], results["cpu2ms"]["count1"]["p99_ms"],
+             ""],
+            ["cpu2ms count:2 (c=8)", results["cpu2ms"]["count2"]["req_per_s"], results["cpu2ms"]["count2"]["p99_ms"],
+             f"{results['cpu2ms']['ratio']}x count:1"],
+        ]
+    for size in [p for p in ("tiny", "large") if p in results]:
         r = results[size]
         rows.append([f"{size} in-process (c=16)", r["in_process"]["req_per_s"], r["in_process"]["p99_ms"], ""])
         rows.append([f"{size} process (c=16)", r["process"]["req_per_s"], r["process"]["p99_ms"],
                      f"{r['throughput_ratio']}x in-process, p99 {r['p99_ratio']}x"])
     print(markdown_table(["point", "req/s", "p99 ms", "ratio"], rows))
-    print(f"gRPC ServerLive during count:2: max {results['cpu2ms']['live_ms_max']} ms, "
-          f"p99 {results['cpu2ms']['live_ms_p99']} ms over {results['cpu2ms']['live_samples']} probes")
+    if "cpu2ms" in results:
+        print(f"gRPC ServerLive during count:2: max {results['cpu2ms']['live_ms_max']} ms, "
+              f"p99 {results['cpu2ms']['live_ms_p99']} ms over {results['cpu2ms']['live_samples']} probes")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

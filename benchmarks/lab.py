@@ -7,7 +7,9 @@
 
 Suites (defaults; --models/--conc/--servers narrow them):
   grpc-e2e         fastoip vs the grpcio sync / aio fixed-response ceilings on simple and
-                   image_identity, c=1,8,64 (+ kserve, mlserver, pytriton with --peers)
+                   image_identity, c=1,8,64 (+ kserve, mlserver, pytriton with --peers; + the C++
+                   grpc++ server with --servers ...,grpc-cpp); `--transports grpc,stream` adds
+                   fastoip-native's ModelStreamInfer, loaded by `fastoip bench --streaming`
   batching         mlp at c=1,16,64: fastoip with the dynamic batcher off / on (+ fastoip's
                    own simple), pytriton-db, kserve, mlserver-ab (peers off with --no-peers)
   frontend-choice  fastoip serve (sync grpcio) vs benchmarks/aio_frontend.py (grpc.aio +
@@ -64,6 +66,7 @@ import shutil  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from types import FrameType  # noqa: E402
@@ -644,10 +647,11 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_bounded(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_bounded(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """subprocess.run for the load generators: own session, killed as a group on timeout,
     Ctrl-C or --deadline, so no h2load/wrk outlives the driver."""
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=env)
     try:
         out, err = p.communicate(timeout=timeout)
     except BaseException:
@@ -699,6 +703,39 @@ def run_h2load(target: str, model: str, conc: int, duration: int, cpus: str) -> 
     return res
 
 
+def run_fastoip_stream(target: str, model: str, conc: int, duration: int, cpus: str) -> dict:
+    """ModelStreamInfer load: `fastoip bench --streaming` (its native client: C streams, each sending its next
+    request when the answer to the last is in) pinned to `cpus`, one window of `duration` seconds with no warm-up
+    of its own (the lab warms up before the point, as for h2load), every answer checked (--verify)."""
+    fd, out_json = tempfile.mkstemp(prefix="fastoip-stream-", suffix=".json")
+    os.close(fd)
+    argv = ["timeout", "-k", "5", str(duration + 90), "taskset", "-c", cpus, FASTOIP_PY, "-m", "fastoip.cli",
+            "bench", f"grpc://{target}", "-m", model, "--streaming", "--concurrency-range", str(conc),
+            "-p", str(duration * 1000), "--max-trials", "1", "--warmup-ms", "0", "--verify", "--no-pin",
+            "--quiet", "--json", out_json]
+    t0 = time.time()
+    r = run_bounded(argv, duration + 120, env=fastoip_env())  # this tree's fastoip bench, as its server
+    res = dict(tool="fastoip bench --streaming", argv=" ".join(argv[5:]), rc=r.returncode,
+               wall_s=round(time.time() - t0, 2))
+    try:
+        with open(out_json) as f:
+            doc = json.load(f)
+        row = doc["results"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        os.unlink(out_json)
+        res["error"] = f"fastoip bench gave no result (rc {r.returncode}): " + (r.stdout[-400:] + r.stderr[-400:])
+        return res
+    lat = row["latency_us"]
+    res.update(secs=row["duration_s"], rps=row["throughput_req_per_s"], done=row["requests"],
+               errors=sum(row["errors"].values()), error_counts=row["errors"], client=row["client"],
+               connections=doc["client"].get("channels"), p50_us=lat["p50"], p90_us=lat["p90"], p99_us=lat["p99"],
+               bench_client_cpu_pct=row.get("client_cpu_percent"))
+    if doc.get("error"):
+        res["error"] = f"fastoip bench: {doc['error']}"
+    os.unlink(out_json)
+    return res
+
+
 def run_wrk(target: str, model: str, transport: str, conc: int, duration: int, cpus: str) -> dict:
     path, hdrs = body_for(model, transport)
     extra = [hdrs["Inference-Header-Content-Length"]] if transport == "http-bin" else []
@@ -731,6 +768,10 @@ def verify(r: dict[str, Any], pr: dict[str, Any], transport: str, conc: int) -> 
         return False, r.get("error", "no result")
     if not r.get("done"):
         return False, "no request completed within the point"
+    if transport == "stream":
+        if r.get("error") or r["errors"]:
+            return False, r.get("error") or f"fastoip bench errors: {r['error_counts']}"
+        return True, "no errors, every answer checked by fastoip bench --verify"
     if transport == "grpc":
         if not sizes:
             return False, "no probe size"
@@ -763,6 +804,8 @@ def measure(server: Server, spec: dict[str, Any], model: str, transport: str, co
     t0 = time.time()
     if transport == "grpc":
         r = run_h2load(f"127.0.0.1:{spec['grpc']}", model, conc, args.duration, args.client_cpus)
+    elif transport == "stream":
+        r = run_fastoip_stream(f"127.0.0.1:{spec['grpc']}", model, conc, args.duration, args.client_cpus)
     else:
         r = run_wrk(f"127.0.0.1:{spec['http']}", model, transport, conc, args.duration, args.client_cpus)
     window = time.time() - t0
@@ -780,6 +823,9 @@ def measure(server: Server, spec: dict[str, Any], model: str, transport: str, co
              other_cpu_pct=round(100 * other / CLK / window, 1),
              steal_pct=round(100 * (steal1 - steal0) / CLK / window, 1))
     r["disturbed"] = r["other_cpu_pct"] > args.noise_other_pct or r["steal_pct"] > args.noise_steal_pct
+    if transport == "stream" and r.get("bench_client_cpu_pct") is not None:
+        # the bench's own CPU over its window (its process start-up, which rusage would add, left out)
+        r["client_cpu_pct"] = round(r["bench_client_cpu_pct"], 1)
     if r.get("done"):
         # server CPU per request: much less sensitive to other load on the machine than req/s
         r["server_cpu_us_per_req"] = round(1e6 * (s1 - s0) / r["done"], 1)
@@ -788,7 +834,13 @@ def measure(server: Server, spec: dict[str, Any], model: str, transport: str, co
         if d["execution_count"]:
             d["avg_batch"] = round(d["inference_count"] / d["execution_count"], 2)
         r["server_stats"] = d
+        if transport == "stream" and d["success"]:
+            # the bench counts its window only; the server also served its drain: per request it served
+            r["server_cpu_us_per_req"] = round(1e6 * (s1 - s0) / d["success"], 1)
     ok, why = verify(r, pr, transport, conc)
+    served = (r.get("server_stats") or {}).get("success")
+    if ok and transport == "stream" and served is not None and served < r["done"]:
+        ok, why = False, f"the server counted {served} successes, fewer than the client's {r['done']}"
     fails = (r.get("server_stats") or {}).get("fail", 0)
     if ok and fails > conc:  # up to `conc` calls in flight are cancelled when the load generator stops
         ok, why = False, f"server counted {fails} failed requests (more than the {conc} in flight at stop)"
@@ -801,7 +853,7 @@ def measure(server: Server, spec: dict[str, Any], model: str, transport: str, co
 def bench_session(name: str, plan: list[Any], args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Start server `name`, measure every (model, transport, [conc]) of `plan`, stop it."""
     models = sorted({m for m, _, _ in plan}, key=ALL_MODELS.index)
-    http = any(t != "grpc" for _, t, _ in plan)
+    http = any(t not in ("grpc", "stream") for _, t, _ in plan)
     spec = server_spec(name, models, args, http)
     info = result["servers"].setdefault(name, dict(note=spec["note"], sessions=[]))
     sess: dict[str, Any] = dict(models=models)
@@ -825,7 +877,7 @@ def bench_session(name: str, plan: list[Any], args: argparse.Namespace, result: 
         sess["processes"] = len(server.group_pids())
         log(f"[{name}] ready in {sess['ready_s']} s, {sess['processes']} process(es), affinity {sess['affinity']}")
         for model, transport, concs in plan:
-            pr = probe(spec, model, transport)
+            pr = probe(spec, model, "grpc" if transport == "stream" else transport)
             if not pr["ok"]:
                 log(f"[{name}] {model} {transport}: PROBE FAILED: {pr['error']}")
                 for c in concs:
@@ -835,6 +887,8 @@ def bench_session(name: str, plan: list[Any], args: argparse.Namespace, result: 
             if args.warmup > 0:
                 warm = (run_h2load(f"127.0.0.1:{spec['grpc']}", model, min(8, max(concs)), args.warmup,
                                    args.client_cpus) if transport == "grpc" else
+                        run_fastoip_stream(f"127.0.0.1:{spec['grpc']}", model, min(8, max(concs)), args.warmup,
+                                           args.client_cpus) if transport == "stream" else
                         run_wrk(f"127.0.0.1:{spec['http']}", model, transport, min(8, max(concs)), args.warmup,
                                 args.client_cpus))
                 if "rps" not in warm:
@@ -897,13 +951,17 @@ def suite_plan(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "grpc-e2e": dict(
             conc=[1, 8, 64], models=["simple", "image_identity"],
-            entries=[("fastoip", None, ["grpc"]), ("fastoip-native", None, ["grpc"]), ("grpcio-sync", None, ["grpc"]),
+            entries=[("fastoip", None, ["grpc"]), ("fastoip-native", None, ["grpc", "stream"]),
+                     ("grpcio-sync", None, ["grpc"]),
                      ("grpcio-aio", None, ["grpc"]), ("grpc-cpp", None, ["grpc"]),
                      ("kserve", None, ["grpc"]), ("mlserver", None, ["grpc"]), ("pytriton", None, ["grpc"])],
-            peers_default=False, subjects=[("fastoip", "grpc"), ("fastoip-native", "grpc")],
+            peers_default=False,
+            subjects=[("fastoip", "grpc"), ("fastoip-native", "grpc"), ("fastoip-native", "stream")],
             targets=[("ceiling", "fastoip", "simple", 64, 0.70), ("ceiling", "fastoip", "image_identity", 1, 0.60),
                      ("ceiling", "fastoip-native", "simple", 64, 1.5),
-                     ("ceiling", "fastoip-native", "image_identity", 1, 1.5)]),
+                     ("ceiling", "fastoip-native", "image_identity", 1, 1.5),
+                     # issue 24: ModelStreamInfer >= the C++ grpc++ server's unary figure, same run
+                     ("cross", "fastoip-native", "stream", "grpc-cpp", "grpc", "simple", 64, 1.0)]),
         "batching": dict(
             conc=[1, 16, 64], models=["mlp", "simple"],
             entries=[("fastoip-nobatch", ["mlp"], ["grpc"]), ("fastoip-batch", ["mlp", "simple"], ["grpc"]),
@@ -950,6 +1008,8 @@ def build_sessions(suite: str, args: argparse.Namespace) -> tuple[Any, ...]:
             continue
         if args.transports:
             transports = [t for t in transports if t in args.transports]
+        else:  # ModelStreamInfer (fastoip bench --streaming) runs only when named (--transports grpc,stream)
+            transports = [t for t in transports if t != "stream"]
         ms = [m for m in (smodels or models) if m in models]
         if ms and transports:
             chosen.append((server, ms, transports))
@@ -1004,7 +1064,13 @@ def evaluate_targets(result: dict) -> list:
     out = []
     for t in result.get("targets", []):
         kind, subj = t[0], t[1]
-        if kind == "ceiling":
+        if kind == "cross":
+            _, _, subj_transport, other, other_transport, model, conc, need = t
+            if not any(p["server"] == subj and p["transport"] == subj_transport for p in pts):
+                continue  # that transport was not asked for in this run
+            a, b = find(pts, subj, model, subj_transport, conc), find(pts, other, model, other_transport, conc)
+            text = f"{subj} ({subj_transport}) >= {need}x {other} ({other_transport}), {model} c={conc}"
+        elif kind == "ceiling":
             _, _, model, conc, need = t
             a = find(pts, subj, model, "grpc", conc)
             ceil = [p for p in (find(pts, c, model, "grpc", conc) for c in ("grpcio-sync", "grpcio-aio")) if p]
@@ -1046,7 +1112,9 @@ def render(result: dict) -> str:
     L = [f"# {result['suite']}: {result['started']}", "",
          f"Server pinned to CPU {a['server_cpus']}, load generator (and driver) to CPU {a['client_cpus']}; "
          f"{a['duration']} s per point after a {a['warmup']} s warm-up; gRPC = h2load, C connections x 1 stream, "
-         f"pre-encoded ModelInferRequest (raw_input_contents); HTTP = wrk, C keep-alive connections "
+         f"pre-encoded ModelInferRequest (raw_input_contents); stream = `fastoip bench --streaming` "
+         f"(ModelStreamInfer, native client, C streams, next request on each answer, every answer checked); "
+         f"HTTP = wrk, C keep-alive connections "
          f"(`http` = V2 JSON, `http-bin` = Triton binary extension). Batch 1 per request. "
          f"Latencies in ms. Host: {result['host'].get('cpu')} x {result['host'].get('nproc')}, "
          f"load average at start {result['host'].get('loadavg')}.", ""]
@@ -1177,7 +1245,8 @@ def main() -> int:
     ap.add_argument("--servers", type=lambda s: [m for m in s.split(",") if m], default=None,
                     help="only these servers of the suite (e.g. fastoip,grpcio-sync)")
     ap.add_argument("--transports", type=lambda s: [m for m in s.split(",") if m], default=None,
-                    help="only these transports (grpc, http, http-bin)")
+                    help="only these transports (grpc, stream, http, http-bin); stream (ModelStreamInfer by "
+                         "fastoip bench --streaming, grpc-e2e on fastoip-native) runs only when named here")
     ap.add_argument("--peers", dest="peers", action="store_true", default=None,
                     help="include the peer servers (default: on for batching/http, off for grpc-e2e)")
     ap.add_argument("--no-peers", dest="peers", action="store_false")

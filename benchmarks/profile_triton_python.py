@@ -131,12 +131,81 @@ def run(core: object, model: str, requests: int, threads: int, profile: str = ""
     }
 
 
+def run_on_loop(core: object, model: str, requests: int, concurrency: int) -> dict:
+    """As :func:`run`, but as the event-loop frontends call the Core: ``Core.start`` on one asyncio loop with
+    ``concurrency`` requests in flight, each completion brought back to the loop (``fastoip.core.on_loop``)."""
+    import asyncio
+
+    from fastoip.core import on_loop
+    from fastoip.types import InferInput, InferRequest, RequestedOutput
+
+    data = np.arange(16, dtype=np.float32)
+
+    def request() -> InferRequest:
+        inputs = [InferInput("INPUT0", "FP32", (16,), data)]
+        return InferRequest(model, "", "", {}, inputs, [RequestedOutput("OUTPUT0")])
+
+    async def drive(count: int) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        left = [count, count]  # to start, to finish
+
+        def finished(call: object) -> None:
+            if getattr(call, "error", None) is not None:
+                raise RuntimeError(call.error)  # type: ignore[attr-defined]
+            left[1] -= 1
+            if left[0]:
+                left[0] -= 1
+                core.start(request(), None, hop)  # type: ignore[attr-defined]
+            elif not left[1] and not done.done():
+                done.set_result(None)
+
+        hop = on_loop(loop, finished)
+        for _ in range(min(concurrency, count)):
+            left[0] -= 1
+            core.start(request(), None, hop)  # type: ignore[attr-defined]
+        await done
+
+    loop: asyncio.AbstractEventLoop
+    try:  # the loop the servers' frontends run on
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    loop.run_until_complete(drive(200))  # warm up
+    workers = _worker_pids()
+    worker_cpu = sum(_cpu_of(p) for p in workers)
+    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    loop.run_until_complete(drive(requests))
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    worker_cpu = sum(_cpu_of(p) for p in workers) - worker_cpu
+    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers) - switches
+    loop.close()  # (a worker that read its results on it goes back to its reader thread)
+    return {
+        "model": model,
+        "requests": requests,
+        "wall_us": wall / requests * 1e6,
+        "server_cpu_us": cpu / requests * 1e6,
+        "worker_cpu_us": worker_cpu / requests * 1e6,
+        "per_s": requests / wall,
+        "switches": switches / requests,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cprofile", default="")
+    parser.add_argument("--models", default=",".join(MODELS), help="which of " + ", ".join(MODELS))
+    parser.add_argument(
+        "--driver", choices=("threads", "loop"), default="threads",
+        help="threads: Core.infer from --threads blocking threads; loop: Core.start on one asyncio loop with "
+        "--threads requests in flight (as the event-loop frontends)",
+    )
     args = parser.parse_args()
     from fastoip.core import Core
 
@@ -150,9 +219,12 @@ def main() -> None:
         core.load_models()
         try:
             for round_ in range(args.rounds):
-                for model in MODELS:
+                for model in args.models.split(","):
                     profile = args.cprofile if (args.cprofile and model == "process" and round_ == 0) else ""
-                    r = run(core, model, args.requests, args.threads, profile)
+                    if args.driver == "loop":
+                        r = run_on_loop(core, model, args.requests, args.threads)
+                    else:
+                        r = run(core, model, args.requests, args.threads, profile)
                     print(f"{r['model']:>10}: {r['wall_us']:7.1f} us wall, {r['server_cpu_us']:7.1f} us server CPU, "
                           f"{r['worker_cpu_us']:6.1f} us worker CPU, {r['switches']:4.1f} context switches per request "
                           f"({r['per_s']:.0f}/s)", flush=True)

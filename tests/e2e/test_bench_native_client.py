@@ -85,19 +85,23 @@ def test_auto_picks_native_where_it_can() -> None:
 
 def test_the_default_layout_is_the_one_the_server_serves_best() -> None:
     """Small unary calls share a connection (100 in flight each at most); 64 KiB requests or more get one
-    connection per call, up to 16; streaming keeps min(C, 4) (benchmarks/RESULTS.md, 2026-11-27)."""
+    connection per call, up to 16; streams share connections as small unary calls do, 64 KiB messages or more
+    on streams keep min(C, 4) (benchmarks/RESULTS.md, 2026-11-27)."""
     assert [native_connections(c, 200) for c in (1, 64, 100, 101, 1000)] == [1, 1, 1, 2, 10]
     assert [native_connections(c, 602_000) for c in (1, 4, 16, 64)] == [1, 4, 16, 16]
     assert native_connections(64, 64 * 1024 - 1) == 1 and native_connections(64, 64 * 1024) == 16
-    assert [native_connections(c, 200, streaming=True) for c in (1, 64)] == [1, 4]
+    assert [native_connections(c, 200, streaming=True) for c in (1, 64, 100, 101)] == [1, 1, 1, 2]
+    assert [native_connections(c, 602_000, streaming=True) for c in (1, 4, 64)] == [1, 4, 4]
 
 
-@pytest.mark.parametrize("model, dims, concurrency, connections",
-                         [("identity_fp32", (16,), 64, 1), ("image_identity", (3, 224, 224), 4, 4)],
-                         ids=["small-one-connection", "large-one-each"])
+@pytest.mark.parametrize("model, dims, concurrency, connections, streaming",
+                         [("identity_fp32", (16,), 64, 1, False), ("image_identity", (3, 224, 224), 4, 4, False),
+                          ("identity_fp32", (16,), 64, 1, True)],
+                         ids=["small-one-connection", "large-one-each", "streams-one-connection"])
 def test_the_native_client_opens_its_default_connections(server: ServerProcess, model: str, dims: tuple[int, ...],
-                                                         concurrency: int, connections: int) -> None:
-    spec = identity_spec(server.grpc_port, "native", name=model, dims=dims)
+                                                         concurrency: int, connections: int, streaming: bool) -> None:
+    spec = (stream_spec(server.grpc_port, "native") if streaming
+            else identity_spec(server.grpc_port, "native", name=model, dims=dims))
     generator = make_generator(spec, "concurrency", concurrency)
     assert isinstance(generator, NativeGrpcLoad)
     try:

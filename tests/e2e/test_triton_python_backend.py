@@ -593,6 +593,33 @@ def test_add_sub_over_grpc_and_http(server: ServerProcess) -> None:
     assert client.get_model_config("add_sub").config.backend == "python"
 
 
+def test_grpc_and_http_at_once_each_get_their_own_answers(server: ServerProcess) -> None:
+    """Both event-loop frontends hand requests to the same worker at once: one loop reads its results, the other
+    loop's requests are finished there and handed back to their own loop; every caller gets its own answer."""
+
+    def grpc_calls(seed: int) -> int:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for i in range(40):
+            a = np.full(4, seed * 1000 + i, np.float32)
+            result = client.infer("add_sub", _add_sub_inputs(a, np.ones(4, np.float32)))
+            np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + 1)
+        return 40
+
+    def http_calls(seed: int) -> int:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for i in range(40):
+            a = np.full(4, seed * 1000 + i, np.float32)
+            inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(np.ones(4, np.float32))
+            np.testing.assert_allclose(client.infer("add_sub", inputs).as_numpy("OUTPUT1"), a - 1)
+        return 40
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(grpc_calls if n % 2 else http_calls, n) for n in range(8)]
+        assert sum(f.result(timeout=120) for f in futures) == 320
+
+
 def test_initialize_args_and_request_fields(server: ServerProcess, repo: Path) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     x = grpcclient.InferInput("X", [1], "INT32")
@@ -973,6 +1000,79 @@ def test_requests_waiting_behind_a_crash_run_on_the_replacement(crash_server: Se
         pids = {f.result(timeout=60) for f in behind}
     assert len(pids) == 1 and first_pid not in pids  # all three answered by the restarted worker
     assert client.is_model_ready("crasher_queued")
+
+
+def test_results_read_on_the_event_loop_and_a_crash_still_fails_what_was_in_flight(tmp_path: Path) -> None:
+    """Requests started on an event loop (as the frontends start them) have their results read on that loop: the
+    job finishes on the loop's thread, no reader-thread hop.  A crash still fails the request it ran (INTERNAL
+    naming the model and the signal), the requests behind it run on the replacement, and once the loop is closed
+    a blocking caller is answered again (the reader thread took the worker's socket back)."""
+    import asyncio
+    import threading
+
+    import uvloop
+
+    from fastoip.core import Core, on_loop
+    from fastoip.errors import InternalError
+    from fastoip.types import InferInput, InferRequest, RequestedOutput
+
+    write_python_model(tmp_path, "crasher", CRASHER, CRASHER_CONFIG)
+    core = Core(tmp_path)
+    core.load_models()
+
+    def request(how: int) -> InferRequest:
+        x = InferInput("HOW", "INT32", (1,), np.array([how], np.int32))
+        return InferRequest("crasher", "", "", {}, [x], [RequestedOutput("PID")])
+
+    async def run(hows: list[int]) -> tuple[list, set[int]]:
+        loop = asyncio.get_running_loop()
+        finishing_threads: set[int] = set()
+        answers: list[asyncio.Future] = []
+        for how in hows:
+            answer = loop.create_future()
+
+            def settle(call: object, answer: asyncio.Future = answer) -> None:
+                answer.set_result(call.error or int(call.response.outputs[0].data[0]))  # type: ignore[attr-defined]
+
+            hop = on_loop(loop, settle)
+
+            def done(call: object, hop: object = hop) -> None:
+                finishing_threads.add(threading.get_ident())
+                hop(call)  # type: ignore[operator]
+
+            core.start(request(how), None, done)
+            answers.append(answer)
+            if how == 4:
+                await asyncio.sleep(0.2)  # it runs (0.5 s, then a segfault) while the next ones wait behind it
+        return list(await asyncio.wait_for(asyncio.gather(*answers), 60)), finishing_threads
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop_thread = threading.get_ident()
+        loop.run_until_complete(run([0]))  # the reader thread hands the socket to the loop after this one
+        first, threads = loop.run_until_complete(run([0] * 6))
+        assert len(set(first)) == 1 and threads == {loop_thread}  # finished on the loop's thread
+        pid = first[0]
+
+        answers, _ = loop.run_until_complete(run([0, 4, 0, 0, 0]))
+        assert answers[0] == pid
+        crash = answers[1]
+        assert isinstance(crash, InternalError)
+        assert "crasher" in str(crash) and "SIGSEGV" in str(crash)
+        behind = set(answers[2:])
+        assert len(behind) == 1 and pid not in behind  # answered by the restarted worker
+
+        loop.run_until_complete(run([0]))  # (the replacement's reader thread hands over after one message)
+        again, threads = loop.run_until_complete(run([0] * 4))
+        assert set(again) == behind and threads == {loop_thread}  # the replacement is read on the loop too
+    finally:
+        loop.close()
+    try:
+        # The loop is gone: a blocking caller still gets its answer (the reader thread reads again).
+        response = core.infer(request(0))
+        assert int(response.outputs[0].data[0]) in behind
+    finally:
+        core.close()
 
 
 def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) -> None:

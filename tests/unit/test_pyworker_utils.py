@@ -65,3 +65,20 @@ def test_scheduler_and_decoupled_conflicts() -> None:
     fresh = _config()
     fresh.set_model_transaction_policy({"decoupled": True})
     assert fresh.as_dict()["model_transaction_policy"] == {"decoupled": True}
+
+
+def test_numpy_to_triton_type_maps_each_numpy_type_and_refuses_the_rest() -> None:
+    """Triton's TRITONSERVER_DataType numbers (a table look-up since pyhost): both ways, and None for dtypes the
+    Python backend has no number for (a big-endian float, unicode, complex)."""
+    import numpy as np
+
+    from fastoip.pyworker.utils import Tensor, numpy_to_triton_type, triton_to_numpy_type
+
+    for number in range(1, 13):
+        np_type = triton_to_numpy_type(number)
+        assert numpy_to_triton_type(np_type) == number
+        assert numpy_to_triton_type(np.dtype(np_type)) == number
+    assert numpy_to_triton_type(np.object_) == numpy_to_triton_type("S4") == 13
+    for unsupported in (">f4", "U2", np.complex64):
+        assert numpy_to_triton_type(unsupported) is None
+    assert Tensor("T", np.zeros(2, np.float32)).triton_dtype() == 11

@@ -173,9 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc-channels",
         type=int,
         default=0,
-        help="gRPC connections per client process (default: min(C, 4) for the grpcio clients and native "
-        "streaming; native unary: one per 100 calls in flight, or one per call up to 16 for requests of 64 KiB "
-        "or more)",
+        help="gRPC connections per client process (default: min(C, 4) for the grpcio clients; native: one per "
+        "100 calls or streams in flight, or for requests of 64 KiB or more one per unary call up to 16 and "
+        "min(C, 4) for streams)",
     )
     p.add_argument(
         "--http-binary",
@@ -749,8 +749,8 @@ class Run:
                 else (stream_kind(self.rows) if self.args.streaming else self.args.grpc_client),
                 "processes": self.args.processes,
                 "channels": self.args.grpc_channels
-                or f"auto (min(C, {auto_channels(10**6)}); native unary: 1 per 100 calls, 1 per call up to 16 "
-                "for requests of 64 KiB or more)",
+                or f"auto (min(C, {auto_channels(10**6)}); native: 1 per 100 calls or streams, 1 per unary call up "
+                "to 16 for requests of 64 KiB or more)",
             },
             "settings": {
                 "window_ms": self.s.window_ms,

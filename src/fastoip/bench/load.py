@@ -287,7 +287,6 @@ class GrpcFutureLoad(Generator):
 
     def _done(self, t0: int, slot: int, future: Any) -> None:
         t1 = now_ns()
-        self._inflight.discard(future)
         try:
             response = future.result()
         except self._grpc.RpcError as exc:
@@ -299,6 +298,8 @@ class GrpcFutureLoad(Generator):
                 self.recorder.ok(t1, t1 - t0)
             else:
                 self.recorder.error(t1, "BAD_RESPONSE")
+        # only now: stop() drains until nothing is in flight, and must find this outcome recorded
+        self._inflight.discard(future)
         if self._running and not self._open:
             # A future that is already done runs its callback inside add_done_callback:
             # bound that recursion and hand deep chains to the backlog thread.

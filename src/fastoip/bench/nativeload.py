@@ -50,12 +50,12 @@ def native_connections(concurrency: int, request_bytes: int, streaming: bool = F
     Measured against fastoip's server (benchmarks/RESULTS.md, 2026-11-27, server CPU per request under each
     layout): small unary calls cost the server ~20 % less over one connection than over four (the layout of
     h2load's faster run: more requests per read, more answers per write), and 602 KB calls ~30 % less with a
-    connection per call than over four (as h2load's faster layout there).  Streaming keeps min(C, 4).
+    connection per call than over four (as h2load's faster layout there).  Small messages on streams
+    (ModelStreamInfer) likewise cost it ~12 % less over one connection than over four (8 rounds of 8), so they
+    share connections as small unary calls do; large messages on streams keep min(C, 4) (not measured).
     """
-    if streaming:
-        return auto_channels(concurrency)
     if request_bytes >= LARGE_REQUEST_BYTES:
-        return max(1, min(concurrency, LARGE_CONNECTIONS))
+        return auto_channels(concurrency) if streaming else max(1, min(concurrency, LARGE_CONNECTIONS))
     return max(1, -(-concurrency // STREAMS_PER_CONNECTION))
 
 

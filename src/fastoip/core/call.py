@@ -125,12 +125,18 @@ P = ParamSpec("P")
 
 def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[P, object]) -> Callable[P, None]:
     """``callback`` made callable from any thread: it runs on ``loop``, unless the loop is closed (the server
-    stopped past its exit timeout: nobody is left to answer).  Positional arguments only."""
-    call_soon = loop.call_soon_threadsafe
+    stopped past its exit timeout: nobody is left to answer).  Positional arguments only.  Called on the loop's
+    own thread (a worker process's results are read there), it is queued without waking the loop's selector."""
+    call_soon_threadsafe = loop.call_soon_threadsafe
+    call_soon = loop.call_soon
+    running = asyncio._get_running_loop
 
     def hop(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
-            call_soon(callback, *args)
+            if running() is loop:
+                call_soon(callback, *args)
+            else:
+                call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop is closed
             pass
 

@@ -8,7 +8,10 @@ Rules:
   ``recv`` (``multiprocessing.connection`` makes two: length, then body).
 - One reader at a time (the callers hold their read locks); ``poll`` is also
   true while a whole message is already buffered.
-- ``send_many`` joins several small messages into one ``sendall``.
+- ``send_many`` joins several small messages into one ``sendall``;
+  ``try_send_many`` sends without waiting and gives back what did not fit.
+- ``recv_ready`` never waits: every whole message already here, for a reader
+  on an event loop (which is told when the socket is readable).
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ class FramedSocket:
     def send_bytes(self, data: bytes) -> None:
         header = _LENGTH.pack(len(data))
         if len(data) <= JOIN_LIMIT:
-            self._sock.sendall(header + data)
+            self._sendall(header + data)
         else:
-            self._sock.sendall(header)
-            self._sock.sendall(data)
+            self._sendall(header)
+            self._sendall(data)
 
     def send_many(self, messages: list[bytes]) -> None:
         """Several messages, in one ``sendall`` when they are small together (one wake-up of the reader)."""
@@ -55,7 +58,60 @@ class FramedSocket:
         for data in messages:
             parts.append(_LENGTH.pack(len(data)))
             parts.append(data)
-        self._sock.sendall(b"".join(parts))
+        self._sendall(b"".join(parts))
+
+    def try_send_many(self, messages: list[bytes]) -> memoryview | None:
+        """Send what the socket takes now, without waiting; the bytes it did not take (None: all went)."""
+        parts = []
+        for data in messages:
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        joined = b"".join(parts)
+        try:
+            sent = self._sock.send(joined, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        return None if sent == len(joined) else memoryview(joined)[sent:]
+
+    def send_raw(self, data: bytes | memoryview) -> None:
+        """Framed bytes (the rest of :meth:`try_send_many`), waiting until all are sent."""
+        self._sendall(data)
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        """``sendall`` that also waits when the descriptor is non-blocking (an event loop that watched it for
+        reading set it so: the flag belongs to the socket, whichever thread writes)."""
+        sent = self._send_some(data)  # (socket.sendall would not say how much went before EAGAIN)
+        if sent == len(data):
+            return
+        view = memoryview(data)[sent:]
+        while view:
+            try:
+                view = view[self._sock.send(view):]
+            except BlockingIOError:
+                self._wait(select.POLLOUT)
+
+    def _send_some(self, data: bytes | memoryview) -> int:
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+
+    def _wait(self, event: int) -> None:
+        poller = select.poll()
+        poller.register(self._sock, event)
+        poller.poll()
+
+    def _recv_into(self) -> int:
+        """``recv_into`` the kept buffer, waiting also when the descriptor is non-blocking."""
+        while True:
+            try:
+                return self._sock.recv_into(self._view)
+            except BlockingIOError:
+                self._wait(select.POLLIN)
+
+    def blocking(self) -> None:
+        """Make the descriptor blocking again (after an event loop watched it)."""
+        self._sock.setblocking(True)
 
     def _complete(self) -> int:
         """The end of the first buffered message when it is all here, else 0."""
@@ -76,15 +132,48 @@ class FramedSocket:
                 return data
             missing = (4 + _LENGTH.unpack_from(buffer)[0] - len(buffer)) if len(buffer) >= 4 else 4
             if missing > CHUNK:  # a large message: the rest of it at once
-                chunk = self._sock.recv(missing)
+                while True:
+                    try:
+                        chunk = self._sock.recv(missing)
+                        break
+                    except BlockingIOError:
+                        self._wait(select.POLLIN)
                 if not chunk:
                     raise EOFError("the other side closed the channel")
                 buffer += chunk
                 continue
-            count = self._sock.recv_into(self._view)
+            count = self._recv_into()
             if not count:
                 raise EOFError("the other side closed the channel")
             buffer += self._view[:count]
+
+    def recv_ready(self) -> tuple[list[bytes], bool]:
+        """Without waiting: every whole message buffered or in the socket now, and whether the other side closed
+        (a partial message stays buffered for the next call)."""
+        buffer = self._buffer
+        closed = False
+        while True:
+            try:
+                count = self._sock.recv_into(self._view, CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                closed = True
+                break
+            if not count:
+                closed = True
+                break
+            buffer += self._view[:count]
+            if count < CHUNK:  # the socket is (almost surely) empty: spare the call that would say so
+                break
+        messages = []
+        while True:
+            end = self._complete()
+            if not end:
+                break
+            messages.append(bytes(buffer[4:end]))
+            del buffer[:end]
+        return messages, closed
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether a message (or the end) can be read now, waiting up to ``timeout`` seconds."""

@@ -122,15 +122,16 @@ class TritonRunner:
         self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
     ) -> list[ResponseData] | None:
         built = []
+        tensor = pb.Tensor._of
         for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
-            request = pb.InferenceRequest(
-                inputs=[pb.Tensor._of(name, datatype, array) for name, datatype, array in inputs],
-                requested_output_names=requested,
-                correlation_id=correlation_id,
-                request_id=request_id,
-                flags=flags,
-                parameters=parameters,
-                trace=pb.InferenceTrace(trace),
+            request = pb.InferenceRequest._received(
+                [tensor(name, datatype, array) for name, datatype, array in inputs],
+                requested,  # (fresh lists and dicts: unpickled, or built by job_data in-process)
+                correlation_id,
+                request_id,
+                flags,
+                parameters,
+                pb.InferenceTrace(trace),
             )
             if cancelled is not None:
                 request._cancelled = functools.partial(cancelled, index)

@@ -84,14 +84,17 @@ def triton_to_numpy_type(data_type: int) -> Any:
     return _TRITON_NUMBER_TO_NUMPY.get(data_type)
 
 
+#: numpy dtype -> Triton number (one look-up per output tensor a model builds, not a scan of the table).
+_NUMPY_TO_TRITON_NUMBER: dict[np.dtype, int] = {
+    np.dtype(np_type): number for number, np_type in _TRITON_NUMBER_TO_NUMPY.items() if number != 13
+}
+
+
 def numpy_to_triton_type(data_type: Any) -> int | None:
-    dtype = np.dtype(data_type)
+    dtype = data_type if isinstance(data_type, np.dtype) else np.dtype(data_type)
     if dtype.kind in ("O", "S"):
         return 13
-    for number, np_type in _TRITON_NUMBER_TO_NUMPY.items():
-        if number != 13 and dtype == np.dtype(np_type):
-            return number
-    return None
+    return _NUMPY_TO_TRITON_NUMBER.get(dtype)
 
 
 def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
@@ -447,6 +450,28 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Any = None
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
+
+    @classmethod
+    def _received(
+        cls, inputs: list[Tensor], requested: list[str], correlation_id: int | str, request_id: str, flags: int,
+        parameters: dict[str, Any], trace: InferenceTrace,
+    ) -> InferenceRequest:
+        """A request as the host hands it to ``execute``: its parts are already checked and its own (no copies,
+        no conversions; the same fields as ``__init__`` sets)."""
+        request = cls.__new__(cls)
+        request.model_name = ""
+        request.model_version = -1
+        request._inputs = inputs
+        request._requested = requested
+        request._correlation_id = correlation_id
+        request._request_id = request_id
+        request._flags = flags
+        request._timeout = 0
+        request._parameters = parameters
+        request._sender = None
+        request._cancelled = None
+        request._trace = trace
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -169,7 +170,9 @@ class _Base:
         self.where = f"'{name}' instance {index}"
         self.decoupled = decoupled
         self.streams = _Streams(name, version_str, respond)
-        self._busy = threading.Condition()
+        #: ``_busy`` is a Condition on this lock; the hot paths take the lock itself (a C context manager).
+        self._busy_lock = threading.Lock()
+        self._busy = threading.Condition(self._busy_lock)
         self._in_flight = 0
         self._closed = False
         #: The batch running now, by call id (whether a request was cancelled is asked while it runs).
@@ -182,16 +185,17 @@ class _Base:
         return job is not None and job.cancelled
 
     def _enter(self) -> bool:
-        with self._busy:
+        with self._busy_lock:
             if self._closed:
                 return False
             self._in_flight += 1
             return True
 
     def _leave(self) -> None:
-        with self._busy:
+        with self._busy_lock:
             self._in_flight -= 1
-            self._busy.notify_all()
+            if self._closed:  # only a drain waits here
+                self._busy.notify_all()
 
     def _drain(self) -> None:
         with self._busy:
@@ -282,13 +286,13 @@ class _Batch:
 #: without a dynamic or sequence batcher: the worker finds the next requests in its socket and answers them
 #: one after the other on one wake-up, and the server sends and reads several per wake-up
 #: (benchmarks/RESULTS.md, pyipc).
-PIPELINE_DEFAULT = 8
+PIPELINE_DEFAULT = 16
 #: The same for a model with a batcher: one, so the batcher's next batch grows while the worker runs this one.
 PIPELINE_BATCHED_DEFAULT = 1
 #: A request the event loop may hand over itself (``takes_without_waiting``): its tensors' bytes at most, and
 #: batches on their way at most (QUICK_PENDING messages of QUICK_BYTES fit a Unix socket's default buffer).
-QUICK_BYTES = 16 * 1024
-QUICK_PENDING = 8
+QUICK_BYTES = 8 * 1024
+QUICK_PENDING = 16
 
 
 class ProcessInstance(_Base):
@@ -327,7 +331,10 @@ class ProcessInstance(_Base):
         self._lock = threading.Lock()  # held while a replacement starts
         #: Batches sent and not answered, by call id, in the order sent; guarded by ``_flow``.
         self._pending: dict[int, _Batch] = {}
-        self._flow = threading.Condition()
+        self._flow_lock = threading.Lock()
+        self._flow = threading.Condition(self._flow_lock)
+        #: Threads waiting in ``execute`` for room on the way (guarded by ``_flow``): a result wakes them.
+        self._window_waiters = 0
         self._calls = itertools.count(1)
         self._record: Callable[[int, int, int, int, int], None] | None = None
         self._crashes: list[float] = []
@@ -343,7 +350,7 @@ class ProcessInstance(_Base):
         if self._closed or self.down_reason is not None or not self.worker.alive:
             return False
         # Only the reader thread changes _pending meanwhile, and only by taking from it: the check holds.
-        if len(self._pending) + 1 >= min(self._window, QUICK_PENDING):
+        if len(self._pending) >= min(self._window, QUICK_PENDING):
             return False
         total = 0
         for array in job.feeds.values():
@@ -399,37 +406,62 @@ class ProcessInstance(_Base):
             self._leave()
             raise
         # From here the batch is finished by _on_result or _on_death (which _leave), on another thread.
+        defer = True
         for job in jobs:
             job.arm()  # a blocking caller that lent its thread waits for it (arming twice is a no-op)
+            if job.caller_runs:
+                defer = False
         self._batches[call] = jobs
         if self.decoupled:
             self.streams.open(call, jobs)
-        with self._flow:
+        with self._flow_lock:
             self._pending[call] = batch
         try:
             # Deferred to the end of an event loop's turn unless a caller waits on this thread (caller_runs).
-            worker.submit(call, batch.packed, not any(job.caller_runs for job in jobs))
+            worker.submit(call, batch.packed, defer)
         except WorkerDied as died:
             with self._flow:
                 mine = self._pending.pop(call, None) is not None  # else the death handler took it
                 self._flow.notify_all()
             if mine:
                 self._fail(call, batch, self._crash_error(died.cause))
-        with self._flow:
-            self._flow.wait_for(lambda: len(self._pending) < self._window)
+        if len(self._pending) >= self._window and asyncio._get_running_loop() is None:
+            # (an event loop never waits here: it may be the worker's reader)
+            with self._flow:
+                self._window_waiters += 1
+                try:
+                    self._flow.wait_for(lambda: len(self._pending) < self._window)
+                finally:
+                    self._window_waiters -= 1
         return [RESPONDS_LATER for _ in jobs], []
 
     def _on_result(self, call: int, responses: Any, error: Any) -> None:
         """A batch's result (the worker's reader thread): finish its jobs."""
-        with self._flow:
+        with self._flow_lock:
             batch = self._pending.pop(call, None)
-            self._flow.notify_all()
+            if self._window_waiters:
+                self._flow.notify_all()
         if batch is None:
             return
         try:
             self._batches.pop(call, None)
             jobs = batch.jobs
             end = time.monotonic_ns()
+            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case, without the lists
+                only = jobs[0]
+                answer: InferResponse | InferenceError
+                try:
+                    answer = self._respond(only, self.version_str, shm.unpack_response(responses[0]))
+                except Exception as exc:
+                    answer = InternalError(f"model {self.where}: unreadable result: {exc}")
+                only.compute_end_ns = end
+                if type(answer) is InferResponse:
+                    only.finish(answer)
+                else:
+                    only.fail(answer)  # type: ignore[arg-type]
+                if self._record is not None:
+                    self._record(only.batch_size, 1, 0, end - batch.started, 0)
+                return
             if self.decoupled:
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]

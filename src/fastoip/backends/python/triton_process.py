@@ -2,8 +2,18 @@
 
 Rules:
 - The worker is ``python -m fastoip.pyworker.worker FD`` on one end of a
-  socket pair; one reader thread here takes every message it sends (all that
-  arrived, per wake-up) and is the only thread that reads.
+  socket pair; one reader at a time takes every message it sends: the worker's
+  reader thread, or an event loop.
+- Results read on the event loop: once a batch was handed over on a running
+  event loop (a frontend's), the reader thread hands the socket to that loop
+  after its next message (``add_reader``): the results are then read and their
+  jobs finished where the frontend runs, with no thread wake-up, no GIL
+  hand-over and no ``call_soon_threadsafe`` per answer.  The thread takes the
+  socket back before a control message (finalize), when the loop stops
+  running (it checks every :data:`LOOP_CHECK_S`), and when the worker's end
+  closes (the thread reads the end and handles the death, as before).  Mode
+  changes and reads happen under one lock (``_reading``), so messages are
+  dispatched one reader at a time, in order.
 - Control messages (load, auto-complete, initialize, finalize) wait for their
   answer.  ``submit`` sends a batch and returns at once: nobody waits per
   request; the reader hands each result to ``on_result`` (which finishes the
@@ -11,7 +21,7 @@ Rules:
   readiness, model control, metrics) to a small shared thread pool.
 - When the socket closes, the process is reaped and :class:`WorkerDied` (with the
   cause: exit code or signal) is raised to every waiter; ``on_death(cause)``
-  runs once, on the reader thread.
+  runs once, on the reader thread (never on an event loop).
 """
 
 from __future__ import annotations
@@ -40,6 +50,12 @@ _CALLS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fastoip-bls")
 #: How long a worker may take to start, load or initialize, and to finalize.
 CONTROL_TIMEOUT_S = 300.0
 FINALIZE_TIMEOUT_S = 30.0
+#: How often a reader thread that lent its socket to an event loop checks that the loop still runs.
+LOOP_CHECK_S = 0.5
+#: How long taking the socket back from a running loop may wait for the loop to let go.
+RELEASE_TIMEOUT_S = 2.0
+#: How soon the loop tries its deferred write again while another thread writes to the same worker.
+FLUSH_RETRY_S = 0.0005
 
 
 class WorkerDied(Exception):
@@ -81,7 +97,9 @@ class WorkerProcess:
         self._on_send = on_send
         self._on_death = on_death
         self._write_lock = threading.Lock()
-        #: Batches the event loop handed over, written at the end of its turn (guarded by the write lock).
+        #: Batches the event loop handed over, written at the end of its turn (guarded by the outbox lock, which
+        #: is never held while writing: the loop never waits for a write to append).
+        self._outbox_lock = threading.Lock()
         self._outbox: list[bytes] = []
         self._flush_scheduled = False
         self._state = threading.Lock()
@@ -91,6 +109,15 @@ class WorkerProcess:
         self._outgoing: dict[int, Any] = {}
         self._dead = False
         self.cause: str | None = None
+        #: Held while reading or dispatching messages and while the reader changes (re-entrant: a finished job's
+        #: callback may hand this worker its next batch).
+        self._reading = threading.Condition(threading.RLock())
+        #: The event loop that reads this worker's messages now, or None: the reader thread (guarded by _reading).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: A running loop that handed over a batch: the reader thread gives it the socket after its next message.
+        self._wanted: asyncio.AbstractEventLoop | None = None
+        #: A message the loop could not read: the reader thread ends the worker's channel.
+        self._broken = False
         parent, child = socket.socketpair()
         env = dict(os.environ)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -110,33 +137,53 @@ class WorkerProcess:
     # -- sending -----------------------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        loop = self._loop
+        if loop is not None and asyncio._get_running_loop() is loop:
+            self._defer(data, loop)  # the loop that reads never waits for the write lock
+            return
         try:
             with self._write_lock:
-                if self._outbox:  # in order, behind the batches the event loop has not sent yet
-                    self._outbox.append(data)
-                    self._flush_outbox()
-                else:
-                    self._connection.send_bytes(data)
+                with self._outbox_lock:  # in order, behind the batches the event loop has not sent yet
+                    held, self._outbox = self._outbox, []
+                held.append(data)
+                self._write(held)
         except OSError:
             raise WorkerDied(self.cause or "closed its channel") from None
 
-    def _flush_outbox(self) -> None:
-        """Send what the outbox holds, in one write when small (the write lock is held)."""
-        held, self._outbox = self._outbox, []
-        self._connection.send_many(held)
+    def _write(self, messages: list[bytes]) -> None:
+        """Send ``messages`` (the write lock is held).  On the loop that reads this worker, never wait while it
+        still reads: what the socket does not take at once waits for the worker with the reader thread reading
+        again (the worker may itself be waiting for its results to be read before it reads more)."""
+        loop = self._loop
+        if loop is None or asyncio._get_running_loop() is not loop:
+            self._connection.send_many(messages)
+            return
+        rest = self._connection.try_send_many(messages)
+        if rest is not None:
+            self._detach(loop)
+            self._connection.send_raw(rest)
 
-    def _flush_later(self) -> None:
-        """The event loop's deferred write of the batches it handed over during this turn."""
+    def _flush_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop's deferred write of the batches it handed over during this turn.  The loop never
+        waits for another thread's write (that thread may wait for the worker, which may wait for this loop to
+        read): it tries again shortly."""
+        if not self._write_lock.acquire(blocking=False):
+            loop.call_later(FLUSH_RETRY_S, self._flush_later, loop)
+            return
         try:
-            with self._write_lock:
+            with self._outbox_lock:
                 self._flush_scheduled = False
-                if self._outbox:
-                    self._flush_outbox()
+                held, self._outbox = self._outbox, []
+            if held:
+                self._write(held)
         except OSError:
             pass  # the worker died: its reader fails or resends those batches (they are pending there)
+        finally:
+            self._write_lock.release()
 
     def control(self, message: tuple, timeout: float = CONTROL_TIMEOUT_S) -> Any:
         """Send a control message and wait for its answer (WorkerError with the model's message)."""
+        self._release_loop()  # the reader thread reads the answer: the loop may stop, or be the caller
         waiter = _Waiter()
         with self._state:
             if self.cause is not None:
@@ -163,31 +210,130 @@ class WorkerProcess:
         if self.cause is not None:
             raise WorkerDied(self.cause)
         message = ("execute", exec_id, requests)
-        try:
-            loop = asyncio.get_running_loop() if defer else None
-        except RuntimeError:
-            loop = None
+        loop = asyncio._get_running_loop() if defer else None
         if loop is None:
+            reading = self._loop
+            if reading is not None and not reading.is_running():
+                self._release_loop()  # nobody would read the answer this caller waits for
             self._send(message)
             return
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._write_lock:
+        if self._loop is None and self._wanted is None:
+            self._wanted = loop  # its results are read there from the next message on
+        self._defer(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), loop)
+
+    def _defer(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        """``data`` goes out at the end of this turn of ``loop`` (this thread's), with what else it sends."""
+        if self.cause is not None:
+            raise WorkerDied(self.cause)
+        with self._outbox_lock:
             self._outbox.append(data)
             if self._flush_scheduled:
                 return
             self._flush_scheduled = True
-        loop.call_soon(self._flush_later)
+        loop.call_soon(self._flush_later, loop)
 
     # -- reading -------------------------------------------------------------------------------------------
     def _read(self) -> None:
-        """The reader: takes every message the worker sends (several per wake-up when they queued up), until
-        the worker closes its end."""
+        """The reader thread: takes every message the worker sends (several per wake-up when they queued up),
+        until the worker closes its end; while an event loop reads them it waits."""
+        reading = self._reading
         while True:
-            message = self._read_one()
+            with reading:
+                if self._loop is not None:
+                    while self._loop is not None:
+                        if not reading.wait(LOOP_CHECK_S):
+                            loop = self._loop
+                            if loop is not None and (loop.is_closed() or not loop.is_running()):
+                                self._loop = None  # it stopped: its registration is stale, its callback stands down
+                    self._connection.blocking()  # (the loop made the descriptor non-blocking)
+                if self._broken:
+                    break
+            message = self._read_one()  # (outside the lock: only this thread reads now)
             if message is None:
                 break
-            self._dispatch(message)
+            with reading:
+                self._dispatch(message)
+                wanted = self._wanted
+                if wanted is not None:
+                    self._wanted = None
+                    try:
+                        wanted.call_soon_threadsafe(self._attach, wanted)
+                        self._loop = wanted
+                    except RuntimeError:  # closed meanwhile
+                        pass
         self._died()
+
+    # -- reading on an event loop ---------------------------------------------------------------------------
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``: read this worker's messages here from now on (the reader thread has let go)."""
+        with self._reading:
+            if self._loop is not loop:
+                return  # taken back meanwhile
+            try:
+                loop.add_reader(self._connection.fileno(), self._on_readable, loop)
+            except (OSError, ValueError, RuntimeError):
+                self._loop = None
+                self._reading.notify_all()
+                return
+        self._on_readable(loop)  # what the thread left buffered, or what came meanwhile
+
+    def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``, when the worker's socket is readable: dispatch every whole message there is."""
+        with self._reading:
+            if self._loop is not loop:  # the thread took the socket back
+                self._stop_reading(loop)
+                return
+            messages, closed = self._connection.recv_ready()
+            for data in messages:
+                try:
+                    message = pickle.loads(data)
+                except Exception:
+                    log.exception("%s: unreadable message from its worker", self.label)
+                    self._broken = closed = True
+                    break
+                self._dispatch(message)
+            if closed:  # the thread reads the end and handles the death (never on the loop)
+                self._stop_reading(loop)
+                self._loop = None
+                self._reading.notify_all()
+
+    def _stop_reading(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.remove_reader(self._connection.fileno())
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+    def _detach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``: give the socket back to the reader thread."""
+        with self._reading:
+            if self._loop is loop:
+                self._stop_reading(loop)
+                self._loop = None
+                self._reading.notify_all()
+
+    def _release_loop(self) -> None:
+        """The reader thread reads again (before a control message waits for its answer; when a blocking caller
+        finds the loop stopped).  A running loop lets go on its own thread; a stopped one is simply left."""
+        self._wanted = None
+        loop = self._loop
+        if loop is None:
+            return
+        if asyncio._get_running_loop() is loop:
+            self._detach(loop)
+            return
+        if loop.is_running():
+            try:
+                loop.call_soon_threadsafe(self._detach, loop)
+            except RuntimeError:
+                pass
+            else:
+                with self._reading:
+                    if self._reading.wait_for(lambda: self._loop is not loop, RELEASE_TIMEOUT_S):
+                        return
+        with self._reading:
+            if self._loop is loop:
+                self._loop = None  # its callback, should it still run, stands down
+                self._reading.notify_all()
 
     def _read_one(self) -> tuple | None:
         """The next message (the read lock is held), or None when the worker is gone."""
@@ -201,18 +347,18 @@ class WorkerProcess:
 
     def _dispatch(self, message: tuple) -> None:
         kind = message[0]
-        if kind in ("ok", "error"):
-            waiter = self._control
-            self._control = None
-            if waiter is not None:
-                waiter.value = (kind, message[1])
-                waiter.event.set()
-        elif kind == "result":
+        if kind == "result":
             _, exec_id, responses, error = message
             try:
                 self._on_result(exec_id, responses, error)
             except Exception:
                 log.exception("%s: finishing a batch failed", self.label)
+        elif kind in ("ok", "error"):
+            waiter = self._control
+            self._control = None
+            if waiter is not None:
+                waiter.value = (kind, message[1])
+                waiter.event.set()
         elif kind == "send":
             _, exec_id, index, response, final = message
             try:
@@ -315,6 +461,7 @@ class WorkerProcess:
         self.kill()
 
     def kill(self) -> None:
+        self._release_loop()  # (before the socket closes: a loop must not watch a closed descriptor)
         if self.process.poll() is None:
             try:
                 self.process.wait(timeout=5)
