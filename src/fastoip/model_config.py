@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,11 +169,66 @@ def _parse_error_message(path: Path, text: str, exc: text_format.ParseError) -> 
     prefix = f"{line}:{column} : "
     if message.startswith(prefix):
         message = message[len(prefix):]
+    message = _integer_error_in_tritons_words(message)
     lines = text.splitlines()
     source = lines[line - 1].strip()[:120] if 0 < line <= len(lines) else ""
     shown = f" (line {line} reads: {source!r})" if source and source not in message else ""
     return f"{path}, line {line}, column {column}: {message}{shown}"
 
+
+
+#: Python's text-format integer errors: ``'<the line>': <what>: <value>``.
+_INTEGER_ERROR = re.compile(r"^'(?P<line>.*)': (?P<what>Couldn't parse integer|Value out of range): (?P<value>.*)$")
+_FIELD_NAME = re.compile(r"(\w+)\s*:")
+
+
+def _integer_field_names() -> tuple[frozenset[str], frozenset[str]]:
+    """Names of the unsigned and of the signed integer fields anywhere in ModelConfig (a few, such as
+    ``count``, are in both: unsigned in one message, signed in another)."""
+    kind = pb_descriptor.FieldDescriptor
+    unsigned_types = (kind.TYPE_UINT32, kind.TYPE_UINT64, kind.TYPE_FIXED32, kind.TYPE_FIXED64)
+    signed_types = (kind.TYPE_INT32, kind.TYPE_INT64, kind.TYPE_SINT32, kind.TYPE_SINT64, kind.TYPE_SFIXED32,
+                    kind.TYPE_SFIXED64)
+    unsigned: set[str] = set()
+    signed: set[str] = set()
+    pending = [mc.ModelConfig.DESCRIPTOR]
+    seen: set[str] = set()
+    while pending:
+        message = pending.pop()
+        if message.full_name in seen:
+            continue
+        seen.add(message.full_name)
+        pending.extend(message.nested_types)
+        for entry in message.fields:
+            if entry.type in unsigned_types:
+                unsigned.add(entry.name)
+            elif entry.type in signed_types:
+                signed.add(entry.name)
+            if entry.message_type is not None:
+                pending.append(entry.message_type)
+    return frozenset(unsigned), frozenset(signed)
+
+
+UNSIGNED_FIELDS, SIGNED_FIELDS = _integer_field_names()
+
+
+def _integer_error_in_tritons_words(message: str) -> str:
+    """Python's text-format integer errors as C++ protobuf (Triton's parser) words them: a value that is not an
+    integer (a string, or a sign an unsigned field cannot take) "Expected integer, got: <token>", one too large
+    "Integer out of range (<digits>)"; other messages unchanged."""
+    found = _INTEGER_ERROR.match(message)
+    if found is None:
+        return message
+    value = found["value"]
+    if found["what"] == "Couldn't parse integer":
+        return f"Expected integer, got: {value}"
+    names = _FIELD_NAME.findall(found["line"])
+    field = names[-1] if names else ""  # the last "name:" on the line is the field the value is for
+    if value.startswith("-") and field in UNSIGNED_FIELDS:
+        if field in SIGNED_FIELDS:
+            return message  # which message the field is in is not said: keep Python's words
+        return "Expected integer, got: -"
+    return f"Integer out of range ({value.lstrip('-')})"
 
 
 def named_copy(config: mc.ModelConfig, model_name: str) -> mc.ModelConfig:

@@ -6,11 +6,18 @@ Rules:
   ``fastoip`` loggers.  ``log_file`` reads the file given at start (``--log-file``, "" for stderr); changing
   it is refused, in Triton's words;
   ``log_verbose_level`` is an unsigned 32-bit integer, as in Triton's gRPC API.
+- The switches are independent, as Triton's logger's: info, warning and error records pass when their own
+  switch is on, debug records (fastoip's verbose messages) when ``log_verbose_level`` > 0, whatever
+  ``log_info`` says (Triton's ``LOG_VERBOSE`` is gated by the level alone).  The ``fastoip`` logger's level
+  is the lowest level any switch lets through; :data:`SWITCHES`, a filter, drops the records of a level
+  switched off between (``--log-info=false --log-verbose=1``).  It sits on the ``fastoip`` logger and on the
+  handlers ``fastoip serve`` installs (a logger's filters do not see its children's records).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from .errors import InvalidArgument
 
@@ -26,21 +33,57 @@ LOG_DEFAULTS: dict[str, LogValue] = {
 }
 
 
+class LevelSwitches(logging.Filter):
+    """Drops the ``fastoip`` records whose level is switched off (process-wide, as the logger's level is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = self.warning = self.error = True
+        self.verbose = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("fastoip"):
+            return True  # another library's record on a handler fastoip installed: not Triton's switches
+        level = record.levelno
+        if level >= logging.ERROR:
+            return self.error
+        if level >= logging.WARNING:
+            return self.warning
+        if level >= logging.INFO:
+            return self.info
+        return self.verbose > 0
+
+
+#: The one set of switches of this process (the ``fastoip`` logger is one per process too).
+SWITCHES = LevelSwitches()
+
+
+def switches_for_level(level: int) -> dict[str, LogValue]:
+    """The switches a Python log level means (``--log-level``, or an embedding process's own level)."""
+    return {
+        "log_info": level <= logging.INFO,
+        "log_warning": level <= logging.WARNING,
+        "log_error": level <= logging.ERROR,
+        "log_verbose_level": 1 if level <= logging.DEBUG else 0,
+    }
+
+
 class LogSettings:
     def __init__(self) -> None:
         # Start from the level the process was started with (``--log-level``); change it only on update.
         level = logging.getLogger("fastoip").getEffectiveLevel()
         self.values: dict[str, LogValue] = dict(LOG_DEFAULTS)
-        self.values.update(
-            log_info=level <= logging.INFO,
-            log_warning=level <= logging.WARNING,
-            log_error=level <= logging.ERROR,
-            log_verbose_level=1 if level <= logging.DEBUG else 0,
-        )
+        self.values.update(switches_for_level(level))
+        logger = logging.getLogger("fastoip")
+        if SWITCHES not in logger.filters:
+            logger.addFilter(SWITCHES)
 
-    def started_with(self, log_file: str, log_format: str) -> None:
-        """Report the file and format the process was started with (``--log-file``, ``--log-format``)."""
+    def started_with(self, log_file: str, log_format: str, switches: Mapping[str, LogValue] | None = None) -> None:
+        """Report the file and format the process was started with (``--log-file``, ``--log-format``), and set
+        Triton's switches it was started with (``--log-info`` etc.; None: those of the level it runs at)."""
         self.values.update(log_file=log_file, log_format=log_format)
+        if switches:
+            self.update(dict(switches))
 
     def update(self, changes: dict[str, LogValue]) -> dict[str, LogValue]:
         for key, value in changes.items():
@@ -61,15 +104,22 @@ class LogSettings:
         return dict(self.values)
 
     def _apply(self) -> None:
-        v = self.values
-        if int(v["log_verbose_level"]) > 0:
-            level = logging.DEBUG
-        elif v["log_info"]:
-            level = logging.INFO
-        elif v["log_warning"]:
-            level = logging.WARNING
-        elif v["log_error"]:
-            level = logging.ERROR
-        else:
-            level = logging.CRITICAL + 1
-        logging.getLogger("fastoip").setLevel(level)
+        apply_switches(self.values)
+
+
+def apply_switches(values: Mapping[str, LogValue]) -> None:
+    """Set the process's switches and the ``fastoip`` logger's level from Triton's log settings (``values``
+    holds log_info, log_warning, log_error and log_verbose_level)."""
+    SWITCHES.info, SWITCHES.warning = bool(values["log_info"]), bool(values["log_warning"])
+    SWITCHES.error, SWITCHES.verbose = bool(values["log_error"]), int(values["log_verbose_level"])
+    if SWITCHES.verbose > 0:
+        level = logging.DEBUG
+    elif SWITCHES.info:
+        level = logging.INFO
+    elif SWITCHES.warning:
+        level = logging.WARNING
+    elif SWITCHES.error:
+        level = logging.ERROR
+    else:
+        level = logging.CRITICAL + 1
+    logging.getLogger("fastoip").setLevel(level)

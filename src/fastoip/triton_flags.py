@@ -135,10 +135,12 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grpc-address", default=None, help="gRPC bind address (Triton's name for --host)")
     g.add_argument("--http-address", default=None, help="HTTP bind address (Triton's name for --http-host)")
     g.add_argument("--metrics-address", default=None, help="metrics bind address (default: the HTTP address)")
-    g.add_argument("--log-verbose", type=int, default=None, metavar="LEVEL", help=">0 logs at debug level")
-    g.add_argument("--log-info", type=parse_bool, default=None, metavar="BOOL")
-    g.add_argument("--log-warning", type=parse_bool, default=None, metavar="BOOL")
-    g.add_argument("--log-error", type=parse_bool, default=None, metavar="BOOL")
+    g.add_argument("--log-verbose", type=int, default=None, metavar="LEVEL",
+                   help=">0 logs fastoip's debug (verbose) messages, whatever --log-info says")
+    g.add_argument("--log-info", type=parse_bool, default=None, metavar="BOOL", help="false: no info messages")
+    g.add_argument("--log-warning", type=parse_bool, default=None, metavar="BOOL",
+                   help="false: no warning messages")
+    g.add_argument("--log-error", type=parse_bool, default=None, metavar="BOOL", help="false: no error messages")
     g.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
     g.add_argument("--log-file", default="", help="write the log to this file instead of stderr")
     g.add_argument("--strict-model-config", type=parse_bool, default=None, metavar="BOOL",
@@ -245,6 +247,8 @@ class TritonSettings:
     metrics_host: str | None
     #: None: keep --log-level.
     log_level: str | None
+    #: Triton's switches as given (log_info, log_warning, log_error, log_verbose_level); None: none was given.
+    log_switches: dict[str, bool | int] | None
     log_format: str
     log_file: str
     auto_complete: bool
@@ -254,6 +258,9 @@ class TritonSettings:
     grpc_restricted: RestrictedFeatures
     #: --exit-on-error (None: not given, fastoip serves the models that loaded).
     exit_on_error: bool | None = None
+    #: Why the server failed to initialize ("" when it did not): a --model-repository that does not exist
+    #: with --exit-on-error=false, which Triton survives (not live, not ready, server metadata answered).
+    init_error: str = ""
     #: --pinned-memory-pool-byte-size (None: the default, 256 MB).
     pinned_pool_bytes: int | None = None
     grpc_compression_level: str = "none"
@@ -271,8 +278,11 @@ class TritonSettings:
 
 def resolve(args: argparse.Namespace) -> TritonSettings:
     """Check and combine the parsed flags; FlagError names the flag that cannot be honoured."""
-    roots, url = _model_repository(args.model_repository)
+    missing: list[Path] = []
+    # --exit-on-error=false: a missing repository leaves the server up but failed to initialize, as Triton's
+    roots, url = _model_repository(args.model_repository, missing if args.exit_on_error is False else None)
     return TritonSettings(
+        init_error=f"failed to stat file {missing[0]}" if missing else "",
         model_repository=roots[0] if roots else None,
         more_repositories=roots[1:],
         model_repository_url=url,
@@ -285,6 +295,7 @@ def resolve(args: argparse.Namespace) -> TritonSettings:
         http_host=args.http_address,
         metrics_host=args.metrics_address,
         log_level=_log_level(args),
+        log_switches=_log_switches(args),
         log_format=args.log_format,
         log_file=args.log_file,
         auto_complete=_auto_complete(args),
@@ -389,9 +400,12 @@ def _restrictions(parse: Callable[[list[str]], RestrictedFeatures], options: lis
         raise FlagError(str(exc)) from None
 
 
-def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | None]:
+def _model_repository(
+    given: list[str] | None, missing: list[Path] | None = None
+) -> tuple[tuple[Path, ...], str | None]:
     """Every local --model-repository (Triton takes several; a model is found in the first that has it), or the
-    one object-storage URL (s3://, gs://, as://)."""
+    one object-storage URL (s3://, gs://, as://).  ``missing``: a list that collects the local ones that do not
+    exist (kept among the roots) instead of refusing them."""
     if not given:
         env = os.environ.get("FASTOIP_MODEL_REPOSITORY")
         given = [env] if env else []
@@ -408,8 +422,10 @@ def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | 
             continue
         root = Path(text)
         if not root.exists():
-            raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
-        if not root.is_dir():
+            if missing is None:
+                raise FlagError(f"failed to stat file {root} (--model-repository does not exist)")
+            missing.append(root)
+        elif not root.is_dir():
             raise FlagError(f"--model-repository {root} is not a directory")
         roots.append(root)
     if urls and (len(urls) > 1 or roots):
@@ -417,6 +433,18 @@ def _model_repository(given: list[str] | None) -> tuple[tuple[Path, ...], str | 
             "--model-repository: an object-storage repository (s3://, gs://, as://) must be the only one"
         )
     return tuple(dict.fromkeys(roots)), (urls[0] if urls else None)
+
+
+def _log_switches(args: argparse.Namespace) -> dict[str, bool | int] | None:
+    """Triton's --log-info / --log-warning / --log-error / --log-verbose, each on its own (None: none given)."""
+    if args.log_verbose is None and args.log_info is None and args.log_warning is None and args.log_error is None:
+        return None
+    return {
+        "log_info": args.log_info is not False,
+        "log_warning": args.log_warning is not False,
+        "log_error": args.log_error is not False,
+        "log_verbose_level": max(args.log_verbose or 0, 0),  # Triton's logger takes max(0, level)
+    }
 
 
 def _log_level(args: argparse.Namespace) -> str | None:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from fastoip.cli import serve_options
 from fastoip.demo import write_repository
@@ -213,3 +214,64 @@ def test_exit_on_error_stops_a_start_with_a_broken_model(tmp_path: Path) -> None
         proc.start(timeout=60)
     proc.stop()
     assert any("failed to load all models" in line and "broken" in line for line in proc.lines)
+
+
+@pytest.mark.parametrize("beside_an_empty_one", [False, True])
+def test_exit_on_error_false_serves_a_server_that_failed_to_initialize(
+    tmp_path: Path, beside_an_empty_one: bool
+) -> None:
+    """Triton's qa/L0_lifecycle test_parse_error_noexit: a --model-repository that does not exist (alone, or beside
+    an empty one) with --exit-on-error=false: up, not live, not ready, server metadata answered; the rest
+    Unavailable "Server not ready" (Triton's SERVER_FAILED_TO_INITIALIZE)."""
+    from fastoip import __version__
+
+    missing = tmp_path / "xyzx"
+    empty = tmp_path / "models"
+    empty.mkdir()
+    extra = [f"--model-repository={empty}"] if beside_an_empty_one else []
+    with ServerProcess(missing, *extra, "--exit-on-error=false", "--strict-readiness=false", "--id=triton",
+                       http=True, metrics=True) as proc:
+        grpc = grpcclient.InferenceServerClient(proc.grpc_url)
+        http = httpclient.InferenceServerClient(proc.http_url)
+        for client in (grpc, http):
+            assert not client.is_server_live() and not client.is_server_ready()
+        metadata = grpc.get_server_metadata()
+        assert (metadata.name, metadata.version) == ("triton", __version__)
+        assert http.get_server_metadata()["name"] == "triton"
+        inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32")]
+        inputs[0].set_data_from_numpy(np.zeros((1, 16), np.int32))
+        assert not http.is_model_ready("simple")  # (tritonclient's HTTP client reads the status only: 503)
+        for call in (lambda: grpc.is_model_ready("simple"),
+                     lambda: grpc.get_model_metadata("simple"), lambda: http.get_model_config("simple"),
+                     lambda: grpc.get_model_repository_index(), lambda: http.get_inference_statistics(),
+                     lambda: grpc.infer("simple", inputs)):
+            with pytest.raises(InferenceServerException, match="Server not ready"):
+                call()
+        with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10) as answer:
+            assert answer.status == 200
+    assert any(f"failed to stat file {missing}" in line for line in proc.lines)
+
+
+def test_log_switches_are_independent_as_tritons(repo: Path, tmp_path: Path) -> None:
+    """Triton's qa/L0_logging: --log-info=false beside --log-verbose=1 reads back as such (HTTP and gRPC), verbose
+    lines (each HTTP request) are written and info lines are not; each switch is set on its own at run time."""
+    log_file = tmp_path / "server.log"
+    with ServerProcess(repo, f"--log-file={log_file}", "--log-info=false", "--log-verbose=1", http=True) as proc:
+        http = httpclient.InferenceServerClient(proc.http_url)
+        grpc = grpcclient.InferenceServerClient(proc.grpc_url)
+        expected = {"log_file": str(log_file), "log_info": False, "log_warning": True, "log_error": True,
+                    "log_verbose_level": 1, "log_format": "default"}
+        assert http.get_log_settings() == expected
+        settings = grpc.get_log_settings(as_json=True)["settings"]
+        assert {key: next(iter(value.values())) for key, value in settings.items()} == {
+            **expected, "log_verbose_level": 1}
+        assert http.is_server_ready()
+        logged = log_file.read_text()
+        assert "HTTP request: GET /v2/logging" in logged and "HTTP request: GET /v2/health/ready" in logged
+        assert " INFO " not in logged  # "model 'identity' ready" and the rest are info lines
+        grpc.update_log_settings({"log_warning": False})
+        assert http.update_log_settings({"log_info": True, "log_verbose_level": 0}) == {
+            **expected, "log_info": True, "log_warning": False, "log_verbose_level": 0}
+        http.get_log_settings()
+        assert log_file.read_text().count("HTTP request:") == 3  # GET, GET, POST; not the last GET: verbose is off
+    assert log_file.read_text().count("Waiting for in-flight requests to complete.") == 1  # info is on again

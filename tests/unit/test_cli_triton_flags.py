@@ -34,3 +34,24 @@ def test_strict_model_config_warns_as_triton(
     assert _auto_complete(tmp_path, *argv) is auto_complete
     err = capsys.readouterr().err
     assert err.splitlines() == list(warnings)
+
+
+def test_missing_repository_with_exit_on_error_false_is_a_failed_initialization(tmp_path: Path) -> None:
+    """Triton's qa/L0_lifecycle test_parse_error_noexit starts: the server stays up, failed to initialize."""
+    missing = tmp_path / "xyzx"
+    options = serve_options([f"--model-repository={missing}", "--exit-on-error=false"])
+    assert options.init_error == f"failed to stat file {missing}"
+    assert options.model_repository == missing
+    beside = serve_options([f"--model-repository={tmp_path}", f"--model-repository={missing}",
+                            "--exit-on-error=false"])
+    assert beside.init_error == f"failed to stat file {missing}"
+    assert (beside.model_repository, beside.more_repositories) == (tmp_path, (missing,))
+    assert serve_options([f"--model-repository={tmp_path}", "--exit-on-error=false"]).init_error == ""
+
+
+@pytest.mark.parametrize("exit_flag", [(), ("--exit-on-error=true",)])
+def test_missing_repository_otherwise_stops_the_start(tmp_path: Path, exit_flag: tuple[str, ...]) -> None:
+    from fastoip.triton_flags import FlagError
+
+    with pytest.raises(FlagError, match="failed to stat file"):
+        serve_options([f"--model-repository={tmp_path / 'xyzx'}", *exit_flag])

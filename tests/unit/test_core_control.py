@@ -57,3 +57,32 @@ def test_load_model_with_a_config_override(tmp_path: Path) -> None:
     with core_on(write_repository(tmp_path, ["identity_fp32"]), model_control_mode="explicit") as core:
         core.load_model("identity_fp32", {"config": '{"max_batch_size": 4}'})
         assert core.model_config("identity_fp32").max_batch_size == 4
+
+
+def test_failed_initialization_answers_as_triton(tmp_path: Path) -> None:
+    """Triton's SERVER_FAILED_TO_INITIALIZE: not live, not ready; server metadata, settings and metrics answer;
+    every model, repository and inference request is Unavailable "Server not ready"."""
+    root = write_repository(tmp_path, ["identity_fp32"])
+    with core_on(root, load=False, strict_readiness=False) as core:
+        core.fail_initialization(f"failed to stat file {tmp_path / 'xyzx'}")
+        assert not core.server_live() and not core.server_ready()
+        assert "failed to initialize (failed to stat file" in core.not_ready_reason()
+        assert core.server_metadata().name == "fastoip"
+        assert core.log_settings()["log_info"] in (True, False)
+        assert core.shared_memory_status() == []
+        assert "nv_inference_request_success" in core.prometheus_metrics()
+        for verb in (
+            lambda: core.model_ready("identity_fp32"),
+            lambda: core.model_not_ready_reason("identity_fp32"),
+            lambda: core.model_metadata("identity_fp32"),
+            lambda: core.model_config("identity_fp32"),
+            lambda: core.statistics(),
+            lambda: core.repository_index(),
+            lambda: core.load_model("identity_fp32"),
+            lambda: core.unload_model("identity_fp32"),
+            lambda: core.infer(fp32_request("identity_fp32")),
+            lambda: core.start(fp32_request("identity_fp32"), None, lambda call: None),
+        ):
+            with pytest.raises(Unavailable, match="^Server not ready$"):
+                verb()
+        assert core.repository.records() == []  # nothing was loaded

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from onnx import TensorProto
 
 from fastoip.core import Core
+from fastoip.errors import InvalidArgument
+from fastoip.model_config import read_config_file
 from fastoip.repository import RepositoryOptions
 from models import identity_model_bytes, write_model
 
@@ -51,3 +54,28 @@ def test_onnx_configs_triton_refuses_fail_with_tritons_words(tmp_path: Path) -> 
         state, reason = index[name]
         assert state == "UNAVAILABLE", name
         assert words in reason, (name, reason)
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("-5", "Expected integer, got: -"),  # an unsigned field: the sign is not an integer token
+    ('"invalid_value"', 'Expected integer, got: "invalid_value"'),
+    ("12345678901", "Integer out of range (12345678901)"),
+])
+def test_integer_parse_errors_in_tritons_words(tmp_path: Path, value: str, words: str) -> None:
+    """Triton's qa/L0_simple_ensemble greps its protobuf parser's words for bad max_inflight_requests values."""
+    path = tmp_path / "config.pbtxt"
+    path.write_text(f'name: "e"\nplatform: "ensemble"\nensemble_scheduling {{\n  max_inflight_requests: {value}\n'
+                    '  step [ { model_name: "a" model_version: -1 } ]\n}\n')
+    with pytest.raises(InvalidArgument) as raised:
+        read_config_file(path)
+    assert f"line 4, column 26: {words} (line 4 reads: 'max_inflight_requests: {value}')" in raised.value.message
+
+
+def test_integer_parse_errors_of_signed_fields(tmp_path: Path) -> None:
+    path = tmp_path / "config.pbtxt"
+    path.write_text("max_batch_size: -99999999999\n")
+    with pytest.raises(InvalidArgument, match=r"Integer out of range \(99999999999\)"):
+        read_config_file(path)
+    path.write_text("max_batch_size: 1.5\n")
+    with pytest.raises(InvalidArgument, match="Expected integer, got: 1.5"):
+        read_config_file(path)

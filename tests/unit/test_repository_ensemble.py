@@ -116,3 +116,29 @@ def test_an_ensemble_needs_the_ensemble_platform() -> None:
     cfg.platform = "onnxruntime_onnx"
     with pytest.raises(InvalidArgument, match='platform "ensemble"'):
         plan_ensemble(cfg, lookup)
+
+
+SPLIT = ComposingModel("split", 8, {"RAW": TensorShape("UINT8", (4,))}, {"SCALED": TensorShape("FP32", (4,))},
+                       decoupled=True)
+MIXER = ComposingModel("mixer", 8, {"A": TensorShape("UINT8", (4,)), "B": TensorShape("FP32", (4,))},
+                       {"Y": TensorShape("FP32", (2,))})
+
+
+def with_decoupled(name: str) -> ComposingModel | None:
+    return {"split": SPLIT, "mixer": MIXER}.get(name) or MODELS.get(name)
+
+
+def test_a_decoupled_step_makes_the_plan_decoupled() -> None:
+    steps = [step("split", {"RAW": "IN"}, {"SCALED": "x"}), step("net", {"X": "x"}, {"Y": "y"}),
+             step("post", {"SCORES": "y"}, {"LABEL": "OUT"})]
+    plan = plan_ensemble(config(" ".join(steps)), with_decoupled)
+    assert plan.decoupled and [s.decoupled for s in plan.steps] == [True, False, False]
+    assert not plan_ensemble(config(" ".join(CHAIN)), lookup).decoupled
+
+
+def test_a_step_reading_two_decoupled_lineages_is_refused_in_tritons_words() -> None:
+    steps = [step("split", {"RAW": "IN"}, {"SCALED": "x"}), step("mixer", {"A": "IN", "B": "x"}, {"Y": "y"}),
+             step("post", {"SCORES": "y"}, {"LABEL": "OUT"})]
+    with pytest.raises(InvalidArgument, match="in ensemble ens, step of model 'mixer' receives inputs originated "
+                                              "from different decoupled models"):
+        plan_ensemble(config(" ".join(steps)), with_decoupled)

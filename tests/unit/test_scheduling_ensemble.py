@@ -6,16 +6,18 @@ In-process Core, real ONNX Runtime; the models are identities built with the onn
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto
 
-from fastoip.core import CallContext, Core
+from fastoip.core import CallContext, Core, FinishedCall
 from fastoip.errors import DeadlineExceeded, InvalidArgument
 from fastoip.repository.loaded import LoadedModel
+from fastoip.scheduling.ensemble import StepLimiter, batch_reshape
 from fastoip.types import InferInput, InferRequest, RequestedOutput
 from harness import core_on, success_and_failure
 from models import identity_model_bytes, write_model
@@ -158,3 +160,110 @@ def test_a_blocking_callers_lazy_deadline_reaches_the_first_steps(core: Core) ->
         core.infer(request("a_then_b", VALUES), CallContext(time_remaining=remaining))
     assert reads == ["read"]
     assert success_and_failure(core, "a") == (before[0], before[1] + 1)
+
+
+def batched_step(delay_us: int, preferred: int) -> str:
+    """An identity over FP32 [4] with a dynamic batcher that waits ``delay_us`` or for ``preferred`` requests."""
+    return (
+        "max_batch_size: 16\n"
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"dynamic_batching {{ preferred_batch_size: [ {preferred} ] max_queue_delay_microseconds: {delay_us} }}\n"
+    )
+
+
+def limited_ensemble(name: str, step: str, limit: int) -> str:
+    limit_line = f"max_inflight_requests: {limit}" if limit else ""
+    return (
+        f'name: "{name}" platform: "ensemble" max_batch_size: 16\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"ensemble_scheduling {{ {limit_line} step [ {{ model_name: \"{step}\" model_version: -1 "
+        'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n'
+    )
+
+
+def test_max_inflight_requests_bounds_a_step_across_the_ensembles_requests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Triton's ensemble back-pressure: with max_inflight_requests 1, one request at a time runs in the step, so
+    its batcher never sees two (12 executions of 1); without it, the 12 requests batch together."""
+    for name, delay in (("limited_step", 20_000), ("free_step", 5_000_000)):
+        write_model(tmp_path, name, identity_model_bytes(TensorProto.FLOAT, [4], name, batch=True),
+                    config=batched_step(delay, 12))
+    write_ensemble(tmp_path, "limited", limited_ensemble("limited", "limited_step", 1))
+    write_ensemble(tmp_path, "free", limited_ensemble("free", "free_step", 0))
+    with caplog.at_level("INFO", logger="fastoip"), core_on(tmp_path) as core:
+        assert "Ensemble model 'limited' configured with max_inflight_requests: 1" in caplog.text
+        assert "Ensemble model 'free' configured" not in caplog.text
+        done = threading.Semaphore(0)
+        answers: list[object] = []
+
+        def on_done(call: FinishedCall) -> None:
+            answers.append(call.error or call.response)
+            done.release()
+
+        for ensemble_name in ("limited", "free"):
+            for i in range(12):
+                data = np.full((1, 4), i, np.float32)
+                core.start(InferRequest(ensemble_name, inputs=[InferInput("IN", "FP32", (1, 4), data)],
+                                        outputs=[RequestedOutput("OUT")]), None, on_done)
+            for _ in range(12):
+                assert done.acquire(timeout=30)
+            assert all(not isinstance(answer, Exception) for answer in answers), answers
+        (limited,) = core.statistics("limited_step")
+        (free,) = core.statistics("free_step")
+    assert (limited.inference_count, limited.execution_count) == (12, 12)
+    assert (free.inference_count, free.execution_count) == (12, 1)
+
+
+def test_a_step_limiter_starts_waiting_launches_in_order_and_passes_on_a_slot_not_taken() -> None:
+    limiter = StepLimiter(2)
+    started: list[str] = []
+
+    def launch(name: str, takes: bool = True) -> Callable[[], bool]:
+        return lambda: started.append(name) is None and takes
+
+    for name in ("a", "b", "c"):
+        limiter.acquire(launch(name))
+    limiter.acquire(launch("d", takes=False))  # its request failed while it waited: it will not start
+    limiter.acquire(launch("e"))
+    assert started == ["a", "b"] and limiter.waiting() == 3 and limiter.in_flight == 2
+    limiter.release()  # a is done: c takes its slot
+    assert started == ["a", "b", "c"] and limiter.in_flight == 2
+    limiter.release()  # b is done: d does not start, so e gets the slot
+    assert started == ["a", "b", "c", "d", "e"] and limiter.in_flight == 2 and limiter.waiting() == 0
+    limiter.release()
+    limiter.release()
+    assert limiter.in_flight == 0
+    limiter.acquire(launch("f", takes=False))  # a launch that fails at once gives its slot straight back
+    assert limiter.in_flight == 0
+
+
+@pytest.mark.parametrize(("dims", "batching", "batch", "shape", "expected"), [
+    ((1,), True, 0, (1,), (1, 1)),  # a non-batched tensor a batching model takes: a batch of 1
+    ((4,), True, 0, (2, 4), (2, 4)),  # not the config's shape: assumed batched already
+    ((1,), False, 1, (1, 1), (1,)),  # a batch of 1 a non-batching model takes without its batch dimension
+    ((1, 1), False, 1, (1, 1), (1, 1)),  # already the config's shape: as it is
+    ((1,), False, 2, (2, 1), (2, 1)),  # a batch of 2 cannot lose its dimension
+    ((4,), True, 3, (3, 4), (3, 4)),  # batching on both sides: as it is
+    (None, True, 0, (4,), (4,)),
+])
+def test_batch_reshape_follows_tritons_ensemble(
+    dims: tuple[int, ...] | None, batching: bool, batch: int, shape: tuple[int, ...], expected: tuple[int, ...]
+) -> None:
+    assert batch_reshape(dims, batching, batch, shape) == expected
+
+
+def test_a_non_batching_ensemble_feeds_a_batching_step_a_batch_of_one(tmp_path: Path) -> None:
+    """Triton's ensemble reshape: IN [4] of a max_batch_size 0 ensemble reaches a batching step as [1, 4], and
+    the step's [1, 4] answer is the ensemble's OUT [4] again."""
+    write_model(tmp_path, "batched", identity_model_bytes(TensorProto.FLOAT, [4], "batched", batch=True),
+                config=batched_step(1000, 1))
+    (tmp_path / "plain" / "1").mkdir(parents=True)
+    (tmp_path / "plain" / "config.pbtxt").write_text(
+        limited_ensemble("plain", "batched", 0).replace("max_batch_size: 16", "max_batch_size: 0"))
+    with core_on(tmp_path) as core:
+        out = core.infer(request("plain", VALUES)).output("OUT")
+    assert out.shape == (4,)
+    np.testing.assert_array_equal(out.data, VALUES)

@@ -103,7 +103,8 @@ class FinishedCall(Ticket, Protocol):
     """A call as ``on_done`` receives it (the scheduler's job is one); ``cancel`` is safe from any thread.
 
     Exactly one of ``response`` / ``error`` is set, except for a decoupled call (``decoupled``), which
-    finishes with its error or with neither (its responses went to ``on_response``; this is the final flag).
+    finishes with its error or with neither (its responses went to ``on_response``; this is the final flag),
+    or with its last response, which carries the final flag (an ensemble with a decoupled step ends so).
     """
 
     request: InferRequest

@@ -93,21 +93,35 @@ class Core:
     def server_name(self, name: str) -> None:
         self.data.server_name = name
 
-    def started_logging(self, log_file: str, log_format: str) -> None:
-        """The process's --log-file and --log-format, which the log settings report (as Triton's)."""
-        self.data.log_settings_store.started_with(log_file, log_format)
+    def started_logging(
+        self, log_file: str, log_format: str, switches: dict[str, bool | int] | None = None
+    ) -> None:
+        """The process's --log-file and --log-format, which the log settings report (as Triton's), and
+        Triton's --log-info / --log-warning / --log-error / --log-verbose switches it started with."""
+        self.data.log_settings_store.started_with(log_file, log_format, switches)
+
+    def fail_initialization(self, reason: str) -> None:
+        """Triton's SERVER_FAILED_TO_INITIALIZE (a --model-repository that does not exist, with
+        --exit-on-error=false): the server stays up, not live and not ready, no model is loaded; server
+        metadata, shared memory, trace and log settings and metrics still answer; every model, repository and
+        inference request is answered Unavailable "Server not ready"."""
+        self.data.init_error = reason
+        self.data.shutting_down = True  # the inference path's one refusal check (it reads init_error)
 
     # -- model control --------------------------------------------------------------
     def load_models(self) -> None:
         self.control.load_models()
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        self.data.check_initialized()
         return self.control.repository_index(ready_only)
 
     def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self.data.check_initialized()
         self.control.load_model(name, parameters)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.data.check_initialized()
         self.control.unload_model(name, unload_dependents)
 
     # -- health -----------------------------------------------------------------------
@@ -127,6 +141,8 @@ class Core:
         """Why the server is not ready ("" when it is), the same for every frontend."""
         if self.data.server_ready():
             return ""
+        if self.data.init_error:
+            return f"the server is not ready: it failed to initialize ({self.data.init_error})"
         if self.data.draining or self.data.shutting_down:
             return "the server is not ready: it is shutting down"
         failed = [
@@ -138,6 +154,7 @@ class Core:
 
     def model_not_ready_reason(self, name: str, version: str = "") -> str:
         """Why model ``name`` is not ready ("" when it is): the lookup's error, or the shutdown."""
+        self.data.check_initialized()
         if self.data.model_ready(name, version):
             return ""
         try:

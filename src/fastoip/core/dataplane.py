@@ -61,6 +61,8 @@ from .answers import (
 from .call import CallContext, FinishedCall, OnDone, OnResponse, Ticket, on_loop
 
 SERVER_NAME = "fastoip"
+#: Triton's answer to a model or inference request on a server that failed to initialize.
+SERVER_NOT_READY = "Server not ready"
 
 
 class DataPlane:
@@ -87,8 +89,10 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         #: Readiness is false from the first shutdown stage; requests are still served.
         self.draining = False
-        #: New requests are refused (the listeners are closing).
+        #: New requests are refused (the listeners are closing, or the server failed to initialize).
         self.shutting_down = False
+        #: Why the server failed to initialize ("" when it did not; see ``Core.fail_initialization``).
+        self.init_error = ""
         self.shared_memory = SharedMemoryRegistry()
         self.log_settings_store = LogSettings()
         #: Trace settings and sampling (``--trace-config``, the trace settings API).
@@ -96,7 +100,7 @@ class DataPlane:
 
     # -- health -----------------------------------------------------------
     def server_live(self) -> bool:
-        return self.repository.all_alive()
+        return not self.init_error and self.repository.all_alive()
 
     def server_ready(self) -> bool:
         if self.draining or self.shutting_down:
@@ -105,7 +109,13 @@ class DataPlane:
             return self.repository.all_ready()
         return True
 
+    def check_initialized(self) -> None:
+        """Unavailable, in Triton's words, when the server failed to initialize (its models are never asked)."""
+        if self.init_error:
+            raise Unavailable(SERVER_NOT_READY)
+
     def model_ready(self, name: str, version: str = "") -> bool:
+        self.check_initialized()
         try:
             model = self.repository.get(name, version)
         except InferenceError:
@@ -121,6 +131,7 @@ class DataPlane:
         return ServerMetadata(self.server_name, __version__, self.extensions)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        self.check_initialized()
         model = self.repository.get(name, version)
         record = self.repository.record(name)
         if record is None:  # unloaded between the two lookups
@@ -135,6 +146,7 @@ class DataPlane:
         )
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        self.check_initialized()
         return self.repository.get(name, version).config
 
     # -- inference: one way in -------------------------------------------------------------
@@ -216,6 +228,7 @@ class DataPlane:
     ) -> tuple[LoadedModel, Job]:
         """Find the model and validate the request (the part that fails fast), and count it in flight."""
         if self.shutting_down:
+            self.check_initialized()
             raise Unavailable("the server is shutting down and accepts no new requests")
         model = self.runner.enter(request)
         try:
@@ -395,6 +408,7 @@ class DataPlane:
 
     # -- statistics ---------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        self.check_initialized()
         return [ModelStatistics.from_snapshot(snap) for snap in self.statistics_snapshots(name, version)]
 
     def statistics_snapshots(self, name: str = "", version: str = "") -> list[dict[str, Any]]:

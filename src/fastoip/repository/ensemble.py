@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._proto import model_config_pb2 as mc
@@ -52,7 +52,7 @@ class ComposingModel:
     max_batch_size: int
     inputs: dict[str, TensorShape]
     outputs: dict[str, TensorShape]
-    #: Decoupled models answer with any number of responses: not a step fastoip's ensembles can take.
+    #: Decoupled models answer with any number of responses: each runs the steps after it once.
     decoupled: bool = False
 
 
@@ -66,6 +66,12 @@ class EnsembleStep:
     inputs: dict[str, str]  # model input -> ensemble tensor
     outputs: dict[str, str]  # model output -> ensemble tensor
     needs: frozenset[str]  # ensemble tensors this step waits for
+    #: The composing model is decoupled: each of its responses runs the steps after it once.
+    decoupled: bool = False
+    #: The composing model batches (its inputs' first dimension is the batch).
+    batching: bool = False
+    #: Model input -> its config dims (batch dimension excluded).
+    input_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,13 @@ class EnsemblePlan:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     steps: tuple[EnsembleStep, ...]
+
+    #: A step is decoupled, so the ensemble is (Triton's ensemble writes it into its config).
+    decoupled: bool = False
+    #: The ensemble batches (``max_batch_size`` > 0).
+    batching: bool = False
+    #: Ensemble output -> its config dims (batch dimension excluded).
+    output_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def composing_models(self) -> tuple[str, ...]:
@@ -127,11 +140,6 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         model = lookup(configured.model_name)
         if model is None:
             raise InvalidArgument(f"{where}: model '{configured.model_name}' is not available")
-        if model.decoupled:
-            raise InvalidArgument(
-                f"{where}: model '{configured.model_name}' is decoupled; fastoip's ensembles take models that "
-                "answer each request once"
-            )
         # Triton: a batching ensemble may hold a non-batching model (its full shapes must then agree),
         # but not one that batches less than the ensemble does.
         if 0 < model.max_batch_size < config.max_batch_size:
@@ -171,7 +179,8 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         version = "" if configured.model_version < 0 else str(configured.model_version)
         steps.append(
             EnsembleStep(index, configured.model_name, version, dict(configured.input_map),
-                         dict(configured.output_map), frozenset(configured.input_map.values()))
+                         dict(configured.output_map), frozenset(configured.input_map.values()), model.decoupled,
+                         model.max_batch_size > 0, {key: shape.dims for key, shape in model.inputs.items()})
         )
     for step in steps:
         where = f"ensemble '{name}' step {step.index} ('{step.model_name}')"
@@ -185,7 +194,32 @@ def plan_ensemble(config: mc.ModelConfig, lookup: Callable[[str], ComposingModel
         if output not in producer:
             raise InvalidArgument(f"ensemble '{name}': output '{output}' is not produced by any step")
         _agree(name, f"ensemble '{name}'", output, known, declared_outputs[output])
-    return EnsemblePlan(name, tuple(declared_inputs), tuple(declared_outputs), _ordered(name, steps, producer))
+    ordered = _ordered(name, steps, producer)
+    decoupled = _check_decoupled_flow(name, ordered, declared_inputs)
+    return EnsemblePlan(name, tuple(declared_inputs), tuple(declared_outputs), ordered, decoupled, batching,
+                        {key: shape.dims for key, shape in declared_outputs.items()})
+
+
+def _check_decoupled_flow(name: str, ordered: tuple[EnsembleStep, ...], inputs: dict[str, TensorShape]) -> bool:
+    """Triton's decoupled data flow: every tensor carries the label of the decoupled step it descends from (0:
+    none); a step's inputs must share one label (a decoupled step's responses cannot meet another lineage's
+    tensors); a decoupled step's outputs start a new label.  True when a step is decoupled."""
+    label: dict[str, int] = dict.fromkeys(inputs, 0)
+    labels = 0
+    for step in ordered:  # every step after the steps whose tensors it reads
+        seen = {label[tensor] for tensor in step.needs if tensor in label}
+        if len(seen) > 1:
+            raise InvalidArgument(  # Triton's words
+                f"in ensemble {name}, step of model '{step.model_name}' receives inputs originated from different "
+                "decoupled models"
+            )
+        mine = seen.pop() if seen else 0
+        if step.decoupled:
+            labels += 1
+            mine = labels
+        for tensor in step.outputs.values():
+            label[tensor] = mine
+    return labels > 0
 
 
 def _agree(name: str, where: str, tensor: str, known: dict[str, TensorShape], seen: TensorShape) -> None:
@@ -272,7 +306,9 @@ class EnsembleModel(LoadedModel):
         self._resolve = runner.look_up
         super().__init__(
             name, version, path, config, [], executor,
-            lambda context, instances, executor: EnsembleScheduler(plan, runner),
+            lambda context, instances, executor: EnsembleScheduler(
+                plan, runner, config.ensemble_scheduling.max_inflight_requests, decoupled=plan.decoupled
+            ),
             model_dir=path.parent,  # ``path`` is the version directory: an ensemble has no model file
             metrics_config=metrics_config,
         )

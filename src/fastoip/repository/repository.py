@@ -611,8 +611,8 @@ class ModelRepository:
                 return None
 
         plan = plan_ensemble(config, lookup)
-        # Triton's ensemble scheduler writes whether a step is decoupled; fastoip's ensembles hold none
-        config.model_transaction_policy.decoupled = False
+        # Triton's ensemble writes whether a step is decoupled: then the ensemble is (clients stream it)
+        config.model_transaction_policy.decoupled = plan.decoupled
         return EnsembleModel(name, version, path, config, self.executor, plan, self.runner, self.metrics_config)
 
 

@@ -104,13 +104,19 @@ class RequestRunner:
             finish_outputs(model.spec, request, response)
 
     def start(
-        self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None], parent: Job | None = None
+        self,
+        request: InferRequest,
+        deadline_ns: int,
+        on_done: Callable[[Job], None],
+        parent: Job | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
         """Run ``request`` with nothing around it (an ensemble step): ``on_done(job)`` once it is complete.
 
         ``parent``: the ensemble request the step belongs to; when it is traced, the step is traced as its
-        child (Triton's ``parent_id``).  Errors found before it starts (unknown model, invalid input) are
-        raised here.
+        child (Triton's ``parent_id``).  ``on_response``: where a decoupled model's responses go, each
+        finished (reshape, classification) as a single response is; ``on_done`` follows the last (the
+        final flag).  Errors found before it starts (unknown model, invalid input) are raised here.
         """
         model = self.enter(request)
         try:
@@ -118,6 +124,14 @@ class RequestRunner:
         except BaseException:
             model.leave()
             raise
+        if on_response is not None and model.decoupled:
+            respond = on_response
+
+            def deliver(streamed: Job, response: InferResponse) -> None:
+                self.finish_outputs(model, request, response)
+                respond(streamed, response)
+
+            job.stream_to(deliver)
         job.deadline_ns = deadline_ns
         tracing = self.step_tracing
         if parent is not None and parent.trace is not None and tracing is not None:

@@ -42,7 +42,8 @@ def refuse_unbuilt_sections(config: mc.ModelConfig, model_name: str, backend: st
     """Unsupported naming the first section that would change results or the protocol (``backend``: the
     kind that serves the model, ``"ensemble"`` for an ensemble)."""
     reason = ""
-    if config.model_transaction_policy.decoupled and backend not in DECOUPLED_BACKENDS:
+    # an ensemble's own flag is set from its steps at load (as Triton's ensemble does), whatever it says
+    if config.model_transaction_policy.decoupled and backend not in (*DECOUPLED_BACKENDS, "ensemble"):
         reason = (
             f"model_transaction_policy {{ decoupled: true }} (decoupled responses) is not implemented for {backend} "
             "models (Python models may be decoupled)"

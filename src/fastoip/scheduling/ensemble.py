@@ -21,14 +21,37 @@ Rules:
   tensor wins when two disagree, logged), and the ensemble's response echoes
   ``sequence_id``, ``sequence_start`` and ``sequence_end`` when one of its
   outputs is a marked tensor.
+- A decoupled composing model (Triton's decoupled step) makes the ensemble
+  decoupled: each of its responses opens a branch of the request that runs the
+  steps after it on that response's outputs (no other tensor reaches them: the
+  load checks Triton's rule that a step's inputs share one decoupled lineage).
+  Each branch that produced requested outputs answers them as one response when
+  its steps are done; the last branch's response ends the call and carries the
+  final flag (Triton's ensemble marks it so), or the flag comes alone when that
+  branch answered nothing.  Without a decoupled step there is one branch and
+  one response, as before.
+- Tensors pass between a batching and a non-batching model as Triton's
+  ensemble passes them (:func:`batch_reshape`): a batch dimension of 1 is
+  added or removed where the receiver's config dims say so (a view, no copy).
+- ``max_inflight_requests`` (Triton's ensemble back-pressure): at most that many
+  requests run in each step at once, counted across every request of the
+  ensemble (one :class:`StepLimiter` per step; 0: no limit).  A step started
+  takes a slot until it is done; a step that finds none waits in its limiter's
+  queue (no thread waits: Triton blocks the thread that would start it) and
+  starts, in arrival order, when a slot is given back.  A step whose request
+  was cancelled or failed meanwhile does not start and passes the slot on.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..errors import InferenceError, InvalidArgument
 from ..types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
@@ -44,10 +67,16 @@ class StepRunner(Protocol):
     """How a step runs: the request runner under the Core (``repository.runner.RequestRunner``)."""
 
     def start(
-        self, request: InferRequest, deadline_ns: int, on_done: Callable[[Job], None], parent: Job | None = None
+        self,
+        request: InferRequest,
+        deadline_ns: int,
+        on_done: Callable[[Job], None],
+        parent: Job | None = None,
+        on_response: Callable[[Job, InferResponse], None] | None = None,
     ) -> Job:
         """Enter the composing model, prepare, enqueue; ``on_done`` once outputs, in-flight count and
-        statistics are done (``parent``: the ensemble request, whose trace the step's is a child of).
+        statistics are done (``parent``: the ensemble request, whose trace the step's is a child of;
+        ``on_response``: where a decoupled model's responses go, before ``on_done``).
         Raises InferenceError for a step that cannot start."""
 
 
@@ -66,6 +95,12 @@ class Step(Protocol):
     def outputs(self) -> dict[str, str]: ...
     @property
     def needs(self) -> frozenset[str]: ...
+    @property
+    def decoupled(self) -> bool: ...
+    @property
+    def batching(self) -> bool: ...
+    @property
+    def input_dims(self) -> dict[str, tuple[int, ...]]: ...
 
 
 class Plan(Protocol):
@@ -73,16 +108,69 @@ class Plan(Protocol):
     def name(self) -> str: ...
     @property
     def steps(self) -> tuple[Step, ...]: ...
+    @property
+    def batching(self) -> bool: ...
+    @property
+    def output_dims(self) -> dict[str, tuple[int, ...]]: ...
+
+
+class StepLimiter:
+    """At most ``limit`` steps of one index in flight across an ensemble's requests (Triton's
+    ``StepInflightRequestLimiter``, without the blocked thread): launches past the limit wait in order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._waiting: deque[Callable[[], bool]] = deque()
+        self._lock = threading.Lock()
+
+    def acquire(self, launch: Callable[[], bool]) -> None:
+        """Run ``launch`` now when a slot is free, else when one is released.  ``launch`` answers whether
+        it took the slot (False: its step did not start, and the slot passes on)."""
+        with self._lock:
+            if self.in_flight >= self.limit:
+                self._waiting.append(launch)
+                return
+            self.in_flight += 1
+        if not launch():
+            self.release()
+
+    def release(self) -> None:
+        """Give a slot back: the first waiting launch takes it, or it is free."""
+        while True:  # a loop, not recursion: waiting launches that do not start pass the slot on in turn
+            with self._lock:
+                if not self._waiting:
+                    self.in_flight -= 1
+                    return
+                launch = self._waiting.popleft()
+            if launch():
+                return
+
+    def waiting(self) -> int:
+        return len(self._waiting)
 
 
 class EnsembleScheduler:
-    """Runs ensemble requests; holds no queue of its own (steps queue in their models)."""
+    """Runs ensemble requests; holds no queue of its own (steps queue in their models, or in a step's
+    limiter under ``max_inflight_requests``)."""
 
-    def __init__(self, plan: Plan, runner: StepRunner) -> None:
+    def __init__(
+        self, plan: Plan, runner: StepRunner, max_inflight_requests: int = 0, *, decoupled: bool = False
+    ) -> None:
         self.plan = plan
         self.runner = runner
+        #: A step is decoupled: the ensemble answers a response per branch, then the final flag alone.
+        self.decoupled = decoupled
+        #: Step index -> the indices of the steps that read what it produced, directly or further on.
+        self.after = steps_after(plan.steps)
         self._running = 0
         self._lock = threading.Lock()
+        #: Step index -> its limiter (empty: no ``max_inflight_requests``).
+        self.limiters: dict[int, StepLimiter] = {}
+        if max_inflight_requests > 0:
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d", plan.name,
+                     max_inflight_requests)  # Triton's words (its qa/L0_simple_ensemble greps them)
+            self.limiters = {step.index: StepLimiter(max_inflight_requests) for step in plan.steps}
 
     def enqueue(self, job: Job) -> None:
         """Start ``job``'s steps; it finishes (``on_done``, ``wait``) when the last one has."""
@@ -102,56 +190,108 @@ class EnsembleScheduler:
         """Nothing queued here: steps in flight finish in their own models."""
 
 
+class _Branch:
+    """The tensors of one lineage of an ensemble request: the request's own (the root), or one response of a
+    decoupled step and what the steps after it make of it."""
+
+    __slots__ = ("tensors", "batch", "sequences", "waiting", "running", "produced", "closed")
+
+    def __init__(self, tensors: dict[str, InferInput | InferOutput], waiting: list[Step]) -> None:
+        self.tensors = tensors
+        #: Tensor name -> its batch size when a batching model (or ensemble) made it, 0 when a non-batching one.
+        self.batch: dict[str, int] = {}
+        #: Tensor name -> the sequence parameters the step that produced it answered with (Triton's override).
+        self.sequences: dict[str, dict[str, Any]] = {}
+        #: Steps not started yet (in plan order).
+        self.waiting = waiting
+        #: Steps started (or starting) and not done.
+        self.running = 0
+        #: Tensors produced in this branch (a decoupled ensemble answers each branch's own outputs).
+        self.produced: set[str] = set()
+        self.closed = False
+
+
 class _EnsembleRun:
-    """One ensemble request in flight: the tensors so far and the steps left."""
+    """One ensemble request in flight: its branches (one, unless a step is decoupled) and the steps left."""
 
     def __init__(self, scheduler: EnsembleScheduler, job: Job) -> None:
         self.scheduler = scheduler
         self.job = job
-        self.tensors: dict[str, InferInput | InferOutput] = {t.name: t for t in job.request.inputs}
-        #: Tensor name -> the sequence parameters the step that produced it answered with (Triton's override).
-        self.sequences: dict[str, dict[str, Any]] = {}
+        inputs = job.request.inputs
         # Triton prunes the steps whose outputs no requested output depends on
-        self.waiting = needed_steps(scheduler.plan.steps, job.output_names)
-        #: Steps started and not done: their jobs (None while a step is being started).
-        self.running: dict[int, Job | None] = {}
+        self.root = _Branch({t.name: t for t in inputs}, needed_steps(scheduler.plan.steps, job.output_names))
+        batching = scheduler.plan.batching
+        self.root.batch = {t.name: (int(t.shape[0]) if batching and t.shape else 0) for t in inputs}
+        self.open_branches = 1
+        #: Step jobs started and not done (cancelled when the request fails), by launch number.
+        self.jobs: dict[int, Job | None] = {}
+        self._launches = 0
         self.failed = False
         self.lock = threading.Lock()
-        #: Set once, by whichever thread sees the last step done: the request ends (and is uncounted) once.
-        self.ended = False
 
     def start(self) -> None:
-        self._launch_ready()
+        self._launch_ready(self.root)
 
-    def _launch_ready(self) -> None:
+    def _launch_ready(self, branch: _Branch) -> None:
         with self.lock:
             if not self.failed and self.job.finished:  # the client cancelled or its deadline passed
                 self.failed = True
-                self.waiting = []
+            ready: list[tuple[Step, list[Step]]] = []
             if self.failed:
-                ready: list[Step] = []
+                branch.waiting = []
             else:
-                ready = [s for s in self.waiting if s.needs <= self.tensors.keys()]
-                self.waiting = [s for s in self.waiting if s not in ready]
-                for step in ready:  # running from now on: a step that finishes at once must not end the request
-                    self.running[step.index] = None
-            # nothing running and nothing to start: a step still waiting needs a tensor no step produced (a
-            # composing model left that output out), and it never will; the request ends with what it has
-            done = not self.running and not ready and not self.ended
-            if done:
-                self.ended = True
-        if done:
-            self._finish()
+                for step in [s for s in branch.waiting if s.needs <= branch.tensors.keys()]:
+                    branch.waiting.remove(step)
+                    after: list[Step] = []
+                    if step.decoupled:  # the steps after it run once per response, each in its own branch
+                        follows = self.scheduler.after[step.index]
+                        after = [s for s in branch.waiting if s.index in follows]
+                        branch.waiting = [s for s in branch.waiting if s.index not in follows]
+                    ready.append((step, after))
+                branch.running += len(ready)  # from now on: a step that finishes at once must not close it
+            # nothing running and nothing to start: the branch is done (a step still waiting needs a tensor no
+            # step produced, as when a composing model left that output out, and it never will)
+            closing = branch.running == 0 and not ready and not branch.closed
+            last = False
+            response: InferResponse | None = None
+            if closing:
+                branch.closed = True
+                self.open_branches -= 1
+                last = self.open_branches == 0
+                if self.scheduler.decoupled and not self.failed and branch.produced:
+                    response = self._response(branch)
+                    if response is not None and not last:
+                        # under the lock: every branch's response goes out before the last one
+                        self.job.send(response)
+        if last:
+            self._end(response)
             return
-        for step in ready:
-            self._launch(step)
+        limiters = self.scheduler.limiters
+        for step, after in ready:
+            if limiters:
+                limiters[step.index].acquire(partial(self._launch_if_wanted, branch, step, after))
+            else:
+                self._launch(branch, step, after)
 
-    def _launch(self, step: Step) -> None:
+    def _launch_if_wanted(self, branch: _Branch, step: Step, after: list[Step]) -> bool:
+        """A step that waited for a limiter slot: start it unless its request failed or ended meanwhile.
+        True when it started (and holds the slot until it is done)."""
+        with self.lock:
+            if not self.failed and self.job.finished:  # cancelled, or its deadline passed, while it waited
+                self.failed = True
+            dropped = self.failed
+        if not dropped:
+            return self._launch(branch, step, after)
+        self._step_ended(branch)
+        return False
+
+    def _launch(self, branch: _Branch, step: Step, after: list[Step]) -> bool:
+        """Start ``step`` in ``branch``; False when it could not start (the request fails with its error)."""
         # Triton hands each step the ensemble request's parameters (sequence id and flags, priority, ...)
         parameters = dict(self.job.request.parameters)
         chosen: dict[str, Any] | None = None
         for tensor in step.inputs.values():
-            marked = self.sequences.get(tensor)
+            marked = branch.sequences.get(tensor)
             if marked is None:
                 continue
             if chosen is None:
@@ -167,57 +307,100 @@ class _EnsembleRun:
             step.model_version,
             self.job.request.id,
             parameters=parameters,
-            inputs=[_as_input(model_input, self.tensors[tensor]) for model_input, tensor in step.inputs.items()],
+            inputs=[
+                _as_input(model_input, branch.tensors[tensor], step.input_dims.get(model_input), step.batching,
+                          branch.batch.get(tensor, 0))
+                for model_input, tensor in step.inputs.items()
+            ],
             outputs=[RequestedOutput(name) for name in step.outputs],
         )
+        with self.lock:
+            self._launches += 1
+            launch = self._launches
+            self.jobs[launch] = None
+        on_response = partial(self._step_response, step, after) if step.decoupled else None
         try:
             sub = self.scheduler.runner.start(
-                request, self.job.deadline_ns, lambda finished: self._step_done(step, finished), self.job
+                request, self.job.deadline_ns, partial(self._step_done, branch, step, after, launch), self.job,
+                on_response,
             )
         except InferenceError as exc:
             with self.lock:
-                self.running.pop(step.index, None)
+                self.jobs.pop(launch, None)
             self._fail(step, exc)
-            return
+            self._step_ended(branch)
+            return False
         with self.lock:
-            if step.index in self.running:  # not finished already
-                self.running[step.index] = sub
+            if launch in self.jobs:  # not finished already
+                self.jobs[launch] = sub
             cancel = self.failed
         if cancel:  # another step failed while this one was starting
             sub.cancel()
+        return True
 
-    def _step_done(self, step: Step, sub: Job) -> None:
-        with self.lock:
-            self.running.pop(step.index, None)
-        if sub.error is not None:
-            self._fail(step, sub.error)
-            return
-        assert sub.response is not None
+    def _step_response(self, step: Step, after: list[Step], sub: Job, response: InferResponse) -> None:
+        """One response of a decoupled step: a branch of its own runs the steps after it on these outputs."""
         try:
-            marked = _sequence_override(sub.request.parameters, sub.response.parameters)
+            marked = _sequence_override(sub.request.parameters, response.parameters or {})
         except InvalidArgument as exc:
             self._fail(step, exc)
             return
-        if marked is None:  # Triton marks a step's outputs with the sequence id and flags the step ran with
+        if marked is None:
             marked = _step_sequence(sub.request.parameters)
+        child = _Branch({}, list(after))
+        for output in response.outputs:
+            tensor = step.outputs.get(output.name)
+            if tensor is not None:
+                child.tensors[tensor] = output
+                child.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
+                child.produced.add(tensor)
+                child.sequences[tensor] = marked
         with self.lock:
-            for output in sub.response.outputs:
-                tensor = step.outputs.get(output.name)
-                if tensor is not None:
-                    self.tensors[tensor] = output
-                    if marked is not None:
-                        self.sequences[tensor] = marked
-        self._launch_ready()
+            if self.failed:
+                return
+            self.open_branches += 1  # before the step's final flag can close the last branch
+        self._launch_ready(child)
+
+    def _step_done(self, branch: _Branch, step: Step, after: list[Step], launch: int, sub: Job) -> None:
+        limiters = self.scheduler.limiters
+        if limiters:  # before anything else: a step waiting for the slot starts now
+            limiters[step.index].release()
+        with self.lock:
+            self.jobs.pop(launch, None)
+        if sub.error is not None:
+            self._fail(step, sub.error)
+        elif step.decoupled:  # its outputs go to branches of their own; its last response may come with the end
+            if sub.response is not None:
+                self._step_response(step, after, sub, sub.response)
+        else:
+            assert sub.response is not None
+            try:
+                marked = _sequence_override(sub.request.parameters, sub.response.parameters)
+            except InvalidArgument as exc:
+                self._fail(step, exc)
+            else:
+                if marked is None:  # Triton marks a step's outputs with the sequence id and flags it ran with
+                    marked = _step_sequence(sub.request.parameters)
+                with self.lock:
+                    for output in sub.response.outputs:
+                        tensor = step.outputs.get(output.name)
+                        if tensor is not None:
+                            branch.tensors[tensor] = output
+                            branch.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
+                            branch.produced.add(tensor)
+                            branch.sequences[tensor] = marked
+        self._step_ended(branch)
+
+    def _step_ended(self, branch: _Branch) -> None:
+        with self.lock:
+            branch.running -= 1
+        self._launch_ready(branch)
 
     def _fail(self, step: Step, error: BaseException) -> None:
         with self.lock:
             first = not self.failed
             self.failed = True
-            self.waiting = []
-            others = [other for other in self.running.values() if other is not None]
-            finished = not self.running and not self.ended
-            if finished:
-                self.ended = True
+            others = [other for other in self.jobs.values() if other is not None]
         if first:
             if isinstance(error, InferenceError):
                 where = f"in ensemble '{self.scheduler.plan.name}', step {step.index} ('{step.model_name}')"
@@ -225,24 +408,47 @@ class _EnsembleRun:
             self.job.fail(error)
             for other in others:
                 other.cancel()
-        if finished:
-            self.scheduler.finished_one()
 
-    def _finish(self) -> None:
-        self.scheduler.finished_one()
-        if self.failed:
-            return
+    def _response(self, branch: _Branch) -> InferResponse | None:
+        """A decoupled ensemble's response: the requested outputs ``branch`` produced (None: it produced none)."""
+        outputs, parameters = self._outputs(branch, [n for n in self.job.output_names if n in branch.produced])
+        if not outputs:
+            return None
+        request = self.job.request
+        return InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
+
+    def _outputs(self, branch: _Branch, names: Iterable[str]) -> tuple[list[InferOutput], dict[str, Any]]:
         outputs = []
         parameters: dict[str, Any] = {}
-        for name in self.job.output_names:
-            tensor = self.tensors.get(name)
+        for name in names:
+            tensor = branch.tensors.get(name)
             if tensor is None:  # Triton answers without it (its words, at verbose level)
                 log.debug("Composing models did not output tensor %s", name)
                 continue
-            outputs.append(InferOutput(name, tensor.datatype, tuple(tensor.shape), tensor.data))
-            marked = self.sequences.get(name)
+            plan = self.scheduler.plan
+            shape = batch_reshape(plan.output_dims.get(name), plan.batching, branch.batch.get(name, 0),
+                                  tuple(tensor.shape))
+            data = tensor.data if shape == tuple(tensor.shape) or tensor.data is None else tensor.data.reshape(shape)
+            outputs.append(InferOutput(name, tensor.datatype, shape, data))
+            marked = branch.sequences.get(name)
             if marked is not None:
                 parameters.update(marked)  # Triton adds them once per marked output: the last one stands
+        return outputs, parameters
+
+    def _end(self, last: InferResponse | None) -> None:
+        """The last branch closed: the request ends once.  Decoupled: with the last branch's response, which
+        carries the final flag (Triton's ensemble marks the response it sends last final), else the final
+        flag alone."""
+        self.scheduler.finished_one()
+        if self.failed:
+            return
+        if self.scheduler.decoupled:
+            if last is not None:
+                self.job.finish(last)
+            else:
+                self.job.end_stream()
+            return
+        outputs, parameters = self._outputs(self.root, self.job.output_names)
         request = self.job.request
         self.job.finish(
             InferResponse(request.model_name, request.model_version, request.id, parameters or None, outputs)
@@ -278,9 +484,36 @@ def _step_sequence(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _as_input(name: str, tensor: InferInput | InferOutput | None) -> InferInput:
+def _as_input(
+    name: str, tensor: InferInput | InferOutput | None, dims: tuple[int, ...] | None, batching: bool, batch: int
+) -> InferInput:
     assert tensor is not None
-    return InferInput(name, tensor.datatype, tuple(tensor.shape), tensor.data)
+    shape = batch_reshape(dims, batching, batch, tuple(tensor.shape))
+    data = tensor.data
+    if shape != tuple(tensor.shape) and isinstance(data, np.ndarray):
+        data = data.reshape(shape)  # a view: the same bytes with a batch dimension added or removed
+    return InferInput(name, tensor.datatype, shape, data)
+
+
+def batch_reshape(
+    dims: tuple[int, ...] | None, batching: bool, batch: int, shape: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Triton's ensemble passes a tensor between a batching and a non-batching model when the full shapes
+    agree: ``shape`` as a model (or the ensemble's response) with config ``dims`` and ``batching`` takes it
+    from a producer that made it with batch size ``batch`` (0: a non-batching producer).  A non-batched
+    tensor whose shape is the config's gets a batch dimension of 1; a batch of 1 that is not the config's
+    shape loses it; anything else is passed as it is (the model's own checks then speak)."""
+    if dims is None or batching == (batch != 0):
+        return shape
+    if batching:
+        return (1, *shape) if _dims_agree(dims, shape) else shape
+    if not _dims_agree(dims, shape) and batch == 1:
+        return shape[1:]
+    return shape
+
+
+def _dims_agree(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(dims) == len(shape) and all(d == -1 or d == s for d, s in zip(dims, shape, strict=True))
 
 
 def needed_steps(steps: Sequence[Step], wanted: Iterable[str]) -> list[Step]:
@@ -293,3 +526,18 @@ def needed_steps(steps: Sequence[Step], wanted: Iterable[str]) -> list[Step]:
             needed |= set(step.inputs.values())
     keep.reverse()
     return keep
+
+
+def steps_after(steps: Sequence[Step]) -> dict[int, frozenset[int]]:
+    """Each step's followers: the steps that read its outputs, and theirs, on to the end."""
+    readers = {
+        step.index: [other.index for other in steps if set(step.outputs.values()) & other.needs] for step in steps
+    }
+    after: dict[int, frozenset[int]] = {}
+    for step in reversed(steps):  # plan order puts every step after the steps it needs
+        found: set[int] = set()
+        for index in readers[step.index]:
+            found.add(index)
+            found |= after.get(index, frozenset())
+        after[step.index] = frozenset(found)
+    return after

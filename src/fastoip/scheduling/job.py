@@ -11,8 +11,10 @@ Rules:
 - A job for a decoupled model (``model_transaction_policy { decoupled }``) may
   have any number of responses: each but the final one goes to its response
   sink (``send``) as it is produced, on the producing thread; the job then
-  finishes once, with an error or with ``end_stream`` (no response: the
-  final flag alone).  A job without a sink drops what is sent (warmup).
+  finishes once, with an error, with ``end_stream`` (no response: the
+  final flag alone), or with ``finish`` (its last response, carrying the
+  final flag: an ensemble's, as Triton's).  A job without a sink drops what
+  is sent (warmup).
 - When its execution ends, a job lets go of its input arrays
   (:meth:`Job.release_inputs`, as Triton's backends release the request
   then): a large input is freed before the response is encoded and sent, not

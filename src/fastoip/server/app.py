@@ -26,6 +26,7 @@ from .. import metrics
 from ..core import Core
 from ..options import RepositoryOptions
 from ..repository.remote import RemoteRepository, parse_location
+from ..settings import SWITCHES, apply_switches
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 from .ports import PortClaims, claim_ports
@@ -95,12 +96,17 @@ class ServeOptions:
     metrics_host: str | None = None
     log_format: str = "default"
     log_file: str = ""
+    #: Triton's --log-info / --log-warning / --log-error / --log-verbose as given (None: those of log_level).
+    log_switches: dict[str, bool | int] | None = None
     server_id: str = "fastoip"
     #: Triton's ``--trace-config`` (and its deprecated ``--trace-*`` flags).
     trace_config: TraceConfig = field(default_factory=TraceConfig)
     repository: RepositoryOptions = field(default_factory=RepositoryOptions)
     #: Triton's --exit-on-error=true: a model that fails to load at start-up stops the start.
     exit_on_error: bool = False
+    #: Why the server failed to initialize ("" when it did not): with --exit-on-error=false it starts its
+    #: listeners anyway, loads nothing and answers as Triton's SERVER_FAILED_TO_INITIALIZE (Core.fail_initialization).
+    init_error: str = ""
     #: Triton's --pinned-memory-pool-byte-size (None: 256 MB).
     pinned_pool_bytes: int | None = None
     #: Triton's --http-header-forward-pattern.
@@ -144,7 +150,7 @@ class ServerApp:
             metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
-        self.core.started_logging(options.log_file, options.log_format)
+        self.core.started_logging(options.log_file, options.log_format, options.log_switches)
         if self.remote is not None:
             self.core.repository.source = self.remote  # poll mode syncs before each scan
         self._stop = threading.Event()
@@ -164,7 +170,12 @@ class ServerApp:
         claims = claim_ports(self._listeners())
         try:
             log.info("model repository: %s", ", ".join(str(r) for r in self.core.repository.roots))
-            self._load_models()
+            if self.options.init_error:
+                log.error("failed to initialize: %s (--exit-on-error=false: serving, not live, not ready)",
+                          self.options.init_error)
+                self.core.fail_initialization(self.options.init_error)
+            else:
+                self._load_models()
             self._start_frontends(claims)
         finally:
             claims.release_all()
@@ -294,8 +305,8 @@ class ServerApp:
         """
         options = self.options
         grace = options.shutdown_grace
-        if not self._started:
-            grace = 0.0  # the start failed: no load balancer routes here
+        if not self._started or options.init_error:
+            grace = 0.0  # the start (or the initialization) failed: no load balancer routes here
         elif self._interactive and self.core.requests_in_flight() == 0:
             grace = 0.0
             log.info("shutting down: Ctrl-C with no request in flight, no grace period")
@@ -305,6 +316,7 @@ class ServerApp:
         if grace > 0:
             self._hurry.wait(grace)
         stopped: list[Any] = []
+        log.info("Waiting for in-flight requests to complete.")  # Triton's words (its qa/L0_logging greps them)
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
             stopped.append(self.grpc_server.stop(grace=options.exit_timeout))
@@ -347,6 +359,10 @@ def serve(options: ServeOptions) -> int:
     )
     if options.log_format == "ISO8601":
         logging.Formatter.converter = time.gmtime
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(SWITCHES)  # Triton's independent info / warning / error / verbose switches
+    if options.log_switches:
+        apply_switches(options.log_switches)  # before the first line (the Core's settings report them again)
     server = ServerApp(options, own_process=True)
 
     def on_signal(signum: int, frame: object) -> None:

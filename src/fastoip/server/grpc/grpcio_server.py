@@ -51,6 +51,7 @@ from .service import (
     encode_final,
     encode_partial,
     error_echo,
+    last_response,
     take_empty_final_flag,
 )
 
@@ -227,7 +228,7 @@ class GrpcioFrontend:
             if item.response is not None:
                 if empty_final:  # asked for by a request that had one response anyway
                     empty_final.discard(item.request)
-                last = _codec.encode_stream_response(item.response)
+                last = _codec.encode_stream_response(last_response(item))
             else:
                 last = encode_final(item, item.request in empty_final)  # an error, or a decoupled request's final
                 empty_final.discard(item.request)

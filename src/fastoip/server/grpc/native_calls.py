@@ -43,6 +43,7 @@ from .service import (
     encode_final,
     encode_partial,
     error_echo,
+    last_response,
     take_empty_final_flag,
 )
 
@@ -342,7 +343,7 @@ class StreamInferCall(Call):
                 if self.empty_final:  # asked for by a request that had one response anyway
                     self.empty_final.discard(job)
                 try:
-                    body = _codec.encode_stream_response(response)
+                    body = _codec.encode_stream_response(last_response(job))
                 except Exception as exc:
                     body = _codec.encode_stream_response(
                         error_echo(job.request), f"cannot encode the response: {exc}"

@@ -13,7 +13,9 @@ Rules:
   ``triton_final_response: false``; the final flag alone becomes an empty
   response (``triton_final_response: true``, no outputs) only when the request
   asked with ``triton_enable_empty_final_response: true``; an error is the
-  final response (its ``error_message``).  Both frontends use the helpers below.
+  final response (its ``error_message``); a decoupled request that finishes
+  with a response (an ensemble's last) sends it with ``triton_final_response:
+  true``.  Both frontends use the helpers below.
 """
 
 from __future__ import annotations
@@ -119,9 +121,19 @@ def encode_final(call: FinishedCall, empty_final: bool) -> bytes | None:
     if response is None:  # a decoupled request's final flag alone
         return _codec.encode_stream_response(_shell(call.request, True)) if empty_final else None
     try:
-        return _codec.encode_stream_response(response)
+        return _codec.encode_stream_response(last_response(call))
     except Exception as exc:
         return _codec.encode_stream_response(error_echo(call.request), f"cannot encode the response: {exc}")
+
+
+def last_response(call: FinishedCall) -> InferResponse:
+    """A finished stream request's one response; a decoupled request's last response, which carries the final
+    flag (an ensemble with a decoupled step ends so, as Triton's ensemble marks its last response final)."""
+    response = call.response
+    assert response is not None
+    if call.decoupled:
+        response.parameters = {**(response.parameters or {}), FINAL_RESPONSE: True}
+    return response
 
 
 def _shell(source: InferRequest | InferResponse, final: bool) -> InferResponse:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ...errors import InferenceError, NotFound
+from ...settings import SWITCHES
 from .. import restricted
 from ..restricted import RestrictedFeatures, Restriction
 from .errors import Forbidden, MethodNotAllowed
@@ -125,6 +126,8 @@ class Router:
         if scope["type"] != "http":  # lifespan is off and websockets are not served
             return
         request = Request(scope, receive)
+        if SWITCHES.verbose:  # Triton's --log-verbose=1 line for each HTTP request
+            log.debug("HTTP request: %s %s", request.method, request.path)
         try:
             if b"%" in scope.get("raw_path", b"") and ENCODED_SLASH.search(scope["raw_path"]):
                 raise NotFound(f"no endpoint at '{scope['raw_path'].decode('latin-1')}' (an encoded '/' is not a "
