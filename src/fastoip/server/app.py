@@ -26,7 +26,7 @@ from .. import metrics
 from ..core import Core
 from ..options import RepositoryOptions
 from ..repository.remote import RemoteRepository, parse_location
-from ..settings import SWITCHES, apply_switches
+from ..settings import SWITCHES, apply_switches, switches_for_level
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 from .ports import PortClaims, claim_ports
@@ -361,8 +361,8 @@ def serve(options: ServeOptions) -> int:
         logging.Formatter.converter = time.gmtime
     for handler in logging.getLogger().handlers:
         handler.addFilter(SWITCHES)  # Triton's independent info / warning / error / verbose switches
-    if options.log_switches:
-        apply_switches(options.log_switches)  # before the first line (the Core's settings report them again)
+    # before the first line (the Core's settings report them again); without Triton's flags, --log-level's
+    apply_switches(options.log_switches or switches_for_level(logging.getLogger().getEffectiveLevel()))
     server = ServerApp(options, own_process=True)
 
     def on_signal(signum: int, frame: object) -> None:
