@@ -211,6 +211,34 @@ def test_oldest_waits_for_the_queue_delay_then_runs_what_it_has() -> None:
     assert answer(one) == 1
 
 
+def test_direct_runs_at_once_when_no_minimum_slot_utilization_is_set() -> None:
+    # Triton's direct batcher ignores max_queue_delay_microseconds while minimum_slot_utilization is 0 (its
+    # default): a lone request does not wait for the batch to fill (L0_sequence_batcher's queue delay cases)
+    batcher, model, clock = make(max_batch=4, strategy="direct { max_queue_delay_microseconds: 3000000 }")
+    one = job(1, 1, start=True)
+    batcher.enqueue(one)
+    assert isinstance(run_ready(batcher, clock), Batch)
+    assert answer(one) == 1
+
+
+def test_direct_waits_for_its_minimum_slot_utilization_or_the_queue_delay() -> None:
+    batcher, model, clock = make(max_batch=4, strategy="direct { max_queue_delay_microseconds: 1000 "
+                                                           "minimum_slot_utilization: 0.5 }")
+    a, b = job(1, 1, start=True), job(2, 2, start=True)
+    batcher.enqueue(a)
+    assert batcher.next_batch(0, clock()) == clock.now + 1 * MS  # 1 of 4 slots ready: under half, so it waits
+    batcher.enqueue(b)
+    both = run_ready(batcher, clock)  # 2 of 4: half, it runs without waiting
+    assert isinstance(both, Batch) and len(both.entries) == 2
+    assert (answer(a), answer(b)) == (1, 2)
+    c = job(10, 2, end=True)
+    batcher.enqueue(c)
+    assert batcher.next_batch(0, clock()) == clock.now + 1 * MS  # alone again: it waits for the delay
+    clock.now += 1 * MS
+    assert isinstance(run_ready(batcher, clock), Batch)
+    assert answer(c) == 12
+
+
 def test_direct_binds_each_sequence_to_one_instance() -> None:
     batcher, model, clock = make(max_batch=1, instances=2)
     a, b = job(1, 1, start=True), job(2, 2, start=True)

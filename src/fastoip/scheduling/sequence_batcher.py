@@ -17,9 +17,12 @@ Rules (Triton's ``architecture.md`` "Stateful Models" and the core's
 - ``direct``: a sequence is bound to one instance for its whole life.
   ``oldest``: any instance takes the sequences whose next request is oldest.
   Either way a batch holds at most one request per sequence, and the requests
-  of one sequence run one at a time, in order.  A batch runs when it has
-  ``max_batch_size`` requests (the largest preferred size, for ``oldest``), or
-  when its oldest request has waited ``max_queue_delay_microseconds``.
+  of one sequence run one at a time, in order.  ``oldest``: a batch runs when
+  it has ``max_batch_size`` requests (the largest preferred size), or when its
+  oldest request has waited ``max_queue_delay_microseconds``.  ``direct``: it
+  runs at once unless ``minimum_slot_utilization`` is set; then it waits (up to
+  ``max_queue_delay_microseconds`` for its oldest request) until at least that
+  share of ``max_batch_size`` sequences have a request ready.
 - Control inputs are filled per request (START, END, READY, CORRID with the
   config's false/true values); implicit state inputs come from the sequence's
   previous state outputs, or the initial state at START.  Clients never send
@@ -295,9 +298,16 @@ class SequenceBatcher:
             ready.sort(key=lambda s: s.queue[0].queued_ns)
             signature = self._signature(ready[0])
             chosen = [s for s in ready if self._signature(s) == signature][: self.max_batch]
-            target = max(self.settings.preferred_batch_sizes or (self.max_batch,))
             ripe_at = ready[0].queue[0].queued_ns + self.settings.queue_delay_ns
-            if len(chosen) >= min(target, self.max_batch) or now >= ripe_at:
+            if direct:
+                # Triton's direct batcher: the delay holds a batch back only while the share of this instance's
+                # slots with a request ready is under minimum_slot_utilization (0, the default: never)
+                share = self.settings.minimum_slot_utilization
+                enough = share <= 0.0 or len(ready) / self.max_batch >= share
+            else:
+                target = max(self.settings.preferred_batch_sizes or (self.max_batch,))
+                enough = len(chosen) >= min(target, self.max_batch)
+            if enough or now >= ripe_at:
                 return Batch(instance, tuple((s, s.queue[0]) for s in chosen))
             wake = ripe_at if wake is None else min(wake, ripe_at)
         return wake

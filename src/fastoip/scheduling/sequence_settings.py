@@ -72,6 +72,9 @@ class SequenceSettings:
     preferred_batch_sizes: tuple[int, ...]
     queue_delay_ns: int
     corrid_datatype: str | None
+    #: ``direct``'s ``minimum_slot_utilization``: the queue delay holds a batch back only while fewer than this
+    #: share of ``max_batch_size`` sequences have a request ready; 0 (the default) never holds it back.
+    minimum_slot_utilization: float = 0.0
 
 
 def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> SequenceSettings:
@@ -101,7 +104,7 @@ def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> 
         delay_us = block.direct.max_queue_delay_microseconds
     idle_us = block.max_sequence_idle_microseconds or DEFAULT_IDLE_US
     return SequenceSettings(strategy, idle_us * 1000, controls, states, max_candidates, preferred,
-                            delay_us * 1000, corrid)
+                            delay_us * 1000, corrid, float(block.direct.minimum_slot_utilization))
 
 
 def _control(model: str, entry: mc.ModelSequenceBatching.ControlInput) -> ControlSpec:
