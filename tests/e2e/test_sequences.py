@@ -7,6 +7,7 @@ sequence, reset at START, kept apart between interleaved sequences, and the cont
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -25,6 +26,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (root / "seq" / "1").mkdir(parents=True)
     (root / "seq" / "1" / "model.onnx").write_bytes(implicit_state_sequence_model_bytes())
     (root / "seq" / "config.pbtxt").write_text(IMPLICIT_STATE_SEQUENCE_CONFIG)
+    # a direct queue delay without minimum_slot_utilization: Triton runs each batch at once, the delay unused
+    (root / "seq_delay" / "1").mkdir(parents=True)
+    (root / "seq_delay" / "1" / "model.onnx").write_bytes(implicit_state_sequence_model_bytes())
+    (root / "seq_delay" / "config.pbtxt").write_text(IMPLICIT_STATE_SEQUENCE_CONFIG.replace(
+        "sequence_batching {", "sequence_batching {\n  direct { max_queue_delay_microseconds: 3000000 }"))
     with ServerProcess(root, http=True) as proc:
         yield proc
 
@@ -53,6 +59,18 @@ def test_interleaved_sequences_keep_their_own_state_over_grpc(server: ServerProc
     assert grpc_step(client, 30, 1002, end=True) == (60, 1002)
     # the id is free again: a new sequence starts from the initial (zero) state
     assert grpc_step(client, 5, 1001, start=True, end=True) == (5, 1001)
+
+
+def test_a_direct_queue_delay_without_minimum_slot_utilization_does_not_hold_a_lone_sequence(
+        server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    started = time.monotonic()
+    for x, flags in ((1, {"sequence_start": True}), (2, {}), (3, {"sequence_end": True})):
+        inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        inp.set_data_from_numpy(value(x))
+        result = client.infer("seq_delay", [inp], sequence_id=77, **flags)
+    assert int(result.as_numpy("OUTPUT")[0, 0]) == 6
+    assert time.monotonic() - started < 2.5  # held for the 3 s delay, one request alone would take longer
 
 
 def test_a_sequence_over_http_and_the_stream(server: ServerProcess) -> None:
