@@ -150,7 +150,11 @@ def test_sigterm_under_load_loses_nothing(tmp_path: Path, grpc_frontend: str) ->
     counts = Counter(outcomes.values())
     print(f"sent {len(sent)} ({sent_before} before SIGTERM): {dict(counts)}; goaway={idle.goaway}")
     assert len(sent) == len(outcomes), "a request got no answer at all"  # every sent request was answered
-    assert set(counts) <= {"OK", "UNAVAILABLE"}, counts  # never CANCELLED, INTERNAL, a wrong answer ...
+    # never INTERNAL, a wrong answer ...; CANCELLED only on grpcio, at most one call per client: a call grpc's core
+    # had received but grpcio's single outstanding request_call had not yet taken is cancelled by the core when the
+    # server shuts down (details "CANCELLED", seen about 1 run in 8 under load); it never ran (checked below)
+    allowed = {"OK", "UNAVAILABLE"} | ({"CANCELLED"} if grpc_frontend == "grpcio" else set())
+    assert set(counts) <= allowed and counts["CANCELLED"] <= CLIENTS, counts
     assert counts["OK"] > sent_before, "no request was served after SIGTERM (the grace period serves)"
     executed = [int(line) for line in log.read_text().split()]
     ok = {number for number, outcome in outcomes.items() if outcome == "OK"}
