@@ -340,21 +340,9 @@ class _EnsembleRun:
 
     def _step_response(self, step: Step, after: list[Step], sub: Job, response: InferResponse) -> None:
         """One response of a decoupled step: a branch of its own runs the steps after it on these outputs."""
-        try:
-            marked = _sequence_override(sub.request.parameters, response.parameters or {})
-        except InvalidArgument as exc:
-            self._fail(step, exc)
-            return
-        if marked is None:
-            marked = _step_sequence(sub.request.parameters)
         child = _Branch({}, list(after))
-        for output in response.outputs:
-            tensor = step.outputs.get(output.name)
-            if tensor is not None:
-                child.tensors[tensor] = output
-                child.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
-                child.produced.add(tensor)
-                child.sequences[tensor] = marked
+        if not self._take_outputs(step, sub, response, child):
+            return
         with self.lock:
             if self.failed:
                 return
@@ -374,22 +362,28 @@ class _EnsembleRun:
                 self._step_response(step, after, sub, sub.response)
         else:
             assert sub.response is not None
-            try:
-                marked = _sequence_override(sub.request.parameters, sub.response.parameters)
-            except InvalidArgument as exc:
-                self._fail(step, exc)
-            else:
-                if marked is None:  # Triton marks a step's outputs with the sequence id and flags it ran with
-                    marked = _step_sequence(sub.request.parameters)
-                with self.lock:
-                    for output in sub.response.outputs:
-                        tensor = step.outputs.get(output.name)
-                        if tensor is not None:
-                            branch.tensors[tensor] = output
-                            branch.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
-                            branch.produced.add(tensor)
-                            branch.sequences[tensor] = marked
+            self._take_outputs(step, sub, sub.response, branch)
         self._step_ended(branch)
+
+    def _take_outputs(self, step: Step, sub: Job, response: InferResponse, branch: _Branch) -> bool:
+        """Put the step's mapped outputs of ``response`` into ``branch``, each marked with the sequence it belongs
+        to; False (and the ensemble failed) when the response's sequence parameters are invalid."""
+        try:
+            marked = _sequence_override(sub.request.parameters, response.parameters or {})
+        except InvalidArgument as exc:
+            self._fail(step, exc)
+            return False
+        if marked is None:  # Triton marks a step's outputs with the sequence id and flags it ran with
+            marked = _step_sequence(sub.request.parameters)
+        with self.lock:
+            for output in response.outputs:
+                tensor = step.outputs.get(output.name)
+                if tensor is not None:
+                    branch.tensors[tensor] = output
+                    branch.batch[tensor] = int(output.shape[0]) if step.batching and output.shape else 0
+                    branch.produced.add(tensor)
+                    branch.sequences[tensor] = marked
+        return True
 
     def _step_ended(self, branch: _Branch) -> None:
         with self.lock:

@@ -158,6 +158,15 @@ def _results_of(
     return [respond(job, version_str, data) for job, data in zip(jobs, responses, strict=True)]
 
 
+def _settle(job: Job, result: object, end_ns: int) -> None:
+    """Finish ``job`` with a worker's result read on the server side (its compute ends at ``end_ns``)."""
+    job.compute_end_ns = end_ns
+    if type(result) is InferResponse:
+        job.finish(result)
+    else:
+        job.fail(result)  # type: ignore[arg-type]
+
+
 class _Base:
     """What both hostings share: names, streams, in-flight accounting for close."""
 
@@ -454,11 +463,7 @@ class ProcessInstance(_Base):
                     answer = self._respond(only, self.version_str, shm.unpack_response(responses[0]))
                 except Exception as exc:
                     answer = InternalError(f"model {self.where}: unreadable result: {exc}")
-                only.compute_end_ns = end
-                if type(answer) is InferResponse:
-                    only.finish(answer)
-                else:
-                    only.fail(answer)  # type: ignore[arg-type]
+                _settle(only, answer, end)
                 if self._record is not None:
                     self._record(only.batch_size, 1, 0, end - batch.started, 0)
                 return
@@ -473,11 +478,7 @@ class ProcessInstance(_Base):
                 except Exception as exc:
                     results = [InternalError(f"model {self.where}: unreadable result: {exc}") for _ in jobs]
                 for job, result in zip(jobs, results, strict=True):
-                    job.compute_end_ns = end
-                    if type(result) is InferResponse:
-                        job.finish(result)
-                    else:
-                        job.fail(result)  # type: ignore[arg-type]
+                    _settle(job, result, end)
             if self._record is not None:
                 self._record(sum(job.batch_size for job in jobs), len(jobs), 0, end - batch.started, 0)
         finally:
