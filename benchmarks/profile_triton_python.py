@@ -79,6 +79,24 @@ def _worker_pids() -> list[int]:
     return out
 
 
+def _worker_counters(workers: list[int]) -> tuple[float, int]:
+    """The workers' CPU seconds, and the context switches of this process and the workers."""
+    return sum(_cpu_of(p) for p in workers), _switches(os.getpid()) + sum(_switches(p) for p in workers)
+
+
+def _figures(model: str, n: int, wall: float, cpu: float, worker_cpu: float, switches: int) -> dict:
+    """Per-request figures of one run of ``n`` requests."""
+    return {
+        "model": model,
+        "requests": n,
+        "wall_us": wall / n * 1e6,
+        "server_cpu_us": cpu / n * 1e6,
+        "worker_cpu_us": worker_cpu / n * 1e6,
+        "per_s": n / wall,
+        "switches": switches / n,
+    }
+
+
 def run(core: object, model: str, requests: int, threads: int, profile: str = "") -> dict:
     from fastoip.types import InferInput, InferRequest, RequestedOutput
 
@@ -91,8 +109,7 @@ def run(core: object, model: str, requests: int, threads: int, profile: str = ""
     for _ in range(200):  # warm up
         core.infer(request())  # type: ignore[attr-defined]
     workers = _worker_pids()
-    worker_cpu = sum(_cpu_of(p) for p in workers)
-    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers)
+    worker_cpu, switches = _worker_counters(workers)
     per_thread = requests // threads
     profiler = None
     if profile:
@@ -115,20 +132,11 @@ def run(core: object, model: str, requests: int, threads: int, profile: str = ""
     for t in pool:
         t.join()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    worker_cpu = sum(_cpu_of(p) for p in workers) - worker_cpu
-    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers) - switches
+    worker_cpu_after, switches_after = _worker_counters(workers)
+    worker_cpu, switches = worker_cpu_after - worker_cpu, switches_after - switches
     if profiler is not None:
         profiler.dump_stats(profile)
-    n = per_thread * threads
-    return {
-        "model": model,
-        "requests": n,
-        "wall_us": wall / n * 1e6,
-        "server_cpu_us": cpu / n * 1e6,
-        "worker_cpu_us": worker_cpu / n * 1e6,
-        "per_s": n / wall,
-        "switches": switches / n,
-    }
+    return _figures(model, per_thread * threads, wall, cpu, worker_cpu, switches)
 
 
 def run_on_loop(core: object, model: str, requests: int, concurrency: int) -> dict:
@@ -175,23 +183,14 @@ def run_on_loop(core: object, model: str, requests: int, concurrency: int) -> di
         loop = asyncio.new_event_loop()
     loop.run_until_complete(drive(200))  # warm up
     workers = _worker_pids()
-    worker_cpu = sum(_cpu_of(p) for p in workers)
-    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers)
+    worker_cpu, switches = _worker_counters(workers)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     loop.run_until_complete(drive(requests))
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    worker_cpu = sum(_cpu_of(p) for p in workers) - worker_cpu
-    switches = _switches(os.getpid()) + sum(_switches(p) for p in workers) - switches
+    worker_cpu_after, switches_after = _worker_counters(workers)
+    worker_cpu, switches = worker_cpu_after - worker_cpu, switches_after - switches
     loop.close()  # (a worker that read its results on it goes back to its reader thread)
-    return {
-        "model": model,
-        "requests": requests,
-        "wall_us": wall / requests * 1e6,
-        "server_cpu_us": cpu / requests * 1e6,
-        "worker_cpu_us": worker_cpu / requests * 1e6,
-        "per_s": requests / wall,
-        "switches": switches / requests,
-    }
+    return _figures(model, requests, wall, cpu, worker_cpu, switches)
 
 
 def main() -> None:
