@@ -54,19 +54,11 @@ class FramedSocket:
             for data in messages:
                 self.send_bytes(data)
             return
-        parts = []
-        for data in messages:
-            parts.append(_LENGTH.pack(len(data)))
-            parts.append(data)
-        self._sendall(b"".join(parts))
+        self._sendall(_framed(messages))
 
     def try_send_many(self, messages: list[bytes]) -> memoryview | None:
         """Send what the socket takes now, without waiting; the bytes it did not take (None: all went)."""
-        parts = []
-        for data in messages:
-            parts.append(_LENGTH.pack(len(data)))
-            parts.append(data)
-        joined = b"".join(parts)
+        joined = _framed(messages)
         try:
             sent = self._sock.send(joined, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -80,21 +72,12 @@ class FramedSocket:
     def _sendall(self, data: bytes | memoryview) -> None:
         """``sendall`` that also waits when the descriptor is non-blocking (an event loop that watched it for
         reading set it so: the flag belongs to the socket, whichever thread writes)."""
-        sent = self._send_some(data)  # (socket.sendall would not say how much went before EAGAIN)
-        if sent == len(data):
-            return
-        view = memoryview(data)[sent:]
+        view = memoryview(data)  # (socket.sendall would not say how much went before EAGAIN)
         while view:
             try:
                 view = view[self._sock.send(view):]
             except BlockingIOError:
                 self._wait(select.POLLOUT)
-
-    def _send_some(self, data: bytes | memoryview) -> int:
-        try:
-            return self._sock.send(data)
-        except BlockingIOError:
-            return 0
 
     def _wait(self, event: int) -> None:
         poller = select.poll()
@@ -187,3 +170,12 @@ class FramedSocket:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def _framed(messages: list[bytes]) -> bytes:
+    """The messages joined, each behind its length."""
+    parts = []
+    for data in messages:
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
