@@ -9,30 +9,22 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from script_modules import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_gpu_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_bench = load_gpu_bench()
+gpu_bench = load_script(ROOT / "benchmarks" / "gpu_bench.py", "gpu_bench")
 
 
 def gpu_listed() -> bool:

@@ -7,33 +7,24 @@ reads its JSON; the target compares it with another server's unary figure of the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 pytest.importorskip("fastoip.bench._h2client", reason="the native bench client is not built (no libnghttp2 headers)")
 
+from script_modules import load_script  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM_TARGET = ("cross", "fastoip-native", "stream", "grpc-cpp", "grpc", "simple", 64, 1.0)
 
 
-def load_lab() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lab", ROOT / "benchmarks" / "lab.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lab = load_lab()
+lab = load_script(ROOT / "benchmarks" / "lab.py", "lab")
 needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="the lab pins its clients with taskset")
 
 

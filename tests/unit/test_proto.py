@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -32,6 +31,7 @@ from fastoip._proto import grpc_service_pb2_grpc as fo_svc_grpc
 from fastoip._proto import health_pb2 as fo_health
 from fastoip._proto import health_pb2_grpc as fo_health_grpc
 from fastoip._proto import model_config_pb2 as fo_mc
+from script_modules import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GEN_SCRIPT = REPO_ROOT / "scripts" / "gen_proto.py"
@@ -296,10 +296,7 @@ def test_coexist_in_one_process_either_import_order(first):
 
 
 def _load_gen_script():
-    spec = importlib.util.spec_from_file_location("_fastoip_gen_proto", GEN_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(GEN_SCRIPT, "_fastoip_gen_proto")
 
 
 _VERSION_LINES = re.compile(
