@@ -31,7 +31,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,32 @@ V2_DTYPES: dict[str, Any] = {
     name[len("TYPE_"):]: np.dtype(dtype) for name, dtype in TRITON_STRING_TO_NUMPY.items() if name != "TYPE_STRING"
 }
 _DONE = object()
+
+
+def stream_predictions(
+    runtime: Any, payload: Any, run: Callable[[Awaitable[Any]], Any], enter: Callable[[], None]
+) -> Iterator[Any]:
+    """Each response of ``runtime.predict_stream`` for the one request ``payload``, as it comes: every step is
+    run to completion by ``run`` in a fresh task context that ``enter`` prepares (MLServer's context variables);
+    the stream is closed however the caller stops."""
+
+    async def requests() -> AsyncIterator[Any]:
+        yield payload
+
+    produced = runtime.predict_stream(requests())
+
+    async def step() -> Any:
+        enter()
+        try:
+            return await produced.__anext__()
+        except StopAsyncIteration:
+            return _DONE
+
+    try:
+        while (value := run(step())) is not _DONE:
+            yield value
+    finally:
+        run(produced.aclose())
 
 
 class OutputError(Exception):
@@ -244,25 +270,9 @@ class MLServerRunner:
     def _stream(self, index: int, data: RequestData, emit: Emit | None) -> None:
         assert emit is not None
         try:
-            payload = self.payload(data)
-
-            async def requests() -> AsyncIterator[Any]:
-                yield payload
-
-            produced = self.model.predict_stream(requests())
-
-            async def step() -> Any:
-                self._enter(self.model)
-                try:
-                    return await produced.__anext__()
-                except StopAsyncIteration:
-                    return _DONE
-
-            try:
-                while (value := self._run(step())) is not _DONE:
-                    emit(index, self.response_data(value), False)
-            finally:
-                self._run(produced.aclose())
+            model = self.model
+            for value in stream_predictions(model, self.payload(data), self._run, lambda: self._enter(model)):
+                emit(index, self.response_data(value), False)
         except Exception as exc:
             emit(index, self._failed(exc), True)
             return

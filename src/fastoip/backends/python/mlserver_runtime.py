@@ -41,7 +41,7 @@ import asyncio
 import json
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,7 @@ from ...pyworker.mlserver_runner import (
     inference_request,
     output_array,
     plain_parameters,
+    stream_predictions,
     tensor_values,
 )
 from ...scheduling.execute import check_rows, merge_inputs, row_slices
@@ -73,7 +74,6 @@ EXTRA = "pip install 'fastoip[mlserver]'"
 
 #: model-settings.json ``parameters`` key: "own" (default) or "shared" event loop (see MLServerRuntime).
 LOOP_PARAMETER = "fastoip_event_loop"
-_DONE = object()
 
 _lock = threading.Lock()
 _adapters: dict[type, type[Model]] = {}
@@ -243,23 +243,7 @@ class MLServerStreamRuntime(MLServerRuntime):
     one_request_per_call = True
 
     def predict(self, inputs: Any, parameters: dict) -> Any:  # a generator: each response as it comes
-        async def requests() -> AsyncIterator[Any]:
-            yield inputs
-
-        produced = self.runtime.predict_stream(requests())
-
-        async def step() -> Any:
-            self._enter()  # each step runs in its own task context
-            try:
-                return await produced.__anext__()
-            except StopAsyncIteration:
-                return _DONE
-
-        try:
-            while (response := self._run(step())) is not _DONE:
-                yield response
-        finally:
-            self._run(produced.aclose())
+        yield from stream_predictions(self.runtime, inputs, self._run, self._enter)
 
 
 class MLServerPayloads(PayloadCodec):
