@@ -131,6 +131,7 @@ COMPILED_PY = [
     "src/fastoip/backends/python/triton_process.py",
     "src/fastoip/pyworker/framing.py",
     "src/fastoip/pyworker/transport.py",
+    "src/fastoip/pyworker/ring.py",
     "src/fastoip/pyworker/runner.py",
     "src/fastoip/pyworker/worker.py",
 ]

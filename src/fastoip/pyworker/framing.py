@@ -105,6 +105,10 @@ class FramedSocket:
         end = 4 + _LENGTH.unpack_from(buffer)[0]
         return end if len(buffer) >= end else 0
 
+    def has_message(self) -> bool:
+        """Whether a whole message is already buffered (the next ``recv_bytes`` makes no system call)."""
+        return self._complete() != 0
+
     def recv_bytes(self) -> bytearray:
         """The next message; EOFError when the other side closed."""
         buffer = self._buffer

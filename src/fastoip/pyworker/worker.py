@@ -11,7 +11,9 @@ Server -> worker: ``("load", path, name, version, memory_limit_mb)`` or, for an 
 worker's own calls), ``("finalize",)``.
 
 Worker -> server: ``("ok", value)`` / ``("error", message)`` (answers to the
-control messages), ``("result", id, responses | None, error | None)``,
+control messages), ``("result", id, responses | None, error | None)`` (through
+the result ring, :mod:`.ring`, when the server passed one: ``FD RING_FD``; then
+``("ring",)`` on the socket wakes the server for a run of them),
 ``("send", id, index, response, final)`` (decoupled), and calls that need the
 server: ``("call", call_id, what, args)`` (BLS, readiness, model control,
 metrics) answered by ``("reply", ...)`` or, for a BLS stream, by several
@@ -44,7 +46,11 @@ from . import transport as shm
 from . import utils as pb
 from .framing import FramedSocket
 from .mlserver_runner import MLServerRunner
+from .ring import ResultRing
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
+
+#: The message that says "results are waiting in the ring" (the server takes the ring before every message).
+RING_BELL = pickle.dumps(("ring",), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _Channel:
@@ -56,8 +62,13 @@ class _Channel:
     runs on the thread that received it: no hand-off between threads on the way in.
     """
 
-    def __init__(self, connection: FramedSocket) -> None:
+    def __init__(self, connection: FramedSocket, ring: ResultRing | None = None) -> None:
         self.connection = connection
+        #: Where results go without a system call each (:mod:`.ring`); the socket carries a wake-up for a run
+        #: of them (:data:`RING_BELL`), sent before this thread waits for the server, or any other message.
+        self.ring = ring
+        #: Results in the ring the server has not been told of (guarded by ``_lock``).
+        self._unannounced = False
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._calls = itertools.count(1)
@@ -87,6 +98,8 @@ class _Channel:
         while True:
             if self.inbox:
                 return self.inbox.popleft()
+            if self._unannounced and not self.connection.has_message():
+                self.announce()  # (before waiting: the server may be waiting for those results)
             with self._read_lock:
                 message = None if self.inbox else self._read_one()
             if message is not None and not self._route(message):
@@ -117,6 +130,24 @@ class _Channel:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             self.connection.send_bytes(data)
+            self._unannounced = False  # (the server takes the ring's results before any message it reads)
+
+    def send_result(self, message: tuple) -> None:
+        """A batch's result: into the ring when it fits (announced later, with the ones after it), else sent."""
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            if self.ring is not None and self.ring.put(data):
+                self._unannounced = True
+                return
+            self.connection.send_bytes(data)
+            self._unannounced = False
+
+    def announce(self) -> None:
+        """Wake the server for the results in the ring."""
+        with self._lock:
+            if self._unannounced:
+                self.connection.send_bytes(RING_BELL)
+                self._unannounced = False
 
     def call(self, what: str, *args: Any) -> queue.SimpleQueue:
         return self.call_with_id(what, *args)[1]
@@ -203,8 +234,8 @@ def _limit_memory(megabytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def serve(connection: FramedSocket) -> None:
-    channel = _Channel(connection)
+def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
+    channel = _Channel(connection, ring)
     bridge = _WorkerBridge(channel)
     pb.BRIDGE.current = bridge
     runner: TritonRunner | MLServerRunner | None = None
@@ -224,12 +255,12 @@ def serve(connection: FramedSocket) -> None:
             packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
-            # (sent at once, never held for the next batch's: should that one crash the worker, the server
-            # fails the first batch not answered as the one that crashed it)
-            channel.send(("result", exec_id, packed_out, None))
+            # Into the ring: a run of results costs the server one wake-up, and each survives this process
+            # (should the next batch crash it, the server still takes this one before failing that one).
+            channel.send_result(("result", exec_id, packed_out, None))
         except BaseException as exc:  # the model's error fails the batch; the worker lives on
             logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
-            channel.send(("result", exec_id, None, _describe(exc)))
+            channel.send_result(("result", exec_id, None, _describe(exc)))
 
     while True:
         message = channel.next_message()
@@ -289,5 +320,6 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
-    serve(FramedSocket(socket.socket(fileno=fd)))
+    ring = ResultRing(int(sys.argv[2])) if len(sys.argv) > 2 else None
+    serve(FramedSocket(socket.socket(fileno=fd)), ring)
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from ...pyworker import transport as shm
 from ...pyworker.framing import FramedSocket
+from ...pyworker.ring import ResultRing
 from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
@@ -120,14 +121,16 @@ class WorkerProcess:
         #: A message the loop could not read: the reader thread ends the worker's channel.
         self._broken = False
         parent, child = socket.socketpair()
+        #: The worker's results (most of them) arrive here; the socket wakes the reader for them.
+        self._ring = ResultRing.create()
         env = dict(os.environ)
         # (from the package's own file: a compiled module's ``__file__`` does not say where it lies)
         package = sys.modules[__name__.partition(".")[0]].__file__ or ""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno())],
-            pass_fds=[child.fileno()],
+            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), str(self._ring.fd)],
+            pass_fds=[child.fileno(), self._ring.fd],
             env=env,
             close_fds=True,
         )
@@ -254,8 +257,11 @@ class WorkerProcess:
                 break
             message = self._read_one()  # (outside the lock: only this thread reads now)
             if message is None:
+                with reading:
+                    self._take_ring()  # what the worker finished before it ended is answered, not failed
                 break
             with reading:
+                self._take_ring()
                 self._dispatch(message)
                 wanted = self._wanted
                 if wanted is not None:
@@ -288,6 +294,7 @@ class WorkerProcess:
                 self._stop_reading(loop)
                 return
             messages, closed = self._connection.recv_ready()
+            self._take_ring()
             for data in messages:
                 try:
                     message = pickle.loads(data)
@@ -349,6 +356,17 @@ class WorkerProcess:
             log.exception("%s: unreadable message from its worker", self.label)
             return None
 
+    def _take_ring(self) -> None:
+        """Dispatch the results waiting in the ring (the reading lock is held): before any message read from the
+        socket, which the worker sent after them."""
+        for data in self._ring.take():
+            try:
+                message = pickle.loads(data)
+            except Exception:
+                log.exception("%s: unreadable result from its worker", self.label)
+                continue
+            self._dispatch(message)
+
     def _dispatch(self, message: tuple) -> None:
         kind = message[0]
         if kind == "result":
@@ -375,6 +393,8 @@ class WorkerProcess:
             job = self._outgoing.get(message[1])
             if job is not None:
                 job.cancel()
+        elif kind == "ring":
+            pass  # a wake-up for the ring's results, taken before this message
         elif kind == "log":
             logging.getLogger("fastoip.python.model").log(message[1], "%s: %s", self.label, message[2])
         elif kind == "metric":
@@ -477,6 +497,8 @@ class WorkerProcess:
             self._connection.close()
         except OSError:
             pass
+        if not self._reader.is_alive():  # (a reader still running may still take from it)
+            self._ring.close()
 
     @property
     def alive(self) -> bool:
