@@ -22,6 +22,9 @@ def encode_infer_response(response: InferResponse) -> bytes:
 def encode_infer_response_parts(response: InferResponse, min_ref: int = 65536) -> list[bytes | memoryview]:
     """The response's message as parts; outputs of at least ``min_ref`` bytes are views of their arrays."""
 
+def request_without_data(request: InferRequest) -> InferRequest:
+    """A copy of ``request`` whose inputs keep name, datatype, shape and parameters but no data."""
+
 def encode_infer_request(request: InferRequest) -> bytes:
     """Serialize an InferRequest as ModelInferRequest bytes, data in raw_input_contents."""
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from threading import get_ident
 from typing import ParamSpec, Protocol
 
 from ..errors import InferenceError
@@ -123,13 +124,31 @@ OnResponse = Callable[[FinishedCall, InferResponse], object]
 P = ParamSpec("P")
 
 
-def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[P, object]) -> Callable[P, None]:
+def on_loop(
+    loop: asyncio.AbstractEventLoop, callback: Callable[P, object], loop_thread: int = 0
+) -> Callable[P, None]:
     """``callback`` made callable from any thread: it runs on ``loop``, unless the loop is closed (the server
     stopped past its exit timeout: nobody is left to answer).  Positional arguments only.  Called on the loop's
-    own thread (a worker process's results are read there), it is queued without waking the loop's selector."""
+    own thread (a worker process's results are read there, a quick batch runs there), it is queued without
+    waking the loop's selector.  ``loop_thread``: the ``threading.get_ident()`` of the thread that runs
+    ``loop``, when the caller knows it (the hop then tells the loop's thread by it, without asking asyncio for
+    the running loop, which costs a ``getpid`` system call on a thread that runs one)."""
     call_soon_threadsafe = loop.call_soon_threadsafe
     call_soon = loop.call_soon
     running = asyncio._get_running_loop
+
+    if loop_thread:
+
+        def hop_known(*args: P.args, **kwargs: P.kwargs) -> None:
+            try:
+                if get_ident() == loop_thread:
+                    call_soon(callback, *args)
+                else:
+                    call_soon_threadsafe(callback, *args)
+            except RuntimeError:  # the loop is closed
+                pass
+
+        return hop_known
 
     def hop(*args: P.args, **kwargs: P.kwargs) -> None:
         try:

@@ -53,8 +53,14 @@ from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument, Unavailable
 from . import wakeups
 from .contract import Backend, Clock, ExecutionContext
-from .execute import run_jobs
+from .execute import TensorBackend, run_jobs
 from .job import Job
+
+#: A batch runs on the thread that releases the burst's wake-up (the event loop's, at the end of its pass)
+#: instead of waking an instance thread, when the model's batches take at most this much CPU time (a moving
+#: average of what they took): the thread hop (GIL hand-offs, futex wake-ups, the completion's hop back)
+#: then costs more than the loop's wait for the model.
+INLINE_MAX_NS = 200_000
 
 
 class QueuePolicy:
@@ -276,8 +282,21 @@ class DynamicBatcher:
         self._stopping = False
         self._preserve_ordering = config.dynamic_batching.preserve_ordering and len(self.instances) > 1
         self._last_gate: threading.Event | None = None
+        #: The instances running a batch now (by index), on their own thread or inline on a releasing thread.
+        self._busy: set[int] = set()
+        # (not `_inline`: mypyc names its C field `__inline`, a C keyword)
+        #: Whether a batch may run on the thread that releases a burst's wake-up (see ``INLINE_MAX_NS``): no
+        #: delay to wait out, no ordering across instances to keep, CPU tensor models only.
+        self._inline_ok = (
+            start_threads
+            and config.dynamic_batching.max_queue_delay_microseconds == 0
+            and not self._preserve_ordering
+            and all(type(b) is TensorBackend and not b.model.on_gpu for b in self.instances)
+        )
+        #: A moving average of a batch's CPU time on its instance (ns); -1 until one ran.
+        self._batch_ns = -1
         self._threads = [
-            threading.Thread(target=self._serve, args=(backend,), name=f"batcher-{context.name}-{i}", daemon=True)
+            threading.Thread(target=self._serve, args=(i, backend), name=f"batcher-{context.name}-{i}", daemon=True)
             for i, backend in enumerate(self.instances if start_threads else ())
         ]
         for thread in self._threads:
@@ -302,9 +321,44 @@ class DynamicBatcher:
                 self._cond.notify()
 
     def wake(self) -> None:
-        """Wake an idle instance thread (for the jobs queued since the last wake-up)."""
+        """Wake an idle instance thread (for the jobs queued since the last wake-up), or run what is due here
+        when the model's batches are quick (``INLINE_MAX_NS``) and an instance is free."""
+        if self._inline_ok and 0 <= self._batch_ns <= INLINE_MAX_NS and self._run_here():
+            return
         with self._cond:
             self._cond.notify()
+
+    def _run_here(self) -> bool:
+        """Run the batches due now on this thread, on a free instance; False when none is free."""
+        cond = self._cond
+        while True:
+            with cond:
+                if self._stopping:
+                    return False
+                index = 0
+                while index in self._busy:
+                    index += 1
+                if index >= len(self.instances):
+                    return False
+                batch, _ = self._queue.next_batch(self.clock())
+                if not batch:
+                    return True
+                self._busy.add(index)
+            started = time.thread_time_ns()
+            try:
+                run_jobs(self.context, self.instances[index], batch)
+            finally:
+                self._ran(started)
+                with cond:
+                    self._busy.discard(index)
+                    if len(self._queue):
+                        cond.notify_all()  # what another thread queued meanwhile: this instance's thread takes it
+            del batch
+
+    def _ran(self, started_ns: int) -> None:
+        """Count a batch's CPU time (this thread's since ``started_ns``) into the moving average."""
+        spent = time.thread_time_ns() - started_ns
+        self._batch_ns = spent if self._batch_ns < 0 else (self._batch_ns * 7 + spent) // 8
 
     def pending(self) -> int:
         return len(self._queue)
@@ -331,23 +385,36 @@ class DynamicBatcher:
         return batch, wait_ns
 
     # -- the instance threads ------------------------------------------------------------
-    def _serve(self, backend: Backend) -> None:
+    def _serve(self, index: int, backend: Backend) -> None:
         while True:
-            batch, gate_in, gate_out = self._next_batch()
+            batch, gate_in, gate_out = self._next_batch(index)
             if batch is None:
                 return
-            if gate_out is None:
-                run_jobs(self.context, backend, batch)
-            else:
-                run_jobs(self.context, backend, batch, before_finish=gate_in.wait if gate_in else None)
-                gate_out.set()
+            started = time.thread_time_ns()
+            try:
+                if gate_out is None:
+                    run_jobs(self.context, backend, batch)
+                else:
+                    run_jobs(self.context, backend, batch, before_finish=gate_in.wait if gate_in else None)
+                    gate_out.set()
+            finally:
+                self._ran(started)
+                with self._cond:
+                    self._busy.discard(index)
+                    if len(self._queue):
+                        self._cond.notify()  # what queued meanwhile (a releasing thread found no free instance)
             # Let go of the batch before waiting for the next: its requests and responses (a 1 GiB message)
             # would otherwise stay alive for as long as the queue stays empty.
             del batch, gate_in, gate_out
 
-    def _next_batch(self) -> tuple[list[Job] | None, threading.Event | None, threading.Event | None]:
+    def _next_batch(self, index: int) -> tuple[list[Job] | None, threading.Event | None, threading.Event | None]:
         with self._cond:
             while True:
+                if index in self._busy:  # a releasing thread runs a batch on this instance: wait for it
+                    if len(self._queue):
+                        self._cond.notify()  # the wake-up was for the jobs queued: pass it to another instance
+                    self._cond.wait()
+                    continue
                 batch, wait_ns = self._queue.next_batch(self.clock(), flush=self._stopping)
                 if not batch:
                     if wait_ns < 0:
@@ -363,4 +430,5 @@ class DynamicBatcher:
                     self._last_gate = gate_out
                 if len(self._queue):
                     self._cond.notify()  # another idle instance can take the rest
+                self._busy.add(index)
                 return batch, gate_in, gate_out

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from threading import get_ident
 from typing import Protocol, cast
 
 from google.protobuf.message import DecodeError, Message
@@ -94,13 +95,14 @@ class CoreCalls:
         if self.forward is not None:
             self.forward.apply(headers, request.parameters)
         call = CallContext(deadline_ns, trace_headers=headers, frontend_trace=frontend_trace)
-        return self.core.start(request, call, on_loop(self.loop, on_finished), on_response)
+        # (this runs on the loop's thread: the completion's hop knows it by its ident)
+        return self.core.start(request, call, on_loop(self.loop, on_finished, get_ident()), on_response)
 
     def on_loop(
         self, on_response: Callable[[FinishedCall, InferResponse], None]
     ) -> Callable[[FinishedCall, InferResponse], None]:
         """``on_response`` run on the loop (the responses of one job keep their order: one thread sends them)."""
-        return on_loop(self.loop, on_response)
+        return on_loop(self.loop, on_response, get_ident())
 
     @staticmethod
     def cancel(job: Ticket) -> None:
