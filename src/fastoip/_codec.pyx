@@ -177,6 +177,21 @@ def encode_infer_response_parts(response, Py_ssize_t min_ref=65536):
     return _encode_parts(response, min_ref)
 
 
+def new_output(name, datatype, data):
+    """``InferOutput(name, datatype, data.shape, data)`` (no parameters), built as the decoder builds it."""
+    shape = data.shape
+    if type(shape) is not tuple:
+        return InferOutput(name, datatype, shape, data)
+    obj = _make_tensor(InferOutput, &_L_OUTPUT, name, datatype, shape, {})
+    _set_data(obj, InferOutput, &_L_OUTPUT, data)
+    return obj
+
+
+def new_response(model_name, model_version, request_id, list outputs):
+    """``InferResponse(model_name, model_version, request_id, None, outputs)``, built as the decoder builds it."""
+    return _make_message(InferResponse, &_L_RESPONSE, model_name, model_version, request_id, {}, outputs, None)
+
+
 def request_without_data(request):
     """A copy of ``request`` whose inputs keep name, datatype, shape and parameters but no data; the
     request itself is not changed.  (The Core lets go of a request's input arrays when its execution

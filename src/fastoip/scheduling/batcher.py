@@ -278,7 +278,9 @@ class DynamicBatcher:
         self.clock = clock
         config = context.config
         self._queue = BatchQueue(context.name, config.max_batch_size, config.dynamic_batching)
-        self._cond = threading.Condition(threading.Lock())
+        #: The queue's lock; the hot path takes it directly (``Condition.__enter__`` is interpreted Python).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._stopping = False
         self._preserve_ordering = config.dynamic_batching.preserve_ordering and len(self.instances) > 1
         self._last_gate: threading.Event | None = None
@@ -293,6 +295,8 @@ class DynamicBatcher:
             and not self._preserve_ordering
             and all(type(b) is TensorBackend and not b.model.on_gpu for b in self.instances)
         )
+        #: ``self.wake`` made once (what a held wake-up remembers: a bound method a request is an allocation).
+        self._wake = self.wake
         #: A moving average of a batch's CPU time on its instance (ns); -1 until one ran.
         self._batch_ns = -1
         self._threads = [
@@ -307,7 +311,7 @@ class DynamicBatcher:
         """Queue ``job`` (a cancelled or expired one leaves the queue unrun)."""
         job.signature = self.context.signature(job)
         job.arm()
-        with self._cond:
+        with self._lock:
             if self._stopping:
                 job.fail(Unavailable(f"model '{self.context.name}' is being unloaded"))
                 return
@@ -317,7 +321,7 @@ class DynamicBatcher:
                 return
             # Triton's wake rule first (a gathering instance sleeps on unless this arrival can change its
             # decision), then an event loop's burst: one wake-up at its end
-            if self._queue.wakes(job) and not wakeups.wake_later(self.wake):
+            if self._queue.wakes(job) and not wakeups.wake_later(self._wake):
                 self._cond.notify()
 
     def wake(self) -> None:
