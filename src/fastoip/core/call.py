@@ -34,7 +34,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from threading import get_ident
-from typing import ParamSpec, Protocol
+from typing import ParamSpec, Protocol, cast
 
 from ..errors import InferenceError
 from ..scheduling import wakeups
@@ -138,17 +138,7 @@ def on_loop(
     running = asyncio._get_running_loop
 
     if loop_thread:
-
-        def hop_known(*args: P.args, **kwargs: P.kwargs) -> None:
-            try:
-                if get_ident() == loop_thread:
-                    call_soon(callback, *args)
-                else:
-                    call_soon_threadsafe(callback, *args)
-            except RuntimeError:  # the loop is closed
-                pass
-
-        return hop_known
+        return cast("Callable[P, None]", _KnownLoopHop(loop, callback, loop_thread))
 
     def hop(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
@@ -160,6 +150,26 @@ def on_loop(
             pass
 
     return hop
+
+
+class _KnownLoopHop:
+    """``on_loop``'s hop when the loop's thread is known (one compiled object a call, where a closure is two)."""
+
+    __slots__ = ("loop", "callback", "loop_thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[..., object], loop_thread: int) -> None:
+        self.loop = loop
+        self.callback = callback
+        self.loop_thread = loop_thread
+
+    def __call__(self, *args: object) -> None:
+        try:
+            if get_ident() == self.loop_thread:
+                self.loop.call_soon(self.callback, *args)
+            else:
+                self.loop.call_soon_threadsafe(self.callback, *args)
+        except RuntimeError:  # the loop is closed
+            pass
 
 
 def start_in_bursts(loop: asyncio.AbstractEventLoop) -> None:
