@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
+from typing import Final
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument, Unavailable
@@ -60,7 +61,7 @@ from .job import Job
 #: instead of waking an instance thread, when the model's batches take at most this much CPU time (a moving
 #: average of what they took): the thread hop (GIL hand-offs, futex wake-ups, the completion's hop back)
 #: then costs more than the loop's wait for the model.
-INLINE_MAX_NS = 200_000
+INLINE_MAX_NS: Final = 200_000
 
 
 class QueuePolicy:

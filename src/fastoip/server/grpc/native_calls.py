@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from threading import get_ident
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from google.protobuf.message import DecodeError, Message
 
@@ -52,7 +52,7 @@ log = logging.getLogger("fastoip.grpc")
 
 #: An output at least this large goes out from its array instead of being copied into the response message
 #: (``_codec.encode_infer_response_parts``); smaller ones are copied, cheaper than a part of their own.
-LARGE_OUTPUT = 64 * 1024
+LARGE_OUTPUT: Final = 64 * 1024
 
 #: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).
 INLINE_RPCS = frozenset({
