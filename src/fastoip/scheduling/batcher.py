@@ -36,6 +36,14 @@ decisions of core ``dynamic_batch_scheduler.cc`` ``GetDynamicBatch``):
   the instance's wake-up.  Otherwise the instance sleeps on and takes
   everything that arrived when the delay is over, instead of being woken (and
   recomputing the batch) once per arrival.
+- Where a batch runs: on an instance thread; or, for a model without a queue
+  delay, without ordering across instances and with CPU tensor instances whose
+  batches took under ``INLINE_MAX_NS`` of CPU (a moving average), on the thread
+  that releases a burst's held wake-up (:mod:`.wakeups`: the native gRPC
+  frontend's event loop, once per pass) when an instance is free: the hand-off
+  to the instance thread and the completion's hop back cost more than such a
+  batch (measured: 0.22 -> 0 context switches per request, RESULTS.md
+  2026-11-27 "lean24").  The instance threads skip an instance lent so.
 - Every decision reads one injected clock (:data:`~fastoip.scheduling.contract.Clock`),
   so tests drive the decisions with a controllable clock and no sleeps.
 """

@@ -1,10 +1,13 @@
 """The native frontend's calls: one object per HTTP/2 stream, from first message to trailers.
 
 Rules:
-- Everything here runs on the connection's event loop; model execution never
-  does.  Infer requests start through :class:`CoreCalls` (the one place that
-  calls ``Core.start``) and their completion comes back to the loop by
-  :func:`fastoip.core.on_loop`.
+- Everything here runs on the connection's event loop; model execution does
+  not, but for one case: a dynamic batcher without a queue delay whose CPU
+  batches take under ``scheduling.batcher.INLINE_MAX_NS`` runs the loop pass's
+  burst on the loop when it releases the burst's wake-up (the thread hop cost
+  more than the model).  Infer requests start through :class:`CoreCalls` (the
+  one place that calls ``Core.start``) and their completion comes back to the
+  loop by :func:`fastoip.core.on_loop`.
 - ModelInfer / ModelStreamInfer use the codec (no protobuf objects); every
   other RPC is the transport-free translation in :mod:`.service`, cheap ones on
   the loop, the rest (model load, shared memory, settings) on a small pool.
@@ -67,7 +70,8 @@ class CoreCalls:
     ``start`` starts without blocking; ``on_finished(job)`` runs on the loop,
     where ``job.error`` (an InferenceError or None) and ``job.response`` are read.
     Direct-scheduler models go to the Core's worker pool (the loop does not lend
-    its thread: ``caller_runs`` stays False), so the loop never executes a model.
+    its thread: ``caller_runs`` stays False); only a quick dynamic batcher's burst
+    runs on the loop (see the module rules).
     """
 
     def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, forward: HeaderForwarder | None = None) -> None:
