@@ -126,6 +126,13 @@ COMPILED_PY = [
     "src/fastoip/scheduling/execute.py",
     "src/fastoip/scheduling/direct.py",
     "src/fastoip/metrics/counters.py",
+    # Python models in worker processes: the server's side of each request and the worker's
+    "src/fastoip/backends/python/triton_host.py",
+    "src/fastoip/backends/python/triton_process.py",
+    "src/fastoip/pyworker/framing.py",
+    "src/fastoip/pyworker/transport.py",
+    "src/fastoip/pyworker/runner.py",
+    "src/fastoip/pyworker/worker.py",
 ]
 # mypyc type-checks and translates when setup.py runs: only for the commands that build (not for the sdist's or
 # the metadata's, which PEP 517 front ends ask for first)

@@ -79,3 +79,21 @@ def test_try_send_many_gives_back_what_did_not_fit_and_recv_ready_never_waits() 
     assert got == [b"y" * 200_000]
     a.close()
     assert receiver.recv_ready() == ([], True)
+
+
+def test_each_message_arrives_once_and_nothing_stays_behind() -> None:
+    """Every send writes its bytes once, and every receive takes what it returns out of the buffer (both went
+    wrong once the module was compiled: mypyc evaluated a call inside a slice twice, and ``+=`` on a bytearray
+    held in a local made a new one)."""
+    a, b = socket.socketpair()
+    sender, receiver = FramedSocket(a), FramedSocket(b)
+    sender.send_bytes(b"one")
+    sender.send_many([b"two", b"three"])
+    sender.send_many([b"four"])
+    got = [receiver.recv_bytes(), receiver.recv_bytes()]
+    messages, closed = receiver.recv_ready()
+    assert got + messages == [b"one", b"two", b"three", b"four"] and not closed
+    assert receiver.recv_ready() == ([], False)
+    b.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        b.recv(1)  # nothing more was written

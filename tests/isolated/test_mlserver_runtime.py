@@ -341,7 +341,7 @@ def worker_processes() -> list[int]:
         try:
             if not entry.name.isdigit() or (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] != me:
                 continue
-            if b"fastoip.pyworker.worker" in (entry / "cmdline").read_bytes():
+            if b"fastoip.pyworker" in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:
             continue

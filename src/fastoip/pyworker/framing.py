@@ -75,7 +75,8 @@ class FramedSocket:
         view = memoryview(data)  # (socket.sendall would not say how much went before EAGAIN)
         while view:
             try:
-                view = view[self._sock.send(view):]
+                sent = self._sock.send(view)
+                view = view[sent:]  # (not in one expression: mypyc evaluates a call inside a slice twice)
             except BlockingIOError:
                 self._wait(select.POLLOUT)
 
@@ -123,12 +124,12 @@ class FramedSocket:
                         self._wait(select.POLLIN)
                 if not chunk:
                     raise EOFError("the other side closed the channel")
-                buffer += chunk
+                buffer.extend(chunk)
                 continue
             count = self._recv_into()
             if not count:
                 raise EOFError("the other side closed the channel")
-            buffer += self._view[:count]
+            buffer.extend(self._view[:count])
 
     def recv_ready(self) -> tuple[list[bytes], bool]:
         """Without waiting: every whole message buffered or in the socket now, and whether the other side closed
@@ -146,7 +147,7 @@ class FramedSocket:
             if not count:
                 closed = True
                 break
-            buffer += self._view[:count]
+            buffer.extend(self._view[:count])
             if count < CHUNK:  # the socket is (almost surely) empty: spare the call that would say so
                 break
         messages = []

@@ -1,4 +1,4 @@
-"""The worker process of one ``TritonPythonModel`` instance (``python -m fastoip.pyworker.worker FD``).
+"""The worker process of one ``TritonPythonModel`` instance (``python -m fastoip.pyworker FD``).
 
 The server's side is ``fastoip.backends.python.triton_process``.  Messages are pickled tuples on
 one socket (:mod:`.framing`: length-prefixed); tensors cross through
@@ -26,6 +26,7 @@ after the other.
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import logging
 import os
@@ -87,10 +88,8 @@ class _Channel:
             if self.inbox:
                 return self.inbox.popleft()
             with self._read_lock:
-                if self.inbox:
-                    continue
-                message = self._read_one()
-            if not self._route(message):
+                message = None if self.inbox else self._read_one()
+            if message is not None and not self._route(message):
                 return message
 
     def wait(self, answers: queue.SimpleQueue) -> tuple:
@@ -225,6 +224,8 @@ def serve(connection: FramedSocket) -> None:
             packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
+            # (sent at once, never held for the next batch's: should that one crash the worker, the server
+            # fails the first batch not answered as the one that crashed it)
             channel.send(("result", exec_id, packed_out, None))
         except BaseException as exc:  # the model's error fails the batch; the worker lives on
             logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
@@ -261,9 +262,24 @@ def serve(connection: FramedSocket) -> None:
                     os._exit(0)
                 else:
                     raise ValueError(f"unknown message {kind!r}")
+                if kind in ("initialize", "load_mlserver"):
+                    _settle_heap()
                 channel.send(("ok", value))
             except BaseException as exc:
                 channel.send(("error", _describe(exc)))
+
+
+#: The collector's thresholds once the model is loaded (the server's own: ``fastoip.server.app``).
+GC_THRESHOLDS = (10_000, 20, 20)
+
+
+def _settle_heap() -> None:
+    """The model is loaded: what it allocated so far lives as long as the worker, out of the collector's sight,
+    so the collections its requests trigger stay short (a full one over numpy's and the model's objects took
+    milliseconds, a stall every request in flight waited out)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def main() -> None:
@@ -275,6 +291,3 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     serve(FramedSocket(socket.socket(fileno=fd)))
 
-
-if __name__ == "__main__":
-    main()

@@ -120,18 +120,16 @@ def respond(job: Job, version_str: str, data: Any) -> InferResponse | InferenceE
     return InferResponse(request.model_name, version_str, request.id, described.get("parameters") or {}, produced)
 
 
-class MLServerWorker(ProcessInstance):
-    """One worker process hosting an MLServer runtime (``parallel_workers`` of them per model)."""
-
-    def request_data(self, job: Job) -> tuple:
-        request = job.request
-        described = {
-            "parameters": dict(request.parameters),
-            "inputs": {t.name: (list(t.shape), dict(t.parameters)) for t in request.inputs},
-        }
-        inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
-        requested = [(o.name, dict(o.parameters)) for o in request.outputs]
-        return (request.id, 0, 0, described, inputs, requested, None)
+def request_data(job: Job) -> tuple:
+    """``job`` as the plain data the worker's runner takes (each input's shape and parameters with it)."""
+    request = job.request
+    described = {
+        "parameters": dict(request.parameters),
+        "inputs": {t.name: (list(t.shape), dict(t.parameters)) for t in request.inputs},
+    }
+    inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
+    requested = [(o.name, dict(o.parameters)) for o in request.outputs]
+    return (request.id, 0, 0, described, inputs, requested, None)
 
 
 def start_workers(
@@ -150,9 +148,10 @@ def start_workers(
     workers: list[Any] = []
     try:
         for index in range(count):
-            workers.append(MLServerWorker(
+            # one worker process hosting the runtime per instance (``parallel_workers`` of them)
+            workers.append(ProcessInstance(
                 model_name, str(version), index, streams_only, [("load_mlserver", spec, memory_mb)],
-                bridge.link_of(options), respond,
+                bridge.link_of(options), respond, request_data=request_data,
             ))
     except (WorkerDied, WorkerError) as exc:
         for worker in workers:

@@ -150,7 +150,7 @@ class ServerLink:
 
 
 #: The link of models loaded without one (a repository built outside a Core): their calls fail clearly.
-UNLINKED = ServerLink()
+UNLINKED: ServerLink = ServerLink()
 
 
 def link_of(options: Any) -> ServerLink:

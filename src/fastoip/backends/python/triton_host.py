@@ -317,10 +317,6 @@ class ProcessInstance(_Base):
     (an MLServer runtime: ``mlserver_process``) gives its own ``request_data`` (a job as the plain data its
     worker's runner takes) and ``respond`` (that runner's plain response as the job's response)."""
 
-    def request_data(self, job: Job) -> tuple:
-        """``job`` as the plain data the worker's runner takes."""
-        return job_data(job)
-
     def __init__(
         self,
         name: str,
@@ -331,9 +327,12 @@ class ProcessInstance(_Base):
         link: bridge.ServerLink = bridge.UNLINKED,
         respond: Respond = job_response,
         window: int = PIPELINE_BATCHED_DEFAULT,
+        request_data: Callable[[Job], tuple] = job_data,
     ) -> None:
         super().__init__(name, version_str, index, decoupled, respond)
         self._respond = respond
+        #: A job as the plain data the worker's runner takes.
+        self.request_data = request_data
         self._start_messages = start_messages
         self._link = link
         self._window = max(1, window)

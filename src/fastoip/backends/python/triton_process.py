@@ -1,7 +1,7 @@
 """The server's handle on one worker process (:mod:`fastoip.pyworker.worker`): start, control, execute, death.
 
 Rules:
-- The worker is ``python -m fastoip.pyworker.worker FD`` on one end of a
+- The worker is ``python -m fastoip.pyworker FD`` on one end of a
   socket pair; one reader at a time takes every message it sends: the worker's
   reader thread, or an event loop.
 - Results read on the event loop: once a batch was handed over on a running
@@ -120,10 +120,12 @@ class WorkerProcess:
         self._broken = False
         parent, child = socket.socketpair()
         env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        # (from the package's own file: a compiled module's ``__file__`` does not say where it lies)
+        package = sys.modules[__name__.partition(".")[0]].__file__ or ""
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker.worker", str(child.fileno())],
+            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno())],
             pass_fds=[child.fileno()],
             env=env,
             close_fds=True,
@@ -246,8 +248,9 @@ class WorkerProcess:
                             if loop is not None and (loop.is_closed() or not loop.is_running()):
                                 self._loop = None  # it stopped: its registration is stale, its callback stands down
                     self._connection.blocking()  # (the loop made the descriptor non-blocking)
-                if self._broken:
-                    break
+                broken = self._broken
+            if broken:
+                break
             message = self._read_one()  # (outside the lock: only this thread reads now)
             if message is None:
                 break
