@@ -16,7 +16,7 @@ import pytest
 from test_scheduling_batcher import RowModel, job, make_batcher
 
 from fastoip.scheduling import wakeups
-from fastoip.scheduling.batcher import INLINE_MAX_NS, DynamicBatcher
+from fastoip.scheduling.batcher import INLINE_MAX_BYTES, INLINE_MAX_NS, DynamicBatcher
 from fastoip.scheduling.job import Job
 
 
@@ -150,9 +150,9 @@ class ThreadNoting(RowModel):
         return super().run(feeds, output_names, destinations)
 
 
-def burst(batcher: DynamicBatcher, count: int) -> list[Job]:
-    """``count`` jobs queued while this thread holds its wake-ups, then released."""
-    jobs = [watched(job(1)) for _ in range(count)]
+def burst(batcher: DynamicBatcher, count: int, width: int = 3) -> list[Job]:
+    """``count`` jobs (one row of ``width`` FP32 each) queued while this thread holds its wake-ups, then released."""
+    jobs = [watched(job(1, width)) for _ in range(count)]
     for j in jobs:
         batcher.enqueue(j)
     wakeups.release()
@@ -187,6 +187,20 @@ def test_a_slow_models_burst_stays_on_the_instance_thread(held: list[int]) -> No
         for count in (3, 4):
             assert finished_within(burst(batcher, count))
         assert threading.get_ident() not in model.threads and len(model.threads) >= 2
+    finally:
+        batcher.stop()
+
+
+def test_a_quick_models_large_inputs_stay_on_the_instance_thread(held: list[int]) -> None:
+    """Batches whose inputs average over ``INLINE_MAX_BYTES`` never hold the releasing thread (an event loop
+    would stop reading and writing while the model copies them), however quick the model."""
+    model = ThreadNoting()
+    batcher = threaded_batcher(model)
+    width = INLINE_MAX_BYTES // 4  # one row of FP32 is INLINE_MAX_BYTES: a batch of two is over
+    try:
+        for count in (2, 3, 2):
+            assert finished_within(burst(batcher, count, width))
+        assert threading.get_ident() not in model.threads and len(model.threads) >= 3
     finally:
         batcher.stop()
 
