@@ -105,13 +105,13 @@ class FramedSocket:
         end = 4 + _LENGTH.unpack_from(buffer)[0]
         return end if len(buffer) >= end else 0
 
-    def recv_bytes(self) -> bytes:
+    def recv_bytes(self) -> bytearray:
         """The next message; EOFError when the other side closed."""
         buffer = self._buffer
         while True:
             end = self._complete()
             if end:
-                data = bytes(buffer[4:end])
+                data = buffer[4:end]  # (a bytearray: one copy; pickle and numpy take it as they take bytes)
                 del buffer[:end]
                 return data
             missing = (4 + _LENGTH.unpack_from(buffer)[0] - len(buffer)) if len(buffer) >= 4 else 4
@@ -131,7 +131,7 @@ class FramedSocket:
                 raise EOFError("the other side closed the channel")
             buffer.extend(self._view[:count])
 
-    def recv_ready(self) -> tuple[list[bytes], bool]:
+    def recv_ready(self) -> tuple[list[bytearray], bool]:
         """Without waiting: every whole message buffered or in the socket now, and whether the other side closed
         (a partial message stays buffered for the next call)."""
         buffer = self._buffer
@@ -155,7 +155,7 @@ class FramedSocket:
             end = self._complete()
             if not end:
                 break
-            messages.append(bytes(buffer[4:end]))
+            messages.append(buffer[4:end])
             del buffer[:end]
         return messages, closed
 

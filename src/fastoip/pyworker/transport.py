@@ -115,7 +115,8 @@ def pack(array: np.ndarray) -> tuple:
     if array.nbytes < INLINE_LIMIT or not os.path.isdir(_SHM_DIR):
         COPIED.arrays_inline += 1
         # A small array's bytes go into the message (one copy; no numpy pickling).
-        return ("b", bytearray(np.ascontiguousarray(array).data), array.dtype.str, array.shape)
+        contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        return ("b", bytearray(contiguous.data), array.dtype.str, array.shape)
     name, region, pooled = _take_segment(array.nbytes)
     # The one copy of these bytes on their way across (the receiver maps them).
     np.frombuffer(region, dtype=array.dtype, count=array.size, offset=HEADER).reshape(array.shape)[...] = array
@@ -133,11 +134,24 @@ def _release(region: mmap.mmap) -> None:
         pass
 
 
+#: numpy dtypes by their ``dtype.str`` (a look-up, not a parse, per small tensor received).
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(name: str) -> np.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = _DTYPES[name] = np.dtype(name)
+    return dtype
+
+
 def unpack(packed: tuple) -> np.ndarray:
     """The array a message carries (a read-only view on shared memory for large ones)."""
     kind = packed[0]
     if kind == "b":
-        return np.frombuffer(packed[1], dtype=np.dtype(packed[2])).reshape(packed[3])
+        flat = np.frombuffer(packed[1], dtype=_dtype(packed[2]))
+        shape = packed[3]
+        return flat if len(shape) == 1 else flat.reshape(shape)
     if kind == "i":
         return packed[1]
     _, name, dtype, shape = packed
@@ -155,7 +169,7 @@ def unpack(packed: tuple) -> np.ndarray:
             with _lock:
                 _mapped[name] = region
     count = int(np.prod(shape)) if shape else 1
-    flat = np.frombuffer(region, dtype=np.dtype(dtype), count=count, offset=HEADER)
+    flat = np.frombuffer(region, dtype=_dtype(dtype), count=count, offset=HEADER)
     flat.flags.writeable = False
     if kind == "p":
         weakref.finalize(flat, _release, region)

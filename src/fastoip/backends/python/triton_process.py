@@ -111,7 +111,8 @@ class WorkerProcess:
         self.cause: str | None = None
         #: Held while reading or dispatching messages and while the reader changes (re-entrant: a finished job's
         #: callback may hand this worker its next batch).
-        self._reading = threading.Condition(threading.RLock())
+        self._reading_lock = threading.RLock()
+        self._reading = threading.Condition(self._reading_lock)
         #: The event loop that reads this worker's messages now, or None: the reader thread (guarded by _reading).
         self._loop: asyncio.AbstractEventLoop | None = None
         #: A running loop that handed over a batch: the reader thread gives it the socket after its next message.
@@ -282,7 +283,7 @@ class WorkerProcess:
 
     def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
         """On ``loop``, when the worker's socket is readable: dispatch every whole message there is."""
-        with self._reading:
+        with self._reading_lock:  # (the condition's own lock, taken without the condition's Python wrapper)
             if self._loop is not loop:  # the thread took the socket back
                 self._stop_reading(loop)
                 return
