@@ -159,6 +159,14 @@ def burst(batcher: DynamicBatcher, count: int, width: int = 3) -> list[Job]:
     return jobs
 
 
+def settled(batcher: DynamicBatcher, seconds: float = 10) -> None:
+    """Wait until the batcher's last batch is counted and its instance free (that happens just after the batch's
+    jobs finish, on the thread that ran it)."""
+    deadline = time.monotonic() + seconds
+    while (batcher._batch_ns < 0 or batcher._busy) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_a_quick_models_burst_runs_on_the_releasing_thread(held: list[int]) -> None:
     """Once a batch was measured quick (``INLINE_MAX_NS`` of CPU time), the thread that releases a burst
     runs it itself (the event loop's, in the server): no hand-off to the instance thread and back."""
@@ -168,6 +176,9 @@ def test_a_quick_models_burst_runs_on_the_releasing_thread(held: list[int]) -> N
         first = burst(batcher, 4)
         assert finished_within(first)
         assert model.threads[0] != threading.get_ident()  # nothing measured yet: the instance thread ran it
+        settled(batcher)
+        if batcher._batch_ns > INLINE_MAX_NS:  # an interpreted build on a busy machine may be this slow
+            pytest.skip(f"the first batch took {batcher._batch_ns} ns of CPU: over INLINE_MAX_NS here")
         second = burst(batcher, 5)
         assert all(j.finished for j in second)  # ran inside release(), on this thread
         assert model.threads[-1] == threading.get_ident() and model.batches[-1][0] == 5
