@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from .types import InferRequest, InferResponse
+from .types import InferOutput, InferRequest, InferResponse
 
 _Buffer = bytes | bytearray | memoryview
 
@@ -21,6 +21,15 @@ def encode_infer_response(response: InferResponse) -> bytes:
 
 def encode_infer_response_parts(response: InferResponse, min_ref: int = 65536) -> list[bytes | memoryview]:
     """The response's message as parts; outputs of at least ``min_ref`` bytes are views of their arrays."""
+
+def new_output(name: str, datatype: str, data: np.ndarray) -> InferOutput:
+    """``InferOutput(name, datatype, data.shape, data)``, built as the decoder builds it."""
+
+def new_response(model_name: str, model_version: str, request_id: str, outputs: list[InferOutput]) -> InferResponse:
+    """``InferResponse(model_name, model_version, request_id, None, outputs)``, built as the decoder builds it."""
+
+def request_without_data(request: InferRequest) -> InferRequest:
+    """A copy of ``request`` whose inputs keep name, datatype, shape and parameters but no data."""
 
 def encode_infer_request(request: InferRequest) -> bytes:
     """Serialize an InferRequest as ModelInferRequest bytes, data in raw_input_contents."""

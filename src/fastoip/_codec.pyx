@@ -177,6 +177,46 @@ def encode_infer_response_parts(response, Py_ssize_t min_ref=65536):
     return _encode_parts(response, min_ref)
 
 
+def new_output(name, datatype, data):
+    """``InferOutput(name, datatype, data.shape, data)`` (no parameters), built as the decoder builds it."""
+    shape = data.shape
+    if type(shape) is not tuple:
+        return InferOutput(name, datatype, shape, data)
+    obj = _make_tensor(InferOutput, &_L_OUTPUT, name, datatype, shape, {})
+    _set_data(obj, InferOutput, &_L_OUTPUT, data)
+    return obj
+
+
+def new_response(model_name, model_version, request_id, list outputs):
+    """``InferResponse(model_name, model_version, request_id, None, outputs)``, built as the decoder builds it."""
+    return _make_message(InferResponse, &_L_RESPONSE, model_name, model_version, request_id, {}, outputs, None)
+
+
+def request_without_data(request):
+    """A copy of ``request`` whose inputs keep name, datatype, shape and parameters but no data; the
+    request itself is not changed.  (The Core lets go of a request's input arrays when its execution
+    ends; built as the decoder builds these objects, slots filled in place: ~0.1 us, not ~1 us.)"""
+    cdef list inputs = []
+    for tensor in _attr(request, InferRequest, &_L_REQUEST, 4, "inputs"):
+        name = _attr(tensor, InferInput, &_L_INPUT, 0, "name")
+        datatype = _attr(tensor, InferInput, &_L_INPUT, 1, "datatype")
+        shape = _attr(tensor, InferInput, &_L_INPUT, 2, "shape")
+        params = _attr(tensor, InferInput, &_L_INPUT, 4, "parameters")
+        if type(shape) is tuple and type(params) is dict:
+            inputs.append(_make_tensor(InferInput, &_L_INPUT, name, datatype, shape, params))
+        else:
+            inputs.append(InferInput(name, datatype, shape, None, params))
+    params = _attr(request, InferRequest, &_L_REQUEST, 3, "parameters")
+    outputs = _attr(request, InferRequest, &_L_REQUEST, 5, "outputs")
+    model_name = _attr(request, InferRequest, &_L_REQUEST, 0, "model_name")
+    model_version = _attr(request, InferRequest, &_L_REQUEST, 1, "model_version")
+    request_id = _attr(request, InferRequest, &_L_REQUEST, 2, "id")
+    if type(params) is dict and type(outputs) is list:
+        return _make_message(InferRequest, &_L_REQUEST, model_name, model_version, request_id, params, inputs,
+                             outputs)
+    return InferRequest(model_name, model_version, request_id, params, inputs, outputs)
+
+
 def encode_infer_request(request):
     """Serialize an InferRequest as ModelInferRequest wire bytes (data in raw_input_contents)."""
     return _encode(request, True, None)

@@ -854,3 +854,24 @@ def test_refcounts_do_not_leak() -> None:
 
 def test_fast_slot_layout_is_in_use() -> None:
     assert codec.FAST_SLOTS
+
+
+def test_request_without_data_keeps_everything_but_the_input_arrays() -> None:
+    """What the Core keeps of a request once its execution ended: the same header, every input's name,
+    datatype, shape and parameters, no data; the request it was made from is not changed."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    wanted = [RequestedOutput("OUTPUT0", {"classification": 2})]
+    request = InferRequest("simple", "1", "req-9", {"priority": UInt64(2)},
+                           [InferInput("INPUT0", "INT32", (1, 16), a, {"p": 1}), InferInput("INPUT1", "INT32", [1, 16], a)],
+                           wanted)
+    copy = codec.request_without_data(request)
+    assert type(copy) is InferRequest and copy is not request
+    assert (copy.model_name, copy.model_version, copy.id) == ("simple", "1", "req-9")
+    assert copy.parameters is request.parameters and copy.outputs is wanted
+    assert [(t.name, t.datatype, tuple(t.shape), t.data, t.parameters) for t in copy.inputs] == [
+        ("INPUT0", "INT32", (1, 16), None, {"p": 1}), ("INPUT1", "INT32", (1, 16), None, {})]
+    assert all(type(t) is InferInput for t in copy.inputs)
+    assert request.inputs[0].data is a and request.inputs[1].data is a  # the original keeps its arrays
+    refs = sys.getrefcount(a)
+    del copy
+    assert sys.getrefcount(a) == refs

@@ -126,6 +126,22 @@ def test_events_are_the_same_wherever_the_reads_end() -> None:
     assert feed(_http2.Http2Session(1 << 20), wire, list(range(1, len(wire)))) == expected  # byte by byte
 
 
+def test_a_repeated_request_head_reuses_the_previous_heads_field_objects() -> None:
+    """A client sends the same head on every call: a field that repeats the previous head's field at the same
+    place is that field's (name, value) object again (nothing allocated); any other field is read anew."""
+    conn = client()
+    other = [*REQUEST_HEADERS[:3], (b":authority", b"elsewhere:8001"), *REQUEST_HEADERS[4:], (b"grpc-timeout", b"1S")]
+    shifted = [REQUEST_HEADERS[1], REQUEST_HEADERS[0], *REQUEST_HEADERS[2:]]  # the first two swapped
+    for stream_id, headers in ((1, REQUEST_HEADERS), (3, REQUEST_HEADERS), (5, other), (7, shifted)):
+        conn.send_headers(stream_id, headers, end_stream=True)
+    events = _http2.Http2Session(1 << 20).receive(conn.data_to_send())
+    heads = [event.headers for event in events if isinstance(event, _http2.RequestReceived)]
+    assert heads == [REQUEST_HEADERS, REQUEST_HEADERS, other, shifted]
+    assert all(a is b for a, b in zip(heads[0], heads[1], strict=True))
+    assert [a is b for a, b in zip(heads[1], heads[2][:6], strict=True)] == [True, True, True, False, True, True]
+    assert [a is b for a, b in zip(heads[2], heads[3], strict=False)] == [False, False, True, False, True, True]
+
+
 def test_two_cuts_anywhere_in_one_request() -> None:
     conn = client()
     conn.send_headers(1, REQUEST_HEADERS)

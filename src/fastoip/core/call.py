@@ -33,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import ParamSpec, Protocol
+from threading import get_ident
+from typing import ParamSpec, Protocol, cast
 
 from ..errors import InferenceError
 from ..scheduling import wakeups
@@ -123,13 +124,21 @@ OnResponse = Callable[[FinishedCall, InferResponse], object]
 P = ParamSpec("P")
 
 
-def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[P, object]) -> Callable[P, None]:
+def on_loop(
+    loop: asyncio.AbstractEventLoop, callback: Callable[P, object], loop_thread: int = 0
+) -> Callable[P, None]:
     """``callback`` made callable from any thread: it runs on ``loop``, unless the loop is closed (the server
     stopped past its exit timeout: nobody is left to answer).  Positional arguments only.  Called on the loop's
-    own thread (a worker process's results are read there), it is queued without waking the loop's selector."""
+    own thread (a worker process's results are read there, a quick batch runs there), it is queued without
+    waking the loop's selector.  ``loop_thread``: the ``threading.get_ident()`` of the thread that runs
+    ``loop``, when the caller knows it (the hop then tells the loop's thread by it, without asking asyncio for
+    the running loop, which costs a ``getpid`` system call on a thread that runs one)."""
     call_soon_threadsafe = loop.call_soon_threadsafe
     call_soon = loop.call_soon
     running = asyncio._get_running_loop
+
+    if loop_thread:
+        return cast("Callable[P, None]", _KnownLoopHop(loop, callback, loop_thread))
 
     def hop(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
@@ -141,6 +150,26 @@ def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[P, object]) -> C
             pass
 
     return hop
+
+
+class _KnownLoopHop:
+    """``on_loop``'s hop when the loop's thread is known (one compiled object a call, where a closure is two)."""
+
+    __slots__ = ("loop", "callback", "loop_thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[..., object], loop_thread: int) -> None:
+        self.loop = loop
+        self.callback = callback
+        self.loop_thread = loop_thread
+
+    def __call__(self, *args: object) -> None:
+        try:
+            if get_ident() == self.loop_thread:
+                self.loop.call_soon(self.callback, *args)
+            else:
+                self.loop.call_soon_threadsafe(self.callback, *args)
+        except RuntimeError:  # the loop is closed
+            pass
 
 
 def start_in_bursts(loop: asyncio.AbstractEventLoop) -> None:

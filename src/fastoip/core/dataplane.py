@@ -167,12 +167,7 @@ class DataPlane:
         on the producing thread (a decoupled model never runs on the calling thread).
         """
         model, job = self._start(request, call, on_response, False)
-
-        def done(finished: Job) -> None:
-            self._complete(model, finished)
-            on_done(finished)
-
-        job.on_done(done)  # (the job is armed: _prepare arms every job that is not run by a blocking caller)
+        job.on_done(_Completion(self, model, on_done))  # (armed: _prepare arms every job not run by a blocking caller)
         if job.cache_key is None or job.cache_leader:
             self.runner.enqueue(model, job)
         else:
@@ -468,6 +463,22 @@ class DataPlane:
 
     def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         return self.log_settings_store.update(changes)
+
+
+class _Completion:
+    """A started request's ``on_done``: the completion step, then the caller's ``on_done`` (one compiled object a
+    request, where a closure is two)."""
+
+    __slots__ = ("plane", "model", "on_done")
+
+    def __init__(self, plane: DataPlane, model: LoadedModel, on_done: OnDone) -> None:
+        self.plane = plane
+        self.model = model
+        self.on_done = on_done
+
+    def __call__(self, finished: Job) -> None:
+        self.plane._complete(self.model, finished)
+        self.on_done(finished)
 
 
 def _tensors(entries: list[dict[str, Any]]) -> tuple[TensorMetadata, ...]:

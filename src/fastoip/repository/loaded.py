@@ -61,6 +61,13 @@ class LoadedModel:
         self.config = config
         # the model directory holds the label files; ``path`` is a file in its version directory unless given
         self.spec: ModelSpec = model_spec(config, model_dir or path.parent.parent)
+        # The spec's facts prepare reads per request, as this (compiled) class's own fields: the spec is an
+        # interpreted dataclass, whose attributes cost a dictionary look-up each.
+        self._inputs_by_name: dict[str, TensorSpec] = self.spec.input_by_name
+        self._input_count = len(self.spec.inputs)
+        self._max_batch_size = self.spec.max_batch_size
+        self._open_tensors = self.spec.open_tensors
+        self._reshaped = self.spec.reshaped
         self.all_output_names = [t.name for t in self.spec.outputs]
         #: The instances as the backend kind built them (ONNX sessions, Python model lanes).
         self.backends = list(backends)
@@ -114,32 +121,36 @@ class LoadedModel:
     def prepare(self, request: InferRequest) -> Job:
         """Validate ``request`` against the config and make a Job of it."""
         spec = self.spec
-        by_name = spec.input_by_name
-        batching = spec.max_batch_size > 0  # (spec.batching without a property call on the hot path)
+        by_name = self._inputs_by_name
+        max_batch_size = self._max_batch_size
+        batching = max_batch_size > 0  # (spec.batching without a property call on the hot path)
+        open_tensors = self._open_tensors
         feeds: dict = {}
         batch_size = 1
         for tensor in request.inputs:
             # The common case passes these checks in a few operations; _reject explains a failure.
             name = tensor.name
+            shape = tensor.shape
             expected = by_name.get(name)
             if (
                 expected is None
                 or name in feeds
                 or tensor.datatype != expected.datatype
-                or not expected.accepts(tensor.shape)
+                # (TensorSpec.accepts' remembered shapes read here: one interpreted call less per input)
+                or not (type(shape) is tuple and shape in expected.accepted or expected.accepts(shape))
                 or tensor.data is None
-            ) and not (spec.open_tensors and tensor.data is not None and name not in feeds):
+            ) and not (open_tensors and tensor.data is not None and name not in feeds):
                 self._reject_input(tensor, expected, feeds)
-            if batching and tensor.shape:  # (checked above to have a batch dim, unless open_tensors)
+            if batching and shape:  # (checked above to have a batch dim, unless open_tensors)
                 if not feeds:
-                    batch_size = tensor.shape[0]
-                elif tensor.shape[0] != batch_size:
+                    batch_size = shape[0]
+                elif shape[0] != batch_size:
                     raise InvalidArgument(
                         f"input '{name}' batch size does not match other inputs for '{self.name}': "
-                        f"{tensor.shape[0]}, others {batch_size}"
+                        f"{shape[0]}, others {batch_size}"
                     )
             feeds[name] = tensor.data
-        if len(feeds) != len(spec.inputs) and not spec.open_tensors:
+        if len(feeds) != self._input_count and not open_tensors:
             missing = [t.name for t in spec.inputs if t.name not in feeds and not t.optional]
             if missing:
                 required = sum(1 for t in spec.inputs if not t.optional)
@@ -153,9 +164,9 @@ class LoadedModel:
                     f"Got input(s) {_names(feeds)}, but missing required input(s) {_names(missing)}. "
                     "Please provide all required input(s)."
                 )
-        if batching and not 1 <= batch_size <= spec.max_batch_size:
+        if batching and not 1 <= batch_size <= max_batch_size:
             raise InvalidArgument(
-                f"inference request batch-size must be <= {spec.max_batch_size} and >= 1 for "
+                f"inference request batch-size must be <= {max_batch_size} and >= 1 for "
                 f"'{self.name}', got {batch_size}"
             )
         if request.outputs:
@@ -173,15 +184,15 @@ class LoadedModel:
                 output_names.append(wanted.name)
         else:
             output_names = self.all_output_names
-        if spec.reshaped:  # Triton's reshape: the config's dims -> the model's shape
+        if self._reshaped:  # Triton's reshape: the config's dims -> the model's shape
             feeds = spec.model_feeds(feeds)
         return Job(request, feeds, batch_size, output_names)
 
     def signature(self, job: Job) -> Hashable:
         """Jobs merge into one batch only when these agree (see :func:`~fastoip.scheduling.job.input_signature`)."""
         if self.ragged is not None and self.ragged.ragged:
-            return ragged_signature(job, self.spec.batching, self.ragged.ragged)
-        return input_signature(job, self.spec.batching)
+            return ragged_signature(job, self._max_batch_size > 0, self.ragged.ragged)
+        return input_signature(job, self._max_batch_size > 0)
 
     def _reject_input(self, tensor: InferInput, expected: TensorSpec | None, feeds: dict) -> None:
         """Raise the precise error for an input that failed prepare's quick checks."""

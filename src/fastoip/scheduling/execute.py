@@ -27,9 +27,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .._codec import new_output, new_response
 from ..datatypes import v2_datatype_of
 from ..errors import InternalError
-from ..types import InferOutput, InferResponse
+from ..types import InferResponse
 from .buffers import BufferPool, Lease
 from .contract import END_OF_STREAM, RESPONDS_LATER, Backend, Execution, ExecutionContext, Results, TensorModel
 from .job import Job
@@ -72,6 +73,10 @@ def run_jobs(
                 job.compute_end_ns = end_ns
         if before_finish is not None:
             before_finish()
+        # the executions are recorded before any caller hears of its result (it may read the statistics at once)
+        record = context.stats.record_execution
+        for execution in executions:
+            record(*execution)
         for job, result in zip(live, results, strict=False):  # lengths checked above
             if type(result) is InferResponse:
                 job.finish(result)
@@ -81,9 +86,6 @@ def run_jobs(
                 pass  # the backend finishes it (a decoupled model answering from its own threads)
             else:
                 job.fail(result)  # type: ignore[arg-type]  # anything else is that job's error
-        record = context.stats.record_execution
-        for execution in executions:
-            record(*execution)
     except BaseException as exc:  # every job must finish, whatever went wrong
         for job in live:
             job.fail(exc)
@@ -158,24 +160,25 @@ class TensorBackend:
             job.release_inputs()  # the execution is over: a large input is freed before the response goes out
             if before_finish is not None:
                 before_finish()
-            job.finish(self._response(job, outputs))
-            self.context.stats.record_execution(
+            response = self._response(job, outputs)
+            self.context.stats.record_execution(  # before the caller hears of its result (see run_jobs)
                 job.batch_size, 1, 0, infer_done_ns - start_ns, time.monotonic_ns() - infer_done_ns
             )
+            job.finish(response)
         except BaseException as exc:  # the job must finish, whatever went wrong
             job.fail(exc)
 
     def _response(self, job: Job, outputs: list[np.ndarray]) -> InferResponse:
         datatypes = self.context.output_datatypes
         request = job.request
-        return InferResponse(
+        # (the codec's constructors fill the objects' slots in place: the classes' own __init__ are interpreted)
+        return new_response(
             request.model_name,
             self.context.version_str,
             request.id,
-            None,
             [
                 # a sequence model's state outputs are not among the model's outputs: the array says its type
-                InferOutput(name, datatypes[name] if name in datatypes else v2_datatype_of(out), out.shape, out)
+                new_output(name, datatypes[name] if name in datatypes else v2_datatype_of(out), out)
                 for name, out in zip(job.output_names, outputs, strict=False)  # equal: the model ran these names
             ],
         )

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._codec import request_without_data
 from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
-from ..types import InferInput, InferRequest, InferResponse
+from ..types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from ..tracing import FrontendTrace, Trace
@@ -131,23 +132,15 @@ class Job:
         """The execution is over: drop this job's references to its input arrays.
 
         ``request`` becomes a copy whose inputs keep name, datatype, shape and
-        parameters but no data (the caller's request is not changed; ~1 us), and
+        parameters but no data (the caller's request is not changed; built by the codec), and
         ``feeds`` empties.  Kept: a decoupled job's inputs (its model may read them
         while it responds) and a traced job's (the trace records the input tensors
         when the request completes).
         """
         if self._sink is not None or self.trace is not None:
             return
-        request = self.request
         self.feeds = {}
-        self.request = InferRequest(
-            request.model_name,
-            request.model_version,
-            request.id,
-            request.parameters,
-            [InferInput(t.name, t.datatype, t.shape, None, t.parameters) for t in request.inputs],
-            request.outputs,
-        )
+        self.request = request_without_data(self.request)
 
     def arm(self) -> None:
         """Make the job safe to finish, cancel and wait for from other threads."""

@@ -19,6 +19,9 @@ Rules:
 - The holding thread must run ``release`` soon and must not block before it:
   a held wake-up delays its jobs until then.  An instance thread that is busy
   picks queued jobs up without any wake-up.
+- A wake-up may run the burst itself on the releasing thread (a quick model's
+  dynamic batcher, ``batcher.INLINE_MAX_NS``): ``release`` then returns once
+  those batches ran.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The native frontend's calls: one object per HTTP/2 stream, from first message to trailers.
 
 Rules:
-- Everything here runs on the connection's event loop; model execution never
-  does.  Infer requests start through :class:`CoreCalls` (the one place that
-  calls ``Core.start``) and their completion comes back to the loop by
-  :func:`fastoip.core.on_loop`.
+- Everything here runs on the connection's event loop; model execution does
+  not, but for one case: a dynamic batcher without a queue delay whose CPU
+  batches take under ``scheduling.batcher.INLINE_MAX_NS`` runs the loop pass's
+  burst on the loop when it releases the burst's wake-up (the thread hop cost
+  more than the model).  Infer requests start through :class:`CoreCalls` (the
+  one place that calls ``Core.start``) and their completion comes back to the
+  loop by :func:`fastoip.core.on_loop`.
 - ModelInfer / ModelStreamInfer use the codec (no protobuf objects); every
   other RPC is the transport-free translation in :mod:`.service`, cheap ones on
   the loop, the rest (model load, shared memory, settings) on a small pool.
@@ -19,7 +22,8 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Protocol, cast
+from threading import get_ident
+from typing import Final, Protocol, cast
 
 from google.protobuf.message import DecodeError, Message
 
@@ -51,7 +55,7 @@ log = logging.getLogger("fastoip.grpc")
 
 #: An output at least this large goes out from its array instead of being copied into the response message
 #: (``_codec.encode_infer_response_parts``); smaller ones are copied, cheaper than a part of their own.
-LARGE_OUTPUT = 64 * 1024
+LARGE_OUTPUT: Final = 64 * 1024
 
 #: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).
 INLINE_RPCS = frozenset({
@@ -66,7 +70,8 @@ class CoreCalls:
     ``start`` starts without blocking; ``on_finished(job)`` runs on the loop,
     where ``job.error`` (an InferenceError or None) and ``job.response`` are read.
     Direct-scheduler models go to the Core's worker pool (the loop does not lend
-    its thread: ``caller_runs`` stays False), so the loop never executes a model.
+    its thread: ``caller_runs`` stays False); only a quick dynamic batcher's burst
+    runs on the loop (see the module rules).
     """
 
     def __init__(self, core: Core, loop: asyncio.AbstractEventLoop, forward: HeaderForwarder | None = None) -> None:
@@ -94,13 +99,14 @@ class CoreCalls:
         if self.forward is not None:
             self.forward.apply(headers, request.parameters)
         call = CallContext(deadline_ns, trace_headers=headers, frontend_trace=frontend_trace)
-        return self.core.start(request, call, on_loop(self.loop, on_finished), on_response)
+        # (this runs on the loop's thread: the completion's hop knows it by its ident)
+        return self.core.start(request, call, on_loop(self.loop, on_finished, get_ident()), on_response)
 
     def on_loop(
         self, on_response: Callable[[FinishedCall, InferResponse], None]
     ) -> Callable[[FinishedCall, InferResponse], None]:
         """``on_response`` run on the loop (the responses of one job keep their order: one thread sends them)."""
-        return on_loop(self.loop, on_response)
+        return on_loop(self.loop, on_response, get_ident())
 
     @staticmethod
     def cancel(job: Ticket) -> None:

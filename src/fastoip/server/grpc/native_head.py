@@ -12,7 +12,6 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from ..restricted import Restriction
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
@@ -23,15 +22,27 @@ NOT_POST: wire.Headers = [(b":status", b"405"), (b"allow", b"POST")]
 NOT_GRPC: wire.Headers = [(b":status", b"415"), (b"content-type", b"text/plain")]
 
 
-class AcceptedHead(NamedTuple):
-    """A request head that may start a call."""
+class AcceptedHead:
+    """A request head that may start a call (a plain class: a NamedTuple's ``__new__`` is interpreted Python)."""
 
-    fields: dict[bytes, bytes]
-    path: bytes
-    #: grpc-timeout in nanoseconds; None: no deadline.
-    timeout_ns: int | None
-    #: grpc-encoding of the request's compressed messages (identity: none).
-    encoding: bytes
+    __slots__ = ("fields", "path", "timeout_ns", "encoding")
+
+    def __init__(self, fields: dict[bytes, bytes], path: bytes, timeout_ns: int | None, encoding: bytes) -> None:
+        self.fields = fields
+        self.path = path
+        #: grpc-timeout in nanoseconds; None: no deadline.
+        self.timeout_ns = timeout_ns
+        #: grpc-encoding of the request's compressed messages (identity: none).
+        self.encoding = encoding
+
+    def _key(self) -> tuple[dict[bytes, bytes], bytes, int | None, bytes]:
+        return self.fields, self.path, self.timeout_ns, self.encoding
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AcceptedHead) and self._key() == other._key()
+
+    def __repr__(self) -> str:
+        return f"AcceptedHead(path={self.path!r}, timeout_ns={self.timeout_ns}, encoding={self.encoding!r})"
 
 
 def read_head(

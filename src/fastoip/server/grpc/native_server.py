@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from ...core import Core, start_in_bursts
 from . import _http2
@@ -91,6 +91,10 @@ class GrpcConnection(asyncio.BufferedProtocol):
         )
         #: stream id -> its record, for every stream whose call has not finished.
         self.streams: dict[int, StreamRecord] = {}
+        #: The last accepted request head and the header fields it was read from: a client repeats its heads
+        #: (``read_head`` is a pure function of them), and the session reuses the repeated pairs' objects.
+        self.last_head: AcceptedHead | None = None
+        self.last_head_fields: list[tuple[bytes, bytes]] = []
         #: Streams whose responses are compressed (--grpc-infer-response-compression-level) -> the algorithm.
         self.response_encodings: dict[int, bytes] = {}
         # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
@@ -177,10 +181,15 @@ class GrpcConnection(asyncio.BufferedProtocol):
     # -- the session's events (EVENT_HANDLERS) --------------------------------------------------
     def on_request(self, event: _http2.RequestReceived) -> None:
         stream_id = event.stream_id
-        head = read_head(event.headers, self.dispatcher.restricted)
-        if not isinstance(head, AcceptedHead):
-            self.session.send_headers_only(stream_id, head, reset=True)
-            return
+        fields = event.headers
+        head = self.last_head
+        if head is None or fields != self.last_head_fields:  # (the same pair objects: compared by identity)
+            verdict = read_head(fields, self.dispatcher.restricted)
+            if not isinstance(verdict, AcceptedHead):
+                self.session.send_headers_only(stream_id, verdict, reset=True)
+                return
+            head = self.last_head = verdict
+            self.last_head_fields = fields
         if self.over_queued_limit(stream_id):
             return
         call = self.dispatcher.new_call(head.path, stream_id, self, deadline_from(head.timeout_ns))
@@ -486,7 +495,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
 
 #: The session's event types -> the connection's handler for each (one table, no if-ladder).
-EVENT_HANDLERS: dict[type, Callable[[GrpcConnection, Any], None]] = {
+EVENT_HANDLERS: Final[dict[type, Callable[[GrpcConnection, Any], None]]] = {  # (Final: a C static once compiled)
     _http2.MessageReceived: GrpcConnection.on_message,
     _http2.RequestReceived: GrpcConnection.on_request,
     _http2.RequestEnded: GrpcConnection.on_request_ended,
