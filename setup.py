@@ -103,7 +103,9 @@ else:
 # mypyc's native classes (attributes in C structs, direct calls) cut the server's CPU per `simple` request by
 # about a quarter end to end: benchmarks/RESULTS.md, "The per-call path compiled (cyhot)".  mypyc's rules hold
 # in these modules: annotations are checked at run time, classes take no attributes they do not declare and
-# cannot be subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it).  Left out
+# cannot be subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it), a call
+# inside a slice (`view[sock.send(view):]`) runs twice and `+=` on a bytearray held in a local makes a new one
+# (write them as two statements, and `.extend`: tests/e2e/test_pyworker_framing.py caught both).  Left out
 # on purpose: fastoip/types.py (the codec fills its classes' slots by layout) and scheduling/wakeups.py (a
 # threading.local).  Keep the list short: every module adds compile time to every build (all 18: about 37 s of
 # CPU).  FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).

@@ -101,7 +101,12 @@ class _Channel:
             if self._unannounced and not self.connection.has_message():
                 self.announce()  # (before waiting: the server may be waiting for those results)
             with self._read_lock:
-                message = None if self.inbox else self._read_one()
+                if self.inbox:
+                    message = None
+                else:
+                    if self._unannounced and not self.connection.has_message():
+                        self.announce()  # (again: another reader may have taken the message seen buffered)
+                    message = self._read_one()
             if message is not None and not self._route(message):
                 return message
 

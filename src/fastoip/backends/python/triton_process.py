@@ -121,16 +121,22 @@ class WorkerProcess:
         #: A message the loop could not read: the reader thread ends the worker's channel.
         self._broken = False
         parent, child = socket.socketpair()
-        #: The worker's results (most of them) arrive here; the socket wakes the reader for them.
-        self._ring = ResultRing.create()
+        #: The worker's results (most of them) arrive here; the socket wakes the reader for them.  Without
+        #: ``memfd_create`` (not Linux) every message takes the socket.
+        self._ring: ResultRing | None = None
+        try:
+            self._ring = ResultRing.create()
+        except (AttributeError, OSError) as exc:
+            log.warning("%s: no shared-memory result ring (%s): results take the socket", label, exc)
+        ring_fds = [self._ring.fd] if self._ring is not None else []
         env = dict(os.environ)
         # (from the package's own file: a compiled module's ``__file__`` does not say where it lies)
         package = sys.modules[__name__.partition(".")[0]].__file__ or ""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), str(self._ring.fd)],
-            pass_fds=[child.fileno(), self._ring.fd],
+            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
+            pass_fds=[child.fileno(), *ring_fds],
             env=env,
             close_fds=True,
         )
@@ -359,6 +365,8 @@ class WorkerProcess:
     def _take_ring(self) -> None:
         """Dispatch the results waiting in the ring (the reading lock is held): before any message read from the
         socket, which the worker sent after them."""
+        if self._ring is None:
+            return
         for data in self._ring.take():
             try:
                 message = pickle.loads(data)
@@ -497,7 +505,7 @@ class WorkerProcess:
             self._connection.close()
         except OSError:
             pass
-        if not self._reader.is_alive():  # (a reader still running may still take from it)
+        if self._ring is not None and not self._reader.is_alive():  # (a reader still running may take from it)
             self._ring.close()
 
     @property

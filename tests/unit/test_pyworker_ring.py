@@ -1,0 +1,65 @@
+"""fastoip.pyworker.ring: the shared-memory ring a worker writes its results into, read through a second mapping
+of the same memfd (the way the server maps it), without processes or sockets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fastoip.pyworker import ring as ring_module
+from fastoip.pyworker.ring import CAPACITY, RECORD_LIMIT, ResultRing
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd_create is Linux's")
+
+
+@pytest.fixture
+def pair() -> tuple[ResultRing, ResultRing]:
+    reader = ResultRing.create()
+    writer = ResultRing(os.dup(reader.fd))  # the worker's side: the same memory, mapped again
+    yield writer, reader
+    writer.close()
+    reader.close()
+
+
+def test_records_come_out_once_in_order(pair: tuple[ResultRing, ResultRing]) -> None:
+    writer, reader = pair
+    assert reader.take() == []
+    for data in (b"one", b"", b"three" * 100):
+        assert writer.put(data)
+    assert reader.take() == [b"one", b"", b"three" * 100]
+    assert reader.take() == []  # taken once
+
+
+def test_records_wrap_around_the_end_of_the_ring(pair: tuple[ResultRing, ResultRing]) -> None:
+    writer, reader = pair
+    record = bytes(range(256)) * 100  # 25,600 bytes: CAPACITY is not a multiple of the record with its length
+    seen = 0
+    for round_ in range(5 * CAPACITY // len(record)):
+        data = record[:-1] + bytes([round_ % 256])
+        assert writer.put(data)
+        if round_ % 3 == 2:
+            for got in reader.take():
+                assert got[:-1] == record[:-1]
+                seen += 1
+    seen += len(reader.take())
+    assert seen == 5 * CAPACITY // len(record)
+
+
+def test_a_full_ring_refuses_until_the_reader_takes(pair: tuple[ResultRing, ResultRing]) -> None:
+    writer, reader = pair
+    record = b"x" * (RECORD_LIMIT - 4)
+    puts = 0
+    while writer.put(record):
+        puts += 1
+    assert puts == CAPACITY // RECORD_LIMIT  # every byte in use, nothing overwritten
+    assert not writer.put(b"y")
+    assert len(reader.take()) == puts
+    assert writer.put(b"y") and reader.take() == [b"y"]
+
+
+def test_a_record_over_the_limit_is_refused(pair: tuple[ResultRing, ResultRing]) -> None:
+    writer, reader = pair
+    assert not writer.put(b"z" * (RECORD_LIMIT + 1))
+    assert reader.take() == []
+    assert ring_module.RECORD_LIMIT < CAPACITY
