@@ -102,7 +102,15 @@ test-kserve: $(KSERVE_STAMP)  ## KServe's SDK clients (REST V1/V2, gRPC) against
 	FASTOIP_TEST_ISOLATED=1 $(KSERVE_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 		tests/isolated/test_kserve_clients.py $(ARGS)
 
-check: venv  ## the guard-rails CI runs before the tests: ruff, mypy (config in pyproject.toml), generated code current
+# make check needs the developer tools and the dependencies' type information, not a build of the sources it
+# reads: an edit to a compiled module rebuilds them for the tests (venv, about a minute), not for the lint.
+TOOLS_STAMP := $(VENV)/.fastoip-tools
+
+$(TOOLS_STAMP): pyproject.toml
+	$(MAKE) venv
+	touch $@
+
+check: $(TOOLS_STAMP)  ## the guard-rails CI runs before the tests: ruff, mypy (config in pyproject.toml), generated code current
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python scripts/gen_proto.py --check

@@ -28,7 +28,6 @@ after the other.
 from __future__ import annotations
 
 import collections
-import gc
 import itertools
 import logging
 import os
@@ -42,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..allocator import settle_python_heap
 from . import transport as shm
 from . import utils as pb
 from .framing import FramedSocket
@@ -98,14 +98,14 @@ class _Channel:
         while True:
             if self.inbox:
                 return self.inbox.popleft()
-            if self._unannounced and not self.connection.has_message():
-                self.announce()  # (before waiting: the server may be waiting for those results)
             with self._read_lock:
                 if self.inbox:
                     message = None
                 else:
+                    # Before this thread may wait for the server, which may be waiting for those results
+                    # (checked here, the only reader: a message seen buffered is still there).
                     if self._unannounced and not self.connection.has_message():
-                        self.announce()  # (again: another reader may have taken the message seen buffered)
+                        self.announce()
                     message = self._read_one()
             if message is not None and not self._route(message):
                 return message
@@ -299,23 +299,10 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
                 else:
                     raise ValueError(f"unknown message {kind!r}")
                 if kind in ("initialize", "load_mlserver"):
-                    _settle_heap()
+                    settle_python_heap()  # the model is loaded
                 channel.send(("ok", value))
             except BaseException as exc:
                 channel.send(("error", _describe(exc)))
-
-
-#: The collector's thresholds once the model is loaded (the server's own: ``fastoip.server.app``).
-GC_THRESHOLDS = (10_000, 20, 20)
-
-
-def _settle_heap() -> None:
-    """The model is loaded: what it allocated so far lives as long as the worker, out of the collector's sight,
-    so the collections its requests trigger stay short (a full one over numpy's and the model's objects took
-    milliseconds, a stall every request in flight waited out)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def main() -> None:

@@ -367,21 +367,26 @@ class DynamicBatcher:
             try:
                 run_jobs(self.context, self.instances[index], batch)
             finally:
-                self._ran(started, size)
-                with cond:
-                    self._busy.discard(index)
-                    if len(self._queue):
-                        cond.notify_all()  # what another thread queued meanwhile: this instance's thread takes it
+                # (all: the lent instance's own thread may be the one waiting for what queued meanwhile)
+                self._batch_done(index, started, size, wake_all=True)
             del batch
 
-    def _ran(self, started_ns: int, size: int) -> None:
-        """Count a batch's CPU time (this thread's since ``started_ns``) and input bytes into the moving averages."""
+    def _batch_done(self, index: int, started_ns: int, size: int, wake_all: bool) -> None:
+        """A batch on instance ``index`` ended: count its CPU time (this thread's since ``started_ns``) and input
+        bytes into the moving averages, free the instance, and wake a thread for what queued meanwhile."""
         spent = time.thread_time_ns() - started_ns
         if self._batch_ns < 0:
             self._batch_ns, self._batch_bytes = spent, size
         else:
             self._batch_ns = (self._batch_ns * 7 + spent) // 8
             self._batch_bytes = (self._batch_bytes * 7 + size) // 8
+        with self._cond:
+            self._busy.discard(index)
+            if len(self._queue):
+                if wake_all:
+                    self._cond.notify_all()
+                else:
+                    self._cond.notify()
 
     def pending(self) -> int:
         return len(self._queue)
@@ -422,11 +427,8 @@ class DynamicBatcher:
                     run_jobs(self.context, backend, batch, before_finish=gate_in.wait if gate_in else None)
                     gate_out.set()
             finally:
-                self._ran(started, size)
-                with self._cond:
-                    self._busy.discard(index)
-                    if len(self._queue):
-                        self._cond.notify()  # what queued meanwhile (a releasing thread found no free instance)
+                # (what queued meanwhile: a releasing thread found no free instance)
+                self._batch_done(index, started, size, wake_all=False)
             # Let go of the batch before waiting for the next: its requests and responses (a 1 GiB message)
             # would otherwise stay alive for as long as the queue stays empty.
             del batch, gate_in, gate_out

@@ -12,7 +12,6 @@ calls, calls in flight finish within the exit timeout, then models unload.
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
+from ..allocator import settle_python_heap
 from ..core import Core
 from ..options import RepositoryOptions
 from ..repository.remote import RemoteRepository, parse_location
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastoip")
 
-#: gen0 threshold raised from CPython's 700: a request allocates a few dozen containers, and the
-#: request path creates no reference cycles of its own, so young collections rarely free anything.
-GC_THRESHOLDS = (10_000, 20, 20)
 #: Default ``--shutdown-grace``: long enough for Kubernetes to take the pod out of its endpoints.
 DEFAULT_SHUTDOWN_GRACE = 5.0
 
@@ -235,12 +232,7 @@ class ServerApp:
                 restricted=options.grpc_restricted,
             )
         if self.own_process:
-            # Everything allocated so far (modules, sessions, configs) lives for the whole run: move it out
-            # of the collector's sight so the frequent young-generation collections the request path
-            # triggers stay cheap, and collect young objects less often.
-            gc.collect()
-            gc.freeze()
-            gc.set_threshold(*GC_THRESHOLDS)
+            settle_python_heap()
         if self.grpc_server is not None:
             self.grpc_server.start()
             # Tests and scripts read these lines to learn the bound ports.
