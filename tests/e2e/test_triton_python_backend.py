@@ -967,10 +967,31 @@ CRASHER_CONFIG = """
 """
 
 
+#: Writes over the result ring the server passed it (its read position, far ahead of anything written): a model
+#: process that scribbles on shared memory.
+SCRIBBLER = """
+    import mmap, os, struct, sys
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for request in requests:
+                if int(pb_utils.get_input_tensor_by_name(request, "HOW").as_numpy()[0]) == 5:
+                    ring = mmap.mmap(int(sys.argv[2]), 4096)
+                    struct.pack_into("<Q", ring, 64, 10 << 20)
+                pid = pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))
+                out.append(pb_utils.InferenceResponse([pid]))
+            return out
+"""
+
+
 @pytest.fixture(scope="module")
 def crash_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("crashes")
     write_python_model(root, "crasher", CRASHER, CRASHER_CONFIG)
+    write_python_model(root, "scribbler", SCRIBBLER, CRASHER_CONFIG)
     write_python_model(root, "add_sub", ADD_SUB, ADD_SUB_CONFIG)
     write_python_model(root, "crasher_queued", CRASHER, CRASHER_CONFIG)
     with ServerProcess(root, http=True) as proc:
@@ -1073,6 +1094,19 @@ def test_results_read_on_the_event_loop_and_a_crash_still_fails_what_was_in_flig
         assert int(response.outputs[0].data[0]) in behind
     finally:
         core.close()
+
+
+def test_a_worker_that_writes_over_its_result_ring_is_ended_and_restarted(crash_server: ServerProcess) -> None:
+    """The server checks the ring it reads results from: a worker that scribbled on it is ended (its request fails
+    with INTERNAL naming the model), restarted, and the server and its other models keep answering."""
+    client = grpcclient.InferenceServerClient(crash_server.grpc_url)
+    first_pid = _how(client, 0, "scribbler")
+    with pytest.raises(InferenceServerException) as err:
+        _how(client, 5, "scribbler")
+    assert err.value.status() == "StatusCode.INTERNAL" and "scribbler" in err.value.message()
+    assert "SIGKILL" in err.value.message()  # (the server ended it: the worker itself never fails)
+    assert _how(client, 0, "scribbler") != first_pid  # its replacement answers
+    client.infer("add_sub", _add_sub_inputs(np.ones(4, np.float32), np.ones(4, np.float32)))
 
 
 def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) -> None:

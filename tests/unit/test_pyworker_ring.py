@@ -4,11 +4,12 @@ of the same memfd (the way the server maps it), without processes or sockets."""
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 
 from fastoip.pyworker import ring as ring_module
-from fastoip.pyworker.ring import CAPACITY, RECORD_LIMIT, ResultRing
+from fastoip.pyworker.ring import CAPACITY, RECORD_LIMIT, ResultRing, RingCorrupt
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd_create is Linux's")
 
@@ -63,3 +64,17 @@ def test_a_record_over_the_limit_is_refused(pair: tuple[ResultRing, ResultRing])
     assert not writer.put(b"z" * (RECORD_LIMIT + 1))
     assert reader.take() == []
     assert ring_module.RECORD_LIMIT < CAPACITY
+
+
+def test_what_no_writer_could_have_written_is_refused(pair: tuple[ResultRing, ResultRing]) -> None:
+    """A length past the end of the area, or a write position behind the reader's or a ring ahead: RingCorrupt
+    (the server then ends that worker), never a read outside the mapping or a wait for results that never come."""
+    writer, reader = pair
+    assert writer.put(b"fine")
+    region = writer._region
+    struct.pack_into("<I", region, 128, CAPACITY)  # the record's length, as a process writing over it might
+    with pytest.raises(RingCorrupt):
+        reader.take()
+    struct.pack_into("<Q", region, 0, 5 * CAPACITY)  # the write position more than a ring ahead of the reader
+    with pytest.raises(RingCorrupt):
+        reader.take()

@@ -18,6 +18,9 @@ Rules:
 - What the ring holds survives the worker: when the worker dies, the server
   takes every result it had written before deciding which batch it was
   running (the first not answered).
+- The reader checks what the writer's process could have scribbled (a length
+  or a position that cannot be): :class:`RingCorrupt`, and the server ends
+  that worker, as for a message it cannot read.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ _DATA_AT = 128
 _POSITION = struct.Struct("<Q")
 _LENGTH = struct.Struct("<I")
 _SKIP = 0xFFFFFFFF
+
+
+class RingCorrupt(ValueError):
+    """The ring holds what its writer could not have written (a process that wrote over it)."""
 
 
 class ResultRing:
@@ -87,6 +94,8 @@ class ResultRing:
         taken = _POSITION.unpack_from(region, _READ_AT)[0]
         if taken == written:
             return []
+        if not taken < written <= taken + CAPACITY:
+            raise RingCorrupt(f"write position {written} with read position {taken}")
         records = []
         while taken < written:
             offset = taken % CAPACITY
@@ -98,6 +107,8 @@ class ResultRing:
             if size == _SKIP:
                 taken += rest
                 continue
+            if size > rest - 4 or taken + 4 + size > written:  # (a record never crosses the end, nor the writer)
+                raise RingCorrupt(f"a record of {size} bytes at {taken}, with {written} written")
             start = _DATA_AT + offset + 4
             records.append(region[start:start + size])
             taken += 4 + size

@@ -41,7 +41,7 @@ from typing import Any
 
 from ...pyworker import transport as shm
 from ...pyworker.framing import FramedSocket
-from ...pyworker.ring import ResultRing
+from ...pyworker.ring import ResultRing, RingCorrupt
 from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
@@ -367,7 +367,14 @@ class WorkerProcess:
         socket, which the worker sent after them."""
         if self._ring is None:
             return
-        for data in self._ring.take():
+        try:
+            records = self._ring.take()
+        except RingCorrupt as exc:
+            log.error("%s: its result ring was written over (%s): ending the worker", self.label, exc)
+            self._ring = None  # (nothing more is read from it)
+            self.process.kill()  # its end closes: the reader handles the death (what it ran fails, it restarts)
+            return
+        for data in records:
             try:
                 message = pickle.loads(data)
             except Exception:
