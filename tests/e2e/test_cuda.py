@@ -17,7 +17,7 @@ from onnx import TensorProto
 
 from fastoip import cuda
 from fastoip.backends.onnx import cuda_available
-from models import identity_model_bytes, write_model
+from models import conv_model_bytes, expected_conv, identity_model_bytes, write_model
 from serverproc import ServerProcess
 
 needs_gpu = pytest.mark.skipif(
@@ -122,3 +122,25 @@ def test_cuda_shared_memory_flow(gpu_server: ServerProcess, protocol: str) -> No
         cudashm.destroy_shared_memory_region(handle_in)
         cudashm.destroy_shared_memory_region(handle_out)
     assert client.is_server_live()
+
+
+def test_a_convolution_keeps_a_session_per_batch_size_on_the_cuda_ep(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """cuDNN re-plans a session's convolutions at every new input shape (batch_buckets.py): each size its own."""
+    from google.protobuf import text_format
+
+    from fastoip._proto import model_config_pb2 as mc
+    from fastoip.backends.onnx import KIND
+    from fastoip.options import RepositoryOptions
+
+    version = tmp_path / "1"
+    version.mkdir()
+    (version / "model.onnx").write_bytes(conv_model_bytes())
+    base = text_format.Parse('name: "conv" platform: "onnxruntime_onnx" max_batch_size: 8', mc.ModelConfig())
+    _, (backend,) = KIND.load("conv", 1, version / "model.onnx", base, RepositoryOptions())
+    assert backend.on_gpu and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    rng = np.random.default_rng(2)
+    for rows in (1, 3, 8, 5, 2):
+        x = rng.random((rows, 2, 4, 4), dtype=np.float32)
+        (out,) = backend.run({"INPUT0": x}, ["OUTPUT0"])
+        np.testing.assert_allclose(out, expected_conv(x), rtol=1e-4)
+    backend.close()

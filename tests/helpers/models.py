@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, ValueInfoProto, helper
+from onnx import TensorProto, ValueInfoProto, helper, numpy_helper
 
 #: V2 datatype -> ONNX element type, for the datatype round-trip models.
 V2_TO_ONNX = {
@@ -140,6 +140,26 @@ def image_model_bytes(channels: int = 3, size: int = 8, classes: int = 10) -> by
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def conv_model_bytes() -> bytes:
+    """[batch, 2, 4, 4] -> 1x1 convolution to 3 channels (weights 1..6) -> [batch, 3, 4, 4]."""
+    weights = np.arange(1, 7, dtype=np.float32).reshape(3, 2, 1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["INPUT0", "W"], ["OUTPUT0"])],
+        "conv",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 2, 4, 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 3, 4, 4])],
+        initializer=[numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def expected_conv(x: np.ndarray) -> np.ndarray:
+    weights = np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    return np.einsum("oc,bchw->bohw", weights, x)
 
 
 def ppm_decoder_model_bytes(size: int = 8) -> bytes:

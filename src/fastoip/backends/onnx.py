@@ -20,19 +20,22 @@ Rules:
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..cuda import DeviceArray, DeviceBytes
+from ..cuda import DeviceArray, DeviceBytes, pinned_allocator
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
+from ..scheduling.buffers import BufferPool, Lease
+from .batch_buckets import PARAMETER, bucket_sizes, cut_rows, padded_feeds, smallest_fit
 from .ort_options import apply_session_options, thread_counts
 
 if TYPE_CHECKING:
@@ -124,6 +127,40 @@ class OnnxBackend:
         self._run = self._inner.run if not self.on_gpu else self.session.run
         self._new_binding = ort.capi._pybind_state.SessionIOBinding
         self._host_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
+        #: Batch sizes with a session of their own (``batch_buckets``), ascending; empty: batches run as they come.
+        self._buckets: tuple[int, ...] = ()
+        self._bucket_backends: dict[int, OnnxBackend] = {}
+        self._pad_pool: BufferPool | None = None
+
+    def use_batch_buckets(self, sizes: tuple[int, ...], make_sibling: Callable[[], OnnxBackend]) -> None:
+        """Run each batch on a session kept for one size in ``sizes``, padded up to it (``batch_buckets``).
+
+        This session serves the largest size; ``make_sibling`` builds one more for every other.  Each is run
+        once at its size now, so no request pays for planning it.
+        """
+        if not sizes:
+            return
+        self._bucket_backends = {size: make_sibling() for size in sizes[:-1]}
+        self._bucket_backends[sizes[-1]] = self
+        self._pad_pool = BufferPool(pinned_allocator if self.on_gpu else None)
+        self._buckets = sizes
+        for size, backend in self._bucket_backends.items():
+            backend.warm_up(size)
+
+    def warm_up(self, batch_size: int) -> None:
+        """One run on zeros with dim 0 ``batch_size``, where every other input dim is fixed (else the first
+        real batch plans the shape)."""
+        feeds = {}
+        for item in self.session.get_inputs():
+            dims = list(item.shape or ())[1:]
+            datatype = ORT_TYPE_TO_V2.get(item.type)
+            if datatype in (None, "BYTES", "BF16") or not all(type(d) is int and d > 0 for d in dims):
+                return
+            feeds[item.name] = np.zeros((batch_size, *dims), numpy_dtype(datatype))
+        try:
+            self.session.run(None, feeds)
+        except Exception as exc:  # a model may refuse zeros; real batches then plan the shape
+            log.warning("warming the batch-%d session up failed: %s", batch_size, exc)
 
     def discover(self) -> tuple[list[DiscoveredTensor], list[DiscoveredTensor]]:
         """The model's inputs and outputs, for config auto-complete."""
@@ -151,6 +188,34 @@ class OnnxBackend:
         ``destinations`` (output name -> writable bytes, e.g. a shared-memory
         region) lets ORT write those outputs there directly; see ``_run_into``.
         """
+        if self._buckets and feeds:
+            return self._run_bucketed(feeds, output_names, destinations)
+        return self._run_as_given(feeds, output_names, destinations)
+
+    def _run_bucketed(
+        self, feeds: dict[str, np.ndarray], output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
+    ) -> list[np.ndarray]:
+        """``run`` on the session kept for the smallest bucket that holds the batch, padded up to it."""
+        first = next(iter(feeds.values()))
+        rows = first.shape[0] if first.ndim else 0
+        size = smallest_fit(self._buckets, rows)
+        backend = self._bucket_backends.get(size)
+        if backend is None or size == rows:  # no padding: shared-memory outputs can still be written in place
+            return (backend or self)._run_as_given(feeds, output_names, destinations)
+        pool = self._pad_pool
+        assert pool is not None  # set with the buckets
+        leases: list[Lease] = []
+        try:
+            outputs = backend._run_as_given(padded_feeds(feeds, rows, size, pool, leases), output_names, None)
+        finally:
+            # ORT's outputs are new arrays, never views on the padded inputs: the buffers can go back now.
+            for lease in leases:
+                pool.give_back(lease)
+        return cut_rows(outputs, rows, size)
+
+    def _run_as_given(
+        self, feeds: dict[str, np.ndarray], output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
+    ) -> list[np.ndarray]:
         if destinations is not None and not self._has_strings and not self._has_bf16:
             return self._run_into(feeds, output_names, destinations)
         if not self._has_strings and not self._has_bf16:
@@ -274,6 +339,13 @@ class OnnxBackend:
 
     def close(self) -> None:
         # Every reference to the native session goes, or a reload keeps the old one (its weights, arena).
+        siblings = [backend for backend in self._bucket_backends.values() if backend is not self]
+        self._bucket_backends = {}
+        self._buckets = ()
+        if self._pad_pool is not None:
+            self._pad_pool.close()
+        for backend in siblings:
+            backend.close()
         self.session = None
         self._inner = self._run = None
 
@@ -339,7 +411,13 @@ class OnnxKind:
             auto_complete=options.auto_complete,
         )
         devices = instance_devices(config)
-        return config, [first] + [make_backend(device) for device in devices[1:]]
+        backends = [first] + [make_backend(device) for device in devices[1:]]
+        sizes = bucket_sizes(config, path, first.on_gpu)
+        if sizes:
+            log.info("model '%s': a session for each batch size of %s (%s)", model_name, list(sizes), PARAMETER)
+        for backend, device in zip(backends, devices, strict=False):
+            backend.use_batch_buckets(sizes, functools.partial(make_backend, device))
+        return config, backends
 
 
 def instance_devices(config: mc.ModelConfig) -> list[int]:
