@@ -142,5 +142,6 @@ def test_a_convolution_keeps_a_session_per_batch_size_on_the_cuda_ep(tmp_path) -
     for rows in (1, 3, 8, 5, 2):
         x = rng.random((rows, 2, 4, 4), dtype=np.float32)
         (out,) = backend.run({"INPUT0": x}, ["OUTPUT0"])
-        np.testing.assert_allclose(out, expected_conv(x), rtol=1e-4)
+        # cuDNN convolves FP32 in TF32 on Ampere and later (ORT's use_tf32 default): ~1e-3 relative, seen on an H200
+        np.testing.assert_allclose(out, expected_conv(x), rtol=5e-3, atol=1e-3)
     backend.close()
