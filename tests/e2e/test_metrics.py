@@ -166,7 +166,7 @@ def test_metrics_port_in_use_is_a_clear_start_failure(demo_repo: Path) -> None:
         in result.stderr
 
 
-def test_cpu_metrics_read_proc(metrics_server: ServerProcess) -> None:
+def test_cpu_metrics_read_proc_and_gpu_families_only_with_nvml(metrics_server: ServerProcess) -> None:
     text = scrape(metrics_server.metrics_port)[2]
     kinds = families(text)
     assert CPU_NAMES <= set(kinds)
