@@ -28,12 +28,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..._codec import new_output, new_response
 from ...datatypes import to_bytes_elements
 from ...errors import InferenceError, InternalError, Unavailable
 from ...pyworker import transport as shm
 from ...pyworker import utils as pb
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
-from ...types import InferOutput, InferResponse
+from ...types import InferResponse
 from . import server_bridge as bridge
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
@@ -76,9 +77,12 @@ def job_response(job: Job, version_str: str, data: Any) -> InferResponse | Infer
             continue
         if datatype == "BYTES":
             array = to_bytes_elements(array)
-        produced.append(InferOutput(name, datatype, tuple(array.shape), array))
+        # (the codec's constructors fill the slots in place: the classes' own __init__ are interpreted)
+        produced.append(new_output(name, datatype, array))
     request = job.request
-    return InferResponse(request.model_name, version_str, request.id, parameters, produced)
+    if parameters:
+        return InferResponse(request.model_name, version_str, request.id, parameters, produced)
+    return new_response(request.model_name, version_str, request.id, produced)
 
 
 #: How a response's plain data becomes the job's response (:func:`job_response`, or a hosting's own).

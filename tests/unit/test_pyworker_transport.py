@@ -1,0 +1,39 @@
+"""Small tensors inside a worker message: their bytes in C order, a writable array on the other side."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from fastoip.pyworker import transport
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(16, dtype=np.float32),
+        np.arange(24, dtype=np.int64).reshape(2, 3, 4)[:, ::2, 1:],  # strided: copied in C order
+        np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3)),
+        np.arange(5, dtype=">i4"),  # big-endian keeps its byte order
+        np.array(3.5, dtype=np.float16),  # 0-d
+        np.zeros((0, 4), dtype=np.uint8),
+        np.array([True, False]),
+    ],
+    ids=["fp32", "strided", "fortran", "big-endian", "scalar", "empty", "bool"],
+)
+def test_inline_arrays_cross_whole_and_writable(array: np.ndarray) -> None:
+    before = transport.COPIED.arrays_inline
+    packed = pickle.loads(pickle.dumps(transport.pack(array), protocol=pickle.HIGHEST_PROTOCOL))
+    assert packed[0] == "b" and transport.COPIED.arrays_inline == before + 1
+    out = transport.unpack(packed)
+    assert out.dtype == array.dtype and out.shape == array.shape
+    np.testing.assert_array_equal(out, array)
+    assert out.flags.writeable  # a model may write into its inputs, as in Triton
+
+
+def test_object_arrays_travel_as_objects() -> None:
+    array = np.array([b"a", b"bc"], dtype=object)
+    packed = transport.pack(array)
+    assert packed[0] == "i" and transport.unpack(packed) is array
