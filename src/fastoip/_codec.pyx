@@ -177,6 +177,38 @@ def encode_infer_response_parts(response, Py_ssize_t min_ref=65536):
     return _encode_parts(response, min_ref)
 
 
+def gather_rows(list parts, cnp.ndarray out):
+    """``np.concatenate(parts, axis=0, out=out)`` by one ``memcpy`` a part, where every part is a C-contiguous
+    array of ``out``'s dtype and row shape and together they fill ``out`` (a batch of small requests: ~2 us
+    a batch less than numpy's checks per part).  False, with ``out`` not written, when one is not so."""
+    cdef cnp.ndarray part
+    cdef Py_ssize_t total = 0, k
+    cdef int ndim = cnp.PyArray_NDIM(out)
+    cdef char *destination
+    if not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out) or out.dtype.hasobject:
+        return False
+    for obj in parts:
+        if not isinstance(obj, cnp.ndarray):
+            return False
+        part = <cnp.ndarray>obj
+        if cnp.PyArray_NDIM(part) != ndim or not cnp.PyArray_IS_C_CONTIGUOUS(part):
+            return False
+        if not cnp.PyArray_EquivTypes(part.dtype, out.dtype):
+            return False
+        for k in range(1, ndim):
+            if cnp.PyArray_DIM(part, k) != cnp.PyArray_DIM(out, k):
+                return False
+        total += cnp.PyArray_NBYTES(part)
+    if ndim == 0 or total != cnp.PyArray_NBYTES(out):
+        return False
+    destination = <char *>cnp.PyArray_DATA(out)
+    for obj in parts:
+        part = <cnp.ndarray>obj
+        memcpy(destination, cnp.PyArray_DATA(part), cnp.PyArray_NBYTES(part))
+        destination += cnp.PyArray_NBYTES(part)
+    return True
+
+
 def new_output(name, datatype, data):
     """``InferOutput(name, datatype, data.shape, data)`` (no parameters), built as the decoder builds it."""
     shape = data.shape

@@ -875,3 +875,29 @@ def test_request_without_data_keeps_everything_but_the_input_arrays() -> None:
     refs = sys.getrefcount(a)
     del copy
     assert sys.getrefcount(a) == refs
+
+
+def test_gather_rows_copies_parts_in_order_or_refuses_without_writing() -> None:
+    from fastoip._codec import gather_rows
+
+    parts = [np.full((rows, 3), value, dtype=np.int32) for rows, value in ((1, 1), (2, 2), (1, 3))]
+    out = np.zeros((4, 3), dtype=np.int32)
+    assert gather_rows(parts, out)
+    np.testing.assert_array_equal(out, np.concatenate(parts))
+    untouched = np.zeros((4, 3), dtype=np.int32)
+    refused = [
+        (parts, np.zeros((5, 3), dtype=np.int32)),  # the parts do not fill it
+        (parts, np.zeros((4, 3), dtype=np.int64)),  # another dtype
+        (parts, np.zeros((2, 6), dtype=np.int32)),  # another row shape, same bytes
+        ([np.zeros((4, 3), dtype=np.int32).T.copy().T], untouched),  # a part that is not C-contiguous
+        ([np.zeros((4, 3), dtype=">i4")], untouched),  # another byte order
+        ([[0, 0, 0]] * 4, untouched),  # not arrays
+    ]
+    for candidates, target in refused:
+        assert not gather_rows(candidates, target)
+    assert not untouched.any()
+    strings = np.array([b"a"], dtype=object)
+    assert not gather_rows([strings], np.empty(1, dtype=object))  # references are never copied as bytes
+    read_only = np.zeros((1, 3), dtype=np.int32)
+    read_only.flags.writeable = False
+    assert not gather_rows(parts[:1], read_only)

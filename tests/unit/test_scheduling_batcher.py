@@ -502,3 +502,23 @@ def test_the_queued_size_follows_every_way_out_of_the_queue() -> None:
     assert queue.next_batch(clock()) == ([fresh, delayed], 0)
     assert queue.queued_size == 0 and len(queue) == 0
     assert isinstance(error_of(late), DeadlineExceeded)
+
+
+def test_a_job_armed_for_an_asynchronous_caller_finishes_once_and_cannot_be_waited_for() -> None:
+    finished: list[Job] = []
+    pending = job(1)
+    pending.arm(waited=False)  # the caller hears of it through on_done only
+    pending.on_done(finished.append)
+    assert pending._done is None and pending._claim is not None  # no waiter's lock, still an atomic claim
+    with pytest.raises(InternalError, match="armed without a waiter"):
+        pending.wait()
+    pending.arm()  # a later arm (the scheduler's) changes nothing
+    assert pending._done is None
+    racers = [threading.Thread(target=pending.fail, args=(Cancelled("gone"),)) for _ in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    assert finished == [pending] and isinstance(pending.error, Cancelled)
+    with pytest.raises(Cancelled):
+        pending.wait()  # finished: wait answers at once

@@ -268,7 +268,9 @@ class DataPlane:
             if job.cache_key is not None and not job.cache_leader:
                 waits = True  # for an identical request: that request's thread finishes it
         if waits or not blocking:
-            job.arm()  # other threads (the stream or event loop that called) may finish or cancel it
+            # other threads (the stream or event loop that called) may finish or cancel it; only a blocking
+            # caller waits on it (an asynchronous one hears of it through on_done)
+            job.arm(waited=blocking)
         if call is not None:
             job.deadline_ns = call.deadline_ns
             # a request that waits (or runs elsewhere) gets the caller's lazy deadline and cancellation; one that

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .._codec import new_output, new_response
+from .._codec import gather_rows, new_output, new_response
 from ..datatypes import v2_datatype_of
 from ..errors import InternalError
 from ..types import InferResponse
@@ -214,7 +214,8 @@ def merge_inputs(
             leases.append(lease)
             merged = lease.view
             # Copy: each request's rows into the pooled batch buffer (the one input copy).
-            np.concatenate(parts, axis=0, out=merged)
+            if not gather_rows(parts, merged):
+                np.concatenate(parts, axis=0, out=merged)
         feeds[name] = merged
     return feeds, batch_size
 

@@ -142,12 +142,17 @@ class Job:
         self.feeds = {}
         self.request = request_without_data(self.request)
 
-    def arm(self) -> None:
-        """Make the job safe to finish, cancel and wait for from other threads."""
+    def arm(self, waited: bool = True) -> None:
+        """Make the job safe to finish and cancel from other threads, and (``waited``) to ``wait`` for there.
+
+        A caller that never calls ``wait`` (an asynchronous one: it set or will set ``on_done``) arms with
+        ``waited=False``: no lock to wait on is made (one allocation and two lock operations a request).
+        """
         if self._claim is None and not self._finished:
-            done = threading.Lock()
-            done.acquire()
-            self._done = done
+            if waited:
+                done = threading.Lock()
+                done.acquire()
+                self._done = done
             # Whoever acquires _claim first finishes the job (atomic under races).
             self._claim = threading.Lock()
 
@@ -240,6 +245,8 @@ class Job:
         if done is not None:
             done.acquire()
             done.release()
+        elif not self._finished:  # armed for an asynchronous caller: there is nothing to wait on
+            raise InternalError("a job armed without a waiter was waited for")
         if self.error is not None:
             raise self.error
         assert self.response is not None
