@@ -136,3 +136,17 @@ def test_a_batch_of_a_bucket_size_still_writes_outputs_in_place(tmp_path: Path) 
         (out,) = backend.run({"INPUT0": x}, ["OUTPUT0"], destinations={"OUTPUT0": destination})
     assert np.shares_memory(out, destination)
     np.testing.assert_allclose(out, expected_conv(x))
+
+
+def test_ragged_batching_never_gets_buckets(tmp_path: Path) -> None:
+    ragged = (
+        'name: "m" max_batch_size: 8 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] '
+        "allow_ragged_batch: true } ]"
+    )
+    path = write(tmp_path, conv_model_bytes())
+    assert bucket_sizes(config(ragged), path, on_gpu=True) == ()
+    listed = ragged + ' parameters { key: "cuda_batch_buckets" value { string_value: "2,4" } }'
+    with pytest.raises(InvalidArgument, match="ragged batching"):
+        bucket_sizes(config(listed), path, on_gpu=True)
+    batch_input = 'name: "m" max_batch_size: 8 batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" } ]'
+    assert bucket_sizes(config(batch_input), path, on_gpu=True) == ()

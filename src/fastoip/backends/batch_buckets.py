@@ -18,6 +18,8 @@ Rules:
   The sizes are the powers of two below ``max_batch_size``, ``max_batch_size`` and every
   ``preferred_batch_size`` of the dynamic batcher.
 - An explicit list applies on any execution provider (on the CPU it only costs memory; the tests use it).
+- Never with Triton's ragged batching (``allow_ragged_batch``, ``batch_input``, ``batch_output``): dim 0 is
+  then the requests' elements, not one row each; ``auto`` stays off and a list is refused.
 - A batch of ``n`` rows runs on the smallest size >= ``n``; the added rows are zeros, and every output
   whose dim 0 is the padded size is cut back to ``n`` rows.
 """
@@ -46,6 +48,13 @@ def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool) -> tupl
     largest = config.max_batch_size
     if value in ("off", "none", "false", "0", ""):
         return ()
+    if _ragged(config):
+        if value != "auto":
+            raise InvalidArgument(
+                f"model '{config.name}': parameter '{PARAMETER}' cannot be used with ragged batching "
+                "(allow_ragged_batch, batch_input or batch_output: dim 0 is not one row per request)"
+            )
+        return ()
     if value == "auto":
         if not on_gpu or largest <= 1 or not _fits_auto(model_path) or not has_convolution(model_path):
             return ()
@@ -71,6 +80,11 @@ def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool) -> tupl
             f"max_batch_size {largest}"
         )
     return tuple(sorted(listed | {largest}))
+
+
+def _ragged(config: mc.ModelConfig) -> bool:
+    """Whether the model batches ragged (its dim 0 is then elements, not rows: padding rows would change it)."""
+    return bool(config.batch_input or config.batch_output or any(t.allow_ragged_batch for t in config.input))
 
 
 def _fits_auto(model_path: Path) -> bool:
