@@ -1238,6 +1238,58 @@ def test_in_process_hosting_and_unload_reload(tmp_path: Path) -> None:
         assert info["v"] == 2 and info["pid"] != worker_pid
 
 
+def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fails_alone(tmp_path: Path) -> None:
+    """An event loop's turn of batches is pickled as one message; a batch that cannot be pickled fails with a
+    clear error while the others of its turn are answered."""
+    import asyncio
+
+    from fastoip.backends.python.triton_process import WorkerProcess
+    from fastoip.pyworker import transport
+
+    folder = tmp_path / "identity" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(textwrap.dedent("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
+                        for r in requests]
+    """))
+    results: dict[int, tuple] = {}
+    worker = WorkerProcess(
+        "identity", lambda *a: None, lambda cause: None,
+        on_result=lambda exec_id, responses, error: results.__setitem__(exec_id, (responses, error)),
+    )
+
+    async def one_turn(exec_ids: tuple[int, ...], unpicklable: int = 0) -> None:
+        for exec_id in exec_ids:
+            data = np.full((1, 4), exec_id, dtype=np.float32)
+            parameters = {"unpicklable": lambda: None} if exec_id == unpicklable else {}
+            worker.submit(exec_id, [transport.pack_request(("", 0, 0, parameters, [("IN", "FP32", data)], ["OUT"],
+                                                           None))], defer=True)
+        for _ in range(600):
+            if all(exec_id in results for exec_id in exec_ids):
+                return
+            await asyncio.sleep(0.05)
+
+    try:
+        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
+        worker.control(("initialize", {}, False))
+        asyncio.run(one_turn((1, 2, 3), unpicklable=2))
+        asyncio.run(one_turn((4, 5, 6)))  # one "many" message
+        assert sorted(results) == [1, 2, 3, 4, 5, 6]
+        for exec_id in (1, 3, 4, 5, 6):
+            responses, error = results[exec_id]
+            assert error is None
+            ((_, _, packed),), _, _ = responses[0]
+            np.testing.assert_array_equal(transport.unpack(packed), np.full((1, 4), exec_id, dtype=np.float32))
+        responses, error = results[2]
+        assert responses is None and "could not be sent to the worker" in error
+    finally:
+        worker.finalize()
+
+
 def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
     """A 602 KB tensor is written once into shared memory by each side and read as a view: no pickled copy."""
     from fastoip.backends.python.triton_process import WorkerProcess

@@ -8,7 +8,8 @@ Server -> worker: ``("load", path, name, version, memory_limit_mb)`` or, for an 
 ``("load_mlserver", spec, memory_limit_mb)`` (:class:`.mlserver_runner.MLServerRunner`: loaded at once),
 ``("auto_complete", config)``, ``("initialize", args, decoupled)``,
 ``("execute", id, requests)``, ``("reply", call_id, value)`` (answers to the
-worker's own calls), ``("finalize",)``.
+worker's own calls), ``("finalize",)``, and ``("many", messages)``: what an event
+loop handed over in one turn, pickled once and read here one message at a time.
 
 Worker -> server: ``("ok", value)`` / ``("error", message)`` (answers to the
 control messages), ``("result", id, responses | None, error | None)`` (through
@@ -75,12 +76,20 @@ class _Channel:
         self._waiting: dict[int, queue.SimpleQueue] = {}
         #: Messages for the main loop that another thread read.
         self.inbox: collections.deque = collections.deque()
+        #: The rest of a ``("many", messages)`` the server sent, read one at a time (guarded by the read lock).
+        self._unread: collections.deque = collections.deque()
 
     def _read_one(self) -> tuple:
+        if self._unread:
+            return self._unread.popleft()
         try:
-            return pickle.loads(self.connection.recv_bytes())
+            message = pickle.loads(self.connection.recv_bytes())
         except (EOFError, OSError):
             os._exit(0)  # the server went away: nothing to finish
+        if message[0] == "many":  # an event loop's turn of messages, in order
+            self._unread.extend(message[1])
+            return self._unread.popleft()
+        return message
 
     def _route(self, message: tuple) -> bool:
         """Deliver an answer to its waiter; False for anything else."""
@@ -104,7 +113,7 @@ class _Channel:
                 else:
                     # Before this thread may wait for the server, which may be waiting for those results
                     # (checked here, the only reader: a message seen buffered is still there).
-                    if self._unannounced and not self.connection.has_message():
+                    if self._unannounced and not self._unread and not self.connection.has_message():
                         self.announce()
                     message = self._read_one()
             if message is not None and not self._route(message):
@@ -119,7 +128,7 @@ class _Channel:
                 pass
             if self._read_lock.acquire(blocking=False):
                 try:
-                    if answers.empty() and self.connection.poll(0.005):
+                    if answers.empty() and (self._unread or self.connection.poll(0.005)):
                         message = self._read_one()
                         if not self._route(message):
                             self.inbox.append(message)

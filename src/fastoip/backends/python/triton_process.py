@@ -98,10 +98,11 @@ class WorkerProcess:
         self._on_send = on_send
         self._on_death = on_death
         self._write_lock = threading.Lock()
-        #: Batches the event loop handed over, written at the end of its turn (guarded by the outbox lock, which
-        #: is never held while writing: the loop never waits for a write to append).
+        #: Messages the event loop handed over, written at the end of its turn (guarded by the outbox lock, which
+        #: is never held while writing: the loop never waits for a write to append); pickled together, as one
+        #: ``("many", messages)`` (one pickling and one unpickling for a turn's batches, not one each).
         self._outbox_lock = threading.Lock()
-        self._outbox: list[bytes] = []
+        self._outbox: list[tuple] = []
         self._flush_scheduled = False
         self._state = threading.Lock()
         self._control: _Waiter | None = None
@@ -148,17 +149,16 @@ class WorkerProcess:
 
     # -- sending -----------------------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         loop = self._loop
         if loop is not None and asyncio._get_running_loop() is loop:
-            self._defer(data, loop)  # the loop that reads never waits for the write lock
+            self._defer(message, loop)  # the loop that reads never waits for the write lock
             return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # (a message it cannot take fails here)
         try:
             with self._write_lock:
                 with self._outbox_lock:  # in order, behind the batches the event loop has not sent yet
                     held, self._outbox = self._outbox, []
-                held.append(data)
-                self._write(held)
+                self._write([*self._pickled(held), data] if held else [data])
         except OSError:
             raise WorkerDied(self.cause or "closed its channel") from None
 
@@ -175,6 +175,28 @@ class WorkerProcess:
             self._detach(loop)
             self._connection.send_raw(rest)
 
+    def _pickled(self, messages: list[tuple]) -> list[bytes]:
+        """What goes on the socket for ``messages``, in order: one message as itself, several as one ``many``.
+
+        A message that cannot be pickled is left out: a batch's fails its jobs (as it did when each batch was
+        pickled on its own, in ``submit``), anything else is logged."""
+        try:
+            if len(messages) == 1:
+                return [pickle.dumps(messages[0], protocol=pickle.HIGHEST_PROTOCOL)]
+            return [pickle.dumps(("many", messages), protocol=pickle.HIGHEST_PROTOCOL)]
+        except Exception:
+            pass
+        out = []
+        for message in messages:
+            try:
+                out.append(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                if message[0] == "execute":
+                    self._on_result(message[1], None, f"the request could not be sent to the worker: {exc}")
+                else:
+                    log.error("%s: a '%s' message could not be sent to the worker: %s", self.label, message[0], exc)
+        return out
+
     def _flush_later(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop's deferred write of the batches it handed over during this turn.  The loop never
         waits for another thread's write (that thread may wait for the worker, which may wait for this loop to
@@ -187,7 +209,7 @@ class WorkerProcess:
                 self._flush_scheduled = False
                 held, self._outbox = self._outbox, []
             if held:
-                self._write(held)
+                self._write(self._pickled(held))
         except OSError:
             pass  # the worker died: its reader fails or resends those batches (they are pending there)
         finally:
@@ -231,14 +253,14 @@ class WorkerProcess:
             return
         if self._loop is None and self._wanted is None:
             self._wanted = loop  # its results are read there from the next message on
-        self._defer(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), loop)
+        self._defer(message, loop)
 
-    def _defer(self, data: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        """``data`` goes out at the end of this turn of ``loop`` (this thread's), with what else it sends."""
+    def _defer(self, message: tuple, loop: asyncio.AbstractEventLoop) -> None:
+        """``message`` goes out at the end of this turn of ``loop`` (this thread's), with what else it sends."""
         if self.cause is not None:
             raise WorkerDied(self.cause)
         with self._outbox_lock:
-            self._outbox.append(data)
+            self._outbox.append(message)
             if self._flush_scheduled:
                 return
             self._flush_scheduled = True
@@ -518,3 +540,4 @@ class WorkerProcess:
     @property
     def alive(self) -> bool:
         return self.cause is None
+
