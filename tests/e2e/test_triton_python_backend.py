@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1238,13 +1239,9 @@ def test_in_process_hosting_and_unload_reload(tmp_path: Path) -> None:
         assert info["v"] == 2 and info["pid"] != worker_pid
 
 
-def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fails_alone(tmp_path: Path) -> None:
-    """An event loop's turn of batches is pickled as one message; a batch that cannot be pickled fails with a
-    clear error while the others of its turn are answered."""
-    import asyncio
-
+def identity_worker(tmp_path: Path, on_result: Any) -> Any:
+    """A worker process serving an identity ``TritonPythonModel`` (IN -> OUT), loaded and initialized."""
     from fastoip.backends.python.triton_process import WorkerProcess
-    from fastoip.pyworker import transport
 
     folder = tmp_path / "identity" / "1"
     folder.mkdir(parents=True)
@@ -1256,11 +1253,26 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
                 return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
                         for r in requests]
     """))
+    worker = WorkerProcess("identity", lambda *a: None, lambda cause: None, on_result=on_result)
+    try:
+        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
+        worker.control(("initialize", {}, False))
+    except BaseException:
+        worker.kill()
+        raise
+    return worker
+
+
+def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fails_alone(tmp_path: Path) -> None:
+    """An event loop's turn of batches is pickled as one message; a batch that cannot be pickled fails with a
+    clear error while the others of its turn are answered."""
+    import asyncio
+
+    from fastoip.pyworker import transport
+
     results: dict[int, tuple] = {}
-    worker = WorkerProcess(
-        "identity", lambda *a: None, lambda cause: None,
-        on_result=lambda exec_id, responses, error: results.__setitem__(exec_id, (responses, error)),
-    )
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.__setitem__(exec_id,
+                                                                                            (responses, error)))
 
     async def one_turn(exec_ids: tuple[int, ...], unpicklable: int = 0) -> None:
         for exec_id in exec_ids:
@@ -1274,8 +1286,6 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
             await asyncio.sleep(0.05)
 
     try:
-        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
-        worker.control(("initialize", {}, False))
         asyncio.run(one_turn((1, 2, 3), unpicklable=2))
         asyncio.run(one_turn((4, 5, 6)))  # one "many" message
         assert sorted(results) == [1, 2, 3, 4, 5, 6]
@@ -1292,27 +1302,11 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
 
 def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
     """A 602 KB tensor is written once into shared memory by each side and read as a view: no pickled copy."""
-    from fastoip.backends.python.triton_process import WorkerProcess
     from fastoip.pyworker import transport
 
-    folder = tmp_path / "identity" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(textwrap.dedent("""
-        import triton_python_backend_utils as pb_utils
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
-                        for r in requests]
-    """))
     results: queue.SimpleQueue = queue.SimpleQueue()
-    worker = WorkerProcess(
-        "identity", lambda *a: None, lambda cause: None,
-        on_result=lambda exec_id, responses, error: results.put((responses, error)),
-    )
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.put((responses, error)))
     try:
-        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
-        worker.control(("initialize", {}, False))
         data = np.random.rand(1, 3, 224, 224).astype(np.float32)
         for round_ in range(3):
             before, made = transport.COPIED.bytes_to_shm, transport.COPIED.segments_made

@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from fastoip._proto import model_config_pb2 as mc
 from fastoip.backends.batch_buckets import bucket_sizes, cut_rows, padded_feeds, smallest_fit
-from fastoip.backends.onnx import KIND
+from fastoip.backends.onnx import KIND, OnnxBackend
 from fastoip.errors import InvalidArgument
 from fastoip.options import RepositoryOptions
 from fastoip.scheduling.buffers import BufferPool
@@ -95,16 +95,20 @@ def test_padding_fills_zeros_after_the_rows_and_cutting_takes_them_back() -> Non
     assert [smallest_fit((2, 4, 8), rows) for rows in (1, 2, 3, 8, 9)] == [2, 2, 4, 8, 9]
 
 
-def test_loaded_model_runs_each_batch_on_its_sizes_session(tmp_path: Path) -> None:
+def load_conv(tmp_path: Path, max_batch_size: int, sizes: str) -> OnnxBackend:
+    """The convolution model loaded as the repository loads it, with ``cuda_batch_buckets`` set to ``sizes``."""
     version = tmp_path / "1"
     version.mkdir()
-    path = write(version, conv_model_bytes())
     base = config(
-        'name: "conv" platform: "onnxruntime_onnx" max_batch_size: 8 '
-        'parameters { key: "cuda_batch_buckets" value { string_value: "2,4" } }'
+        f'name: "conv" platform: "onnxruntime_onnx" max_batch_size: {max_batch_size} '
+        f'parameters {{ key: "cuda_batch_buckets" value {{ string_value: "{sizes}" }} }}'
     )
-    _, backends = KIND.load("conv", 1, path, base, RepositoryOptions())
-    (backend,) = backends
+    _, (backend,) = KIND.load("conv", 1, write(version, conv_model_bytes()), base, RepositoryOptions())
+    return backend
+
+
+def test_loaded_model_runs_each_batch_on_its_sizes_session(tmp_path: Path) -> None:
+    backend = load_conv(tmp_path, max_batch_size=8, sizes="2,4")
     sessions = {size: sibling.session for size, sibling in backend._bucket_backends.items()}
     assert sorted(sessions) == [2, 4, 8] and sessions[8] is backend.session
     assert len({id(session) for session in sessions.values()}) == 3  # one session per size
@@ -122,14 +126,7 @@ def test_loaded_model_runs_each_batch_on_its_sizes_session(tmp_path: Path) -> No
 
 
 def test_a_batch_of_a_bucket_size_still_writes_outputs_in_place(tmp_path: Path) -> None:
-    version = tmp_path / "1"
-    version.mkdir()
-    path = write(version, conv_model_bytes())
-    base = config(
-        'name: "conv" platform: "onnxruntime_onnx" max_batch_size: 4 '
-        'parameters { key: "cuda_batch_buckets" value { string_value: "2" } }'
-    )
-    _, (backend,) = KIND.load("conv", 1, path, base, RepositoryOptions())
+    backend = load_conv(tmp_path, max_batch_size=4, sizes="2")
     destination = np.zeros(2 * 3 * 16 * 4, dtype=np.uint8)
     x = np.ones((2, 2, 4, 4), dtype=np.float32)
     for _ in range(2):  # the first run learns the output shape, the second binds it
