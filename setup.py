@@ -31,6 +31,12 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
+    # A worker's result ring (Python models in worker processes): a memcpy a record, not struct and mmap slicing.
+    Extension(
+        "fastoip.pyworker._ring",
+        ["src/fastoip/pyworker/_ring.pyx"],
+        extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
+    ),
     # Shared-memory mappings whose SIGBUS (a client shrank the object) becomes a request error.
     Extension(
         "fastoip._shmguard",
@@ -133,7 +139,6 @@ COMPILED_PY = [
     "src/fastoip/backends/python/triton_process.py",
     "src/fastoip/pyworker/framing.py",
     "src/fastoip/pyworker/transport.py",
-    "src/fastoip/pyworker/ring.py",
     "src/fastoip/pyworker/runner.py",
     "src/fastoip/pyworker/worker.py",
 ]

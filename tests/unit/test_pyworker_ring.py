@@ -1,15 +1,16 @@
-"""fastoip.pyworker.ring: the shared-memory ring a worker writes its results into, read through a second mapping
+"""fastoip.pyworker._ring: the shared-memory ring a worker writes its results into, read through a second mapping
 of the same memfd (the way the server maps it), without processes or sockets."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 
 import pytest
 
-from fastoip.pyworker import ring as ring_module
-from fastoip.pyworker.ring import CAPACITY, RECORD_LIMIT, ResultRing, RingCorrupt
+from fastoip.pyworker import _ring as ring_module
+from fastoip.pyworker._ring import CAPACITY, DATA_AT, RECORD_LIMIT, WRITE_AT, ResultRing, RingCorrupt
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd_create is Linux's")
 
@@ -71,10 +72,26 @@ def test_what_no_writer_could_have_written_is_refused(pair: tuple[ResultRing, Re
     (the server then ends that worker), never a read outside the mapping or a wait for results that never come."""
     writer, reader = pair
     assert writer.put(b"fine")
-    region = writer._region
-    struct.pack_into("<I", region, 128, CAPACITY)  # the record's length, as a process writing over it might
+    region = mmap.mmap(reader.fd, DATA_AT + CAPACITY)  # a third mapping: the process writing over it
+    struct.pack_into("<I", region, DATA_AT, CAPACITY)  # the record's length, as that process might
     with pytest.raises(RingCorrupt):
         reader.take()
-    struct.pack_into("<Q", region, 0, 5 * CAPACITY)  # the write position more than a ring ahead of the reader
+    struct.pack_into("<Q", region, WRITE_AT, 5 * CAPACITY)  # the write position more than a ring ahead of the reader
     with pytest.raises(RingCorrupt):
         reader.take()
+    region.close()
+
+
+def test_a_closed_ring_refuses_instead_of_touching_unmapped_memory() -> None:
+    reader = ResultRing.create()
+    writer = ResultRing(os.dup(reader.fd))
+    assert writer.put(b"before")
+    writer.close()
+    with pytest.raises(ValueError, match="closed"):
+        writer.put(b"after")
+    assert reader.take() == [b"before"]  # what was written stays in the memory the other side maps
+    reader.close()
+    with pytest.raises(ValueError, match="closed"):
+        reader.take()
+    with pytest.raises(TypeError):
+        ResultRing.create().put("text")  # type: ignore[arg-type]  # records are bytes

@@ -45,9 +45,9 @@ from typing import Any
 from ..allocator import settle_python_heap
 from . import transport as shm
 from . import utils as pb
+from ._ring import ResultRing
 from .framing import FramedSocket
 from .mlserver_runner import MLServerRunner
-from .ring import ResultRing
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
 
 #: The message that says "results are waiting in the ring" (the server takes the ring before every message).

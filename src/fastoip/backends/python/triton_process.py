@@ -40,8 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...pyworker import transport as shm
+from ...pyworker._ring import ResultRing, RingCorrupt
 from ...pyworker.framing import FramedSocket
-from ...pyworker.ring import ResultRing, RingCorrupt
 from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
