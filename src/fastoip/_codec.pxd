@@ -39,3 +39,4 @@ cdef extern from "Python.h":
 
 cdef extern from "_codec.h":
     object fastoip_bytes_view(object base, object dtype, int nd, cnp.npy_intp* dims, char* data)
+    object fastoip_array_view(object base, object dtype, int nd, cnp.npy_intp* dims, char* data, int flags)

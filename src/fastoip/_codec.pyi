@@ -22,6 +22,8 @@ def encode_infer_response(response: InferResponse) -> bytes:
 def encode_infer_response_parts(response: InferResponse, min_ref: int = 65536) -> list[bytes | memoryview]:
     """The response's message as parts; outputs of at least ``min_ref`` bytes are views of their arrays."""
 
+def pack_inline(array: object, limit: int) -> tuple | None: ...
+def unpack_inline(packed: tuple) -> np.ndarray: ...
 def gather_rows(parts: list[np.ndarray], out: np.ndarray) -> bool:
     """``np.concatenate(parts, axis=0, out=out)`` by a memcpy a part; False (out not written) where it cannot."""
 

@@ -88,11 +88,14 @@ from cpython.bytes cimport (
     PyBytes_FromStringAndSize,
     PyBytes_GET_SIZE,
 )
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.memoryview cimport PyMemoryView_FromObject
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -130,6 +133,7 @@ include "wire/codec/bytes.pxi"        # BYTES tensors: element limit, length-pre
 include "wire/codec/contents.pxi"     # tensor data on decode: raw views, typed contents
 include "wire/codec/decode.pxi"       # ModelInferRequest / ModelInferResponse -> objects
 include "wire/codec/encode.pxi"       # objects -> ModelInferRequest / ModelInferResponse / stream response
+include "wire/codec/inline.pxi"       # small tensors inside a Python worker's messages
 
 
 # --------------------------------------------------------------------------- #
@@ -207,6 +211,17 @@ def gather_rows(list parts, cnp.ndarray out):
         memcpy(destination, cnp.PyArray_DATA(part), cnp.PyArray_NBYTES(part))
         destination += cnp.PyArray_NBYTES(part)
     return True
+
+
+def pack_inline(array, Py_ssize_t limit):
+    """``("b", bytearray of array's bytes in C order, dtype.str, shape)`` for a numeric ndarray of fewer than
+    ``limit`` bytes; None for anything else (object arrays, larger ones, not an ndarray)."""
+    return _pack_inline(array, limit)
+
+
+def unpack_inline(tuple packed):
+    """The writable array ``pack_inline`` packed (ValueError when the parts do not agree)."""
+    return _unpack_inline(packed)
 
 
 def new_output(name, datatype, data):

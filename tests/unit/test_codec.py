@@ -901,3 +901,16 @@ def test_gather_rows_copies_parts_in_order_or_refuses_without_writing() -> None:
     read_only = np.zeros((1, 3), dtype=np.int32)
     read_only.flags.writeable = False
     assert not gather_rows(parts[:1], read_only)
+
+
+def test_pack_inline_takes_only_small_numeric_arrays() -> None:
+    from fastoip._codec import pack_inline, unpack_inline
+
+    small = np.arange(6, dtype=np.float32).reshape(2, 3)
+    packed = pack_inline(small, 1024)
+    assert packed is not None and packed[0] == "b" and packed[2] == "<f4" and packed[3] == (2, 3)
+    assert isinstance(packed[1], bytearray) and bytes(packed[1]) == small.tobytes()
+    np.testing.assert_array_equal(unpack_inline(packed), small)
+    assert pack_inline(small, 24) is None  # 24 bytes: not fewer than the limit
+    assert pack_inline(np.array([b"x"], dtype=object), 1024) is None  # objects are pickled
+    assert pack_inline([1.0, 2.0], 1024) is None  # not an ndarray

@@ -37,3 +37,30 @@ def test_object_arrays_travel_as_objects() -> None:
     array = np.array([b"a", b"bc"], dtype=object)
     packed = transport.pack(array)
     assert packed[0] == "i" and transport.unpack(packed) is array
+
+
+@pytest.mark.parametrize(
+    ("packed", "says"),
+    [
+        (("b", bytearray(8), "<f4", (3,)), "is not 8 bytes"),  # 12 bytes declared, 8 sent
+        (("b", bytearray(16), "|O", (2,)), "cannot hold objects"),  # pointers from another process
+        (("b", bytearray(4), "<f4", (-1,)), "is not a size"),
+        (("b", bytearray(4), "<f4", (1,) * 65), "at most 64 dimensions"),
+        (("b", b"\0" * 4, "<f4", (1,)), "bytearray, dtype name, shape"),  # bytes: not what pack sends
+        (("b", bytearray(4), "<f4", [1]), "bytearray, dtype name, shape"),
+        (("b", bytearray(8), "<i4", (1 << 62, 1 << 62)), "is not a size"),  # the count overflows
+    ],
+    ids=["short", "objects", "negative", "dims", "bytes", "list-shape", "overflow"],
+)
+def test_what_the_other_process_sends_is_checked_before_it_is_viewed(packed: tuple, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        transport.unpack(packed)
+
+
+def test_the_received_array_keeps_its_bytes_from_being_resized() -> None:
+    packed = pickle.loads(pickle.dumps(transport.pack(np.arange(4, dtype=np.int32)), protocol=pickle.HIGHEST_PROTOCOL))
+    out = transport.unpack(packed)
+    with pytest.raises(BufferError):
+        packed[1].extend(b"0000")  # the array's memory stays where it is while the array lives
+    out[0] = 7
+    assert bytes(packed[1][:4]) == (7).to_bytes(4, "little")  # a view, not a copy

@@ -15,7 +15,9 @@ Rules:
 - Smaller numeric arrays travel inside the message as their raw bytes (a
   ``bytearray``), dtype and shape: pickling a numpy array costs ~10 us to dump
   and ~5 us to load, its bytes ~1 us (measured, 16 x FP32).  The receiver gets
-  a writable array on those bytes.  BYTES (object) arrays are pickled.
+  a writable array on those bytes.  Both ends are the codec's C
+  (``pack_inline`` / ``unpack_inline``, ~0.1 us each), which checks that
+  shape, dtype and byte count agree.  BYTES (object) arrays are pickled.
 - :data:`COPIED` counts the bytes each side copied into shared memory.
 - A side that dies leaves its files behind; :func:`remove_files_of` removes a
   dead worker's files by its pid (and forgets their mappings); a side that exits
@@ -36,6 +38,8 @@ import weakref
 from typing import Any
 
 import numpy as np
+
+from .._codec import pack_inline, unpack_inline
 
 #: Arrays smaller than this travel in the message itself.
 INLINE_LIMIT = 64 * 1024
@@ -107,23 +111,20 @@ def _take_segment(nbytes: int) -> tuple[str, mmap.mmap, bool]:
     return name, region, False
 
 
-#: ``dtype.str`` by dtype: numpy builds that string anew at every read (~120 ns; a look-up here costs ~25).
-_DTYPE_NAMES: dict[np.dtype, str] = {}
-
-
 def pack(array: np.ndarray) -> tuple:
     """What goes into a message for ``array``."""
-    dtype = array.dtype
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        if dtype.hasobject:
-            COPIED.arrays_inline += 1
-            return ("i", array)
-        name = _DTYPE_NAMES[dtype] = dtype.str
-    if array.nbytes < INLINE_LIMIT or not os.path.isdir(_SHM_DIR):
+    # A small array's bytes go into the message (one copy, in C order whatever its strides; no numpy pickling).
+    packed = pack_inline(array, INLINE_LIMIT)
+    if packed is not None:
         COPIED.arrays_inline += 1
-        # A small array's bytes go into the message (one copy, in C order whatever its strides; no numpy pickling).
-        return ("b", bytearray(array), name, array.shape)
+        return packed
+    dtype = array.dtype
+    if dtype.hasobject:
+        COPIED.arrays_inline += 1
+        return ("i", array)
+    if array.nbytes < INLINE_LIMIT or not os.path.isdir(_SHM_DIR):  # (a numpy scalar, or no shared memory)
+        COPIED.arrays_inline += 1
+        return ("b", bytearray(array), dtype.str, array.shape)
     segment, region, pooled = _take_segment(array.nbytes)
     # The one copy of these bytes on their way across (the receiver maps them).
     np.frombuffer(region, dtype=dtype, count=array.size, offset=HEADER).reshape(array.shape)[...] = array
@@ -131,7 +132,7 @@ def pack(array: np.ndarray) -> tuple:
         region.close()
     COPIED.bytes_to_shm += array.nbytes
     COPIED.arrays_to_shm += 1
-    return ("p" if pooled else "s", segment, name, array.shape)
+    return ("p" if pooled else "s", segment, dtype.str, array.shape)
 
 
 def _release(region: mmap.mmap) -> None:
@@ -156,9 +157,7 @@ def unpack(packed: tuple) -> np.ndarray:
     """The array a message carries (a read-only view on shared memory for large ones)."""
     kind = packed[0]
     if kind == "b":
-        flat = np.frombuffer(packed[1], dtype=_dtype(packed[2]))
-        shape = packed[3]
-        return flat if len(shape) == 1 else flat.reshape(shape)
+        return unpack_inline(packed)
     if kind == "i":
         return packed[1]
     _, name, dtype, shape = packed
