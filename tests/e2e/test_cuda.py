@@ -1,4 +1,5 @@
-"""GPU paths: CUDA EP inference, pinned batch buffers, CUDA shared memory over gRPC and HTTP.
+"""GPU paths: CUDA EP inference, pinned batch buffers, CUDA shared memory over gRPC and HTTP, the config's CUDA EP
+options and TensorRT accelerator.
 
 Every test here needs a GPU, the CUDA runtime and onnxruntime-gpu (``pip install -e '.[gpu]'``);
 the shared-memory ones also need tritonclient's CUDA utilities (``pip install 'tritonclient[cuda]'``).
@@ -8,15 +9,26 @@ Without them the tests skip, each saying what is missing; CPU CI runs none of th
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from google.protobuf import text_format
 from onnx import TensorProto
 
 from fastoip import cuda
-from fastoip.backends.onnx import cuda_available
+from fastoip._proto import model_config_pb2 as mc
+from fastoip.backends.onnx import KIND, OnnxBackend, _ort, cuda_available
+from fastoip.backends.ort_providers import CPU, CUDA, TENSORRT
+from fastoip.errors import InvalidArgument
+from fastoip.options import RepositoryOptions
 from models import conv_model_bytes, expected_conv, identity_model_bytes, write_model
 from serverproc import ServerProcess
 
@@ -124,24 +136,155 @@ def test_cuda_shared_memory_flow(gpu_server: ServerProcess, protocol: str) -> No
     assert client.is_server_live()
 
 
-def test_a_convolution_keeps_a_session_per_batch_size_on_the_cuda_ep(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """cuDNN re-plans a session's convolutions at every new input shape (batch_buckets.py): each size its own."""
-    from google.protobuf import text_format
-
-    from fastoip._proto import model_config_pb2 as mc
-    from fastoip.backends.onnx import KIND
-    from fastoip.options import RepositoryOptions
-
-    version = tmp_path / "1"
-    version.mkdir()
+def load_conv(model_dir: Path, config: str) -> OnnxBackend:
+    """The convolution model at ``model_dir``/1/model.onnx loaded as the repository loads it, with ``config``."""
+    version = model_dir / "1"
+    version.mkdir(parents=True)
     (version / "model.onnx").write_bytes(conv_model_bytes())
-    base = text_format.Parse('name: "conv" platform: "onnxruntime_onnx" max_batch_size: 8', mc.ModelConfig())
+    base = text_format.Parse(f'name: "conv" platform: "onnxruntime_onnx" {config}', mc.ModelConfig())
     _, (backend,) = KIND.load("conv", 1, version / "model.onnx", base, RepositoryOptions())
-    assert backend.on_gpu and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    return backend
+
+
+def check_conv(backend: OnnxBackend, rows: tuple[int, ...], rtol: float = 5e-3, atol: float = 1e-3) -> None:
     rng = np.random.default_rng(2)
-    for rows in (1, 3, 8, 5, 2):
-        x = rng.random((rows, 2, 4, 4), dtype=np.float32)
+    for count in rows:
+        x = rng.random((count, 2, 4, 4), dtype=np.float32)
         (out,) = backend.run({"INPUT0": x}, ["OUTPUT0"])
-        # cuDNN convolves FP32 in TF32 on Ampere and later (ORT's use_tf32 default): ~1e-3 relative, seen on an H200
-        np.testing.assert_allclose(out, expected_conv(x), rtol=5e-3, atol=1e-3)
+        np.testing.assert_allclose(out, expected_conv(x), rtol=rtol, atol=atol)
+
+
+def check_cuda_options(backend: OnnxBackend, expected: dict[str, str]) -> None:
+    """The backend runs on the CUDA EP with a session per batch size, each with ``expected`` among its options,
+    and convolves right; then it is closed."""
+    assert backend.providers[0] == CUDA and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    for bucket in backend._bucket_backends.values():  # every batch size's session: the same options
+        options = bucket.session.get_provider_options()[CUDA]
+        assert {key: options.get(key) for key in expected} == expected
+    check_conv(backend, (1, 3, 8, 5))
     backend.close()
+
+
+def test_a_convolution_keeps_a_session_per_batch_size_on_the_cuda_ep(tmp_path: Path) -> None:
+    """cuDNN re-plans a session's convolutions at every new input shape (batch_buckets.py): each size its own."""
+    backend = load_conv(tmp_path, "max_batch_size: 8")
+    assert backend.on_gpu and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    # cuDNN convolves FP32 in TF32 on Ampere and later (ORT's use_tf32 default): ~1e-3 relative, seen on an H200
+    check_conv(backend, (1, 3, 8, 5, 2))
+    backend.close()
+
+
+def test_cuda_ep_takes_tritons_cudnn_conv_algo_search_parameter_in_every_session(tmp_path: Path) -> None:
+    config = (
+        'max_batch_size: 8 parameters { key: "cudnn_conv_algo_search" value { string_value: "1" } }'
+        ' parameters { key: "arena_extend_strategy" value { string_value: "1" } }'
+    )
+    expected = {"cudnn_conv_algo_search": "HEURISTIC", "arena_extend_strategy": "kSameAsRequested", "device_id": "0"}
+    check_cuda_options(load_conv(tmp_path, config), expected)
+
+
+def test_cuda_accelerator_parameters_reach_the_cuda_ep(tmp_path: Path) -> None:
+    config = (
+        'max_batch_size: 8 optimization { execution_accelerators { gpu_execution_accelerator { name: "cuda"'
+        ' parameters { key: "cudnn_conv_use_max_workspace" value: "0" }'
+        ' parameters { key: "use_ep_level_unified_stream" value: "1" }'
+        ' parameters { key: "cudnn_conv_algo_search" value: "DEFAULT" } } } }'
+    )
+    expected = {"cudnn_conv_use_max_workspace": "0", "use_ep_level_unified_stream": "1",
+                "cudnn_conv_algo_search": "DEFAULT"}
+    check_cuda_options(load_conv(tmp_path, config), expected)
+
+
+def test_cuda_accelerator_option_onnx_runtime_does_not_know_fails_the_load(tmp_path: Path) -> None:
+    """fastoip passes option names it does not list to ORT, which refuses the unknown ones (as in Triton)."""
+    config = (
+        'max_batch_size: 8 optimization { execution_accelerators { gpu_execution_accelerator { name: "cuda"'
+        ' parameters { key: "cudnn_conv_algo_serch" value: "HEURISTIC" } } } }'
+    )
+    with pytest.raises(InvalidArgument, match="cudnn_conv_algo_serch"):
+        load_conv(tmp_path, config)
+
+
+HIDDEN_GPU_LOAD = """
+import pathlib, sys
+from google.protobuf import text_format
+from fastoip._proto import model_config_pb2 as mc
+from fastoip.backends.onnx import KIND, cuda_available
+from fastoip.options import RepositoryOptions
+base = text_format.Parse(sys.argv[2], mc.ModelConfig())
+_, (backend,) = KIND.load("conv", 1, pathlib.Path(sys.argv[1]), base, RepositoryOptions())
+print("CUDA EP listed:", cuda_available(), "providers:", backend.providers)
+"""
+
+
+def test_cuda_options_with_the_gpu_hidden_leave_the_model_on_the_cpu(tmp_path: Path) -> None:
+    """onnxruntime-gpu lists its CUDA EP where no GPU answers: a config's CUDA options do not stop the load there."""
+    model = tmp_path / "1" / "model.onnx"
+    model.parent.mkdir()
+    model.write_bytes(conv_model_bytes())
+    config = 'name: "conv" max_batch_size: 8 parameters { key: "cudnn_conv_algo_search" value { string_value: "1" } }'
+    result = subprocess.run(
+        [sys.executable, "-c", HIDDEN_GPU_LOAD, str(model), config], env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True, text=True, timeout=100,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"CUDA EP listed: True providers: ['{CPU}']" in result.stdout, (result.stdout, result.stderr[-3000:])
+    assert "model 'conv': the CUDA EP could not start" in result.stderr  # the warning, through logging's last resort
+
+
+TENSORRT_FP16 = (
+    'name: "tensorrt" parameters { key: "precision_mode" value: "FP16" }'
+    ' parameters { key: "trt_engine_cache_enable" value: "1" } parameters { key: "trt_engine_cache_path" value: '
+    '"trt_cache" }'
+)
+
+
+@functools.cache
+def tensorrt_unusable() -> str | None:
+    """Why onnxruntime cannot start its TensorRT EP on this machine (None: it can), asked of ORT itself."""
+    ort = _ort()
+    if TENSORRT not in ort.get_available_providers():
+        return f"this onnxruntime has no {TENSORRT}"
+    try:
+        session = ort.InferenceSession(
+            conv_model_bytes(), providers=[(TENSORRT, {"device_id": "0"}), CUDA], enable_fallback=0
+        )
+    except Exception as exc:  # ORT raises several unrelated exception types
+        return f"onnxruntime could not start {TENSORRT}: {exc}"
+    if session.get_providers()[0] != TENSORRT:
+        return f"onnxruntime did not start {TENSORRT} (are TensorRT's libraries installed?)"
+    return None
+
+
+def test_gpu_tensorrt_accelerator_runs_fp16_ahead_of_cuda(tmp_path: Path) -> None:
+    why = tensorrt_unusable()
+    if why is not None:
+        pytest.skip(why)
+    config = (
+        f"max_batch_size: 8 optimization {{ execution_accelerators {{ gpu_execution_accelerator {{ {TENSORRT_FP16} }}"
+        " } }"
+    )
+    backend = load_conv(tmp_path, config)
+    assert backend.providers[:2] == [TENSORRT, CUDA] and backend.on_gpu and backend.on_tensorrt
+    assert backend.session.get_provider_options()[TENSORRT]["trt_fp16_enable"] in ("1", "True", "true")
+    assert backend._bucket_backends == {}  # auto buckets stay off on TensorRT (batch_buckets.py)
+    check_conv(backend, (2, 8, 5), rtol=1e-2, atol=1e-2)  # FP16: ~1e-3 relative
+    assert (tmp_path / "trt_cache").is_dir()  # the relative cache path, taken from the model's directory
+    backend.close()
+
+
+def test_gpu_tensorrt_accelerator_that_cannot_start_leaves_the_cuda_ep_its_options(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if tensorrt_unusable() is None:
+        pytest.skip("TensorRT starts here: test_gpu_tensorrt_accelerator_runs_fp16_ahead_of_cuda covers it")
+    config = (
+        f"max_batch_size: 8 optimization {{ execution_accelerators {{ gpu_execution_accelerator [{{ {TENSORRT_FP16} }},"
+        ' { name: "cuda" parameters { key: "cudnn_conv_algo_search" value: "HEURISTIC" } }] } }'
+    )
+    with caplog.at_level(logging.WARNING, logger="fastoip.onnx"):
+        backend = load_conv(tmp_path, config)
+    assert not backend.on_tensorrt
+    assert any("model 'conv': the tensorrt execution accelerator is not used" in r.getMessage() for r in caplog.records)
+    # on the CUDA EP, auto buckets as ever, and the options ORT's own fallback would have dropped
+    check_cuda_options(backend, {"cudnn_conv_algo_search": "HEURISTIC", "device_id": "0"})

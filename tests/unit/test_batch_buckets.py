@@ -48,6 +48,14 @@ def test_auto_or_off_leaves_batches_as_they_come(tmp_path: Path, text: str, on_g
     assert bucket_sizes(config(text), write(tmp_path, conv_model_bytes()), on_gpu) == ()
 
 
+def test_auto_is_off_on_the_tensorrt_ep_and_a_list_still_applies(tmp_path: Path) -> None:
+    """TensorRT widens one engine's shape range to the batches it sees; a session per size would build one each."""
+    path = write(tmp_path, conv_model_bytes())
+    assert bucket_sizes(config('name: "m" max_batch_size: 8'), path, on_gpu=True, tensorrt=True) == ()
+    listed = 'name: "m" max_batch_size: 8 parameters { key: "cuda_batch_buckets" value { string_value: "2" } }'
+    assert bucket_sizes(config(listed), path, on_gpu=True, tensorrt=True) == (2, 8)
+
+
 def test_auto_leaves_a_model_without_convolutions_alone(tmp_path: Path) -> None:
     path = write(tmp_path, identity_model_bytes(TensorProto.FLOAT, [4]))
     assert bucket_sizes(config('name: "m" max_batch_size: 8'), path, on_gpu=True) == ()

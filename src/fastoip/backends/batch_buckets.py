@@ -17,6 +17,10 @@ Rules:
   :data:`AUTO_MAX_MODEL_BYTES` (each size is a whole session: its own copy of the weights on the GPU).
   The sizes are the powers of two below ``max_batch_size``, ``max_batch_size`` and every
   ``preferred_batch_size`` of the dynamic batcher.
+- ``auto`` stays off when the session runs on the TensorRT EP (the config's ``tensorrt`` accelerator): ORT's
+  TensorRT EP rebuilds its engine only when a batch falls outside the range of shapes it has built for (or within
+  the config's ``trt_profile_*_shapes``), so one session stops re-planning once it has seen the largest batch,
+  while a session per size would build and hold an engine per size.  A listed set of sizes still applies.
 - An explicit list applies on any execution provider (on the CPU it only costs memory; the tests use it).
 - Never with Triton's ragged batching (``allow_ragged_batch``, ``batch_input``, ``batch_output``): dim 0 is
   then the requests' elements, not one row each; ``auto`` stays off and a list is refused.
@@ -42,8 +46,11 @@ CONVOLUTIONS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv",
 AUTO_MAX_MODEL_BYTES = 512 * 1024 * 1024
 
 
-def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool) -> tuple[int, ...]:
-    """The batch sizes to keep a session for, ascending; empty when the model runs every batch as it comes."""
+def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool, tensorrt: bool = False) -> tuple[int, ...]:
+    """The batch sizes to keep a session for, ascending; empty when the model runs every batch as it comes.
+
+    ``tensorrt``: the session runs on the TensorRT EP (``auto`` is then off).
+    """
     value = config.parameters[PARAMETER].string_value.strip().lower() if PARAMETER in config.parameters else "auto"
     largest = config.max_batch_size
     if value in ("off", "none", "false", "0", ""):
@@ -56,7 +63,7 @@ def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool) -> tupl
             )
         return ()
     if value == "auto":
-        if not on_gpu or largest <= 1 or not _fits_auto(model_path) or not has_convolution(model_path):
+        if not on_gpu or tensorrt or largest <= 1 or not _fits_auto(model_path) or not has_convolution(model_path):
             return ()
         sizes = {1 << shift for shift in range(largest.bit_length()) if 1 << shift < largest}
         if config.HasField("dynamic_batching"):

@@ -9,6 +9,9 @@ Rules:
   when their shapes are known in advance; see ``_run_into``.
 - The CUDA execution provider is used first when onnxruntime-gpu finds a GPU
   and the config's instance_group does not ask for KIND_CPU; otherwise CPU.
+  The config's execution accelerators (TensorRT ahead of CUDA, OpenVINO) and
+  CUDA EP options are read as Triton reads them (``ort_providers.py``); an
+  accelerator this onnxruntime cannot start is left out and logged once.
 - BYTES tensors: ORT's Python API only takes ``str`` elements and encodes them
   as UTF-8.  Elements that are valid UTF-8 are decoded (so string models see
   the text the client meant); when a tensor holds bytes that are not UTF-8 the
@@ -23,7 +26,9 @@ import ctypes
 import functools
 import logging
 import math
+import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +42,7 @@ from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
 from ..scheduling.buffers import BufferPool, Lease
 from .batch_buckets import PARAMETER, bucket_sizes, cut_rows, padded_feeds, smallest_fit
 from .ort_options import apply_session_options, thread_counts
+from .ort_providers import CUDA, OPENVINO, TENSORRT, Provider, plan_providers, provider_names
 
 if TYPE_CHECKING:
     from ..options import RepositoryOptions
@@ -46,6 +52,8 @@ log = logging.getLogger("fastoip.onnx")
 BF16_ONNX_ELEMENT_TYPE = 16
 #: Distinct input-shape sets remembered per session for in-place outputs (a bound, not a cache policy).
 MAX_LEARNED_SHAPES = 256
+#: Sessions with the OpenVINO EP are made one at a time: its session creation is not thread-safe (as in Triton).
+_OPENVINO_LOCK = threading.Lock()
 
 
 _preloaded = False
@@ -73,7 +81,7 @@ def available_providers() -> list[str]:
 
 
 def cuda_available() -> bool:
-    return "CUDAExecutionProvider" in available_providers()
+    return CUDA in available_providers()
 
 
 class OnnxBackend:
@@ -88,7 +96,11 @@ class OnnxBackend:
         inter_op_threads: int = 0,
         device_id: int = 0,
         config: mc.ModelConfig | None = None,
+        model_dir: Path | None = None,
+        available: Sequence[str] | None = None,
     ) -> None:
+        """``model_dir``: where the config's paths lie (default: the model file's folder); ``available``: the
+        execution providers to choose from (default: ORT's)."""
         ort = _ort()
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # 0: ORT's default, one per physical core
@@ -99,15 +111,17 @@ class OnnxBackend:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if config is not None:  # the config's optimisation settings, as Triton's onnxruntime backend reads them
             apply_session_options(config, options, ort)
-        providers: list = ["CPUExecutionProvider"]
-        if use_gpu and cuda_available():
-            providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(str(model_path), options, providers=providers)
-        except Exception as exc:  # ORT raises several unrelated exception types
-            raise InvalidArgument(f"onnxruntime could not load {model_path}: {exc}") from None
+        plan = plan_providers(
+            config if config is not None else mc.ModelConfig(), gpu=use_gpu,
+            available=available_providers() if available is None else available,
+            model_dir=model_dir or model_path.parent, device_id=device_id,
+        )
+        #: What the config asked for that this session goes without (the loader logs the first instance's).
+        self.notes = plan.notes
+        self.session = _open_session(ort, model_path, options, plan.providers, self.notes)
         self.providers = self.session.get_providers()
-        self.on_gpu = self.providers[0] == "CUDAExecutionProvider"
+        self.on_gpu = self.providers[0] in (TENSORRT, CUDA)
+        self.on_tensorrt = self.providers[0] == TENSORRT
         self.device_id = device_id
         self.input_types = {i.name: ORT_TYPE_TO_V2.get(i.type, i.type) for i in self.session.get_inputs()}
         self.output_types = {o.name: ORT_TYPE_TO_V2.get(o.type, o.type) for o in self.session.get_outputs()}
@@ -350,6 +364,57 @@ class OnnxBackend:
         self._inner = self._run = None
 
 
+def _open_session(ort: Any, model_path: Path, options: Any, providers: list[Provider], notes: list[str]) -> Any:
+    """An ORT session on ``providers``; without TensorRT (noted) when ORT cannot start it.
+
+    ORT's Python API retries a session whose providers fail to start on its own fallback list, without their
+    options (and prints about it).  Where the config set options, that retry is off while the session is made
+    and on again after, for the run-time fallback every session has.  Then a failed TensorRT is retried here with
+    the CUDA options kept; a CUDA EP that fails with the config's options but starts without them fails the load
+    (the options are bad, as Triton refuses them); one that does not start at all (no usable GPU) leaves the
+    model on the CPU, as for a config without options.
+    """
+    names = provider_names(providers)
+    configured = any(not isinstance(provider, str) and set(provider[1]) - {"device_id"} for provider in providers)
+    one_at_a_time: AbstractContextManager = _OPENVINO_LOCK if OPENVINO in names else nullcontext()
+    try:
+        with one_at_a_time:
+            session = ort.InferenceSession(
+                str(model_path), options, providers=providers, enable_fallback=0 if configured else 1
+            )
+    except Exception as exc:  # ORT raises several unrelated exception types
+        if TENSORRT in names:
+            notes.append(f"the tensorrt execution accelerator is not used: onnxruntime could not start {TENSORRT} "
+                         f"({exc})")
+        elif CUDA in names and not _cuda_starts(ort, model_path, options, providers[names.index(CUDA)]):
+            # the GPU is at fault, not the options: the CPU, as ORT's own fallback does for a plain config
+            notes.append(f"the CUDA EP could not start ({exc}); the model runs on the CPU")
+        else:
+            raise InvalidArgument(f"onnxruntime could not load {model_path}: {exc}") from None
+        gone = TENSORRT if TENSORRT in names else CUDA
+        others = [provider for provider, name in zip(providers, names, strict=True) if name != gone]
+        return _open_session(ort, model_path, options, others, notes)
+    if configured:
+        session.enable_fallback()
+    started = session.get_providers()
+    if TENSORRT in names and TENSORRT not in started:
+        notes.append(
+            f"the tensorrt execution accelerator is not used: onnxruntime did not start {TENSORRT} (are TensorRT's "
+            f"libraries installed? onnxruntime's log says why); the model runs on {', '.join(started)}"
+        )
+    return session
+
+
+def _cuda_starts(ort: Any, model_path: Path, options: Any, cuda: Provider) -> bool:
+    """Whether the CUDA EP starts at all with nothing but ``cuda``'s device_id (False: the GPU is at fault)."""
+    device = {"device_id": cuda[1]["device_id"]} if not isinstance(cuda, str) else {}
+    try:
+        session = ort.InferenceSession(str(model_path), options, providers=[(CUDA, device)], enable_fallback=0)
+    except Exception:  # ORT raises several unrelated exception types
+        return False
+    return CUDA in session.get_providers()
+
+
 def _bf16_bits(value: Any) -> np.ndarray:
     """The raw bits of a bfloat16 OrtValue as uint16 (copy through the OrtValue's buffer)."""
     shape = tuple(value.shape())
@@ -397,14 +462,21 @@ class OnnxKind:
         intra, inter = thread_counts(base, options.intra_op_threads, options.inter_op_threads)
         wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
         use_gpu = options.use_gpu and not wants_cpu
+        available = available_providers()
 
         def make_backend(device_id: int = 0) -> OnnxBackend:
             return OnnxBackend(
                 path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter, device_id=device_id,
-                config=base,
+                config=base, model_dir=path.parent.parent, available=available,
             )
 
         first = make_backend(instance_devices(base)[0])
+        for note in first.notes:
+            log.warning("model '%s': %s", model_name, note)
+        if base.optimization.HasField("execution_accelerators"):
+            log.info("model '%s': execution providers %s", model_name, first.providers)
+        if not first.on_tensorrt:  # TensorRT was not asked for, or did not start: the other sessions go without
+            available = [name for name in available if name != TENSORRT]
         inputs, outputs = first.discover()
         config = complete_config(
             base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu,
@@ -412,7 +484,7 @@ class OnnxKind:
         )
         devices = instance_devices(config)
         backends = [first] + [make_backend(device) for device in devices[1:]]
-        sizes = bucket_sizes(config, path, first.on_gpu)
+        sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt)
         if sizes:
             log.info("model '%s': a session for each batch size of %s (%s)", model_name, list(sizes), PARAMETER)
         for backend, device in zip(backends, devices, strict=False):

@@ -12,6 +12,7 @@ Rules:
   without them takes the server's ``--ort-threads`` (default 0, ORT's default).  See
   :func:`thread_counts`.
 - A value Triton would refuse is refused at load, naming the parameter.
+- The execution providers (CUDA EP options, TensorRT, OpenVINO) are chosen in ``ort_providers.py``.
 """
 
 from __future__ import annotations
@@ -27,24 +28,32 @@ GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABL
 PASSED_THROUGH = ("session.use_device_allocator_for_initializers",)
 
 
-def _parameter(config: mc.ModelConfig, key: str) -> str | None:
+def model_parameter(config: mc.ModelConfig, key: str) -> str | None:
     return config.parameters[key].string_value if key in config.parameters else None
 
 
-def _bool(config: mc.ModelConfig, key: str) -> bool | None:
-    value = _parameter(config, key)
-    if value is None:
-        return None
+def parse_flag(value: str) -> bool | None:
+    """A config's boolean text (Triton's true/on/1 and false/off/0, any case, and yes/no); None for anything else."""
     lowered = value.strip().lower()
     if lowered in ("true", "1", "on", "yes"):
         return True
     if lowered in ("false", "0", "off", "no"):
         return False
-    raise InvalidArgument(f"model '{config.name}': parameter '{key}' must be true or false, got '{value}'")
+    return None
+
+
+def _bool(config: mc.ModelConfig, key: str) -> bool | None:
+    value = model_parameter(config, key)
+    if value is None:
+        return None
+    flag = parse_flag(value)
+    if flag is None:
+        raise InvalidArgument(f"model '{config.name}': parameter '{key}' must be true or false, got '{value}'")
+    return flag
 
 
 def _thread_count(config: mc.ModelConfig, key: str, server_default: int) -> int:
-    value = _parameter(config, key)
+    value = model_parameter(config, key)
     if value is None:
         return max(server_default, 0)
     try:
@@ -67,7 +76,7 @@ def apply_session_options(config: mc.ModelConfig, options: Any, ort: Any) -> Non
     if config.optimization.HasField("graph"):
         level = GRAPH_LEVELS.get(config.optimization.graph.level, "ORT_ENABLE_ALL")
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    mode = _parameter(config, "execution_mode")
+    mode = model_parameter(config, "execution_mode")
     if mode is not None:
         if mode.strip() not in ("0", "1"):
             raise InvalidArgument(
@@ -82,6 +91,6 @@ def apply_session_options(config: mc.ModelConfig, options: Any, ort: Any) -> Non
     if pattern is not None:
         options.enable_mem_pattern = pattern
     for key in PASSED_THROUGH:
-        value = _parameter(config, key)
+        value = model_parameter(config, key)
         if value is not None:
             options.add_session_config_entry(key, value)

@@ -7,8 +7,11 @@ Rules:
   the reason, which the repository index shows; the model is UNAVAILABLE
   instead of READY-and-failing.
 - Hints that only tune speed and that fastoip cannot honour (rate
-  limiter, execution accelerators, optimisation settings ONNX Runtime has no
-  knob for) are logged as ignored once, at load.
+  limiter, execution accelerators outside ONNX models, optimisation settings
+  ONNX Runtime has no knob for, such as ``optimization.cuda``, which Triton's
+  onnxruntime backend does not read either) are logged as ignored once, at
+  load.  An ONNX model's execution accelerators are honoured
+  (``backends/ort_providers.py``); one this machine cannot run is logged there.
 - MLServer ``model-settings.json`` fields fastoip ignores are logged the same way.
 """
 
@@ -61,7 +64,7 @@ def log_ignored_hints(config: mc.ModelConfig, model_name: str, onnx: bool) -> No
         ignored.append("instance_group.rate_limiter")
     optimization = config.optimization
     accelerators = optimization.execution_accelerators
-    if accelerators.gpu_execution_accelerator or accelerators.cpu_execution_accelerator:
+    if (accelerators.gpu_execution_accelerator or accelerators.cpu_execution_accelerator) and not onnx:
         ignored.append("optimization.execution_accelerators")
     if optimization.HasField("graph") and not onnx:
         ignored.append("optimization.graph")
