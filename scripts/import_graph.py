@@ -14,7 +14,8 @@ Layers, lowest first; a module may import its own layer and the layers below it:
    options, settings, the generated protobuf modules, CUDA helpers,
    statistics, tracing, model configs, classification, content types, the Python model API);
 1. wire: where tensor bytes come from and go: the codecs (``_codec``,
-   ``wire/``) and the shared-memory regions;
+   ``wire/``), the shared-memory regions and a Python model's worker process
+   (``pyworker/``: its tensors cross through shared memory and the codec);
 2. models: ``repository/``, ``scheduling/``, ``backends/``, the response cache and output finishing;
 3. core: ``core/`` and ``testing`` (an in-process client on the Core);
 4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository, ``embed``.
@@ -55,7 +56,7 @@ LAYERS: dict[str, int] = {
     "tracing": 0,
     "model_config": 0,  # config.pbtxt in every form and the precomputed ModelSpec (backends and repository read it)
     "model_settings": 0,  # MLServer's model-settings.json, validated (model_config reads it)
-    "pyworker": 0,  # standard library and numpy only: what a Python model's worker process imports
+    "pyworker": 1,  # a Python model's worker process: standard library, numpy and the codec's C (its small tensors)
     "_codec": 1,
     "wire": 1,
     "shared_memory": 1,
