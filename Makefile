@@ -9,6 +9,7 @@ STAMP := $(VENV)/.fastoip-installed
 CODEC_SOURCES := src/fastoip/_codec.pyx src/fastoip/_codec.pxd src/fastoip/_codec.h $(wildcard src/fastoip/wire/codec/*.pxi)
 SHMGUARD_SOURCES := src/fastoip/_shmguard.pyx src/fastoip/_shmguard.pxd src/fastoip/_shmguard.h
 HTTP2_SOURCES := $(wildcard src/fastoip/server/grpc/_http2.pyx src/fastoip/server/grpc/*.pxd)
+RING_SOURCES := src/fastoip/pyworker/_ring.pyx
 # the per-call path's .py modules that setup.py compiles with mypyc (its COMPILED_PY list, one path a line): an
 # edit to one rebuilds them (the compiled module shadows the .py; tests/conftest.py refuses a stale one)
 COMPILED_PY_SOURCES := $(shell sed -n 's/^    "\(src\/fastoip\/.*\.py\)",$$/\1/p' setup.py)
@@ -23,7 +24,7 @@ SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(RING_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
 	sh scripts/native_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -37,7 +38,7 @@ build: venv  ## rebuild the native extensions after editing a .pyx or a compiled
 serve-venv: $(SERVE_STAMP)
 
 # No --quiet and no pip self-upgrade: a user sees each package arrive, and waits for nothing else.
-$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
+$(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(RING_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
 	@echo "fastoip: [1/3] native gRPC frontend prerequisites (libnghttp2 headers)"
 	@sh scripts/native_deps.sh
 	@echo "fastoip: [2/3] runtime virtualenv $(SERVE_VENV) (no test or lint tools: make test has those)"
@@ -128,7 +129,8 @@ debug: venv  ## build the bounds-checked extensions into build/debug and run the
 	rm -rf $(DEBUG_DIR) && mkdir -p $(DEBUG_DIR)
 	cp -r setup.py pyproject.toml README.md src $(DEBUG_DIR)/
 	find $(DEBUG_DIR)/src -name '*.so' -delete
-	rm -f $(DEBUG_DIR)/src/fastoip/_codec.c $(DEBUG_DIR)/src/fastoip/_shmguard.c $(DEBUG_DIR)/src/fastoip/server/grpc/_http2.c
+	rm -f $(DEBUG_DIR)/src/fastoip/_codec.c $(DEBUG_DIR)/src/fastoip/_shmguard.c $(DEBUG_DIR)/src/fastoip/server/grpc/_http2.c \
+		$(DEBUG_DIR)/src/fastoip/pyworker/_ring.c
 	cd $(DEBUG_DIR) && FASTOIP_DEBUG=1 FASTOIP_PURE_PYTHON=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
 	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -c "import sys, importlib, importlib.util; \
 		names = ['fastoip._codec', 'fastoip._shmguard']; \
@@ -143,6 +145,7 @@ proto: venv  ## regenerate src/fastoip/_proto from proto/
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(KSERVE_VENV) $(SERVE_VENV) build src/fastoip/_codec.c src/fastoip/_codec*.so src/fastoip/_shmguard.c \
 		src/fastoip/_shmguard*.so src/fastoip/server/grpc/_http2.c src/fastoip/server/grpc/_http2*.so \
+		src/fastoip/pyworker/_ring.c src/fastoip/pyworker/_ring*.so \
 		src/fastoip/_percall__mypyc*.so $(COMPILED_PY_SOURCES:.py=.*.so)
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
