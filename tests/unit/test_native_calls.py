@@ -349,7 +349,9 @@ def test_keepalive_pings_an_idle_connection_and_closes_it_without_an_ack(loop: a
 
 def test_a_ping_ack_keeps_the_connection(loop: asyncio.AbstractEventLoop) -> None:
     owner = TimerLog()
-    timers = ConnectionTimers(loop, NativeGrpcOptions(keepalive_time_ms=20, keepalive_timeout_ms=60,
+    # (keepalive 100 ms, bytes every 5 ms for ~3 periods: only a loop stalled for 100 ms, not a busy test
+    # machine's few ms, would see the connection idle)
+    timers = ConnectionTimers(loop, NativeGrpcOptions(keepalive_time_ms=100, keepalive_timeout_ms=300,
                                                       stream_idle_timeout_ms=0), owner)
     timers.start()
     run_until(loop, lambda: ("ping",) in owner.asked)
@@ -358,7 +360,7 @@ def test_a_ping_ack_keeps_the_connection(loop: asyncio.AbstractEventLoop) -> Non
     assert timers.ping_wait is None
 
     async def busy() -> None:  # a connection with traffic is never idle: no PING, no close
-        for _ in range(30):
+        for _ in range(60):
             timers.bytes_received(9)
             await asyncio.sleep(0.005)
 
