@@ -277,6 +277,51 @@ def test_on_loop_calls_back_on_the_loop_and_not_once_it_is_closed() -> None:
     assert seen == [("from a worker", True)]
 
 
+def test_on_loop_runs_at_once_while_the_loops_thread_runs_a_burst_and_queues_otherwise() -> None:
+    """With the loop's thread known, a completion handed over on that thread waits for the loop's next pass
+    (a connection may be mid-read), except while the thread runs its held wake-ups (``wakeups.release``: the
+    batches of a burst, nothing being read): then it runs at once, and one that raises is reported as the loop
+    reports a failing callback, without stopping the next."""
+    from fastoip.core import on_loop
+    from fastoip.scheduling import wakeups
+
+    seen: list[str] = []
+    reported: list[str] = []
+
+    def callback(value: str) -> None:
+        if value == "raises":
+            raise ValueError("a failing completion")
+        seen.append(value)
+
+    def loop_thread() -> None:  # (its own thread: what it holds goes with it)
+        loop = asyncio.new_event_loop()
+        loop.set_exception_handler(lambda _, context: reported.append(str(context["exception"])))
+        hop = on_loop(loop, callback, threading.get_ident())
+
+        def burst() -> None:  # what a batcher's wake-up does on the loop: its completions call the hop
+            hop("in the burst")
+            hop("raises")
+            hop("after the failure")
+            seen.append("burst over")
+
+        async def pass_of_the_loop() -> None:
+            hop("while reading")  # not in a burst: queued for the loop's next pass
+            assert seen == []
+            wakeups.hold(lambda: loop.call_soon(wakeups.release))
+            assert wakeups.wake_later(burst)
+            await asyncio.sleep(0)  # the queued completion runs, then the release and its burst
+            assert not wakeups.releasing()
+
+        loop.run_until_complete(pass_of_the_loop())
+        loop.close()
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    thread.join(10)
+    assert seen == ["while reading", "in the burst", "after the failure", "burst over"]
+    assert reported == ["a failing completion"]
+
+
 def _tracked(request: InferRequest, refs: list[weakref.ref[np.ndarray]]) -> InferRequest:
     """``request``, with a weak reference to each input array (and to the array it views) added to ``refs``."""
     for tensor in request.inputs:

@@ -132,7 +132,8 @@ def on_loop(
     own thread (a worker process's results are read there, a quick batch runs there), it is queued without
     waking the loop's selector.  ``loop_thread``: the ``threading.get_ident()`` of the thread that runs
     ``loop``, when the caller knows it (the hop then tells the loop's thread by it, without asking asyncio for
-    the running loop, which costs a ``getpid`` system call on a thread that runs one)."""
+    the running loop, which costs a ``getpid`` system call on a thread that runs one); with it, a call made
+    while that thread runs a burst's batches (``wakeups.release``) runs at once."""
     call_soon_threadsafe = loop.call_soon_threadsafe
     call_soon = loop.call_soon
     running = asyncio._get_running_loop
@@ -164,12 +165,24 @@ class _KnownLoopHop:
 
     def __call__(self, *args: object) -> None:
         try:
-            if get_ident() == self.loop_thread:
-                self.loop.call_soon(self.callback, *args)
-            else:
+            if get_ident() != self.loop_thread:
                 self.loop.call_soon_threadsafe(self.callback, *args)
+            elif wakeups.releasing():
+                # The loop's thread runs a burst's batches (wakeups.release, a callback of its own): no connection
+                # is being read, so the answer goes out now, not a loop pass later (a handle less a request).
+                self._run_now(args)
+            else:
+                self.loop.call_soon(self.callback, *args)
         except RuntimeError:  # the loop is closed
             pass
+
+    def _run_now(self, args: tuple) -> None:
+        try:
+            self.callback(*args)
+        except Exception as exc:  # as the loop reports a failing callback; the batch's other answers still go
+            self.loop.call_exception_handler(
+                {"message": "a completion failed", "exception": exc, "callback": self.callback}
+            )
 
 
 def start_in_bursts(loop: asyncio.AbstractEventLoop) -> None:

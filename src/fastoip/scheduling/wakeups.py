@@ -21,7 +21,9 @@ Rules:
   picks queued jobs up without any wake-up.
 - A wake-up may run the burst itself on the releasing thread (a quick model's
   dynamic batcher, ``batcher.INLINE_MAX_NS``): ``release`` then returns once
-  those batches ran.
+  those batches ran.  While it runs them, :func:`releasing` is True on that
+  thread: a completion that would be queued back to that thread's event loop
+  may run at once instead (nothing of a connection is being read there).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class _Held(threading.local):
     schedule: Callable[[], object] | None = None
     #: The wake-ups asked for since the last release, in order, each once.
     pending: dict[Callable[[], object], None] | None = None
+    #: True while ``release`` runs the held wake-ups.
+    running: bool = False
 
 
 _held = _Held()
@@ -67,5 +71,14 @@ def release() -> None:
     if not pending:
         return
     _held.pending = {}
-    for wake in pending:
-        wake()
+    _held.running = True
+    try:
+        for wake in pending:
+            wake()
+    finally:
+        _held.running = False
+
+
+def releasing() -> bool:
+    """Is this thread running its held wake-ups (:func:`release`) now?"""
+    return _held.running
