@@ -64,3 +64,12 @@ def test_the_received_array_keeps_its_bytes_from_being_resized() -> None:
         packed[1].extend(b"0000")  # the array's memory stays where it is while the array lives
     out[0] = 7
     assert bytes(packed[1][:4]) == (7).to_bytes(4, "little")  # a view, not a copy
+
+
+def test_without_shared_memory_a_large_array_travels_inline(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """No ``/dev/shm`` (a container without it): every numeric array goes inside the message, whatever its size."""
+    monkeypatch.setattr(transport, "_SHM_DIR", str(tmp_path / "absent"))
+    array = np.arange(transport.INLINE_LIMIT // 4 + 16, dtype=np.float32)[::-1]  # over the limit, and strided
+    packed = pickle.loads(pickle.dumps(transport.pack(array), protocol=pickle.HIGHEST_PROTOCOL))
+    assert packed[0] == "b"
+    np.testing.assert_array_equal(transport.unpack(packed), array)

@@ -33,6 +33,7 @@ import glob
 import itertools
 import mmap
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -113,8 +114,11 @@ def _take_segment(nbytes: int) -> tuple[str, mmap.mmap, bool]:
 
 def pack(array: np.ndarray) -> tuple:
     """What goes into a message for ``array``."""
-    # A small array's bytes go into the message (one copy, in C order whatever its strides; no numpy pickling).
+    # A small array's bytes go into the message (one copy, in C order whatever its strides; no numpy pickling);
+    # every numeric one when there is no shared memory.
     packed = pack_inline(array, INLINE_LIMIT)
+    if packed is None and not array.dtype.hasobject and not os.path.isdir(_SHM_DIR):
+        packed = pack_inline(array, sys.maxsize)
     if packed is not None:
         COPIED.arrays_inline += 1
         return packed
@@ -122,9 +126,6 @@ def pack(array: np.ndarray) -> tuple:
     if dtype.hasobject:
         COPIED.arrays_inline += 1
         return ("i", array)
-    if array.nbytes < INLINE_LIMIT or not os.path.isdir(_SHM_DIR):  # (a numpy scalar, or no shared memory)
-        COPIED.arrays_inline += 1
-        return ("b", bytearray(array), dtype.str, array.shape)
     segment, region, pooled = _take_segment(array.nbytes)
     # The one copy of these bytes on their way across (the receiver maps them).
     np.frombuffer(region, dtype=dtype, count=array.size, offset=HEADER).reshape(array.shape)[...] = array
@@ -140,17 +141,6 @@ def _release(region: mmap.mmap) -> None:
         region[0] = 0  # the sender may reuse the segment
     except ValueError:  # closed meanwhile (its process died)
         pass
-
-
-#: numpy dtypes by their ``dtype.str`` (a look-up, not a parse, per small tensor received).
-_DTYPES: dict[str, np.dtype] = {}
-
-
-def _dtype(name: str) -> np.dtype:
-    dtype = _DTYPES.get(name)
-    if dtype is None:
-        dtype = _DTYPES[name] = np.dtype(name)
-    return dtype
 
 
 def unpack(packed: tuple) -> np.ndarray:
@@ -175,7 +165,7 @@ def unpack(packed: tuple) -> np.ndarray:
             with _lock:
                 _mapped[name] = region
     count = int(np.prod(shape)) if shape else 1
-    flat = np.frombuffer(region, dtype=_dtype(dtype), count=count, offset=HEADER)
+    flat = np.frombuffer(region, dtype=np.dtype(dtype), count=count, offset=HEADER)
     flat.flags.writeable = False
     if kind == "p":
         weakref.finalize(flat, _release, region)

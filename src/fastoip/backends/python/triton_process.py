@@ -540,4 +540,3 @@ class WorkerProcess:
     @property
     def alive(self) -> bool:
         return self.cause is None
-
