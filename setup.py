@@ -112,9 +112,8 @@ else:
 # cannot be subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it), a call
 # inside a slice (`view[sock.send(view):]`) runs twice and `+=` on a bytearray held in a local makes a new one
 # (write them as two statements, and `.extend`: tests/e2e/test_pyworker_framing.py caught both).  Left out
-# on purpose: fastoip/types.py (the codec fills its classes' slots by layout) and scheduling/wakeups.py (a
-# threading.local).  Keep the list short: every module adds compile time to every build (all 18: about 37 s of
-# CPU).  FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).
+# on purpose: fastoip/types.py (the codec fills its classes' slots by layout).  Keep the list short: every
+# module adds compile time to every build (all 18: about 37 s of CPU).  FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).
 COMPILED_PY = [
     "src/fastoip/server/grpc/native_server.py",
     "src/fastoip/server/grpc/native_calls.py",
@@ -133,6 +132,7 @@ COMPILED_PY = [
     "src/fastoip/scheduling/job.py",
     "src/fastoip/scheduling/execute.py",
     "src/fastoip/scheduling/direct.py",
+    "src/fastoip/scheduling/wakeups.py",
     "src/fastoip/metrics/counters.py",
     # Python models in worker processes: the server's side of each request and the worker's
     "src/fastoip/backends/python/triton_host.py",

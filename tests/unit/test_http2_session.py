@@ -227,6 +227,37 @@ def test_an_answer_goes_out_as_headers_data_trailers_and_closes_the_stream() -> 
     assert session.open_streams() == 0
 
 
+def test_a_unary_answer_in_one_call_goes_out_as_headers_data_trailers() -> None:
+    """``answer``: what ``send_headers`` + ``send_message`` (or ``send_message_parts``) + ``send_trailers`` send,
+    in one call; refused (False, nothing queued) on a stream that answered, and a bad part queues nothing."""
+    conn = client()
+    session = _http2.Http2Session(1 << 20)
+    for stream_id in (1, 3, 5):
+        conn.send_headers(stream_id, REQUEST_HEADERS)
+        conn.send_data(stream_id, grpc_message(b"req"), end_stream=True)
+    session.receive(conn.data_to_send())
+    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    trailers = [(b"grpc-status", b"0")]
+    with pytest.raises(TypeError, match="parts"):
+        session.answer(5, headers, [b"ok", bytearray(b"not a part")], trailers)
+    assert session.queued_bytes() == 0
+    assert session.answer(1, headers, b"response", trailers)
+    assert session.answer(3, headers, [b"head:", memoryview(b"tail")], trailers)
+    assert not session.answer(1, headers, b"again", trailers)  # answered already
+    assert not session.send_message(3, b"late")  # nothing after the trailers
+    assert not session.answer(7, headers, b"no such stream", trailers)
+    events = answer(session, conn)
+    by_stream: dict[int, list[object]] = {}
+    for event in events:
+        by_stream.setdefault(event.stream_id, []).append(event)
+    for stream_id, body in ((1, b"response"), (3, b"head:tail")):
+        kinds = [type(event) for event in by_stream[stream_id]]
+        assert kinds == [ResponseReceived, DataReceived, TrailersReceived, StreamEnded]
+        assert by_stream[stream_id][1].data == grpc_message(body)
+        assert dict(by_stream[stream_id][2].headers) == {b"grpc-status": b"0"}
+    assert 5 not in by_stream and session.queued_bytes() == 0
+
+
 def test_a_large_response_leaves_without_a_copy() -> None:
     conn = client()
     conn.increment_flow_control_window(1 << 24)

@@ -32,17 +32,11 @@ import threading
 from collections.abc import Callable
 
 
-class _Held(threading.local):
-    """The holding thread's state (other threads see the class defaults: nothing held)."""
-
-    schedule: Callable[[], object] | None = None
-    #: The wake-ups asked for since the last release, in order, each once.
-    pending: dict[Callable[[], object], None] | None = None
-    #: True while ``release`` runs the held wake-ups.
-    running: bool = False
-
-
-_held = _Held()
+#: The holding thread's state: ``schedule``, ``pending`` (the wake-ups asked for since the last release, in
+#: order, each once) and ``running`` (True while ``release`` runs them).  Other threads see none of them set:
+#: nothing held.  (A plain ``threading.local`` read with defaults, so that mypyc compiles this module: these
+#: calls are made once or twice a request.)
+_held = threading.local()
 
 
 def hold(schedule: Callable[[], object]) -> None:
@@ -53,13 +47,12 @@ def hold(schedule: Callable[[], object]) -> None:
 
 def wake_later(wake: Callable[[], object]) -> bool:
     """Remember ``wake`` for this thread's next :func:`release`; False when this thread holds nothing."""
-    pending = _held.pending
+    pending: dict[Callable[[], object], None] | None = getattr(_held, "pending", None)
     if pending is None:
         return False
     if wake not in pending:
         if not pending:  # the burst's first wake-up asks for the release (if that fails, nothing is held)
-            schedule = _held.schedule
-            assert schedule is not None
+            schedule: Callable[[], object] = _held.schedule
             schedule()
         pending[wake] = None
     return True
@@ -67,7 +60,7 @@ def wake_later(wake: Callable[[], object]) -> bool:
 
 def release() -> None:
     """Run this thread's held wake-ups (each scheduler once)."""
-    pending = _held.pending
+    pending: dict[Callable[[], object], None] | None = getattr(_held, "pending", None)
     if not pending:
         return
     _held.pending = {}
@@ -81,4 +74,5 @@ def release() -> None:
 
 def releasing() -> bool:
     """Is this thread running its held wake-ups (:func:`release`) now?"""
-    return _held.running
+    running: bool = getattr(_held, "running", False)
+    return running

@@ -23,6 +23,8 @@ cdef enum:
     # 64 MiB (1,000 stalled streams reserved 64 GiB of address space); buffers this large are mmap-ed by
     # malloc (fastoip serve pins the threshold at 1 MiB), so growing one remaps pages instead of copying.
     EAGER_RESERVE = 1024 * 1024
+    # Header lists up to this many fields are submitted from the stack (a gRPC answer has 2-4)
+    SHORT_HEADERS = 8
 
 
 cdef class _Stream:
@@ -77,6 +79,9 @@ cdef class Http2Session:
     cdef int _cut(self) except -1
     cdef int _send_data(self, int32_t stream_id, const uint8_t *framehd, size_t length) except -1
     cdef int _reset_after_send(self, _Stream stream) except -1
+    cdef int _respond(self, _Stream stream, list headers) except -1
+    cdef int _queue_message(self, _Stream stream, bytes message, bint compressed) except -1
+    cdef int _queue_parts(self, _Stream stream, list parts) except -1
     cdef void _resume(self, _Stream stream)
     cdef int _submit(self, int32_t stream_id, list headers, const nghttp2_data_provider *provider,
                      bint trailer) except -1

@@ -96,6 +96,9 @@ class Http2Session:
         """One gRPC message (prefix + bytes) as DATA on a stream whose HEADERS went out."""
     def send_message_parts(self, stream_id: int, parts: list[bytes | memoryview]) -> bool:
         """``send_message`` of a message given as parts (bytes or byte memoryviews), sent where they are."""
+    def answer(self, stream_id: int, headers: Headers, message: bytes | list[bytes | memoryview],
+               trailers: Headers) -> bool:
+        """A unary call's whole answer: headers, its one message, trailers."""
     def send_trailers(self, stream_id: int, trailers: Headers, reset: bool = ...) -> bool:
         """End the response: trailers go out after the DATA already queued (``reset``: then RST_STREAM)."""
     def reset(self, stream_id: int, error_code: int) -> None:

@@ -147,6 +147,17 @@ class Http2Error(Exception):
     """The peer broke the HTTP/2 protocol (or nghttp2 failed): close the connection."""
 
 
+cdef inline bytes _prefix(bint compressed, Py_ssize_t size):
+    """gRPC's 5-byte message prefix: the compressed flag, then the length (big-endian)."""
+    cdef uint8_t head[PREFIX]
+    head[0] = 1 if compressed else 0
+    head[1] = (size >> 24) & 0xFF
+    head[2] = (size >> 16) & 0xFF
+    head[3] = (size >> 8) & 0xFF
+    head[4] = size & 0xFF
+    return PyBytes_FromStringAndSize(<const char *>head, PREFIX)
+
+
 cdef class _Stream:
     """What the binding keeps about one request stream (its fields: _http2.pxd)."""
 
@@ -420,14 +431,19 @@ cdef class Http2Session:
     def send_headers(self, int32_t stream_id, list headers):
         """Response HEADERS; the body follows with send_message and ends with send_trailers."""
         cdef _Stream stream = self._streams.get(stream_id)
-        cdef nghttp2_data_provider provider
         if stream is None or stream.responded:
             return False
+        self._respond(stream, headers)
+        return True
+
+    cdef int _respond(self, _Stream stream, list headers) except -1:
+        """Submit the response HEADERS of ``stream``, its DATA to come from the stream's queued chunks."""
+        cdef nghttp2_data_provider provider
         provider.source.ptr = NULL
         provider.read_callback = _read_data
         stream.responded = True
-        self._submit(stream_id, headers, &provider, False)
-        return True
+        self._submit(stream.stream_id, headers, &provider, False)
+        return 0
 
     def send_headers_only(self, int32_t stream_id, list headers, bint reset=False):
         """One HEADERS frame with END_STREAM (gRPC's Trailers-Only, or a plain HTTP error).
@@ -450,19 +466,9 @@ cdef class Http2Session:
     def send_message(self, int32_t stream_id, bytes message not None, bint compressed=False):
         """One gRPC message (prefix + bytes) as DATA on a stream whose HEADERS went out."""
         cdef _Stream stream = self._streams.get(stream_id)
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(message)
-        cdef bytes prefix
         if stream is None or stream.trailers is not None:
             return False
-        if size > 0xFFFFFFFF:
-            raise ValueError("gRPC message over 4 GiB")
-        prefix = bytes((1 if compressed else 0, (size >> 24) & 0xFF, (size >> 16) & 0xFF, (size >> 8) & 0xFF,
-                        size & 0xFF))
-        stream.out.append(prefix)
-        if size:
-            stream.out.append(message)
-        stream.out_bytes += PREFIX + size
-        self._queued += PREFIX + size
+        self._queue_message(stream, message, compressed)
         self._resume(stream)
         return True
 
@@ -470,10 +476,42 @@ cdef class Http2Session:
         """``send_message`` of a message given as parts: bytes, or C-contiguous byte memoryviews (format "B"),
         such as the codec's ``encode_infer_response_parts``; they are sent from where they are, not joined."""
         cdef _Stream stream = self._streams.get(stream_id)
-        cdef Py_ssize_t size = 0
-        cdef bytes prefix
         if stream is None or stream.trailers is not None:
             return False
+        self._queue_parts(stream, parts)
+        self._resume(stream)
+        return True
+
+    def answer(self, int32_t stream_id, list headers, object message, list trailers):
+        """A unary call's whole answer in one call: ``send_headers``, then ``send_message`` (``message``: bytes)
+        or ``send_message_parts`` (a list of parts), then ``send_trailers``; False (nothing queued) when the
+        stream is gone or has answered already."""
+        cdef _Stream stream = self._streams.get(stream_id)
+        if stream is None or stream.responded or stream.trailers is not None:
+            return False
+        if type(message) is list:
+            self._queue_parts(stream, <list>message)  # (checked before anything is submitted)
+        elif type(message) is bytes:
+            self._queue_message(stream, <bytes>message, False)
+        else:
+            raise TypeError("a message is bytes or a list of parts")
+        self._respond(stream, headers)
+        stream.trailers = trailers
+        return True
+
+    cdef int _queue_message(self, _Stream stream, bytes message, bint compressed) except -1:
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(message)
+        if size > 0xFFFFFFFF:
+            raise ValueError("gRPC message over 4 GiB")
+        stream.out.append(_prefix(compressed, size))
+        if size:
+            stream.out.append(message)
+        stream.out_bytes += PREFIX + size
+        self._queued += PREFIX + size
+        return 0
+
+    cdef int _queue_parts(self, _Stream stream, list parts) except -1:
+        cdef Py_ssize_t size = 0
         for part in parts:
             if type(part) is not bytes and (type(part) is not memoryview or part.format != "B"
                                             or not part.c_contiguous):
@@ -481,15 +519,13 @@ cdef class Http2Session:
             size += len(part)
         if size > 0xFFFFFFFF:
             raise ValueError("gRPC message over 4 GiB")
-        prefix = bytes((0, (size >> 24) & 0xFF, (size >> 16) & 0xFF, (size >> 8) & 0xFF, size & 0xFF))
-        stream.out.append(prefix)
+        stream.out.append(_prefix(False, size))
         for part in parts:
             if len(part):
                 stream.out.append(part)
         stream.out_bytes += PREFIX + size
         self._queued += PREFIX + size
-        self._resume(stream)
-        return True
+        return 0
 
     def send_trailers(self, int32_t stream_id, list trailers, bint reset=False):
         """End the response: trailers go out after the DATA already queued.
@@ -538,12 +574,15 @@ cdef class Http2Session:
     cdef int _submit(self, int32_t stream_id, list headers, const nghttp2_data_provider *provider,
                      bint trailer) except -1:
         cdef Py_ssize_t count = len(headers)
-        cdef nghttp2_nv *nva = <nghttp2_nv *>malloc(max(count, 1) * sizeof(nghttp2_nv))
+        cdef nghttp2_nv short[SHORT_HEADERS]  # a gRPC answer's few fields: no allocation
+        cdef nghttp2_nv *nva = short
         cdef Py_ssize_t i
         cdef bytes name, value
         cdef int rv
-        if nva == NULL:
-            raise MemoryError()
+        if count > SHORT_HEADERS:
+            nva = <nghttp2_nv *>malloc(count * sizeof(nghttp2_nv))
+            if nva == NULL:
+                raise MemoryError()
         try:
             for i in range(count):
                 name, value = headers[i]
@@ -558,7 +597,8 @@ cdef class Http2Session:
             else:
                 rv = nghttp2_submit_response(self._session, stream_id, nva, count, provider)
         finally:
-            free(nva)
+            if nva != short:
+                free(nva)
         if rv != 0:
             raise Http2Error(nghttp2_strerror(rv).decode())
         return 0

@@ -80,7 +80,10 @@ class RequestBudget:
 
 
 class Counted(Protocol):
-    """A connection, as the limits see it."""
+    """A connection, as the limits see it: ``accounted`` is its part of ``queued_total``, kept on the connection
+    (a field read per answer, where a dict keyed by connection cost an insert and a delete per request)."""
+
+    accounted: int
 
     def queued_bytes(self) -> int: ...
 
@@ -113,7 +116,7 @@ class ServerLimits:
         self.open = 0
         self.refused = 0
         self.replaced = 0
-        self._queued: dict[Counted, int] = {}
+        #: Every connection's ``accounted`` together.
         self.queued_total = 0
 
     def admit(self) -> bool:
@@ -146,20 +149,18 @@ class ServerLimits:
 
     def leave(self, connection: Counted) -> None:
         self.open -= 1
-        self.queued_total -= self._queued.pop(connection, 0)
+        self.queued_total -= connection.accounted
+        connection.accounted = 0
 
     def account(self, connection: Counted) -> bool:
         """Record ``connection``'s queued response bytes now; True when the server-wide total is over the limit."""
         now = connection.queued_bytes()
-        before = self._queued.get(connection, 0)
+        before = connection.accounted
         if now != before:
             self.queued_total += now - before
-            if now:
-                self._queued[connection] = now
-            else:
-                self._queued.pop(connection, None)
+            connection.accounted = now
         return self.queued_total > self.queued_limit
 
     def over_for(self, connection: Counted) -> bool:
         """Whether ``connection`` must get no new calls: the total is over and it holds some of it."""
-        return self.queued_total > self.queued_limit and self._queued.get(connection, 0) > 0
+        return self.queued_total > self.queued_limit and connection.accounted > 0

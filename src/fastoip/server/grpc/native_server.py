@@ -25,6 +25,7 @@ from typing import Any, Final, cast
 
 from ...core import Core, start_in_bursts
 from . import _http2
+from ._http2 import MessageReceived, RequestEnded, RequestReceived, StreamClosed
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .intake import MessageIntake
 from .limits import RequestBudget, ServerLimits
@@ -99,6 +100,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.response_encodings: dict[int, bytes] = {}
         # issue 27: server-wide limits (limits.py): connection count, handshake and idle timeouts, queued bytes
         self.limits: ServerLimits = server.limits
+        #: This connection's unsent response bytes as last counted in limits.queued_total.
+        self.accounted = 0
         self.admitted = False
         self.timers = ConnectionTimers(self.loop, self.options, self, self.limits)
         # issue 27: request messages are checked and inflated (off the loop when large) by the intake
@@ -155,7 +158,17 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.close()
             return
         for event in events:
-            EVENT_HANDLERS[type(event)](self, event)
+            # a request's own events by direct (compiled) calls; the rare ones through the table
+            if type(event) is RequestReceived:
+                self.on_request(event)
+            elif type(event) is MessageReceived:
+                self.on_message(event)
+            elif type(event) is RequestEnded:
+                self.on_request_ended(event)
+            elif type(event) is StreamClosed:
+                self.on_closed(event)
+            else:
+                EVENT_HANDLERS[type(event)](self, event)
         if session.want_write():
             self.flush()  # SETTINGS/PING acks, WINDOW_UPDATEs, early answers: out now
         elif not session.want_read() and not self.closed:
@@ -334,21 +347,18 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.timers.data_sent()
         others_waiting = self.limits.queued_total > 0
         session = self.session
-        encoding = self.response_encodings.get(stream_id)
+        encoding = self.response_encodings.get(stream_id) if self.response_encodings else None
         if encoding is None:
-            session.send_headers(stream_id, wire.RESPONSE_HEADERS)
-            if type(message) is list:  # a large response in parts: its outputs go out from their arrays
-                session.send_message_parts(stream_id, message)
-            else:
-                session.send_message(stream_id, message)  # type: ignore[arg-type]  # bytes here
+            # (a large response's outputs, in parts, go out from their arrays)
+            session.answer(stream_id, RESPONSE_HEADERS, message, OK_TRAILERS)
         else:  # compressed: one message (copy: the parts joined, then deflated)
-            session.send_headers(stream_id, [*wire.RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
+            session.send_headers(stream_id, [*RESPONSE_HEADERS, (b"grpc-encoding", encoding)])
             whole = message if type(message) is bytes else b"".join(message)  # type: ignore[arg-type]
             session.send_message(stream_id, wire.compress(whole, encoding), True)
+            session.send_trailers(stream_id, OK_TRAILERS)
         if self.limits.account(self) and others_waiting:  # issue 27: unsent responses bounded server-wide
-            self.over_server_queued_limit(stream_id)  # (the stream is reset: no trailers)
+            self.over_server_queued_limit(stream_id)  # (the stream is reset: its answer is dropped)
         else:
-            session.send_trailers(stream_id, wire.OK_TRAILERS)
             self.forget(stream_id)
         self.schedule_flush()
 
@@ -387,7 +397,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def forget(self, stream_id: int) -> None:
         """Drop a stream's record (its call finished or was cancelled) and its deadline."""
         record = self.streams.pop(stream_id, None)
-        self.response_encodings.pop(stream_id, None)
+        if self.response_encodings:
+            self.response_encodings.pop(stream_id, None)
         if record is not None:
             self.timers.call_ended()
             if record.deadline is not None:
@@ -495,6 +506,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
 
 #: The session's event types -> the connection's handler for each (one table, no if-ladder).
+RESPONSE_HEADERS: Final = wire.RESPONSE_HEADERS  # (Final: C statics once compiled, not module attribute reads)
+OK_TRAILERS: Final = wire.OK_TRAILERS
 EVENT_HANDLERS: Final[dict[type, Callable[[GrpcConnection, Any], None]]] = {  # (Final: a C static once compiled)
     _http2.MessageReceived: GrpcConnection.on_message,
     _http2.RequestReceived: GrpcConnection.on_request,
