@@ -134,12 +134,11 @@ def on_loop(
     ``loop``, when the caller knows it (the hop then tells the loop's thread by it, without asking asyncio for
     the running loop, which costs a ``getpid`` system call on a thread that runs one); with it, a call made
     while that thread runs a burst's batches (``wakeups.release``) runs at once."""
+    if loop_thread:
+        return cast("Callable[P, None]", _KnownLoopHop(loop, callback, loop_thread))
     call_soon_threadsafe = loop.call_soon_threadsafe
     call_soon = loop.call_soon
     running = asyncio._get_running_loop
-
-    if loop_thread:
-        return cast("Callable[P, None]", _KnownLoopHop(loop, callback, loop_thread))
 
     def hop(*args: P.args, **kwargs: P.kwargs) -> None:
         try:

@@ -21,8 +21,8 @@ Rules:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from time import monotonic_ns
 from typing import Protocol
 
 from ..errors import InferenceError
@@ -93,7 +93,7 @@ class RequestRunner:
                 job.error, job.response = exc, None
         model.leave()
         model.stats.record_request(
-            job.error is None, time.monotonic_ns() - job.arrival_ns, job.queue_ns, job.error
+            job.error is None, monotonic_ns() - job.arrival_ns, job.queue_ns, job.error
         )
 
     @staticmethod

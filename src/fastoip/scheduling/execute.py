@@ -77,7 +77,8 @@ def run_jobs(
         record = context.stats.record_execution
         for execution in executions:
             record(*execution)
-        for job, result in zip(live, results, strict=False):  # lengths checked above
+        for index, job in enumerate(live):  # (lengths checked above; compiled loops, where zip(strict=) is a call)
+            result = results[index]
             if type(result) is InferResponse:
                 job.finish(result)
             elif result is END_OF_STREAM:
@@ -127,11 +128,13 @@ class TensorBackend:
         by_name = dict(zip(output_names, outputs, strict=True))
         for name, out in by_name.items():
             check_rows(self.context.name, name, out, batch_size)
-        results = [
+        results = []
+        offset = 0
+        for job in jobs:
             # Views on this job's rows: no copy (the codec copies once into the response).
-            self._response(job, [by_name[name][rows] for name in job.output_names])
-            for job, rows in zip(jobs, row_slices(jobs), strict=True)
-        ]
+            rows = slice(offset, offset + job.batch_size)
+            results.append(self._response(job, [by_name[name][rows] for name in job.output_names]))
+            offset += job.batch_size
         return results, [_timed(jobs, batch_size, start_ns, input_done_ns, infer_done_ns)]
 
     def _execute_ragged(self, jobs: Sequence[Job], plan: RaggedPlan) -> tuple[Results, list[Execution]]:
@@ -171,17 +174,15 @@ class TensorBackend:
     def _response(self, job: Job, outputs: list[np.ndarray]) -> InferResponse:
         datatypes = self.context.output_datatypes
         request = job.request
+        names = job.output_names
         # (the codec's constructors fill the objects' slots in place: the classes' own __init__ are interpreted)
-        return new_response(
-            request.model_name,
-            self.context.version_str,
-            request.id,
-            [
-                # a sequence model's state outputs are not among the model's outputs: the array says its type
-                new_output(name, datatypes[name] if name in datatypes else v2_datatype_of(out), out)
-                for name, out in zip(job.output_names, outputs, strict=False)  # equal: the model ran these names
-            ],
-        )
+        made = []
+        for index, out in enumerate(outputs):  # (as many as names: the model ran these names)
+            name = names[index]
+            # a sequence model's state outputs are not among the model's outputs: the array says its type
+            datatype = datatypes.get(name)
+            made.append(new_output(name, datatype if datatype is not None else v2_datatype_of(out), out))
+        return new_response(request.model_name, self.context.version_str, request.id, made)
 
     def is_ready(self) -> bool:
         return self.model.is_ready()

@@ -23,9 +23,9 @@ Rules:
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Hashable
+from threading import Lock
+from time import monotonic_ns
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -93,7 +93,7 @@ class Job:
         self.regions: list | None = None
         #: Jobs batch together only when their signatures are equal (set by the batcher).
         self.signature: Hashable = ()
-        self.arrival_ns = time.monotonic_ns()
+        self.arrival_ns = monotonic_ns()
         #: When a queueing scheduler took the job, on that scheduler's clock (its delay and timeouts count from it).
         self.enqueue_ns = self.arrival_ns
         #: Absolute monotonic deadline from the client (gRPC deadline), or 0.
@@ -121,8 +121,8 @@ class Job:
         self.trace: Trace | None = None
         #: The frontend's timestamps of a traced request (tracing.FrontendTrace), or None.
         self.frontend_trace: FrontendTrace | None = None
-        self._done: threading.Lock | None = None
-        self._claim: threading.Lock | None = None
+        self._done: Lock | None = None
+        self._claim: Lock | None = None
         self._on_done: Callable[[Job], None] | None = None
         self._finished = False
         #: Where a decoupled model's responses go as they are produced (set by the Core), or None.
@@ -150,11 +150,11 @@ class Job:
         """
         if self._claim is None and not self._finished:
             if waited:
-                done = threading.Lock()
+                done = Lock()
                 done.acquire()
                 self._done = done
             # Whoever acquires _claim first finishes the job (atomic under races).
-            self._claim = threading.Lock()
+            self._claim = Lock()
 
     def on_done(self, callback: Callable[[Job], None]) -> None:
         """Call ``callback(job)`` when the job finishes; set it before handing the job over."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-
 #: The holding thread's state: ``schedule``, ``pending`` (the wake-ups asked for since the last release, in
 #: order, each once) and ``running`` (True while ``release`` runs them).  Other threads see none of them set:
 #: nothing held.  (A plain ``threading.local`` read with defaults, so that mypyc compiles this module: these

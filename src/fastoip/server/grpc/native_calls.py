@@ -28,6 +28,7 @@ from typing import Final, Protocol, cast
 from google.protobuf.message import DecodeError, Message
 
 from ... import _codec
+from ..._codec import encode_infer_response_parts
 from ...core import CallContext, Core, FinishedCall, Ticket, on_loop
 from ...errors import InferenceError
 from ...tracing import FrontendTrace
@@ -222,7 +223,7 @@ class InferCall(Call):
                 frontend.stamp("GRPC_SEND_START")
             try:
                 # outputs of LARGE_OUTPUT bytes or more are sent from their arrays (no encode copy)
-                body = _codec.encode_infer_response_parts(response, LARGE_OUTPUT)
+                body = encode_infer_response_parts(response, LARGE_OUTPUT)
             except Exception as exc:  # an output the codec cannot encode: the client hears why
                 self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
                 return

@@ -25,8 +25,8 @@ from typing import Any, Final, cast
 
 from ...core import Core, start_in_bursts
 from . import _http2
-from ._http2 import MessageReceived, RequestEnded, RequestReceived, StreamClosed
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
+from ._http2 import MessageReceived, RequestEnded, RequestReceived, StreamClosed
 from .intake import MessageIntake
 from .limits import RequestBudget, ServerLimits
 from .native_calls import Call, Dispatcher, deadline_from

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from time import monotonic
 from typing import Protocol
 
 from .limits import HANDSHAKE_BYTES, ServerLimits
@@ -63,7 +63,7 @@ class ConnectionTimers:
         self.owner = owner
         self.limits = limits
         #: When the connection last received bytes (monotonic seconds); keepalive measures idleness from it.
-        self.last_read = time.monotonic()
+        self.last_read = monotonic()
         #: Bytes received so far (the handshake timeout reads it).
         self.bytes_in = 0
         #: When a call last started or ended (the no-call timeout measures from it).
@@ -102,14 +102,14 @@ class ConnectionTimers:
                 handle.cancel()
 
     def bytes_received(self, count: int) -> None:
-        self.last_read = time.monotonic()
+        self.last_read = monotonic()
         self.bytes_in += count
 
     def call_started(self) -> None:
-        self.last_call = time.monotonic()
+        self.last_call = monotonic()
 
     def call_ended(self) -> None:
-        self.last_call = time.monotonic()
+        self.last_call = monotonic()
 
     # -- per stream ---------------------------------------------------------------------------
     def deadline(self, stream_id: int, timeout_ns: int) -> asyncio.TimerHandle:
@@ -118,7 +118,7 @@ class ConnectionTimers:
 
     # -- keepalive ------------------------------------------------------------------------------
     def check_keepalive(self) -> None:
-        idle = time.monotonic() - self.last_read
+        idle = monotonic() - self.last_read
         interval = self.options.keepalive_time_ms / 1000
         if idle >= interval and self.ping_wait is None and self.may_ping():
             self.pings_without_data += 1
@@ -184,7 +184,7 @@ class ConnectionTimers:
         if self.stopped or self.limits is None:
             return
         limit = self.limits.idle_timeout_s
-        idle = time.monotonic() - self.last_call
+        idle = monotonic() - self.last_call
         busy = self.owner.has_calls()
         if not busy and idle >= limit:
             log.debug("gRPC connection without calls for %.0f s (--grpc-max-connection-idle): GOAWAY", idle)

@@ -25,6 +25,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from ... import _codec
+from ..._codec import decode_infer_request
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import health_pb2
 from ...core import (
@@ -65,7 +66,7 @@ class DecodeFailure:
 def decode_request(data: bytes | bytearray | memoryview) -> InferRequest | DecodeFailure:
     """The codec, never raising (grpcio answers INTERNAL for a deserializer that raises)."""
     try:
-        return _codec.decode_infer_request(data)
+        return decode_infer_request(data)
     except CodecError as exc:
         message = str(exc)
         return DecodeFailure(message, bytes(data) if BYTES_COUNT_MISMATCH in message else None)
