@@ -26,13 +26,16 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from threading import Lock
 from time import monotonic_ns
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from .._codec import request_without_data
 from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
 from ..types import InferRequest, InferResponse
+
+#: A job's inputs are let go of when its execution ends once one of them is this large (see ``release_inputs``).
+RELEASE_MIN_BYTES: Final = 64 * 1024
 
 if TYPE_CHECKING:
     from ..tracing import FrontendTrace, Trace
@@ -131,16 +134,22 @@ class Job:
     def release_inputs(self) -> None:
         """The execution is over: drop this job's references to its input arrays.
 
-        ``request`` becomes a copy whose inputs keep name, datatype, shape and
-        parameters but no data (the caller's request is not changed; built by the codec), and
-        ``feeds`` empties.  Kept: a decoupled job's inputs (its model may read them
-        while it responds) and a traced job's (the trace records the input tensors
-        when the request completes).
+        ``feeds`` empties and, when an input holds ``RELEASE_MIN_BYTES`` or more (or
+        objects: BYTES), ``request`` becomes a copy whose inputs keep name, datatype,
+        shape and parameters but no data (the caller's request is not changed; built
+        by the codec).  Small inputs stay with the request until it is answered
+        (microseconds): the copy would cost more than the memory it frees.  Kept: a
+        decoupled job's inputs (its model may read them while it responds) and a
+        traced job's (the trace records the input tensors when the request completes).
         """
         if self._sink is not None or self.trace is not None:
             return
+        feeds = self.feeds
         self.feeds = {}
-        self.request = request_without_data(self.request)
+        for array in feeds.values():
+            if array.nbytes >= RELEASE_MIN_BYTES or array.dtype.hasobject:
+                self.request = request_without_data(self.request)
+                return
 
     def arm(self, waited: bool = True) -> None:
         """Make the job safe to finish and cancel from other threads, and (``waited``) to ``wait`` for there.

@@ -60,6 +60,7 @@ cdef class Http2Session:
     cdef nghttp2_session *_session
     cdef dict _streams            # stream id -> _Stream, while nghttp2 has the stream open
     cdef list _last_headers       # the last request head's (name, value) pairs: a repeated pair is reused
+    cdef _Stream _heading         # the stream whose request HEADERS are being received (its fields arrive one by one)
     cdef list _events             # what the current receive() produced, in order
     cdef list _resets             # streams to reset with NO_ERROR after the next send (see reset_when_sent)
     cdef Py_ssize_t _max_message

@@ -158,6 +158,7 @@ cdef inline bytes _prefix(bint compressed, Py_ssize_t size):
     return PyBytes_FromStringAndSize(<const char *>head, PREFIX)
 
 
+@cython.freelist(64)
 cdef class _Stream:
     """What the binding keeps about one request stream (its fields: _http2.pxd)."""
 
@@ -659,7 +660,7 @@ cdef int _on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame,
     cdef Http2Session self = <Http2Session>user_data
     try:
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
-            self._streams[frame.hd.stream_id] = _Stream(frame.hd.stream_id)
+            self._heading = self._streams[frame.hd.stream_id] = _Stream(frame.hd.stream_id)
         return 0
     except BaseException as exc:
         self._failure = exc
@@ -690,7 +691,9 @@ cdef int _on_header(nghttp2_session *session, const nghttp2_frame *frame, const 
     cdef _Stream stream
     try:
         if frame.hd.type == NGHTTP2_HEADERS and frame.headers.cat == NGHTTP2_HCAT_REQUEST:
-            stream = self._streams.get(frame.hd.stream_id)
+            stream = self._heading  # (a header block is never interleaved with another stream's)
+            if stream is None or stream.stream_id != frame.hd.stream_id:
+                stream = self._streams.get(frame.hd.stream_id)
             if stream is not None and stream.headers is not None:
                 # issue 27 (HPACK bomb): the advertised header list limit holds however small the frame was;
                 # past it nothing more is kept (nghttp2 still decodes, to keep the HPACK state in step)
@@ -728,6 +731,7 @@ cdef int _on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, vo
             self._events.append(_request_received(stream_id, stream.headers))
             self._last_headers = stream.headers  # (a client sends the same head again and again: see _header_pair)
             stream.headers = None
+            self._heading = None
         if frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
             self._events.append(_request_ended(stream_id, 0 if stream.broken else stream.partial()))
             stream.message = None
