@@ -18,7 +18,7 @@ from fastoip.core import CallContext, Core, FinishedCall  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.errors import Cancelled, DeadlineExceeded, InvalidArgument, NotFound  # noqa: E402
 from fastoip.shared_memory import BYTE_SIZE, REGION  # noqa: E402
-from fastoip.types import InferRequest, RequestedOutput  # noqa: E402
+from fastoip.types import InferInput, InferRequest, RequestedOutput  # noqa: E402
 from harness import DIRECT_SIMPLE, HOLDING_BATCHER, core_on, fp32_request, simple_request, success_and_failure  # noqa: E402
 
 EXPECTED_SUM = np.arange(16, dtype=np.int32).reshape(1, 16) + 1
@@ -27,13 +27,15 @@ EXPECTED_DIFFERENCE = np.arange(16, dtype=np.int32).reshape(1, 16) - 1
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
-    root = write_repository(tmp_path_factory.mktemp("repo"), ["simple", "identity_fp32"])
+    root = write_repository(tmp_path_factory.mktemp("repo"), ["simple", "identity_fp32", "image_identity"])
     (root / "simple" / "config.pbtxt").write_text(DIRECT_SIMPLE)
-    # "held": identity_fp32 behind a batcher that keeps a lone request queued (to cancel it there)
-    held = root / "held"
-    (held / "1").mkdir(parents=True)
-    (held / "1" / "model.onnx").write_bytes((root / "identity_fp32" / "1" / "model.onnx").read_bytes())
-    (held / "config.pbtxt").write_text(HOLDING_BATCHER)
+    # "held": identity_fp32 behind a batcher that keeps a lone request queued (to cancel it there);
+    # "held_images": image_identity (602 KB an item) behind the same batcher
+    for name, source in (("held", "identity_fp32"), ("held_images", "image_identity")):
+        held = root / name
+        (held / "1").mkdir(parents=True)
+        (held / "1" / "model.onnx").write_bytes((root / source / "1" / "model.onnx").read_bytes())
+        (held / "config.pbtxt").write_text(HOLDING_BATCHER)
     with core_on(root) as running:
         yield running
 
@@ -332,12 +334,24 @@ def _tracked(request: InferRequest, refs: list[weakref.ref[np.ndarray]]) -> Infe
     return request
 
 
-@pytest.mark.parametrize("model, requests", [("simple", 1), ("held", 8)], ids=["alone", "merged-batch"])
-def test_the_core_lets_go_of_the_inputs_before_the_response_goes_out(core: Core, model: str, requests: int) -> None:
+def _image_request(model: str) -> InferRequest:
+    image = np.full((1, 3, 224, 224), 0.5, dtype=np.float32)  # 602 KB: over RELEASE_MIN_BYTES
+    return InferRequest(model, inputs=[InferInput("INPUT0", "FP32", image.shape, image)])
+
+
+@pytest.mark.parametrize(
+    "model, requests, large",
+    [("image_identity", 1, True), ("held_images", 8, True), ("simple", 1, False), ("held", 8, False)],
+    ids=["large-alone", "large-merged-batch", "small-alone", "small-merged-batch"],
+)
+def test_the_core_lets_go_of_large_inputs_before_the_response_goes_out(
+    core: Core, model: str, requests: int, large: bool
+) -> None:
     """Triton releases a request when its execution ends: when the frontend hears of the result (and then
-    encodes and sends the response), nothing in the Core holds the input arrays any more (refcount, not
-    timing).  ``simple`` runs alone; eight ``held`` requests reach its preferred size and run as one
-    merged batch.  The caller's own request object is left as it was."""
+    encodes and sends the response), nothing in the Core holds input arrays of RELEASE_MIN_BYTES or more any
+    more (refcount, not timing).  Small inputs stay with their request until it is answered (freeing them
+    earlier would cost more than the memory they hold).  ``*-alone`` runs one request; eight ``held*`` requests
+    reach the preferred size and run as one merged batch.  The caller's own request object is left as it was."""
     refs: list[list[weakref.ref[np.ndarray]]] = [[] for _ in range(requests)]
     seen: list[tuple[int, list[bool], FinishedCall]] = []
     lock = threading.Lock()
@@ -354,21 +368,25 @@ def test_the_core_lets_go_of_the_inputs_before_the_response_goes_out(core: Core,
 
     for index in range(requests):
         # the request is built in the call: only the Core holds it (and its arrays) from here on
-        made = simple_request() if model == "simple" else fp32_request(model)
+        made = (_image_request(model) if large else simple_request() if model == "simple" else fp32_request(model))
         core.start(_tracked(made, refs[index]), None, on_done(index))
         del made
     assert finished.wait(30)
     assert len(seen) == requests
     for index, freed, call in seen:
         assert call.error is None and call.response is not None
-        assert freed and all(freed), f"request {index}: an input array outlived the execution"
-        assert [tensor.data for tensor in call.request.inputs] == [None] * len(call.request.inputs)
-    if model == "simple":
-        np.testing.assert_array_equal(seen[0][2].response.output("OUTPUT0").data, EXPECTED_SUM)  # type: ignore[union-attr]
-    else:
-        for _, _, call in seen:
-            assert call.response is not None
-            np.testing.assert_array_equal(call.response.output("OUTPUT0").data, np.arange(16, dtype=np.float32)[None])
+        if large:
+            assert freed and all(freed), f"request {index}: an input array outlived the execution"
+            assert [tensor.data for tensor in call.request.inputs] == [None] * len(call.request.inputs)
+        else:
+            assert freed and not any(freed), f"request {index}: a small input was copied away"
+        output = call.response.output("OUTPUT0").data
+        if model == "simple":
+            np.testing.assert_array_equal(output, EXPECTED_SUM)
+        elif large:
+            np.testing.assert_array_equal(output, np.full((1, 3, 224, 224), 0.5, dtype=np.float32))
+        else:
+            np.testing.assert_array_equal(output, np.arange(16, dtype=np.float32)[None])
 
 
 def test_the_callers_request_keeps_its_inputs(core: Core) -> None:

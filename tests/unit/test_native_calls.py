@@ -20,6 +20,7 @@ from fastoip import _codec  # noqa: E402
 from fastoip._proto import grpc_service_pb2 as pb  # noqa: E402
 from fastoip.core import Core  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
+from fastoip.scheduling.job import RELEASE_MIN_BYTES  # noqa: E402
 from fastoip.server.grpc import protocol as wire  # noqa: E402
 from fastoip.server.grpc.limits import ServerLimits  # noqa: E402
 from fastoip.server.grpc.native_calls import (  # noqa: E402
@@ -71,7 +72,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Core]:
-    root = write_repository(tmp_path_factory.mktemp("repo"), ["simple"])
+    root = write_repository(tmp_path_factory.mktemp("repo"), ["simple", "image_identity"])
     (root / "simple" / "config.pbtxt").write_text(DIRECT_SIMPLE)
     with core_on(root) as running:
         yield running
@@ -581,11 +582,12 @@ def test_a_deadline_answers_an_unfinished_request_and_forgets_it(grpc_server: na
     assert client.connection.streams == {}
 
 
-def test_model_infer_frees_the_request_message_before_it_sends_the_response(
+def test_model_infer_frees_a_large_request_message_before_it_sends_the_response(
     dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop
 ) -> None:
-    """The inputs are views on the received message: once the execution ends the Core lets go of them, so
-    the message's memory is freed before the response is encoded and sent (a weak reference, not timing)."""
+    """The inputs are views on the received message: once the execution ends the Core lets go of inputs of
+    RELEASE_MIN_BYTES or more, so a large message's memory is freed before the response is encoded and sent
+    (a weak reference, not timing)."""
 
     class Watching(Recorder):
         def send_message(self, stream_id: int, message: bytes) -> None:
@@ -595,7 +597,10 @@ def test_model_infer_frees_the_request_message_before_it_sends_the_response(
     class Message(bytearray):
         """A received message (the bytearray a large one is gathered in) that takes weak references."""
 
-    message = Message(simple_bytes(request_id="freed"))
+    image = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)  # 602 KB
+    assert image.nbytes >= RELEASE_MIN_BYTES
+    message = Message(_codec.encode_infer_request(InferRequest(
+        "image_identity", id="freed", inputs=[InferInput("INPUT0", "FP32", image.shape, image)])))
     received = weakref.ref(message)
     freed: list[bool] = []
     out = Watching()
@@ -605,7 +610,9 @@ def test_model_infer_frees_the_request_message_before_it_sends_the_response(
     call.on_end()
     run_until(loop, lambda: out.finished)
     assert out.sent[-1][2] == wire.OK
-    assert _codec.decode_infer_response(out.messages[0]).id == "freed"
+    sent = out.messages[0]  # (a large response in parts: its output goes out from its array)
+    response = _codec.decode_infer_response(b"".join(bytes(part) for part in sent) if type(sent) is list else sent)
+    assert response.id == "freed" and np.array_equal(response.outputs[0].data, image)
     assert freed == [True]
 
 
