@@ -24,6 +24,9 @@ def encode_infer_response_parts(response: InferResponse, min_ref: int = 65536) -
 
 def pack_inline(array: object, limit: int) -> tuple | None: ...
 def unpack_inline(packed: tuple) -> np.ndarray: ...
+def split_rows(array: np.ndarray, counts: list[int]) -> list[np.ndarray] | None:
+    """Views of ``array``'s consecutive row ranges, ``counts[i]`` rows each (None: not a C-contiguous ndarray
+    of one dimension or more; slice it)."""
 def gather_rows(parts: list[np.ndarray], out: np.ndarray) -> bool:
     """``np.concatenate(parts, axis=0, out=out)`` by a memcpy a part; False (out not written) where it cannot."""
 

@@ -213,6 +213,42 @@ def gather_rows(list parts, cnp.ndarray out):
     return True
 
 
+def split_rows(array, list counts):
+    """Views of ``array``'s consecutive row ranges, ``counts[i]`` rows each: ``array[offset:offset + count]``
+    without numpy's indexing machinery (a batch's outputs split per request: ~0.1 us a view less).  None
+    when ``array`` is not a C-contiguous ``numpy.ndarray`` (exactly) of one dimension or more: slice it
+    then.  ValueError when a count is negative or the counts need more rows than ``array`` has."""
+    cdef cnp.ndarray source
+    cdef cnp.npy_intp dims[64]
+    cdef int ndim, k
+    cdef Py_ssize_t rows, offset = 0, count, row_bytes
+    cdef char *data
+    cdef int flags
+    cdef list views = []
+    if type(array) is not cnp.ndarray:
+        return None
+    source = <cnp.ndarray>array
+    ndim = cnp.PyArray_NDIM(source)
+    if ndim == 0 or ndim > 64 or not cnp.PyArray_IS_C_CONTIGUOUS(source):
+        return None
+    rows = cnp.PyArray_DIM(source, 0)
+    row_bytes = cnp.PyArray_ITEMSIZE(source)
+    for k in range(ndim):
+        dims[k] = cnp.PyArray_DIM(source, k)
+        if k:
+            row_bytes *= dims[k]
+    flags = cnp.NPY_ARRAY_WRITEABLE if cnp.PyArray_ISWRITEABLE(source) else 0
+    data = <char *>cnp.PyArray_DATA(source)
+    for obj in counts:
+        count = obj
+        if count < 0 or count > rows - offset:
+            raise ValueError(f"{count} rows from row {offset} of an array of {rows} rows")
+        dims[0] = count
+        views.append(fastoip_array_view(source, source.dtype, ndim, dims, data + offset * row_bytes, flags))
+        offset += count
+    return views
+
+
 def pack_inline(array, Py_ssize_t limit):
     """``("b", bytearray of array's bytes in C order, dtype.str, shape)`` for a numeric ndarray of fewer than
     ``limit`` bytes; None for anything else (object arrays, larger ones, not an ndarray)."""

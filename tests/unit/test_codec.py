@@ -877,6 +877,34 @@ def test_request_without_data_keeps_everything_but_the_input_arrays() -> None:
     assert sys.getrefcount(a) == refs
 
 
+def test_split_rows_gives_the_views_numpy_slices_give_or_none_where_it_cannot() -> None:
+    from fastoip._codec import split_rows
+
+    batch = np.arange(30, dtype=np.float32).reshape(10, 3)
+    views = split_rows(batch, [3, 0, 7])
+    assert views is not None and [view.shape for view in views] == [(3, 3), (0, 3), (7, 3)]
+    for view, expected in zip(views, (batch[0:3], batch[3:3], batch[3:10]), strict=True):
+        np.testing.assert_array_equal(view, expected)
+        assert view.dtype == batch.dtype and view.flags.c_contiguous and view.flags.writeable
+        assert np.shares_memory(view, batch) or view.size == 0
+    views[0][0, 0] = -1.0  # views, not copies
+    assert batch[0, 0] == -1.0
+    frozen = np.arange(8, dtype=np.int64).reshape(4, 2)
+    frozen.flags.writeable = False
+    assert not any(view.flags.writeable for view in split_rows(frozen, [1, 3]))  # type: ignore[union-attr]
+    strings = np.array([b"a", b"bb", b"c"], dtype=object)
+    (one, two) = split_rows(strings, [1, 2])  # type: ignore[misc]
+    assert one.tolist() == [b"a"] and two.tolist() == [b"bb", b"c"]
+    # what it does not split: numpy's own slicing then
+    assert split_rows(batch.T, [1]) is None  # not C-contiguous
+    assert split_rows(np.array(1.0), [1]) is None  # no rows
+    assert split_rows(np.ma.masked_array(batch), [1]) is None  # a subclass
+    with pytest.raises(ValueError, match="6 rows from row 5"):
+        split_rows(batch, [5, 6])
+    with pytest.raises(ValueError):
+        split_rows(batch, [-1])
+
+
 def test_gather_rows_copies_parts_in_order_or_refuses_without_writing() -> None:
     from fastoip._codec import gather_rows
 

@@ -162,22 +162,25 @@ class _KnownLoopHop:
         self.callback = callback
         self.loop_thread = loop_thread
 
-    def __call__(self, *args: object) -> None:
+    def __call__(self, first: object, *rest: object) -> None:
         try:
             if get_ident() != self.loop_thread:
-                self.loop.call_soon_threadsafe(self.callback, *args)
+                self.loop.call_soon_threadsafe(self.callback, first, *rest)
             elif wakeups.releasing():
                 # The loop's thread runs a burst's batches (wakeups.release, a callback of its own): no connection
                 # is being read, so the answer goes out now, not a loop pass later (a handle less a request).
-                self._run_now(args)
+                self._run_now(first, rest)
             else:
-                self.loop.call_soon(self.callback, *args)
+                self.loop.call_soon(self.callback, first, *rest)
         except RuntimeError:  # the loop is closed
             pass
 
-    def _run_now(self, args: tuple) -> None:
+    def _run_now(self, first: object, rest: tuple) -> None:
         try:
-            self.callback(*args)
+            if rest:
+                self.callback(first, *rest)
+            else:  # (a call's completion: one argument, called without a tuple)
+                self.callback(first)
         except Exception as exc:  # as the loop reports a failing callback; the batch's other answers still go
             self.loop.call_exception_handler(
                 {"message": "a completion failed", "exception": exc, "callback": self.callback}

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .._codec import gather_rows, new_output, new_response
+from .._codec import gather_rows, new_output, new_response, split_rows
 from ..datatypes import v2_datatype_of
 from ..errors import InternalError
 from ..types import InferResponse
@@ -128,13 +128,12 @@ class TensorBackend:
         by_name = dict(zip(output_names, outputs, strict=True))
         for name, out in by_name.items():
             check_rows(self.context.name, name, out, batch_size)
+        # Views on each job's rows: no copy (the codec copies once into the response).
+        counts = [job.batch_size for job in jobs]
+        rows_by_name = {name: _split(out, counts) for name, out in by_name.items()}
         results = []
-        offset = 0
-        for job in jobs:
-            # Views on this job's rows: no copy (the codec copies once into the response).
-            rows = slice(offset, offset + job.batch_size)
-            results.append(self._response(job, [by_name[name][rows] for name in job.output_names]))
-            offset += job.batch_size
+        for index, job in enumerate(jobs):
+            results.append(self._response(job, [rows_by_name[name][index] for name in job.output_names]))
         return results, [_timed(jobs, batch_size, start_ns, input_done_ns, infer_done_ns)]
 
     def _execute_ragged(self, jobs: Sequence[Job], plan: RaggedPlan) -> tuple[Results, list[Execution]]:
@@ -232,6 +231,19 @@ def row_slices(jobs: Sequence[Job]) -> list[slice]:
     return slices
 
 
+
+
+def _split(array: np.ndarray, counts: list[int]) -> list[np.ndarray]:
+    """``array``'s rows, ``counts[i]`` for the i-th job, as views (the codec's, or numpy's slices)."""
+    views = split_rows(array, counts)
+    if views is not None:
+        return views
+    views = []
+    offset = 0
+    for count in counts:
+        views.append(array[offset:offset + count])
+        offset += count
+    return views
 
 
 def check_rows(model_name: str, output_name: str, array: np.ndarray, batch_size: int) -> None:
