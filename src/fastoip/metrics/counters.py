@@ -215,7 +215,9 @@ class VersionCounters:
         self, ok: bool, total_ns: int, queue_ns: int = 0, error: BaseException | None = None
     ) -> None:
         """One request finished (successfully or not, ``error`` saying why) after ``total_ns``."""
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # (not `with`: a request's every lock is taken without mypyc's two lookups and calls)
+        try:
             if ok:
                 self.success.count += 1
                 self.success.ns += total_ns
@@ -227,6 +229,8 @@ class VersionCounters:
                 self.fail.count += 1
                 self.fail.ns += total_ns
                 self.failures[failure_reason(error)] += 1
+        finally:
+            lock.release()
 
     def _observe_success(self, total_ns: int, queue_ns: int) -> None:
         latency = self.latency

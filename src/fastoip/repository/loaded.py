@@ -88,6 +88,13 @@ class LoadedModel:
         self.retiring = False
         #: Triton's ragged batching (ragged inputs, batch inputs and outputs), or None: the model has none.
         self.ragged = RaggedPlan.of(config)
+        #: The one batch signature of every request ``prepare`` accepts, when that is one (every input required,
+        #: its non-batch dims fixed, none ragged): then no signature is built a request.
+        skip = 1 if self.spec.batching else 0
+        self._one_signature: Hashable | None = None
+        if (not self.spec.open_tensors and (self.ragged is None or not self.ragged.ragged)
+                and all(not t.optional and -1 not in t.shape[skip:] for t in self.spec.inputs)):
+            self._one_signature = tuple((t.name, t.shape[skip:]) for t in self.spec.inputs)
         #: What the scheduler may know of this model (it never sees the LoadedModel itself).
         self.context = ExecutionContext(
             name=name,
@@ -190,6 +197,8 @@ class LoadedModel:
 
     def signature(self, job: Job) -> Hashable:
         """Jobs merge into one batch only when these agree (see :func:`~fastoip.scheduling.job.input_signature`)."""
+        if self._one_signature is not None:
+            return self._one_signature
         if self.ragged is not None and self.ragged.ragged:
             return ragged_signature(job, self._max_batch_size > 0, self.ragged.ragged)
         return input_signature(job, self._max_batch_size > 0)
@@ -253,13 +262,18 @@ class LoadedModel:
         return ""
 
     # -- in-flight accounting: unload waits for requests that already started ----------
+    # (acquire/release, not `with`: mypyc compiles `with` to two attribute lookups and two calls, twice a request)
     def enter(self) -> None:
-        with self._in_flight_lock:
-            self._in_flight += 1
+        lock = self._in_flight_lock
+        lock.acquire()
+        self._in_flight += 1
+        lock.release()
 
     def leave(self) -> None:
-        with self._in_flight_lock:
-            self._in_flight -= 1
+        lock = self._in_flight_lock
+        lock.acquire()
+        self._in_flight -= 1
+        lock.release()
 
     @property
     def in_flight(self) -> int:

@@ -324,7 +324,9 @@ class DynamicBatcher:
         """Queue ``job`` (a cancelled or expired one leaves the queue unrun)."""
         job.signature = self.context.signature(job)
         job.arm()
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # (not `with`: mypyc compiles it to two attribute lookups and two calls a request)
+        try:
             if self._stopping:
                 job.fail(Unavailable(f"model '{self.context.name}' is being unloaded"))
                 return
@@ -336,6 +338,8 @@ class DynamicBatcher:
             # decision), then an event loop's burst: one wake-up at its end
             if self._queue.wakes(job) and not wakeups.wake_later(self._wake):
                 self._cond.notify()
+        finally:
+            lock.release()
 
     def wake(self) -> None:
         """Wake an idle instance thread (for the jobs queued since the last wake-up), or run what is due here
