@@ -248,12 +248,12 @@ def test_a_request_that_found_a_retired_version_runs_on_its_successor(tmp_path: 
         core.load_model("identity_fp32")  # reload: the old version is retired (its batcher stopped)
         new = core.repository.get("identity_fp32", "")
         assert new is not old and old.retiring and not new.retiring
-        lookup = core.repository.get
-        stale = [old]  # the racing request's lookup answers the old version once, as if it ran before the swap
-        # the race, made deterministic in the request runner's lookup (the data plane's and ensemble steps')
-        core.repository.runner.look_up = lambda name, version: stale.pop() if stale else lookup(name, version)
+        # the race, made deterministic in the request runner's look-up of the newest version (the data plane's and
+        # ensemble steps'): it answers the old version, as if it ran before the swap
+        runner = core.repository.runner
+        assert runner.newest["identity_fp32"] is new
+        runner.newest = {"identity_fp32": old}
         response = core.infer(fp32_request("identity_fp32", rows=2))
-        assert not stale
         np.testing.assert_array_equal(response.outputs[0].data, np.arange(32, dtype=np.float32).reshape(2, 16))
         assert (new.in_flight, old.in_flight) == (0, 0)
         assert success_and_failure(core, "identity_fp32") == (1, 0)  # counted on the new version

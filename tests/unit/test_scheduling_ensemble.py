@@ -16,7 +16,6 @@ from onnx import TensorProto
 
 from fastoip.core import CallContext, Core, FinishedCall
 from fastoip.errors import DeadlineExceeded, InvalidArgument
-from fastoip.repository.loaded import LoadedModel
 from fastoip.scheduling.ensemble import StepLimiter, batch_reshape
 from fastoip.types import InferInput, InferRequest, RequestedOutput
 from harness import core_on, success_and_failure
@@ -132,15 +131,11 @@ def test_a_step_that_found_a_retired_composing_model_runs_on_its_successor(tmp_p
         core.load_model("b")  # reload: the old version is retired
         new = core.repository.get("b", "")
         assert new is not old and old.retiring
-        look_up = core.repository.get
-        stale = [old]  # the step's lookup answers the retired version once, as if it ran before the swap
-
-        def racing(name: str, version: str) -> LoadedModel:
-            return stale.pop() if name == "b" and stale else look_up(name, version)
-
-        core.repository.runner.look_up = racing
+        # the step's look-up of the newest "b" answers the retired version, as if it ran before the swap
+        runner = core.repository.runner
+        assert runner.newest["b"] is new
+        runner.newest = {**runner.newest, "b": old}
         out = core.infer(request("a_then_b", VALUES)).output("OUT")
-        assert not stale
         np.testing.assert_array_equal(out.data, VALUES.reshape(2, 2))
         assert (new.in_flight, old.in_flight) == (0, 0)
         assert success_and_failure(core, "b") == (1, 0)  # counted on the new version

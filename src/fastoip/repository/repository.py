@@ -125,11 +125,14 @@ class ModelRepository:
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
+        #: Each model's ``newest`` version, as the records have it (``_set_newest``): the request runner's
+        #: look-up of a request that names no version, one dict read in compiled code.
+        self._newest: dict[str, LoadedModel] = {}
         self._load_lock = threading.Lock()
         #: Ensembles whose steps are being loaded (outermost first): a step naming one of them is a cycle.
         self._ensembles_loading: list[str] = []
         #: How requests run on the models here (the data plane's and ensemble steps' one path).
-        self.runner = RequestRunner(self.get)
+        self.runner = RequestRunner(self.get, self._newest)
         #: MLServer-layout models found by the last scan (:meth:`model_names`): name -> folder.
         self._settings_dirs: dict[str, Path] = {}
         #: Where ``root`` is copied from (an object-storage repository: ``remote.RemoteRepository``), or None.
@@ -317,7 +320,7 @@ class ModelRepository:
             raise InvalidArgument(f"failed to load '{name}': {record.reason}") from exc
         old = record.versions
         record.versions = loaded
-        record.newest = loaded[max(loaded)]
+        self._set_newest(record, loaded[max(loaded)])
         record.state = ModelState.READY
         record.reason = ""
         for version, model in old.items():
@@ -357,7 +360,7 @@ class ModelRepository:
     def _unload_locked(self, record: ModelRecord) -> None:
         old = record.versions
         record.versions = {}
-        record.newest = None
+        self._set_newest(record, None)
         record.state = ModelState.UNAVAILABLE
         record.reason = "unloaded"
         record.unloaded = True
@@ -371,9 +374,16 @@ class ModelRepository:
             for model in record.versions.values():
                 self._retire(model)
             record.versions = {}
-            record.newest = None
+            self._set_newest(record, None)
             record.state = ModelState.UNAVAILABLE
             self._forget_uploaded(record)
+
+    def _set_newest(self, record: ModelRecord, model: LoadedModel | None) -> None:
+        record.newest = model
+        if model is None:
+            self._newest.pop(record.name, None)
+        else:
+            self._newest[record.name] = model
 
     def _retire(self, model: LoadedModel) -> None:
         model.close()

@@ -51,17 +51,22 @@ class StepTracing(Protocol):
 class RequestRunner:
     """Enter, prepare, enqueue and complete requests on the models ``look_up`` finds."""
 
-    __slots__ = ("look_up", "step_tracing")
+    __slots__ = ("look_up", "newest", "step_tracing")
 
-    def __init__(self, look_up: LookUp) -> None:
+    def __init__(self, look_up: LookUp, newest: dict[str, LoadedModel] | None = None) -> None:
         self.look_up = look_up
+        #: Each model's newest version (the repository keeps it): a request naming no version is found here;
+        #: any other, and every error, goes through ``look_up``.
+        self.newest: dict[str, LoadedModel] = newest if newest is not None else {}
         #: Traces ensemble steps as children of their traced request (set by the data plane), or None.
         self.step_tracing: StepTracing | None = None
 
     def enter(self, request: InferRequest) -> LoadedModel:
         """The version ``request`` names, counted in flight (the caller must ``complete`` or ``leave`` it)."""
         name, version = request.model_name, request.model_version
-        model = self.look_up(name, version)
+        model = None if version else self.newest.get(name)
+        if model is None:
+            model = self.look_up(name, version)
         model.enter()
         if model.retiring:
             model.leave()

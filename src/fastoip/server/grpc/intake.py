@@ -62,7 +62,7 @@ class MessageIntake:
                     stream_id, wire.INTERNAL, "a unary call takes one request message; a second one arrived")
                 return
             self.have_one.add(stream_id)
-        queue = self.behind.get(stream_id)
+        queue = self.behind.get(stream_id) if self.behind else None  # (nothing inflating: no lookup)
         if queue is not None:
             queue.append((data, flag, encoding))
             return
@@ -73,7 +73,7 @@ class MessageIntake:
 
     def end(self, stream_id: int, leftover: int) -> None:
         self.have_one.discard(stream_id)
-        queue = self.behind.get(stream_id)
+        queue = self.behind.get(stream_id) if self.behind else None
         if queue is not None:
             queue.append((None, leftover, b""))
         else:
@@ -81,8 +81,10 @@ class MessageIntake:
 
     def forget(self, stream_id: int) -> None:
         """The stream is gone: what waits behind its inflation is dropped (the inflation's result too)."""
-        self.have_one.discard(stream_id)
-        self.behind.pop(stream_id, None)
+        if self.have_one:
+            self.have_one.discard(stream_id)
+        if self.behind:
+            self.behind.pop(stream_id, None)
 
     def _inflate(self, stream_id: int, data: wire.Payload, encoding: bytes) -> None:
         """Inflate here up to ON_LOOP_BYTES; the rest in the pool, holding the stream's later messages."""
