@@ -133,6 +133,7 @@ COMPILED_PY = [
     "src/fastoip/scheduling/execute.py",
     "src/fastoip/scheduling/direct.py",
     "src/fastoip/scheduling/wakeups.py",
+    "src/fastoip/scheduling/buffers.py",
     "src/fastoip/metrics/counters.py",
     # Python models in worker processes: the server's side of each request and the worker's
     "src/fastoip/backends/python/triton_host.py",
