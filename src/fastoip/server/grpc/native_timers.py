@@ -106,7 +106,7 @@ class ConnectionTimers:
         self.bytes_in += count
 
     def call_started(self) -> None:
-        self.last_call = monotonic()
+        self.last_call = self.last_read  # (the read that brought the call's headers, this pass: no clock read)
 
     def call_ended(self) -> None:
         self.last_call = monotonic()
