@@ -99,8 +99,10 @@ class CoreCalls:
         """
         if self.forward is not None:
             self.forward.apply(headers, request.parameters)
-        call: CallContext | None = None  # no deadline and nothing to trace: the Core needs no context
-        if deadline_ns or frontend_trace is not None or self.core.tracing:
+        # no deadline and nothing to trace (tracing was off when the call began: it has no frontend trace): the
+        # Core needs no context
+        call: CallContext | None = None
+        if deadline_ns or frontend_trace is not None:
             call = CallContext(deadline_ns, trace_headers=headers, frontend_trace=frontend_trace)
         # (this runs on the loop's thread: the completion's hop knows it by its ident)
         return self.core.start(request, call, on_loop(self.loop, on_finished, get_ident()), on_response)
