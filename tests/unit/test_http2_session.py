@@ -223,8 +223,25 @@ def test_an_answer_goes_out_as_headers_data_trailers_and_closes_the_stream() -> 
     assert events[1].data == grpc_message(b"response")
     assert dict(events[2].headers) == {b"grpc-status": b"0"}
     assert session.queued_bytes() == 0
-    assert described(session.receive(b"")) == [("closed", 1, 0)]  # closed while sending; told at the next read
+    assert described(session.receive(b"")) == []  # closed normally once its trailers went out: no news
     assert session.open_streams() == 0
+
+
+def test_a_stream_reset_before_its_answer_went_out_is_reported() -> None:
+    """StreamClosed reports what the connection must act on: a client that reset its call (running or answered
+    but not yet sent), with the error code it gave."""
+    conn = client()
+    session = _http2.Http2Session(1 << 20)
+    for stream_id in (1, 3):
+        conn.send_headers(stream_id, REQUEST_HEADERS)
+        conn.send_data(stream_id, grpc_message(b"req"), end_stream=True)
+    session.receive(conn.data_to_send())
+    answer(session, conn)
+    assert session.answer(3, [(b":status", b"200")], b"queued, not sent", [(b"grpc-status", b"0")])
+    conn.reset_stream(1, ErrorCodes.CANCEL)
+    conn.reset_stream(3, ErrorCodes.CANCEL)
+    assert described(session.receive(conn.data_to_send())) == [("closed", 1, 8), ("closed", 3, 8)]
+    assert session.open_streams() == 0 and session.queued_bytes() == 0
 
 
 def test_a_unary_answer_in_one_call_goes_out_as_headers_data_trailers() -> None:

@@ -31,7 +31,9 @@ class RequestEnded:
     def leftover(self) -> int: ...
 
 class StreamClosed:
-    """The stream is gone (answered, or reset by either side); ``error_code``: HTTP/2's (0: closed normally)."""
+    """The stream is gone before its trailers went out whole (reset by either side, or after a Trailers-Only
+    answer); ``error_code``: HTTP/2's (0: closed normally).  A stream closed normally after its trailers is not
+    reported."""
 
     @property
     def stream_id(self) -> int: ...

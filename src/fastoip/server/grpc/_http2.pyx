@@ -72,7 +72,9 @@ cdef class RequestEnded:
 @cython.final
 @cython.freelist(64)
 cdef class StreamClosed:
-    """The stream is gone (answered, or reset by either side); ``error_code``: HTTP/2's (0: closed normally)."""
+    """The stream is gone before its answer (trailers) went out whole: reset by either side, or closed after a
+    Trailers-Only answer; ``error_code``: HTTP/2's (0: closed normally).  A stream that closes normally once its
+    trailers went out is not reported."""
 
     cdef readonly int32_t stream_id
     cdef readonly uint32_t error_code
@@ -760,7 +762,10 @@ cdef int _on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t 
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
             self._queued -= stream.out_bytes  # a reset stream's unsent response is dropped with it
-            self._events.append(_stream_closed(stream_id, error_code))
+            # a stream that closed normally once its whole answer went out is no news: its call ended when it
+            # answered (one event less a request)
+            if error_code != NGHTTP2_NO_ERROR or stream.trailers is None or stream.out_bytes:
+                self._events.append(_stream_closed(stream_id, error_code))
         return 0
     except BaseException as exc:
         self._failure = exc

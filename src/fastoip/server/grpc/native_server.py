@@ -269,7 +269,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
                         f"SERVER: Received message larger than max ({event.declared} vs. {limit})")
 
     def on_closed(self, event: _http2.StreamClosed) -> None:
-        """The stream is gone (answered, or reset by the client): a call still running is cancelled."""
+        """The stream is gone before its answer went out whole (reset by the client): a call still running is
+        cancelled.  (One closed normally after its trailers is not reported: its call ended when it answered.)"""
         if event.stream_id in self.streams:
             self.end_call(event.stream_id).cancel()
         if self.draining and self.session.open_streams() == 0:
