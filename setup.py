@@ -113,7 +113,8 @@ else:
 # inside a slice (`view[sock.send(view):]`) runs twice and `+=` on a bytearray held in a local makes a new one
 # (write them as two statements, and `.extend`: tests/e2e/test_pyworker_framing.py caught both).  Left out
 # on purpose: fastoip/types.py (the codec fills its classes' slots by layout).  Keep the list short: every
-# module adds compile time to every build (all 18: about 37 s of CPU).  FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).
+# module adds compile time to every build (all 26, with the Cython extensions: about a minute of CPU).
+# FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).
 COMPILED_PY = [
     "src/fastoip/server/grpc/native_server.py",
     "src/fastoip/server/grpc/native_calls.py",

@@ -15,10 +15,11 @@ Rules:
   final flag alone), or with ``finish`` (its last response, carrying the
   final flag: an ensemble's, as Triton's).  A job without a sink drops what
   is sent (warmup).
-- When its execution ends, a job lets go of its input arrays
-  (:meth:`Job.release_inputs`, as Triton's backends release the request
+- When its execution ends, a job lets go of its input arrays when one is
+  large (:meth:`Job.release_inputs`, as Triton's backends release the request
   then): a large input is freed before the response is encoded and sent, not
-  when the call ends.  The caller's request object is left as it was.
+  when the call ends; small ones go with the request, microseconds later.
+  The caller's request object is left as it was.
 """
 
 from __future__ import annotations
