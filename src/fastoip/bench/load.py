@@ -264,6 +264,7 @@ class GrpcFutureLoad(Generator):
         self._running = False
         self._open = False
         self._inflight: set = set()
+        self._send_lock = threading.Lock()
         self._tls = threading.local()
         self._backlog: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -276,13 +277,19 @@ class GrpcFutureLoad(Generator):
             self._calls.append(channel.unary_unary(INFER_METHOD, request_serializer=None, response_deserializer=None))
 
     def _send(self, slot: int) -> None:
-        k = self._next
-        self._next = k + 1 if k + 1 < len(self._requests) else 0
-        call = self._calls[slot % len(self._calls)]
-        self.recorder.sent += 1
-        t0 = now_ns()
-        future = call.future(self._requests[k], timeout=self.spec.timeout_s, metadata=self.spec.metadata or None)
-        self._inflight.add(future)
+        # Counted, started and put in flight under the lock ``stop`` takes to end the run: a request a callback
+        # thread sends as the run stops is either not sent or in flight when ``stop`` drains (it was counted as
+        # sent but missing from ``_inflight`` for a moment, and its outcome could miss the sample).
+        with self._send_lock:
+            if not self._running:
+                return
+            k = self._next
+            self._next = k + 1 if k + 1 < len(self._requests) else 0
+            call = self._calls[slot % len(self._calls)]
+            self.recorder.sent += 1
+            t0 = now_ns()
+            future = call.future(self._requests[k], timeout=self.spec.timeout_s, metadata=self.spec.metadata or None)
+            self._inflight.add(future)
         future.add_done_callback(partial(self._done, t0, slot))
 
     def _done(self, t0: int, slot: int, future: Any) -> None:
@@ -366,7 +373,8 @@ class GrpcFutureLoad(Generator):
             due += int(next(gaps))
 
     def stop(self, drain_s: float = 10.0) -> None:
-        self._running = False
+        with self._send_lock:  # no send is half done from here on (see _send)
+            self._running = False
         self._backlog.put(None)
         for thread in self._threads:
             thread.join(timeout=drain_s)
