@@ -231,8 +231,6 @@ def row_slices(jobs: Sequence[Job]) -> list[slice]:
     return slices
 
 
-
-
 def _split(array: np.ndarray, counts: list[int]) -> list[np.ndarray]:
     """``array``'s rows, ``counts[i]`` for the i-th job, as views (the codec's, or numpy's slices)."""
     views = split_rows(array, counts)

@@ -72,10 +72,10 @@ class GrpcConnection(asyncio.BufferedProtocol):
     """One client connection: socket bytes <-> the HTTP/2 session, its events -> the streams' calls.
 
     Jobs, each in its own place: transport events (this class's first section), the session's events
-    (``on_*``, dispatched through ``EVENT_HANDLERS``), head checks (:func:`.native_head.read_head`), request
-    messages (:class:`.intake.MessageIntake`: flag, one-message rule, inflation; back through ``deliver_*``),
-    the streams' records (:class:`StreamRecord`), answering (the calls' Responder), output and backpressure
-    (``flush``), server-wide bounds (:class:`.limits.ServerLimits`), clocks
+    (``on_*``: a request's own by type in ``receive``, the rest through ``EVENT_HANDLERS``), head checks
+    (:func:`.native_head.read_head`), request messages (:class:`.intake.MessageIntake`: flag, one-message rule,
+    inflation; back through ``deliver_*``), the streams' records (:class:`StreamRecord`), answering (the calls'
+    Responder), output and backpressure (``flush``), server-wide bounds (:class:`.limits.ServerLimits`), clocks
     (:class:`.native_timers.ConnectionTimers`) and the drain.
     """
 
@@ -506,9 +506,10 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.flush()
 
 
-#: The session's event types -> the connection's handler for each (one table, no if-ladder).
 RESPONSE_HEADERS: Final = wire.RESPONSE_HEADERS  # (Final: C statics once compiled, not module attribute reads)
 OK_TRAILERS: Final = wire.OK_TRAILERS
+#: The session's event types -> the connection's handler for each (``receive`` calls a request's own four
+#: directly, by type, before it looks here).
 EVENT_HANDLERS: Final[dict[type, Callable[[GrpcConnection, Any], None]]] = {  # (Final: a C static once compiled)
     _http2.MessageReceived: GrpcConnection.on_message,
     _http2.RequestReceived: GrpcConnection.on_request,
