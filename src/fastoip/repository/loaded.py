@@ -38,6 +38,19 @@ log = logging.getLogger("fastoip.repository")
 _load_serials = itertools.count(1)
 
 
+class _InputRule:
+    """What ``prepare`` reads of one config input a request, as a compiled class's fields (the spec's
+    ``TensorSpec`` is an interpreted dataclass: a dictionary look-up an attribute)."""
+
+    __slots__ = ("datatype", "accepted", "spec")
+
+    def __init__(self, spec: TensorSpec) -> None:
+        self.datatype = spec.datatype
+        #: The spec's own remembered shapes (``TensorSpec.accepts`` fills this dict).
+        self.accepted: dict[tuple, bool] = spec.accepted
+        self.spec = spec
+
+
 class LoadedModel:
     """One version of one model, ready to serve."""
 
@@ -63,7 +76,9 @@ class LoadedModel:
         self.spec: ModelSpec = model_spec(config, model_dir or path.parent.parent)
         # The spec's facts prepare reads per request, as this (compiled) class's own fields: the spec is an
         # interpreted dataclass, whose attributes cost a dictionary look-up each.
-        self._inputs_by_name: dict[str, TensorSpec] = self.spec.input_by_name
+        self._inputs_by_name: dict[str, _InputRule] = {
+            name: _InputRule(spec) for name, spec in self.spec.input_by_name.items()
+        }
         self._input_count = len(self.spec.inputs)
         self._max_batch_size = self.spec.max_batch_size
         self._open_tensors = self.spec.open_tensors
@@ -144,10 +159,10 @@ class LoadedModel:
                 or name in feeds
                 or tensor.datatype != expected.datatype
                 # (TensorSpec.accepts' remembered shapes read here: one interpreted call less per input)
-                or not (type(shape) is tuple and shape in expected.accepted or expected.accepts(shape))
+                or not (type(shape) is tuple and shape in expected.accepted or expected.spec.accepts(shape))
                 or tensor.data is None
             ) and not (open_tensors and tensor.data is not None and name not in feeds):
-                self._reject_input(tensor, expected, feeds)
+                self._reject_input(tensor, expected.spec if expected is not None else None, feeds)
             if batching and shape:  # (checked above to have a batch dim, unless open_tensors)
                 if not feeds:
                     batch_size = shape[0]
