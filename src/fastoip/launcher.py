@@ -258,6 +258,12 @@ class ChildProcess:
             raise RuntimeError("the child process was not started")
         return self.proc.wait(timeout)
 
+    def wait_output_end(self, timeout: float) -> bool:
+        """Wait until the output is read to its end (every process holding it, the child's own children too, has
+        closed it); False if ``timeout`` passed first.  After ``wait`` the last lines may still be in the pipe."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._eof, timeout)
+
     def stop(self, timeout: float = 20.0, *, first_signal: int = signal.SIGTERM, group: bool = False) -> int | None:
         """Stop the child; returns its exit code (None if it was never started).
 

@@ -126,3 +126,14 @@ def test_parse_cpu_list() -> None:
     assert parse_cpu_list("0,2") == {0, 2}
     assert parse_cpu_list("0-3,6") == {0, 1, 2, 3, 6}
     assert parse_cpu_list("") == set()
+
+
+def test_the_output_is_read_to_its_end_after_the_child_exits() -> None:
+    """A line a grandchild writes after the child exited (a server's worker finalizing) is captured once
+    ``wait_output_end`` returns; ``wait`` alone may return before the pipe is read."""
+    script = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(0.3); print(\"late line\", flush=True)']); print('early', flush=True)")
+    child = ChildProcess([sys.executable, "-c", script]).spawn()
+    assert child.wait(10) == 0
+    assert child.wait_output_end(10)
+    assert child.output() == "early\nlate line\n"

@@ -71,8 +71,11 @@ class ServerProcess:
         self.proc.send_signal(signum)
 
     def wait(self, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
+        """The exit code, once the server exited and its output (its workers' too) was read to the end."""
+        assert self.proc is not None and self.child is not None
+        code = self.proc.wait(timeout)
+        self.child.wait_output_end(timeout)
+        return code
 
     def stop(self, timeout: float = 30.0) -> int | None:
         return None if self.child is None else self.child.stop(timeout)  # SIGTERM, then SIGKILL after timeout
