@@ -31,7 +31,9 @@ cdef class GuardedMapping:
 
     Exposes the bytes through the buffer protocol (``np.frombuffer`` views keep
     it alive); unmapped when the last reference goes.  Keeps its own duplicate
-    of ``fd`` so the object's current size can be checked on every use.
+    of ``fd`` so the object's current size can be checked on every use, unless
+    ``keep_fd`` is False (the Python workers' segments: one descriptor fewer
+    each; ``file_size`` is then -1).
     """
 
     cdef char *address
@@ -39,7 +41,7 @@ cdef class GuardedMapping:
     cdef int slot
     cdef int fd
 
-    def __cinit__(self, int fd, Py_ssize_t size):
+    def __cinit__(self, int fd, Py_ssize_t size, bint keep_fd=True):
         self.address = NULL
         self.slot = -1
         self.fd = -1
@@ -55,9 +57,10 @@ cdef class GuardedMapping:
         self.slot = shmguard_take_slot(<size_t>address, <size_t>address + <size_t>size)
         if self.slot < 0:
             raise MemoryError("too many shared memory mappings at once")
-        self.fd = dup(fd)
-        if self.fd < 0:
-            raise OSError(errno, "dup failed")
+        if keep_fd:
+            self.fd = dup(fd)
+            if self.fd < 0:
+                raise OSError(errno, "dup failed")
 
     def __dealloc__(self):
         if self.slot >= 0:

@@ -48,6 +48,14 @@ class Unavailable(InferenceError):
     http_status = 503
 
 
+class ResourceExhausted(InferenceError):
+    """A bounded resource is full for this caller: too many shared-memory registrations, no room in /dev/shm
+    for a Python model's tensors (RESOURCE_EXHAUSTED / 429); the next try may succeed once some is given back."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    http_status = 429
+
+
 class Unsupported(InferenceError):
     """A feature this server does not implement (UNIMPLEMENTED / 501)."""
 

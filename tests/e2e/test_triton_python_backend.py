@@ -1320,15 +1320,15 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
             assert error is None
             ((name, datatype, out_packed),), _, _ = responses[0]
             assert out_packed[0] == "p"
-            out = transport.unpack(out_packed)
-            import mmap
+            out = transport.unpack(out_packed, worker.segment_token)  # (a name of that worker's, checked)
+            from fastoip._shmguard import GuardedMapping
 
             root = out
             while isinstance(root, np.ndarray):
                 root = root.base
             if isinstance(root, memoryview):
                 root = root.obj
-            assert isinstance(root, mmap.mmap)  # a view on the worker's shared memory, not a copy
+            assert isinstance(root, GuardedMapping)  # a view on the worker's shared memory, not a copy
             np.testing.assert_array_equal(out, data)
             del out, root  # the worker may reuse its segment now
     finally:

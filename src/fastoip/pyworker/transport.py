@@ -8,10 +8,26 @@ Rules:
 - Segments are reused: each has a one-byte busy flag in its first page; the
   sender sets it when it writes, and the receiver clears it when the last view
   on the data is gone (``weakref.finalize``), so a steady stream of tensors
-  costs one copy each, not a new file and fresh pages each.  A sender keeps up
-  to :data:`POOL_SIZE` segments (``/dev/shm/fastoip-pyw-<pid>-<n>``); past that
-  (views kept by a model) a tensor goes into a one-shot file the receiver
-  unlinks when it maps it.
+  costs one copy each, not a new file and fresh pages each.  A sender's pooled
+  segments total at most :func:`pool_limit` bytes (``--python-shm-pool``, passed
+  to workers in ``FASTOIP_PYTHON_SHM_POOL``); past that (or for a tensor larger
+  than the pool) a tensor goes into a one-shot file the receiver unlinks when it
+  maps it.  Pooled segments idle for :data:`IDLE_S` are removed (and the
+  receiver drops its mapping of a removed one), so an idle server keeps no
+  ``/dev/shm`` for tensors.
+- Names no client can guess: ``fastoip-pyw-<token>-<n>``, with a random
+  128-bit token per process (the server's own, and one the server gives each
+  worker at spawn, :func:`new_token` / :data:`TOKEN_ENV`).  A name that comes
+  from the other side is checked against that pattern (with the worker's token
+  on the server's side) before anything is opened or unlinked: no ``/``, no
+  ``..``, nothing but a segment of that worker.  The files are ``0600``, opened
+  with ``O_NOFOLLOW``; the shared-memory API refuses every ``fastoip-`` key
+  (:mod:`fastoip.shared_memory`).
+- No SIGBUS from tmpfs: a segment's pages are reserved when it is made
+  (``posix_fallocate``); a full ``/dev/shm`` is :class:`SharedMemoryFull` for
+  that tensor's request, never a fault later.  Every mapping is a
+  :class:`~fastoip._shmguard.GuardedMapping`, so a peer that truncates a
+  segment under the other side costs that request zero pages, not the process.
 - Smaller numeric arrays travel inside the message as their raw bytes (a
   ``bytearray``), dtype and shape: pickling a numpy array costs ~10 us to dump
   and ~5 us to load, its bytes ~1 us (measured, 16 x FP32).  The receiver gets
@@ -20,8 +36,8 @@ Rules:
   shape, dtype and byte count agree.  BYTES (object) arrays are pickled.
 - :data:`COPIED` counts the bytes each side copied into shared memory.
 - A side that dies leaves its files behind; :func:`remove_files_of` removes a
-  dead worker's files by its pid (and forgets their mappings); a side that exits
-  removes its own segments.
+  dead worker's files by its token (and forgets their mappings); a side that
+  exits removes its own segments.
 - The busy flag is a plain byte store and load: ordered on x86-64 (total store
   order); other architectures would need a fence.
 """
@@ -29,28 +45,48 @@ Rules:
 from __future__ import annotations
 
 import atexit
+import errno
 import glob
 import itertools
-import mmap
 import os
+import re
+import secrets
+import stat
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
 import numpy as np
 
 from .._codec import pack_inline, unpack_inline
+from .._shmguard import GuardedMapping
 
 #: Arrays smaller than this travel in the message itself.
 INLINE_LIMIT = 64 * 1024
-#: Segments a sender keeps for reuse.
-POOL_SIZE = 32
 #: Bytes before a segment's data (the busy flag is byte 0).
 HEADER = 64
+#: What every segment's name starts with (the shared-memory API refuses keys that do).
+SEGMENT_PREFIX = "fastoip-pyw-"
+#: The environment variable that gives a worker its token (set by the server at spawn, removed by the worker).
+TOKEN_ENV = "FASTOIP_PYWORKER_TOKEN"
+#: The environment variable that bounds each process's pooled segments (bytes; the server sets it for workers).
+POOL_ENV = "FASTOIP_PYTHON_SHM_POOL"
+#: Pooled bytes per process by default: the server and one worker fit a 64 MB /dev/shm (Docker's default)
+#: with room for one-shot segments.
+DEFAULT_POOL_BYTES = 16 * 1024 * 1024
+#: A free pooled segment unused this long is removed; the receiver drops its mapping of it as soon.
+IDLE_S = 1.0
 _SHM_DIR = "/dev/shm"
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+_ANY_SEGMENT = re.compile(re.escape(SEGMENT_PREFIX) + r"[0-9a-f]{32}-[0-9]{1,19}")
 _counter = itertools.count()
 _lock = threading.Lock()
+
+
+class SharedMemoryFull(Exception):
+    """No room in /dev/shm for a tensor's segment: that request fails, nothing else does."""
 
 
 class _Counter:
@@ -64,28 +100,89 @@ class _Counter:
 COPIED = _Counter()
 
 
-class _Segment:
-    __slots__ = ("name", "region", "capacity")
+def new_token() -> str:
+    """A fresh, unguessable segment token (for a worker about to be spawned)."""
+    return secrets.token_hex(16)
 
-    def __init__(self, name: str, region: mmap.mmap, capacity: int) -> None:
+
+def _own_token() -> str:
+    given = os.environ.pop(TOKEN_ENV, "")  # (a worker's own children do not inherit it)
+    return given if _TOKEN.fullmatch(given) else new_token()
+
+
+def _pool_limit_from_environment() -> int:
+    try:
+        return max(0, int(os.environ.get(POOL_ENV, DEFAULT_POOL_BYTES)))
+    except ValueError:
+        return DEFAULT_POOL_BYTES
+
+
+#: This process's token: its segments are ``fastoip-pyw-<token>-<n>``.
+TOKEN = _own_token()
+_pool_limit = _pool_limit_from_environment()
+
+
+def pool_limit() -> int:
+    """The most bytes this process keeps in pooled segments."""
+    return _pool_limit
+
+
+def set_pool_limit(nbytes: int) -> None:
+    """Bound this process's pooled segments (and, through the environment, those of workers spawned later)."""
+    global _pool_limit
+    _pool_limit = max(0, nbytes)
+    os.environ[POOL_ENV] = str(_pool_limit)
+
+
+def is_segment_name(key: str) -> bool:
+    """Whether ``key`` (a /dev/shm name) could be one of fastoip's tensor segments."""
+    return key.startswith(SEGMENT_PREFIX)
+
+
+class _Segment:
+    __slots__ = ("name", "region", "flag", "capacity", "used_at")
+
+    def __init__(self, name: str, region: GuardedMapping, capacity: int) -> None:
         self.name = name
         self.region = region
+        self.flag = memoryview(region)  # byte 0: busy
         self.capacity = capacity
+        self.used_at = time.monotonic()
+
+    def remove(self) -> None:
+        """Unlink the file; the mapping goes with the last view (the receiver drops its own, see _trim)."""
+        try:
+            os.unlink(os.path.join(_SHM_DIR, self.name))
+        except OSError:
+            pass
 
 
-#: This process's segments, for reuse.
+#: This process's segments, for reuse, and their bytes.
 _pool: list[_Segment] = []
+_pool_bytes = 0
 #: Segments of other processes this one maps (by name).
-_mapped: dict[str, mmap.mmap] = {}
+_mapped: dict[str, GuardedMapping] = {}
+#: Whether the thread that removes idle segments runs.
+_trimming = False
 
 
-def _new_file(size: int) -> tuple[str, mmap.mmap]:
-    name = f"fastoip-pyw-{os.getpid()}-{next(_counter)}"
+def _new_file(size: int) -> tuple[str, GuardedMapping]:
+    """A new segment of ``size`` bytes, every page reserved (a full /dev/shm fails here, not with SIGBUS later)."""
+    name = f"{SEGMENT_PREFIX}{TOKEN}-{next(_counter)}"
     path = os.path.join(_SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.ftruncate(fd, size)
-        region = mmap.mmap(fd, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                raise
+            raise SharedMemoryFull(
+                f"no room in {_SHM_DIR} for a tensor of {size - HEADER} bytes between the server and a Python "
+                f"model's worker ({os.strerror(exc.errno)}); give {_SHM_DIR} more space (docker run --shm-size, "
+                "a Kubernetes emptyDir with medium: Memory) or send smaller tensors",
+            ) from None
+        region = GuardedMapping(fd, size, False)
     except BaseException:
         os.unlink(path)
         raise
@@ -95,25 +192,70 @@ def _new_file(size: int) -> tuple[str, mmap.mmap]:
     return name, region
 
 
-def _take_segment(nbytes: int) -> tuple[str, mmap.mmap, bool]:
-    """A free pooled segment that fits (marked busy), else a new one: ``(name, region, pooled)``."""
+def _take_segment(nbytes: int) -> tuple[str, GuardedMapping, memoryview, bool]:
+    """A free pooled segment that fits (marked busy), else a new one: ``(name, region, view, pooled)``."""
+    global _pool_bytes
     with _lock:
         for segment in _pool:
-            if segment.capacity >= nbytes and segment.region[0] == 0:
-                segment.region[0] = 1
-                return segment.name, segment.region, True
-        if len(_pool) < POOL_SIZE:
-            capacity = 1 << max(16, (nbytes - 1).bit_length())
-            name, region = _new_file(HEADER + capacity)
-            region[0] = 1
-            _pool.append(_Segment(name, region, capacity))
-            return name, region, True
+            if segment.capacity >= nbytes and segment.flag[0] == 0:
+                segment.flag[0] = 1
+                segment.used_at = time.monotonic()
+                return segment.name, segment.region, segment.flag, True
+        capacity = 1 << max(16, (nbytes - 1).bit_length())
+        if HEADER + capacity <= _pool_limit:
+            # Room for it: free segments go first (idle before busy), the busy ones stay.
+            for segment in [s for s in _pool if s.flag[0] == 0]:
+                if _pool_bytes + HEADER + capacity <= _pool_limit:
+                    break
+                _pool.remove(segment)
+                _pool_bytes -= HEADER + segment.capacity
+                segment.remove()
+            if _pool_bytes + HEADER + capacity <= _pool_limit:
+                name, region = _new_file(HEADER + capacity)
+                segment = _Segment(name, region, capacity)
+                segment.flag[0] = 1
+                _pool.append(segment)
+                _pool_bytes += HEADER + capacity
+                _start_trimming()
+                return name, region, segment.flag, True
     name, region = _new_file(HEADER + nbytes)
-    return name, region, False
+    return name, region, memoryview(region), False
+
+
+def _start_trimming() -> None:
+    """Start the thread that removes idle segments, unless it runs (the lock is held)."""
+    global _trimming
+    if not _trimming:
+        _trimming = True
+        threading.Thread(target=_trim, name="fastoip-shm-trim", daemon=True).start()
+
+
+def _trim() -> None:
+    """Every IDLE_S: remove own segments idle that long, drop mappings of the other side's removed ones.
+
+    Ends when nothing is left to watch (started again with the next segment)."""
+    global _pool_bytes, _trimming
+    while True:
+        time.sleep(IDLE_S)
+        with _lock:
+            now = time.monotonic()
+            for segment in [s for s in _pool if s.flag[0] == 0 and now - s.used_at >= IDLE_S]:
+                _pool.remove(segment)
+                _pool_bytes -= HEADER + segment.capacity
+                segment.remove()
+            names = list(_mapped)
+        # (a stat each, off the lock: the other side removed it, so its pages go once this mapping does)
+        gone = [name for name in names if not os.path.exists(os.path.join(_SHM_DIR, name))]
+        with _lock:
+            for name in gone:
+                _mapped.pop(name, None)  # unmapped when the last view on it is gone
+            if not _pool and not _mapped:
+                _trimming = False
+                return
 
 
 def pack(array: np.ndarray) -> tuple:
-    """What goes into a message for ``array``."""
+    """What goes into a message for ``array`` (:class:`SharedMemoryFull` when /dev/shm has no room for it)."""
     # A small array's bytes go into the message (one copy, in C order whatever its strides; no numpy pickling);
     # every numeric one when there is no shared memory.
     packed = pack_inline(array, INLINE_LIMIT)
@@ -126,80 +268,122 @@ def pack(array: np.ndarray) -> tuple:
     if dtype.hasobject:
         COPIED.arrays_inline += 1
         return ("i", array)
-    segment, region, pooled = _take_segment(array.nbytes)
-    # The one copy of these bytes on their way across (the receiver maps them).
-    np.frombuffer(region, dtype=dtype, count=array.size, offset=HEADER).reshape(array.shape)[...] = array
-    if not pooled:
-        region.close()
+    segment, _, view, pooled = _take_segment(array.nbytes)
+    # The one copy of these bytes on their way across (the receiver maps them); the pages are reserved.
+    # (A one-shot segment is unmapped on return; its file stays for the receiver.)
+    np.frombuffer(view, dtype=dtype, count=array.size, offset=HEADER).reshape(array.shape)[...] = array
     COPIED.bytes_to_shm += array.nbytes
     COPIED.arrays_to_shm += 1
     return ("p" if pooled else "s", segment, dtype.str, array.shape)
 
 
-def _release(region: mmap.mmap) -> None:
+def _release(flag: memoryview) -> None:
+    flag[0] = 0  # the sender may reuse the segment
+
+
+def _checked_name(name: Any, token: str | None) -> str:
+    """``name`` when it is a segment of the peer with ``token`` (of any fastoip process when None), else ValueError."""
+    if type(name) is str:
+        if token is None:
+            if _ANY_SEGMENT.fullmatch(name):
+                return name
+        else:
+            number = name[len(SEGMENT_PREFIX) + 33 :]
+            if (
+                name.startswith(SEGMENT_PREFIX)
+                and name[len(SEGMENT_PREFIX) : len(SEGMENT_PREFIX) + 33] == token + "-"
+                and 0 < len(number) < 20
+                and number.isascii()
+                and number.isdigit()
+            ):
+                return name
+    raise ValueError(f"not a tensor segment of this worker: {str(name)[:80]!r}")
+
+
+def _map_segment(name: str, unlink: bool) -> GuardedMapping:
+    path = os.path.join(_SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        region[0] = 0  # the sender may reuse the segment
-    except ValueError:  # closed meanwhile (its process died)
-        pass
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size <= HEADER:
+            raise ValueError(f"tensor segment {name!r} is not a segment (a regular file of this user's)")
+        return GuardedMapping(fd, info.st_size, False)
+    finally:
+        os.close(fd)
+        if unlink:
+            os.unlink(path)
 
 
-def unpack(packed: tuple) -> np.ndarray:
-    """The array a message carries (a read-only view on shared memory for large ones)."""
+def unpack(packed: tuple, token: str | None = None) -> np.ndarray:
+    """The array a message carries (a read-only view on shared memory for large ones).
+
+    ``token``: the sending worker's, on the server's side; a name that is not one of its segments is refused
+    (ValueError) before anything is opened.
+    """
     kind = packed[0]
     if kind == "b":
         return unpack_inline(packed)
     if kind == "i":
         return packed[1]
     _, name, dtype, shape = packed
-    path = os.path.join(_SHM_DIR, name)
+    name = _checked_name(name, token)
     region = _mapped.get(name) if kind == "p" else None
     if region is None:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            region = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-            if kind == "s":
-                os.unlink(path)
+        if kind not in ("p", "s"):
+            raise ValueError(f"unknown tensor packing {kind!r}")
+        region = _map_segment(name, kind == "s")
         if kind == "p":
             with _lock:
                 _mapped[name] = region
+                _start_trimming()
     count = int(np.prod(shape)) if shape else 1
-    flat = np.frombuffer(region, dtype=np.dtype(dtype), count=count, offset=HEADER)
+    view = memoryview(region)
+    flat = np.frombuffer(view, dtype=np.dtype(dtype), count=count, offset=HEADER)
     flat.flags.writeable = False
     if kind == "p":
-        weakref.finalize(flat, _release, region)
+        weakref.finalize(flat, _release, view)
     return flat.reshape(shape)
 
 
 def discard(packed: tuple) -> None:
-    """Give back the segment of a packed array that will never be unpacked."""
+    """Give back the segment of a packed array (of this process's) that will never be unpacked."""
     if packed[0] == "s":
         try:
-            os.unlink(os.path.join(_SHM_DIR, packed[1]))
-        except FileNotFoundError:
+            os.unlink(os.path.join(_SHM_DIR, _checked_name(packed[1], TOKEN)))
+        except (FileNotFoundError, ValueError):
             pass
     elif packed[0] == "p":
         with _lock:
             for segment in _pool:
                 if segment.name == packed[1]:
-                    segment.region[0] = 0
+                    segment.flag[0] = 0
 
 
 def pack_tensors(tensors: list) -> list:
-    return [(name, datatype, pack(np.asarray(array))) for name, datatype, array in tensors]
+    """Every tensor packed, or none: what was packed before a failure (a full /dev/shm) is given back."""
+    packed: list = []
+    try:
+        for name, datatype, array in tensors:
+            packed.append((name, datatype, pack(np.asarray(array))))
+    except BaseException:
+        for _, _, tensor in packed:
+            discard(tensor)
+        raise
+    return packed
 
 
-def unpack_tensors(tensors: list) -> list:
-    return [(name, datatype, unpack(packed)) for name, datatype, packed in tensors]
+def unpack_tensors(tensors: list, token: str | None = None) -> list:
+    return [(name, datatype, unpack(packed, token)) for name, datatype, packed in tensors]
 
 
-def remove_files_of(pid: int) -> None:
-    """Remove what a dead process left in shared memory, and forget its segments' mappings."""
-    prefix = f"fastoip-pyw-{pid}-"
+def remove_files_of(token: str) -> None:
+    """Remove what a dead worker (by its token) left in shared memory, and forget its segments' mappings."""
+    if not _TOKEN.fullmatch(token):
+        return
+    prefix = f"{SEGMENT_PREFIX}{token}-"
     with _lock:
         for name in [n for n in _mapped if n.startswith(prefix)]:
-            del _mapped[name]  # closed when the last view on it is gone
+            del _mapped[name]  # unmapped when the last view on it is gone
     for path in glob.glob(os.path.join(_SHM_DIR, prefix + "*")):
         try:
             os.unlink(path)
@@ -209,7 +393,7 @@ def remove_files_of(pid: int) -> None:
 
 @atexit.register
 def _remove_own_segments() -> None:
-    remove_files_of(os.getpid())
+    remove_files_of(TOKEN)
 
 
 def pack_request(data: Any) -> Any:
@@ -217,9 +401,23 @@ def pack_request(data: Any) -> Any:
     return (request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested, trace)
 
 
-def unpack_request(data: Any) -> Any:
+def pack_requests(requests: list) -> list:
+    """Several requests packed, or none (as :func:`pack_tensors`)."""
+    packed: list = []
+    try:
+        for data in requests:
+            packed.append(pack_request(data))
+    except BaseException:
+        for request in packed:
+            for _, _, tensor in request[4]:
+                discard(tensor)
+        raise
+    return packed
+
+
+def unpack_request(data: Any, token: str | None = None) -> Any:
     request_id, correlation_id, flags, parameters, inputs, requested, trace = data
-    return (request_id, correlation_id, flags, parameters, unpack_tensors(inputs), requested, trace)
+    return (request_id, correlation_id, flags, parameters, unpack_tensors(inputs, token), requested, trace)
 
 
 def pack_response(data: Any) -> Any:
@@ -229,8 +427,8 @@ def pack_response(data: Any) -> Any:
     return (pack_tensors(outputs), error, parameters)
 
 
-def unpack_response(data: Any) -> Any:
+def unpack_response(data: Any, token: str | None = None) -> Any:
     if data is None:
         return None
     outputs, error, parameters = data
-    return (unpack_tensors(outputs), error, parameters)
+    return (unpack_tensors(outputs, token), error, parameters)

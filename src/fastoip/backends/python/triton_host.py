@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._codec import new_output, new_response
 from ...datatypes import to_bytes_elements
-from ...errors import InferenceError, InternalError, Unavailable
+from ...errors import InferenceError, InternalError, ResourceExhausted, Unavailable
 from ...pyworker import transport as shm
 from ...pyworker import utils as pb
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
@@ -395,7 +395,7 @@ class ProcessInstance(_Base):
         return worker
 
     def _on_send(self, call: int, index: int, data: Any, final: bool) -> None:
-        self.streams.deliver(call, index, shm.unpack_response(data), final)
+        self.streams.deliver(call, index, shm.unpack_response(data, self.worker.segment_token), final)
 
     def _crash_error(self, cause: str) -> InternalError:
         return InternalError(f"model {self.where}: its Python worker process {cause} while running the request")
@@ -412,7 +412,11 @@ class ProcessInstance(_Base):
                     return [Unavailable(self.down_reason) for _ in jobs], []
                 worker = self.worker
             call = next(self._calls)
-            packed = [shm.pack_request(self.request_data(job)) for job in jobs]
+            try:
+                packed = shm.pack_requests([self.request_data(job) for job in jobs])
+            except shm.SharedMemoryFull as full:  # (nothing was written past a reservation: no SIGBUS)
+                self._leave()
+                return [ResourceExhausted(f"model {self.where}: {full}") for _ in jobs], []
             batch = _Batch(jobs, packed, worker, time.monotonic_ns())
         except BaseException:
             self._leave()
@@ -463,7 +467,9 @@ class ProcessInstance(_Base):
                 only = jobs[0]
                 answer: InferResponse | InferenceError
                 try:
-                    answer = self._respond(only, self.version_str, shm.unpack_response(responses[0]))
+                    answer = self._respond(
+                        only, self.version_str, shm.unpack_response(responses[0], batch.worker.segment_token)
+                    )
                 except Exception as exc:
                     answer = InternalError(f"model {self.where}: unreadable result: {exc}")
                 _settle(only, answer, end)
@@ -476,7 +482,7 @@ class ProcessInstance(_Base):
             else:
                 try:
                     if responses is not None:
-                        responses = [shm.unpack_response(r) for r in responses]
+                        responses = [shm.unpack_response(r, batch.worker.segment_token) for r in responses]
                     results = _results_of(jobs, self.version_str, responses, error, self.where, self._respond)
                 except Exception as exc:
                     results = [InternalError(f"model {self.where}: unreadable result: {exc}") for _ in jobs]

@@ -131,6 +131,9 @@ class WorkerProcess:
             log.warning("%s: no shared-memory result ring (%s): results take the socket", label, exc)
         ring_fds = [self._ring.fd] if self._ring is not None else []
         env = dict(os.environ)
+        #: The worker's tensor segments are named with this token; a name it sends without it is refused.
+        self.segment_token = shm.new_token()
+        env[shm.TOKEN_ENV] = self.segment_token
         # (from the package's own file: a compiled module's ``__file__`` does not say where it lies)
         package = sys.modules[__name__.partition(".")[0]].__file__ or ""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
@@ -458,7 +461,7 @@ class WorkerProcess:
             cause = f"was killed by {name}"
         else:
             cause = f"exited with code {code}"
-        shm.remove_files_of(self.pid)
+        shm.remove_files_of(self.segment_token)
         with self._state:
             self.cause = cause
             control = self._control
@@ -472,7 +475,8 @@ class WorkerProcess:
         try:
             if what == "infer":
                 name, version, packed, timeout = args
-                answer: Any = shm.pack_response(self._link.infer(name, version, shm.unpack_request(packed), timeout))
+                request = shm.unpack_request(packed, self.segment_token)
+                answer: Any = shm.pack_response(self._link.infer(name, version, request, timeout))
             elif what == "stream":
                 name, version, packed, timeout = args
 
@@ -484,7 +488,7 @@ class WorkerProcess:
                     except WorkerDied:
                         pass
 
-                job = self._link.stream(name, version, shm.unpack_request(packed), deliver, timeout)
+                job = self._link.stream(name, version, shm.unpack_request(packed, self.segment_token), deliver, timeout)
                 if job is not None and not job.finished:
                     self._outgoing[call_id] = job
                     if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
