@@ -19,6 +19,17 @@ Rules:
   server dying.  A region that faulted stays refused until re-registered.
 - Keys name regular files directly in /dev/shm: no symlinks (``O_NOFOLLOW``),
   no FIFOs, devices or directories, and not Triton's reserved prefix.
+- A client can name only memory it lent: a key starting with ``fastoip-``
+  (the server's and its workers' segments, :data:`OWN_KEY_PREFIX`) is refused
+  before anything is opened, and so is any other name for one of those
+  objects (a hard link: same device and inode), in the same words as a
+  reserved prefix, without saying whether the object exists or how large it is.
+  A refusal for a bad offset or size does not state the object's size either.
+- Registrations are bounded: :data:`REGION_LIMIT` in all and
+  :data:`REGION_LIMIT_PER_CLIENT` per client (its address), both below the
+  SIGBUS guard's 4,096 mappings, so one client cannot take the table from the
+  others or from the Python workers' segments; past either the answer is
+  RESOURCE_EXHAUSTED (HTTP 429) at once.
 - A CUDA region is another process's cudaMalloc allocation, opened from its
   cudaIPC handle on the client's device.  Inputs in it are copied to host
   memory (one copy, as if they had come over the wire); outputs are copied in,
@@ -40,7 +51,7 @@ from . import cuda
 from ._shmguard import GuardedMapping
 from .cuda import DeviceArray, DeviceBytes
 from .datatypes import ITEM_SIZES, numpy_dtype
-from .errors import AlreadyExists, InternalError, InvalidArgument, NotFound, Unavailable
+from .errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
 SHM_DIR = "/dev/shm"
 REGION = "shared_memory_region"
@@ -48,6 +59,12 @@ OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 #: Keys Triton keeps for its Python backend's own regions (``kTritonSharedMemoryRegionPrefix``).
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+#: Keys of fastoip's own objects (the Python workers' tensor segments, ``fastoip-pyw-*``): never a client's.
+OWN_KEY_PREFIX = "fastoip-"
+#: Regions registered at once (system and CUDA), and per client: below the SIGBUS guard's 4,096 mappings, which
+#: the Python workers' segments use too.
+REGION_LIMIT = 1024
+REGION_LIMIT_PER_CLIENT = 256
 
 
 @dataclass
@@ -57,6 +74,7 @@ class Region:
     offset: int
     byte_size: int
     mapping: GuardedMapping
+    client: str = ""
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -99,6 +117,7 @@ class CudaRegion:
     byte_size: int
     mapping: CudaMapping
     offset: int = 0  # the handle names the whole allocation
+    client: str = ""
 
     def status(self) -> dict:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
@@ -116,16 +135,43 @@ def _kind_class(kind: str) -> type:
     return CudaRegion if kind == CUDA else Region
 
 
+def _reserved(name: str, key: str, prefix: str) -> InvalidArgument:
+    # Triton's words for its reserved prefix (shared_memory_manager.cc), nothing about the object itself
+    return InvalidArgument(
+        f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
+        f"prefix '{prefix}'"
+    )
+
+
+def _is_own_object(info: os.stat_result) -> bool:
+    """Whether the file ``info`` describes is one of fastoip's own objects under another name (a hard link).
+
+    Registration only (a scan of the ``fastoip-`` names in /dev/shm); the infer path never calls it."""
+    if info.st_nlink < 2:
+        return False  # its only name is the one given, which is not ours
+    try:
+        with os.scandir(SHM_DIR) as entries:
+            for entry in entries:
+                if entry.name.startswith(OWN_KEY_PREFIX):
+                    try:
+                        own = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if own.st_ino == info.st_ino and own.st_dev == info.st_dev:
+                        return True
+    except OSError:
+        return False
+    return False
+
+
 def _open_key(name: str, key: str) -> int:
     """Open the object ``key`` names in /dev/shm for reading and writing: a plain name, never a link."""
     bare = key.lstrip("/")  # as glibc's shm_open: every leading '/' goes
     if not bare:
         raise InvalidArgument(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
-    if bare.startswith(RESERVED_KEY_PREFIX):
-        raise InvalidArgument(
-            f"cannot register shared memory region '{name}' with key '{key}' as the key contains the reserved "
-            f"prefix '{RESERVED_KEY_PREFIX}'"
-        )
+    for prefix in (RESERVED_KEY_PREFIX, OWN_KEY_PREFIX):
+        if bare.startswith(prefix):
+            raise _reserved(name, key, prefix)
     if "/" in bare or "\0" in bare or bare in (".", ".."):
         # Triton's shm_open fails on these: its words, then why (a client mistake here: INVALID_ARGUMENT).
         raise InvalidArgument(
@@ -145,25 +191,49 @@ def _open_key(name: str, key: str) -> int:
 class SharedMemoryRegistry:
     """Registered system and CUDA regions by name; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = REGION_LIMIT, limit_per_client: int = REGION_LIMIT_PER_CLIENT) -> None:
         self._regions: dict[str, Region | CudaRegion] = {}
         self._lock = threading.Lock()
+        self.limit = limit
+        self.limit_per_client = limit_per_client
+        #: Regions registered per client (its address; "" for callers in this process).
+        self._per_client: dict[str, int] = {}
 
-    def _check_new(self, name: str) -> None:
+    def _check_new(self, name: str, client: str) -> None:
         if not name:
             raise InvalidArgument("shared memory region name must not be empty")
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if self._per_client.get(client, 0) >= self.limit_per_client:
+            raise ResourceExhausted(
+                f"cannot register shared memory region '{name}': this client already has {self.limit_per_client} "
+                "regions registered, the most one client may; unregister some first"
+            )
+        if len(self._regions) >= self.limit:
+            raise ResourceExhausted(
+                f"cannot register shared memory region '{name}': the server holds {self.limit} shared memory "
+                "regions, the most it takes; try again once some are unregistered"
+            )
 
     def _add(self, region: Region | CudaRegion) -> None:
         with self._lock:
-            self._check_new(region.name)
+            self._check_new(region.name, region.client)
             self._regions[region.name] = region
+            self._per_client[region.client] = self._per_client.get(region.client, 0) + 1
 
-    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+    def _forget(self, name: str) -> None:
+        """Drop ``name`` (the lock is held)."""
+        region = self._regions.pop(name)
+        left = self._per_client.get(region.client, 1) - 1
+        if left > 0:
+            self._per_client[region.client] = left
+        else:
+            self._per_client.pop(region.client, None)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int, client: str = "") -> None:
         """Open a client's cudaIPC handle (``raw_handle``: the 64 raw bytes) on ``device_id``."""
         with self._lock:
-            self._check_new(name)
+            self._check_new(name, client)
         runtime = cuda.runtime()
         if runtime is None:
             raise cuda_unavailable()
@@ -183,14 +253,18 @@ class SharedMemoryRegistry:
                 f"CUDA shared memory region '{name}': byte_size {byte_size} exceeds the allocation's "
                 f"{allocated} bytes"
             )
-        self._add(CudaRegion(name, device_id, byte_size, mapping))
+        self._add(CudaRegion(name, device_id, byte_size, mapping, client=client))
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(self, name: str, key: str, offset: int, byte_size: int, client: str = "") -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the object ``key`` as region ``name``, for ``client`` (its
+        address: the per-client bound)."""
         with self._lock:
-            self._check_new(name)
+            self._check_new(name, client)
         fd = _open_key(name, key)
         try:
             info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and _is_own_object(info):
+                raise _reserved(name, key, OWN_KEY_PREFIX)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidArgument(
                     f"unable to register shared memory region '{name}': key '{key}' is not a shared memory object "
@@ -198,17 +272,20 @@ class SharedMemoryRegistry:
                 )
             size = info.st_size
             if offset < 0 or byte_size <= 0 or offset + byte_size > size:
+                # (the object's size is not stated: a probe learns no more than that the span does not fit)
                 raise InvalidArgument(
                     f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte_size "
-                    f"{byte_size} exceeds the object's size {size})"
+                    f"{byte_size} exceeds the shared memory object '{key}')"
                 )
             try:
                 mapping = GuardedMapping(fd, size)
-            except (OSError, MemoryError) as exc:
+            except MemoryError as exc:  # the SIGBUS guard's table is full (the bounds above keep room in it)
+                raise ResourceExhausted(f"unable to map shared memory region '{name}': {exc}") from None
+            except OSError as exc:
                 raise InvalidArgument(f"unable to map shared memory region '{name}': {exc}") from None
         finally:
             os.close(fd)
-        self._add(Region(name, key, offset, byte_size, mapping))
+        self._add(Region(name, key, offset, byte_size, mapping, client=client))
 
     def unregister(self, name: str = "", kind: str = SYSTEM) -> None:
         """Forget ``name`` (or every region of ``kind`` when empty); mappings in use stay until released."""
@@ -219,7 +296,7 @@ class SharedMemoryRegistry:
             # CUDA) is released when the last request holding it is done.
             for n in names:
                 if isinstance(self._regions.get(n), wanted):
-                    del self._regions[n]
+                    self._forget(n)
 
     def status(self, name: str = "", kind: str = SYSTEM) -> list[dict]:
         wanted = _kind_class(kind)

@@ -390,7 +390,7 @@ def test_system_shared_memory(server: ServerProcess, tmp_path: Path, capsys: Cap
     )
     assert rc == 0, err
     # this process's regions only: other test runs on the machine share /dev/shm
-    ours = f"fastoip-bench-{os.getpid()}-"
+    ours = f"bench_fastoip-{os.getpid()}-"
     assert not [name for name in set(os.listdir("/dev/shm")) - before if name.startswith(ours)]
 
 

@@ -6,9 +6,9 @@
   datatype and shape); all requests share it, so under load its content is
   whatever finished last (only the probe reads it back, for ``--verify``).
   Other outputs (BYTES, variable dims) come back in the response as usual.
-- System regions are ``/dev/shm/fastoip-bench-<pid>-<n>-{in,out}``, registered with
-  SystemSharedMemoryRegister (gRPC) or ``POST v2/systemsharedmemory/region/<name>/register``
-  (HTTP), and unregistered and unlinked when the model is done.
+- System regions are ``/dev/shm/bench_fastoip-<pid>-<n>-{in,out}`` (not ``fastoip-``: a server refuses
+  those keys, its own), registered with SystemSharedMemoryRegister (gRPC) or
+  ``POST v2/systemsharedmemory/region/<name>/register`` (HTTP), and unregistered and unlinked when the model is done.
 - CUDA regions are cudaMalloc allocations on ``device_id`` (GPU 0), filled with
   cudaMemcpy and registered by their cudaIPC handle (CudaSharedMemoryRegister,
   ``POST v2/cudasharedmemory/region/<name>/register``); freed when the model is done.
@@ -137,7 +137,7 @@ class SharedRegions:
         self.kind = kind
         self.registered: list[_SystemRegion | _CudaRegion] = []
         self.regions: list[_SystemRegion | _CudaRegion] = []
-        base = f"fastoip-bench-{os.getpid()}-{next(_counter)}"
+        base = f"bench_fastoip-{os.getpid()}-{next(_counter)}"
         try:
             self._build(base, plan, requests)
         except BaseException:

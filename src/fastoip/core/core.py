@@ -223,11 +223,16 @@ class Core:
     def shared_memory_status(self, name: str = "", kind: str = SYSTEM) -> list[RegionStatus]:
         return self.data.shared_memory_status(name, kind)
 
-    def register_system_shared_memory(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self.data.register_system_shared_memory(name, key, offset, byte_size)
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int, client: str = ""
+    ) -> None:
+        """``client``: the caller's address (registrations are bounded per client); "" for callers in process."""
+        self.data.register_system_shared_memory(name, key, offset, byte_size, client)
 
-    def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        self.data.register_cuda_shared_memory(name, raw_handle, device_id, byte_size)
+    def register_cuda_shared_memory(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, client: str = ""
+    ) -> None:
+        self.data.register_cuda_shared_memory(name, raw_handle, device_id, byte_size, client)
 
     def unregister_shared_memory(self, name: str = "", kind: str = SYSTEM) -> None:
         self.data.unregister_shared_memory(name, kind)

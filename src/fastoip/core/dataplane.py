@@ -431,12 +431,16 @@ class DataPlane:
             return [CudaRegionStatus(r["name"], r["device_id"], r["byte_size"]) for r in regions]
         return [SystemRegionStatus(r["name"], r["key"], r["offset"], r["byte_size"]) for r in regions]
 
-    def register_system_shared_memory(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self.shared_memory.register(name, key, offset, byte_size)
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int, client: str = ""
+    ) -> None:
+        self.shared_memory.register(name, key, offset, byte_size, client)
 
-    def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+    def register_cuda_shared_memory(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, client: str = ""
+    ) -> None:
         """Opens a cudaIPC handle (talks to the driver: event loops call it off the loop)."""
-        self.shared_memory.register_cuda(name, raw_handle, device_id, byte_size)
+        self.shared_memory.register_cuda(name, raw_handle, device_id, byte_size, client)
 
     def unregister_shared_memory(self, name: str = "", kind: str = SYSTEM) -> None:
         """Unregister ``name``, or every region of ``kind`` when ``name`` is empty."""

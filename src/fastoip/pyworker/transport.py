@@ -150,9 +150,18 @@ class _Segment:
         self.used_at = time.monotonic()
 
     def remove(self) -> None:
-        """Unlink the file; the mapping goes with the last view (the receiver drops its own, see _trim)."""
+        """Give the pages back and unlink the file (free: no view on it on either side).
+
+        Truncated first: the receiver may still map it (it drops the mapping within IDLE_S, see _trim), and
+        a mapping would keep the pages of a file that is only unlinked."""
+        path = os.path.join(_SHM_DIR, self.name)
         try:
-            os.unlink(os.path.join(_SHM_DIR, self.name))
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, 0)
+            finally:
+                os.close(fd)
+            os.unlink(path)
         except OSError:
             pass
 
@@ -192,6 +201,33 @@ def _new_file(size: int) -> tuple[str, GuardedMapping]:
     return name, region
 
 
+def _evict_free() -> bool:
+    """Remove every free pooled segment (the lock is held): whether any was."""
+    global _pool_bytes
+    free = [s for s in _pool if s.flag[0] == 0]
+    for segment in free:
+        _pool.remove(segment)
+        _pool_bytes -= HEADER + segment.capacity
+        segment.remove()
+    return bool(free)
+
+
+def _new_file_making_room(size: int, locked: bool) -> tuple[str, GuardedMapping]:
+    """:func:`_new_file`; when /dev/shm is full, this process's free pooled segments go first and it tries once
+    more (idle before busy: a pool must never be why a request fails)."""
+    try:
+        return _new_file(size)
+    except SharedMemoryFull:
+        if locked:
+            evicted = _evict_free()
+        else:
+            with _lock:
+                evicted = _evict_free()
+        if not evicted:
+            raise
+    return _new_file(size)
+
+
 def _take_segment(nbytes: int) -> tuple[str, GuardedMapping, memoryview, bool]:
     """A free pooled segment that fits (marked busy), else a new one: ``(name, region, view, pooled)``."""
     global _pool_bytes
@@ -211,14 +247,14 @@ def _take_segment(nbytes: int) -> tuple[str, GuardedMapping, memoryview, bool]:
                 _pool_bytes -= HEADER + segment.capacity
                 segment.remove()
             if _pool_bytes + HEADER + capacity <= _pool_limit:
-                name, region = _new_file(HEADER + capacity)
+                name, region = _new_file_making_room(HEADER + capacity, True)
                 segment = _Segment(name, region, capacity)
                 segment.flag[0] = 1
                 _pool.append(segment)
                 _pool_bytes += HEADER + capacity
                 _start_trimming()
                 return name, region, segment.flag, True
-    name, region = _new_file(HEADER + nbytes)
+    name, region = _new_file_making_room(HEADER + nbytes, False)
     return name, region, memoryview(region), False
 
 

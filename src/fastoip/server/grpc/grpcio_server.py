@@ -39,6 +39,7 @@ from ...tracing import FrontendTrace
 from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from .service import (
+    CLIENT_AWARE_RPCS,
     HEALTH_SERVICE,
     HEALTH_UNARY,
     INT32_MAX,
@@ -47,6 +48,7 @@ from .service import (
     DecodeFailure,
     GrpcService,
     accept_mlserver_shapes,
+    client_of_peer,
     decode_request,
     encode_final,
     encode_partial,
@@ -267,6 +269,19 @@ def _wrap(method: Callable[[Message], Message]) -> Callable[[Message, grpc.Servi
     return handler
 
 
+def _wrap_with_client(method: Callable[..., Message]) -> Callable[[Message, grpc.ServicerContext], Message]:
+    """As :func:`_wrap`, for an RPC bounded per client: the method is told the peer's address."""
+
+    def handler(request: Message, context: grpc.ServicerContext) -> Message:
+        try:
+            return method(request, client=client_of_peer(context.peer()))
+        except InferenceError as exc:
+            abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return handler
+
+
 def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
     """The generic handlers for both services, with the codec on ModelInfer."""
     frontend = GrpcioFrontend(core)
@@ -284,8 +299,9 @@ def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
         ),
     }
     for name, (request_type, response_type) in UNARY.items():
+        method = getattr(service, name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _wrap(getattr(service, name)),
+            _wrap_with_client(method) if name in CLIENT_AWARE_RPCS else _wrap(method),
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )

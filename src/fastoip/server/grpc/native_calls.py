@@ -38,6 +38,7 @@ from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictio
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .limits import RequestBudget
 from .service import (
+    CLIENT_AWARE_RPCS,
     HEALTH_SERVICE,
     HEALTH_UNARY,
     SERVICE,
@@ -121,6 +122,9 @@ class CoreCalls:
 
 class Responder(Protocol):
     """What a call needs from its connection to answer."""
+
+    #: The peer's address (host), for what is bounded per client (shared-memory registrations).
+    peer: str
 
     def send_headers(self, stream_id: int) -> None: ...
     def send_message(self, stream_id: int, message: bytes | list[bytes | memoryview]) -> None: ...
@@ -490,6 +494,10 @@ class Dispatcher:
         self.unary: dict[bytes, tuple[Callable[[Message], Message], type[Message], bool]] = {}
         for name, (request_type, _) in UNARY.items():
             self.unary[f"/{SERVICE}/{name}".encode()] = (getattr(service, name), request_type, name in INLINE_RPCS)
+        #: RPCs told the peer's address (bounded per client), with their method.
+        self.client_aware: dict[bytes, Callable[..., Message]] = {
+            f"/{SERVICE}/{name}".encode(): getattr(service, name) for name in CLIENT_AWARE_RPCS
+        }
         for name, (request_type, _) in HEALTH_UNARY.items():
             check = cast("Callable[[Message], Message]", service.HealthCheck)
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
@@ -505,6 +513,10 @@ class Dispatcher:
         if entry is None:
             return None
         method, request_type, inline = entry
+        aware = self.client_aware.get(path)
+        if aware is not None:  # (rare RPCs: registrations)
+            peer = out.peer
+            method = lambda request: aware(request, client=peer)  # noqa: E731
         return UnaryCall(stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop)
 
 

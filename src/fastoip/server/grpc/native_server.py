@@ -107,6 +107,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         # issue 27: request messages are checked and inflated (off the loop when large) by the intake
         self.intake = MessageIntake(self, self.options.max_message_size)
         self.transport: asyncio.Transport | None = None
+        #: The peer's host (registrations are bounded per client); set when the connection is made.
+        self.peer = ""
         self.paused = False
         self.reading_paused = False
         self.flush_scheduled = False
@@ -124,6 +126,9 @@ class GrpcConnection(asyncio.BufferedProtocol):
             self.transport.abort()
             return
         self.admitted = True
+        peername = transport.get_extra_info("peername")
+        if isinstance(peername, tuple) and peername:
+            self.peer = str(peername[0])
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:

@@ -233,9 +233,10 @@ class GrpcService:
         return response
 
     def SystemSharedMemoryRegister(
-        self, request: pb.SystemSharedMemoryRegisterRequest
+        self, request: pb.SystemSharedMemoryRegisterRequest, client: str = ""
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.core.register_system_shared_memory(request.name, request.key, request.offset, request.byte_size)
+        """``client``: the peer's address, which the transport knows (registrations are bounded per client)."""
+        self.core.register_system_shared_memory(request.name, request.key, request.offset, request.byte_size, client)
         return pb.SystemSharedMemoryRegisterResponse()
 
     def SystemSharedMemoryUnregister(
@@ -253,9 +254,11 @@ class GrpcService:
         return response
 
     def CudaSharedMemoryRegister(
-        self, request: pb.CudaSharedMemoryRegisterRequest
+        self, request: pb.CudaSharedMemoryRegisterRequest, client: str = ""
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self.core.register_cuda_shared_memory(request.name, request.raw_handle, request.device_id, request.byte_size)
+        self.core.register_cuda_shared_memory(
+            request.name, request.raw_handle, request.device_id, request.byte_size, client
+        )
         return pb.CudaSharedMemoryRegisterResponse()
 
     def CudaSharedMemoryUnregister(
@@ -316,6 +319,18 @@ def _copy_duration(source: Duration, target: pb.StatisticDuration) -> None:
 
 
 #: Unary RPCs of inference.GRPCInferenceService: name -> (request type, response type).
+#: RPCs whose method takes the peer's address as ``client`` (bounded per client): every transport passes it.
+CLIENT_AWARE_RPCS = frozenset({"SystemSharedMemoryRegister", "CudaSharedMemoryRegister"})
+
+
+def client_of_peer(peer: str) -> str:
+    """The client part of a grpcio peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``, ``unix:/path``): the host."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]")
+    return peer
+
+
 UNARY: dict[str, tuple[type[Message], type[Message]]] = {
     "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
     "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),

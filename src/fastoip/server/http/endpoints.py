@@ -186,7 +186,7 @@ class HttpFrontend(Router):
             raise InvalidArgument(f"the {what} needs 'key', the shared memory key (a string), got {json_excerpt(key)}")
         offset = integer_field(doc, "offset", what, minimum=0, default=0)
         byte_size = integer_field(doc, "byte_size", what, minimum=1)
-        self.core.register_system_shared_memory(region, key, offset, byte_size)
+        self.core.register_system_shared_memory(region, key, offset, byte_size, request.client)
         return EMPTY_OK
 
     async def unregister_system_shared_memory(self, request: Request, region: str) -> Response:
@@ -217,7 +217,7 @@ class HttpFrontend(Router):
         loop = asyncio.get_running_loop()
         # Opening an IPC handle talks to the driver: not on the event loop.
         await loop.run_in_executor(
-            None, self.core.register_cuda_shared_memory, region, raw_handle, device_id, byte_size
+            None, self.core.register_cuda_shared_memory, region, raw_handle, device_id, byte_size, request.client
         )
         return EMPTY_OK
 

@@ -69,7 +69,7 @@ EMPTY_OK = Response(200, [], b"")
 class Request:
     """What a handler needs from one HTTP request."""
 
-    __slots__ = ("method", "path", "headers", "receive")
+    __slots__ = ("method", "path", "headers", "receive", "scope")
 
     def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.method: str = scope["method"]
@@ -77,6 +77,13 @@ class Request:
         #: Lower-case header names (ASGI guarantees them) -> the last value given.
         self.headers: dict[bytes, bytes] = dict(scope["headers"])
         self.receive = receive
+        self.scope = scope
+
+    @property
+    def client(self) -> str:
+        """The client's host (registrations are bounded per client); "" when the server does not know it."""
+        client = self.scope.get("client")
+        return str(client[0]) if client else ""
 
 
 Handler = Callable[..., Awaitable[Response | StreamingResponse]]
