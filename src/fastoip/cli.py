@@ -66,6 +66,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "0: on the loop)")
     _http_connection_flags(p)
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
+    p.add_argument("--python-shm-pool", type=int, default=int(_env("PYTHON_SHM_POOL", str(16 * 1024 * 1024))),
+                   metavar="BYTES",
+                   help="the most /dev/shm each process (the server, each Python model's worker) keeps in reusable "
+                        "tensor segments; idle ones are removed after a second, larger tensors take one-shot "
+                        "segments (default 16 MiB: the server and one worker leave half of Docker's 64 MB /dev/shm "
+                        "for those; 0: no pool)")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
@@ -408,6 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
+        from .pyworker import transport
+
+        transport.set_pool_limit(args.python_shm_pool)  # (and for the workers, through their environment)
         pin_mmap_threshold()
         pin_trim_threshold()
         return serve(options)

@@ -24,6 +24,7 @@ import yaml
 from fastoip.metrics import EXPORTED_NAMES
 from manifests import (  # noqa: E402
     CUSTOM_KINDS,
+    ROOT,
     KUBERNETES_VERSIONS,
     RENDERED,
     argv,
@@ -265,3 +266,20 @@ def test_autoscaling_reads_the_pending_request_count_fastoip_exports() -> None:
         assert {"namespace", "pod"} <= set(rule["resources"]["overrides"])  # a Pods metric needs both
         served.add(rule["name"]["as"])
     assert "nv_inference_pending_request_count" in served  # what the HPA asks the adapter for
+
+
+def test_every_pod_gives_dev_shm_room_for_the_python_workers_segments() -> None:
+    """Issue 36: /dev/shm holds the Python models' tensor segments; the runtime's 64 MB default is the floor.
+    Every pod mounts a memory-backed emptyDir there, sized, so the kubelet counts it against the pod's memory."""
+    for where, spec, _ in pod_specs():
+        volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+        for container in servers(spec):
+            mounts = {mount["mountPath"]: mount["name"] for mount in container.get("volumeMounts", [])}
+            assert "/dev/shm" in mounts, f"{where}: no volume at /dev/shm"
+            volume = volumes[mounts["/dev/shm"]]
+            assert volume["emptyDir"]["medium"] == "Memory", where
+            size = volume["emptyDir"]["sizeLimit"]
+            number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", size).groups()  # type: ignore[union-attr]
+            assert int(number) * (1024 if unit == "Gi" else 1) >= 64, f"{where}: /dev/shm of {size}"
+    for dockerfile in ("Dockerfile", "Dockerfile.cuda"):
+        assert "--shm-size=" in (ROOT / dockerfile).read_text(), f"{dockerfile}: its docker run line, no --shm-size"
