@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "_proto": 0,
     "cuda": 0,
     "metrics": 0,
+    "metric_names": 0,  # standard library only: Prometheus' name rules (the worker checks a model's metrics too)
     "content_types": 0,
     "model": 0,
     "lifecycle": 0,

@@ -24,9 +24,9 @@ import yaml
 from fastoip.metrics import EXPORTED_NAMES
 from manifests import (  # noqa: E402
     CUSTOM_KINDS,
-    ROOT,
     KUBERNETES_VERSIONS,
     RENDERED,
+    ROOT,
     argv,
     dockerfile_entrypoint,
     dockerfile_user,

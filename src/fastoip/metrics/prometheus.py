@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from ..metric_names import METRIC_NAME, safe_label_name
 from .config import MetricsConfig
 from .counters import FAILURE_REASONS, SUMMARIES, VersionCounters
 
@@ -211,14 +212,25 @@ def add_registry(registry: Any) -> None:
 
 
 def exposition_text(families: Iterable[Metric]) -> str:
-    """Prometheus text format 0.0.4, family names exactly as given (see the module docstring)."""
+    """Prometheus text format 0.0.4, family names exactly as given (see the module docstring).
+
+    What a family holds is written so that it can never be read as another line: a family or sample whose name
+    breaks Prometheus' rules is left out (one bad family never fails the whole scrape), label names are escaped
+    to underscores and label values as the format says (a label could forge ``nv_inference_request_success``).
+    """
     lines: list[str] = []
     for family in families:
+        if not METRIC_NAME.fullmatch(family.name):
+            continue
         documentation = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         lines.append(f"# HELP {family.name} {documentation}")
         lines.append(f"# TYPE {family.name} {family.type}")
         for sample in family.samples:
-            labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sample.labels.items())
+            if not METRIC_NAME.fullmatch(sample.name):
+                continue
+            labels = ",".join(
+                f'{safe_label_name(str(key))}="{_escape(str(value))}"' for key, value in sample.labels.items()
+            )
             lines.append(f"{sample.name}{{{labels}}} {_value(sample.value)}" if labels
                          else f"{sample.name} {_value(sample.value)}")
     return "\n".join(lines) + "\n"

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..metric_names import label_names_error, metric_name_error
+
 # -- flags (Triton's TRITONSERVER_* values) ----------------------------------------------------------------
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -635,6 +637,9 @@ class Metric:
 
     def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: Sequence[float] | None) -> None:
         self._family = family
+        problem = label_names_error(labels or {}, family.kind == MetricFamily.HISTOGRAM)
+        if problem is not None:  # (the server checks again, and escapes what it writes)
+            raise TritonModelException(f"metric family '{family.name}': {problem}")
         self._labels = {str(k): str(v) for k, v in (labels or {}).items()}
         spec = family._spec()
         if family.kind == MetricFamily.HISTOGRAM:
@@ -675,6 +680,9 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: int) -> None:
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"unknown metric kind {kind}")
+        problem = metric_name_error(name)
+        if problem is not None:
+            raise TritonModelException(problem)
         self.name = name
         self.description = description
         self.kind = kind

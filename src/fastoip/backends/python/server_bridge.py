@@ -33,7 +33,8 @@ from ...errors import (
     Unavailable,
     Unsupported,
 )
-from ...metrics import exposition_text
+from ...metric_names import label_names_error, metric_name_error
+from ...metrics import EXPORTED_NAMES, exposition_text
 from ...pyworker import utils as pb
 from ...types import InferInput, InferRequest, InferResponse, RequestedOutput
 
@@ -296,6 +297,10 @@ class CustomMetrics:
 
     def apply(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
         name, kind = str(family["name"]), int(family["kind"])
+        # (the worker checked them; a worker may lie, and one bad name would fail the whole scrape)
+        problem = metric_name_error(family["name"], EXPORTED_NAMES) or label_names_error(labels, kind == 2)
+        if problem is not None:
+            raise pb.TritonModelException(problem)
         key = tuple(sorted(labels.items()))
         with self._lock:
             known = self._families.get(name)
