@@ -158,6 +158,29 @@ def test_a_registration_flood_from_one_client_leaves_room_for_others(server: Ser
         shm.destroy_shared_memory_region(handle)
 
 
+@pytest.mark.parametrize("frontend", ["native", "grpcio"])
+def test_a_grpc_client_is_bounded_by_its_address_on_either_frontend(tmp_path: Path, frontend: str) -> None:
+    """The gRPC frontends tell the registry the peer's address: a gRPC client (127.0.0.1) that reached its share
+    gets RESOURCE_EXHAUSTED; a client from another address (HTTP from 127.0.0.2) still registers."""
+    write_model(tmp_path, "identity_small", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
+    key = f"/segments_grpc_flood_{os.getpid()}"
+    handle = shm.create_shared_memory_region("flood", key, 64)
+    try:
+        with ServerProcess(tmp_path, http=True, grpc_frontend=frontend) as server:
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            for index in range(REGION_LIMIT_PER_CLIENT):
+                client.register_system_shared_memory(f"g{index}", key, 64)
+            with pytest.raises(InferenceServerException) as caught:
+                client.register_system_shared_memory("one_more", key, 64)
+            assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert "the most one client may" in caught.value.message()
+            status, body, conn = _http_register(server.http_port, "elsewhere", key, "127.0.0.2")
+            conn.close()
+            assert status == 200, body
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
 # -- a 64 MB /dev/shm ---------------------------------------------------------------------------------------
 
 
