@@ -160,3 +160,22 @@ def test_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path: Path) -> None:
     assert "FULL no room in /dev/shm for a tensor of 2097152 bytes" in done.stdout
     assert "LEFT []" in done.stdout  # the first tensor's segment was given back
     assert "AFTER s 131072.0" in done.stdout
+
+
+def test_a_peer_cannot_have_more_pooled_segments_mapped_than_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that invents pooled names (real files of its own) is stopped at its share of mappings: the SIGBUS
+    guard's table, which clients' registrations use too, is never filled by one worker."""
+    monkeypatch.setattr(transport, "PEER_MAPPINGS_LIMIT", 3)
+    token = transport.new_token()
+    names = [f"{transport.SEGMENT_PREFIX}{token}-{n}" for n in range(4)]
+    views = []
+    try:
+        for name in names:
+            Path("/dev/shm", name).write_bytes(b"\0" * (transport.HEADER + 64))
+        for name in names[:3]:
+            views.append(transport.unpack(("p", name, "<f4", (16,)), token))
+        with pytest.raises(ValueError, match="3 pooled segments mapped here, the most it may"):
+            transport.unpack(("p", names[3], "<f4", (16,)), token)
+    finally:
+        del views
+        transport.remove_files_of(token)

@@ -78,6 +78,9 @@ POOL_ENV = "FASTOIP_PYTHON_SHM_POOL"
 DEFAULT_POOL_BYTES = 16 * 1024 * 1024
 #: A free pooled segment unused this long is removed; the receiver drops its mapping of it as soon.
 IDLE_S = 1.0
+#: Pooled segments of one peer mapped here at once: more than an honest pool of small segments holds (16 MiB of
+#: 64 KiB ones is 256), so a worker that invents names cannot fill the SIGBUS guard's table.
+PEER_MAPPINGS_LIMIT = 512
 _SHM_DIR = "/dev/shm"
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 _ANY_SEGMENT = re.compile(re.escape(SEGMENT_PREFIX) + r"[0-9a-f]{32}-[0-9]{1,19}")
@@ -367,6 +370,10 @@ def unpack(packed: tuple, token: str | None = None) -> np.ndarray:
     if region is None:
         if kind not in ("p", "s"):
             raise ValueError(f"unknown tensor packing {kind!r}")
+        if kind == "p" and token is not None:
+            prefix = name[: len(SEGMENT_PREFIX) + 33]
+            if sum(1 for known in list(_mapped) if known.startswith(prefix)) >= PEER_MAPPINGS_LIMIT:
+                raise ValueError(f"the worker has {PEER_MAPPINGS_LIMIT} pooled segments mapped here, the most it may")
         region = _map_segment(name, kind == "s")
         if kind == "p":
             with _lock:
