@@ -179,3 +179,30 @@ def test_a_peer_cannot_have_more_pooled_segments_mapped_than_its_share(monkeypat
     finally:
         del views
         transport.remove_files_of(token)
+
+
+def test_a_forked_child_has_its_own_token_and_leaves_the_parents_segments() -> None:
+    """A child forked from the server (a pool of processes) must not reuse, name or remove the parent's segments."""
+    packed = transport.pack(np.ones(LARGE, dtype=np.float32))
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report its token and whether its pool is empty, then exit running atexit
+            os.close(read)
+            child = transport.pack(np.ones(LARGE, dtype=np.float32))
+            message = f"{transport.TOKEN} {len(transport._pool)} {child[1]}"
+            transport.discard(child)
+            os.write(write, message.encode())
+            os.close(write)
+            transport._remove_own_segments()  # what atexit runs: the child's segments only
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            token, pooled, name = pipe.read().split()
+        os.waitpid(pid, 0)
+        assert token != transport.TOKEN and name.startswith(f"{transport.SEGMENT_PREFIX}{token}-")
+        assert pooled == "1"  # its own new segment, none of the parent's
+        assert packed[1] in _segment_files()  # the parent's segment is still there
+        assert not _segment_files(token)
+    finally:
+        transport.discard(packed)

@@ -434,9 +434,29 @@ def remove_files_of(token: str) -> None:
             pass
 
 
+#: The process whose segments these are: a forked child gets its own token and pool (see _after_fork).
+_owner_pid = os.getpid()
+
+
 @atexit.register
 def _remove_own_segments() -> None:
-    remove_files_of(TOKEN)
+    if os.getpid() == _owner_pid:
+        remove_files_of(TOKEN)
+
+
+def _after_fork() -> None:
+    """In a forked child: the parent's segments stay the parent's (never reused, removed or named again here)."""
+    global TOKEN, _owner_pid, _pool_bytes, _trimming, _lock
+    TOKEN = new_token()
+    _owner_pid = os.getpid()
+    _pool.clear()
+    _pool_bytes = 0
+    _mapped.clear()
+    _trimming = False  # (the thread did not come along)
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def pack_request(data: Any) -> Any:
