@@ -43,6 +43,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--http-body-min-rate-grace", "--grpc-stream-idle-timeout", "--grpc-max-connections",
         "--grpc-max-connection-idle", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
         "--grpc-max-stream-request-bytes", "--grpc-max-queued-request-bytes", "--http-max-connections",
+        "--python-shm-pool",
     )),
     ("security", "TLS, restricted APIs, code loading", (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",
