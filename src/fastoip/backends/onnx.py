@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..cuda import DeviceArray, DeviceBytes, pinned_allocator
+from ..cuda import DeviceArray, DeviceBatch, DeviceBlock, DeviceBytes, DevicePool, gather_to_device, pinned_allocator
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
@@ -145,6 +145,12 @@ class OnnxBackend:
         self._buckets: tuple[int, ...] = ()
         self._bucket_backends: dict[int, OnnxBackend] = {}
         self._pad_pool: BufferPool | None = None
+        #: The GPU this session reads inputs in device memory on (IO binding), or -1: inputs are host arrays.
+        #: Not for strings or BF16 (ORT's Python API takes those only from the host).
+        self.device_inputs = device_id if self.on_gpu and not self._has_strings and not self._has_bf16 else -1
+        #: Where device inputs are bound (the session's GPU); batches of them are gathered in ``_device_pool``.
+        self._input_device = self._gpu_device() if self.on_gpu else self._host_device
+        self._device_pool = DevicePool()
 
     def use_batch_buckets(self, sizes: tuple[int, ...], make_sibling: Callable[[], OnnxBackend]) -> None:
         """Run each batch on a session kept for one size in ``sizes``, padded up to it (``batch_buckets``).
@@ -202,9 +208,83 @@ class OnnxBackend:
         ``destinations`` (output name -> writable bytes, e.g. a shared-memory
         region) lets ORT write those outputs there directly; see ``_run_into``.
         """
+        if self.device_inputs >= 0 and _in_device_memory(feeds):
+            return self._run_device(feeds, output_names, destinations)
         if self._buckets and feeds:
             return self._run_bucketed(feeds, output_names, destinations)
         return self._run_as_given(feeds, output_names, destinations)
+
+    def _run_device(
+        self, feeds: dict, output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
+    ) -> list[np.ndarray]:
+        """``run`` where some inputs are in device memory (CUDA regions): bound there, never copied to the host.
+
+        One request's device input is bound where it lies; a batch's parts (a ``DeviceBatch``), and any input of a
+        batch padded up to a bucket, are gathered into one device buffer of the batch's size first (device to
+        device; host parts are copied up).
+        """
+        first = next(iter(feeds.values()))
+        rows = int(first.shape[0]) if len(first.shape) else 0
+        size = smallest_fit(self._buckets, rows) if self._buckets else rows
+        backend = self._bucket_backends.get(size, self)
+        taken: list[tuple[str, DeviceBlock]] = []
+        try:
+            bound: dict = {}
+            for name, value in feeds.items():
+                if type(value) is DeviceBatch:
+                    bound[name] = gather_to_device(name, value.parts, size, self.device_id, self._device_pool, taken)
+                elif size != rows:
+                    bound[name] = gather_to_device(name, [value], size, self.device_id, self._device_pool, taken)
+                else:
+                    bound[name] = value
+            outputs = backend._run_bound(bound, output_names, destinations if size == rows else None)
+        finally:
+            # ORT's outputs are its own memory (or the client's regions), never the gathered inputs.
+            for name, block in taken:
+                self._device_pool.give_back(name, block)
+        return cut_rows(outputs, rows, size) if size != rows else outputs
+
+    def _run_bound(
+        self, feeds: dict, output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
+    ) -> list[np.ndarray]:
+        """One run through IO binding: device inputs bound where they lie, host ones as arrays; outputs into their
+        shared-memory destinations where the shapes are known (as ``_run_into``), else to host memory."""
+        key = (tuple(output_names), tuple((name, tuple(value.shape)) for name, value in feeds.items()))
+        shapes = self._learned_shapes.get(key) if destinations is not None else None
+        views = self._bind_views(output_names, shapes, destinations) if shapes is not None and destinations else None
+        for attempt in (views, None) if views is not None else (None,):
+            binding = self._new_binding(self._inner)
+            for name, value in feeds.items():
+                if type(value) is DeviceArray:
+                    binding.bind_input(name, self._input_device, value.dtype, list(value.shape), value.where.pointer)
+                else:
+                    binding.bind_input(name, value)
+            for index, name in enumerate(output_names):
+                view = attempt[index] if attempt is not None else None
+                if view is None:
+                    binding.bind_output(name, self._host_device)
+                elif type(view) is DeviceArray:
+                    binding.bind_output(name, self._gpu_device(), view.dtype, view.shape, view.where.pointer)
+                else:
+                    binding.bind_output(name, self._host_device, view.dtype, view.shape, view.ctypes.data)
+            try:
+                self._inner.run_with_iobinding(binding, self._quiet_run if attempt is not None else None)
+            except Exception as exc:
+                if attempt is not None:  # the shapes follow the data: stop binding them, run the ordinary way
+                    self._learned_shapes[key] = None
+                    continue
+                raise InternalError(f"onnxruntime failed: {exc}") from None
+            if attempt is not None:
+                if self.on_gpu:
+                    binding.synchronize_outputs()
+                return attempt
+            outputs: list[np.ndarray] = binding.copy_outputs_to_cpu()
+            if destinations is not None and key not in self._learned_shapes:
+                if len(self._learned_shapes) >= MAX_LEARNED_SHAPES:
+                    self._learned_shapes.clear()
+                self._learned_shapes[key] = tuple(out.shape for out in outputs)
+            return outputs
+        raise InternalError("onnxruntime: no run was made")  # pragma: no cover - the loop always returns
 
     def _run_bucketed(
         self, feeds: dict[str, np.ndarray], output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
@@ -358,6 +438,7 @@ class OnnxBackend:
         self._buckets = ()
         if self._pad_pool is not None:
             self._pad_pool.close()
+        self._device_pool.close()
         for backend in siblings:
             backend.close()
         self.session = None
@@ -413,6 +494,14 @@ def _cuda_starts(ort: Any, model_path: Path, options: Any, cuda: Provider) -> bo
     except Exception:  # ORT raises several unrelated exception types
         return False
     return CUDA in session.get_providers()
+
+
+def _in_device_memory(feeds: dict) -> bool:
+    """Whether any input is in device memory (a CUDA-region input, or a batch holding one)."""
+    for value in feeds.values():
+        if type(value) is DeviceArray or type(value) is DeviceBatch:
+            return True
+    return False
 
 
 def _bf16_bits(value: Any) -> np.ndarray:
