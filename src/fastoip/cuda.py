@@ -82,6 +82,7 @@ class CudaRuntime:
             "cudaIpcCloseMemHandle": [c_void_p],
             "cudaMemcpy": [c_void_p, c_void_p, c_size_t, c_int],
             "cudaMemset": [c_void_p, c_int, c_size_t],
+            "cudaStreamSynchronize": [c_void_p],
         }
         for name, argtypes in signatures.items():
             function = getattr(lib, name)
@@ -168,6 +169,11 @@ class CudaRuntime:
         """A synchronous copy in any direction (host or device pointers)."""
         status = self._lib.cudaMemcpy(ctypes.c_void_p(destination), ctypes.c_void_p(source), nbytes, MEMCPY_DEFAULT)
         self._check(status, "cudaMemcpy")
+
+    def synchronize(self) -> None:
+        """Wait for the copies and fills issued here (the default stream): a device-to-device ``copy`` and ``zero``
+        return before they are done, and ORT reads on a stream of its own that does not wait for them."""
+        self._check(self._lib.cudaStreamSynchronize(None), "cudaStreamSynchronize")
 
     def zero(self, pointer: int, nbytes: int) -> None:
         """``nbytes`` of zeros at ``pointer`` (device memory)."""
@@ -436,6 +442,7 @@ def gather_to_device(
     end = block.pointer + rows * row_bytes
     if end > offset:
         cuda.zero(offset, end - offset)
+    cuda.synchronize()  # done before ORT, on its own stream, reads the buffer
     return DeviceArray(DeviceBytes(block.pointer, rows * row_bytes, device_id, block), dtype, (rows, *inner))
 
 

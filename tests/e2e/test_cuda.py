@@ -350,3 +350,20 @@ def test_batched_cuda_shared_memory_inputs_answer_each_request_its_rows(
     finally:
         cudashm.destroy_shared_memory_region(handle)
     assert setup.is_server_live()
+
+
+CUDA_GRAPHS = (
+    'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "cuda" '
+    'parameters { key: "enable_cuda_graph" value: "1" } } ] } }'
+)
+
+
+def test_cuda_graphs_replay_each_batch_size_on_its_bound_buffers(tmp_path: Path) -> None:
+    backend = load_conv(tmp_path, f"max_batch_size: 8 {CUDA_GRAPHS}")
+    assert backend.cuda_graph and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    assert all(bucket._graph is not None for bucket in backend._bucket_backends.values())
+    check_conv(backend, (1, 3, 8, 5, 2, 3))  # padded, replayed again and again on the same buffers
+    x = np.random.default_rng(5).random((3, 2, 4, 4), dtype=np.float32)
+    (out,) = backend.run({"INPUT0": device_copy(x)}, ["OUTPUT0"])  # an input in device memory: copied on the GPU
+    np.testing.assert_allclose(out, expected_conv(x), rtol=5e-3, atol=1e-3)
+    backend.close()

@@ -35,14 +35,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..cuda import DeviceArray, DeviceBatch, DeviceBlock, DeviceBytes, DevicePool, gather_to_device, pinned_allocator
+from ..cuda import (
+    DeviceArray,
+    DeviceBatch,
+    DeviceBlock,
+    DeviceBytes,
+    DevicePool,
+    gather_to_device,
+    pinned_allocator,
+    runtime,
+)
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
 from ..scheduling.buffers import BufferPool, Lease
 from .batch_buckets import PARAMETER, bucket_sizes, cut_rows, padded_feeds, smallest_fit
+from .ort_graphs import DeviceCopier, GraphRunner, HostCopier, check_fixed_shapes, wants_cuda_graph
 from .ort_options import apply_session_options, thread_counts
-from .ort_providers import CUDA, OPENVINO, TENSORRT, Provider, plan_providers, provider_names
+from .ort_providers import CUDA, OPENVINO, TENSORRT, Provider, plan_providers, provider_names, read_accelerators
 
 if TYPE_CHECKING:
     from ..options import RepositoryOptions
@@ -151,6 +161,9 @@ class OnnxBackend:
         #: Where device inputs are bound (the session's GPU); batches of them are gathered in ``_device_pool``.
         self._input_device = self._gpu_device() if self.on_gpu else self._host_device
         self._device_pool = DevicePool()
+        #: The CUDA EP was started with ``enable_cuda_graph``: every run goes through ``_graph`` (``ort_graphs.py``).
+        self.cuda_graph = self.providers[0] == CUDA and wants_cuda_graph(self.session.get_provider_options()[CUDA])
+        self._graph: GraphRunner | None = None
 
     def use_batch_buckets(self, sizes: tuple[int, ...], make_sibling: Callable[[], OnnxBackend]) -> None:
         """Run each batch on a session kept for one size in ``sizes``, padded up to it (``batch_buckets``).
@@ -170,6 +183,8 @@ class OnnxBackend:
     def warm_up(self, batch_size: int) -> None:
         """One run on zeros with dim 0 ``batch_size``, where every other input dim is fixed (else the first
         real batch plans the shape)."""
+        if self.cuda_graph:
+            return  # a plain run would capture the graph on ORT's own buffers: ``use_graphs`` warms it up instead
         feeds = {}
         for item in self.session.get_inputs():
             dims = list(item.shape or ())[1:]
@@ -208,11 +223,40 @@ class OnnxBackend:
         ``destinations`` (output name -> writable bytes, e.g. a shared-memory
         region) lets ORT write those outputs there directly; see ``_run_into``.
         """
+        if self._graph is not None:
+            return self._run_graph(feeds, output_names)
         if self.device_inputs >= 0 and _in_device_memory(feeds):
             return self._run_device(feeds, output_names, destinations)
         if self._buckets and feeds:
             return self._run_bucketed(feeds, output_names, destinations)
         return self._run_as_given(feeds, output_names, destinations)
+
+    def use_graphs(self, batch: int | None) -> None:
+        """Run every batch on buffers bound once, as a captured CUDA graph needs (``ort_graphs.py``): this session's
+        and each bucket's, each warmed up (and so captured) now.  ``batch``: this session's batch size (None: the
+        model does not batch)."""
+        sessions: list[tuple[int | None, OnnxBackend]] = list(self._bucket_backends.items()) or [(batch, self)]
+        for size, backend in sessions:  # (self is among the buckets' sessions: the largest)
+            cuda = runtime() if backend.on_gpu else None
+            copier = DeviceCopier(cuda) if cuda is not None else HostCopier()
+            device = ("cuda", backend.device_id) if backend.on_gpu else ("cpu", 0)
+            graph = GraphRunner(_ort(), backend.session, size, device, copier)
+            graph.warm_up()
+            backend._graph = graph
+
+    def _run_graph(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
+        """``run`` on the bound buffers of the session whose batch size holds the batch (``use_graphs``)."""
+        graph = self._graph
+        assert graph is not None
+        if graph.batch is None or not feeds:
+            return graph.run(feeds, 0, output_names)
+        first = next(iter(feeds.values()))
+        rows = int(first.shape[0])
+        backend = self._bucket_backends.get(smallest_fit(self._buckets, rows), self) if self._buckets else self
+        runner = backend._graph
+        if runner is None or runner.batch is None or runner.batch < rows:
+            raise InternalError(f"no CUDA graph session holds a batch of {rows}")
+        return runner.run(feeds, rows, output_names)
 
     def _run_device(
         self, feeds: dict, output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
@@ -571,13 +615,22 @@ class OnnxKind:
             base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu,
             auto_complete=options.auto_complete,
         )
+        # CUDA graphs need every shape fixed: refused here on every machine, as a GPU server would refuse it
+        graphs_wanted = wants_cuda_graph(read_accelerators(config, path.parent.parent).cuda)
+        if graphs_wanted:
+            check_fixed_shapes(config, inputs, outputs)
         devices = instance_devices(config)
         backends = [first] + [make_backend(device) for device in devices[1:]]
-        sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt)
+        sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt, cuda_graph=first.cuda_graph)
         if sizes:
             log.info("model '%s': a session for each batch size of %s (%s)", model_name, list(sizes), PARAMETER)
         for backend, device in zip(backends, devices, strict=False):
             backend.use_batch_buckets(sizes, functools.partial(make_backend, device))
+            if backend.cuda_graph:
+                backend.use_graphs(sizes[-1] if sizes else (config.max_batch_size or None))
+        if graphs_wanted and not first.cuda_graph:
+            log.warning("model '%s': CUDA graphs are asked for, but the model runs on %s", model_name,
+                        first.providers[0])
         return config, backends
 
 
