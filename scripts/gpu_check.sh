@@ -25,7 +25,7 @@
 #   scripts/gpu_check.sh dry-run   here: benchmarks/gpu_bench.py --dry-run (CPU EP, short; GPU parts listed)
 #
 # Without a GPU (no nvidia-smi, or it lists none), `run` and `bench` stop cleanly: "no GPU" and what they would
-# have run, exit 0. `make gpu-check` is `prepare`, every `stage`, `run`, `bench`, `dry-run` on this machine.
+# have run, exit 0. `make gpu-check` is `prepare`, every `stage`, `run`, `bench`, `cores`, `dry-run` on this machine.
 # The exact sequence of device commands, their carry lists and the device-time budget: benchmarks/RESULTS.md
 # (2026-11-27, "The GPU check, completed") and `plan`.
 set -euo pipefail
@@ -169,7 +169,7 @@ plan() {
     local batches calls
     batches=$(cat "$GPU_DIR/BATCHES")
     calls=$((batches + 1))
-    say "$calls device commands, in order, to the same held machine: issue each as soon as the last returns"
+    say "$((calls + 1)) device commands, in order, to the same held machine: issue each as soon as the last returns"
     say "(the machine goes back after 30 s idle, and with it everything staged); timeout_s as given"
     # what travels besides the batch: the tracked and untracked-not-ignored files of this checkout
     local tree
@@ -190,12 +190,13 @@ plan() {
     cat <<EOF
 gpu-check: expected device time ($DEVICE_BUDGET_S s in all; every command to the same held machine):
   machine start                     60-120 s (before the first command; counted)
-  probe + stage 1 .. stage $batches          about 15-25 s each (the transfer of one batch): $((batches * 20)) s
-  run (with the last stage)         about 150 s: install 10 s, build 25 s, GPU tests 60-90 s (timeout 240)
+  probe, stage 1 .. stage $batches           about 10-15 s each (one batch's transfer): $((batches * 12)) s
+  run (with the last stage)         about 90 s: install 10 s, build 25 s, GPU tests 40-60 s (timeout 240)
+                                    (2026-11-27: probe, 5 stages and run took 104 s of device time in all)
   bench                             about 240-300 s (at most 420, less when the time left is short)
   cores                             about 120-150 s (4 points of 10 s on 16 CPUs; at most $CORES_TIMEOUT)
-  idle between commands             about 5-10 s each
-  total                             about $(( 120 + batches * 20 + 150 + 300 + 150 + (batches + 2) * 10 )) s of $DEVICE_BUDGET_S
+  idle between commands             about 5 s each
+  total                             about $(( 120 + batches * 12 + 90 + 300 + 150 + (batches + 2) * 5 )) s of $DEVICE_BUDGET_S
 A step that starts with less device time left than it needs is skipped and says so in summary.md; every step
 notes its start and end in \$STAGE/progress (published with each command's files), so a run cut short says where.
 If the device time runs short, run \`cores\` before \`bench\`: it is the only place the many-core figures come from.
@@ -217,11 +218,13 @@ gpu-check: would run, on the GPU machine:
   3. unpack libnghttp2-dev/-14 into /tmp/nghttp2; setup.py build_ext --inplace -j 8 (native gRPC frontend on them)
   4. pytest tests/e2e/test_cuda.py tests/e2e/test_cuda_plumbing.py, test_metrics.py -k gpu (CUDA EP + IO binding,
      pinned batch buffers, CUDA shared memory from tritonclient over gRPC and HTTP, nv_gpu_* metrics)
-  5. benchmarks/gpu_bench.py (about 3-4 min): mlp and resnet50 (a ResNet-50-shaped CNN built there, 102 MB)
-     on the CUDA EP and the CPU EP at c=1,16,64 (infer/s, p99, avg batch); host-to-device copy of a batch
-     from pinned vs pageable memory (CUDA events, CuPy); identity_602k and identity_16m with
-     --shared-memory cuda / system / none at c=1,16
+  5. benchmarks/gpu_bench.py (about 4-5 min): mlp and resnet50 (a ResNet-50-shaped CNN built there, 102 MB)
+     on the CUDA EP and the CPU EP at c=1,16,64 (infer/s, p99, avg batch); each beside its CUDA-graph twin
+     at c=1 (enable_cuda_graph); host-to-device copy of a batch from pinned vs pageable memory (CUDA events,
+     CuPy); identity_602k and identity_16m with --shared-memory cuda / system / none at c=1,16 (CUDA inputs
+     now bound on the GPU)
   6. write summary.md (GPU, versions, test counts, bench tables), gpu_bench.json, logs into \$OUT
+  7. (the next command) cores: benchmarks/cores.py on the 16 CPUs, fastoip vs the C++ grpc++ server
 EOF
 }
 
@@ -301,7 +304,7 @@ run() {
     mkdir -p "$logs"
     { echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"; echo
       echo '```'; nvidia-smi -L; echo '```'; echo "- pieces reassembled, checksums ok"; } > "$summary"
-    step_begin run 150 || { publish "$STAGE/progress"; return 0; }
+    step_begin run 120 || { publish "$STAGE/progress"; return 0; }
     # 2. install
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$STAGE"/*.whl
     # 3. build (native gRPC frontend on the carried headers; grpcio otherwise)
