@@ -180,7 +180,10 @@ def measure(args: argparse.Namespace, point: dict, argv: list[str], env: dict[st
                          log_path=work / f"{point['name']}.log", keep_lines=200)
     child.start()
     try:
-        wait_port(port, child, args.start_timeout)
+        try:
+            wait_port(port, child, args.start_timeout)
+        except RuntimeError as exc:  # (the native frontend not built, a library missing): this point says why
+            return {**point, "error": str(exc)[-600:]}
         problem = probe(port, point["model"], payloads, expected[point["model"]])
         if problem:
             return {**point, "error": problem}
@@ -265,7 +268,7 @@ def main() -> int:
             results.append({"name": name, "error": "unknown point"})
         for result in results[logged:]:
             log(json.dumps(result))
-    summary = {"host": {"cpus": os.cpu_count(), "platform": sys.platform}, "args": {
+    summary = {"host": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "platform": sys.platform}, "args": {
         k: v for k, v in vars(args).items() if k not in ("client_env", "out")}, "results": results,
         "elapsed_s": round(time.monotonic() - started, 1)}
     (args.out / "cores.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -275,10 +278,21 @@ def main() -> int:
     return 0 if all("error" not in r for r in results) else 1
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
 def render(summary: dict) -> str:
     a = summary["args"]
     lines = [f"## cores: c={a['conc']}, h2load {a['client_threads']} threads on CPUs {a['client_cpus']}, server on "
-             f"CPUs {a['server_cpus']}, {a['duration']} s a point ({summary['host']['cpus']} CPUs here)", "",
+             f"CPUs {a['server_cpus']}, {a['duration']} s a point ({summary['host']['cpus']} CPUs here: "
+             f"{summary['host']['cpu_model']})", "",
              "| point | model | req/s | p50 ms | p99 ms | server CPU s (cores) | CPU us/req | h2load CPU s (cores) "
              "| done / failed |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in summary["results"]:
