@@ -149,10 +149,12 @@ clean:
 		src/fastoip/_percall__mypyc*.so $(COMPILED_PY_SOURCES:.py=.*.so)
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
-# limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run.
+# limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run;
+# the many-cores step (issue 42) runs as a dry run on a machine of fewer than 16 CPUs.
 gpu-check: $(STAMP)  ## prepare the GPU run's files and dry-run it on CPU (scripts/gpu_check.sh says how to run it on a GPU)
 	PY=$(BIN)/python bash scripts/gpu_check.sh prepare
 	rm -rf /tmp/fastoip-gpu && for n in $$(seq 1 $$(cat .gpu/BATCHES)); do bash scripts/gpu_check.sh stage $$n; done
 	PY=$(BIN)/python bash scripts/gpu_check.sh run
 	PY=$(BIN)/python bash scripts/gpu_check.sh bench
+	PY=$(BIN)/python bash scripts/gpu_check.sh cores
 	PY=$(BIN)/python bash scripts/gpu_check.sh dry-run

@@ -11,11 +11,15 @@ Parts (each writes its rows into ``DIR/gpu_bench.json`` and a table into ``DIR/g
 2. ``h2d``: host-to-device time of one batch (mlp: 64 x 256 FP32; resnet50: 16 and 64 x 3x224x224 FP32),
    from pinned memory (:func:`fastoip.cuda.pinned_allocator`, the batcher's own) and from pageable memory
    (``numpy.empty``), timed with CUDA events through CuPy.
-3. ``shm``: ``identity_602k`` (FP32 [3,224,224], 602,112 bytes) and ``identity_16m`` (FP32 [4,1024,1024],
+3. ``graph`` (issue 42): ``mlp`` and ``resnet50`` against ``mlp_graph`` and ``resnet50_graph`` (the same models
+   with the ``cuda`` accelerator's ``enable_cuda_graph``: a CUDA graph per batch bucket) at c=1 on the CUDA EP,
+   side by side on one server: throughput and p50/p99 latency.
+4. ``shm``: ``identity_602k`` (FP32 [3,224,224], 602,112 bytes) and ``identity_16m`` (FP32 [4,1024,1024],
    16 MiB) on the CUDA EP, ``fastoip bench --shared-memory cuda|system|none`` at c=1,16: throughput.
 
-``--dry-run`` (no GPU): part 1 on the CPU EP only at c=1 with short windows, part 3 with ``system`` and
-``none`` only; every GPU-only step is listed as skipped, so the driver is proven end to end on CPU.
+``--dry-run`` (no GPU): part 1 on the CPU EP only at c=1 with short windows, part 3 on the CPU EP (where the
+option leaves the model as it is: the driver is proven, not the graphs), part 4 with ``system`` and ``none``
+only; every GPU-only step is listed as skipped, so the driver is proven end to end on CPU.
 Exit status: 0 when every point that ran answered without errors, 1 otherwise.
 """
 
@@ -44,6 +48,13 @@ CONFIG = (
     "dynamic_batching {{\n  max_queue_delay_microseconds: {delay}\n}}\n"
 )
 IDENTITY_CONFIG = 'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
+#: The ``cuda`` accelerator's CUDA graphs (Triton's onnxruntime backend passes the parameter to the CUDA EP).
+CUDA_GRAPHS = (
+    "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator [ { name: \"cuda\" parameters "
+    "{ key: \"enable_cuda_graph\" value: \"1\" } } ]\n  }\n}\n"
+)
+#: The models part 3 compares: each plain one beside its CUDA-graph twin.
+GRAPH_PAIRS = (("mlp", "mlp_graph"), ("resnet50", "resnet50_graph"))
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -131,9 +142,12 @@ def write_repository(root: Path) -> dict[str, int]:
 
     from fastoip.demo import build_identity, build_mlp
 
+    resnet50 = build_resnet50()
     models = {
         "mlp": (build_mlp(), CONFIG.format(name="mlp", batch=64, delay=0)),
-        "resnet50": (build_resnet50(), CONFIG.format(name="resnet50", batch=64, delay=200)),
+        "resnet50": (resnet50, CONFIG.format(name="resnet50", batch=64, delay=200)),
+        "mlp_graph": (build_mlp(), CONFIG.format(name="mlp_graph", batch=64, delay=0) + CUDA_GRAPHS),
+        "resnet50_graph": (resnet50, CONFIG.format(name="resnet50_graph", batch=64, delay=200) + CUDA_GRAPHS),
         "identity_602k": (build_identity("identity_602k", TensorProto.FLOAT, [3, 224, 224]), None),
         "identity_16m": (build_identity("identity_16m", TensorProto.FLOAT, [4, 1024, 1024]), None),
     }
@@ -212,6 +226,7 @@ def bench(port: int, model: str, levels: str, args: argparse.Namespace, out: Pat
                 "shm": shm,
                 "concurrency": row.get("concurrency"),
                 "infer_per_s": row.get("throughput_infer_per_s"),
+                "p50_us": (row.get("latency_us") or {}).get("p50"),
                 "p99_us": (row.get("latency_us") or {}).get("p99"),
                 "avg_batch": server.get("avg_batch_size"),
                 "errors": sum((row.get("errors") or {}).values()),
@@ -230,7 +245,11 @@ def instance_kinds(port: int, models: tuple[str, ...]) -> dict[str, str]:
     client = tg.InferenceServerClient(f"127.0.0.1:{port}")
     kinds = {}
     for model in models:
-        config = client.get_model_config(model, as_json=True)["config"]
+        try:
+            config = client.get_model_config(model, as_json=True)["config"]
+        except Exception as exc:  # a model that did not load (a CUDA graph ORT refused): said, the others measured
+            kinds[model] = f"not loaded: {exc}"[:300]
+            continue
         kinds[model] = ",".join(group.get("kind", "?") for group in config.get("instance_group", [])) or "?"
     client.close()
     return kinds
@@ -293,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--point-timeout", type=float, default=150.0, help="seconds for one fastoip bench run")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: CPU EP and system shm only, short")
-    parser.add_argument("--parts", default="ep,h2d,shm")
+    parser.add_argument("--parts", default="ep,graph,h2d,shm")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
@@ -309,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         "ep": [],
         "h2d": [],
         "shm": [],
+        "graph": [],
         "instance_kinds": {},
         "problems": [],
         "complete": False,
@@ -337,11 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["cuda", "cpu"] if gpu else ["cpu"]
     if not gpu:
         results["skipped"].append("ep: mlp and resnet50 on the CUDA EP at c=1,16,64 (no GPU); CPU EP at c=1 only")
-    for mode in modes if "ep" in parts or "shm" in parts else []:
+    for mode in modes if parts & {"ep", "graph", "shm"} else []:
         child = serve(repo, cpu_only=mode == "cpu", log=args.out / f"serve-{mode}.log")
         try:
             port = child.ports["grpc"]
-            kinds = instance_kinds(port, ("mlp", "resnet50", "identity_602k", "identity_16m"))
+            kinds = instance_kinds(port, ("mlp", "resnet50", "identity_602k", "identity_16m", "mlp_graph"))
             results["instance_kinds"][mode] = kinds
             want = "KIND_GPU" if mode == "cuda" else "KIND_CPU"
             wrong = {model: kind for model, kind in kinds.items() if kind != want}
@@ -352,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
                     for row in bench(port, model, levels, args, args.out):
                         results["ep"].append({"ep": mode, **row})
                         print(f"gpu_bench: ep {mode} {row}", flush=True)
+                    save(args.out, results, started)
+            if "graph" in parts and (mode == "cuda" or not gpu):
+                for pair in GRAPH_PAIRS:  # the plain model and its graph twin one after the other, at c=1
+                    for model in pair:
+                        for row in bench(port, model, "1", args, args.out):
+                            results["graph"].append({"ep": mode, "graphs": model.endswith("_graph"), **row})
+                            print(f"gpu_bench: graph {mode} {row}", flush=True)
                     save(args.out, results, started)
             shm_here = mode == "cuda" or (not gpu and mode == "cpu")
             if "shm" in parts and shm_here:
@@ -364,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                         save(args.out, results, started)
         finally:
             child.stop()
+    if not gpu and "graph" in parts:
+        results["skipped"].append("graph: CUDA graphs at c=1 on the CUDA EP (no GPU: the twins ran as plain models)")
     if not gpu and "shm" in parts:
         results["skipped"].append("shm: --shared-memory cuda on identity_602k and identity_16m at c=1,16 (no GPU)")
     results["complete"] = True
@@ -375,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
 def save(out: Path, results: dict[str, Any], started: float) -> None:
     """gpu_bench.json and gpu_bench.md as they stand (after each model too: a run cut short keeps its rows)."""
     results["elapsed_s"] = round(time.monotonic() - started, 1)
-    failed = [row for part in ("ep", "shm", "h2d") for row in results[part] if row.get("error") or row.get("errors")]
+    failed = [
+        row for part in ("ep", "graph", "shm", "h2d") for row in results[part] if row.get("error") or row.get("errors")
+    ]
     results["passed"] = bool(results.get("complete")) and not failed and not results["problems"]
     (out / "gpu_bench.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "gpu_bench.md").write_text(markdown(results))
@@ -387,6 +418,12 @@ def _cell(value: Any, digits: int = 0) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     return str(value)
+
+
+def _graphs_cell(row: dict[str, Any]) -> str:
+    if not row["graphs"]:
+        return "no"
+    return "yes" if row["ep"] == "cuda" else "asked (none on the CPU EP)"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -414,6 +451,24 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['model']} | {row['ep']} | {row['concurrency']} | {_cell(row['infer_per_s'], 1)} | "
                 f"{_cell(p99, 2)} | {_cell(row['avg_batch'], 2)} | {row['errors']} |"
+            )
+        lines.append("")
+    if results["graph"]:
+        lines += [
+            "### CUDA graphs vs the plain CUDA EP, c=1 (gRPC, fastoip bench)",
+            "",
+            "| model | EP | CUDA graphs | infer/s | p50 ms | p99 ms | errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in results["graph"]:
+            if "error" in row:
+                lines.append(f"| {row['model']} | {row['ep']} | {row['graphs']} | ERROR: {row['error'][:200]} | | | |")
+                continue
+            p50 = row["p50_us"] / 1000 if row.get("p50_us") is not None else None
+            p99 = row["p99_us"] / 1000 if row["p99_us"] is not None else None
+            lines.append(
+                f"| {row['model']} | {row['ep']} | {_graphs_cell(row)} | "
+                f"{_cell(row['infer_per_s'], 1)} | {_cell(p50, 3)} | {_cell(p99, 3)} | {row['errors']} |"
             )
         lines.append("")
     if results["h2d"]:

@@ -9,7 +9,10 @@ Rules:
   ``tritonclient.utils.cuda_shared_memory`` create), and the regions
   ``fastoip bench --shared-memory cuda`` creates as such a client.
 - ``DeviceBytes`` is a span of device memory; ``DeviceArray`` is one typed
-  tensor in it (what ORT writes when an output is bound to the span).
+  tensor in it: what ORT writes when an output is bound to the span, and an
+  input read from a CUDA region that ORT reads in place (``backends/onnx.py``).
+- ``gather_to_device`` merges a batch's inputs into one device buffer from a
+  ``DevicePool`` (device-to-device copies; host parts are copied up).
 - Every CUDA error becomes :class:`CudaError` with CUDA's own message.
 """
 
@@ -19,6 +22,7 @@ import contextlib
 import ctypes
 import glob
 import logging
+import math
 import os
 import sys
 import threading
@@ -77,6 +81,8 @@ class CudaRuntime:
             "cudaIpcOpenMemHandle": [ctypes.POINTER(c_void_p), _IpcHandle, c_uint],
             "cudaIpcCloseMemHandle": [c_void_p],
             "cudaMemcpy": [c_void_p, c_void_p, c_size_t, c_int],
+            "cudaMemset": [c_void_p, c_int, c_size_t],
+            "cudaStreamSynchronize": [c_void_p],
         }
         for name, argtypes in signatures.items():
             function = getattr(lib, name)
@@ -163,6 +169,15 @@ class CudaRuntime:
         """A synchronous copy in any direction (host or device pointers)."""
         status = self._lib.cudaMemcpy(ctypes.c_void_p(destination), ctypes.c_void_p(source), nbytes, MEMCPY_DEFAULT)
         self._check(status, "cudaMemcpy")
+
+    def synchronize(self) -> None:
+        """Wait for the copies and fills issued here (the default stream): a device-to-device ``copy`` and ``zero``
+        return before they are done, and ORT reads on a stream of its own that does not wait for them."""
+        self._check(self._lib.cudaStreamSynchronize(None), "cudaStreamSynchronize")
+
+    def zero(self, pointer: int, nbytes: int) -> None:
+        """``nbytes`` of zeros at ``pointer`` (device memory)."""
+        self._check(self._lib.cudaMemset(ctypes.c_void_p(pointer), 0, nbytes), "cudaMemset")
 
 
 _runtime: CudaRuntime | None = None
@@ -313,3 +328,132 @@ class DeviceArray:
         self.dtype = dtype
         self.shape = shape
         self.nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+
+
+class DeviceBatch:
+    """One input of a batch, still in its requests' parts (some in device memory): the backend gathers it into one
+    device buffer of its own (:func:`gather_to_device`), padded to the batch size it runs."""
+
+    __slots__ = ("parts", "dtype", "shape", "nbytes")
+
+    def __init__(self, parts: list) -> None:
+        first = parts[0]
+        self.parts = parts
+        self.dtype: np.dtype = first.dtype
+        self.shape = (sum(int(part.shape[0]) for part in parts), *first.shape[1:])
+        self.nbytes = sum(int(part.nbytes) for part in parts)
+
+
+def host_copy(array: DeviceArray) -> np.ndarray:
+    """``array``'s bytes on the host, in a new array (for a consumer that needs host memory)."""
+    host = np.empty(array.shape, array.dtype)
+    owner = array.where.owner
+    cuda = getattr(owner, "runtime", None) or runtime()
+    if cuda is None:  # pragma: no cover - a DeviceArray exists only where a runtime opened its memory
+        raise CudaError("no CUDA runtime to copy a device tensor to the host")
+    if array.nbytes:
+        cuda.copy(host.ctypes.data, array.where.pointer, array.nbytes)
+    return host
+
+
+class DeviceBlock:
+    """One cudaMalloc allocation, freed when the last reference goes (a ``DevicePool``'s buffer)."""
+
+    __slots__ = ("runtime", "pointer", "nbytes", "device_id", "__weakref__")
+
+    def __init__(self, cuda: CudaRuntime, nbytes: int, device_id: int) -> None:
+        self.runtime = cuda
+        self.pointer = 0
+        self.pointer = cuda.malloc(nbytes, device_id)
+        self.nbytes = nbytes
+        self.device_id = device_id
+
+    def __del__(self) -> None:
+        if self.pointer:
+            try:
+                self.runtime.free(self.pointer)
+            except CudaError as exc:  # pragma: no cover - nothing to do but say so
+                log.warning("freeing device memory: %s", exc)
+            self.pointer = 0
+
+
+class DevicePool:
+    """Free device buffers per (input name, device), as ``scheduling.buffers.BufferPool`` keeps host ones.
+
+    A buffer is taken for one execution and given back after it; each grows to the largest batch seen, so the
+    pool holds at most (executions at once) x (inputs) buffers.  Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[str, int], list[DeviceBlock]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.allocations = 0
+
+    def take(self, cuda: CudaRuntime, name: str, nbytes: int, device_id: int) -> DeviceBlock:
+        key = (name, device_id)
+        block = None
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                block = free.pop()
+        if block is None or block.nbytes < nbytes:
+            self.allocations += 1
+            block = DeviceBlock(cuda, max(nbytes, 256), device_id)  # (cudaMalloc aligns to 256 bytes)
+        return block
+
+    def give_back(self, name: str, block: DeviceBlock) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.setdefault((name, block.device_id), []).append(block)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._free.clear()
+
+
+def gather_to_device(
+    name: str, parts: list, rows: int, device_id: int, pool: DevicePool, taken: list[tuple[str, DeviceBlock]]
+) -> DeviceArray:
+    """``parts`` (DeviceArrays and host arrays of one dtype, same non-batch shape) one after another along dim 0
+    in one device buffer of ``rows`` rows; rows past the parts are zeros (bucket padding).
+
+    The buffer comes from ``pool`` and is appended to ``taken``: the caller gives it back once the model ran.
+    """
+    first = parts[0]
+    dtype = first.dtype
+    inner = tuple(first.shape[1:])
+    row_bytes = dtype.itemsize * math.prod(inner)
+    cuda = _runtime_of(parts)
+    block = pool.take(cuda, name, rows * row_bytes, device_id)
+    taken.append((name, block))
+    offset = block.pointer
+    for part in parts:
+        nbytes = part.nbytes
+        if type(part) is DeviceArray:
+            source = part.where.pointer  # copy: device to device, each request's rows into the batch buffer
+        else:
+            part = np.ascontiguousarray(part)
+            source = part.ctypes.data  # copy: host to device (a request whose input came in host memory)
+        if nbytes:
+            cuda.copy(offset, source, nbytes)
+        offset += nbytes
+    end = block.pointer + rows * row_bytes
+    if end > offset:
+        cuda.zero(offset, end - offset)
+    cuda.synchronize()  # done before ORT, on its own stream, reads the buffer
+    return DeviceArray(DeviceBytes(block.pointer, rows * row_bytes, device_id, block), dtype, (rows, *inner))
+
+
+def _runtime_of(parts: list) -> CudaRuntime:
+    for part in parts:
+        if type(part) is DeviceArray:
+            owner = part.where.owner
+            cuda = getattr(owner, "runtime", None)
+            if isinstance(cuda, CudaRuntime):
+                return cuda
+    found = runtime()
+    if found is None:  # pragma: no cover - a DeviceArray exists only where a runtime opened its memory
+        raise CudaError("no CUDA runtime to gather device inputs")
+    return found

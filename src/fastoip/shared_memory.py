@@ -31,8 +31,10 @@ Rules:
   others or from the Python workers' segments; past either the answer is
   RESOURCE_EXHAUSTED (HTTP 429) at once.
 - A CUDA region is another process's cudaMalloc allocation, opened from its
-  cudaIPC handle on the client's device.  Inputs in it are copied to host
-  memory (one copy, as if they had come over the wire); outputs are copied in,
+  cudaIPC handle on the client's device.  Inputs in it stay there (a
+  ``DeviceArray`` that ORT reads in place) when the model says it reads device
+  inputs on that GPU; otherwise they are copied to host memory (one copy, as
+  if they had come over the wire).  Outputs are copied in,
   or bound as ORT's output on the CUDA EP (no copy).  The handle is closed when
   the registry and the last request using it let go (``CudaMapping``).
 """
@@ -351,11 +353,14 @@ class SharedMemoryRegistry:
         parameters: dict,
         uses: list[Region] | None = None,
         model: str = "",
-    ) -> np.ndarray:
+        device_id: int = -1,
+    ) -> np.ndarray | DeviceArray:
         """A zero-copy view of an input held in a region, checked against the region (``model``: for errors).
 
         The system region is appended to ``uses``: check them with :func:`check_intact`
-        once the request is done, before its answer goes out.
+        once the request is done, before its answer goes out.  ``device_id`` (>= 0): the model reads
+        inputs in device memory on that GPU, so an input in a CUDA region there stays there (a
+        ``DeviceArray``); otherwise it comes to the host.
         """
         region, start, byte_size = self._span(name, parameters, uses)
         count = 1
@@ -371,6 +376,12 @@ class SharedMemoryRegistry:
                 f"but {BYTE_SIZE} is {byte_size})"
             )
         if isinstance(region, CudaRegion):
+            if device_id >= 0 and region.device_id == device_id and datatype not in ("BYTES", "BF16"):
+                dtype = numpy_dtype(datatype)
+                if (region.mapping.pointer + start) % dtype.alignment == 0:
+                    # No copy: ORT reads the client's device memory (IO binding, ``backends/onnx.py``).
+                    where = DeviceBytes(region.mapping.pointer + start, byte_size, device_id, region.mapping)
+                    return DeviceArray(where, dtype, shape)
             # Device bytes come to the host once, as a tensor from the wire would.
             host = np.empty(byte_size, dtype=np.uint8)
             _cuda_copy(region.mapping, host.ctypes.data, region.mapping.pointer + start, byte_size, f"input '{name}'")

@@ -5,7 +5,9 @@ Rules:
   build these objects; the core, schedulers and backends only read them.
 - Tensor data is always a numpy array.  For requests decoded from the wire it is
   a read-only *view* on the received bytes (no copy); BYTES tensors are object
-  arrays of ``bytes``; BF16 tensors are ``uint16`` arrays of raw bits.
+  arrays of ``bytes``; BF16 tensors are ``uint16`` arrays of raw bits.  One
+  exception: an input read from a CUDA shared-memory region, for a model whose
+  instances bind inputs on that GPU, is a ``cuda.DeviceArray`` (``LoadedModel.device_inputs``).
 - Parameters are ``dict[str, bool | int | float | str]``.  A value that travels
   as protobuf ``uint64_param`` is a :class:`UInt64` so it is written back the
   same way (Triton's ``priority`` is one).

@@ -288,3 +288,82 @@ def test_gpu_tensorrt_accelerator_that_cannot_start_leaves_the_cuda_ep_its_optio
     assert any("model 'conv': the tensorrt execution accelerator is not used" in r.getMessage() for r in caplog.records)
     # on the CUDA EP, auto buckets as ever, and the options ORT's own fallback would have dropped
     check_cuda_options(backend, {"cudnn_conv_algo_search": "HEURISTIC", "device_id": "0"})
+
+
+# -- CUDA-region inputs bound on the device (issue 42) ----------------------------------------------------------
+def device_copy(data: np.ndarray) -> cuda.DeviceArray:
+    """``data`` in a new cudaMalloc allocation on GPU 0."""
+    runtime = cuda.runtime()
+    assert runtime is not None
+    data = np.ascontiguousarray(data)
+    block = cuda.DeviceBlock(runtime, data.nbytes, 0)
+    runtime.copy(block.pointer, data.ctypes.data, data.nbytes)
+    return cuda.DeviceArray(cuda.DeviceBytes(block.pointer, data.nbytes, 0, block), data.dtype, data.shape)
+
+
+def test_device_inputs_are_bound_on_the_gpu_gathered_and_padded(tmp_path: Path) -> None:
+    backend = load_conv(tmp_path, "max_batch_size: 8")
+    assert backend.device_inputs == 0 and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    rng = np.random.default_rng(4)
+    x = rng.random((3, 2, 4, 4), dtype=np.float32)
+    (out,) = backend.run({"INPUT0": device_copy(x)}, ["OUTPUT0"])  # 3 rows: padded on the GPU to the bucket of 4
+    np.testing.assert_allclose(out, expected_conv(x), rtol=5e-3, atol=1e-3)
+    parts = [device_copy(x[:1]), x[1:2], device_copy(x[2:])]  # a batch of device and host parts
+    (out,) = backend.run({"INPUT0": cuda.DeviceBatch(parts)}, ["OUTPUT0"])
+    np.testing.assert_allclose(out, expected_conv(x), rtol=5e-3, atol=1e-3)
+    two = x[:2]
+    (out,) = backend.run({"INPUT0": device_copy(two)}, ["OUTPUT0"])  # a bucket's own size: bound where it lies
+    np.testing.assert_allclose(out, expected_conv(two), rtol=5e-3, atol=1e-3)
+    backend.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_batched_cuda_shared_memory_inputs_answer_each_request_its_rows(
+    gpu_server: ServerProcess, protocol: str
+) -> None:
+    """Concurrent requests whose inputs lie in one CUDA region, at different offsets: merged by the batcher and
+    gathered on the GPU; each answer is its own rows."""
+    cudashm = cuda_shm_utilities()
+    client_of = functools.partial(tg.InferenceServerClient, gpu_server.grpc_url) if protocol == "grpc" else (
+        functools.partial(th.InferenceServerClient, gpu_server.http_url)
+    )
+    module = tg if protocol == "grpc" else th
+    requests = 16
+    data = np.arange(requests * 16, dtype=np.float32).reshape(requests, 16)
+    row = 16 * 4
+    handle = cudashm.create_shared_memory_region(f"rows_{protocol}", data.nbytes, 0)
+    setup = client_of()
+    try:
+        cudashm.set_shared_memory_region(handle, [data])
+        setup.register_cuda_shared_memory(f"rows_{protocol}", cudashm.get_raw_handle(handle), 0, data.nbytes)
+
+        def ask(index: int) -> np.ndarray:
+            inp = module.InferInput("INPUT0", [1, 16], "FP32")
+            inp.set_shared_memory(f"rows_{protocol}", row, offset=index * row)
+            return client_of().infer("batched_fp32", [inp]).as_numpy("OUTPUT0")
+
+        with concurrent.futures.ThreadPoolExecutor(requests) as pool:
+            answers = list(pool.map(ask, range(requests)))
+        for index, answer in enumerate(answers):
+            np.testing.assert_array_equal(answer, data[index : index + 1])
+        setup.unregister_cuda_shared_memory(f"rows_{protocol}")
+    finally:
+        cudashm.destroy_shared_memory_region(handle)
+    assert setup.is_server_live()
+
+
+CUDA_GRAPHS = (
+    'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "cuda" '
+    'parameters { key: "enable_cuda_graph" value: "1" } } ] } }'
+)
+
+
+def test_cuda_graphs_replay_each_batch_size_on_its_bound_buffers(tmp_path: Path) -> None:
+    backend = load_conv(tmp_path, f"max_batch_size: 8 {CUDA_GRAPHS}")
+    assert backend.cuda_graph and sorted(backend._bucket_backends) == [1, 2, 4, 8]
+    assert all(bucket._graph is not None for bucket in backend._bucket_backends.values())
+    check_conv(backend, (1, 3, 8, 5, 2, 3))  # padded, replayed again and again on the same buffers
+    x = np.random.default_rng(5).random((3, 2, 4, 4), dtype=np.float32)
+    (out,) = backend.run({"INPUT0": device_copy(x)}, ["OUTPUT0"])  # an input in device memory: copied on the GPU
+    np.testing.assert_allclose(out, expected_conv(x), rtol=5e-3, atol=1e-3)
+    backend.close()

@@ -100,3 +100,59 @@ def test_gpu_check_run_reassembles_checks_and_stops_saying_no_gpu(tmp_path: Path
     (stage / wheel.name).write_bytes(b"corrupt")  # a bad piece must stop the run, not install it
     failed = subprocess.run(["bash", "scripts/gpu_check.sh", "run"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert failed.returncode != 0
+
+
+@pytest.mark.skipif(gpu_listed(), reason="a GPU is here: the driver would run its GPU parts (minutes)")
+def test_the_graph_part_runs_each_model_beside_its_cuda_graph_twin(tmp_path: Path) -> None:
+    code = gpu_bench.main(
+        ["--out", str(tmp_path), "--dry-run", "--parts", "graph", "--window-ms", "300", "--trials", "1"]
+    )
+    results = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert code == 0 and results["passed"]
+    assert [(row["model"], row["graphs"]) for row in results["graph"]] == [
+        ("mlp", False), ("mlp_graph", True), ("resnet50", False), ("resnet50_graph", True)
+    ]
+    assert all(row["infer_per_s"] > 0 and row["errors"] == 0 and row["p50_us"] for row in results["graph"])
+    config = (tmp_path / "repo" / "resnet50_graph" / "config.pbtxt").read_text()
+    assert 'key: "enable_cuda_graph" value: "1"' in config
+    table = (tmp_path / "gpu_bench.md").read_text()
+    assert "| resnet50_graph | cpu | asked (none on the CPU EP) |" in table and "skipped: graph:" in table
+
+
+def native_frontend_built() -> bool:
+    return any((ROOT / "src" / "fastoip" / "server" / "grpc").glob("_http2*.so"))
+
+
+@pytest.mark.skipif(shutil.which("h2load") is None, reason="needs h2load (nghttp2-client)")
+@pytest.mark.skipif(not native_frontend_built(), reason="needs the native gRPC frontend built")
+def test_the_cores_step_dry_runs_on_a_small_machine_and_notes_its_progress(tmp_path: Path) -> None:
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "PY": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "cores"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((out / "cores.json").read_text())
+    by_name = {row["name"]: row for row in figures["results"]}
+    for name in ("fastoip-simple", "fastoip-mlp"):
+        row = by_name[name]
+        assert "error" not in row, row
+        assert row["rps"] > 0 and row["done"] == row["succeeded"] and row["server_cpu_s"] > 0
+    for name in ("cpp-1cq", "cpp-8cq"):  # measured where `prepare` built the bundle (.gpu/cores), else said why not
+        row = by_name[name]
+        assert row["error"].startswith("no C++ server built") if "error" in row else row["rps"] > 0, row
+    progress = (stage / "progress").read_text()
+    assert "cores: begun" in progress and "cores: done" in progress
+    assert "| fastoip-simple | simple |" in (stage / "summary.md").read_text()
+
+
+def test_a_step_the_device_time_left_cannot_hold_is_skipped_saying_so(tmp_path: Path) -> None:
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    stage.mkdir()
+    (stage / "began_at").write_text("1\n")  # the first command began long ago: the device time is spent
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "PY": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "cores"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "cores: skipped" in done.stdout
+    assert "- cores: SKIPPED" in (stage / "summary.md").read_text()
+    assert not (out / "cores.json").exists() and "cores: begun" in (out / "progress").read_text()

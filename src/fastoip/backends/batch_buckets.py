@@ -17,6 +17,8 @@ Rules:
   :data:`AUTO_MAX_MODEL_BYTES` (each size is a whole session: its own copy of the weights on the GPU).
   The sizes are the powers of two below ``max_batch_size``, ``max_batch_size`` and every
   ``preferred_batch_size`` of the dynamic batcher.
+- ``auto`` is on for every batching model on the CUDA EP whose config asks for CUDA graphs (``ort_graphs.py``: a
+  graph is captured for one shape).
 - ``auto`` stays off when the session runs on the TensorRT EP (the config's ``tensorrt`` accelerator): ORT's
   TensorRT EP rebuilds its engine only when a batch falls outside the range of shapes it has built for (or within
   the config's ``trt_profile_*_shapes``), so one session stops re-planning once it has seen the largest batch,
@@ -46,10 +48,13 @@ CONVOLUTIONS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv",
 AUTO_MAX_MODEL_BYTES = 512 * 1024 * 1024
 
 
-def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool, tensorrt: bool = False) -> tuple[int, ...]:
+def bucket_sizes(
+    config: mc.ModelConfig, model_path: Path, on_gpu: bool, tensorrt: bool = False, cuda_graph: bool = False
+) -> tuple[int, ...]:
     """The batch sizes to keep a session for, ascending; empty when the model runs every batch as it comes.
 
-    ``tensorrt``: the session runs on the TensorRT EP (``auto`` is then off).
+    ``tensorrt``: the session runs on the TensorRT EP (``auto`` is then off); ``cuda_graph``: the config asks for
+    CUDA graphs (``ort_graphs.py``), which need one shape a session: ``auto`` is then on whatever the operators.
     """
     value = config.parameters[PARAMETER].string_value.strip().lower() if PARAMETER in config.parameters else "auto"
     largest = config.max_batch_size
@@ -63,7 +68,9 @@ def bucket_sizes(config: mc.ModelConfig, model_path: Path, on_gpu: bool, tensorr
             )
         return ()
     if value == "auto":
-        if not on_gpu or tensorrt or largest <= 1 or not _fits_auto(model_path) or not has_convolution(model_path):
+        if not on_gpu or tensorrt or largest <= 1:
+            return ()
+        if not cuda_graph and (not _fits_auto(model_path) or not has_convolution(model_path)):
             return ()
         sizes = {1 << shift for shift in range(largest.bit_length()) if 1 << shift < largest}
         if config.HasField("dynamic_batching"):

@@ -35,14 +35,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._proto import model_config_pb2 as mc
-from ..cuda import DeviceArray, DeviceBytes, pinned_allocator
+from ..cuda import (
+    DeviceArray,
+    DeviceBatch,
+    DeviceBlock,
+    DeviceBytes,
+    DevicePool,
+    gather_to_device,
+    pinned_allocator,
+    runtime,
+)
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
 from ..errors import InternalError, InvalidArgument
 from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
 from ..scheduling.buffers import BufferPool, Lease
 from .batch_buckets import PARAMETER, bucket_sizes, cut_rows, padded_feeds, smallest_fit
+from .ort_graphs import DeviceCopier, GraphRunner, HostCopier, check_fixed_shapes, wants_cuda_graph
 from .ort_options import apply_session_options, thread_counts
-from .ort_providers import CUDA, OPENVINO, TENSORRT, Provider, plan_providers, provider_names
+from .ort_providers import CUDA, OPENVINO, TENSORRT, Provider, plan_providers, provider_names, read_accelerators
 
 if TYPE_CHECKING:
     from ..options import RepositoryOptions
@@ -145,6 +155,15 @@ class OnnxBackend:
         self._buckets: tuple[int, ...] = ()
         self._bucket_backends: dict[int, OnnxBackend] = {}
         self._pad_pool: BufferPool | None = None
+        #: The GPU this session reads inputs in device memory on (IO binding), or -1: inputs are host arrays.
+        #: Not for strings or BF16 (ORT's Python API takes those only from the host).
+        self.device_inputs = device_id if self.on_gpu and not self._has_strings and not self._has_bf16 else -1
+        #: Where device inputs are bound (the session's GPU); batches of them are gathered in ``_device_pool``.
+        self._input_device = self._gpu_device() if self.on_gpu else self._host_device
+        self._device_pool = DevicePool()
+        #: The CUDA EP was started with ``enable_cuda_graph``: every run goes through ``_graph`` (``ort_graphs.py``).
+        self.cuda_graph = self.providers[0] == CUDA and wants_cuda_graph(self.session.get_provider_options()[CUDA])
+        self._graph: GraphRunner | None = None
 
     def use_batch_buckets(self, sizes: tuple[int, ...], make_sibling: Callable[[], OnnxBackend]) -> None:
         """Run each batch on a session kept for one size in ``sizes``, padded up to it (``batch_buckets``).
@@ -164,6 +183,8 @@ class OnnxBackend:
     def warm_up(self, batch_size: int) -> None:
         """One run on zeros with dim 0 ``batch_size``, where every other input dim is fixed (else the first
         real batch plans the shape)."""
+        if self.cuda_graph:
+            return  # a plain run would capture the graph on ORT's own buffers: ``use_graphs`` warms it up instead
         feeds = {}
         for item in self.session.get_inputs():
             dims = list(item.shape or ())[1:]
@@ -202,9 +223,112 @@ class OnnxBackend:
         ``destinations`` (output name -> writable bytes, e.g. a shared-memory
         region) lets ORT write those outputs there directly; see ``_run_into``.
         """
+        if self._graph is not None:
+            return self._run_graph(feeds, output_names)
+        if self.device_inputs >= 0 and _in_device_memory(feeds):
+            return self._run_device(feeds, output_names, destinations)
         if self._buckets and feeds:
             return self._run_bucketed(feeds, output_names, destinations)
         return self._run_as_given(feeds, output_names, destinations)
+
+    def use_graphs(self, batch: int | None) -> None:
+        """Run every batch on buffers bound once, as a captured CUDA graph needs (``ort_graphs.py``): this session's
+        and each bucket's, each warmed up (and so captured) now.  ``batch``: this session's batch size (None: the
+        model does not batch)."""
+        sessions: list[tuple[int | None, OnnxBackend]] = list(self._bucket_backends.items()) or [(batch, self)]
+        for size, backend in sessions:  # (self is among the buckets' sessions: the largest)
+            cuda = runtime() if backend.on_gpu else None
+            copier = DeviceCopier(cuda) if cuda is not None else HostCopier()
+            device = ("cuda", backend.device_id) if backend.on_gpu else ("cpu", 0)
+            graph = GraphRunner(_ort(), backend.session, size, device, copier)
+            graph.warm_up()
+            backend._graph = graph
+
+    def _run_graph(self, feeds: dict, output_names: Sequence[str]) -> list[np.ndarray]:
+        """``run`` on the bound buffers of the session whose batch size holds the batch (``use_graphs``)."""
+        graph = self._graph
+        assert graph is not None
+        if graph.batch is None or not feeds:
+            return graph.run(feeds, 0, output_names)
+        first = next(iter(feeds.values()))
+        rows = int(first.shape[0])
+        backend = self._bucket_backends.get(smallest_fit(self._buckets, rows), self) if self._buckets else self
+        runner = backend._graph
+        if runner is None or runner.batch is None or runner.batch < rows:
+            raise InternalError(f"no CUDA graph session holds a batch of {rows}")
+        return runner.run(feeds, rows, output_names)
+
+    def _run_device(
+        self, feeds: dict, output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
+    ) -> list[np.ndarray]:
+        """``run`` where some inputs are in device memory (CUDA regions): bound there, never copied to the host.
+
+        One request's device input is bound where it lies; a batch's parts (a ``DeviceBatch``), and any input of a
+        batch padded up to a bucket, are gathered into one device buffer of the batch's size first (device to
+        device; host parts are copied up).
+        """
+        first = next(iter(feeds.values()))
+        rows = int(first.shape[0]) if len(first.shape) else 0
+        size = smallest_fit(self._buckets, rows) if self._buckets else rows
+        backend = self._bucket_backends.get(size, self)
+        taken: list[tuple[str, DeviceBlock]] = []
+        try:
+            bound: dict = {}
+            for name, value in feeds.items():
+                if type(value) is DeviceBatch:
+                    bound[name] = gather_to_device(name, value.parts, size, self.device_id, self._device_pool, taken)
+                elif size != rows:
+                    bound[name] = gather_to_device(name, [value], size, self.device_id, self._device_pool, taken)
+                else:
+                    bound[name] = value
+            outputs = backend._run_bound(bound, output_names, destinations if size == rows else None)
+        finally:
+            # ORT's outputs are its own memory (or the client's regions), never the gathered inputs.
+            for name, block in taken:
+                self._device_pool.give_back(name, block)
+        return cut_rows(outputs, rows, size) if size != rows else outputs
+
+    def _run_bound(
+        self, feeds: dict, output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
+    ) -> list[np.ndarray]:
+        """One run through IO binding: device inputs bound where they lie, host ones as arrays; outputs into their
+        shared-memory destinations where the shapes are known (as ``_run_into``), else to host memory."""
+        key = (tuple(output_names), tuple((name, tuple(value.shape)) for name, value in feeds.items()))
+        shapes = self._learned_shapes.get(key) if destinations is not None else None
+        views = self._bind_views(output_names, shapes, destinations) if shapes is not None and destinations else None
+        for attempt in (views, None) if views is not None else (None,):
+            binding = self._new_binding(self._inner)
+            for name, value in feeds.items():
+                if type(value) is DeviceArray:
+                    binding.bind_input(name, self._input_device, value.dtype, list(value.shape), value.where.pointer)
+                else:
+                    binding.bind_input(name, value)
+            for index, name in enumerate(output_names):
+                view = attempt[index] if attempt is not None else None
+                if view is None:
+                    binding.bind_output(name, self._host_device)
+                elif type(view) is DeviceArray:
+                    binding.bind_output(name, self._gpu_device(), view.dtype, view.shape, view.where.pointer)
+                else:
+                    binding.bind_output(name, self._host_device, view.dtype, view.shape, view.ctypes.data)
+            try:
+                self._inner.run_with_iobinding(binding, self._quiet_run if attempt is not None else None)
+            except Exception as exc:
+                if attempt is not None:  # the shapes follow the data: stop binding them, run the ordinary way
+                    self._learned_shapes[key] = None
+                    continue
+                raise InternalError(f"onnxruntime failed: {exc}") from None
+            if attempt is not None:
+                if self.on_gpu:
+                    binding.synchronize_outputs()
+                return attempt
+            outputs: list[np.ndarray] = binding.copy_outputs_to_cpu()
+            if destinations is not None and key not in self._learned_shapes:
+                if len(self._learned_shapes) >= MAX_LEARNED_SHAPES:
+                    self._learned_shapes.clear()
+                self._learned_shapes[key] = tuple(out.shape for out in outputs)
+            return outputs
+        raise InternalError("onnxruntime: no run was made")  # pragma: no cover - the loop always returns
 
     def _run_bucketed(
         self, feeds: dict[str, np.ndarray], output_names: Sequence[str], destinations: dict[str, np.ndarray] | None
@@ -358,6 +482,7 @@ class OnnxBackend:
         self._buckets = ()
         if self._pad_pool is not None:
             self._pad_pool.close()
+        self._device_pool.close()
         for backend in siblings:
             backend.close()
         self.session = None
@@ -413,6 +538,14 @@ def _cuda_starts(ort: Any, model_path: Path, options: Any, cuda: Provider) -> bo
     except Exception:  # ORT raises several unrelated exception types
         return False
     return CUDA in session.get_providers()
+
+
+def _in_device_memory(feeds: dict) -> bool:
+    """Whether any input is in device memory (a CUDA-region input, or a batch holding one)."""
+    for value in feeds.values():
+        if type(value) is DeviceArray or type(value) is DeviceBatch:
+            return True
+    return False
 
 
 def _bf16_bits(value: Any) -> np.ndarray:
@@ -482,13 +615,22 @@ class OnnxKind:
             base, model_name, inputs, outputs, options.default_max_batch_size, on_gpu=first.on_gpu,
             auto_complete=options.auto_complete,
         )
+        # CUDA graphs need every shape fixed: refused here on every machine, as a GPU server would refuse it
+        graphs_wanted = wants_cuda_graph(read_accelerators(config, path.parent.parent).cuda)
+        if graphs_wanted:
+            check_fixed_shapes(config, inputs, outputs)
         devices = instance_devices(config)
         backends = [first] + [make_backend(device) for device in devices[1:]]
-        sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt)
+        sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt, cuda_graph=first.cuda_graph)
         if sizes:
             log.info("model '%s': a session for each batch size of %s (%s)", model_name, list(sizes), PARAMETER)
         for backend, device in zip(backends, devices, strict=False):
             backend.use_batch_buckets(sizes, functools.partial(make_backend, device))
+            if backend.cuda_graph:
+                backend.use_graphs(sizes[-1] if sizes else (config.max_batch_size or None))
+        if graphs_wanted and not first.cuda_graph:
+            log.warning("model '%s': CUDA graphs are asked for, but the model runs on %s", model_name,
+                        first.providers[0])
         return config, backends
 
 

@@ -245,8 +245,12 @@ class DataPlane:
         regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
-                tensor.data = self.shared_memory.input_view(
-                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions, request.model_name
+                # a CUDA-region input stays on its GPU where the model binds it there (traced tensors are read
+                # on the host)
+                device = model.device_inputs if not self.tracer.active else -1
+                tensor.data = self.shared_memory.input_view(  # type: ignore[assignment]  # (a DeviceArray: see above)
+                    tensor.name, tensor.datatype, tuple(tensor.shape), tensor.parameters, regions, request.model_name,
+                    device,
                 )
         try:
             job = model.prepare(request)

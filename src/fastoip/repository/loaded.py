@@ -137,6 +137,9 @@ class LoadedModel:
             and not config.HasField("sequence_batching")
             and not config.model_transaction_policy.decoupled
         )
+        #: The GPU whose device memory every instance reads inputs from in place (a CUDA shared-memory input stays
+        #: there), or -1: inputs come to the host (see :func:`device_input_gpu`).
+        self.device_inputs = device_input_gpu(config, backends, self._reshaped, self.uses_response_cache)
         self.scheduler = scheduler_factory(self.context, self.instances, executor)
 
     # -- the infer path -------------------------------------------------
@@ -317,6 +320,26 @@ class LoadedModel:
 def _names(names: Iterable[str]) -> str:
     """``['a','b']`` as Triton lists tensor names in its messages."""
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
+def device_input_gpu(
+    config: mc.ModelConfig, backends: Sequence[object], reshaped: bool, cached: bool
+) -> int:
+    """The GPU every instance binds device inputs on, or -1 where a consumer needs the inputs in host memory.
+
+    Host memory is needed by: a reshape outside the graph (``reshape`` in the config), the response cache (it
+    hashes the bytes), sequence batching (its states and controls join the inputs on the host), Triton's ragged
+    batching, Python models and ensembles (not tensor models that bind inputs), and instances on different GPUs.
+    """
+    if reshaped or cached or config.HasField("sequence_batching") or config.HasField("ensemble_scheduling"):
+        return -1
+    if config.batch_input or config.batch_output or any(t.allow_ragged_batch for t in config.input):
+        return -1
+    devices = {getattr(backend, "device_inputs", -1) for backend in backends}
+    if len(devices) != 1:
+        return -1
+    device = next(iter(devices))
+    return device if isinstance(device, int) else -1
 
 
 def wants_pinned_inputs(config: mc.ModelConfig) -> bool:

@@ -10,6 +10,9 @@ Rules:
   * several jobs are merged along dim 0 into buffers from the model's
     :class:`~fastoip.scheduling.buffers.BufferPool` (one copy per input, named
     below) and every job gets views on its own rows of each output (no copy);
+    an input that some job holds in device memory (a CUDA region) is handed on
+    as a :class:`~fastoip.cuda.DeviceBatch` of its parts, which the model
+    gathers on its GPU;
   * jobs of one batch may ask for different outputs: the model computes the
     union (in the order first asked), each job gets only what it asked for;
   * every pooled buffer goes back to the pool on every path.
@@ -28,6 +31,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .._codec import gather_rows, new_output, new_response, split_rows
+from ..cuda import DeviceArray, DeviceBatch
 from ..datatypes import v2_datatype_of
 from ..errors import InternalError
 from ..types import InferResponse
@@ -206,6 +210,11 @@ def merge_inputs(
     feeds: dict[str, np.ndarray] = {}
     for name, sample in jobs[0].feeds.items():
         parts = [job.feeds[name] for job in jobs]
+        if any(type(part) is DeviceArray for part in parts):
+            # Inputs in CUDA regions stay on the GPU: the model gathers them there (device to device, one copy),
+            # padded to the batch it runs (``backends/onnx.py``).
+            feeds[name] = DeviceBatch(parts)  # type: ignore[assignment]
+            continue
         if pool is None or leases is None or sample.dtype == object:
             # BYTES: a list of references, not a byte copy.
             merged = np.concatenate(parts, axis=0)
