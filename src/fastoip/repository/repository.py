@@ -191,6 +191,12 @@ class ModelRepository:
         try:
             number = int(version)
         except ValueError:
+            # MLServer's version labels ("v0.1.0"): a version is named by its label (LoadedModel.version_str)
+            for model in record.versions.values():
+                if model.version_str == version:
+                    return model
+            if any(m.version_str != str(v) for v, m in record.versions.items()):
+                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found") from None
             raise InvalidArgument(f"model '{name}': version '{version}' is not a number") from None
         model = record.versions.get(number)
         if model is None:
@@ -645,7 +651,8 @@ def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> 
 
 
 def settings_version(config: mc.ModelConfig) -> int:
-    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1."""
+    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1
+    (a label such as "v0.1.0" names version 1 to clients: :func:`fastoip.model_config.version_name`)."""
     text = parameter(config, "version").strip()
     return int(text) if text.isdigit() else 1
 

@@ -44,7 +44,7 @@ def decode_generate_request(
 ) -> InferRequest:
     """The generate request ``body`` for a model whose inputs are ``inputs`` (its metadata)."""
     doc = parse_json_object(body, "generate request") if body.strip() else {}
-    request_id = doc.get("id", "")
+    request_id = doc.get("id") or ""  # null is absent
     if type(request_id) is not str:
         raise InvalidArgument(f"Unable to parse 'id': it must be a string, got {json_type(request_id)}")
     by_name = {tensor.name: tensor for tensor in inputs}
