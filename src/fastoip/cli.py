@@ -1,4 +1,4 @@
-"""``fastoip serve | demo-repository``: the command line."""
+"""``fastoip serve | mlserver start | demo-repository``: the command line."""
 
 from __future__ import annotations
 
@@ -115,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
+    sub.add_parser(
+        "mlserver",
+        help="fastoip mlserver start FOLDER [serve flags]: serve an MLServer folder as `mlserver start FOLDER` "
+             "does (its settings.json, MLSERVER_* variables, ports 8080 HTTP, 8081 gRPC, 8082 metrics)",
+        usage="fastoip mlserver start FOLDER [fastoip serve flags, which win over the settings]",
+    )
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
     return parser
@@ -392,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "mlserver" and argv[1:2] != ["-h"] and argv[1:2] != ["--help"]:
+        return _mlserver(argv[1:])
     args = _parse(_parser(), argv)
     if args.command == "serve":
         from . import _codec
@@ -417,6 +425,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(write_repository(args.out))
         return 0
     return 2
+
+
+def _mlserver(argv: list[str]) -> int:
+    """``fastoip mlserver start FOLDER [serve flags]``: ``fastoip serve`` with the flags MLServer's settings mean."""
+    from . import mlserver_start
+
+    if len(argv) < 2 or argv[0] != "start" or argv[1].startswith("-"):
+        print("usage: fastoip mlserver start FOLDER [fastoip serve flags, which win over the settings]",
+              file=sys.stderr)
+        return 2
+    folder = argv[1]
+    if not Path(folder).is_dir():
+        print(f"fastoip: mlserver start: '{folder}' is not a folder", file=sys.stderr)
+        return 1
+    try:
+        settings = mlserver_start.mlserver_settings(folder)
+    except mlserver_start.MLServerMissing as exc:
+        print(f"fastoip: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # pydantic's ValidationError: a wrong value in settings.json or MLSERVER_*
+        print(f"fastoip: mlserver start: MLServer's settings are not valid: {exc}", file=sys.stderr)
+        return 1
+    for line in mlserver_start.unused_settings(settings):
+        print(f"fastoip: {line}", file=sys.stderr, flush=True)
+    mlserver_start.extend_import_path(folder)
+    return main(["serve", *mlserver_start.serve_arguments(settings), *argv[2:]])
 
 
 if __name__ == "__main__":
