@@ -66,6 +66,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "0: on the loop)")
     _http_connection_flags(p)
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
+    p.add_argument("--mlserver-grpc-stream", action="store_true",
+                   help="ModelStreamInfer answers models from model-settings.json as MLServer does (bare "
+                        "ModelInferResponse messages, MLServer's dataplane.proto; an error ends the stream), so "
+                        "MLServer's gRPC stub can read them; Triton's stream clients then fail on those models "
+                        "(other models keep Triton's messages); `fastoip mlserver start` turns it on")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
@@ -213,6 +218,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         http_tls=_http_tls(args),
         http_restricted=triton.http_restricted,
         grpc_restricted=triton.grpc_restricted,
+        mlserver_grpc_stream=args.mlserver_grpc_stream,
         max_message_size=args.grpc_max_message_size,
         strict_readiness=args.strict_readiness,
         model_control_mode=args.model_control_mode,

@@ -72,6 +72,7 @@ def serve_arguments(settings: Any) -> list[str]:
         "--metrics-port", str(int(settings.metrics_port)) if settings.metrics_endpoint else "-1",
         "--log-level", "DEBUG" if settings.debug else "INFO",
         "--id", str(settings.server_name),
+        "--mlserver-grpc-stream",  # MLServer's stub reads ModelStreamInfer's messages (server/grpc/mlserver_shapes)
     ]
     if not settings.load_models_at_startup:
         argv += ["--model-control-mode", "explicit"]  # nothing loaded until the repository API asks

@@ -293,3 +293,65 @@ def test_settings_json_and_mlserver_variables_choose_the_server(tmp_path: Path) 
     with start_in(tmp_path, env={"MLSERVER_HTTP_PORT": "1", "MLSERVER_SERVER_NAME": "from-env"}) as server:
         assert requests.get(server.http + "/v2", timeout=10).json()["name"] == "from-settings"
         assert "'cors_settings' is not used by fastoip" in server.output()
+
+
+@pytest.mark.parametrize("frontend", ["native", "grpcio"])
+def test_streaming_example_over_grpc_with_mlservers_stub(tmp_path: Path, frontend: str) -> None:
+    """The README's gRPC client: MLServer's generated stub reads ModelStreamInfer's messages as bare
+    ModelInferResponses (``fastoip mlserver start`` serves MLServer models so); a Triton model beside it keeps
+    Triton's ModelStreamInferResponse on the same method; an MLServer model's error ends the stream."""
+    import asyncio
+
+    import grpc
+    import mlserver.grpc.converters as converters
+    import mlserver.grpc.dataplane_pb2 as pb
+    import mlserver.grpc.dataplane_pb2_grpc as dataplane
+    from mlserver import types
+    from mlserver.codecs import StringCodec
+    from mlserver.grpc.converters import ModelInferResponseConverter
+    from onnx import TensorProto
+
+    from fastoip._proto import grpc_service_pb2 as triton_pb
+    from models import identity_model_bytes, write_model
+
+    examples.write_streaming(tmp_path)
+    write_model(tmp_path, "identity", identity_model_bytes(TensorProto.FLOAT, [2]))
+    inference_request = types.InferenceRequest.parse_file(str(tmp_path / "generate-request.json"))
+    inference_request.inputs[0] = StringCodec.encode_input("prompt", inference_request.inputs[0].data.root)
+    inference_request_g = converters.ModelInferRequestConverter.from_types(
+        inference_request, model_name="text-model", model_version=None
+    )
+
+    async def readme_client(url: str) -> list[str]:
+        async def get_inference_request_stream(request: Any) -> Any:
+            yield request
+
+        words: list[str] = []
+        async with grpc.aio.insecure_channel(url) as grpc_channel:
+            grpc_stub = dataplane.GRPCInferenceServiceStub(grpc_channel)
+            async for response in grpc_stub.ModelStreamInfer(get_inference_request_stream(inference_request_g)):
+                response = ModelInferResponseConverter.to_types(response)
+                words.extend(StringCodec.decode_output(response.outputs[0]))
+        return words
+
+    with start_in(tmp_path, "--grpc-frontend", frontend) as server:
+        assert "".join(asyncio.run(readme_client(server.grpc))) == "What is the capital of France?"
+        with grpc.insecure_channel(server.grpc) as channel:
+            triton_stream = channel.stream_stream(
+                "/inference.GRPCInferenceService/ModelStreamInfer",
+                request_serializer=triton_pb.ModelInferRequest.SerializeToString,
+                response_deserializer=triton_pb.ModelStreamInferResponse.FromString,
+            )
+            request = triton_pb.ModelInferRequest(model_name="identity", raw_input_contents=[
+                np.array([1.5, 2.5], dtype=np.float32).tobytes()])
+            request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+            (answer,) = list(triton_stream(iter([request]), timeout=30))
+            assert not answer.error_message and answer.infer_response.model_name == "identity"
+            assert np.frombuffer(answer.infer_response.raw_output_contents[0], dtype=np.float32).tolist() == [1.5, 2.5]
+            # an MLServer model's failure ends the stream with a status, as MLServer's servicer aborts
+            bad = pb.ModelInferRequest(model_name="text-model", inputs=[pb.ModelInferRequest.InferInputTensor(
+                name="prompt", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[b"\xff"]))])
+            stub = dataplane.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as failed:
+                list(stub.ModelStreamInfer(iter([bad]), timeout=30))
+            assert failed.value.code() != grpc.StatusCode.OK
