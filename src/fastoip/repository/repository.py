@@ -334,7 +334,7 @@ class ModelRepository:
                 self._retire(model)
         self._forget_uploaded(record)
         record.uploaded_dir = uploaded
-        log.info("model '%s' ready, versions %s", name, sorted(loaded))
+        log.info("model '%s' ready, versions [%s]", name, ", ".join(loaded[v].version_str for v in sorted(loaded)))
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name``; requests in flight finish first.
