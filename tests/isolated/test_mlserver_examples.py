@@ -355,3 +355,21 @@ def test_streaming_example_over_grpc_with_mlservers_stub(tmp_path: Path, fronten
             with pytest.raises(grpc.RpcError) as failed:
                 list(stub.ModelStreamInfer(iter([bad]), timeout=30))
             assert failed.value.code() != grpc.StatusCode.OK
+
+
+def test_content_type_example_with_model_metadata(tmp_path: Path) -> None:
+    """The README's second model-settings.json: the inputs' content types come from the model's metadata and the
+    request carries no parameters (MLServer 1.7.1 answers 200, echoing both inputs)."""
+    examples.write_content_type(tmp_path, with_metadata=True)
+    payload = {"inputs": [
+        {"name": "metadata-np", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]},
+        {"name": "metadata-str", "datatype": "BYTES", "shape": [11], "data": "hello world 😁"},
+    ]}
+    with start_in(tmp_path) as server:
+        response = server.post("/v2/models/content-type-example/infer", payload)
+        assert response.status_code == 200, response.text
+        first, second = response.json()["outputs"]
+        assert (first["name"], first["data"]) == ("metadata-np", [1, 2, 3, 4])
+        # MLServer echoes shape [11] and the bare string; fastoip the string as its one element (COMPATIBILITY.md)
+        assert (second["name"], second["data"]) == ("metadata-str", ["hello world 😁"])
+        assert "Traceback" not in server.output()
