@@ -51,6 +51,8 @@ def decode_generate_request(
     tensors: list[InferInput] = []
     parameters: dict[str, Any] = {}
     for key, value in doc.items():
+        if value is None:  # null is absent (an optional member left unset)
+            continue
         if key == PARAMETERS:
             if key in by_name:
                 raise InvalidArgument(f"Keyword '{key}' for nested schema also given as input tensor name")
