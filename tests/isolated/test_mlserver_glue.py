@@ -38,7 +38,13 @@ def _no_mlserver_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
-    return dict(zip(argv[::2], argv[1::2], strict=True))
+    """``--flag value`` pairs, and ``--switch`` alone as "on"."""
+    flags: dict[str, str] = {}
+    for index, item in enumerate(argv):
+        if item.startswith("--"):
+            following = argv[index + 1] if index + 1 < len(argv) else "--"
+            flags[item] = "on" if following.startswith("--") else following
+    return flags
 
 
 # -- fastoip mlserver start ---------------------------------------------------------------------
@@ -48,6 +54,7 @@ def test_mlservers_defaults_are_its_ports_on_every_interface(tmp_path: Path) -> 
     assert flags["--host"] == "0.0.0.0" and flags["--model-repository"] == str(tmp_path)
     assert flags["--log-level"] == "DEBUG"  # MLServer's debug defaults to true
     assert flags["--id"] == "mlserver"
+    assert flags["--mlserver-grpc-stream"] == "on"  # MLServer's streaming stub reads ModelStreamInfer
 
 
 def test_settings_json_wins_over_mlserver_variables_which_win_over_defaults(
@@ -151,3 +158,26 @@ def test_bytes_from_json_strings_are_str_for_mlserver_runtimes_only_where_they_c
     request, _ = wire.decode_infer_request("m", "", header + element, len(header))
     assert text_inputs(request) == frozenset()
     assert tensor_values(np.array([1, 2]), True) == [1, 2]
+
+
+def test_a_folder_under_the_root_whose_settings_name_another_model_is_that_model(tmp_path: Path) -> None:
+    """MLServer names a model by its file's ``name`` wherever the file is; a folder directly under the root
+    whose file names no other model (or that has a config.pbtxt) keeps Triton's meaning."""
+    import mlserver_examples as examples
+    from fastoip.testing import InProcessClient
+
+    renamed = tmp_path / "sklearn-folder"
+    renamed.mkdir()
+    case = examples.write_sklearn(renamed)
+    (tmp_path / "same").mkdir()
+    (tmp_path / "same" / "model-settings.json").write_text(json.dumps({"name": "same"}))
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "model-settings.json").write_text(json.dumps({"name": "other"}))
+    (tmp_path / "triton" / "config.pbtxt").write_text('backend: "python"')
+    assert find_model_settings(tmp_path) == {"mnist-svm": renamed}
+    with InProcessClient(tmp_path, models=["mnist-svm"]) as client:
+        assert [(e.name, e.version, e.state) for e in client.repository_index() if e.state] == [
+            ("mnist-svm", "v0.1.0", "READY")]
+        assert "sklearn-folder" not in [e.name for e in client.repository_index()]
+        outputs = client.infer("mnist-svm", {"predict": case["x"]}, version="v0.1.0")
+        assert outputs["predict"].reshape(-1).tolist() == case["expected"].tolist()

@@ -157,7 +157,8 @@ class ModelRepository:
                 for p in root.iterdir()
                 if p.is_dir()
                 and not p.name.startswith(".")
-                and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
+                and (p.name not in containers or (p / "config.pbtxt").is_file()
+                     or ((p / MODEL_SETTINGS).is_file() and p not in found.values()))  # not named otherwise
             }
             names |= set(found)
         self._settings_dirs = settings_dirs
@@ -170,6 +171,9 @@ class ModelRepository:
             if (root / name).is_dir():
                 return root / name
         found = self._settings_dirs.get(name)
+        if found is None:  # not seen by the last scan (none yet, in explicit mode): look again
+            self.model_names()
+            found = self._settings_dirs.get(name)
         if found is not None:
             return found
         return self.root / name
