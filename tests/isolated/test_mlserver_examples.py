@@ -90,6 +90,7 @@ def test_sklearn_example_answers_its_readme_request_at_the_labelled_version(
     doc = response.json()
     # MLServer 1.7.1 on the same folder: model_version "v0.1.0", output predict INT64 [1, 1], content_type np
     assert doc["model_name"] == "mnist-svm" and doc["model_version"] == "v0.1.0"
+    assert len(doc["id"]) == 36  # MLServer names a request that has no id (a UUID) and answers with it
     (output,) = doc["outputs"]
     assert (output["name"], output["datatype"], output["shape"]) == ("predict", "INT64", [1, 1])
     assert output["parameters"] == {"content_type": "np"}
@@ -105,6 +106,10 @@ def test_a_version_label_names_the_version_everywhere(sklearn_example: tuple[Sta
     # an unknown label is an unknown version (404, as MLServer), not a malformed one
     missing = server.post("/v2/models/mnist-svm/versions/v9/infer", readme_request("predict", case["x"]))
     assert missing.status_code == 404 and "v9" in missing.json()["error"]
+    # inference-request.json of the example carries an id: the answer carries it back
+    named = server.post("/v2/models/mnist-svm/versions/v0.1.0/infer",
+                        {"id": "request-0", **readme_request("predict", case["x"])})
+    assert named.json()["id"] == "request-0"
     # the URL without a version, and Triton's clients' number (COMPATIBILITY.md), reach the same version
     for path in ("/v2/models/mnist-svm/infer", "/v2/models/mnist-svm/versions/1/infer"):
         doc = server.post(path, readme_request("predict", case["x"])).json()

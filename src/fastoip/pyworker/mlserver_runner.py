@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -128,6 +129,12 @@ def inference_request(
         ],
         outputs=[types.RequestOutput.model_construct(name=name, parameters=params(p)) for name, p in outputs] or None,
     )
+
+
+def give_request_id(request: Any) -> None:
+    """A request without an ``id`` gets one (a UUID), as MLServer's data plane gives it; its response carries it."""
+    if not request.id:
+        request.id = str(uuid.uuid4())
 
 
 def tensor_values(array: np.ndarray, as_text: bool = False) -> list[Any]:

@@ -32,6 +32,7 @@ from ... import metrics
 from ..._proto import model_config_pb2 as mc
 from ...errors import InferenceError, InvalidArgument
 from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
+from ...pyworker.mlserver_runner import give_request_id
 from ...types import InferOutput, InferResponse, text_inputs
 from . import server_bridge as bridge
 from .triton_host import ProcessInstance
@@ -123,6 +124,7 @@ def respond(job: Job, version_str: str, data: Any) -> InferResponse | InferenceE
 def request_data(job: Job) -> tuple:
     """``job`` as the plain data the worker's runner takes (each input's shape and parameters with it)."""
     request = job.request
+    give_request_id(request)  # MLServer's data plane names every request; the response carries the id
     described = {
         "parameters": dict(request.parameters),
         "inputs": {t.name: (list(t.shape), dict(t.parameters)) for t in request.inputs},

@@ -56,6 +56,7 @@ from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...pyworker.loop import EVENT_LOOP
 from ...pyworker.mlserver_runner import (
     OutputError,
+    give_request_id,
     inference_request,
     output_array,
     plain_parameters,
@@ -259,6 +260,8 @@ class MLServerPayloads(PayloadCodec):
     def decode(self, group: list[Job]) -> tuple[Any, dict]:
         job = group[0]
         request = job.request
+        for member in group:
+            give_request_id(member.request)  # MLServer's data plane names every request
         feeds = job.feeds if len(group) == 1 else merge_inputs(group)[0]
         # BYTES that came as JSON strings reach the runtime as str, as MLServer gives them over REST
         text = text_inputs(request)
