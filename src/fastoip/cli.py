@@ -398,7 +398,8 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = False) -> int:
+    """``mlserver_settings_read``: called by ``fastoip mlserver start``, which read the folder's settings.json."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         from .bench.cli import main as bench_main
@@ -420,6 +421,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not options.grpc_enabled and options.http_port < 0:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
+        if not mlserver_settings_read:
+            for root in (options.model_repository, *options.more_repositories):
+                if root is not None and (root / "settings.json").is_file():  # said, not ignored in silence
+                    print(f"fastoip: {root / 'settings.json'} (MLServer's server settings) is read by "
+                          f"`fastoip mlserver start {root}`, not by `fastoip serve`", file=sys.stderr, flush=True)
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
         pin_mmap_threshold()
@@ -456,7 +462,7 @@ def _mlserver(argv: list[str]) -> int:
     for line in mlserver_start.unused_settings(settings):
         print(f"fastoip: {line}", file=sys.stderr, flush=True)
     mlserver_start.extend_import_path(folder)
-    return main(["serve", *mlserver_start.serve_arguments(settings), *argv[2:]])
+    return main(["serve", *mlserver_start.serve_arguments(settings), *argv[2:]], mlserver_settings_read=True)
 
 
 if __name__ == "__main__":

@@ -276,6 +276,8 @@ def test_serve_dot_from_inside_the_folder_finds_the_model(tmp_path: Path) -> Non
     try:
         index = requests.post(f"http://127.0.0.1:{child.ports['http']}/v2/repository/index", json={}, timeout=10)
         assert [(e["name"], e["state"]) for e in index.json()] == [("json-hello-world", "READY")]
+        # the folder's settings.json is MLServer's: `serve` says who reads it instead of ignoring it in silence
+        assert "is read by `fastoip mlserver start" in "".join(child.lines)
     finally:
         child.stop()
 
@@ -298,6 +300,7 @@ def test_settings_json_and_mlserver_variables_choose_the_server(tmp_path: Path) 
     with start_in(tmp_path, env={"MLSERVER_HTTP_PORT": "1", "MLSERVER_SERVER_NAME": "from-env"}) as server:
         assert requests.get(server.http + "/v2", timeout=10).json()["name"] == "from-settings"
         assert "'cors_settings' is not used by fastoip" in server.output()
+        assert "is read by `fastoip mlserver start" not in server.output()
 
 
 @pytest.mark.parametrize("frontend", ["native", "grpcio"])
