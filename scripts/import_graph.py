@@ -75,6 +75,7 @@ LAYERS: dict[str, int] = {
     "triton_flags": 4,
     "serve_help": 4,  # arranges `serve --help` (groups, defaults, preferred spellings)
     "demo": 4,
+    "mlserver_start": 4,  # `fastoip mlserver start`: MLServer's settings as serve flags
     "embed": 4,  # fastoip.Server: the server app inside the caller's process
     "__main__": 4,
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench

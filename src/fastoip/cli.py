@@ -1,4 +1,4 @@
-"""``fastoip serve | demo-repository``: the command line."""
+"""``fastoip serve | mlserver start | demo-repository``: the command line."""
 
 from __future__ import annotations
 
@@ -72,6 +72,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "tensor segments; idle ones are removed after a second, larger tensors take one-shot "
                         "segments (default 16 MiB: the server and one worker leave half of Docker's 64 MB /dev/shm "
                         "for those; 0: no pool)")
+    p.add_argument("--mlserver-grpc-stream", action="store_true",
+                   help="ModelStreamInfer answers models from model-settings.json as MLServer does (bare "
+                        "ModelInferResponse messages, MLServer's dataplane.proto; an error ends the stream), so "
+                        "MLServer's gRPC stub can read them; Triton's stream clients then fail on those models "
+                        "(other models keep Triton's messages); `fastoip mlserver start` turns it on")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
@@ -121,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
+    sub.add_parser(
+        "mlserver",
+        help="fastoip mlserver start FOLDER [serve flags]: serve an MLServer folder as `mlserver start FOLDER` "
+             "does (its settings.json, MLSERVER_* variables, ports 8080 HTTP, 8081 gRPC, 8082 metrics)",
+        usage="fastoip mlserver start FOLDER [fastoip serve flags, which win over the settings]",
+    )
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
     return parser
@@ -213,6 +224,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         http_tls=_http_tls(args),
         http_restricted=triton.http_restricted,
         grpc_restricted=triton.grpc_restricted,
+        mlserver_grpc_stream=args.mlserver_grpc_stream,
         max_message_size=args.grpc_max_message_size,
         strict_readiness=args.strict_readiness,
         model_control_mode=args.model_control_mode,
@@ -392,12 +404,15 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = False) -> int:
+    """``mlserver_settings_read``: called by ``fastoip mlserver start``, which read the folder's settings.json."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "mlserver" and argv[1:2] != ["-h"] and argv[1:2] != ["--help"]:
+        return _mlserver(argv[1:])
     args = _parse(_parser(), argv)
     if args.command == "serve":
         from . import _codec
@@ -412,6 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not options.grpc_enabled and options.http_port < 0:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
+        if not mlserver_settings_read:
+            for root in (options.model_repository, *options.more_repositories):
+                if root is not None and (root / "settings.json").is_file():  # said, not ignored in silence
+                    print(f"fastoip: {root / 'settings.json'} (MLServer's server settings) is read by "
+                          f"`fastoip mlserver start {root}`, not by `fastoip serve`", file=sys.stderr, flush=True)
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
         from .pyworker import transport
@@ -426,6 +446,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(write_repository(args.out))
         return 0
     return 2
+
+
+def _mlserver(argv: list[str]) -> int:
+    """``fastoip mlserver start FOLDER [serve flags]``: ``fastoip serve`` with the flags MLServer's settings mean."""
+    from . import mlserver_start
+
+    if len(argv) < 2 or argv[0] != "start" or argv[1].startswith("-"):
+        print("usage: fastoip mlserver start FOLDER [fastoip serve flags, which win over the settings]",
+              file=sys.stderr)
+        return 2
+    folder = argv[1]
+    if not Path(folder).is_dir():
+        print(f"fastoip: mlserver start: '{folder}' is not a folder", file=sys.stderr)
+        return 1
+    try:
+        settings = mlserver_start.mlserver_settings(folder)
+    except mlserver_start.MLServerMissing as exc:
+        print(f"fastoip: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # pydantic's ValidationError: a wrong value in settings.json or MLSERVER_*
+        print(f"fastoip: mlserver start: MLServer's settings are not valid: {exc}", file=sys.stderr)
+        return 1
+    for line in mlserver_start.unused_settings(settings):
+        print(f"fastoip: {line}", file=sys.stderr, flush=True)
+    mlserver_start.extend_import_path(folder)
+    return main(["serve", *mlserver_start.serve_arguments(settings), *argv[2:]], mlserver_settings_read=True)
 
 
 if __name__ == "__main__":

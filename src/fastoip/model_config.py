@@ -611,6 +611,16 @@ def is_model_settings_config(config: mc.ModelConfig) -> bool:
     return MODEL_SETTINGS_PARAMETER in config.parameters
 
 
+def version_name(config: mc.ModelConfig, version: int) -> str:
+    """How version ``version`` of a model is named to clients: MLServer's label (``parameters.version`` of a
+    model-settings.json, e.g. "v0.1.0") for a model from one that has it, else the number (Triton's)."""
+    if MODEL_SETTINGS_PARAMETER in config.parameters and "version" in config.parameters:
+        label = config.parameters["version"].string_value.strip()
+        if label:
+            return label
+    return str(version)
+
+
 _INT64_TYPES = frozenset(
     (
         pb_descriptor.FieldDescriptor.TYPE_INT64,

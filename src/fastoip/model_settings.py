@@ -11,8 +11,10 @@ Rules:
 - Layouts (MLServer's ``mlserver start <folder>``): a ``model-settings.json`` at the repository root is one
   model, and every folder below the root that holds one is a model, found recursively (links not
   followed, hidden folders skipped).  The model's name is the file's ``name``, else its folder's name.
-  A folder directly under the root keeps its Triton meaning (its name is the model's, and a different
-  ``name`` is an error).
+  A folder directly under the root keeps its Triton meaning (its name is the model's) unless its file's
+  ``name`` is another (MLServer: the file's name wins; a folder with a config.pbtxt is always Triton's).
+  The root is read as an absolute path (MLServer's ``abspath``): ``.`` is the folder the server was started
+  in, and a file there without a ``name`` is named after that folder, as MLServer names it.
 """
 
 from __future__ import annotations
@@ -111,24 +113,32 @@ def parse_model_settings(path: Path, model_name: str = "") -> ModelSettingsDocum
 def find_model_settings(root: Path) -> dict[str, Path]:
     """MLServer-layout models below ``root`` that are not Triton model folders: name -> the settings' folder.
 
-    A settings file directly in a folder under the root is left to the Triton layout (that folder is the model).
+    A settings file directly in a folder under the root is left to the Triton layout (that folder is the model)
+    unless it names another model, which is then its name, as in MLServer.
     """
     found: dict[str, Path] = {}
     if not root.is_dir():
         return found
-    for folder, dirs, files in os.walk(root):  # links are not followed: a cycle cannot trap the scan
+    # Walked as an absolute path, as MLServer's ``abspath``: a root of "." or "models/.." has a folder name (the
+    # default model name) and a parent; each folder found is given back below ``root`` as the caller spelled it.
+    absolute = Path(os.path.abspath(root))
+    for folder, dirs, files in os.walk(absolute):  # links are not followed: a cycle cannot trap the scan
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         here = Path(folder)
-        if MODEL_SETTINGS not in files or here.parent == root:
+        top = here != absolute and here.parent == absolute  # a folder directly under the root
+        if MODEL_SETTINGS not in files or (top and "config.pbtxt" in files):
             continue
         try:
-            settings = parse_model_settings(here / MODEL_SETTINGS)
-            name = settings.name or (here.name if here != root else "")
+            named = parse_model_settings(here / MODEL_SETTINGS).name
         except InvalidArgument:
-            name = here.name if here != root else ""  # the load reports what is wrong with it
+            named = ""  # the load reports what is wrong with it
+        if top and named in ("", here.name):
+            continue  # Triton's layout: the folder is the model, by its name
+        name = named or here.name  # MLServer: the file's name, else its folder's
         if not name or name.startswith("."):
-            log.error("%s at the repository root needs a 'name'", MODEL_SETTINGS)
+            log.error("%s in %s needs a 'name' (its folder's name cannot be a model's)", MODEL_SETTINGS, here)
             continue
+        here = root / here.relative_to(absolute)
         if name in found:
             log.error("two folders hold a model named '%s'; serving the first (%s)", name, found[name])
             continue

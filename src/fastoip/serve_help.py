@@ -55,8 +55,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--metrics-config", "--trace-config", "--trace-file", "--trace-level", "--trace-rate", "--trace-count",
         "--trace-log-frequency",
     )),
-    ("Triton compatibility", "Triton's flags fastoip honours that no group above holds", (
-        "--id", "--http-header-forward-pattern", "--grpc-header-forward-pattern",
+    ("compatibility", "Triton's flags fastoip honours that no group above holds, and MLServer's stream", (
+        "--id", "--http-header-forward-pattern", "--grpc-header-forward-pattern", "--mlserver-grpc-stream",
     )),
     ("Triton flags without effect", "taken so Triton's command lines start; the start log says once that each has "
      "no effect here (the values that ask for what fastoip lacks are refused)", (*NO_EFFECT, *DEFAULT_ONLY)),

@@ -115,6 +115,25 @@ class InferRequest:
         )
 
 
+class JsonInferRequest(InferRequest):
+    """An InferRequest from a V2 JSON body, naming its BYTES inputs whose elements came as JSON strings.
+
+    Only MLServer runtimes read it: MLServer gives such elements to its runtimes as ``str`` over REST (and as
+    ``bytes`` over gRPC); every other model sees the same ``bytes`` whatever the protocol.
+    """
+
+    __slots__ = ("text_inputs",)
+
+    def __init__(self, *args: Any, text_inputs: frozenset[str] = frozenset(), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.text_inputs = text_inputs
+
+
+def text_inputs(request: InferRequest) -> frozenset[str]:
+    """The BYTES inputs of ``request`` whose elements came as JSON strings (see :class:`JsonInferRequest`)."""
+    return request.text_inputs if isinstance(request, JsonInferRequest) else frozenset()
+
+
 class InferOutput:
     """One output tensor of a response, as it goes back to the client."""
 

@@ -77,10 +77,22 @@ class ModelControl:
         if self.startup_models:
             raise ValueError("--load-model is only valid with --model-control-mode explicit")
         self.repository.load_all()
+        if not self.repository.model_names():
+            self._say_no_model_found()
         if self.model_control_mode == "poll":
             self.poller = RepositoryPoller(self.repository, self.poll_interval)
             self.poller.remember_current()
             self.poller.start()
+
+    def _say_no_model_found(self) -> None:
+        """Loud, not ready-with-nothing in silence: the usual cause is a wrong path or a misplaced file."""
+        for root in self.repository.roots:
+            where = f"'{root}' ({root.absolute()})" if not root.is_absolute() else f"'{root}'"
+            log.error(
+                "model repository %s holds no model: expected <model>/config.pbtxt or <model>/<version>/<model file> "
+                "folders (Triton's layout) or model-settings.json files (MLServer's layout)%s",
+                where, "" if root.is_dir() else "; it is not a directory",
+            )
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryIndexEntry]:
         """Every model in the repository (one entry per loaded version), sorted by name then version."""
@@ -97,7 +109,7 @@ class ModelControl:
                     down = getattr(record.versions[version], "down_reason", None)
                     if state == ModelState.READY.value and down is not None and (why := down()):
                         state, reason = ModelState.UNAVAILABLE.value, why  # loaded, but it cannot serve
-                    index.append(RepositoryIndexEntry(name, str(version), state, reason))
+                    index.append(RepositoryIndexEntry(name, record.versions[version].version_str, state, reason))
             else:
                 index.append(RepositoryIndexEntry(name, "", record.state.value, record.reason))
         if ready_only:

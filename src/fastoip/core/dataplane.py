@@ -139,7 +139,7 @@ class DataPlane:
         inputs, outputs = model.tensor_metadata()
         return ModelMetadata(
             name=name,
-            versions=tuple(str(v) for v in sorted(record.versions)),
+            versions=tuple(record.versions[v].version_str for v in sorted(record.versions)),
             platform=model.config.platform or model.config.backend,
             inputs=_tensors(inputs),
             outputs=_tensors(outputs),

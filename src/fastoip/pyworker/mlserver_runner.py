@@ -8,7 +8,8 @@ Rules:
   event loop of its own, driven by the worker's main thread (``run_until_complete``): one request at a time,
   no hop to another thread.
 - A request crosses as :data:`.runner.RequestData` whose slots carry MLServer's view of it: ``parameters``
-  is ``{"parameters": request parameters, "inputs": {name: (shape, parameters)}}``, ``inputs`` the flat
+  is ``{"parameters": request parameters, "inputs": {name: (shape, parameters)}, "text": [names of the BYTES
+  inputs that came as JSON strings]}``, ``inputs`` the flat
   tensors (numeric: through shared memory; BYTES: its elements), ``requested`` ``[(name, parameters)]``.
   A response crosses as :data:`.runner.ResponseData` whose ``parameters`` is ``{"parameters": ...,
   "outputs": {name: parameters}}`` (the output's own parameters, e.g. ``content_type``, kept).
@@ -31,6 +32,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -75,6 +77,25 @@ def stream_predictions(
         run(produced.aclose())
 
 
+def runtime_settings(document: dict[str, Any], name: str, cls: type, source: str) -> Any:
+    """MLServer's ``ModelSettings`` for runtime ``cls`` from its model-settings.json ``document`` found at
+    ``source``, with the defaults MLServer's loader fills (``mlserver/repository/load.py``): the model's name,
+    and ``parameters.uri`` the file's own folder when it names none; ``_source`` is the file, so that a relative
+    ``uri`` resolves beside it."""
+    from mlserver.settings import ModelParameters, ModelSettings
+
+    document = dict(document)
+    document["name"] = name
+    document["implementation"] = cls
+    settings = ModelSettings(**document)
+    if settings.parameters is None:
+        settings.parameters = ModelParameters()
+    if not settings.parameters.uri:
+        settings.parameters.uri = os.path.dirname(os.path.abspath(source))
+    settings._source = source
+    return settings
+
+
 class OutputError(Exception):
     """A runtime's output that fastoip cannot send (its message names the model and the output)."""
 
@@ -110,10 +131,20 @@ def inference_request(
     )
 
 
-def tensor_values(array: np.ndarray) -> list[Any]:
-    """A tensor's elements as ``RequestInput.data`` holds them in MLServer: a flat Python list (BYTES as
-    ``bytes``), so a runtime may serialise ``request_input.dict()`` as MLServer's own examples do."""
-    return array.reshape(-1).tolist()
+def give_request_id(request: Any) -> None:
+    """A request without an ``id`` gets one (a UUID), as MLServer's data plane gives it; its response carries it."""
+    if not request.id:
+        request.id = str(uuid.uuid4())
+
+
+def tensor_values(array: np.ndarray, as_text: bool = False) -> list[Any]:
+    """A tensor's elements as ``RequestInput.data`` holds them in MLServer: a flat Python list, BYTES as ``bytes``
+    (gRPC) or, ``as_text``, as ``str`` (REST: the JSON strings they came as), so a runtime may serialise
+    ``request_input.dict()`` as MLServer's own examples do."""
+    values = array.reshape(-1).tolist()
+    if as_text and array.dtype == object:
+        return [value.decode("utf-8", "surrogateescape") if type(value) is bytes else value for value in values]
+    return values
 
 
 def plain_parameters(parameters: Any) -> dict[str, Any]:
@@ -184,18 +215,13 @@ class MLServerRunner:
             os.environ[MULTIPROC_ENV] = spec["metrics_dir"]  # before prometheus_client is imported (by mlserver)
         from mlserver import types
         from mlserver.context import model_name_var, model_version_var
-        from mlserver.settings import ModelSettings
 
         self._types = types
         self._context = (model_name_var, model_version_var)
         self.name: str = spec["name"]
         self.decoupled = bool(spec.get("streams_only"))
         cls = import_runtime_class(spec["module"], spec.get("module_file"), spec["folder"], spec["qualname"])
-        document = dict(spec["document"])
-        document["name"] = self.name
-        document["implementation"] = cls
-        settings = ModelSettings(**document)
-        settings._source = spec["source"]
+        settings = runtime_settings(spec["document"], self.name, cls, spec["source"])
         self._loop = asyncio.new_event_loop()
         self.model: Any = None
         runtime = cls(settings)
@@ -226,10 +252,11 @@ class MLServerRunner:
         """The request's data as MLServer's ``InferenceRequest``."""
         request_id, _, _, described, inputs, requested, _ = data
         shapes = described["inputs"]
+        text = described.get("text") or ()
         tensors = []
         for name, datatype, array in inputs:
             shape, parameters = shapes[name]
-            tensors.append((name, datatype, shape, tensor_values(array), parameters))
+            tensors.append((name, datatype, shape, tensor_values(array, name in text), parameters))
         return inference_request(self._types, request_id, described["parameters"], tensors, requested)
 
     def response_data(self, value: Any) -> ResponseData:

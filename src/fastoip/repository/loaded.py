@@ -22,7 +22,7 @@ from ..classification import class_count
 from ..cuda import pinned_allocator
 from ..errors import InvalidArgument
 from ..metrics import MetricsConfig, VersionCounters
-from ..model_config import ModelSpec, TensorSpec, model_spec
+from ..model_config import ModelSpec, TensorSpec, model_spec, version_name
 from ..scheduling.buffers import BufferPool
 from ..scheduling.contract import Backend, ExecutionContext, SchedulerFactory, TensorModel
 from ..scheduling.execute import TensorBackend
@@ -69,7 +69,8 @@ class LoadedModel:
         self.name = name
         self.version = version
         self.load_serial = next(_load_serials)
-        self.version_str = str(version)
+        #: The version as clients name it: the number, or an MLServer model's label (``version_name``).
+        self.version_str = version_name(config, version)
         self.path = path
         self.config = config
         # the model directory holds the label files; ``path`` is a file in its version directory unless given

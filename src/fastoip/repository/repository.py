@@ -157,7 +157,8 @@ class ModelRepository:
                 for p in root.iterdir()
                 if p.is_dir()
                 and not p.name.startswith(".")
-                and (p.name not in containers or (p / "config.pbtxt").is_file() or (p / MODEL_SETTINGS).is_file())
+                and (p.name not in containers or (p / "config.pbtxt").is_file()
+                     or ((p / MODEL_SETTINGS).is_file() and p not in found.values()))  # not named otherwise
             }
             names |= set(found)
         self._settings_dirs = settings_dirs
@@ -170,6 +171,9 @@ class ModelRepository:
             if (root / name).is_dir():
                 return root / name
         found = self._settings_dirs.get(name)
+        if found is None:  # not seen by the last scan (none yet, in explicit mode): look again
+            self.model_names()
+            found = self._settings_dirs.get(name)
         if found is not None:
             return found
         return self.root / name
@@ -191,6 +195,12 @@ class ModelRepository:
         try:
             number = int(version)
         except ValueError:
+            # MLServer's version labels ("v0.1.0"): a version is named by its label (LoadedModel.version_str)
+            for model in record.versions.values():
+                if model.version_str == version:
+                    return model
+            if any(m.version_str != str(v) for v, m in record.versions.items()):
+                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found") from None
             raise InvalidArgument(f"model '{name}': version '{version}' is not a number") from None
         model = record.versions.get(number)
         if model is None:
@@ -328,7 +338,7 @@ class ModelRepository:
                 self._retire(model)
         self._forget_uploaded(record)
         record.uploaded_dir = uploaded
-        log.info("model '%s' ready, versions %s", name, sorted(loaded))
+        log.info("model '%s' ready, versions [%s]", name, ", ".join(loaded[v].version_str for v in sorted(loaded)))
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name``; requests in flight finish first.
@@ -645,7 +655,8 @@ def _step_dependency_error(name: str, step: str, record: ModelRecord | None) -> 
 
 
 def settings_version(config: mc.ModelConfig) -> int:
-    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1."""
+    """The version number of a model in MLServer's layout: ``parameters.version`` when it is a number, else 1
+    (a label such as "v0.1.0" names version 1 to clients: :func:`fastoip.model_config.version_name`)."""
     text = parameter(config, "version").strip()
     return int(text) if text.isdigit() else 1
 

@@ -73,6 +73,9 @@ class ServeOptions:
     #: Triton's --http-restricted-api / --grpc-restricted-protocol (None: nothing restricted).
     http_restricted: RestrictedFeatures | None = None
     grpc_restricted: RestrictedFeatures | None = None
+    #: ModelStreamInfer answers models from model-settings.json with MLServer's bare ModelInferResponse messages
+    #: (``--mlserver-grpc-stream``; ``fastoip mlserver start`` turns it on): grpc/mlserver_shapes.py.
+    mlserver_grpc_stream: bool = False
     #: Prometheus ``/metrics`` (Triton's port); -1 turns it off, 0 picks a free port.
     metrics_port: int = 8002
     #: Triton's ``--metrics-config``: latency summaries and histograms.
@@ -219,6 +222,7 @@ class ServerApp:
             native.max_message_size = options.max_message_size
             if options.grpc_restricted is not None:
                 native.restricted_protocols = options.grpc_restricted
+            native.mlserver_streams = options.mlserver_grpc_stream
             self.grpc_server, self.grpc_port = create_native_server(self.core, options.host, options.grpc_port, native)
         elif frontend == "grpcio":
             if options.grpc_native is not None and options.grpc_native.use_ssl:
@@ -230,6 +234,7 @@ class ServerApp:
                 workers=options.grpc_workers,
                 max_message_size=options.max_message_size,
                 restricted=options.grpc_restricted,
+                mlserver_streams=options.mlserver_grpc_stream,
             )
         if self.own_process:
             settle_python_heap()

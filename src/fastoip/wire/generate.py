@@ -44,13 +44,15 @@ def decode_generate_request(
 ) -> InferRequest:
     """The generate request ``body`` for a model whose inputs are ``inputs`` (its metadata)."""
     doc = parse_json_object(body, "generate request") if body.strip() else {}
-    request_id = doc.get("id", "")
+    request_id = doc.get("id") or ""  # null is absent
     if type(request_id) is not str:
         raise InvalidArgument(f"Unable to parse 'id': it must be a string, got {json_type(request_id)}")
     by_name = {tensor.name: tensor for tensor in inputs}
     tensors: list[InferInput] = []
     parameters: dict[str, Any] = {}
     for key, value in doc.items():
+        if value is None:  # null is absent (an optional member left unset)
+            continue
         if key == PARAMETERS:
             if key in by_name:
                 raise InvalidArgument(f"Keyword '{key}' for nested schema also given as input tensor name")

@@ -50,7 +50,7 @@ from .. import _codec
 from ..datatypes import NUMPY_DTYPES
 from ..errors import CodecError, InvalidArgument
 from ..shared_memory import BYTE_SIZE, OFFSET, REGION
-from ..types import InferInput, InferRequest, InferResponse, RequestedOutput
+from ..types import InferInput, InferRequest, InferResponse, JsonInferRequest, RequestedOutput
 
 
 class TensorDescription(Protocol):
@@ -107,15 +107,21 @@ def decode_infer_request(
     """
     json_end = len(body) if header_length is None else header_length
     doc = _parse_json(body if header_length is None else memoryview(body)[:json_end])
-    request_id = doc.get("id", "")
+    request_id = doc.get("id") or ""  # null is absent (MLServer's client sends ``InferenceRequest.dict()``)
     if type(request_id) is not str:
         raise InvalidArgument(f"'id' must be a string, got {_json_type(request_id)}")
     parameters = _parameters(doc.get("parameters"), "the request")
     default_binary = _bool_parameter(parameters.pop("binary_data_output", False), "binary_data_output")
+    text: list[str] = []
     inputs = _decode_inputs(doc.get("inputs"), body, json_end, header_length is not None, loose_bytes,
-                            model_name=model_name)
+                            model_name=model_name, text=text)
     outputs, per_output = _decode_outputs(doc.get("outputs"))
-    request = InferRequest(model_name, model_version, request_id, parameters, inputs, outputs)
+    if text:  # BYTES as JSON strings: MLServer runtimes see them as str (types.JsonInferRequest)
+        request: InferRequest = JsonInferRequest(
+            model_name, model_version, request_id, parameters, inputs, outputs, text_inputs=frozenset(text)
+        )
+    else:
+        request = InferRequest(model_name, model_version, request_id, parameters, inputs, outputs)
     return request, OutputFormat(default_binary, per_output)
 
 
@@ -188,9 +194,11 @@ def _parse_json(data: Any) -> dict:
 
 
 def _decode_inputs(
-    items: Any, body: bytes, offset: int, has_binary: bool, loose_bytes: bool = False, model_name: str = ""
+    items: Any, body: bytes, offset: int, has_binary: bool, loose_bytes: bool = False, model_name: str = "",
+    text: list[str] | None = None,
 ) -> list[InferInput]:
-    """The request's inputs; binary ones are taken from ``body`` in order, starting at ``offset``."""
+    """The request's inputs; binary ones are taken from ``body`` in order, starting at ``offset``.  ``text``
+    gets the names of the BYTES inputs whose elements are JSON strings."""
     if type(items) is not list:
         raise InvalidArgument(f"'inputs' must be a list of input objects, got {_json_type(items)}")
     inputs = []
@@ -255,6 +263,8 @@ def _decode_inputs(
                 array = _json_bytes(flat.tolist(), flat.size, name)
             else:
                 array = _json_tensor(item["data"], datatype, shape, name)
+            if datatype == "BYTES" and text is not None:
+                text.append(name)
         else:
             raise InvalidArgument(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
         inputs.append(InferInput(name, datatype, tuple(shape), array, parameters))
@@ -472,16 +482,21 @@ def _decode_outputs(items: Any) -> tuple[list[RequestedOutput], dict[str, bool]]
 
 
 def _parameters(value: Any, where: str) -> dict:
+    """An object of parameters; null (the object, or one parameter) is absent, as MLServer's client sends unset
+    ones (``"parameters": null``, ``"headers": null``)."""
     if value is None:
         return {}
     if type(value) is not dict:
         raise InvalidArgument(f"{where}: 'parameters' must be an object, got {_json_type(value)}")
+    unset = False
     for key, item in value.items():
-        if type(item) not in (str, int, float, bool):
+        if item is None:
+            unset = True
+        elif type(item) not in (str, int, float, bool):
             raise InvalidArgument(
                 f"{where}: parameter '{key}' must be a string, number or boolean, got {_json_type(item)}"
             )
-    return dict(value)
+    return {key: item for key, item in value.items() if item is not None} if unset else dict(value)
 
 
 def _check_shared_memory(parameters: dict, where: str) -> None:

@@ -15,7 +15,7 @@ from ...content_types import ModelContentTypes
 from ...errors import InferenceError, InternalError, InvalidArgument, Unavailable
 from ...lifecycle import SHUTDOWN, STARTUP, hook_names
 from ...model import Model
-from ...model_config import ModelSpec
+from ...model_config import ModelSpec, version_name
 from ...scheduling.contract import END_OF_STREAM, Execution, Results
 from ...types import InferResponse
 from .decoupled import close, values_of
@@ -52,7 +52,7 @@ class _Host:
         batchable: bool,
     ) -> None:
         self.name = name
-        self.version_str = str(version)
+        self.version_str = version_name(config, version)
         self.spec = spec
         # A class may bring its own payload codec (an MLServer runtime takes and gives whole requests).
         self.payloads = getattr(cls, "payload_codec", PayloadCodec)(name, self.version_str, spec, defaults)

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 from ... import metrics
 from ..._proto import model_config_pb2 as mc
 from ...errors import InferenceError, InvalidArgument
-from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER
-from ...types import InferOutput, InferResponse
+from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
+from ...pyworker.mlserver_runner import give_request_id
+from ...types import InferOutput, InferResponse, text_inputs
 from . import server_bridge as bridge
 from .triton_host import ProcessInstance
 from .triton_process import WorkerDied, WorkerError
@@ -123,9 +124,11 @@ def respond(job: Job, version_str: str, data: Any) -> InferResponse | InferenceE
 def request_data(job: Job) -> tuple:
     """``job`` as the plain data the worker's runner takes (each input's shape and parameters with it)."""
     request = job.request
+    give_request_id(request)  # MLServer's data plane names every request; the response carries the id
     described = {
         "parameters": dict(request.parameters),
         "inputs": {t.name: (list(t.shape), dict(t.parameters)) for t in request.inputs},
+        "text": sorted(text_inputs(request)),  # BYTES that came as JSON strings: str for the runtime, as MLServer
     }
     inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
     requested = [(o.name, dict(o.parameters)) for o in request.outputs]
@@ -150,7 +153,7 @@ def start_workers(
         for index in range(count):
             # one worker process hosting the runtime per instance (``parallel_workers`` of them)
             workers.append(ProcessInstance(
-                model_name, str(version), index, streams_only, [("load_mlserver", spec, memory_mb)],
+                model_name, version_name(config, version), index, streams_only, [("load_mlserver", spec, memory_mb)],
                 bridge.link_of(options), respond, request_data=request_data,
             ))
     except (WorkerDied, WorkerError) as exc:

@@ -27,8 +27,8 @@ Rules:
   it yields is sent as it comes, over gRPC ModelStreamInfer and HTTP generate_stream); one that overrides
   both serves ``predict`` (a streaming call gets its one response).
 - A request's tensors reach the runtime as MLServer gives them: ``data`` a flat Python list (BYTES as
-  ``bytes``), so runtimes that serialise ``request_input.dict()`` work unchanged; outputs are read back with
-  one ``np.asarray``.
+  ``str`` when they came as JSON strings over REST, else ``bytes``, as MLServer), so runtimes that serialise
+  ``request_input.dict()`` work unchanged; outputs are read back with one ``np.asarray``.
 - ``mlserver.register`` / ``mlserver.log`` work: the model name and version are set in MLServer's
   context variables around every call, and MLServer's metrics registry is exported on fastoip's
   ``/metrics`` (:func:`fastoip.metrics.add_registry`).
@@ -56,14 +56,16 @@ from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
 from ...pyworker.loop import EVENT_LOOP
 from ...pyworker.mlserver_runner import (
     OutputError,
+    give_request_id,
     inference_request,
     output_array,
     plain_parameters,
+    runtime_settings,
     stream_predictions,
     tensor_values,
 )
 from ...scheduling.execute import check_rows, merge_inputs, row_slices
-from ...types import InferOutput, InferResponse
+from ...types import InferOutput, InferResponse, text_inputs
 from .payloads import PayloadCodec
 
 if TYPE_CHECKING:
@@ -154,19 +156,13 @@ class MLServerRuntime(Model):
         return doc
 
     def _settings(self) -> Any:
-        from mlserver.settings import ModelSettings
-
-        doc = self._document()
-        doc["name"] = self.name
-        doc["implementation"] = self.runtime_class
-        settings = ModelSettings(**doc)
         for folder in (self.path, self.path.parent):
             if (folder / MODEL_SETTINGS).is_file():
-                settings._source = str(folder / MODEL_SETTINGS)
+                source = str(folder / MODEL_SETTINGS)
                 break
         else:
-            settings._source = str(Path(self.path) / MODEL_SETTINGS)
-        return settings
+            source = str(Path(self.path) / MODEL_SETTINGS)
+        return runtime_settings(self._document(), self.name, self.runtime_class, source)
 
     def _enter(self) -> None:
         """MLServer's context variables for ``mlserver.log`` (a fresh task context per call: no reset)."""
@@ -264,11 +260,17 @@ class MLServerPayloads(PayloadCodec):
     def decode(self, group: list[Job]) -> tuple[Any, dict]:
         job = group[0]
         request = job.request
+        for member in group:
+            give_request_id(member.request)  # MLServer's data plane names every request
         feeds = job.feeds if len(group) == 1 else merge_inputs(group)[0]
+        # BYTES that came as JSON strings reach the runtime as str, as MLServer gives them over REST
+        text = text_inputs(request)
+        for member in group[1:]:
+            text = text & text_inputs(member.request)
         inputs: list[tuple[str, str, list[int], Any, dict[str, Any]]] = []
         for tensor in request.inputs:
             data = feeds[tensor.name]
-            values = tensor_values(data)
+            values = tensor_values(data, tensor.name in text)
             if len(group) == 1:
                 shape, parameters = list(tensor.shape), tensor.parameters
             else:

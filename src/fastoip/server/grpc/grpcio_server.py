@@ -38,6 +38,7 @@ from ...errors import InferenceError
 from ...tracing import FrontendTrace
 from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
+from .mlserver_shapes import answers_as_mlserver
 from .service import (
     CLIENT_AWARE_RPCS,
     HEALTH_SERVICE,
@@ -114,11 +115,22 @@ def abort(context: grpc.ServicerContext, error: InferenceError) -> None:
     context.abort(getattr(grpc.StatusCode, error.grpc_code, grpc.StatusCode.UNKNOWN), error.message)
 
 
+class _MLServerMessage:
+    """A decoupled model's response that is not its last, for a stream answered with MLServer's messages."""
+
+    __slots__ = ("response",)
+
+    def __init__(self, response: InferResponse) -> None:
+        self.response = response
+
+
 class GrpcioFrontend:
     """ModelInfer and ModelStreamInfer on grpcio's thread pool."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, mlserver_streams: bool = False) -> None:
         self.core = core
+        #: ``--mlserver-grpc-stream`` (see :mod:`.mlserver_shapes`).
+        self.mlserver_streams = mlserver_streams
 
     def ModelInfer(
         self, request: InferRequest | DecodeFailure | TracedRequest, context: grpc.ServicerContext
@@ -160,6 +172,8 @@ class GrpcioFrontend:
         core = self.core
         #: The frontend's timestamps of each traced request in flight (set before it starts: it may finish at once).
         traces: dict[InferRequest, FrontendTrace] = {}
+        #: Requests answered with MLServer's stream messages (set before they start: they may finish at once).
+        mlserver: set[InferRequest] = set()
 
         def cancel_all() -> None:
             for job in list(in_flight):
@@ -168,7 +182,7 @@ class GrpcioFrontend:
         context.add_callback(cancel_all)
 
         def partial(job: FinishedCall, response: InferResponse) -> None:  # a decoupled model's thread
-            finished.put(response)
+            finished.put(_MLServerMessage(response) if job.request in mlserver else response)
 
         def read() -> None:
             try:
@@ -185,6 +199,8 @@ class GrpcioFrontend:
                             finished.put(_codec.encode_stream_response(None, request.status_message))
                             continue
                         request = loose
+                    if self.mlserver_streams and answers_as_mlserver(core, request):
+                        mlserver.add(request)
                     try:
                         if request.parameters and take_empty_final_flag(request):
                             empty_final.add(request)
@@ -199,6 +215,9 @@ class GrpcioFrontend:
                         if frontend is not None:
                             traces.pop(request, None)
                             frontend.done()
+                        if request in mlserver:  # MLServer's servicer: an error ends the stream with its status
+                            finished.put(exc)
+                            break
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
                         continue
                     in_flight.add(job)
@@ -218,9 +237,27 @@ class GrpcioFrontend:
             if type(item) is InferResponse:  # a decoupled request's response that is not its last
                 yield encode_partial(item)
                 continue
+            if type(item) is _MLServerMessage:
+                yield _codec.encode_infer_response(item.response)
+                continue
             answered += 1
             if isinstance(item, bytes):
                 yield item
+                continue
+            if isinstance(item, InferenceError):  # an MLServer model's request that could not start
+                cancel_all()
+                abort(context, item)
+            if item.request in mlserver:
+                in_flight.discard(item)
+                mlserver.discard(item.request)
+                traced = traces.pop(item.request, None) if traces else None
+                if traced is not None:
+                    traced.done()
+                if item.error is not None:
+                    cancel_all()
+                    abort(context, item.error)
+                if item.response is not None:
+                    yield _codec.encode_infer_response(item.response)
                 continue
             in_flight.discard(item)
             frontend = traces.pop(item.request, None) if traces else None
@@ -282,9 +319,9 @@ def _wrap_with_client(method: Callable[..., Message]) -> Callable[[Message, grpc
     return handler
 
 
-def method_handlers(core: Core) -> list[grpc.GenericRpcHandler]:
+def method_handlers(core: Core, mlserver_streams: bool = False) -> list[grpc.GenericRpcHandler]:
     """The generic handlers for both services, with the codec on ModelInfer."""
-    frontend = GrpcioFrontend(core)
+    frontend = GrpcioFrontend(core, mlserver_streams)
     service = GrpcService(core)
     handlers: dict[str, grpc.RpcMethodHandler] = {
         "ModelInfer": grpc.unary_unary_rpc_method_handler(
@@ -359,6 +396,7 @@ def create_server(
     workers: int = 16,
     max_message_size: int = INT32_MAX,
     restricted: RestrictedFeatures | None = None,
+    mlserver_streams: bool = False,
 ) -> tuple[grpc.Server, int]:
     """A ready (not yet started) grpc server and the port it bound."""
     restricted_methods = grpc_method_restrictions(restricted or RestrictedFeatures({}), SERVICE, HEALTH_SERVICE)
@@ -371,7 +409,7 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    server.add_generic_rpc_handlers(method_handlers(core))
+    server.add_generic_rpc_handlers(method_handlers(core, mlserver_streams))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind gRPC to {host}:{port}")

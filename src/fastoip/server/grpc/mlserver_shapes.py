@@ -1,10 +1,17 @@
-"""MLServer's BYTES shapes over gRPC, for models from model-settings.json only.
+"""MLServer's gRPC conventions, for models from model-settings.json only: BYTES shapes, and stream messages.
 
 MLServer's clients (``ModelInferRequestConverter``) send one string as BYTES with ``shape: [len(s)]`` and the
 string as the only element of ``contents.bytes_contents``; the native codec keeps Triton's rule (one element
 per shape position) and refuses it.  On exactly that refusal, and only for a model whose config came from a
 model-settings.json (:func:`fastoip.model_config.is_model_settings_config`), the request is read again
 here with protobuf, its elements taken as sent.  Nothing of this runs for a request the codec accepts.
+
+ModelStreamInfer (``--mlserver-grpc-stream``, which ``fastoip mlserver start`` turns on): MLServer's
+``dataplane.proto`` streams bare ``ModelInferResponse`` messages where Triton's streams
+``ModelStreamInferResponse`` (``error_message``, ``infer_response``) on the same method path, so one stub
+cannot read the other's.  With the switch on, a stream request to such a model (:func:`answers_as_mlserver`) is
+answered MLServer's way: each response a bare ``ModelInferResponse``, and an error ends the stream with its
+gRPC status (MLServer's servicer aborts); every other model keeps Triton's messages.
 """
 
 from __future__ import annotations
@@ -40,6 +47,14 @@ def mlserver_request(core: Core, message: str, data: bytes | None) -> InferReque
     except (InferenceError, ValueError, TypeError):
         return None
     return request if is_model_settings_config(config) else None
+
+
+def answers_as_mlserver(core: Core, request: InferRequest) -> bool:
+    """Whether ``request``'s model is from a model-settings.json (its stream answers are MLServer's messages)."""
+    try:
+        return is_model_settings_config(core.model_config(request.model_name, request.model_version))
+    except InferenceError:
+        return False
 
 
 def _decode(data: bytes) -> InferRequest | None:

@@ -37,6 +37,7 @@ from ..forward_headers import HeaderForwarder, forwarder
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the codecs)
 from .limits import RequestBudget
+from .mlserver_shapes import answers_as_mlserver
 from .service import (
     CLIENT_AWARE_RPCS,
     HEALTH_SERVICE,
@@ -83,6 +84,9 @@ class CoreCalls:
         self.forward = forward
         #: Stream request bytes held, per stream and server-wide (issue 27; the server sets its own).
         self.budget = RequestBudget()
+        #: ``--mlserver-grpc-stream``: ModelStreamInfer answers models from model-settings.json with MLServer's
+        #: bare ModelInferResponse messages (:mod:`.mlserver_shapes`).
+        self.mlserver_streams = False
 
     def start(
         self,
@@ -259,7 +263,7 @@ class StreamInferCall(Call):
     """
 
     __slots__ = ("core", "jobs", "started", "answered", "half_closed", "partial_sink", "empty_final", "held",
-                 "held_bytes", "traces", "wait_start_ns")
+                 "held_bytes", "traces", "wait_start_ns", "mlserver_jobs")
     streaming = True
 
     def __init__(self, stream_id: int, out: Responder, deadline_ns: int, core: CoreCalls) -> None:
@@ -279,6 +283,8 @@ class StreamInferCall(Call):
         self.traces: dict[Ticket, FrontendTrace] = {}
         #: When the stream began waiting for its next message (its GRPC_WAITREAD_START if that one is traced).
         self.wait_start_ns = time.monotonic_ns()
+        #: Jobs answered with MLServer's stream messages (``CoreCalls.mlserver_streams``).
+        self.mlserver_jobs: set[Ticket] = set()
 
     def on_message(self, data: wire.Payload) -> None:
         if self.finished:
@@ -313,6 +319,7 @@ class StreamInferCall(Call):
                 self.answer(_codec.encode_stream_response(None, request.status_message))
                 return
             request = loose
+        mlserver = self.core.mlserver_streams and answers_as_mlserver(self.core.core, request)
         try:
             empty_final = take_empty_final_flag(request) if request.parameters else False
             job = self.core.start(
@@ -320,8 +327,14 @@ class StreamInferCall(Call):
             )
         except InferenceError as exc:
             self.core.budget.give(size)
+            if mlserver:  # MLServer's servicer: an error ends the stream with its status
+                self.drop_jobs()
+                self.fail(wire.status_code(exc.grpc_code), exc.message)
+                return
             self.answer(_codec.encode_stream_response(error_echo(request), exc.message))
             return
+        if mlserver:
+            self.mlserver_jobs.add(job)
         if frontend is not None:
             self.traces[job] = frontend  # done() runs later, on this loop
         self.held[job] = size
@@ -339,7 +352,7 @@ class StreamInferCall(Call):
     def partial(self, job: FinishedCall, response: InferResponse) -> None:
         """A decoupled model's response that is not the last (on the loop, in the order produced)."""
         if not self.finished:
-            self.send(encode_partial(response))
+            self.send(_codec.encode_infer_response(response) if job in self.mlserver_jobs else encode_partial(response))
 
     def done(self, job: FinishedCall) -> None:
         self.jobs.discard(job)
@@ -351,7 +364,10 @@ class StreamInferCall(Call):
             if frontend is not None:
                 frontend.stamp("GRPC_SEND_START")
             response = job.response
-            if response is None:  # an error, or a decoupled request's final flag
+            if self.mlserver_jobs and job in self.mlserver_jobs:
+                self.mlserver_jobs.discard(job)
+                self.done_as_mlserver(job)
+            elif response is None:  # an error, or a decoupled request's final flag
                 self.answer(encode_final(job, job in self.empty_final))
                 self.empty_final.discard(job)
             else:
@@ -369,6 +385,21 @@ class StreamInferCall(Call):
         finally:
             if frontend is not None:
                 frontend.done()
+
+    def done_as_mlserver(self, job: FinishedCall) -> None:
+        """MLServer's last message of one request: its bare response (none after a decoupled request's
+        stream), or its error as the stream's status."""
+        error = job.error
+        if error is not None:
+            self.drop_jobs()
+            self.fail(wire.status_code(error.grpc_code), error.message)
+            return
+        response = job.response
+        try:
+            self.answer(None if response is None else _codec.encode_infer_response(response))
+        except Exception as exc:  # an output the codec cannot encode: the client hears why
+            self.drop_jobs()
+            self.fail(wire.INTERNAL, f"cannot encode the response: {exc}")
 
     def send(self, body: bytes) -> None:
         if not self.headers_sent:
@@ -406,6 +437,7 @@ class StreamInferCall(Call):
             self.release(job)
         self.jobs.clear()
         self.empty_final.clear()
+        self.mlserver_jobs.clear()
         for frontend in self.traces.values():
             frontend.done()
         self.traces.clear()

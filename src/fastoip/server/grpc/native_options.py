@@ -13,6 +13,9 @@ class NativeGrpcOptions:
     """The native frontend's settings (CLI flags named as Triton names them where Triton has one)."""
 
     max_message_size: int = INT32_MAX
+    #: ``--mlserver-grpc-stream``: ModelStreamInfer answers models from model-settings.json with MLServer's
+    #: messages (server/grpc/mlserver_shapes.py).
+    mlserver_streams: bool = False
     max_concurrent_streams: int = 1024
     #: HTTP/2 stream window: large so a 602 KB request arrives without waiting for WINDOW_UPDATEs.
     stream_window: int = 8 * 1024 * 1024

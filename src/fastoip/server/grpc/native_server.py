@@ -548,6 +548,7 @@ class NativeGrpcServer:
         self.dispatcher = Dispatcher(core, self.loop, self.executor, options.restricted_protocols,
                                      options.forward_header_pattern)
         self.dispatcher.core_calls.budget = self.limits.requests  # issue 27: stream messages held, bounded
+        self.dispatcher.core_calls.mlserver_streams = options.mlserver_streams
         self._listener: asyncio.AbstractServer | None = None
         # not `_thread`: mypyc names its C field `__thread`, a C keyword
         self._loop_thread: threading.Thread | None = None

@@ -145,7 +145,9 @@ class HttpFrontend(Router):
             if READY_NOT_A_VALUE.match(body):  # too deep to parse, but 'ready' is visibly an array or object
                 raise InvalidArgument(READY_NOT_BOOLEAN) from None
             raise
-        ready = doc.get("ready", False)
+        ready = doc.get("ready")
+        if ready is None:  # absent, or null
+            ready = False
         if type(ready) is not bool:
             raise InvalidArgument(f"{READY_NOT_BOOLEAN}, got {json_excerpt(ready)}")
         return json_response(self.core.repository_index(ready))
@@ -162,7 +164,9 @@ class HttpFrontend(Router):
 
     async def unload_model(self, request: Request, model: str) -> Response:
         doc = optional_json_object(await read_body(request, self.max_body_size), "unload request")
-        dependents = parameters_of(doc, "unload request").get("unload_dependents", False)
+        dependents = parameters_of(doc, "unload request").get("unload_dependents")
+        if dependents is None:  # absent, or null
+            dependents = False
         if type(dependents) is not bool:
             raise InvalidArgument(f"'unload_dependents' must be a boolean, got {json_excerpt(dependents)}")
         loop = asyncio.get_running_loop()

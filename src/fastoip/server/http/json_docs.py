@@ -27,7 +27,9 @@ def base64_value(value: Any, what: str) -> bytes:
 
 def integer_field(doc: dict[str, Any], field: str, what: str, minimum: int, default: int | None = None) -> int:
     """``doc[field]`` as an int >= ``minimum`` (0 or 1; absent: ``default``), or a 400 naming the field."""
-    value = doc.get(field, default)
+    value = doc.get(field)
+    if value is None:  # null is absent
+        value = default
     if type(value) is not int or value < minimum:
         expected = "a non-negative integer" if minimum == 0 else "a positive integer"
         raise InvalidArgument(f"the {what} needs '{field}' as {expected}, got {json_excerpt(value)}")
@@ -43,7 +45,9 @@ def trace_settings_json(values: dict[str, list[str]]) -> dict[str, Any]:
 
 
 def parameters_of(doc: dict[str, Any], what: str) -> dict[str, Any]:
-    parameters = doc.get("parameters", {})
+    parameters = doc.get("parameters")
+    if parameters is None:  # absent, or null
+        return {}
     if type(parameters) is not dict:
         raise InvalidArgument(f"'parameters' of the {what} must be an object")
     return parameters
