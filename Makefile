@@ -17,19 +17,23 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
 
-.PHONY: venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
+.PHONY: browser venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(RING_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(RING_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh scripts/browser_deps.sh scripts/swagger_ui.py
 	sh scripts/native_deps.sh
+	sh scripts/browser_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
+
+browser:  ## Debian's headless Chromium and ChromeDriver for the /v2/docs browser test (make venv does this too)
+	sh scripts/browser_deps.sh
 
 build: venv  ## rebuild the native extensions after editing a .pyx or a compiled .py (pip builds them in isolation: Cython is not in .venv)
 	$(BIN)/python -c 'import Cython' 2>/dev/null || $(BIN)/python -m pip install --quiet 'Cython>=3.1,<4'
