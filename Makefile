@@ -47,8 +47,9 @@ $(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(H
 	@sh scripts/native_deps.sh
 	@echo "fastoip: [2/3] runtime virtualenv $(SERVE_VENV) (no test or lint tools: make test has those)"
 	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
-	@echo "fastoip: [3/3] pip install -e . (downloads the runtime dependencies, then compiles the Cython extensions: about a minute)"
-	$(SERVE_VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar on -e .
+	@echo "fastoip: [3/3] pip install -e '.[client]' (downloads the runtime dependencies and tritonclient, then compiles the extensions: a few minutes)"
+	$(SERVE_VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar on -e '.[client]'
+	@$(SERVE_VENV)/bin/fastoip --version
 	@touch $@
 
 serve: $(SERVE_STAMP)  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)

@@ -24,6 +24,7 @@ from fastoip.cli import serve_options
 from fastoip.repository.layout import missing_version_hint, model_folder_given_as_repository
 from fastoip.triton_flags import FlagError
 from models import identity_model_bytes, write_model
+from python_models import write_python_model
 from serverproc import ServerProcess
 
 SERVE = [sys.executable, "-m", "fastoip.cli", "serve"]
@@ -50,6 +51,12 @@ def test_a_model_file_outside_a_version_folder_says_where_to_move_it(tmp_path: P
     (tmp_path / "mymodel" / "model.onnx").write_bytes(model_bytes)
     error = _model_error(tmp_path, "mymodel")
     assert "move it to mymodel/1/model.onnx" in error
+    # the fix leads, in the index's reason and in the log's line; Triton's misleading sentence comes after it
+    reason = error.split("\n", 1)[0]
+    assert reason.startswith("found mymodel/model.onnx outside a version folder: move it to mymodel/1/model.onnx")
+    assert reason.index("move it to") < reason.index("Expected model name of the form")
+    logged = next(line for line in error.splitlines() if "model 'mymodel' failed to load" in line)
+    assert logged.split("model 'mymodel' failed to load: ", 1)[1].startswith("found mymodel/model.onnx outside")
 
 
 def test_a_version_folder_with_another_file_name_says_how_to_name_it(tmp_path: Path, model_bytes: bytes) -> None:
@@ -140,6 +147,97 @@ def test_ctrl_c_on_an_idle_server_exits_without_the_grace_period(tmp_path: Path,
         assert "no grace period" in server.output()
     finally:
         server.stop()
+
+
+# -- readiness a user can wait on -----------------------------------------------------------
+HEALTH = [sys.executable, "-m", "fastoip.cli", "health"]
+
+
+def test_health_names_the_failed_model_and_exits_nonzero(tmp_path: Path, model_bytes: bytes) -> None:
+    """README's wait loop: `fastoip health --wait` ends at once when a model failed, saying which and why."""
+    write_model(tmp_path, "good", model_bytes)
+    write_model(tmp_path, "broken", b"not an onnx model")
+    with ServerProcess(tmp_path, http=True) as server:
+        started = time.monotonic()
+        done = subprocess.run([*HEALTH, "--url", server.http_url, "--wait", "60"], capture_output=True, text=True,
+                              timeout=120)
+        assert time.monotonic() - started < 30  # not the 60 s: a failed model will not become ready
+    assert done.returncode == 1, done
+    assert "fastoip: model 'broken' failed to load: onnxruntime could not load" in done.stderr, done.stderr
+    assert "good" not in done.stderr
+
+
+def test_health_exits_zero_when_ready_and_waits_for_a_server(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "good", model_bytes)
+    with ServerProcess(tmp_path, http=True) as server:
+        done = subprocess.run([*HEALTH, "--url", f"http://{server.http_url}/"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and f"ready: http://{server.http_url}" in done.stdout, done
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    started = time.monotonic()
+    done = subprocess.run([*HEALTH, "--url", f"127.0.0.1:{port}", "--wait", "2"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and f"no server answers at http://127.0.0.1:{port}" in done.stderr, done
+    assert 1.5 < time.monotonic() - started < 60
+
+
+SLOW_INITIALIZE = """
+    import os, time
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            with open(os.environ["FASTOIP_TEST_PID_FILE"], "w") as out:
+                out.write(str(os.getpid()))
+            time.sleep(30)
+
+        def execute(self, requests):
+            return []
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie waiting for init to reap it
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_30_s_model_load_stops_within_a_second_or_two(tmp_path: Path, signum: int) -> None:
+    """Before: the signal was logged, then the server waited for the load, opened its listeners, then stopped."""
+    config = 'backend: "python"\ninput [{ name: "IN", data_type: TYPE_FP32, dims: [1] }]\n' \
+             'output [{ name: "OUT", data_type: TYPE_FP32, dims: [1] }]\n'
+    write_python_model(tmp_path, "slow", SLOW_INITIALIZE, config=config)
+    pid_file = tmp_path / "worker.pid"
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*SERVE, f"--model-repository={tmp_path}", *NO_PORTS], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "FASTOIP_TEST_PID_FILE": str(pid_file)})
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        started = time.monotonic()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=20) == 0
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert took < 3, (took, text)
+    assert "stopping before the models finished loading: abandoning the load of 'slow'" in text
+    assert "listening on" not in text  # no listener opened after the signal
+    deadline = time.monotonic() + 5
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(worker), "the model's worker process outlived the server"
 
 
 # -- serve --help ---------------------------------------------------------------------------

@@ -12,19 +12,22 @@ calls, calls in flight finish within the exit timeout, then models unload.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import metrics
 from ..allocator import settle_python_heap
 from ..core import Core
 from ..options import RepositoryOptions
+from ..repository import ModelState
 from ..repository.remote import RemoteRepository, parse_location
 from ..settings import SWITCHES, apply_switches, switches_for_level
 from ..tracing import TraceConfig
@@ -283,6 +286,9 @@ class ServerApp:
         self._interactive = self._interactive or interactive
         self._stop.set()
 
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
     def wait(self) -> None:
         self._stop.wait()
         self.shutdown()
@@ -335,8 +341,10 @@ def choose_grpc_frontend(requested: str | None) -> str:
     except ImportError as exc:
         if requested == "native":
             raise RuntimeError(f"--grpc-frontend native: the native extension is not built ({exc})") from None
-        log.info("gRPC frontend: grpcio (the native one was not built: %s; apt-get install libnghttp2-dev "
-                 "and reinstall to build it)", exc)
+        # a WARNING at every start: the slower frontend is otherwise found only in a benchmark
+        log.warning("gRPC frontend: grpcio, several times slower than the native one, which was not built (%s): "
+                    "install libnghttp2's headers (Debian: apt-get install libnghttp2-dev) and reinstall fastoip",
+                    exc)
         return "grpcio"
     return "native"
 
@@ -363,12 +371,70 @@ def serve(options: ServeOptions) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    try:
-        server.start()
-    except (OSError, RuntimeError) as exc:  # a port in use, an address that does not exist
-        print(f"fastoip: cannot start: {exc}", file=sys.stderr, flush=True)
+    # The start (the model loads) runs on a thread of its own and this one waits: a signal is handled at once,
+    # even while a load runs in C (ONNX Runtime) or in a worker process for 30 s.
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:
+            failure.append(exc)
+
+    starter = threading.Thread(target=start, name="fastoip-start", daemon=True)
+    starter.start()
+    while starter.is_alive():
+        starter.join(0.1)
+        if server.stop_requested() and starter.is_alive():
+            abandon_start(server)
+    if failure:
+        if not isinstance(failure[0], (OSError, RuntimeError)):
+            raise failure[0]
+        # a port in use, an address that does not exist, a model that failed with --exit-on-error
+        print(f"fastoip: cannot start: {failure[0]}", file=sys.stderr, flush=True)
         server.stop()
         server.shutdown()
         return 1
     server.wait()
     return 0
+
+
+def abandon_start(server: ServerApp) -> NoReturn:
+    """Stop during the start: the loads in progress are abandoned, not waited for (a load cannot be cancelled
+    from outside: ONNX Runtime's session creation, a Python model's ``initialize`` in its worker).  Nobody can
+    have sent a request yet (no listener is open), so nothing is lost; the worker processes are killed with the
+    server and the object-storage copy removed, then the process ends at once (the load threads would keep a
+    normal exit waiting)."""
+    loading = sorted(record.name for record in server.core.repository.records()
+                     if record.state == ModelState.LOADING)
+    log.warning("stopping before the models finished loading: abandoning the load%s of %s",
+                "s" if len(loading) != 1 else "", ", ".join(f"'{name}'" for name in loading) or "the models")
+    for pid in _child_pids():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if server.remote is not None:
+        with contextlib.suppress(Exception):
+            server.remote.close()
+    server._announce("fastoip: stopped")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _child_pids() -> list[int]:
+    """This process's child processes (Python models' workers), from /proc (Linux)."""
+    me = os.getpid()
+    children = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            children.append(int(entry.name))
+    return children
