@@ -17,7 +17,7 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
 
-.PHONY: browser venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
+.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_S
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
+
+dist: venv  ## dist/: the sdist and a manylinux wheel with libnghttp2 inside (the native gRPC frontend needs nothing on the target)
+	sh scripts/native_deps.sh
+	PY=$(BIN)/python sh scripts/dist.sh
 
 browser:  ## Debian's headless Chromium and ChromeDriver for the /v2/docs browser test (make venv does this too)
 	sh scripts/browser_deps.sh

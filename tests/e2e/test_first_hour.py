@@ -240,6 +240,63 @@ def test_a_signal_during_a_30_s_model_load_stops_within_a_second_or_two(tmp_path
     assert _gone(worker), "the model's worker process outlived the server"
 
 
+# -- small mistakes, one clear line each -----------------------------------------------------
+def test_an_object_storage_repository_without_its_extra_is_one_line() -> None:
+    script = ("import sys; sys.modules['s3fs'] = None; from fastoip.cli import main; "
+              "sys.exit(main(['serve', '--model-repository', 's3://bucket/models', '--grpc-port', '0', "
+              "'--http-port', '-1', '--metrics-port', '-1']))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert ("fastoip: cannot start: model repository 's3://bucket/models' needs s3fs: pip install 'fastoip[s3]'"
+            in done.stderr), done.stderr
+
+
+def test_an_80_mb_body_sent_by_urllib_gets_the_413_not_a_reset(tmp_path: Path, model_bytes: bytes) -> None:
+    """urllib sends the whole body before it reads: the server reads and drops it after answering (lingering
+    close, as nginx), instead of closing with unread bytes (a reset: "Broken pipe")."""
+    import urllib.error
+    import urllib.request
+
+    write_model(tmp_path, "identity", model_bytes)
+    body = b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [' + b"1," * (40 << 20) \
+        + b'1]}]}'
+    assert len(body) > 80 << 20
+    with ServerProcess(tmp_path, http=True) as server:
+        for _ in range(2):  # the server stays up and answers again
+            request = urllib.request.Request(f"http://{server.http_url}/v2/models/identity/infer", data=body)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=60)
+            assert refused.value.code == 413
+            assert b"--http-max-input-size" in refused.value.read()
+        assert httpclient.InferenceServerClient(server.http_url).is_server_ready()
+
+
+def test_version_names_the_grpc_frontend_built() -> None:
+    done = subprocess.run([sys.executable, "-m", "fastoip.cli", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "gRPC frontend: " in done.stdout, done
+    # a build without libnghttp2: the extension cannot be imported (find_spec answers None for it)
+    script = ("import sys; sys.modules['fastoip.server.grpc._http2'] = None; "
+              "from fastoip.cli import main; main(['--version'])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "gRPC frontend: grpcio; the faster native one was not built" in done.stdout, done
+    assert "apt-get install libnghttp2-dev" in done.stdout
+
+
+def test_a_host_without_a_gpu_says_so_in_one_line_as_a_fact(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "identity", model_bytes)
+    with ServerProcess(tmp_path) as server:
+        output = server.output()
+    from fastoip import cuda
+
+    if cuda.runtime() is not None:
+        pytest.skip("this host has a CUDA GPU")
+    lines = [line for line in output.splitlines() if "cuda" in line.lower()]
+    assert all("insufficient" not in line and "not usable" not in line for line in lines), lines
+    assert len(lines) <= 1 and all("no CUDA GPU on this host: models run on the CPU" in line for line in lines), lines
+
+
 # -- serve --help ---------------------------------------------------------------------------
 def _serve_help() -> str:
     done = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=120,

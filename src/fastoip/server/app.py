@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import metrics
 from ..allocator import settle_python_heap
 from ..core import Core
+from ..errors import InferenceError
 from ..options import RepositoryOptions
 from ..repository import ModelState
 from ..repository.remote import RemoteRepository, parse_location
@@ -363,7 +364,11 @@ def serve(options: ServeOptions) -> int:
         handler.addFilter(SWITCHES)  # Triton's independent info / warning / error / verbose switches
     # before the first line (the Core's settings report them again); without Triton's flags, --log-level's
     apply_switches(options.log_switches or switches_for_level(logging.getLogger().getEffectiveLevel()))
-    server = ServerApp(options, own_process=True)
+    try:
+        server = ServerApp(options, own_process=True)
+    except (InferenceError, OSError) as exc:  # a repository it cannot read: a missing extra, storage refusing
+        print(f"fastoip: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
 
     def on_signal(signum: int, frame: object) -> None:
         log.info("signal %s received", signal.Signals(signum).name)
