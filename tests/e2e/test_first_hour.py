@@ -272,6 +272,29 @@ def test_an_80_mb_body_sent_by_urllib_gets_the_413_not_a_reset(tmp_path: Path, m
         assert httpclient.InferenceServerClient(server.http_url).is_server_ready()
 
 
+def test_the_lingering_close_after_a_413_is_bounded(tmp_path: Path, model_bytes: bytes) -> None:
+    """Who can hold the drop-the-body reading: a client that stops sending is closed ~2 s after its last bytes.
+    (``connection: close``, as urllib sends it: a keep-alive connection is answered and stays open, its body
+    discarded as it arrives, under the body timeouts.)"""
+    write_model(tmp_path, "identity", model_bytes)
+    with ServerProcess(tmp_path, http=True) as server, socket.create_connection(("127.0.0.1", server.http_port),
+                                                                                 timeout=20) as sock:
+        sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                     b"content-length: 100000000\r\n\r\n" + b"x" * 65536)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        while sock.recv(65536):  # the rest of the answer, then the server's half-close (FIN)
+            pass
+        sock.sendall(b"x" * (4 << 20))  # still read and dropped: no reset
+        time.sleep(3 * 2.0)  # quiet for longer than LINGER_AFTER_REFUSAL_S: the server closes
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(100):
+                sock.sendall(b"x" * 65536)
+                time.sleep(0.01)
+
+
 def test_version_names_the_grpc_frontend_built() -> None:
     done = subprocess.run([sys.executable, "-m", "fastoip.cli", "--version"], capture_output=True, text=True,
                           timeout=120)
