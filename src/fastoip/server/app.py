@@ -294,6 +294,28 @@ class ServerApp:
         self._stop.wait()
         self.shutdown()
 
+    def abandon_start(self) -> NoReturn:
+        """Stop during the start: the loads in progress are abandoned, not waited for (a load cannot be cancelled
+        from outside: ONNX Runtime's session creation, a Python model's ``initialize`` in its worker).  No
+        listener is open yet, so no request is lost; the worker processes are killed with the server and the
+        object-storage copy removed, then the process ends at once (the load threads would keep a normal exit
+        waiting).  Only for a server that owns its process (``fastoip serve``)."""
+        loading = sorted(record.name for record in self.core.repository.records()
+                         if record.state == ModelState.LOADING)
+        log.warning("stopping before the models finished loading: abandoning the load%s of %s",
+                    "s" if len(loading) != 1 else "", ", ".join(f"'{name}'" for name in loading) or "the models")
+        for pid in _child_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if self.remote is not None:
+            with contextlib.suppress(Exception):
+                self.remote.close()
+        self._announce("fastoip: stopped")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
     def shutdown(self) -> None:
         """Drain without losing a request: every request a listener took is answered.
 
@@ -391,7 +413,7 @@ def serve(options: ServeOptions) -> int:
     while starter.is_alive():
         starter.join(0.1)
         if server.stop_requested() and starter.is_alive():
-            abandon_start(server)
+            server.abandon_start()
     if failure:
         if not isinstance(failure[0], (OSError, RuntimeError)):
             raise failure[0]
@@ -404,34 +426,15 @@ def serve(options: ServeOptions) -> int:
     return 0
 
 
-def abandon_start(server: ServerApp) -> NoReturn:
-    """Stop during the start: the loads in progress are abandoned, not waited for (a load cannot be cancelled
-    from outside: ONNX Runtime's session creation, a Python model's ``initialize`` in its worker).  Nobody can
-    have sent a request yet (no listener is open), so nothing is lost; the worker processes are killed with the
-    server and the object-storage copy removed, then the process ends at once (the load threads would keep a
-    normal exit waiting)."""
-    loading = sorted(record.name for record in server.core.repository.records()
-                     if record.state == ModelState.LOADING)
-    log.warning("stopping before the models finished loading: abandoning the load%s of %s",
-                "s" if len(loading) != 1 else "", ", ".join(f"'{name}'" for name in loading) or "the models")
-    for pid in _child_pids():
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    if server.remote is not None:
-        with contextlib.suppress(Exception):
-            server.remote.close()
-    server._announce("fastoip: stopped")
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def _child_pids() -> list[int]:
     """This process's child processes (Python models' workers), from /proc (Linux)."""
     me = os.getpid()
-    children = []
-    for entry in os.scandir("/proc"):
+    children: list[int] = []
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:  # no /proc: the workers end when they find their channel closed
+        return children
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
