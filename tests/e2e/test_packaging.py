@@ -159,3 +159,22 @@ def test_the_wheel_installs_in_a_fresh_venv_and_serves(dist: tuple[Path, str], t
         assert "simple" in bench.stdout
     finally:
         server.stop(30)
+
+
+def test_swagger_ui_is_fetched_only_with_the_pinned_integrity(tmp_path: Path) -> None:
+    """scripts/swagger_ui.py: npm's tarball is checked against the pinned hash before a file is kept."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: the build cannot fetch Swagger UI (it says so)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("swagger_ui_script", REPO / "scripts" / "swagger_ui.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    good = tmp_path / "good"
+    assert script.fetch(good) is None and script.current(good)
+    assert (good / "swagger-ui-bundle.js").stat().st_size > 1_000_000
+    script.INTEGRITY = "sha512-" + "A" * 86 + "=="  # what a tampered or substituted tarball would hash to
+    bad = tmp_path / "bad"
+    why = script.fetch(bad)
+    assert why is not None and "is not the pinned" in why and not bad.exists()
