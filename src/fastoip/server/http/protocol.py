@@ -25,6 +25,11 @@ Rules:
   retry); now it is answered, and the client's next connection is refused (retryable).
 - Every refusal the server writes itself (limits, timeouts, framing errors the parser finds) is
   ``{"error": "..."}`` JSON with ``connection: close``, as the router answers everything else.
+- A connection that ends with its request's body still arriving (a 413 on Content-Length to a client that sent
+  ``connection: close``, as urllib does) is half-closed and reads and drops the rest (nginx's lingering close),
+  so that a client that writes its whole body before reading gets the answer, not a reset; bounded by
+  ``LINGER_AFTER_REFUSAL_S`` of quiet, ``LINGER_MAX_S`` and ``LINGER_MAX_BYTES``.  Such a connection counts as
+  idle (its answer is complete), so the connection cap closes it first.
 """
 
 from __future__ import annotations
