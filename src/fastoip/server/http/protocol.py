@@ -29,7 +29,7 @@ Rules:
   ``connection: close``, as urllib does) is half-closed and reads and drops the rest (nginx's lingering close),
   so that a client that writes its whole body before reading gets the answer, not a reset; bounded by
   ``LINGER_AFTER_REFUSAL_S`` of quiet, ``LINGER_MAX_S`` and ``LINGER_MAX_BYTES``.  Such a connection counts as
-  idle (its answer is complete), so the connection cap closes it first.
+  idle (its answer is complete): the connection cap may close it to admit a new one.
 """
 
 from __future__ import annotations
