@@ -17,19 +17,27 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
 
-.PHONY: venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
+.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(RING_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh
+$(STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(HTTP2_SOURCES) $(RING_SOURCES) $(COMPILED_PY_SOURCES) scripts/native_deps.sh scripts/browser_deps.sh scripts/swagger_ui.py
 	sh scripts/native_deps.sh
+	sh scripts/browser_deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,pandas]'
 	touch $(STAMP)
+
+dist: venv  ## dist/: the sdist and a manylinux wheel with libnghttp2 inside (the native gRPC frontend needs nothing on the target)
+	sh scripts/native_deps.sh
+	PY=$(BIN)/python sh scripts/dist.sh
+
+browser:  ## Debian's headless Chromium and ChromeDriver for the /v2/docs browser test (make venv does this too)
+	sh scripts/browser_deps.sh
 
 build: venv  ## rebuild the native extensions after editing a .pyx or a compiled .py (pip builds them in isolation: Cython is not in .venv)
 	$(BIN)/python -c 'import Cython' 2>/dev/null || $(BIN)/python -m pip install --quiet 'Cython>=3.1,<4'
@@ -43,8 +51,9 @@ $(SERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES) $(H
 	@sh scripts/native_deps.sh
 	@echo "fastoip: [2/3] runtime virtualenv $(SERVE_VENV) (no test or lint tools: make test has those)"
 	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
-	@echo "fastoip: [3/3] pip install -e . (downloads the runtime dependencies, then compiles the Cython extensions: about a minute)"
-	$(SERVE_VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar on -e .
+	@echo "fastoip: [3/3] pip install -e '.[client]' (downloads the runtime dependencies and tritonclient, then compiles the extensions: a few minutes)"
+	$(SERVE_VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar on -e '.[client]'
+	@$(SERVE_VENV)/bin/fastoip --version
 	@touch $@
 
 serve: $(SERVE_STAMP)  ## serve the built-in demo repository (gRPC :8001, HTTP :8000, metrics :8002)

@@ -69,12 +69,15 @@ def nghttp2_flags() -> "dict | None":
 
 
 HTTP2 = nghttp2_flags()
+#: said again as the build's last line, where a user looks (pip -v, make build): the slower frontend is the
+#: difference a user would otherwise find only in a benchmark
+NO_NATIVE_GRPC = (
+    "fastoip: WARNING: libnghttp2 headers not found (Debian: apt-get install libnghttp2-dev): the native gRPC "
+    "frontend is NOT built and fastoip serves gRPC with grpcio, several times slower; install them and rebuild"
+)
 if HTTP2 is None or os.environ.get("FASTOIP_NO_NATIVE_GRPC") == "1":
-    print(
-        "fastoip: libnghttp2 headers not found (apt-get install libnghttp2-dev): the native gRPC frontend "
-        "is not built; fastoip serve falls back to the grpcio frontend",
-        flush=True,
-    )
+    print(NO_NATIVE_GRPC, flush=True)
+    HTTP2 = None
 else:
     extensions.append(
         Extension(
@@ -168,6 +171,11 @@ elif COMPILE_PY:
         group_name="fastoip._percall",
     )
 
+# /v2/docs's Swagger UI 5 (scripts/swagger_ui.py: npm's swagger-ui-dist, integrity-checked), carried by the wheel
+SWAGGER_UI = "scripts/swagger_ui.py"
+if BUILDS and os.path.exists(SWAGGER_UI):
+    subprocess.run([sys.executable, SWAGGER_UI], check=False)
+
 setup(
     ext_modules=compiled_py + cythonize(
         extensions,
@@ -181,3 +189,5 @@ setup(
         },
     )
 )
+if BUILDS and HTTP2 is None:
+    print("\n" + NO_NATIVE_GRPC + "\n", flush=True)

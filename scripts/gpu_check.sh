@@ -41,7 +41,7 @@ PY=${PY:-python3}
 WHEELS=(
     onnxruntime-gpu==1.31.1
     "tritonclient==2.73.0" python-rapidjson geventhttpclient gevent greenlet zope.event zope.interface brotli
-    uvicorn httptools orjson swagger-ui-bundle==1.1.0
+    uvicorn httptools orjson
     # model-settings.json's schema (the first GPU run, 2026-11-27, found the image without pydantic)
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection typing-extensions
     # the image has grpcio and protobuf, of versions nobody has read: the ones fastoip is tested with travel

@@ -79,6 +79,7 @@ LAYERS: dict[str, int] = {
     "embed": 4,  # fastoip.Server: the server app inside the caller's process
     "__main__": 4,
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench
+    "health_check": 0,  # standard library only: `fastoip health`, a client of any V2 server's HTTP API
 }
 LAYER_NAMES = ("ground", "wire", "models", "core", "top")
 

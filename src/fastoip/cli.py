@@ -1,4 +1,4 @@
-"""``fastoip serve | mlserver start | demo-repository``: the command line."""
+"""``fastoip serve | mlserver start | health | demo-repository``: the command line."""
 
 from __future__ import annotations
 
@@ -120,9 +120,19 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve_help.arrange(p)
 
 
+def _grpc_frontend_built() -> str:
+    """Which gRPC frontend this build serves with, for ``--version`` (found without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("fastoip.server.grpc._http2") is not None:
+        return "gRPC frontend: native, on libnghttp2"
+    return ("gRPC frontend: grpcio; the faster native one was not built: install libnghttp2's headers "
+            "(Debian: apt-get install libnghttp2-dev) and reinstall")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastoip", description="Open Inference Protocol server")
-    parser.add_argument("--version", action="version", version=f"fastoip {__version__}")
+    parser.add_argument("--version", action="version", version=f"fastoip {__version__} ({_grpc_frontend_built()})")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
@@ -134,6 +144,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
+    health = sub.add_parser("health", help="wait until a server is ready; else say why not (a failed model and its "
+                                           "error) and exit 1")
+    health.add_argument("--url", default=f"127.0.0.1:{_env('HTTP_PORT', '8000')}",
+                        help="the server's HTTP address (default 127.0.0.1:$FASTOIP_HTTP_PORT, else 8000)")
+    health.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait up to this long for the server to answer and its models to load (default 0: "
+                             "look once); a model that failed to load ends the wait at once")
     return parser
 
 
@@ -445,6 +462,13 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
 
         print(write_repository(args.out))
         return 0
+    if args.command == "health":
+        from .health_check import wait_ready
+
+        state = wait_ready(args.url, max(0.0, args.wait))
+        for line in state.lines:
+            print(f"fastoip: {line}", file=sys.stdout if state.kind == "ready" else sys.stderr)
+        return 0 if state.kind == "ready" else 1
     return 2
 
 

@@ -196,18 +196,24 @@ def runtime() -> CudaRuntime | None:
 
 
 def _load() -> CudaRuntime | None:
+    tried = []
     for candidate in _candidates():
         try:
             lib = ctypes.CDLL(candidate)
         except OSError:
             continue
+        tried.append(candidate)
         try:
             cuda = CudaRuntime(lib)
             if cuda.device_count() > 0:
                 log.info("CUDA runtime: %s", candidate)
                 return cuda
         except (AttributeError, CudaError) as exc:
-            log.info("CUDA runtime %s is not usable: %s", candidate, exc)
+            # on a host without a GPU the runtime says "driver version is insufficient": true, and read as an
+            # error by everyone; the detail is for whoever debugs a GPU host
+            log.debug("CUDA runtime %s is not usable: %s", candidate, exc)
+    if tried:
+        log.info("no CUDA GPU on this host: models run on the CPU")
     return None
 
 

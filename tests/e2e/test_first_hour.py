@@ -24,6 +24,7 @@ from fastoip.cli import serve_options
 from fastoip.repository.layout import missing_version_hint, model_folder_given_as_repository
 from fastoip.triton_flags import FlagError
 from models import identity_model_bytes, write_model
+from python_models import write_python_model
 from serverproc import ServerProcess
 
 SERVE = [sys.executable, "-m", "fastoip.cli", "serve"]
@@ -50,6 +51,12 @@ def test_a_model_file_outside_a_version_folder_says_where_to_move_it(tmp_path: P
     (tmp_path / "mymodel" / "model.onnx").write_bytes(model_bytes)
     error = _model_error(tmp_path, "mymodel")
     assert "move it to mymodel/1/model.onnx" in error
+    # the fix leads, in the index's reason and in the log's line; Triton's misleading sentence comes after it
+    reason = error.split("\n", 1)[0]
+    assert reason.startswith("found mymodel/model.onnx outside a version folder: move it to mymodel/1/model.onnx")
+    assert reason.index("move it to") < reason.index("Expected model name of the form")
+    logged = next(line for line in error.splitlines() if "model 'mymodel' failed to load" in line)
+    assert logged.split("model 'mymodel' failed to load: ", 1)[1].startswith("found mymodel/model.onnx outside")
 
 
 def test_a_version_folder_with_another_file_name_says_how_to_name_it(tmp_path: Path, model_bytes: bytes) -> None:
@@ -140,6 +147,177 @@ def test_ctrl_c_on_an_idle_server_exits_without_the_grace_period(tmp_path: Path,
         assert "no grace period" in server.output()
     finally:
         server.stop()
+
+
+# -- readiness a user can wait on -----------------------------------------------------------
+HEALTH = [sys.executable, "-m", "fastoip.cli", "health"]
+
+
+def test_health_names_the_failed_model_and_exits_nonzero(tmp_path: Path, model_bytes: bytes) -> None:
+    """README's wait loop: `fastoip health --wait` ends at once when a model failed, saying which and why."""
+    write_model(tmp_path, "good", model_bytes)
+    write_model(tmp_path, "broken", b"not an onnx model")
+    with ServerProcess(tmp_path, http=True) as server:
+        started = time.monotonic()
+        done = subprocess.run([*HEALTH, "--url", server.http_url, "--wait", "60"], capture_output=True, text=True,
+                              timeout=120)
+        assert time.monotonic() - started < 30  # not the 60 s: a failed model will not become ready
+    assert done.returncode == 1, done
+    assert "fastoip: model 'broken' failed to load: onnxruntime could not load" in done.stderr, done.stderr
+    assert "good" not in done.stderr
+
+
+def test_health_exits_zero_when_ready_and_waits_for_a_server(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "good", model_bytes)
+    with ServerProcess(tmp_path, http=True) as server:
+        done = subprocess.run([*HEALTH, "--url", f"http://{server.http_url}/"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and f"ready: http://{server.http_url}" in done.stdout, done
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    started = time.monotonic()
+    done = subprocess.run([*HEALTH, "--url", f"127.0.0.1:{port}", "--wait", "2"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and f"no server answers at http://127.0.0.1:{port}" in done.stderr, done
+    assert 1.5 < time.monotonic() - started < 60
+
+
+SLOW_INITIALIZE = """
+    import os, time
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            with open(os.environ["FASTOIP_TEST_PID_FILE"], "w") as out:
+                out.write(str(os.getpid()))
+            time.sleep(30)
+
+        def execute(self, requests):
+            return []
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie waiting for init to reap it
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_30_s_model_load_stops_within_a_second_or_two(tmp_path: Path, signum: int) -> None:
+    """Before: the signal was logged, then the server waited for the load, opened its listeners, then stopped."""
+    config = 'backend: "python"\ninput [{ name: "IN", data_type: TYPE_FP32, dims: [1] }]\n' \
+             'output [{ name: "OUT", data_type: TYPE_FP32, dims: [1] }]\n'
+    write_python_model(tmp_path, "slow", SLOW_INITIALIZE, config=config)
+    pid_file = tmp_path / "worker.pid"
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*SERVE, f"--model-repository={tmp_path}", *NO_PORTS], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "FASTOIP_TEST_PID_FILE": str(pid_file)})
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        started = time.monotonic()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=20) == 0
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert took < 3, (took, text)
+    assert "stopping before the models finished loading: abandoning the load of 'slow'" in text
+    assert "listening on" not in text  # no listener opened after the signal
+    deadline = time.monotonic() + 5
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(worker), "the model's worker process outlived the server"
+
+
+# -- small mistakes, one clear line each -----------------------------------------------------
+def test_an_object_storage_repository_without_its_extra_is_one_line() -> None:
+    script = ("import sys; sys.modules['s3fs'] = None; from fastoip.cli import main; "
+              "sys.exit(main(['serve', '--model-repository', 's3://bucket/models', '--grpc-port', '0', "
+              "'--http-port', '-1', '--metrics-port', '-1']))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert ("fastoip: cannot start: model repository 's3://bucket/models' needs s3fs: pip install 'fastoip[s3]'"
+            in done.stderr), done.stderr
+
+
+def test_an_80_mb_body_sent_by_urllib_gets_the_413_not_a_reset(tmp_path: Path, model_bytes: bytes) -> None:
+    """urllib sends the whole body before it reads: the server reads and drops it after answering (lingering
+    close, as nginx), instead of closing with unread bytes (a reset: "Broken pipe")."""
+    import urllib.error
+    import urllib.request
+
+    write_model(tmp_path, "identity", model_bytes)
+    body = b'{"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [' + b"1," * (40 << 20) \
+        + b'1]}]}'
+    assert len(body) > 80 << 20
+    with ServerProcess(tmp_path, http=True) as server:
+        for _ in range(2):  # the server stays up and answers again
+            request = urllib.request.Request(f"http://{server.http_url}/v2/models/identity/infer", data=body)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=60)
+            assert refused.value.code == 413
+            assert b"--http-max-input-size" in refused.value.read()
+        assert httpclient.InferenceServerClient(server.http_url).is_server_ready()
+
+
+def test_the_lingering_close_after_a_413_is_bounded(tmp_path: Path, model_bytes: bytes) -> None:
+    """Who can hold the drop-the-body reading: a client that stops sending is closed ~2 s after its last bytes.
+    (``connection: close``, as urllib sends it: a keep-alive connection is answered and stays open, its body
+    discarded as it arrives, under the body timeouts.)"""
+    write_model(tmp_path, "identity", model_bytes)
+    with ServerProcess(tmp_path, http=True) as server, socket.create_connection(("127.0.0.1", server.http_port),
+                                                                                 timeout=20) as sock:
+        sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                     b"content-length: 100000000\r\n\r\n" + b"x" * 65536)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        while sock.recv(65536):  # the rest of the answer, then the server's half-close (FIN)
+            pass
+        sock.sendall(b"x" * (4 << 20))  # still read and dropped: no reset
+        time.sleep(3 * 2.0)  # quiet for longer than LINGER_AFTER_REFUSAL_S: the server closes
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(100):
+                sock.sendall(b"x" * 65536)
+                time.sleep(0.01)
+
+
+def test_version_names_the_grpc_frontend_built() -> None:
+    done = subprocess.run([sys.executable, "-m", "fastoip.cli", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "gRPC frontend: " in done.stdout, done
+    # a build without libnghttp2: the extension cannot be imported (find_spec answers None for it)
+    script = ("import sys; sys.modules['fastoip.server.grpc._http2'] = None; "
+              "from fastoip.cli import main; main(['--version'])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "gRPC frontend: grpcio; the faster native one was not built" in done.stdout, done
+    assert "apt-get install libnghttp2-dev" in done.stdout
+
+
+def test_a_host_without_a_gpu_says_so_in_one_line_as_a_fact(tmp_path: Path, model_bytes: bytes) -> None:
+    write_model(tmp_path, "identity", model_bytes)
+    with ServerProcess(tmp_path) as server:
+        output = server.output()
+    from fastoip import cuda
+
+    if cuda.runtime() is not None:
+        pytest.skip("this host has a CUDA GPU")
+    lines = [line for line in output.splitlines() if "cuda" in line.lower()]
+    assert all("insufficient" not in line and "not usable" not in line for line in lines), lines
+    assert len(lines) <= 1 and all("no CUDA GPU on this host: models run on the CPU" in line for line in lines), lines
 
 
 # -- serve --help ---------------------------------------------------------------------------

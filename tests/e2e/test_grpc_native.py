@@ -360,4 +360,6 @@ def test_without_the_extension_serve_falls_back_to_grpcio() -> None:
             raise
     text = "".join(lines)
     assert "fastoip: grpc frontend grpcio" in text
-    assert "the native one was not built" in text
+    # a WARNING at every start, naming the slower frontend and the fix
+    warning = next(line for line in text.splitlines() if "the native one, which was not built" in line)
+    assert " WARNING " in warning and "several times slower" in warning and "libnghttp2-dev" in warning

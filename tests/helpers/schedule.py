@@ -46,7 +46,8 @@ MODULE_SECONDS: dict[str, float] = {
     "e2e/test_bench_native_client.py": 13,
     "e2e/test_http.py": 13,
     "e2e/test_cuda_plumbing.py": 13,
-    "e2e/test_first_hour.py": 13,
+    "e2e/test_first_hour.py": 30,  # 2026-12-06: the health, signal-during-a-load and 80 MB body tests
+    "e2e/test_docs_browser.py": 20,  # 2026-12-06: Chromium started once, two page loads
     "e2e/test_grpc.py": 12,
     "e2e/test_metrics.py": 12,
     "e2e/test_grpc_streams.py": 10,

@@ -361,3 +361,83 @@ def test_child_spans_wait_for_their_parent_and_orphans_go_out_alone() -> None:
         roots = [span for span in receiver.spans if span.name == "InferRequest"]
     assert len(roots) == 2  # the outer request's and the orphan's
     assert spans["orphan"].parent_span_id in {root.span_id for root in roots}
+
+
+# -- OpenTelemetry's standard environment variables -------------------------------------------------------
+OTEL_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SERVICE_NAME",
+                  "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SDK_DISABLED")
+
+
+@pytest.fixture
+def otel_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in OTEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+OTEL_MODE = ["mode=opentelemetry", "level=TIMESTAMPS"]
+
+
+def test_otel_environment_gives_the_defaults_and_trace_config_wins(otel_env: pytest.MonkeyPatch) -> None:
+    otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    otel_env.setenv("OTEL_SERVICE_NAME", "scoring")
+    otel_env.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,team=ml%20ops")
+    otel_env.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    otel_env.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    config = parse_trace_config(OTEL_MODE)
+    assert config.otel_url == "http://collector:4318/v1/traces"
+    assert config.otel_resource == {"service.name": "scoring", "deployment.environment": "prod", "team": "ml ops"}
+    assert config.rate == 4
+    # the command line wins over each
+    config = parse_trace_config([*OTEL_MODE, "opentelemetry,url=other:4318/v1/traces", "rate=7",
+                                 "opentelemetry,resource=service.name=mine"])
+    assert (config.otel_url, config.rate) == ("http://other:4318/v1/traces", 7)
+    assert config.otel_resource["service.name"] == "mine"
+    # the traces endpoint is used as it is; Triton mode reads none of them
+    otel_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://collector/custom")
+    assert parse_trace_config(OTEL_MODE).otel_url == "https://collector/custom"
+    triton = parse_trace_config(["level=TIMESTAMPS", "triton,file=/tmp/t.json"])
+    assert (triton.rate, triton.otel_resource["service.name"]) == (1000, "fastoip")
+
+
+@pytest.mark.parametrize(("sampler", "argument", "rate", "count"), [
+    ("always_on", None, 1, -1), ("parentbased_always_off", None, 1000, 0), ("traceidratio", "0.1", 10, -1),
+    ("traceidratio", "0", 1000, 0),
+])
+def test_otel_traces_sampler_sets_the_rate(otel_env: pytest.MonkeyPatch, sampler: str, argument: str | None,
+                                           rate: int, count: int) -> None:
+    otel_env.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if argument is not None:
+        otel_env.setenv("OTEL_TRACES_SAMPLER_ARG", argument)
+    config = parse_trace_config(OTEL_MODE)
+    assert (config.rate, config.count) == (rate, count)
+
+
+def test_a_bad_otel_sampler_is_refused_by_name_and_sdk_disabled_turns_tracing_off(
+        otel_env: pytest.MonkeyPatch) -> None:
+    otel_env.setenv("OTEL_TRACES_SAMPLER", "sometimes")
+    with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER: expected one of always_on"):
+        parse_trace_config(OTEL_MODE)
+    otel_env.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    otel_env.setenv("OTEL_TRACES_SAMPLER_ARG", "2")
+    with pytest.raises(ValueError, match=r"OTEL_TRACES_SAMPLER_ARG: expected a ratio in \[0, 1\], got '2'"):
+        parse_trace_config(OTEL_MODE)
+    otel_env.delenv("OTEL_TRACES_SAMPLER")
+    otel_env.setenv("OTEL_SDK_DISABLED", "true")
+    assert not parse_trace_config(OTEL_MODE).enabled
+
+
+def test_spans_reach_the_receiver_otel_exporter_otlp_endpoint_names(otel_env: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from fastoip.tracing.otel import OtelExporter
+
+    with otlp_receiver() as receiver:
+        base = receiver.url.rsplit("/v1/traces", 1)[0]
+        otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", base)
+        otel_env.setenv("OTEL_SERVICE_NAME", "scoring")
+        exporter = OtelExporter(parse_trace_config(OTEL_MODE))
+        exporter.export(record(carrier={"traceparent": TRACEPARENT}))
+        exporter.shutdown()
+    assert receiver.trace_ids() == {"4bf92f3577b34da6a3ce929d0e0e4736"}
+    names = {a.value.string_value for r in receiver.resources for a in r.attributes if a.key == "service.name"}
+    assert names == {"scoring"}

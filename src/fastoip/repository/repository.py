@@ -251,7 +251,9 @@ class ModelRepository:
                     raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
                 self._load_locked(name, None, None, False)
             except InferenceError as exc:
-                log.error("%smodel '%s' failed to load: %s", what, name, exc)
+                # the reason without Triton's "failed to load '<name>': " again: the fix leads the line
+                reason = str(exc).removeprefix(f"failed to load '{name}': ")
+                log.error("%smodel '%s' failed to load: %s", what, name, reason)
 
         threads = min(max(1, self.options.load_threads), len(plain))
         with self._load_lock:
@@ -502,7 +504,8 @@ class ModelRepository:
             kind = kind_for(base, model_dir, name)
         except UndeterminedBackend as exc:
             hint = missing_version_hint(name, model_dir, "model.onnx")
-            raise UndeterminedBackend(f"{exc.message} ({hint})" if hint else exc.message) from None
+            # the fix first: Triton's sentence (kept, clients match on it) points at renaming the model
+            raise UndeterminedBackend(f"{hint}. ({exc.message})" if hint else exc.message) from None
         refuse_unbuilt_sections(base, name, kind.name)
         if from_client and kind.name == "python" and not self.options.allow_code_loads:
             raise InvalidArgument(
@@ -522,7 +525,7 @@ class ModelRepository:
         if not available:
             hint = missing_version_hint(name, model_dir, filename)
             missing = f"model '{name}': no version directory holds '{filename}'"
-            raise Unavailable(f"{missing}; {hint}" if hint else missing)
+            raise Unavailable(f"{hint} ({missing})" if hint else missing)
         selected = _select_versions(base, available, name)
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
 

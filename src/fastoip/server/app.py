@@ -12,19 +12,23 @@ calls, calls in flight finish within the exit timeout, then models unload.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import metrics
 from ..allocator import settle_python_heap
 from ..core import Core
+from ..errors import InferenceError
 from ..options import RepositoryOptions
+from ..repository import ModelState
 from ..repository.remote import RemoteRepository, parse_location
 from ..settings import SWITCHES, apply_switches, switches_for_level
 from ..tracing import TraceConfig
@@ -288,9 +292,34 @@ class ServerApp:
         self._interactive = self._interactive or interactive
         self._stop.set()
 
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
     def wait(self) -> None:
         self._stop.wait()
         self.shutdown()
+
+    def abandon_start(self) -> NoReturn:
+        """Stop during the start: the loads in progress are abandoned, not waited for (a load cannot be cancelled
+        from outside: ONNX Runtime's session creation, a Python model's ``initialize`` in its worker).  No
+        listener is open yet, so no request is lost; the worker processes are killed with the server and the
+        object-storage copy removed, then the process ends at once (the load threads would keep a normal exit
+        waiting).  Only for a server that owns its process (``fastoip serve``)."""
+        loading = sorted(record.name for record in self.core.repository.records()
+                         if record.state == ModelState.LOADING)
+        log.warning("stopping before the models finished loading: abandoning the load%s of %s",
+                    "s" if len(loading) != 1 else "", ", ".join(f"'{name}'" for name in loading) or "the models")
+        for pid in _child_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if self.remote is not None:
+            with contextlib.suppress(Exception):
+                self.remote.close()
+        self._announce("fastoip: stopped")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def shutdown(self) -> None:
         """Drain without losing a request: every request a listener took is answered.
@@ -340,8 +369,10 @@ def choose_grpc_frontend(requested: str | None) -> str:
     except ImportError as exc:
         if requested == "native":
             raise RuntimeError(f"--grpc-frontend native: the native extension is not built ({exc})") from None
-        log.info("gRPC frontend: grpcio (the native one was not built: %s; apt-get install libnghttp2-dev "
-                 "and reinstall to build it)", exc)
+        # a WARNING at every start: the slower frontend is otherwise found only in a benchmark
+        log.warning("gRPC frontend: grpcio, several times slower than the native one, which was not built (%s): "
+                    "install libnghttp2's headers (Debian: apt-get install libnghttp2-dev) and reinstall fastoip",
+                    exc)
         return "grpcio"
     return "native"
 
@@ -360,7 +391,11 @@ def serve(options: ServeOptions) -> int:
         handler.addFilter(SWITCHES)  # Triton's independent info / warning / error / verbose switches
     # before the first line (the Core's settings report them again); without Triton's flags, --log-level's
     apply_switches(options.log_switches or switches_for_level(logging.getLogger().getEffectiveLevel()))
-    server = ServerApp(options, own_process=True)
+    try:
+        server = ServerApp(options, own_process=True)
+    except (InferenceError, OSError) as exc:  # a repository it cannot read: a missing extra, storage refusing
+        print(f"fastoip: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
 
     def on_signal(signum: int, frame: object) -> None:
         log.info("signal %s received", signal.Signals(signum).name)
@@ -368,12 +403,51 @@ def serve(options: ServeOptions) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    try:
-        server.start()
-    except (OSError, RuntimeError) as exc:  # a port in use, an address that does not exist
-        print(f"fastoip: cannot start: {exc}", file=sys.stderr, flush=True)
+    # The start (the model loads) runs on a thread of its own and this one waits: a signal is handled at once,
+    # even while a load runs in C (ONNX Runtime) or in a worker process for 30 s.
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:
+            failure.append(exc)
+
+    starter = threading.Thread(target=start, name="fastoip-start", daemon=True)
+    starter.start()
+    while starter.is_alive():
+        starter.join(0.1)
+        if server.stop_requested() and starter.is_alive():
+            server.abandon_start()
+    if failure:
+        if not isinstance(failure[0], (OSError, RuntimeError)):
+            raise failure[0]
+        # a port in use, an address that does not exist, a model that failed with --exit-on-error
+        print(f"fastoip: cannot start: {failure[0]}", file=sys.stderr, flush=True)
         server.stop()
         server.shutdown()
         return 1
     server.wait()
     return 0
+
+
+def _child_pids() -> list[int]:
+    """This process's child processes (Python models' workers), from /proc (Linux)."""
+    me = os.getpid()
+    children: list[int] = []
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:  # no /proc: the workers end when they find their channel closed
+        return children
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            children.append(int(entry.name))
+    return children

@@ -11,12 +11,21 @@ Rules (Triton's ``docs/user_guide/trace.md`` and ``src/command_line_parser.cc``)
   repeatable), ``bsp_max_queue_size``, ``bsp_schedule_delay`` (ms),
   ``bsp_max_export_batch_size`` (defaults from ``OTEL_BSP_*`` when set, as Triton).
 - The deprecated flags give the starting values; ``--trace-config`` wins over them.
+- OpenTelemetry's standard environment variables are honoured in opentelemetry mode, as defaults that
+  ``--trace-config`` overrides: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (the URL as it is) or
+  ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/traces`` appended, as the SDK does), ``OTEL_SERVICE_NAME`` and
+  ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` (+ ``OTEL_TRACES_SAMPLER_ARG``) as the rate:
+  ``[parentbased_]always_on`` every request, ``[parentbased_]always_off`` none (count 0),
+  ``[parentbased_]traceidratio`` one request in round(1/ratio); a request with a ``traceparent`` is traced
+  whatever the rate (parent-based either way), and ``OTEL_SDK_DISABLED=true`` turns tracing off.  The exporter
+  reads the others itself (``OTEL_EXPORTER_OTLP_HEADERS``, ``_TIMEOUT``, ``_COMPRESSION``, ``_CERTIFICATE``).
 - Anything else is refused with a message naming it.
 """
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +88,52 @@ def _bsp_default(name: str, default: int) -> int:
     return _integer(name, value, 0) if value else default
 
 
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+            "parentbased_traceidratio")
+
+
+def _otel_environment(config: TraceConfig, rate_given: bool, url_given: bool) -> None:
+    """OpenTelemetry's standard environment variables, under what the command line said (opentelemetry mode)."""
+    env = os.environ
+    traces, base = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not url_given and (traces or base):
+        config.otel_url = traces if traces else f"{base.rstrip('/')}/v1/traces"  # type: ignore[union-attr]
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        config.levels = ()
+    sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if sampler and not rate_given:
+        if sampler not in SAMPLERS:
+            raise ValueError(f"OTEL_TRACES_SAMPLER: expected one of {', '.join(SAMPLERS)}, got '{sampler}'")
+        if sampler.endswith("always_on"):
+            config.rate = 1
+        elif sampler.endswith("always_off"):
+            config.count = 0
+        else:
+            argument = env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+            try:
+                ratio = float(argument)
+            except ValueError:
+                raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: expected a ratio in [0, 1], got '{argument}'") from None
+            if not 0.0 <= ratio <= 1.0:
+                raise ValueError(f"OTEL_TRACES_SAMPLER_ARG: expected a ratio in [0, 1], got '{argument}'")
+            if ratio == 0.0:
+                config.count = 0
+            else:
+                config.rate = max(1, round(1 / ratio))
+
+
+def _otel_resource_environment() -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,...``, values percent-encoded) and ``OTEL_SERVICE_NAME`` over it."""
+    resource = {}
+    for item in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, equals, value = item.partition("=")
+        if equals and key.strip():
+            resource[key.strip()] = urllib.parse.unquote(value.strip())
+    if os.environ.get("OTEL_SERVICE_NAME"):
+        resource["service.name"] = os.environ["OTEL_SERVICE_NAME"]
+    return resource
+
+
 def parse_trace_config(
     entries: Sequence[str],
     *,
@@ -97,6 +152,8 @@ def parse_trace_config(
     levels = {parse_level(value, "--trace-level") for value in trace_levels}
     if trace_file is not None:
         config.file = trace_file
+    rate_given = trace_rate is not None or trace_count is not None
+    url_given = False
     if trace_rate is not None:
         config.rate = _integer("--trace-rate", str(trace_rate), 0)
     if trace_count is not None:
@@ -115,8 +172,10 @@ def parse_trace_config(
                 levels.add(parse_level(value))
             elif setting == "rate":
                 config.rate = _integer("--trace-config rate", value, 0)
+                rate_given = True
             elif setting == "count":
                 config.count = _integer("--trace-config count", value, -1)
+                rate_given = True
             elif setting == "mode":
                 if value.lower() not in MODES:
                     raise ValueError(
@@ -136,6 +195,7 @@ def parse_trace_config(
         elif scope.lower() == "opentelemetry":
             if setting == "url":
                 config.otel_url = value if "://" in value else f"http://{value}"
+                url_given = True
             elif setting == "resource":
                 key, equals, attribute = value.partition("=")
                 if not equals or not key:
@@ -156,6 +216,9 @@ def parse_trace_config(
             raise ValueError(f"--trace-config: unknown mode '{scope}' (triton or opentelemetry)")
     # an explicit OFF anywhere turns tracing off, as Triton does
     config.levels = () if "" in levels else tuple(level for level in LEVELS if level in levels)
+    if config.mode == "opentelemetry":
+        _otel_environment(config, rate_given, url_given)
+        config.otel_resource.update(_otel_resource_environment())
     config.otel_resource.update(resource)
     if config.bsp_max_export_batch_size > config.bsp_max_queue_size:
         raise ValueError("--trace-config opentelemetry: bsp_max_export_batch_size must be <= bsp_max_queue_size")

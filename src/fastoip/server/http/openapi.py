@@ -317,8 +317,8 @@ OPERATIONS: dict[str, Operation] = {
     "openapi_document": Operation("This OpenAPI document", DOCS, response="OpenApiDocument"),
     "docs_page": Operation(
         "A Swagger UI page on this document", DOCS, response_type="text/html",
-        description="Swagger UI's script and style come from this server (the swagger-ui-bundle package): the "
-        "page works without network access.",
+        description="Swagger UI 5's script and style come from this server (npm's swagger-ui-dist, carried by "
+        "the wheel): the page works without network access.",
     ),
     "docs_script": Operation("Swagger UI's script, for the docs page", DOCS, response_type="application/javascript"),
     "docs_style": Operation("Swagger UI's style sheet, for the docs page", DOCS, response_type="text/css"),

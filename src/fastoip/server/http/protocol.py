@@ -25,6 +25,11 @@ Rules:
   retry); now it is answered, and the client's next connection is refused (retryable).
 - Every refusal the server writes itself (limits, timeouts, framing errors the parser finds) is
   ``{"error": "..."}`` JSON with ``connection: close``, as the router answers everything else.
+- A connection that ends with its request's body still arriving (a 413 on Content-Length to a client that sent
+  ``connection: close``, as urllib does) is half-closed and reads and drops the rest (nginx's lingering close),
+  so that a client that writes its whole body before reading gets the answer, not a reset; bounded by
+  ``LINGER_AFTER_REFUSAL_S`` of quiet, ``LINGER_MAX_S`` and ``LINGER_MAX_BYTES``.  Such a connection counts as
+  idle (its answer is complete): the connection cap may close it to admit a new one.
 """
 
 from __future__ import annotations
@@ -76,6 +81,32 @@ DRAIN_LINGER_S = 1.0
 
 #: How long a refused connection still reads (and drops) what its client sends before it is closed.
 LINGER_AFTER_REFUSAL_S = 2.0
+#: An answer that ends the connection before its request's body was read (a 413 on Content-Length) keeps reading
+#: and dropping the body, as nginx's lingering close, so that a client that sends the whole body before it reads
+#: (Python's urllib) gets the answer, not a reset: until the body stops (LINGER_AFTER_REFUSAL_S without bytes),
+#: and at most this long and this many bytes.
+LINGER_MAX_S = 30.0
+LINGER_MAX_BYTES = 1 << 30
+
+
+class _CloseAfterBody:
+    """The transport a request's cycle writes to: its ``close`` lingers while the request's body still arrives."""
+
+    def __init__(self, protocol: LimitedHttpToolsProtocol, transport: asyncio.Transport) -> None:
+        self._protocol = protocol
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:  # the per-request calls, without __getattr__'s detour
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol.close_after_body()
 
 
 class _Refused(Exception):
@@ -115,6 +146,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.draining = False
         self.drain_timer: asyncio.TimerHandle | None = None
         self.last_active = 0.0
+        #: The lingering close after an answer that came before its body (``close_after_body``).
+        self.linger_timer: asyncio.TimerHandle | None = None
+        self.linger_until = 0.0
+        self.linger_bytes = 0
 
     # -- connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows the transport type too
@@ -155,6 +190,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
+            self.linger_timer = None
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
@@ -175,6 +213,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.last_active = self.loop.time()
         self._unset_keepalive_if_required()
         if self.refused:
+            if self.linger_timer is not None:  # a body read and dropped after its answer: bounded in bytes
+                self.linger_bytes += len(data)
+                if self.linger_bytes > LINGER_MAX_BYTES:
+                    self.transport.close()
             return
         if self.reading_head:
             if self.head_bytes_fed == 0:
@@ -236,8 +278,35 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.head_timer.cancel()
             self.head_timer = None
         super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.transport = _CloseAfterBody(self, self.transport)  # type: ignore[assignment]  # duck-typed
         if self.draining and self.cycle is not None:
             self.cycle.keep_alive = False  # answered with connection: close
+
+    def close_after_body(self) -> None:
+        """Close now, or, with the request's body still arriving, half-close and read and drop the rest first."""
+        cycle = self.cycle
+        transport = self.transport
+        if cycle is None or not cycle.more_body or transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        self.refused = True  # data_received drops what comes from now on
+        self._cancel_timers()
+        transport.write_eof()
+        self.flow.resume_reading()
+        self.linger_until = self.loop.time() + LINGER_MAX_S
+        self.linger_bytes = 0
+        self.linger_timer = self.loop.call_later(LINGER_AFTER_REFUSAL_S, self._linger_check)
+
+    def _linger_check(self) -> None:
+        self.linger_timer = None
+        now = self.loop.time()
+        quiet_since = self.last_active
+        if now >= self.linger_until or now - quiet_since >= LINGER_AFTER_REFUSAL_S:
+            self.transport.close()
+        else:
+            self.linger_timer = self.loop.call_later(
+                min(self.linger_until, quiet_since + LINGER_AFTER_REFUSAL_S) - now, self._linger_check)
 
     def on_message_complete(self) -> None:
         self.reading_head = True
