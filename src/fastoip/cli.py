@@ -49,6 +49,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="HTTP bind address (default: --host)")
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),
                    help="0 picks a free port, -1 turns HTTP off")
+    p.add_argument("--openai-port", type=int, default=int(_env("OPENAI_PORT", "-1")),
+                   help="OpenAI's API (/v1/models, /v1/embeddings, /v1/completions, /v1/chat/completions) alone on "
+                        "this port, as Triton's OpenAI frontend; it is on the HTTP port too, under /v1 and "
+                        "/openai/v1 (default -1: no port of its own; 0 picks a free port)")
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
@@ -117,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="throughput and latency of any V2 server (fastoip bench --help)")
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
+    demo.add_argument("--openai", action="store_true",
+                      help="also write the OpenAI examples: tiny_embedder (/v1/embeddings) and tiny_chat "
+                           "(/v1/chat/completions, /v1/completions)")
     return parser
 
 
@@ -194,6 +201,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         grpc_workers=args.grpc_workers,
         http_host=triton.http_host or args.http_host,
         http_port=args.http_port if triton.allow_http else -1,
+        openai_port=args.openai_port,
         metrics_port=args.metrics_port if triton.allow_metrics else -1,
         metrics_host=triton.metrics_host,
         metrics_config=metrics_config,
@@ -414,7 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo-repository":
         from .demo import write_repository
 
-        print(write_repository(args.out))
+        root = write_repository(args.out)
+        if args.openai:
+            from .demo_openai import write_openai_examples
+
+            write_openai_examples(root)
+        print(root)
         return 0
     return 2
 

@@ -23,7 +23,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--backend-config", "--default-max-batch-size", "--exit-on-error", "--model-load-thread-count",
     )),
     ("network", "listeners: addresses, ports, protocols, connections", (
-        "--host", "--grpc-port", "--http-port", "--metrics-port", "--grpc-address", "--http-address",
+        "--host", "--grpc-port", "--http-port", "--openai-port", "--metrics-port", "--grpc-address", "--http-address",
         "--http-host", "--metrics-address", "--allow-grpc", "--allow-http", "--allow-metrics", "--grpc-frontend",
         "--grpc-workers", "--grpc-max-concurrent-streams", "--grpc-keepalive-time", "--grpc-keepalive-timeout",
         "--grpc-max-connection-age", "--grpc-max-connection-age-grace", "--http-keep-alive-timeout",

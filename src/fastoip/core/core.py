@@ -178,6 +178,11 @@ class Core:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.data.model_config(name, version)
 
+    def model_directory(self, name: str, version: str = "") -> Path:
+        """The loaded model's folder: where a frontend finds the files that describe its wire form (a chat
+        template); NotFound / Unavailable as ``model_config``."""
+        return self.data.model_directory(name, version)
+
     # -- inference: one verb ------------------------------------------------------------
     def start(
         self,

@@ -69,6 +69,13 @@ HTTP_FIXED_PATH_CATEGORIES = {
     "/v2/logging": LOGGING,
     "/": HEALTH,
     "/v1/models": METADATA,
+    # OpenAI's API (server/http/openai), at /v1 and /openai/v1 on the main port, /v1 on --openai-port
+    **{f"{prefix}/{path}": INFERENCE for prefix in ("/v1", "/openai/v1")
+       for path in ("embeddings", "completions", "chat/completions")},
+    "/openai/v1/models": METADATA,
+    # the OpenAI port's own (Triton's OpenAI frontend has them)
+    "/health/ready": HEALTH,
+    "/metrics": STATISTICS,
 }
 
 #: ``/v2/models/<model>[/versions/<v>][/<action>]`` -> group, by action (None: the model's metadata).

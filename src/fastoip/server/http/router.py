@@ -4,7 +4,9 @@ Rules:
 - A known path with the wrong method is 405 (with ``Allow``); an unknown path is 404.
 - Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
   core errors carry their HTTP status; anything else is a bug, logged and answered 500.
-- Subclasses fill the five tables with their handlers; this class knows no endpoint.
+- Subclasses fill the five tables with their handlers; this class knows no endpoint.  An API with paths of
+  its own shape (OpenAI's, :mod:`.openai`) adds ``(regex, methods, restricted group)`` to ``pattern_paths``,
+  tried last, and may answer its errors in its own body form (``error_answer``).
 - A :class:`StreamingResponse` sends its status and headers at once and its
   body chunk by chunk as they come (Server-Sent Events); when the client goes
   away the chunks stop and the source is closed (which cancels its request).
@@ -115,6 +117,9 @@ class Router:
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
         #: KServe V1, keyed by the V1_MODEL_PATH "action" group (None: the model's readiness).
         self.v1_model_paths: dict[str | None, dict[str, Handler]] = {}
+        #: Other APIs' paths, tried in order after the tables: (full-match regex, methods, restricted group).
+        #: A handler gets the regex's groups as its arguments.
+        self.pattern_paths: list[tuple[re.Pattern[str], dict[str, Handler], str | None]] = []
         #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
         self.restrictions: dict[str, Restriction] = {}
 
@@ -135,15 +140,15 @@ class Router:
             handler, args = self.route(request.method, request.path, request.headers)
             response = await handler(request, *args)
         except MethodNotAllowed as exc:
-            response = error_response(exc.http_status, exc.message)
+            response = self.error_answer(exc.http_status, exc.message)
             response.headers.append((b"allow", exc.allow))
         except InferenceError as exc:
-            response = error_response(exc.http_status, exc.message)
+            response = self.error_answer(exc.http_status, exc.message)
         except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a half-sent request): retryable
-            response = error_response(503, "the server is shutting down; send the request again")
+            response = self.error_answer(503, "the server is shutting down; send the request again")
         except Exception as exc:  # a bug: answer it, log it, keep serving
             log.exception("%s %s failed", request.method, request.path)
-            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            response = self.error_answer(500, f"internal error: {type(exc).__name__}: {exc}")
         if type(response) is StreamingResponse:
             await _stream(request, response, send)
             return
@@ -151,6 +156,10 @@ class Router:
         headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
+
+    def error_answer(self, status: int, message: str) -> Response:
+        """The body of an error the router answers itself (Triton's ``{"error": message}``)."""
+        return error_response(status, message)
 
     def routes(self) -> list[Route]:
         """Every (method, path template) the five tables serve: what the OpenAPI document is made from.
@@ -198,7 +207,12 @@ class Router:
                 args = (match["model"],)
                 category = restricted.HTTP_V1_MODEL_ACTION_CATEGORIES.get(match["action"])
             else:
-                raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2, KServe's V1 under /v1)")
+                for pattern, pattern_methods, pattern_category in self.pattern_paths:
+                    if (match := pattern.fullmatch(path)) is not None:
+                        methods, args, category = pattern_methods, match.groups(), pattern_category
+                        break
+                else:
+                    raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2, KServe's V1 under /v1)")
         if self.restrictions and category in self.restrictions:
             restriction = self.restrictions[category]
             if not restriction.allows((headers or {}).get(restriction.lookup_key)):
