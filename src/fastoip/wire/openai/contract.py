@@ -9,7 +9,8 @@ Rules (Triton's ``python/openai/openai_frontend/engine/utils/triton.py`` and vLL
   Every tensor is one element, shaped as the model declares it (each dimension 1).
 - The sampling parameters also travel as request parameters (scalars only; ``stop`` as a JSON string), so a
   ``fastoip.Model`` generator reads them from ``parameters`` without declaring a tensor.
-- Out, per response (only these are asked for, so a model's other outputs are not computed): ``text_output`` (BYTES; a stream's responses are deltas), and optionally
+- Out, per response (only these are asked for, so a model's other outputs are not computed): ``text_output``
+  (BYTES; a stream's responses are deltas), and optionally
   ``num_input_tokens`` (the prompt's tokens, the same on every response) and ``num_output_tokens`` (this
   response's tokens); ``logprobs`` (FP32, one per token of this response) when the model gives them.
 """

@@ -110,7 +110,8 @@ def start_choices(core: Core, plan: Plan, request_id: str) -> list[ChoiceState]:
             for i in range(sampling.n):
                 seed = None if sampling.seed is None else sampling.seed + i
                 infer = contract.generation_request(
-                    plan.model, plan.declared, plan.outputs, prompt, sampling.stream, sampling.parameters(seed), request_id
+                    plan.model, plan.declared, plan.outputs, prompt, sampling.stream, sampling.parameters(seed),
+                    request_id,
                 )
                 call = ModelCall(core, infer)
                 states.append(ChoiceState(len(states), prompt_index, call, StopScanner(sampling.stop)))
