@@ -277,7 +277,8 @@ def test_chat_non_streamed(client: openai.OpenAI) -> None:
     assert answer.usage.prompt_tokens == len(prompt.encode()) and answer.usage.completion_tokens == 6
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 6
     # max_completion_tokens wins over max_tokens
-    assert len(chat(client, temperature=0, max_completion_tokens=2, max_tokens=9).choices[0].message.content.split()) == 2
+    both = chat(client, temperature=0, max_completion_tokens=2, max_tokens=9)
+    assert len(both.choices[0].message.content.split()) == 2
 
 
 def test_chat_streamed_equals_non_streamed(client: openai.OpenAI) -> None:
@@ -358,7 +359,8 @@ def test_tool_calls(sdk: openai.OpenAI) -> None:
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     call = choice.message.tool_calls[0]
-    assert call.function.name == "get_weather" and orjson.loads(call.function.arguments) == {"query": "weather in Paris?"}
+    assert call.function.name == "get_weather"
+    assert orjson.loads(call.function.arguments) == {"query": "weather in Paris?"}
     chunks = list(sdk.chat.completions.create(model="tiny_chat", messages=asked, tools=[WEATHER_TOOL], stream=True))
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert [c.function.name for c in calls] == ["get_weather"]
@@ -405,3 +407,48 @@ def test_disconnect_cancels_the_generation(server: ServerProcess) -> None:
     settled = len(log.read_text())
     time.sleep(1.0)
     assert len(log.read_text()) == settled < 2 * 2000
+
+
+# -- model control and restrictions ---------------------------------------------------------------------------
+def openai_server(root: Path, *flags: str) -> ServerProcess:
+    process = ServerProcess(root, "--openai-port", "0", *flags, http=True)
+    process._want.add("openai")
+    return process
+
+
+def test_model_control_in_explicit_mode(tmp_path: Path) -> None:
+    root = write_openai_examples(tmp_path)
+    with openai_server(root, "--model-control-mode", "explicit") as process:
+        base = bases(process)[2]
+        assert httpx.get(base + "/models").json()["data"] == []
+        loaded = httpx.post(base + "/models/tiny_embedder/load", timeout=120)
+        assert loaded.status_code == 200 and loaded.json()["id"] == "tiny_embedder"
+        assert [m["id"] for m in httpx.get(base + "/models").json()["data"]] == ["tiny_embedder"]
+        assert post(process, "/embeddings", {"model": "tiny_embedder", "input": "x"}).status_code == 200
+        unloaded = httpx.post(base + "/models/tiny_embedder/unload", timeout=120)
+        assert unloaded.json() == {"status": "success", "model": "tiny_embedder"}
+        assert httpx.get(base + "/models").json()["data"] == []
+        missing = httpx.post(base + "/models/nope/load", timeout=60)
+        assert missing.status_code >= 400 and "nope" in missing.json()["error"]["message"]
+
+
+def test_model_control_refused_without_explicit_mode(server: ServerProcess) -> None:
+    for base in (0, 2):
+        answer = httpx.post(bases(server)[base] + "/models/tiny_chat/unload", timeout=60)
+        assert answer.status_code in (400, 403, 503) and answer.json()["error"]["message"], answer.text
+    assert httpx.get(bases(server)[2] + "/models/tiny_chat").status_code == 200  # still loaded
+
+
+def test_restricted_api_applies_to_openai_routes(tmp_path: Path) -> None:
+    root = write_openai_examples(tmp_path)
+    flags = ("--http-restricted-api", "inference:infer-key=secret", "--http-restricted-api",
+             "model-repository:admin-key=admin", "--model-control-mode", "explicit", "--load-model", "tiny_embedder")
+    with openai_server(root, *flags) as process:
+        request = {"model": "tiny_embedder", "input": "x"}
+        for base in (0, 1, 2):
+            refused = post(process, "/embeddings", request, base)
+            assert refused.status_code == 403 and "infer-key" in refused.text
+            allowed = httpx.post(bases(process)[base] + "/embeddings", json=request, headers={"infer-key": "secret"})
+            assert allowed.status_code == 200
+        assert httpx.post(bases(process)[2] + "/models/tiny_embedder/unload").status_code == 403
+        assert httpx.get(bases(process)[2] + "/models").status_code == 200  # metadata is not restricted here

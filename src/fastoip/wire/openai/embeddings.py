@@ -93,7 +93,8 @@ def embedding_model(
 
 
 def byte_tokens(text: str, max_length: int) -> list[int]:
-    ids = [b + BYTE_OFFSET for b in text.encode()][: max_length - 2]
+    # a character is at least one byte: cut the text before encoding, so a huge input costs what is kept
+    ids = [b + BYTE_OFFSET for b in text[: max_length].encode()][: max_length - 2]
     return [CLS, *ids, SEP]
 
 

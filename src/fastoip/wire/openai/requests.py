@@ -4,7 +4,8 @@ Rules (OpenAI's API reference; vLLM's and Triton's frontends where OpenAI leaves
 - ``model`` is required everywhere.  Unknown members are ignored (vLLM and Triton pass extras to the engine;
   OpenAI's SDK sends ``extra_body`` members this way).
 - ``max_completion_tokens`` wins over the deprecated ``max_tokens`` (chat); none: the server's default.
-- ``stop``: a string or a list of at most 4 non-empty strings.  ``n``: 1 to 128.  ``temperature`` 0 to 2,
+- ``stop``: a string or a list of at most 4 strings of 1 to 1024 characters.  ``n``: 1 to 128, and at most 128
+  choices (prompts times ``n``) in a request: each is a model call.  ``temperature`` 0 to 2,
   ``top_p`` 0 to 1, penalties -2 to 2, ``seed`` any integer.
 - ``stream_options`` only with ``stream: true`` (OpenAI's rule); ``include_usage`` a boolean.
 - Chat ``messages``: a non-empty list of objects with a ``role`` string; ``content`` a string, null (an
@@ -29,6 +30,10 @@ from .fields import Fields, parse_object
 DEFAULT_MAX_TOKENS = 16
 MAX_N = 128
 MAX_STOPS = 4
+#: A stop string longer than this is refused (each is looked for in every delta).
+MAX_STOP_LENGTH = 1024
+#: At most this many choices (prompts times ``n``) in one request: each is a model call running at once.
+MAX_CHOICES = 128
 MAX_EMBEDDING_INPUTS = 2048
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -118,8 +123,11 @@ def _sampling(fields: Fields, record: Sampling) -> None:
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None:
-        if type(stop) is not list or len(stop) > MAX_STOPS or any(type(s) is not str or not s for s in stop):
-            raise fields.bad("stop", f"a string or a list of at most {MAX_STOPS} non-empty strings")
+        if type(stop) is not list or len(stop) > MAX_STOPS or any(
+            type(s) is not str or not s or len(s) > MAX_STOP_LENGTH for s in stop
+        ):
+            raise fields.bad("stop", f"a string or a list of at most {MAX_STOPS} strings of 1 to "
+                             f"{MAX_STOP_LENGTH} characters")
         record.stop = stop
 
 
@@ -139,6 +147,9 @@ def parse_completion(body: bytes) -> CompletionRequest:
         record.prompts = prompt
     else:
         raise fields.bad("prompt", "a string or a non-empty list of strings (token-id prompts need a tokenizer)")
+    if len(record.prompts) * record.n > MAX_CHOICES:
+        raise BadParameter("prompt", f"{len(record.prompts)} prompts times n={record.n} make more than "
+                           f"{MAX_CHOICES} choices")
     if fields.doc.get("suffix") is not None:
         raise BadParameter("suffix", "'suffix' is not supported: no model here fills in the middle")
     return record

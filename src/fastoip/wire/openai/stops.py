@@ -40,11 +40,16 @@ class StopScanner:
         return text
 
     def _partial_suffix(self, text: str) -> int:
-        """The length of the longest end of ``text`` that begins some stop string."""
+        """The length of the longest end of ``text`` that begins some stop string.
+
+        Only positions holding a stop string's first character are tried (``str.find``), so a delta costs
+        about the stop strings' length, not its square."""
         longest = 0
         for stop in self.stops:
-            for length in range(min(len(stop) - 1, len(text)), longest, -1):
-                if stop.startswith(text[-length:]):
-                    longest = length
+            position = text.find(stop[0], max(len(text) - len(stop) + 1, 0))
+            while position >= 0 and len(text) - position > longest:
+                if stop.startswith(text[position:]):
+                    longest = len(text) - position
                     break
+                position = text.find(stop[0], position + 1)
         return longest

@@ -7,7 +7,8 @@ Rules:
   string_value: "hermes" } }``); more parsers are added with :func:`register_tool_call_parser`.
 - ``hermes`` (Hermes / Qwen models): each call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
   ``json``: the whole text is one call object or a list of them (Llama 3's JSON tool calls, with
-  ``parameters`` accepted for ``arguments``).  Text that does not parse is content, never an error.
+  ``parameters`` accepted for ``arguments``).  Text that does not parse is content, never an error; so is
+  text over :data:`MAX_PARSED_CHARS` (as Triton's frontend bounds its parse).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import orjson
 ToolCall = dict[str, str]
 Parser = Callable[[str], tuple[str | None, list[ToolCall]]]
 
+#: Texts longer than this are not searched for tool calls (they stay content): parsing is bounded work.
+MAX_PARSED_CHARS = 1 << 20
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -71,4 +74,11 @@ def register_tool_call_parser(name: str, parser: Parser) -> None:
 
 
 def tool_call_parser(name: str) -> Parser | None:
-    return PARSERS.get(name)
+    parser = PARSERS.get(name)
+    if parser is None:
+        return None
+
+    def bounded(text: str) -> tuple[str | None, list[ToolCall]]:
+        return (text, []) if len(text) > MAX_PARSED_CHARS else parser(text)
+
+    return bounded

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from ....core import Core
-from ....errors import InferenceError
+from ....errors import InferenceError, InternalError
 from ....types import InferResponse
 from ....wire.openai import answers, contract, tools
 from ....wire.openai.answers import Choice, ChunkWriter, Envelope, TokenLogprobs, Usage
@@ -93,6 +93,9 @@ def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -
     parser = None
     if request.tools and request.tool_choice != "none":
         parser = tools.tool_call_parser(parser_name)
+        if parser is None:
+            raise InternalError(f"model '{request.model}' names tool_call_parser '{parser_name}'; this server has "
+                                f"{', '.join(sorted(tools.PARSERS))}")
     return Plan(request.model, request, [prompt], chat=True, parser=parser, **_tensors(core, request.model))
 
 
