@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .server.grpc.native_options import NativeGrpcOptions
     from .server.http.protocol import HttpLimits
     from .server.http.server import HttpTls
+    from .server.restricted import RestrictedFeatures
 
 if TYPE_CHECKING:
     pass
@@ -53,6 +54,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="OpenAI's API (/v1/models, /v1/embeddings, /v1/completions, /v1/chat/completions) alone on "
                         "this port, as Triton's OpenAI frontend; it is on the HTTP port too, under /v1 and "
                         "/openai/v1 (default -1: no port of its own; 0 picks a free port)")
+    p.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],
+                   metavar=("<apis>", "<key>", "<value>"),
+                   help="Triton's OpenAI frontend's restriction of the --openai-port: these comma-separated groups "
+                        "(inference, model-repository, metrics, health) answer 401 unless the request has header "
+                        "<key> with <value> (repeatable; default: --http-restricted-api's)")
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
@@ -202,6 +208,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         http_host=triton.http_host or args.http_host,
         http_port=args.http_port if triton.allow_http else -1,
         openai_port=args.openai_port,
+        openai_restricted=_openai_restrictions(args.openai_restricted_api),
         metrics_port=args.metrics_port if triton.allow_metrics else -1,
         metrics_host=triton.metrics_host,
         metrics_config=metrics_config,
@@ -392,6 +399,17 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
         keepalive_without_calls=True if triton.grpc_permit_without_calls is None else triton.grpc_permit_without_calls,
         forward_header_pattern=triton.grpc_forward_pattern,
     )
+
+
+def _openai_restrictions(options: list[list[str]]) -> RestrictedFeatures | None:
+    from .server import restricted
+
+    if not options:
+        return None
+    try:
+        return restricted.parse_openai_restrictions(options)
+    except restricted.RestrictionError as exc:
+        raise triton_flags.FlagError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

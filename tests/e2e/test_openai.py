@@ -440,15 +440,38 @@ def test_model_control_refused_without_explicit_mode(server: ServerProcess) -> N
 
 
 def test_restricted_api_applies_to_openai_routes(tmp_path: Path) -> None:
+    """--http-restricted-api: 403 on the main port (Triton's HTTP frontend), 401 on the OpenAI port, where the
+    groups are Triton's OpenAI frontend's (listing models is model-repository there)."""
     root = write_openai_examples(tmp_path)
     flags = ("--http-restricted-api", "inference:infer-key=secret", "--http-restricted-api",
              "model-repository:admin-key=admin", "--model-control-mode", "explicit", "--load-model", "tiny_embedder")
     with openai_server(root, *flags) as process:
         request = {"model": "tiny_embedder", "input": "x"}
-        for base in (0, 1, 2):
+        for base, status in ((0, 403), (1, 403), (2, 401)):
             refused = post(process, "/embeddings", request, base)
-            assert refused.status_code == 403 and "infer-key" in refused.text
+            assert refused.status_code == status and "infer-key" in refused.text
             allowed = httpx.post(bases(process)[base] + "/embeddings", json=request, headers={"infer-key": "secret"})
             assert allowed.status_code == 200
-        assert httpx.post(bases(process)[2] + "/models/tiny_embedder/unload").status_code == 403
-        assert httpx.get(bases(process)[2] + "/models").status_code == 200  # metadata is not restricted here
+        assert httpx.post(bases(process)[2] + "/models/tiny_embedder/unload").status_code == 401
+        assert httpx.get(bases(process)[2] + "/models").status_code == 401
+        assert httpx.get(bases(process)[0] + "/models").status_code == 200  # metadata on the main port: open
+        assert httpx.get(bases(process)[2] + "/models", headers={"admin-key": "admin"}).status_code == 200
+
+
+def test_openai_restricted_api_flag(tmp_path: Path) -> None:
+    root = write_openai_examples(tmp_path)
+    flags = ("--openai-restricted-api", "health,metrics", "probe", "yes")
+    with openai_server(root, *flags) as process:
+        port = f"http://127.0.0.1:{process.child.ports['openai']}"  # type: ignore[union-attr]
+        assert httpx.get(port + "/health/ready").status_code == 401
+        assert httpx.get(port + "/health/ready", headers={"probe": "yes"}).status_code == 200
+        assert httpx.get(port + "/metrics").status_code == 401
+        assert "nv_inference" in httpx.get(port + "/metrics", headers={"probe": "yes"}).text
+        assert httpx.get(port + "/v1/models").status_code == 200
+        assert post(process, "/embeddings", {"model": "tiny_embedder", "input": "x"}, 0).status_code == 200
+    for bad, words in ((["wizards", "k", "v"], "Unknown API 'wizards'"),
+                       (["health", "k", "v", "--openai-restricted-api", "health", "j", "w"], "multiple config groups")):
+        process = openai_server(root, "--openai-restricted-api", *bad)
+        with pytest.raises(Exception, match=words):
+            process.start(timeout=60)
+        process.stop()

@@ -67,6 +67,8 @@ class ServeOptions:
     #: OpenAI's API alone on a port of its own (as Triton's OpenAI frontend); -1: off (it is always on the HTTP
     #: port too, under /v1 and /openai/v1); 0 picks a free port.
     openai_port: int = -1
+    #: Triton's OpenAI frontend's --openai-restricted-api (the OpenAI port only; None: --http-restricted-api's).
+    openai_restricted: RestrictedFeatures | None = None
     #: Processes that decode large JSON requests off the loop (Triton's --http-thread-count; issue 27).
     http_json_workers: int = 2
     #: Head size and field count limits, keep-alive / header / body timeouts (None: the defaults).
@@ -270,8 +272,8 @@ class ServerApp:
             openai_host = options.http_host or options.host
             self.openai_server = HttpServer(
                 self.core, openai_host, options.openai_port, max_body_size=options.http_max_body_size,
-                limits=options.http_limits, tls=options.http_tls, restricted=options.http_restricted,
-                json_workers=0, openai_only=True,
+                limits=options.http_limits, tls=options.http_tls,
+                restricted=options.openai_restricted or options.http_restricted, json_workers=0, openai_only=True,
             )
             self.openai_port = self.openai_server.start()
             self._announce(f"fastoip: openai listening on {openai_host}:{self.openai_port}")

@@ -159,6 +159,27 @@ def parse_restrictions(
     return RestrictedFeatures(by_category)
 
 
+#: The groups of Triton's OpenAI frontend (``--openai-restricted-api <apis> <key> <value>``; its
+#: ``api_restriction.py``): what they cover on fastoip's OpenAI port is ``server/http/openai/frontend.py``'s.
+OPENAI_INFERENCE = INFERENCE
+OPENAI_MODEL_REPOSITORY = MODEL_REPOSITORY
+OPENAI_METRICS = "metrics"
+OPENAI_CATEGORIES = (OPENAI_INFERENCE, OPENAI_MODEL_REPOSITORY, OPENAI_METRICS, HEALTH)
+
+
+def parse_openai_restrictions(options: list[list[str]]) -> RestrictedFeatures:
+    """Triton's OpenAI frontend's parsing of repeated ``--openai-restricted-api <apis> <key> <value>``."""
+    by_category: dict[str, Restriction] = {}
+    for apis, key, value in options:
+        for api in apis.split(","):
+            if api not in OPENAI_CATEGORIES:
+                raise RestrictionError(f"Unknown API '{api}'. Available APIs: {list(OPENAI_CATEGORIES)}")
+            if api in by_category:
+                raise RestrictionError(f"restricted api '{api}' can not be specified in multiple config groups")
+            by_category[api] = Restriction(key, value)
+    return RestrictedFeatures(by_category)
+
+
 def parse_http_restrictions(options: list[str]) -> RestrictedFeatures:
     return parse_restrictions(options, "http-restricted-api", "api")
 

@@ -120,6 +120,8 @@ class Router:
         #: Other APIs' paths, tried in order after the tables: (full-match regex, methods, restricted group).
         #: A handler gets the regex's groups as its arguments.
         self.pattern_paths: list[tuple[re.Pattern[str], dict[str, Handler], str | None]] = []
+        #: Fixed path -> its restricted group (Triton's HTTP groups; the OpenAI port has its own).
+        self.fixed_path_categories: dict[str, str] = restricted.HTTP_FIXED_PATH_CATEGORIES
         #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
         self.restrictions: dict[str, Restriction] = {}
 
@@ -187,7 +189,7 @@ class Router:
         """The handler and its path arguments; NotFound / Forbidden / MethodNotAllowed otherwise."""
         args: tuple[str, ...] = ()
         methods = self.fixed_paths.get(path)
-        category = restricted.HTTP_FIXED_PATH_CATEGORIES.get(path)
+        category = self.fixed_path_categories.get(path)
         if methods is None:
             match = MODEL_PATH.fullmatch(path)
             if match is not None:

@@ -165,11 +165,15 @@ class OpenAIEndpoints:
         return StreamingResponse(200, headers, generation.stream(plan, states, envelope))
 
 
-def mount(router: Router, endpoints: OpenAIEndpoints, prefix: str, *, models: bool = True) -> None:
+def mount(
+    router: Router, endpoints: OpenAIEndpoints, prefix: str, *, models: bool = True,
+    models_group: str = restricted.METADATA,
+) -> None:
     """Serve OpenAI's routes under ``prefix`` (``/v1`` or ``/openai/v1``) on ``router``.
 
     ``models=False`` leaves ``GET {prefix}/models[/{m}]`` to the router's own tables (KServe's V1 on the main
-    port answers them, with OpenAI's fields added by the caller).
+    port answers them, with OpenAI's fields added by the caller).  ``models_group``: the restricted group of
+    retrieving a model (Triton's HTTP groups call it metadata, its OpenAI frontend's model-repository).
     """
     router.fixed_paths[f"{prefix}/embeddings"] = {"POST": endpoints.embeddings}
     router.fixed_paths[f"{prefix}/completions"] = {"POST": endpoints.completions}
@@ -178,7 +182,7 @@ def mount(router: Router, endpoints: OpenAIEndpoints, prefix: str, *, models: bo
     if models:
         router.fixed_paths[f"{prefix}/models"] = {"GET": endpoints.list_models}
         router.pattern_paths.append(
-            (re.compile(escaped + r"/models/([^/:]+)"), {"GET": endpoints.retrieve_model}, restricted.METADATA)
+            (re.compile(escaped + r"/models/([^/:]+)"), {"GET": endpoints.retrieve_model}, models_group)
         )
 
     async def control(request: Request, model: str, action: str) -> Response | StreamingResponse:

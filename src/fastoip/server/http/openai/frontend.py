@@ -2,14 +2,19 @@
 
 Paths: OpenAI's under ``/v1`` (:func:`.endpoints.mount`), ``GET /health/ready`` (Triton's frontend has it:
 200 when the server is ready, else 503) and ``GET /metrics`` (the Prometheus text, with the endpoint picker's
-names: :mod:`fastoip.metrics`).  Every error, the router's own (404 path, 405, 403 restricted) included, is
-in OpenAI's body.
+names: :mod:`fastoip.metrics`).  Every error, the router's own (404 path, 405) included, is in OpenAI's body.
+
+Restrictions (``--openai-restricted-api``, else ``--http-restricted-api``) use the groups of Triton's OpenAI
+frontend: ``inference`` (embeddings, completions, chat), ``model-repository`` (listing, retrieving, loading and
+unloading models), ``metrics`` and ``health``; a request without the header is 401, as there.
 """
 
 from __future__ import annotations
 
 from ....core import Core
 from ....wire.openai.errors import error_body
+from ... import restricted
+from ..errors import Forbidden
 from ..json_pool import JsonPool
 from ..router import Request, Response, Router
 from .endpoints import OpenAIEndpoints, mount
@@ -24,11 +29,20 @@ class OpenAIFrontend(Router):
         super().__init__()
         self.core = core
         self.endpoints = OpenAIEndpoints(core, max_body_size, json_pool)
-        mount(self, self.endpoints, "/v1")
+        mount(self, self.endpoints, "/v1", models_group=restricted.OPENAI_MODEL_REPOSITORY)
         self.fixed_paths["/health/ready"] = {"GET": self.health_ready}
         self.fixed_paths["/metrics"] = {"GET": self.metrics}
+        self.fixed_path_categories = {
+            **{f"/v1/{path}": restricted.OPENAI_INFERENCE
+               for path in ("embeddings", "completions", "chat/completions")},
+            "/v1/models": restricted.OPENAI_MODEL_REPOSITORY,
+            "/metrics": restricted.OPENAI_METRICS,
+            "/health/ready": restricted.HEALTH,
+        }
 
     def error_answer(self, status: int, message: str) -> Response:
+        if status == Forbidden.http_status:  # only a restriction answers 403 here; Triton's OpenAI frontend: 401
+            status = 401
         return Response(status, [(b"content-type", b"application/json")], error_body(status, message))
 
     async def health_ready(self, request: Request) -> Response:
