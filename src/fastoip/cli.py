@@ -429,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except triton_flags.FlagError as exc:
             print(f"fastoip: {exc}", file=sys.stderr, flush=True)
             return 1
-        if not options.grpc_enabled and options.http_port < 0:
+        if not options.grpc_enabled and options.http_port < 0 and options.openai_port < 0:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
         _codec.set_max_bytes_elements(args.max_bytes_elements)

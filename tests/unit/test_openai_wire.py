@@ -72,7 +72,7 @@ def test_embedding_inputs() -> None:
 def test_error_body_is_openai_form() -> None:
     doc = orjson.loads(error_body(404, "gone"))
     assert doc == {"error": {"message": "gone", "type": "invalid_request_error", "param": None,
-                             "code": "model_not_found"}}
+                             "code": "model_not_found"}, "detail": "gone"}
     assert orjson.loads(error_body(500, "x"))["error"]["type"] == "server_error"
 
 

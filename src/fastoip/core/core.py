@@ -124,6 +124,11 @@ class Core:
         self.data.check_initialized()
         self.control.unload_model(name, unload_dependents)
 
+    @property
+    def model_control_mode(self) -> str:
+        """``none``, ``poll`` or ``explicit`` (Triton's --model-control-mode)."""
+        return self.control.model_control_mode
+
     # -- health -----------------------------------------------------------------------
     def server_live(self) -> bool:
         return self.data.server_live()

@@ -1,6 +1,8 @@
 """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}`` with the status of the failure.
 
 Rules (OpenAI's API reference, and what its SDK reads):
+- ``detail`` carries the message again: Triton's OpenAI frontend answers its errors as FastAPI does
+  (``{"detail": message}``), and its clients and tests read that.
 - ``type`` is OpenAI's word for the class of failure: ``invalid_request_error`` for 4xx (400, 404, 405, 413),
   ``server_error`` for 5xx; ``code`` names the case when one is known (``model_not_found``), else null;
   ``param`` names the request member at fault, else null.
@@ -27,7 +29,8 @@ class BadParameter(InvalidArgument):
 def error_body(status: int, message: str, param: str | None = None) -> bytes:
     error_type = "server_error" if status >= 500 else "invalid_request_error"
     return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": CODES.get(status)}}
+        {"error": {"message": message, "type": error_type, "param": param, "code": CODES.get(status)},
+         "detail": message}
     )
 
 

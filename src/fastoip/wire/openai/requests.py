@@ -7,7 +7,8 @@ Rules (OpenAI's API reference; vLLM's and Triton's frontends where OpenAI leaves
 - ``stop``: a string or a list of at most 4 strings of 1 to 1024 characters.  ``n``: 1 to 128, and at most 128
   choices (prompts times ``n``) in a request: each is a model call.  ``temperature`` 0 to 2,
   ``top_p`` 0 to 1, penalties -2 to 2, ``seed`` any integer.
-- ``stream_options`` only with ``stream: true`` (OpenAI's rule); ``include_usage`` a boolean.
+- ``stream_options`` only with ``stream: true`` (OpenAI's rule); ``include_usage`` a boolean.  Where Triton's
+  frontend has words for a refusal, they are its words.
 - Chat ``messages``: a non-empty list of objects with a ``role`` string; ``content`` a string, null (an
   assistant's tool calls) or a list of text parts (joined; other part types are refused: no model here
   takes images).  ``tools``: a list of ``{"type": "function", "function": {"name", ...}}``; ``tool_choice``:
@@ -107,7 +108,7 @@ def _sampling(fields: Fields, record: Sampling) -> None:
     options = fields.optional_object("stream_options")
     if options is not None:
         if not record.stream:
-            raise BadParameter("stream_options", "'stream_options' is only allowed when 'stream' is true")
+            raise BadParameter("stream_options", "`stream_options` can only be used when `stream` is True")
         record.include_usage = Fields(options, "stream_options.").boolean("include_usage", False)
     record.temperature = fields.number("temperature", 0.0, 2.0)
     record.top_p = fields.number("top_p", 0.0, 1.0)
@@ -165,7 +166,7 @@ def parse_chat(body: bytes) -> ChatRequest:
     if fields.boolean("logprobs", False):
         record.logprobs = fields.integer("top_logprobs", 0, 20) or 0
     elif fields.doc.get("top_logprobs") is not None:
-        raise BadParameter("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        raise BadParameter("top_logprobs", "`top_logprobs` can only be used when `logprobs` is True")
     record.messages = _messages(fields)
     record.tools = _tools(fields)
     record.tool_choice, record.forced_tool = _tool_choice(fields, record.tools)

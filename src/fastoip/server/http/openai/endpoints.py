@@ -5,9 +5,9 @@ Rules:
   404 for an unknown or unready model, 400 naming the member for a bad parameter, the core error's status
   otherwise.
 - ``GET /v1/models`` lists the ready models (``id``, ``object``, ``created``, ``owned_by``); ``GET
-  /v1/models/{m}`` retrieves one.  ``POST /v1/models/{m}/load`` and ``/unload`` (Triton's frontend) run the
-  Core's model control (refused unless ``--model-control-mode=explicit``, as the V2 repository API is), in the
-  executor: a load may take a while and the loop keeps serving.
+  /v1/models/{m}`` retrieves one.  ``POST /v1/models/{m}/load`` and ``/unload`` are Triton's frontend's: 400
+  unless ``--model-control-mode=explicit``, 400 to load a loaded model or unload one not loaded, one at a time;
+  the Core's model control runs in the executor (a load may take a while, the loop keeps serving).
 - Bodies at least ``json_pool.OFF_LOOP_JSON_BYTES`` are parsed in the JSON processes when the server has them.
 - Mounted two ways (:func:`mount`): alone, at ``/v1`` on its own port (``--openai-port``, as Triton's frontend
   is), and beside the V2 API on the main port, at ``/openai/v1`` (KServe's path for its OpenAI routes) and at
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ....core import Core
-from ....errors import InferenceError, NotFound
+from ....errors import InferenceError, InternalError, InvalidArgument, NotFound
 from ....wire.openai import embeddings, requests
 from ....wire.openai.answers import Envelope
 from ....wire.openai.errors import error_of
@@ -73,6 +73,9 @@ class OpenAIEndpoints:
         self.json_pool = json_pool
         self.created = int(time.time())
         self.templates = ChatTemplates()
+        #: One load or unload at a time through this API, each checked against the state it finds (Triton's
+        #: frontend: a second load of a loaded model is 400, not a reload).
+        self.control_lock = asyncio.Lock()
 
     # -- bodies and models ------------------------------------------------------------------
     async def _parse(self, request: Request, parse: Callable[[bytes], Any]) -> Any:
@@ -101,15 +104,36 @@ class OpenAIEndpoints:
         self._ready(model)
         return json_response(self.model_json(model))
 
+    def _check_explicit(self) -> None:
+        if self.core.model_control_mode != "explicit":
+            raise InvalidArgument("Model load/unload requires --model-control-mode=explicit")
+
     @openai_errors
     async def load_model(self, request: Request, model: str) -> Response:
-        await asyncio.get_running_loop().run_in_executor(None, self.core.load_model, model, None)
+        self._check_explicit()
+        async with self.control_lock:
+            if self.core.model_ready(model):
+                raise InvalidArgument(f"Model '{model}' is already loaded")
+            await self._control(f"Failed to load model '{model}'", self.core.load_model, model, None)
         return json_response(self.model_json(model))
 
     @openai_errors
     async def unload_model(self, request: Request, model: str) -> Response:
-        await asyncio.get_running_loop().run_in_executor(None, self.core.unload_model, model, False)
+        self._check_explicit()
+        async with self.control_lock:
+            if not self.core.model_ready(model):
+                raise InvalidArgument(f"Unknown model: {model}")
+            await self._control(f"Failed to unload model '{model}'", self.core.unload_model, model, False)
         return json_response({"status": "success", "model": model})
+
+    async def _control(self, failure: str, action: Callable[..., None], *args: Any) -> None:
+        """``action`` in the executor; its failure 400 (the request's fault) or 500, in Triton's words."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, action, *args)
+        except InferenceError as exc:
+            if exc.http_status >= 500:
+                raise InternalError(f"{failure}: {exc.message}") from None
+            raise InvalidArgument(f"{failure}: {exc.message}") from None
 
     # -- embeddings ---------------------------------------------------------------------------
     @openai_errors
