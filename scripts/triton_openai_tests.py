@@ -9,10 +9,11 @@ at run time into a scratch folder, never copied into this project.  In that fold
 
 - ``openai_frontend/main.py`` (what Triton's ``tests/utils.py`` starts as ``python3 main.py <args>``) is replaced
   by a launcher that translates Triton's frontend flags into ``fastoip serve`` flags and execs it: the OpenAI port
-  (default 9000), ``--model-repository``, ``--model-control-mode``, ``--load-model``, ``--openai-restricted-api``,
-  ``--http-max-input-size``, and ``--model-control-allow-code`` (Triton loads Python models through the API,
-  fastoip only when the operator allows it); ``--enable-kserve-frontends`` opens HTTP and gRPC on the KServe ports (free ports unless given); the flags
-  that pick Triton's engine (``--tokenizer``, ``--backend``, ``--tool-call-parser``, ...) are accepted and unused.
+  (default 9000), ``--model-repository``, ``--model-control-mode``, ``--load-model``,
+  ``--openai-restricted-api``, ``--http-max-input-size``, and ``--model-control-allow-code`` (Triton loads Python
+  models through the API, fastoip only when the operator allows it); ``--enable-kserve-frontends`` opens HTTP
+  and gRPC on the KServe ports (free ports unless given); the flags that pick Triton's engine
+  (``--tokenizer``, ``--backend``, ``--tool-call-parser``, ...) are accepted and unused.
 - ``engine/triton_engine.py`` and a ``tritonserver`` module are stubs: Triton's test helpers import them (for
   the in-process tests, which need Triton itself and are not run), and the real ones need Triton's C API.
 - ``@pytest.mark.asyncio`` tests run on one event loop per test class (a small plugin; no pytest-asyncio).
@@ -84,7 +85,7 @@ class TritonLLMEngine:
         raise NotImplementedError("Triton's in-process engine is not part of the fastoip run")
 '''
 
-TRITONSERVER_STUB = '''"""Stub of Triton's in-process Python API (imported by Triton's test helpers, not used by the tests run)."""
+TRITONSERVER_STUB = '''"""Stub of Triton's in-process Python API: its test helpers import it, the tests run do not."""
 import enum
 
 
@@ -99,7 +100,7 @@ class Server:
         raise NotImplementedError("Triton's in-process server is not part of the fastoip run")
 '''
 
-ASYNCIO_PLUGIN = '''"""``@pytest.mark.asyncio`` coroutine tests, each class's on one event loop (pytest-asyncio is not installed)."""
+ASYNCIO_PLUGIN = '''"""``@pytest.mark.asyncio`` tests, a class's on one event loop (no pytest-asyncio needed)."""
 import asyncio
 import inspect
 

@@ -481,3 +481,30 @@ def test_openai_restricted_api_flag(tmp_path: Path) -> None:
         with pytest.raises(Exception, match=words):
             process.start(timeout=60)
         process.stop()
+
+
+# -- the inference gateway's metrics ---------------------------------------------------------------------------
+def metric(text: str, name: str, model: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model_name="{model}"}} '):
+            return float(line.split()[-1])
+    return None
+
+
+def test_gateway_metrics(server: ServerProcess, sdk: openai.OpenAI) -> None:
+    port = f"http://127.0.0.1:{server.child.ports['openai']}"  # type: ignore[union-attr]
+    before = metric(httpx.get(port + "/metrics").text, "vllm:generation_tokens_total", "tiny_chat") or 0
+    answer = chat(sdk, temperature=0, max_tokens=4)
+    text = httpx.get(port + "/metrics").text
+    assert metric(text, "vllm:generation_tokens_total", "tiny_chat") == before + answer.usage.completion_tokens
+    assert (metric(text, "vllm:prompt_tokens_total", "tiny_chat") or 0) >= answer.usage.prompt_tokens
+    assert metric(text, "vllm:num_requests_waiting", "tiny_chat") == 0
+    assert metric(text, "vllm:gpu_cache_usage_perc", "tiny_embedder") == 0
+    with httpx.stream("POST", bases(server)[2] + "/chat/completions", timeout=60,
+                      json={"model": "slow", "messages": USER, "stream": True}) as stream:
+        lines = stream.iter_lines()  # held: a dropped iterator closes the stream
+        next(lines)
+        running = metric(httpx.get(port + "/metrics").text, "vllm:num_requests_running", "slow")
+    assert running == 1
+    assert wait_until(lambda: metric(httpx.get(port + "/metrics").text, "vllm:num_requests_running", "slow") == 0,
+                      timeout=30)

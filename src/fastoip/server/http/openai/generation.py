@@ -12,6 +12,7 @@ Rules:
   back until the model ends, to send either content or the calls.
 - Usage: the prompt tokens are what the model reports (``num_input_tokens``), counted once per prompt, else the
   prompt's whitespace-separated words; the completion tokens are ``num_output_tokens`` summed, else responses.
+- The usage of every answer is added to the inference gateway's token counters (``fastoip.metrics.gateway``).
 - Streamed: the answer's status is decided by the first choice's first answer (an error there is an ordinary
   error response); a failure later is one ``data: {"error": ...}`` event, then ``[DONE]``.  The client going
   away closes the generator, which cancels every call still running.
@@ -27,6 +28,7 @@ import orjson
 
 from ....core import Core
 from ....errors import InferenceError, InternalError
+from ....metrics.gateway import TOKENS
 from ....types import InferResponse
 from ....wire.openai import answers, contract, tools
 from ....wire.openai.answers import Choice, ChunkWriter, Envelope, TokenLogprobs, Usage
@@ -170,6 +172,7 @@ async def complete(plan: Plan, states: list[ChoiceState], envelope: Envelope) ->
             text = plan.prompts[state.prompt_index] + text
         choices.append(Choice(state.index, text, finish, calls, state.logprobs))
     usage = _usage(plan, states)
+    TOKENS.record(plan.model, usage.prompt_tokens, usage.completion_tokens)
     if plan.chat:
         return answers.chat_json(envelope, choices, usage)
     return answers.completion_json(envelope, choices, usage)
@@ -187,8 +190,10 @@ async def stream(plan: Plan, states: list[ChoiceState], envelope: Envelope) -> A
         for state in states:
             async for chunk in _stream_choice(plan, state, writer):
                 yield chunk
+        usage = _usage(plan, states)
+        TOKENS.record(plan.model, usage.prompt_tokens, usage.completion_tokens)
         if plan.sampling.include_usage:
-            yield writer.usage(_usage(plan, states))
+            yield writer.usage(usage)
     except InferenceError as exc:
         yield answers.sse(orjson.loads(error_of(exc)[1]))
     finally:
