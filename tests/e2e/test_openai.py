@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -508,3 +510,26 @@ def test_gateway_metrics(server: ServerProcess, sdk: openai.OpenAI) -> None:
     assert running == 1
     assert wait_until(lambda: metric(httpx.get(port + "/metrics").text, "vllm:num_requests_running", "slow") == 0,
                       timeout=30)
+
+
+# -- the README's example and the demo repository ---------------------------------------------------------------
+def test_readme_example_runs_as_written(server: ServerProcess) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## OpenAI API"):]
+    section = section[: section.index("\n## ", 1)]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    block = block[: block.index("```")].replace("localhost:8000", f"127.0.0.1:{server.http_port}")
+    done = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "'tiny_chat'" in lines[0] and lines[1] == "2 16 14"
+    assert "get_weather" in lines[-1] and "CompletionUsage" in done.stdout
+
+
+def test_demo_repository_writes_the_openai_examples(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "fastoip.cli", "demo-repository", "--openai", str(tmp_path / "m")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m" / "tiny_chat" / "chat_template.jinja").is_file()
+    assert (tmp_path / "m" / "tiny_embedder" / "1" / "model.onnx").is_file()
+    assert (tmp_path / "m" / "simple" / "1" / "model.onnx").is_file()  # the demo's own models too
