@@ -6,7 +6,8 @@ downloaded:
   its config declares the ``bytes`` tokenizer, mean pooling and Matryoshka ``dimensions``, and batches
   dynamically, so ``/v1/embeddings`` requests share batches.
 - ``tiny_chat``: a deterministic word generator with Triton's LLM tensor contract (decoupled: one response per
-  word), a chat template in its folder, and a tool call when the prompt offers tools.  At temperature 0 its
+  word; up to 64 generations interleave on its one instance, ``max_concurrency``), a chat template in its folder,
+  and a tool call when the prompt offers tools.  At temperature 0 its
   words follow from the prompt alone; otherwise from ``seed`` (random without one).
 
 They are not in the default repository ``fastoip serve`` writes: the generator is a Python model, and each
@@ -62,6 +63,7 @@ output [
   { name: "logprobs" data_type: TYPE_FP32 dims: [ 1 ] }
 ]
 parameters { key: "tool_call_parser" value: { string_value: "hermes" } }
+parameters { key: "max_concurrency" value: { string_value: "64" } }
 """
 
 CHAT_TEMPLATE = """{% if tools %}[tools] {{ tools | tojson }}

@@ -533,3 +533,24 @@ def test_demo_repository_writes_the_openai_examples(tmp_path: Path) -> None:
     assert (tmp_path / "m" / "tiny_chat" / "chat_template.jinja").is_file()
     assert (tmp_path / "m" / "tiny_embedder" / "1" / "model.onnx").is_file()
     assert (tmp_path / "m" / "simple" / "1" / "model.onnx").is_file()  # the demo's own models too
+
+
+# -- fastoip bench openai -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kind", "model", "keys"), [
+    ("embeddings", "tiny_embedder", ("inputs_per_s",)),
+    ("chat", "tiny_chat", ("ttft_p50_ms", "itl_p99_ms", "tokens_per_s")),
+])
+def test_bench_loads_the_openai_routes(server: ServerProcess, tmp_path: Path, kind: str, model: str,
+                                       keys: tuple[str, ...]) -> None:
+    report = tmp_path / "levels.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "fastoip.cli", "bench", "openai", kind, bases(server)[1], "-m", model,
+         "--concurrency-range", "1:4:4", "--duration", "1", "--max-tokens", "8", "--inputs", "3",
+         "--json", str(report)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    levels = orjson.loads(report.read_bytes())["levels"]
+    assert [level["concurrency"] for level in levels] == [1, 4]
+    for level in levels:
+        assert level["requests_per_s"] > 0 and level["errors"] == {} and all(level[key] >= 0 for key in keys)
+    if kind == "chat":  # 8 tokens a request: the tokens counted are the requests' tokens
+        assert abs(levels[0]["tokens_per_s"] - 8 * levels[0]["requests_per_s"]) <= 8 * 2
