@@ -185,6 +185,8 @@ def test_unknown_model_is_openai_404_on_every_route(server: ServerProcess) -> No
     ("/embeddings", {"model": "tiny_embedder", "input": "x", "dimensions": 64}, "dimensions"),
     ("/embeddings", {"model": "letters", "input": "x", "dimensions": 2}, "dimensions"),
     ("/embeddings", {"model": "letters", "input": [1, 2, 3]}, "input"),
+    ("/embeddings", {"model": "tiny_embedder", "input": [1, 99999, 2]}, "input"),
+    ("/embeddings", {"model": "tiny_embedder", "input": [[1, 2], [-5]]}, "input"),
     ("/embeddings", b"{not json", "body"),
 ])
 def test_bad_parameter_is_400_naming_it(server: ServerProcess, path: str, body: Any, param: str) -> None:

@@ -89,8 +89,8 @@ class HttpFrontend(Router):
         mount(self, openai, "/openai/v1")
         mount(self, openai, "/v1", models=False)
         shared = SharedModelRoutes(v1, openai)
-        self.fixed_paths["/v1/models"] = {"GET": shared.list_models}
-        self.v1_model_paths[None] = {"GET": shared.retrieve_model}
+        self.fixed_paths["/v1/models"] = {"GET": shared.v1_and_openai_models}
+        self.v1_model_paths[None] = {"GET": shared.v1_and_openai_model}
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},

@@ -5,8 +5,8 @@ Rules:
 - Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
   core errors carry their HTTP status; anything else is a bug, logged and answered 500.
 - Subclasses fill the five tables with their handlers; this class knows no endpoint.  An API with paths of
-  its own shape (OpenAI's, :mod:`.openai`) adds ``(regex, methods, restricted group)`` to ``pattern_paths``,
-  tried last, and may answer its errors in its own body form (``error_answer``).
+  its own shape (OpenAI's, :mod:`.openai`) adds a :class:`PatternRoute` to ``pattern_paths``, tried last, and
+  may answer its errors in its own body form (``error_answer``).
 - A :class:`StreamingResponse` sends its status and headers at once and its
   body chunk by chunk as they come (Server-Sent Events); when the client goes
   away the chunks stop and the source is closed (which cancels its request).
@@ -84,6 +84,16 @@ class Request:
 Handler = Callable[..., Awaitable[Response | StreamingResponse]]
 
 
+class PatternRoute(NamedTuple):
+    """Paths of another API's shape: a full-match regex whose groups are the handler's arguments, the same path
+    in OpenAPI's template form, its methods and its restricted group."""
+
+    pattern: re.Pattern[str]
+    template: str
+    methods: dict[str, Handler]
+    category: str | None
+
+
 class Route(NamedTuple):
     """One (method, path) the router serves; ``path`` in OpenAPI's template form (``/v2/models/{model_name}``)."""
 
@@ -117,9 +127,8 @@ class Router:
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
         #: KServe V1, keyed by the V1_MODEL_PATH "action" group (None: the model's readiness).
         self.v1_model_paths: dict[str | None, dict[str, Handler]] = {}
-        #: Other APIs' paths, tried in order after the tables: (full-match regex, methods, restricted group).
-        #: A handler gets the regex's groups as its arguments.
-        self.pattern_paths: list[tuple[re.Pattern[str], dict[str, Handler], str | None]] = []
+        #: Other APIs' paths, tried in order after the tables.
+        self.pattern_paths: list[PatternRoute] = []
         #: Fixed path -> its restricted group (Triton's HTTP groups; the OpenAI port has its own).
         self.fixed_path_categories: dict[str, str] = restricted.HTTP_FIXED_PATH_CATEGORIES
         #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
@@ -181,6 +190,7 @@ class Router:
             templates.append((f"/v2/{kind}sharedmemory/region/{{region_name}}/{action}", methods))
         for action, methods in self.v1_model_paths.items():
             templates.append(("/v1/models/{model_name}" + (f":{action}" if action else ""), methods))
+        templates += [(pattern.template, pattern.methods) for pattern in self.pattern_paths]
         return [Route(method, path, handler) for path, methods in templates for method, handler in methods.items()]
 
     def route(
@@ -209,9 +219,9 @@ class Router:
                 args = (match["model"],)
                 category = restricted.HTTP_V1_MODEL_ACTION_CATEGORIES.get(match["action"])
             else:
-                for pattern, pattern_methods, pattern_category in self.pattern_paths:
-                    if (match := pattern.fullmatch(path)) is not None:
-                        methods, args, category = pattern_methods, match.groups(), pattern_category
+                for pattern in self.pattern_paths:
+                    if (match := pattern.pattern.fullmatch(path)) is not None:
+                        methods, args, category = pattern.methods, match.groups(), pattern.category
                         break
                 else:
                     raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2, KServe's V1 under /v1)")

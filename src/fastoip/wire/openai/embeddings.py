@@ -11,7 +11,8 @@ Rules:
   length) and ``max_sequence_length`` (longer inputs are cut, default 512).  It takes INT64 ``input_ids`` and
   ``attention_mask`` ``[n, L]`` and gives its hidden states ``[n, L, d]`` (pooled here) or ``[n, d]``.
   L is the request's longest input rounded up to a power of two (at least 8), so requests of similar lengths
-  share a shape and the dynamic batcher merges them; token-id inputs are taken as they are.
+  share a shape and the dynamic batcher merges them; token-id inputs are taken as they are, each id checked
+  against the tokenizer's vocabulary (0 to 258) before the model sees it.
 - ``dimensions``: the model's own width, or fewer where the model declares ``embedding_dimensions: "truncate"``
   (a Matryoshka model: the first ``dimensions`` values, normalised again); otherwise 400.
 - ``encoding_format: base64``: each vector's little-endian float32 bytes in base64 (what OpenAI's SDK decodes).
@@ -31,6 +32,8 @@ from .errors import BadParameter
 from .requests import EmbeddingRequest
 
 CLS, SEP, PAD, BYTE_OFFSET = 1, 2, 0, 3
+#: Token ids of the ``bytes`` tokenizer: the three special ones and 256 bytes.
+VOCABULARY = BYTE_OFFSET + 256
 MIN_LENGTH = 8
 FLOAT_TYPES = ("FP32", "FP16", "FP64", "BF16")
 
@@ -121,6 +124,12 @@ def embedding_requests(spec: EmbeddingModel, request: EmbeddingRequest) -> tuple
             out.append(InferRequest(spec.name, "", "", {}, [InferInput(spec.text_input, "BYTES", shape, data)],
                                     [RequestedOutput(spec.output)]))
         return out, sum(len(t.split()) for t in request.texts)
+    if request.tokens is not None:
+        for given in request.tokens:
+            low, high = min(given), max(given)
+            if low < 0 or high >= VOCABULARY:
+                raise BadParameter("input", f"model '{spec.name}' takes token ids from 0 to {VOCABULARY - 1} (its "
+                                   f"'bytes' tokenizer), got {low if low < 0 else high}")
     token_lists = (
         [byte_tokens(t, spec.max_length) for t in request.texts] if request.texts is not None
         else [ids[: spec.max_length] for ids in request.tokens or ()]

@@ -35,7 +35,7 @@ from ....wire.openai.errors import error_of
 from ... import restricted
 from ..bodies import read_body
 from ..json_pool import OFF_LOOP_JSON_BYTES, JsonPool
-from ..router import Request, Response, Router, StreamingResponse, json_response
+from ..router import PatternRoute, Request, Response, Router, StreamingResponse, json_response
 from . import generation
 from .templates import ChatTemplates
 
@@ -96,11 +96,11 @@ class OpenAIEndpoints:
         return sorted({entry.name for entry in self.core.repository_index(ready_only=True)})
 
     @openai_errors
-    async def list_models(self, request: Request) -> Response:
+    async def openai_list_models(self, request: Request) -> Response:
         return json_response({"object": "list", "data": [self.model_json(m) for m in self.ready_models()]})
 
     @openai_errors
-    async def retrieve_model(self, request: Request, model: str) -> Response:
+    async def openai_retrieve_model(self, request: Request, model: str) -> Response:
         self._ready(model)
         return json_response(self.model_json(model))
 
@@ -109,7 +109,7 @@ class OpenAIEndpoints:
             raise InvalidArgument("Model load/unload requires --model-control-mode=explicit")
 
     @openai_errors
-    async def load_model(self, request: Request, model: str) -> Response:
+    async def openai_load_model(self, request: Request, model: str) -> Response:
         self._check_explicit()
         async with self.control_lock:
             if self.core.model_ready(model):
@@ -118,7 +118,7 @@ class OpenAIEndpoints:
         return json_response(self.model_json(model))
 
     @openai_errors
-    async def unload_model(self, request: Request, model: str) -> Response:
+    async def openai_unload_model(self, request: Request, model: str) -> Response:
         self._check_explicit()
         async with self.control_lock:
             if not self.core.model_ready(model):
@@ -137,7 +137,7 @@ class OpenAIEndpoints:
 
     # -- embeddings ---------------------------------------------------------------------------
     @openai_errors
-    async def embeddings(self, request: Request) -> Response:
+    async def openai_embeddings(self, request: Request) -> Response:
         parsed: requests.EmbeddingRequest = await self._parse(request, requests.parse_embedding)
         self._ready(parsed.model)
         metadata = self.core.model_metadata(parsed.model)
@@ -158,14 +158,14 @@ class OpenAIEndpoints:
 
     # -- generation ---------------------------------------------------------------------------
     @openai_errors
-    async def completions(self, request: Request) -> Response | StreamingResponse:
+    async def openai_completions(self, request: Request) -> Response | StreamingResponse:
         parsed: requests.CompletionRequest = await self._parse(request, requests.parse_completion)
         self._ready(parsed.model)
         plan = generation.plan_completion(self.core, parsed)
         return await self._generate(plan, Envelope("cmpl", parsed.model))
 
     @openai_errors
-    async def chat_completions(self, request: Request) -> Response | StreamingResponse:
+    async def openai_chat_completions(self, request: Request) -> Response | StreamingResponse:
         parsed: requests.ChatRequest = await self._parse(request, requests.parse_chat)
         self._ready(parsed.model)
         template = self.templates.get(self.core.model_directory(parsed.model))
@@ -199,20 +199,19 @@ def mount(
     port answers them, with OpenAI's fields added by the caller).  ``models_group``: the restricted group of
     retrieving a model (Triton's HTTP groups call it metadata, its OpenAI frontend's model-repository).
     """
-    router.fixed_paths[f"{prefix}/embeddings"] = {"POST": endpoints.embeddings}
-    router.fixed_paths[f"{prefix}/completions"] = {"POST": endpoints.completions}
-    router.fixed_paths[f"{prefix}/chat/completions"] = {"POST": endpoints.chat_completions}
+    router.fixed_paths[f"{prefix}/embeddings"] = {"POST": endpoints.openai_embeddings}
+    router.fixed_paths[f"{prefix}/completions"] = {"POST": endpoints.openai_completions}
+    router.fixed_paths[f"{prefix}/chat/completions"] = {"POST": endpoints.openai_chat_completions}
     escaped = re.escape(prefix)
+    model = r"/models/([^/:]+)"  # a model name holds no '/' (and no ':', KServe's V1 action separator)
     if models:
-        router.fixed_paths[f"{prefix}/models"] = {"GET": endpoints.list_models}
-        router.pattern_paths.append(
-            (re.compile(escaped + r"/models/([^/:]+)"), {"GET": endpoints.retrieve_model}, models_group)
-        )
-
-    async def control(request: Request, model: str, action: str) -> Response | StreamingResponse:
-        handler = endpoints.load_model if action == "load" else endpoints.unload_model
-        return await handler(request, model)
-
-    router.pattern_paths.append(
-        (re.compile(escaped + r"/models/([^/:]+)/(load|unload)"), {"POST": control}, restricted.MODEL_REPOSITORY)
-    )
+        router.fixed_paths[f"{prefix}/models"] = {"GET": endpoints.openai_list_models}
+        router.pattern_paths.append(PatternRoute(
+            re.compile(escaped + model), prefix + "/models/{model_name}", {"GET": endpoints.openai_retrieve_model},
+            models_group,
+        ))
+    for action, handler in (("load", endpoints.openai_load_model), ("unload", endpoints.openai_unload_model)):
+        router.pattern_paths.append(PatternRoute(
+            re.compile(escaped + model + "/" + action), f"{prefix}/models/{{model_name}}/{action}",
+            {"POST": handler}, restricted.MODEL_REPOSITORY,
+        ))

@@ -21,14 +21,14 @@ class SharedModelRoutes:
         self.kserve = kserve
         self.openai = openai
 
-    async def list_models(self, request: Request) -> Response:
+    async def v1_and_openai_models(self, request: Request) -> Response:
         answer = await self.kserve.v1_models(request)
         doc = orjson.loads(answer.body)
         doc["object"] = "list"
         doc["data"] = [self.openai.model_json(m) for m in self.openai.ready_models()]
         return json_response(doc)
 
-    async def retrieve_model(self, request: Request, model: str) -> Response:
+    async def v1_and_openai_model(self, request: Request, model: str) -> Response:
         answer = await self.kserve.v1_model_ready(request, model)
         if answer.status != 200:
             return answer
