@@ -95,14 +95,14 @@ class TinyChat(fastoip.Model):
         sampling = json.loads(_scalar(inputs, "sampling_parameters", b"{}") or b"{}")
         max_tokens = int(sampling.get("max_tokens", 16))
         temperature = float(sampling.get("temperature", 1.0))
-        with_logprobs = bool(_scalar(inputs, "return_logprobs", False))
         prompt_tokens = np.array([len(prompt.encode())], dtype=np.int32)
         if prompt.startswith("[tools] "):
             tools = json.loads(prompt.splitlines()[0][len("[tools] "):])
             asked = [line[len("[user] "):] for line in prompt.splitlines() if line.startswith("[user] ")]
             call = {"name": tools[0]["function"]["name"], "arguments": {"query": asked[-1] if asked else ""}}
             yield {"text_output": ["<tool_call>" + json.dumps(call) + "</tool_call>"],
-                   "num_input_tokens": prompt_tokens, "num_output_tokens": np.array([1], dtype=np.int32)}
+                   "num_input_tokens": prompt_tokens, "num_output_tokens": np.array([1], dtype=np.int32),
+                   "logprobs": np.array([-0.5], dtype=np.float32)}
             return
         start = zlib.crc32(prompt.encode())
         rng = random.Random(sampling.get("seed"))
@@ -111,11 +111,10 @@ class TinyChat(fastoip.Model):
                 word = WORDS[(start + index * 7) % len(WORDS)]
             else:
                 word = rng.choice(WORDS)
-            answer = {"text_output": [(" " if index else "") + word], "num_input_tokens": prompt_tokens,
-                      "num_output_tokens": np.array([1], dtype=np.int32)}
-            if with_logprobs:
-                answer["logprobs"] = np.array([-0.25 * (1 + index % 4)], dtype=np.float32)
-            yield answer
+            # every output, every response (a V2 caller asks for all; the OpenAI route asks for what it needs)
+            yield {"text_output": [(" " if index else "") + word], "num_input_tokens": prompt_tokens,
+                   "num_output_tokens": np.array([1], dtype=np.int32),
+                   "logprobs": np.array([-0.25 * (1 + index % 4)], dtype=np.float32)}
 '''
 
 

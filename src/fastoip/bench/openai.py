@@ -9,6 +9,8 @@ request when the previous answer ends, for ``--duration`` seconds per concurrenc
   with ``max_tokens`` ``--max-tokens``; time to first token (the first content event), inter-token latency (the
   gaps between content events), output tokens/s (content events: one per model response, a token for models
   that stream one token a response) and requests/s.
+- ``generate``: the same generation through Triton's generate extension (``/v2/models/{m}/generate_stream``,
+  ``text_input`` and ``sampling_parameters``), to compare what the OpenAI translation costs.
 
 Errors are counted by HTTP status or ``CONNECTION_ERROR``; an answer that is not 200 ends that request.
 """
@@ -28,7 +30,8 @@ from urllib.parse import urlsplit
 import httptools
 import orjson
 
-ROUTES = {"embeddings": "/v1/embeddings", "chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ROUTES = {"embeddings": "/v1/embeddings", "chat": "/v1/chat/completions", "completions": "/v1/completions",
+          "generate": "/v2/models/{model}/generate_stream"}
 
 
 @dataclass
@@ -103,9 +106,10 @@ class _Client(asyncio.Protocol):
         events = (self.pending + body).split(b"\n\n")
         self.pending = events.pop()
         for event in events:
-            if not event.startswith(b"data: {") or (b'"content":"' not in event and b'"text":"' not in event):
+            if not event.startswith(b"data: {") or (b'"content":"' not in event and b'"text":"' not in event
+                                                     and b'"text_output":"' not in event):
                 continue
-            if b'"content":""' in event or b'"text":""' in event:
+            if b'"content":""' in event or b'"text":""' in event or b'"text_output":""' in event:
                 continue
             if self.first == 0.0:
                 self.first = now
@@ -135,6 +139,9 @@ class _Client(asyncio.Protocol):
 def request_body(kind: str, model: str, text: str, inputs: int, max_tokens: int) -> bytes:
     if kind == "embeddings":
         return orjson.dumps({"model": model, "input": [text] * inputs if inputs > 1 else text})
+    if kind == "generate":
+        return orjson.dumps({"text_input": text, "sampling_parameters": orjson.dumps({"max_tokens": max_tokens})
+                             .decode(), "stream": True})
     if kind == "chat":
         return orjson.dumps({"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
                              "max_tokens": max_tokens})
@@ -190,7 +197,10 @@ def main(argv: list[str]) -> int:
         level = level * step if step > 1 else level + 1
     body = request_body(args.kind, args.model_name, args.text, args.inputs, args.max_tokens)
     # http://HOST:PORT means /v1; a URL with a path (http://HOST:PORT/openai/v1) names the API's root
-    path = (url.path.rstrip("/") or "/v1") + ROUTES[args.kind].removeprefix("/v1")
+    if args.kind == "generate":
+        path = ROUTES["generate"].format(model=args.model_name)
+    else:
+        path = (url.path.rstrip("/") or "/v1") + ROUTES[args.kind].removeprefix("/v1")
     results = []
     for concurrency in levels_wanted:
         measured = asyncio.run(run_level(url.hostname, url.port or 80, path, body, concurrency, args.duration))
