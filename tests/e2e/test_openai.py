@@ -95,6 +95,24 @@ SLOW_CONFIG = """
     parameters { key: "log" value: { string_value: "LOG" } }
 """
 
+#: Two words, then a failure: an error after the stream started.
+FAILING = """
+    import fastoip
+
+    class Failing(fastoip.Model):
+        async def predict(self, inputs, parameters):
+            yield {"text_output": ["one"]}
+            yield {"text_output": [" two"]}
+            raise RuntimeError("the model broke after two words")
+"""
+FAILING_CONFIG = """
+    backend: "python"
+    max_batch_size: 0
+    model_transaction_policy { decoupled: true }
+    input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
+    output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
 USER = [{"role": "user", "content": "tell me about rivers"}]
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather",
                                                  "parameters": {"type": "object", "properties": {}}}}
@@ -107,6 +125,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_python_model(root, "triton_llm", TRITON_LLM, TRITON_LLM_CONFIG)
     log = root / "slow.log"
     write_python_model(root, "slow", SLOW, SLOW_CONFIG.replace("LOG", str(log)))
+    write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     process = ServerProcess(root, "--openai-port", "0", http=True)
     process._want.add("openai")
     with process:
@@ -397,6 +416,28 @@ def test_async_client(server: ServerProcess) -> None:
             assert "tiny_chat" in {m.id async for m in models}
 
     asyncio.run(run())
+
+
+def test_an_error_after_the_stream_started_is_an_event(server: ServerProcess, sdk: openai.OpenAI) -> None:
+    with httpx.stream("POST", bases(server)[2] + "/chat/completions", timeout=60,
+                      json={"model": "failing", "messages": USER, "stream": True}) as answer:
+        assert answer.status_code == 200
+        events = [line[len("data: "):] for line in answer.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    bodies = [orjson.loads(event) for event in events[:-1]]
+    assert [b["choices"][0]["delta"].get("content") for b in bodies[:3]] == ["", "one", " two"]
+    assert "the model broke after two words" in bodies[-1]["error"]["message"]
+    with pytest.raises(openai.InternalServerError, match="broke after two words"):
+        chat_of = sdk.chat.completions.create(model="failing", messages=USER)
+        del chat_of
+
+
+def test_large_bodies_are_parsed_off_the_loop(client: openai.OpenAI) -> None:
+    """A body over 2 MiB goes to the JSON processes (issue 27's pool) and answers as any other."""
+    texts = [f"{i} " + "x" * 1500 for i in range(1600)]  # ~2.5 MB of JSON
+    answer = client.embeddings.create(model="tiny_embedder", input=texts)
+    assert len(answer.data) == 1600 and answer.data[1599].index == 1599
+    assert answer.usage.prompt_tokens == 1600 * 256  # each cut at max_sequence_length
 
 
 def test_disconnect_cancels_the_generation(server: ServerProcess) -> None:

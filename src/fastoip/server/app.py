@@ -273,7 +273,8 @@ class ServerApp:
             self.openai_server = HttpServer(
                 self.core, openai_host, options.openai_port, max_body_size=options.http_max_body_size,
                 limits=options.http_limits, tls=options.http_tls,
-                restricted=options.openai_restricted or options.http_restricted, json_workers=0, openai_only=True,
+                restricted=options.openai_restricted or options.http_restricted,
+                json_workers=options.http_json_workers, openai_only=True,  # its own pool, started on first use
             )
             self.openai_port = self.openai_server.start()
             self._announce(f"fastoip: openai listening on {openai_host}:{self.openai_port}")
