@@ -202,3 +202,24 @@ def test_models_that_cannot_embed_say_why() -> None:
         embeddings.embedding_model("x", ENCODER_INPUTS, ENCODER_OUTPUTS, {"tokenizer": "sentencepiece"}, 0)
     with pytest.raises(InvalidArgument, match="pooling 'max'"):
         embeddings.embedding_model("x", ENCODER_INPUTS, ENCODER_OUTPUTS, {"tokenizer": "bytes", "pooling": "max"}, 0)
+
+
+def test_chat_templates_are_read_from_the_folder_and_bounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fastoip.server.http.openai import templates
+
+    monkeypatch.setattr(templates, "MAX_CACHED", 2)
+    cache = templates.ChatTemplates()
+    folders = []
+    for index in range(3):
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        (folder / "chat_template.jinja").write_text(f"{index}:{{{{ messages[0].content }}}}")
+        folders.append(folder)
+        assert cache.get(folder).render("m", [{"role": "user", "content": "x"}], None) == f"{index}:x"
+    assert len(cache._cache) == 2 and folders[0] not in cache._cache
+    (tmp_path / "none").mkdir()
+    assert cache.get(tmp_path / "none").render("m", [{"role": "user", "content": "x"}], None).startswith("<|user|>")
+    (folders[2] / "chat_template.jinja").write_text("changed")
+    import os
+    os.utime(folders[2] / "chat_template.jinja", ns=(1, 1))  # another modification time: read again
+    assert cache.get(folders[2]).render("m", [], None) == "changed"

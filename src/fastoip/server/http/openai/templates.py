@@ -3,7 +3,7 @@
 Where (Hugging Face's convention, as vLLM and Triton's frontend read it): ``chat_template.jinja`` in the model's
 folder, else ``tokenizer_config.json``'s ``chat_template``; neither: the default template.  The files are read
 again when their modification time changes (a model reloaded with another template).  At most 1 MiB is read of
-either file: a template is text, not data.
+either file: a template is text, not data; at most 256 folders are remembered.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from ....wire.openai.chat import DEFAULT_TEMPLATE, ChatTemplate, template_from_t
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MAX_FILE_BYTES = 1 << 20
+#: Folders remembered at most (a model loaded with uploaded files gets a new folder each load): oldest go first.
+MAX_CACHED = 256
 
 
 def _stamp(path: Path) -> int:
@@ -61,5 +63,8 @@ class ChatTemplates:
             if self._default is None:
                 self._default = ChatTemplate(DEFAULT_TEMPLATE)
             template = self._default
+        self._cache.pop(directory, None)
+        if len(self._cache) >= MAX_CACHED:
+            del self._cache[next(iter(self._cache))]
         self._cache[directory] = (stamp, template)
         return template
