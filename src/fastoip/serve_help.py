@@ -48,6 +48,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",
         "--http-ssl-require-client-cert", "--grpc-use-ssl", "--grpc-use-ssl-mutual", "--grpc-server-cert",
         "--grpc-server-key", "--grpc-root-cert", "--http-restricted-api", "--grpc-restricted-protocol",
+        "--openai-restricted-api",
     )),
     ("observability", "logs, metrics, traces", (
         "--log-level", "--log-verbose", "--log-info", "--log-warning", "--log-error", "--log-format", "--log-file",
