@@ -6,9 +6,9 @@ downloaded:
   its config declares the ``bytes`` tokenizer, mean pooling and Matryoshka ``dimensions``, and batches
   dynamically, so ``/v1/embeddings`` requests share batches.
 - ``tiny_chat``: a deterministic word generator with Triton's LLM tensor contract (decoupled: one response per
-  word; up to 64 generations interleave on its one instance, ``max_concurrency``), a chat template in its folder,
-  and a tool call when the prompt offers tools.  At temperature 0 its
-  words follow from the prompt alone; otherwise from ``seed`` (random without one).
+  word; up to 64 generations interleave on its one instance, ``max_concurrency``), a chat template in its
+  folder, and a tool call when the prompt offers tools (of the function ``tool_choice`` forces, else the first).
+  At temperature 0 its words follow from the prompt alone; otherwise from ``seed`` (random without one).
 
 They are not in the default repository ``fastoip serve`` writes: the generator is a Python model, and each
 Python model starts a worker process.
@@ -99,7 +99,10 @@ class TinyChat(fastoip.Model):
         if prompt.startswith("[tools] "):
             tools = json.loads(prompt.splitlines()[0][len("[tools] "):])
             asked = [line[len("[user] "):] for line in prompt.splitlines() if line.startswith("[user] ")]
-            call = {"name": tools[0]["function"]["name"], "arguments": {"query": asked[-1] if asked else ""}}
+            names = [tool["function"]["name"] for tool in tools]
+            forced = parameters.get("tool_choice")  # the function the request forces, if it names one
+            call = {"name": forced if forced in names else names[0],
+                    "arguments": {"query": asked[-1] if asked else ""}}
             yield {"text_output": ["<tool_call>" + json.dumps(call) + "</tool_call>"],
                    "num_input_tokens": prompt_tokens, "num_output_tokens": np.array([1], dtype=np.int32),
                    "logprobs": np.array([-0.5], dtype=np.float32)}

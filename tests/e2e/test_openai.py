@@ -388,6 +388,11 @@ def test_tool_calls(sdk: openai.OpenAI) -> None:
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert [c.function.name for c in calls] == ["get_weather"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+    # tool_choice reaches the model: it calls the function the request forces
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+    forced = sdk.chat.completions.create(model="tiny_chat", messages=asked, tools=[WEATHER_TOOL, other],
+                                         tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert forced.choices[0].message.tool_calls[0].function.name == "get_time"
     # tool_choice none: the text stays text
     text = sdk.chat.completions.create(model="tiny_chat", messages=asked, tools=[WEATHER_TOOL], tool_choice="none")
     assert text.choices[0].message.tool_calls is None and "<tool_call>" in text.choices[0].message.content

@@ -34,6 +34,9 @@ def test_chat_request_reads_openai_members() -> None:
     assert chat.max_tokens == 3 and chat.stop == ["x"] and chat.seed == 4 and chat.include_usage
     assert chat.messages[0]["content"] == "ab" and chat.logprobs == 2
     assert (chat.tool_choice, chat.forced_tool) == ("required", "f")
+    assert chat.model_parameters() == {"tool_choice": "f"}
+    no_tools = requests.parse_chat(body(model="m", messages=[{"role": "user", "content": "x"}]))
+    assert no_tools.model_parameters() == {} and no_tools.tool_choice_name is None
     assert chat.parameters(5) == {"max_tokens": 3, "stop": ["x"], "seed": 5, "logprobs": 2}
 
 
@@ -128,6 +131,11 @@ def test_default_template_and_tokenizer_config() -> None:
     assert template is not None and template.render("m", [{"role": "user", "content": "x"}], None) == "<s>x"
 
 
+def test_template_sees_tool_choice() -> None:
+    template = ChatTemplate("{{ tool_choice }}|{{ tools | length }}")
+    assert template.render("m", [], [{"type": "function"}], "get_time") == "get_time|1"
+
+
 def test_template_is_sandboxed_and_errors_are_named() -> None:
     escape = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(InternalError, match="model 'm' chat template failed"):
@@ -150,6 +158,11 @@ def test_generation_request_sends_only_declared_tensors() -> None:
     assert orjson.loads(by_name["sampling_parameters"].data[0]) == {"max_tokens": 4, "stop": ["x"]}
     assert [o.name for o in request.outputs] == ["text_output"]
     assert request.parameters["stop"] == '["x"]' and request.parameters["max_tokens"] == 4
+    with_choice = contract.generation_request("m", declared, [], "hi", False, {"max_tokens": 1}, "",
+                                              {"tool_choice": "auto"})
+    assert with_choice.parameters["tool_choice"] == "auto"
+    assert "tool_choice" not in orjson.loads(
+        next(i for i in with_choice.inputs if i.name == "sampling_parameters").data[0])
     with pytest.raises(InvalidArgument, match="no BYTES input 'text_input'"):
         contract.generation_request("m", {"x": ("FP32", (1,))}, [], "hi", False, {"max_tokens": 1}, "")
 

@@ -5,7 +5,8 @@ Rules:
   ``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}`` where ``default`` is taken);
   a model with neither gets :data:`DEFAULT_TEMPLATE`.  The frontend reads the files; this module only renders.
 - Templates render in Jinja's immutable sandbox (a template is data: it may not reach Python's internals),
-  with Hugging Face's variables: ``messages``, ``tools``, ``add_generation_prompt`` (true),
+  with Hugging Face's variables: ``messages``, ``tools``, ``add_generation_prompt`` (true), ``tool_choice``
+  (``none`` / ``auto`` / ``required``, or the name of the function the request forces),
   ``bos_token`` / ``eos_token`` (empty unless the tokenizer config names them) and ``raise_exception``.
 - A template that fails to render is the request's fault when it raised on purpose (``raise_exception``: 400)
   and the model's otherwise (500); both name the model.
@@ -52,12 +53,15 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    def render(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+        tool_choice: str | None = None,
+    ) -> str:
         from jinja2 import TemplateError
 
         try:
             return self.template.render(
-                messages=messages, tools=tools, add_generation_prompt=True,
+                messages=messages, tools=tools, tool_choice=tool_choice, add_generation_prompt=True,
                 bos_token=self.bos_token, eos_token=self.eos_token,
             )
         except TemplateRaised as exc:

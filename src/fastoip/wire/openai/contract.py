@@ -8,7 +8,8 @@ Rules (Triton's ``python/openai/openai_frontend/engine/utils/triton.py`` and vLL
   ``return_num_output_tokens`` (BOOL, true), ``return_logprobs`` (BOOL), TensorRT-LLM's ``max_tokens`` (INT32).
   Every tensor is one element, shaped as the model declares it (each dimension 1).
 - The sampling parameters also travel as request parameters (scalars only; ``stop`` as a JSON string), so a
-  ``fastoip.Model`` generator reads them from ``parameters`` without declaring a tensor.
+  ``fastoip.Model`` generator reads them from ``parameters`` without declaring a tensor; so does a chat's
+  ``tool_choice`` (not in ``sampling_parameters``: vLLM's SamplingParams would refuse an unknown member).
 - Out, per response (only these are asked for, so a model's other outputs are not computed): ``text_output``
   (BYTES; a stream's responses are deltas), and optionally
   ``num_input_tokens`` (the prompt's tokens, the same on every response) and ``num_output_tokens`` (this
@@ -54,7 +55,7 @@ def _one(name: str, datatype: str, shape: tuple[int, ...], value: Any) -> InferI
 
 def generation_request(
     model: str, declared: Declared, outputs: list[str], prompt: str, stream: bool, sampling: dict[str, Any],
-    request_id: str,
+    request_id: str, extra: dict[str, str] | None = None,
 ) -> InferRequest:
     """The tensors of one generation under the contract above; 400 when the model does not take ``text_input``."""
     if not is_generator(declared):
@@ -82,6 +83,7 @@ def generation_request(
         key: (orjson.dumps(value).decode() if isinstance(value, list) else value) for key, value in sampling.items()
     }
     parameters["stream"] = stream
+    parameters.update(extra or {})
     wanted = [TEXT_OUTPUT, "num_input_tokens", "num_output_tokens"]
     if sampling.get("logprobs") is not None:
         wanted.append("logprobs")

@@ -84,9 +84,21 @@ class CompletionRequest(Sampling):
 class ChatRequest(Sampling):
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
-    #: "none", "auto", "required", or the name of the one function the model must call.
+    #: "none", "auto" or "required" (also when one function is forced: ``forced_tool`` names it).
     tool_choice: str = "auto"
     forced_tool: str | None = None
+
+    @property
+    def tool_choice_name(self) -> str | None:
+        """What the model is told of ``tool_choice`` (None without tools): the forced function, else the mode."""
+        if not self.tools:
+            return None
+        return self.forced_tool or self.tool_choice
+
+    def model_parameters(self) -> dict[str, str]:
+        """Request parameters beside the sampling ones: ``tool_choice`` when tools were given."""
+        choice = self.tool_choice_name
+        return {} if choice is None else {"tool_choice": choice}
 
 
 @dataclass

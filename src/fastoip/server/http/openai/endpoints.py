@@ -169,7 +169,7 @@ class OpenAIEndpoints:
         parsed: requests.ChatRequest = await self._parse(request, requests.parse_chat)
         self._ready(parsed.model)
         template = self.templates.get(self.core.model_directory(parsed.model))
-        prompt = template.render(parsed.model, parsed.messages, parsed.tools)
+        prompt = template.render(parsed.model, parsed.messages, parsed.tools, parsed.tool_choice_name)
         parser = _parameters(self.core, parsed.model).get("tool_call_parser") or generation.tools.DEFAULT_PARSER
         plan = generation.plan_chat(self.core, parsed, prompt, parser)
         return await self._generate(plan, Envelope("chatcmpl", parsed.model))

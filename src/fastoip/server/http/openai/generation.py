@@ -51,6 +51,8 @@ class Plan:
     parser: tools.Parser | None = None
     declared: contract.Declared = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
+    #: Request parameters beside the sampling ones (a chat's ``tool_choice``).
+    extra: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,7 +100,8 @@ def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -
         if parser is None:
             raise InternalError(f"model '{request.model}' names tool_call_parser '{parser_name}'; this server has "
                                 f"{', '.join(sorted(tools.PARSERS))}")
-    return Plan(request.model, request, [prompt], chat=True, parser=parser, **_tensors(core, request.model))
+    return Plan(request.model, request, [prompt], chat=True, parser=parser, extra=request.model_parameters(),
+                **_tensors(core, request.model))
 
 
 def _tensors(core: Core, model: str) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def start_choices(core: Core, plan: Plan, request_id: str) -> list[ChoiceState]:
                 seed = None if sampling.seed is None else sampling.seed + i
                 infer = contract.generation_request(
                     plan.model, plan.declared, plan.outputs, prompt, sampling.stream, sampling.parameters(seed),
-                    request_id,
+                    request_id, plan.extra,
                 )
                 call = ModelCall(core, infer)
                 states.append(ChoiceState(len(states), prompt_index, call, StopScanner(sampling.stop)))
