@@ -221,6 +221,7 @@ def test_chat_templates_are_read_from_the_folder_and_bounded(tmp_path, monkeypat
     from fastoip.server.http.openai import templates
 
     monkeypatch.setattr(templates, "MAX_CACHED", 2)
+    monkeypatch.setattr(templates, "RECHECK_S", 0.0)
     cache = templates.ChatTemplates()
     folders = []
     for index in range(3):
@@ -235,4 +236,8 @@ def test_chat_templates_are_read_from_the_folder_and_bounded(tmp_path, monkeypat
     (folders[2] / "chat_template.jinja").write_text("changed")
     import os
     os.utime(folders[2] / "chat_template.jinja", ns=(1, 1))  # another modification time: read again
+    assert cache.get(folders[2]).render("m", [], None) == "changed"
+    monkeypatch.setattr(templates, "RECHECK_S", 60.0)  # within the recheck time the files are not looked at
+    (folders[2] / "chat_template.jinja").write_text("again")
+    os.utime(folders[2] / "chat_template.jinja", ns=(2, 2))
     assert cache.get(folders[2]).render("m", [], None) == "changed"
