@@ -602,3 +602,76 @@ def test_bench_loads_the_openai_routes(server: ServerProcess, tmp_path: Path, ki
         assert level["requests_per_s"] > 0 and level["errors"] == {} and all(level[key] >= 0 for key in keys)
     if kind == "chat":  # 8 tokens a request: the tokens counted are the requests' tokens
         assert abs(levels[0]["tokens_per_s"] - 8 * levels[0]["requests_per_s"]) <= 8 * 2
+
+
+# -- an ensemble as a text model: tokenizer step -> ONNX encoder -> pooling step ------------------------------------
+TOKENIZER = """
+    import numpy as np
+    import fastoip
+
+    class Tokens(fastoip.Model):
+        @fastoip.batchable
+        def predict(self, inputs, parameters):
+            ids = np.zeros((len(inputs["TEXT"]), 32), dtype=np.int64)
+            for row, text in enumerate(inputs["TEXT"].reshape(-1)):
+                tokens = [1, *(b + 3 for b in bytes(text)[:30]), 2]
+                ids[row, : len(tokens)] = tokens
+            return {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+"""
+TOKENIZER_CONFIG = """
+    backend: "python"
+    max_batch_size: 8
+    input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+    output [ { name: "input_ids" data_type: TYPE_INT64 dims: [ 32 ] },
+             { name: "attention_mask" data_type: TYPE_INT64 dims: [ 32 ] } ]
+"""
+POOLING = """
+    import numpy as np
+    import fastoip
+
+    class Pool(fastoip.Model):
+        @fastoip.batchable
+        def predict(self, inputs, parameters):
+            weights = inputs["MASK"][:, :, None].astype(np.float32)
+            pooled = (inputs["HIDDEN"] * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+            return {"EMBEDDING": pooled / np.linalg.norm(pooled, axis=1, keepdims=True)}
+"""
+POOLING_CONFIG = """
+    backend: "python"
+    max_batch_size: 8
+    input [ { name: "HIDDEN" data_type: TYPE_FP32 dims: [ 32, 32 ] },
+            { name: "MASK" data_type: TYPE_INT64 dims: [ 32 ] } ]
+    output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 32 ] } ]
+"""
+TEXT_ENCODER = """
+name: "text_encoder"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 32 ] } ]
+ensemble_scheduling { step [
+  { model_name: "tokens" model_version: -1 input_map { key: "TEXT" value: "TEXT" }
+    output_map [ { key: "input_ids" value: "ids" }, { key: "attention_mask" value: "mask" } ] },
+  { model_name: "tiny_embedder" model_version: -1
+    input_map [ { key: "input_ids" value: "ids" }, { key: "attention_mask" value: "mask" } ]
+    output_map { key: "last_hidden_state" value: "hidden" } },
+  { model_name: "pool" model_version: -1 input_map [ { key: "HIDDEN" value: "hidden" }, { key: "MASK" value: "mask" } ]
+    output_map { key: "EMBEDDING" value: "EMBEDDING" } }
+] }
+"""
+
+
+def test_an_ensemble_of_tokenizer_encoder_and_pooling_serves_embeddings(tmp_path: Path) -> None:
+    root = write_openai_examples(tmp_path)
+    write_python_model(root, "tokens", TOKENIZER, TOKENIZER_CONFIG)
+    write_python_model(root, "pool", POOLING, POOLING_CONFIG)
+    (root / "text_encoder" / "1").mkdir(parents=True)
+    (root / "text_encoder" / "config.pbtxt").write_text(TEXT_ENCODER)
+    with openai_server(root) as process:
+        with openai.OpenAI(base_url=bases(process)[2], api_key="unused", max_retries=0) as sdk:
+            texts = ["hello", "a longer sentence", "x"]
+            through_ensemble = sdk.embeddings.create(model="text_encoder", input=texts)
+            direct = sdk.embeddings.create(model="tiny_embedder", input=texts)
+    assert [len(d.embedding) for d in through_ensemble.data] == [32, 32, 32]
+    for got, want in zip(through_ensemble.data, direct.data, strict=True):
+        np.testing.assert_allclose(got.embedding, want.embedding, atol=1e-5)
