@@ -17,7 +17,7 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
 
-.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve bench build proto clean check debug gpu-check
+.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve test-triton-openai bench build proto clean check debug gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -111,6 +111,12 @@ $(KSERVE_STAMP): pyproject.toml setup.py $(CODEC_SOURCES) $(SHMGUARD_SOURCES)
 test-kserve: $(KSERVE_STAMP)  ## KServe's SDK clients (REST V1/V2, gRPC) against fastoip, beside no mlserver
 	FASTOIP_TEST_ISOLATED=1 $(KSERVE_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 		tests/isolated/test_kserve_clients.py $(ARGS)
+
+# test-triton-openai: Triton's own OpenAI-frontend tests against fastoip, through a launcher shim; Triton's files are
+# read from TRITON_SERVER (a checkout or a bare git directory; empty: a shallow clone of TRITON_SERVER_REF) at run time.
+TRITON_SERVER ?=
+test-triton-openai: venv  ## Triton's python/openai tests (model management, restricted APIs, client) against fastoip
+	$(BIN)/python scripts/triton_openai_tests.py $(TRITON_SERVER) $(ARGS)
 
 # make check needs the developer tools and the dependencies' type information, not a build of the sources it
 # reads: an edit to a compiled module rebuilds them for the tests (venv, about a minute), not for the lint.

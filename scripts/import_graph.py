@@ -76,6 +76,7 @@ LAYERS: dict[str, int] = {
     "serve_help": 4,  # arranges `serve --help` (groups, defaults, preferred spellings)
     "demo": 4,
     "mlserver_start": 4,  # `fastoip mlserver start`: MLServer's settings as serve flags
+    "demo_openai": 4,  # the OpenAI examples of the demo repository
     "embed": 4,  # fastoip.Server: the server app inside the caller's process
     "__main__": 4,
     "launcher": 0,  # standard library only: starts fastoip children for tests, benchmarks and bench

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .server.grpc.native_options import NativeGrpcOptions
     from .server.http.protocol import HttpLimits
     from .server.http.server import HttpTls
+    from .server.restricted import RestrictedFeatures
 
 if TYPE_CHECKING:
     pass
@@ -49,6 +50,15 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="HTTP bind address (default: --host)")
     p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "8000")),
                    help="0 picks a free port, -1 turns HTTP off")
+    p.add_argument("--openai-port", type=int, default=int(_env("OPENAI_PORT", "-1")),
+                   help="OpenAI's API (/v1/models, /v1/embeddings, /v1/completions, /v1/chat/completions) alone on "
+                        "this port, as Triton's OpenAI frontend; it is on the HTTP port too, under /v1 and "
+                        "/openai/v1 (default -1: no port of its own; 0 picks a free port)")
+    p.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],
+                   metavar=("<apis>", "<key>", "<value>"),
+                   help="Triton's OpenAI frontend's restriction of the --openai-port: these comma-separated groups "
+                        "(inference, model-repository, metrics, health) answer 401 unless the request has header "
+                        "<key> with <value> (repeatable; default: --http-restricted-api's)")
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8002")),
                    help="Prometheus /metrics with Triton's nv_inference_* names (on the HTTP bind address); "
                         "0 picks a free port, -1 turns it off")
@@ -144,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo = sub.add_parser("demo-repository", help="write the built-in demo repository to a folder")
     demo.add_argument("out", type=Path)
+    demo.add_argument("--openai", action="store_true",
+                      help="also write the OpenAI examples: tiny_embedder (/v1/embeddings) and tiny_chat "
+                           "(/v1/chat/completions, /v1/completions)")
     health = sub.add_parser("health", help="wait until a server is ready; else say why not (a failed model and its "
                                            "error) and exit 1")
     health.add_argument("--url", default=f"127.0.0.1:{_env('HTTP_PORT', '8000')}",
@@ -228,6 +241,8 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         grpc_workers=args.grpc_workers,
         http_host=triton.http_host or args.http_host,
         http_port=args.http_port if triton.allow_http else -1,
+        openai_port=args.openai_port,
+        openai_restricted=_openai_restrictions(args.openai_restricted_api),
         metrics_port=args.metrics_port if triton.allow_metrics else -1,
         metrics_host=triton.metrics_host,
         metrics_config=metrics_config,
@@ -421,6 +436,17 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
     )
 
 
+def _openai_restrictions(options: list[list[str]]) -> RestrictedFeatures | None:
+    from .server import restricted
+
+    if not options:
+        return None
+    try:
+        return restricted.parse_openai_restrictions(options)
+    except restricted.RestrictionError as exc:
+        raise triton_flags.FlagError(str(exc)) from None
+
+
 def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = False) -> int:
     """``mlserver_settings_read``: called by ``fastoip mlserver start``, which read the folder's settings.json."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -441,7 +467,7 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
         except triton_flags.FlagError as exc:
             print(f"fastoip: {exc}", file=sys.stderr, flush=True)
             return 1
-        if not options.grpc_enabled and options.http_port < 0:
+        if not options.grpc_enabled and options.http_port < 0 and options.openai_port < 0:
             print("fastoip: --allow-grpc=false and --allow-http=false leave nothing to serve", file=sys.stderr)
             return 1
         if not mlserver_settings_read:
@@ -460,7 +486,12 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
     if args.command == "demo-repository":
         from .demo import write_repository
 
-        print(write_repository(args.out))
+        root = write_repository(args.out)
+        if args.openai:
+            from .demo_openai import write_openai_examples
+
+            write_openai_examples(root)
+        print(root)
         return 0
     if args.command == "health":
         from .health_check import wait_ready

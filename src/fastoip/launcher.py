@@ -8,7 +8,7 @@ the lab's driver can import it from outside fastoip's virtualenv.
 Rules:
 
 - Servers say where they listen with a line ``<name>: <kind> listening on <host>:<port>`` (kind ``grpc``,
-  ``http`` or ``metrics``; ``fastoip serve`` prints one per endpoint). :meth:`ChildProcess.start` waits for
+  ``http``, ``openai`` or ``metrics``; ``fastoip serve`` prints one per endpoint). :meth:`ChildProcess.start` waits for
   the kinds it is asked for, and fails with the child's last output when it exits or the time is up first.
 - The child is started through a small Python trampoline (:data:`TRAMPOLINE`) that pins it to its CPUs, asks
   the kernel for SIGTERM when the parent dies (PR_SET_PDEATHSIG), then execs the server in place (same PID).
@@ -39,7 +39,7 @@ from typing import IO, TypeVar
 _Child = TypeVar("_Child", bound="ChildProcess")
 
 #: ``<name>: <kind> listening on <host>:<port>``; groups: name, kind, host, port.
-LISTEN_LINE = re.compile(r"(\S+): (grpc|http|metrics) listening on (\S+):(\d+)")
+LISTEN_LINE = re.compile(r"(\S+): (grpc|http|openai|metrics) listening on (\S+):(\d+)")
 
 #: Runs in the child before the server (argv: CPU list, PDEATHSIG flag, then the server's argv): pin, ask for
 #: SIGTERM when the parent dies, give SIGINT back its default action (a shell running the parent in the background

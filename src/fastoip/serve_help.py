@@ -23,7 +23,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--backend-config", "--default-max-batch-size", "--exit-on-error", "--model-load-thread-count",
     )),
     ("network", "listeners: addresses, ports, protocols, connections", (
-        "--host", "--grpc-port", "--http-port", "--metrics-port", "--grpc-address", "--http-address",
+        "--host", "--grpc-port", "--http-port", "--openai-port", "--metrics-port", "--grpc-address", "--http-address",
         "--http-host", "--metrics-address", "--allow-grpc", "--allow-http", "--allow-metrics", "--grpc-frontend",
         "--grpc-workers", "--grpc-max-concurrent-streams", "--grpc-keepalive-time", "--grpc-keepalive-timeout",
         "--grpc-max-connection-age", "--grpc-max-connection-age-grace", "--http-keep-alive-timeout",
@@ -49,6 +49,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",
         "--http-ssl-require-client-cert", "--grpc-use-ssl", "--grpc-use-ssl-mutual", "--grpc-server-cert",
         "--grpc-server-key", "--grpc-root-cert", "--http-restricted-api", "--grpc-restricted-protocol",
+        "--openai-restricted-api",
     )),
     ("observability", "logs, metrics, traces", (
         "--log-level", "--log-verbose", "--log-info", "--log-warning", "--log-error", "--log-format", "--log-file",

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         "As perf_analyzer: HTTP unless -i grpc or a grpc:// URL; without a URL, localhost:8000 (HTTP) or "
         "localhost:8001 (gRPC). --local-server instead starts a private fastoip on the demo repository and runs a "
         "short default sweep.",
-        epilog="Also: fastoip bench compare A.json B.json  (per-level ratios B/A of throughput and p99)",
+        epilog="Also: fastoip bench compare A.json B.json  (per-level ratios B/A of throughput and p99); "
+        "fastoip bench openai embeddings|chat|completions URL -m MODEL  (OpenAI's routes: TTFT, inter-token "
+        "latency, tokens/s)",
     )
     p.add_argument("url", nargs="?", help="grpc://HOST:PORT, http://HOST:PORT or HOST:PORT (protocol from -i); "
                    "default localhost:8000, or localhost:8001 with -i grpc")
@@ -809,6 +811,10 @@ def main(argv: list[str]) -> int:
             print("usage: fastoip bench compare A.json B.json", file=sys.stderr)
             return 2
         return compare(argv[1], argv[2])
+    if argv and argv[0] == "openai":
+        from .openai import main as openai_main
+
+        return openai_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -24,7 +24,8 @@ from typing import Any
 from .._proto import model_config_pb2 as mc
 from ..backends.python.server_bridge import CUSTOM_METRICS, ServerLink
 from ..errors import InferenceError
-from ..metrics import MetricsConfig, prometheus_text
+from ..metrics import MetricsConfig, exposition_text, prometheus_text
+from ..metrics.gateway import gateway_families
 from ..options import RepositoryOptions
 from ..repository import ModelRepository
 from ..shared_memory import SYSTEM
@@ -124,6 +125,11 @@ class Core:
         self.data.check_initialized()
         self.control.unload_model(name, unload_dependents)
 
+    @property
+    def model_control_mode(self) -> str:
+        """``none``, ``poll`` or ``explicit`` (Triton's --model-control-mode)."""
+        return self.control.model_control_mode
+
     # -- health -----------------------------------------------------------------------
     def server_live(self) -> bool:
         return self.data.server_live()
@@ -178,6 +184,11 @@ class Core:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.data.model_config(name, version)
 
+    def model_directory(self, name: str, version: str = "") -> Path:
+        """The loaded model's folder: where a frontend finds the files that describe its wire form (a chat
+        template); NotFound / Unavailable as ``model_config``."""
+        return self.data.model_directory(name, version)
+
     # -- inference: one verb ------------------------------------------------------------
     def start(
         self,
@@ -217,6 +228,8 @@ class Core:
             self.data.statistics_snapshots(), pending, {(m.name, m.version_str): m.stats for m in models}, cached,
             self.metrics_config,
         )
+        in_flight = {(m.name, m.version_str): m.in_flight for m in models}
+        text += exposition_text(gateway_families(pending, in_flight))  # the inference gateway's names
         return text + CUSTOM_METRICS.text()  # pb_utils.MetricFamily families of Triton Python models
 
     # -- shared memory and settings ---------------------------------------------------------

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,10 @@ class DataPlane:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         self.check_initialized()
         return self.repository.get(name, version).config
+
+    def model_directory(self, name: str, version: str = "") -> Path:
+        self.check_initialized()
+        return self.repository.get(name, version).model_dir
 
     # -- inference: one way in -------------------------------------------------------------
     def start(

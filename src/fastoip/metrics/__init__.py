@@ -2,7 +2,8 @@
 
 - :mod:`.config`: Triton's ``--metrics-config`` (a value each server hands its Core; no process state);
 - :mod:`.counters`: what one model version accumulates (:class:`VersionCounters`);
-- :mod:`.prometheus`: the Prometheus text, under Triton's names.
+- :mod:`.prometheus`: the Prometheus text, under Triton's names;
+- :mod:`.gateway`: queue and token metrics under the names the inference gateway's endpoint picker reads.
 """
 
 from .config import MetricsConfig

@@ -22,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 from ..metric_names import METRIC_NAME, safe_label_name
 from .config import MetricsConfig
 from .counters import FAILURE_REASONS, SUMMARIES, VersionCounters
+from .gateway import GATEWAY_NAMES
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ EXPORTED_NAMES: frozenset[str] = frozenset(
     + ["nv_inference_request_failure", "nv_inference_pending_request_count",
        "nv_inference_first_response_histogram_ms"]
     + [name for name, _ in SUMMARIES.values()]
+    + sorted(GATEWAY_NAMES)
 )
 
 

@@ -73,6 +73,8 @@ class LoadedModel:
         self.version_str = version_name(config, version)
         self.path = path
         self.config = config
+        #: The model's folder (what holds config.pbtxt, label files, a chat template).
+        self.model_dir: Path = model_dir or path.parent.parent
         # the model directory holds the label files; ``path`` is a file in its version directory unless given
         self.spec: ModelSpec = model_spec(config, model_dir or path.parent.parent)
         # The spec's facts prepare reads per request, as this (compiled) class's own fields: the spec is an

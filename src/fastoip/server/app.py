@@ -68,6 +68,11 @@ class ServeOptions:
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
+    #: OpenAI's API alone on a port of its own (as Triton's OpenAI frontend); -1: off (it is always on the HTTP
+    #: port too, under /v1 and /openai/v1); 0 picks a free port.
+    openai_port: int = -1
+    #: Triton's OpenAI frontend's --openai-restricted-api (the OpenAI port only; None: --http-restricted-api's).
+    openai_restricted: RestrictedFeatures | None = None
     #: Processes that decode large JSON requests off the loop (Triton's --http-thread-count; issue 27).
     http_json_workers: int = 2
     #: Head size and field count limits, keep-alive / header / body timeouts (None: the defaults).
@@ -165,6 +170,8 @@ class ServerApp:
         self.grpc_server: Any = None
         self.grpc_port = 0
         self.http_server: Any = None
+        self.openai_server: Any = None
+        self.openai_port = 0
         self.http_port = 0
         self.metrics_server: Any = None
         self.metrics_port = 0
@@ -209,6 +216,8 @@ class ServerApp:
             wanted.append(("--grpc-port", options.host, options.grpc_port))
         if options.http_port >= 0:
             wanted.append(("--http-port", options.http_host or options.host, options.http_port))
+        if options.openai_port >= 0:
+            wanted.append(("--openai-port", options.http_host or options.host, options.openai_port))
         if options.metrics_port >= 0:
             host = options.metrics_host or options.http_host or options.host
             wanted.append(("--metrics-port", host, options.metrics_port))
@@ -265,6 +274,19 @@ class ServerApp:
             )
             self.http_port = self.http_server.start()
             self._announce(f"fastoip: http listening on {http_host}:{self.http_port}")
+        if options.openai_port >= 0:
+            from .http import HttpServer
+
+            claims.release("--openai-port")
+            openai_host = options.http_host or options.host
+            self.openai_server = HttpServer(
+                self.core, openai_host, options.openai_port, max_body_size=options.http_max_body_size,
+                limits=options.http_limits, tls=options.http_tls,
+                restricted=options.openai_restricted or options.http_restricted,
+                json_workers=options.http_json_workers, openai_only=True,  # its own pool, started on first use
+            )
+            self.openai_port = self.openai_server.start()
+            self._announce(f"fastoip: openai listening on {openai_host}:{self.openai_port}")
         if options.metrics_port >= 0:
             from .metrics_http import MetricsServer
 
@@ -348,6 +370,8 @@ class ServerApp:
             stopped.append(self.grpc_server.stop(grace=options.exit_timeout))
         if self.http_server is not None:
             self.http_server.stop(options.exit_timeout)
+        if self.openai_server is not None:
+            self.openai_server.stop(options.exit_timeout)
         for event in stopped:
             event.wait()
         # Not before: a call a listener took but whose request the Core has not seen yet must still run.

@@ -69,6 +69,13 @@ HTTP_FIXED_PATH_CATEGORIES = {
     "/v2/logging": LOGGING,
     "/": HEALTH,
     "/v1/models": METADATA,
+    # OpenAI's API (server/http/openai), at /v1 and /openai/v1 on the main port, /v1 on --openai-port
+    **{f"{prefix}/{path}": INFERENCE for prefix in ("/v1", "/openai/v1")
+       for path in ("embeddings", "completions", "chat/completions")},
+    "/openai/v1/models": METADATA,
+    # the OpenAI port's own (Triton's OpenAI frontend has them)
+    "/health/ready": HEALTH,
+    "/metrics": STATISTICS,
 }
 
 #: ``/v2/models/<model>[/versions/<v>][/<action>]`` -> group, by action (None: the model's metadata).
@@ -149,6 +156,27 @@ def parse_restrictions(
                     f"restricted {feature_type} '{group}' can not be specified in multiple config groups"
                 )
             by_category[group] = Restriction(key_prefix + key, value)
+    return RestrictedFeatures(by_category)
+
+
+#: The groups of Triton's OpenAI frontend (``--openai-restricted-api <apis> <key> <value>``; its
+#: ``api_restriction.py``): what they cover on fastoip's OpenAI port is ``server/http/openai/frontend.py``'s.
+OPENAI_INFERENCE = INFERENCE
+OPENAI_MODEL_REPOSITORY = MODEL_REPOSITORY
+OPENAI_METRICS = "metrics"
+OPENAI_CATEGORIES = (OPENAI_INFERENCE, OPENAI_MODEL_REPOSITORY, OPENAI_METRICS, HEALTH)
+
+
+def parse_openai_restrictions(options: list[list[str]]) -> RestrictedFeatures:
+    """Triton's OpenAI frontend's parsing of repeated ``--openai-restricted-api <apis> <key> <value>``."""
+    by_category: dict[str, Restriction] = {}
+    for apis, key, value in options:
+        for api in apis.split(","):
+            if api not in OPENAI_CATEGORIES:
+                raise RestrictionError(f"Unknown API '{api}'. Available APIs: {list(OPENAI_CATEGORIES)}")
+            if api in by_category:
+                raise RestrictionError(f"restricted api '{api}' can not be specified in multiple config groups")
+            by_category[api] = Restriction(key, value)
     return RestrictedFeatures(by_category)
 
 

@@ -18,6 +18,8 @@ Rules:
   answers ``{"live": true}`` / ``{"ready": true}`` as KServe's server does (its REST client parses them;
   tritonclient reads the status only); a model's V2 readiness keeps the spec's empty body.
 - KServe's V1 protocol (``/``, ``/v1/models``, ``/v1/models/<m>[:predict|:explain]``): :mod:`.v1`.
+- OpenAI's API (``/v1/embeddings``, ``/v1/completions``, ``/v1/chat/completions``, and all of it under
+  ``/openai/v1``): :mod:`.openai`; the two ``/v1/models`` paths answer both APIs (:mod:`.openai.shared`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from .bodies import compress, inference_header_length, off_loop_if_large, read_b
 from .generate import GenerateEndpoints
 from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
 from .json_pool import JsonPool
+from .openai.endpoints import OpenAIEndpoints, mount
+from .openai.shared import SharedModelRoutes
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
 from .v1 import V1Endpoints
 
@@ -81,6 +85,12 @@ class HttpFrontend(Router):
             "predict": {"POST": v1.v1_predict},
             "explain": {"POST": v1.v1_explain},
         }
+        openai = OpenAIEndpoints(core, max_body_size, self.json_pool)
+        mount(self, openai, "/openai/v1")
+        mount(self, openai, "/v1", models=False)
+        shared = SharedModelRoutes(v1, openai)
+        self.fixed_paths["/v1/models"] = {"GET": shared.v1_and_openai_models}
+        self.v1_model_paths[None] = {"GET": shared.v1_and_openai_model}
         generate = GenerateEndpoints(core, max_body_size)
         self.model_paths = {
             None: {"GET": self.model_metadata},

@@ -21,15 +21,18 @@ import asyncio
 import multiprocessing
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
+from typing import TypeVar
 
 from ...errors import InternalError
 from ...types import InferRequest
 from ...wire import http as wire
 from ...wire.http import OutputFormat
 
+T = TypeVar("T")
 #: JSON parts at least this large are decoded in a worker process (about 10 ms of orjson and numpy on the loop).
 OFF_LOOP_JSON_BYTES = 2 * 1024 * 1024
 #: Worker processes when --http-thread-count is not given.
@@ -70,6 +73,18 @@ class JsonPool:
                 pool, partial(wire.decode_infer_request, model, version, bytes(body), header_length,
                               loose_bytes=loose_bytes))
             return await future
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise InternalError("the process that parses large JSON requests failed (out of memory?)") from None
+
+    async def call(self, function: Callable[[bytes], T], body: bytes) -> T:
+        """``function(body)`` in a worker process (a large body parsed off the loop, e.g. an OpenAI request)."""
+        pool = self._executor()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, function, bytes(body))
         except BrokenProcessPool:
             with self._lock:
                 if self._pool is pool:

@@ -54,6 +54,59 @@ def _tensor(parameters: str) -> dict[str, Any]:
     }
 
 
+def _openai(description: str, required: list[str], **properties: Any) -> dict[str, Any]:
+    """An OpenAI body: its required members typed, the rest as OpenAI's API reference describes them."""
+    return {"type": "object", "description": description + " (OpenAI's API reference has every member)",
+            "required": required, "properties": properties}
+
+
+_OPENAI_MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
+                 "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                                "created": {"type": "integer"}, "owned_by": {"type": "string"}}}
+_OPENAI_USAGE = {"type": "object", "properties": {"prompt_tokens": {"type": "integer"},
+                                                  "completion_tokens": {"type": "integer"},
+                                                  "total_tokens": {"type": "integer"}}}
+
+#: OpenAI's bodies (server/http/openai/, wire/openai/).
+OPENAI_SCHEMAS: dict[str, dict[str, Any]] = {
+    "OpenAIModel": _OPENAI_MODEL,
+    "OpenAIModelList": _openai("The ready models", ["object", "data"], object={"const": "list"},
+                               data={"type": "array", "items": _OPENAI_MODEL}),
+    "OpenAIUnloaded": _openai("An unloaded model", ["status", "model"], status={"const": "success"},
+                              model={"type": "string"}),
+    "V1AndOpenAIModels": _openai("KServe V1's list and OpenAI's", ["models", "object", "data"],
+                                 models={"type": "array", "items": {"type": "string"}}, object={"const": "list"},
+                                 data={"type": "array", "items": _OPENAI_MODEL}),
+    "V1AndOpenAIModel": _openai("KServe V1's readiness and OpenAI's model", ["name", "ready", "id"],
+                                name={"type": "string"}, ready={"type": "boolean"}, id={"type": "string"}),
+    "OpenAIEmbeddingRequest": _openai(
+        "Texts or token ids to embed", ["model", "input"], model={"type": "string"},
+        input={"description": "A string, a list of strings, a list of token ids or a list of token-id lists"},
+        encoding_format={"enum": ["float", "base64"]}, dimensions={"type": "integer", "minimum": 1},
+    ),
+    "OpenAIEmbeddings": _openai("One vector per input, in order", ["object", "data", "model", "usage"],
+                                object={"const": "list"}, data={"type": "array"}, model={"type": "string"},
+                                usage=_OPENAI_USAGE),
+    "OpenAICompletionRequest": _openai(
+        "A prompt to complete", ["model", "prompt"], model={"type": "string"},
+        prompt={"description": "A string or a list of strings"}, stream={"type": "boolean"},
+        max_tokens={"type": "integer", "minimum": 1}, stop={"description": "A string or up to 4 strings"},
+        n={"type": "integer", "minimum": 1, "maximum": 128}, seed={"type": "integer"}, echo={"type": "boolean"},
+        logprobs={"type": "integer", "minimum": 0, "maximum": 5},
+    ),
+    "OpenAICompletion": _openai("The completion's choices and usage", ["id", "object", "choices", "usage"],
+                                object={"const": "text_completion"}, choices={"type": "array"},
+                                usage=_OPENAI_USAGE),
+    "OpenAIChatRequest": _openai(
+        "Messages to answer", ["model", "messages"], model={"type": "string"}, messages={"type": "array"},
+        stream={"type": "boolean"}, stream_options={"type": "object"},
+        max_completion_tokens={"type": "integer", "minimum": 1}, tools={"type": "array"}, tool_choice={},
+    ),
+    "OpenAIChatCompletion": _openai("The answer's choices and usage", ["id", "object", "choices", "usage"],
+                                    object={"const": "chat.completion"}, choices={"type": "array"},
+                                    usage=_OPENAI_USAGE),
+}
+
 #: The JSON documents that are not Core answers: inference bodies (``wire/http.py``) and small request bodies.
 SCHEMAS: dict[str, dict[str, Any]] = {
     "ErrorResponse": {
@@ -241,6 +294,7 @@ class Operation:
 
 HEALTH, METADATA, INFERENCE, STATISTICS, REPOSITORY = "health", "metadata", "inference", "statistics", "repository"
 SHARED_MEMORY, SETTINGS, DOCS = "shared memory", "trace and log settings", "documentation"
+OPENAI = "openai"
 
 #: Keyed by the handler's name (``HttpFrontend`` method): every routed handler needs an entry.
 OPERATIONS: dict[str, Operation] = {
@@ -314,6 +368,43 @@ OPERATIONS: dict[str, Operation] = {
         "KServe V1 explain: fastoip hosts no explainers; 501 as KServe answers for a model without one", INFERENCE,
         request="V1PredictRequest", response="ErrorResponse",
     ),
+    # OpenAI's API (server/http/openai/): OpenAI's error body, {"error": {"message", "type", "param", "code"}}
+    "v1_and_openai_models": Operation(
+        "KServe V1's model list and OpenAI's in one body", METADATA, response="V1AndOpenAIModels",
+        description="KServe's 'models' (every known model) beside OpenAI's 'object' and 'data' (the ready ones).",
+    ),
+    "v1_and_openai_model": Operation(
+        "KServe V1 model readiness and OpenAI's model in one body: 200 when ready, 503 when not, 404 unknown",
+        HEALTH, response="V1AndOpenAIModel",
+    ),
+    "openai_list_models": Operation("OpenAI: the ready models", OPENAI, response="OpenAIModelList"),
+    "openai_retrieve_model": Operation("OpenAI: one model (404 unless it is ready)", OPENAI, response="OpenAIModel"),
+    "openai_load_model": Operation(
+        "OpenAI (Triton's frontend): load a model (explicit model control mode; 400 when it is loaded)", OPENAI,
+        response="OpenAIModel",
+    ),
+    "openai_unload_model": Operation(
+        "OpenAI (Triton's frontend): unload a model (explicit model control mode; 400 when it is not loaded)",
+        OPENAI, response="OpenAIUnloaded",
+    ),
+    "openai_embeddings": Operation(
+        "OpenAI: embeddings of texts or token ids", OPENAI, request="OpenAIEmbeddingRequest",
+        response="OpenAIEmbeddings",
+        description="Served by a model from BYTES text to FP32 [n, d], or an ONNX encoder whose config declares "
+        "its tokenizer and pooling; each request's texts go through the dynamic batcher.",
+    ),
+    "openai_completions": Operation(
+        "OpenAI: text completion (stream: Server-Sent Events)", OPENAI, request="OpenAICompletionRequest",
+        response="OpenAICompletion",
+        description="Served by a model with Triton's LLM tensors (text_input -> text_output). With stream: true "
+        "the answer is text/event-stream: 'data: {chunk}' events, then 'data: [DONE]'.",
+    ),
+    "openai_chat_completions": Operation(
+        "OpenAI: chat completion (stream: Server-Sent Events)", OPENAI, request="OpenAIChatRequest",
+        response="OpenAIChatCompletion",
+        description="The messages go through the model's chat template; tool calls come from its tool-call "
+        "parser. With stream: true the answer is text/event-stream: 'data: {chunk}' events, then 'data: [DONE]'.",
+    ),
     "openapi_document": Operation("This OpenAPI document", DOCS, response="OpenApiDocument"),
     "docs_page": Operation(
         "A Swagger UI page on this document", DOCS, response_type="text/html",
@@ -345,6 +436,7 @@ def openapi_document(router: Router) -> dict[str, Any]:
     for answer in ANSWERS:
         _add_dataclass_schema(answer, schemas)
     schemas.update(SCHEMAS)
+    schemas.update(OPENAI_SCHEMAS)
     paths: dict[str, dict[str, Any]] = {}
     operation_ids: set[str] = set()
     undocumented = []
@@ -368,10 +460,10 @@ def openapi_document(router: Router) -> dict[str, Any]:
             "version": __version__,
             "description": "The KServe V2 Open Inference Protocol over HTTP/REST, with Triton's extensions "
             "(binary tensors, repository, shared memory, statistics, trace and log settings). Errors answer "
-            '{"error": "..."} with Triton\'s status codes.',
+            '{"error": "..."} with Triton\'s status codes; OpenAI\'s routes answer OpenAI\'s error body.',
         },
         "tags": [{"name": tag} for tag in
-                 (HEALTH, METADATA, INFERENCE, STATISTICS, REPOSITORY, SHARED_MEMORY, SETTINGS, DOCS)],
+                 (HEALTH, METADATA, INFERENCE, STATISTICS, REPOSITORY, SHARED_MEMORY, SETTINGS, DOCS, OPENAI)],
         "paths": dict(sorted(paths.items())),
         "components": {"schemas": schemas},
     }

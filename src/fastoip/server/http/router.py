@@ -4,7 +4,9 @@ Rules:
 - A known path with the wrong method is 405 (with ``Allow``); an unknown path is 404.
 - Every answer that is not a success has the body ``{"error": message}`` (tritonclient reads it):
   core errors carry their HTTP status; anything else is a bug, logged and answered 500.
-- Subclasses fill the five tables with their handlers; this class knows no endpoint.
+- Subclasses fill the five tables with their handlers; this class knows no endpoint.  An API with paths of
+  its own shape (OpenAI's, :mod:`.openai`) adds a :class:`PatternRoute` to ``pattern_paths``, tried last, and
+  may answer its errors in its own body form (``error_answer``).
 - A :class:`StreamingResponse` sends its status and headers at once and its
   body chunk by chunk as they come (Server-Sent Events); when the client goes
   away the chunks stop and the source is closed (which cancels its request).
@@ -89,6 +91,16 @@ class Request:
 Handler = Callable[..., Awaitable[Response | StreamingResponse]]
 
 
+class PatternRoute(NamedTuple):
+    """Paths of another API's shape: a full-match regex whose groups are the handler's arguments, the same path
+    in OpenAPI's template form, its methods and its restricted group."""
+
+    pattern: re.Pattern[str]
+    template: str
+    methods: dict[str, Handler]
+    category: str | None
+
+
 class Route(NamedTuple):
     """One (method, path) the router serves; ``path`` in OpenAPI's template form (``/v2/models/{model_name}``)."""
 
@@ -122,6 +134,10 @@ class Router:
         self.shared_memory_paths: dict[tuple[str, str], dict[str, Handler]] = {}
         #: KServe V1, keyed by the V1_MODEL_PATH "action" group (None: the model's readiness).
         self.v1_model_paths: dict[str | None, dict[str, Handler]] = {}
+        #: Other APIs' paths, tried in order after the tables.
+        self.pattern_paths: list[PatternRoute] = []
+        #: Fixed path -> its restricted group (Triton's HTTP groups; the OpenAI port has its own).
+        self.fixed_path_categories: dict[str, str] = restricted.HTTP_FIXED_PATH_CATEGORIES
         #: Restricted group -> the header it needs (Triton's --http-restricted-api); empty: all open.
         self.restrictions: dict[str, Restriction] = {}
 
@@ -142,15 +158,15 @@ class Router:
             handler, args = self.route(request.method, request.path, request.headers)
             response = await handler(request, *args)
         except MethodNotAllowed as exc:
-            response = error_response(exc.http_status, exc.message)
+            response = self.error_answer(exc.http_status, exc.message)
             response.headers.append((b"allow", exc.allow))
         except InferenceError as exc:
-            response = error_response(exc.http_status, exc.message)
+            response = self.error_answer(exc.http_status, exc.message)
         except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a half-sent request): retryable
-            response = error_response(503, "the server is shutting down; send the request again")
+            response = self.error_answer(503, "the server is shutting down; send the request again")
         except Exception as exc:  # a bug: answer it, log it, keep serving
             log.exception("%s %s failed", request.method, request.path)
-            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            response = self.error_answer(500, f"internal error: {type(exc).__name__}: {exc}")
         if type(response) is StreamingResponse:
             await _stream(request, response, send)
             return
@@ -158,6 +174,10 @@ class Router:
         headers = [*response.headers, (b"content-length", b"%d" % len(response.body))]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
+
+    def error_answer(self, status: int, message: str) -> Response:
+        """The body of an error the router answers itself (Triton's ``{"error": message}``)."""
+        return error_response(status, message)
 
     def routes(self) -> list[Route]:
         """Every (method, path template) the five tables serve: what the OpenAPI document is made from.
@@ -177,6 +197,7 @@ class Router:
             templates.append((f"/v2/{kind}sharedmemory/region/{{region_name}}/{action}", methods))
         for action, methods in self.v1_model_paths.items():
             templates.append(("/v1/models/{model_name}" + (f":{action}" if action else ""), methods))
+        templates += [(pattern.template, pattern.methods) for pattern in self.pattern_paths]
         return [Route(method, path, handler) for path, methods in templates for method, handler in methods.items()]
 
     def route(
@@ -185,7 +206,7 @@ class Router:
         """The handler and its path arguments; NotFound / Forbidden / MethodNotAllowed otherwise."""
         args: tuple[str, ...] = ()
         methods = self.fixed_paths.get(path)
-        category = restricted.HTTP_FIXED_PATH_CATEGORIES.get(path)
+        category = self.fixed_path_categories.get(path)
         if methods is None:
             match = MODEL_PATH.fullmatch(path)
             if match is not None:
@@ -205,7 +226,12 @@ class Router:
                 args = (match["model"],)
                 category = restricted.HTTP_V1_MODEL_ACTION_CATEGORIES.get(match["action"])
             else:
-                raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2, KServe's V1 under /v1)")
+                for pattern in self.pattern_paths:
+                    if (match := pattern.pattern.fullmatch(path)) is not None:
+                        methods, args, category = pattern.methods, match.groups(), pattern.category
+                        break
+                else:
+                    raise NotFound(f"no endpoint at '{path}' (the V2 API lives under /v2, KServe's V1 under /v1)")
         if self.restrictions and category in self.restrictions:
             restriction = self.restrictions[category]
             if not restriction.allows((headers or {}).get(restriction.lookup_key)):

@@ -24,7 +24,9 @@ from ..forward_headers import forwarder
 from ..restricted import RestrictedFeatures
 from .endpoints import HttpFrontend
 from .json_pool import DEFAULT_WORKERS, JsonPool
+from .openai.frontend import OpenAIFrontend
 from .protocol import HttpLimits, protocol_with
+from .router import Router
 
 log = logging.getLogger("fastoip.http")
 
@@ -70,6 +72,7 @@ class HttpServer:
         restricted: RestrictedFeatures | None = None,
         forward_header_pattern: str | None = None,
         json_workers: int = DEFAULT_WORKERS,
+        openai_only: bool = False,
     ) -> None:
         self.core = core
         self.host = host
@@ -80,6 +83,8 @@ class HttpServer:
         self.restricted = restricted
         self.forward_header_pattern = forward_header_pattern
         self.json_pool = JsonPool(json_workers)
+        #: Serve OpenAI's API alone (``--openai-port``) instead of the whole HTTP API.
+        self.openai_only = openai_only
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -88,8 +93,12 @@ class HttpServer:
         """Bind, start serving in a thread, and return the bound port once listening."""
         sock = _bind(self.host, self.port)
         bound_port = sock.getsockname()[1]
-        app = HttpFrontend(self.core, self.max_body_size, self.json_pool)
-        app.forward_headers = forwarder(self.forward_header_pattern)
+        app: Router
+        if self.openai_only:
+            app = OpenAIFrontend(self.core, self.max_body_size, self.json_pool)
+        else:
+            app = HttpFrontend(self.core, self.max_body_size, self.json_pool)
+            app.forward_headers = forwarder(self.forward_header_pattern)
         if self.restricted:
             app.restrict(self.restricted)
         tls = self.tls

@@ -1,0 +1,249 @@
+"""Completions and chat completions over the Core: each choice one model call, streamed or gathered.
+
+Rules:
+- Each prompt (completions may send several) times ``n`` is one choice and one call, all started at once; with a
+  ``seed``, choice ``i`` of a prompt gets ``seed + i`` (choices differ, and a fixed seed gives the same answer
+  streamed or not).  The model's prompt is the chat template's rendering (chat) or the prompt itself.
+- Stop strings are enforced here as well as asked of the model (:mod:`fastoip.wire.openai.stops`); once one is
+  met, the call is cancelled.  ``finish_reason`` is ``stop``, or ``length`` when the model's output token count
+  (or, when it gives none, its responses: one token each) reaches ``max_tokens``, or ``tool_calls``.
+- Tool calls: with ``tools`` given and ``tool_choice`` not ``none``, the model's text goes through its tool-call
+  parser (config parameter ``tool_call_parser``, ``hermes`` by default); a streamed answer then holds the text
+  back until the model ends, to send either content or the calls.
+- Usage: the prompt tokens are what the model reports (``num_input_tokens``), counted once per prompt, else the
+  prompt's whitespace-separated words; the completion tokens are ``num_output_tokens`` summed, else responses.
+- The usage of every answer is added to the inference gateway's token counters (``fastoip.metrics.gateway``).
+- Streamed: the answer's status is decided by the first choice's first answer (an error there is an ordinary
+  error response); a failure later is one ``data: {"error": ...}`` event, then ``[DONE]``.  The client going
+  away closes the generator, which cancels every call still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ....core import Core
+from ....errors import InferenceError, InternalError
+from ....metrics.gateway import TOKENS
+from ....types import InferResponse
+from ....wire.openai import answers, contract, tools
+from ....wire.openai.answers import Choice, ChunkWriter, Envelope, TokenLogprobs, Usage
+from ....wire.openai.errors import error_of
+from ....wire.openai.requests import ChatRequest, CompletionRequest, Sampling
+from ....wire.openai.stops import StopScanner
+from .calls import ModelCall
+
+
+@dataclass
+class Plan:
+    """Everything one generation needs, decided before any call starts."""
+
+    model: str
+    sampling: Sampling
+    #: The model's prompt of each prompt group (chat: one).
+    prompts: list[str]
+    chat: bool
+    echo: bool = False
+    parser: tools.Parser | None = None
+    declared: contract.Declared = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    #: Request parameters beside the sampling ones (a chat's ``tool_choice``).
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ChoiceState:
+    """One running choice: its call, what it has said, its counts."""
+
+    index: int
+    prompt_index: int
+    call: ModelCall
+    scanner: StopScanner
+    text: str = ""
+    responses: int = 0
+    output_tokens: int | None = None
+    input_tokens: int | None = None
+    logprobs: TokenLogprobs | None = None
+    pending: InferResponse | None = None
+
+    def count(self, piece: contract.Piece) -> None:
+        self.responses += 1
+        if piece.output_tokens is not None:
+            self.output_tokens = (self.output_tokens or 0) + piece.output_tokens
+        if piece.input_tokens is not None and self.input_tokens is None:
+            self.input_tokens = piece.input_tokens
+        if piece.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = TokenLogprobs()
+            self.logprobs.add(piece.text, piece.logprobs)
+
+    def finish_reason(self, max_tokens: int) -> str:
+        if self.scanner.stopped:
+            return "stop"
+        produced = self.output_tokens if self.output_tokens is not None else self.responses
+        return "length" if produced >= max_tokens else "stop"
+
+
+def plan_completion(core: Core, request: CompletionRequest) -> Plan:
+    return Plan(request.model, request, request.prompts, chat=False, echo=request.echo,
+                **_tensors(core, request.model))
+
+
+def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -> Plan:
+    parser = None
+    if request.tools and request.tool_choice != "none":
+        parser = tools.tool_call_parser(parser_name)
+        if parser is None:
+            raise InternalError(f"model '{request.model}' names tool_call_parser '{parser_name}'; this server has "
+                                f"{', '.join(sorted(tools.PARSERS))}")
+    return Plan(request.model, request, [prompt], chat=True, parser=parser, extra=request.model_parameters(),
+                **_tensors(core, request.model))
+
+
+def _tensors(core: Core, model: str) -> dict[str, Any]:
+    metadata = core.model_metadata(model)
+    return {"declared": {t.name: (t.datatype, t.shape) for t in metadata.inputs},
+            "outputs": [t.name for t in metadata.outputs]}
+
+
+def start_choices(core: Core, plan: Plan, request_id: str) -> list[ChoiceState]:
+    sampling = plan.sampling
+    states: list[ChoiceState] = []
+    try:
+        for prompt_index, prompt in enumerate(plan.prompts):
+            for i in range(sampling.n):
+                seed = None if sampling.seed is None else sampling.seed + i
+                infer = contract.generation_request(
+                    plan.model, plan.declared, plan.outputs, prompt, sampling.stream, sampling.parameters(seed),
+                    request_id, plan.extra,
+                )
+                call = ModelCall(core, infer)
+                states.append(ChoiceState(len(states), prompt_index, call, StopScanner(sampling.stop)))
+    except BaseException:
+        for state in states:
+            state.call.close()
+        raise
+    return states
+
+
+def _usage(plan: Plan, states: list[ChoiceState]) -> Usage:
+    usage = Usage()
+    for prompt_index, prompt in enumerate(plan.prompts):
+        counted = [s.input_tokens for s in states if s.prompt_index == prompt_index and s.input_tokens is not None]
+        usage.prompt_tokens += counted[0] if counted else len(prompt.split())
+    for state in states:
+        usage.completion_tokens += state.output_tokens if state.output_tokens is not None else state.responses
+    return usage
+
+
+async def _gather(plan: Plan, state: ChoiceState) -> None:
+    """Read one choice to its end (or its stop string)."""
+    while True:
+        response = await state.call.next()
+        if response is None:
+            break
+        piece = contract.read_piece(plan.model, response)
+        state.count(piece)
+        state.text += state.scanner.feed(piece.text)
+        if state.scanner.stopped:
+            state.call.close()
+            break
+    state.text += state.scanner.flush()
+
+
+async def complete(plan: Plan, states: list[ChoiceState], envelope: Envelope) -> bytes:
+    """The whole (non-streamed) answer."""
+    try:
+        for state in states:  # the calls run concurrently; reading them in turn waits for the slowest
+            await _gather(plan, state)
+    finally:
+        for state in states:
+            state.call.close()
+    choices = []
+    for state in states:
+        finish = state.finish_reason(plan.sampling.max_tokens)
+        text, calls = state.text, None
+        if plan.parser is not None:
+            content, found = plan.parser(text)
+            if found:
+                text, calls, finish = content or "", found, "tool_calls"
+        if plan.echo:
+            text = plan.prompts[state.prompt_index] + text
+        choices.append(Choice(state.index, text, finish, calls, state.logprobs))
+    usage = _usage(plan, states)
+    TOKENS.record(plan.model, usage.prompt_tokens, usage.completion_tokens)
+    if plan.chat:
+        return answers.chat_json(envelope, choices, usage)
+    return answers.completion_json(envelope, choices, usage)
+
+
+async def first_answer(states: list[ChoiceState]) -> None:
+    """Wait for the first choice's first response (its error raised: the answer's status is then the error's)."""
+    states[0].pending = await states[0].call.next()
+
+
+async def stream(plan: Plan, states: list[ChoiceState], envelope: Envelope) -> AsyncGenerator[bytes, None]:
+    """The SSE body of a streamed answer; closing it cancels every call still running."""
+    writer = ChunkWriter(envelope, plan.chat, plan.sampling.include_usage)
+    try:
+        for state in states:
+            async for chunk in _stream_choice(plan, state, writer):
+                yield chunk
+        usage = _usage(plan, states)
+        TOKENS.record(plan.model, usage.prompt_tokens, usage.completion_tokens)
+        if plan.sampling.include_usage:
+            yield writer.usage(usage)
+    except InferenceError as exc:
+        yield answers.sse(orjson.loads(error_of(exc)[1]))
+    finally:
+        for state in states:
+            state.call.close()
+    yield answers.DONE
+
+
+async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) -> AsyncGenerator[bytes, None]:
+    index = state.index
+    if plan.chat:
+        yield writer.chunk(index, "", role=True)
+    elif plan.echo:
+        yield writer.chunk(index, plan.prompts[state.prompt_index])
+    held = plan.parser is not None  # tool calls: the text is parsed whole, at the end
+    while True:
+        response, state.pending = state.pending, None
+        if response is None:
+            response = await state.call.next()
+        if response is None:
+            break
+        piece = contract.read_piece(plan.model, response)
+        state.count(piece)
+        delta = state.scanner.feed(piece.text)
+        if held:
+            state.text += delta
+        elif delta:
+            lp = None
+            if piece.logprobs is not None:
+                lp = TokenLogprobs()
+                lp.add(piece.text, piece.logprobs)
+            yield writer.chunk(index, delta, logprobs=lp)
+        if state.scanner.stopped:
+            state.call.close()
+            break
+    rest = state.scanner.flush()
+    finish = state.finish_reason(plan.sampling.max_tokens)
+    if held:
+        assert plan.parser is not None
+        content, calls = plan.parser(state.text + rest)
+        if calls:
+            if content:
+                yield writer.chunk(index, content)
+            yield writer.chunk(index, tool_calls=calls)
+            finish = "tool_calls"
+        elif state.text + rest:
+            yield writer.chunk(index, state.text + rest)
+    elif rest:
+        yield writer.chunk(index, rest)
+    yield writer.chunk(index, finish_reason=finish)

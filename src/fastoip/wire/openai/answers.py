@@ -1,0 +1,168 @@
+"""Completion, chat completion and chunk bodies, usage, and the Server-Sent Events they travel in.
+
+Rules (OpenAI's API reference):
+- Non-streamed: ``text_completion`` / ``chat.completion`` with every choice and ``usage`` (prompt, completion
+  and total tokens).
+- Streamed: ``data: {chunk}`` events, ``data: [DONE]`` last.  A chat choice's first chunk carries
+  ``delta.role``; each choice has exactly one chunk with a ``finish_reason`` (its last); with
+  ``stream_options.include_usage`` every chunk has ``usage: null`` and one more chunk, with no choices,
+  carries the usage before ``[DONE]``.
+- ``finish_reason``: ``stop`` (the model ended, or a stop string), ``length`` (``max_tokens`` reached),
+  ``tool_calls`` (the answer is tool calls).
+- Log probabilities where the model gave them: chat's ``{"content": [{"token", "logprob", "bytes",
+  "top_logprobs"}]}`` and the completions' ``tokens`` / ``token_logprobs`` / ``top_logprobs`` /
+  ``text_offset``; a token's text is known only when a response carries one token.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(value: Any) -> bytes:
+    return b"data: " + orjson.dumps(value) + b"\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def json(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+@dataclass
+class TokenLogprobs:
+    """The log probabilities of one choice's tokens, in order."""
+
+    tokens: list[str] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def add(self, text: str, values: list[float]) -> None:
+        self.tokens.extend([text] if len(values) == 1 else [""] * len(values))
+        self.values.extend(values)
+
+    def chat_json(self) -> dict[str, Any]:
+        return {"content": [{"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, v in zip(self.tokens, self.values, strict=True)]}
+
+    def completion_json(self, offset: int = 0) -> dict[str, Any]:
+        offsets = []
+        for token in self.tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return {"tokens": self.tokens, "token_logprobs": self.values,
+                "top_logprobs": [{} for _ in self.tokens], "text_offset": offsets}
+
+
+@dataclass
+class Choice:
+    """One finished choice of a non-streamed answer."""
+
+    index: int
+    text: str
+    finish_reason: str
+    tool_calls: list[dict[str, str]] | None = None
+    logprobs: TokenLogprobs | None = None
+
+
+class Envelope:
+    """The id, creation time and model every body and chunk of one answer shares."""
+
+    def __init__(self, prefix: str, model: str) -> None:
+        self.id = new_id(prefix)
+        self.created = int(time.time())
+        self.model = model
+
+    def head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": None}
+
+
+def tool_calls_json(calls: list[dict[str, str]], streamed: bool = False) -> list[dict[str, Any]]:
+    out = []
+    for index, call in enumerate(calls):
+        item: dict[str, Any] = {"id": new_id("call"), "type": "function",
+                                "function": {"name": call["name"], "arguments": call["arguments"]}}
+        if streamed:
+            item["index"] = index
+        out.append(item)
+    return out
+
+
+def completion_json(envelope: Envelope, choices: list[Choice], usage: Usage, echo_offset: int = 0) -> bytes:
+    body = envelope.head("text_completion")
+    body["choices"] = [
+        {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+         "logprobs": c.logprobs.completion_json(echo_offset) if c.logprobs else None}
+        for c in choices
+    ]
+    body["usage"] = usage.json()
+    return orjson.dumps(body)
+
+
+def chat_json(envelope: Envelope, choices: list[Choice], usage: Usage) -> bytes:
+    body = envelope.head("chat.completion")
+    out = []
+    for c in choices:
+        message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
+        if c.tool_calls:
+            message["tool_calls"] = tool_calls_json(c.tool_calls)
+        out.append({"index": c.index, "message": message, "finish_reason": c.finish_reason,
+                    "logprobs": c.logprobs.chat_json() if c.logprobs else None})
+    body["choices"] = out
+    body["usage"] = usage.json()
+    return orjson.dumps(body)
+
+
+class ChunkWriter:
+    """The chunks of one streamed answer (chat or completions)."""
+
+    def __init__(self, envelope: Envelope, chat: bool, include_usage: bool) -> None:
+        self.envelope = envelope
+        self.chat = chat
+        self.include_usage = include_usage
+        self.kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(self, index: int, text: str | None = None, *, role: bool = False, finish_reason: str | None = None,
+              tool_calls: list[dict[str, str]] | None = None, logprobs: TokenLogprobs | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": None}
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls_json(tool_calls, streamed=True)
+            choice["delta"] = delta
+            if logprobs is not None:
+                choice["logprobs"] = logprobs.chat_json()
+        else:
+            choice["text"] = text or ""
+            if logprobs is not None:
+                choice["logprobs"] = logprobs.completion_json()
+        body = self.envelope.head(self.kind)
+        body["choices"] = [choice]
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def usage(self, usage: Usage) -> bytes:
+        body = self.envelope.head(self.kind)
+        body["choices"] = []
+        body["usage"] = usage.json()
+        return sse(body)
