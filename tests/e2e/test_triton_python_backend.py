@@ -32,6 +32,7 @@ from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
 import fastoip
+from fastoip.pyworker import channel
 from models import identity_model_bytes, write_model
 from serverproc import ServerProcess, wait_until
 
@@ -1255,8 +1256,8 @@ def identity_worker(tmp_path: Path, on_result: Any) -> Any:
     """))
     worker = WorkerProcess("identity", lambda *a: None, lambda cause: None, on_result=on_result)
     try:
-        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
-        worker.control(("initialize", {}, False))
+        worker.control(channel.Load(str(folder / "model.py"), "identity", 1, 0))
+        worker.control(channel.Initialize({}, False))
     except BaseException:
         worker.kill()
         raise
@@ -1264,8 +1265,8 @@ def identity_worker(tmp_path: Path, on_result: Any) -> Any:
 
 
 def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fails_alone(tmp_path: Path) -> None:
-    """An event loop's turn of batches is pickled as one message; a batch that cannot be pickled fails with a
-    clear error while the others of its turn are answered."""
+    """An event loop's turn of batches is encoded as one message; a batch that cannot be encoded (a parameter that
+    is not plain data) fails with a clear error while the others of its turn are answered."""
     import asyncio
 
     from fastoip.pyworker import transport
@@ -1287,7 +1288,7 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
 
     try:
         asyncio.run(one_turn((1, 2, 3), unpicklable=2))
-        asyncio.run(one_turn((4, 5, 6)))  # one "many" message
+        asyncio.run(one_turn((4, 5, 6)))  # one Many message
         assert sorted(results) == [1, 2, 3, 4, 5, 6]
         for exec_id in (1, 3, 4, 5, 6):
             responses, error = results[exec_id]

@@ -17,7 +17,11 @@ Rules:
   and ~5 us to load, its bytes ~1 us (measured, 16 x FP32).  The receiver gets
   a writable array on those bytes.  Both ends are the codec's C
   (``pack_inline`` / ``unpack_inline``, ~0.1 us each), which checks that
-  shape, dtype and byte count agree.  BYTES (object) arrays are pickled.
+  shape, dtype and byte count agree.  BYTES (object) arrays travel in the
+  message in Triton's framing (each element a 4-byte little-endian length and
+  its bytes; str elements as UTF-8), ``("t", bytes, shape)``: never pickled.
+- What a message carries is checked when it is unpacked (the other process
+  wrote it): the kind, the dtype (numeric only), the shape against the bytes.
 - :data:`COPIED` counts the bytes each side copied into shared memory.
 - A side that dies leaves its files behind; :func:`remove_files_of` removes a
   dead worker's files by its pid (and forgets their mappings); a side that exits
@@ -40,7 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from .._codec import pack_inline, unpack_inline
+from .._codec import deserialize_bytes_tensor, pack_inline, serialize_bytes_tensor, unpack_inline
+from ..datatypes import to_bytes_elements
+from ..errors import InferenceError
+from .channel import ProtocolError, RequestData, request_of
 
 #: Arrays smaller than this travel in the message itself.
 INLINE_LIMIT = 64 * 1024
@@ -125,7 +132,11 @@ def pack(array: np.ndarray) -> tuple:
     dtype = array.dtype
     if dtype.hasobject:
         COPIED.arrays_inline += 1
-        return ("i", array)
+        try:
+            framed = serialize_bytes_tensor(array)
+        except (TypeError, ValueError):  # elements that are neither bytes nor str: as Triton, their str()
+            framed = serialize_bytes_tensor(to_bytes_elements(array))
+        return ("t", framed, array.shape)
     segment, region, pooled = _take_segment(array.nbytes)
     # The one copy of these bytes on their way across (the receiver maps them).
     np.frombuffer(region, dtype=dtype, count=array.size, offset=HEADER).reshape(array.shape)[...] = array
@@ -143,14 +154,35 @@ def _release(region: mmap.mmap) -> None:
         pass
 
 
-def unpack(packed: tuple) -> np.ndarray:
-    """The array a message carries (a read-only view on shared memory for large ones)."""
+def _shape(value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)) or not all(type(n) is int and n >= 0 for n in value):
+        raise ProtocolError(f"a tensor's shape is not a list of sizes: {value!r}")
+    return tuple(value)
+
+
+def unpack(packed: Any) -> np.ndarray:
+    """The array a message carries (a read-only view on shared memory for large ones); ProtocolError (a
+    ValueError) when it is not one of :func:`pack`'s forms."""
+    if not isinstance(packed, (list, tuple)) or not packed:
+        raise ProtocolError("a packed tensor is a tagged list")
     kind = packed[0]
-    if kind == "b":
-        return unpack_inline(packed)
-    if kind == "i":
-        return packed[1]
+    if kind == "b" and len(packed) == 4 and isinstance(packed[1], (bytes, bytearray)):
+        data = packed[1]
+        # (msgpack gives bytes: the array is writable on a bytearray, as the model may write into it)
+        return unpack_inline(("b", data if type(data) is bytearray else bytearray(data), packed[2], _shape(packed[3])))
+    if kind == "t" and len(packed) == 3 and isinstance(packed[1], (bytes, bytearray)):
+        shape = _shape(packed[2])
+        try:
+            elements = deserialize_bytes_tensor(packed[1], int(np.prod(shape)) if shape else 1)
+        except InferenceError as exc:  # (the codec's CodecError: a length that lies)
+            raise ProtocolError(f"a BYTES tensor's framing is broken: {exc}") from None
+        return elements.reshape(shape)
+    if kind not in ("p", "s") or len(packed) != 4 or not isinstance(packed[1], str) or not isinstance(packed[2], str):
+        raise ProtocolError(f"not a packed tensor (kind {kind!r})")
     _, name, dtype, shape = packed
+    shape = _shape(shape)
+    if np.dtype(dtype).hasobject:
+        raise ProtocolError(f"a tensor in shared memory cannot hold objects (dtype {dtype!r})")
     path = os.path.join(_SHM_DIR, name)
     region = _mapped.get(name) if kind == "p" else None
     if region is None:
@@ -190,8 +222,17 @@ def pack_tensors(tensors: list) -> list:
     return [(name, datatype, pack(np.asarray(array))) for name, datatype, array in tensors]
 
 
-def unpack_tensors(tensors: list) -> list:
-    return [(name, datatype, unpack(packed)) for name, datatype, packed in tensors]
+def unpack_tensors(tensors: Any) -> list:
+    if not isinstance(tensors, (list, tuple)):
+        raise ProtocolError("tensors are a list of (name, datatype, packed tensor)")
+    out = []
+    for item in tensors:
+        if not isinstance(item, (list, tuple)) or len(item) != 3 or not isinstance(item[0], str) or not isinstance(
+            item[1], str
+        ):
+            raise ProtocolError("a tensor is (name, datatype, packed tensor)")
+        out.append((item[0], item[1], unpack(item[2])))
+    return out
 
 
 def remove_files_of(pid: int) -> None:
@@ -212,14 +253,15 @@ def _remove_own_segments() -> None:
     remove_files_of(os.getpid())
 
 
-def pack_request(data: Any) -> Any:
+def pack_request(data: Any) -> RequestData:
     request_id, correlation_id, flags, parameters, inputs, requested, trace = data
-    return (request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested, trace)
+    return RequestData(request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested, trace)
 
 
-def unpack_request(data: Any) -> Any:
-    request_id, correlation_id, flags, parameters, inputs, requested, trace = data
-    return (request_id, correlation_id, flags, parameters, unpack_tensors(inputs), requested, trace)
+def unpack_request(data: Any) -> RequestData:
+    """A request the other side packed, its tensors unpacked (ProtocolError when it is not one)."""
+    request = request_of(data)
+    return request._replace(inputs=unpack_tensors(request.inputs))
 
 
 def pack_response(data: Any) -> Any:
@@ -230,7 +272,19 @@ def pack_response(data: Any) -> Any:
 
 
 def unpack_response(data: Any) -> Any:
+    """``(outputs, error (code, message) or None, parameters)`` the other side packed (ProtocolError when it is
+    not one)."""
     if data is None:
         return None
+    if not isinstance(data, (list, tuple)) or len(data) != 3:
+        raise ProtocolError("a response is (outputs, error, parameters)")
     outputs, error, parameters = data
+    if error is not None:
+        if not isinstance(error, (list, tuple)) or len(error) != 2 or type(error[0]) is not int or not isinstance(
+            error[1], str
+        ):
+            raise ProtocolError("a response's error is (code, message)")
+        error = (error[0], error[1])
+    if not isinstance(parameters, dict):
+        raise ProtocolError("a response's parameters are a dict")
     return (unpack_tensors(outputs), error, parameters)

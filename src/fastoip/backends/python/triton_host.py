@@ -33,6 +33,7 @@ from ...datatypes import to_bytes_elements
 from ...errors import InferenceError, InternalError, Unavailable
 from ...pyworker import transport as shm
 from ...pyworker import utils as pb
+from ...pyworker.channel import RequestData
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
 from ...types import InferResponse
 from . import server_bridge as bridge
@@ -49,7 +50,7 @@ CRASH_WINDOW_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 
 
-def job_data(job: Job) -> tuple:
+def job_data(job: Job) -> RequestData:
     """A job as the plain request data the runner takes."""
     request = job.request
     parameters = dict(request.parameters)
@@ -62,7 +63,7 @@ def job_data(job: Job) -> tuple:
     inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
     trace = job.trace
     traced = (trace.record.trace_id, trace.record.carrier) if trace is not None else None
-    return (request.id, correlation, flags, parameters, inputs, list(job.output_names), traced)
+    return RequestData(request.id, correlation, flags, parameters, inputs, list(job.output_names), traced)
 
 
 def job_response(job: Job, version_str: str, data: Any) -> InferResponse | InferenceError:
@@ -384,6 +385,7 @@ class ProcessInstance(_Base):
             self.is_cancelled,
             self._link,
             self._on_result,
+            model=self.name,
         )
         started.append(worker)
         try:
