@@ -352,6 +352,35 @@ BLS_DECOUPLED = """
             return responses
 """
 
+# python_backend's bls_decoupled/async_model.py pattern: two exec(decoupled=True) awaited together (asyncio.gather)
+# from an async execute, then each stream iterated (it failed under the mypyc-compiled worker: issue 36 item 6).
+BLS_DECOUPLED_GATHER = """
+    import asyncio
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                n = pb_utils.get_input_tensor_by_name(request, "IN")
+                inner = [pb_utils.InferenceRequest(model_name="square", inputs=[n], requested_output_names=["OUT"])
+                         for _ in range(2)]
+                streams = await asyncio.gather(*[r.async_exec(decoupled=True) for r in inner])
+                values = []
+                for stream in streams:
+                    for response in stream:
+                        if response.has_error():
+                            raise pb_utils.TritonModelException(response.error().message())
+                        out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                        if out is not None:
+                            values.append(int(out.as_numpy()[0]))
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("COUNT", np.array([len(values)], dtype=np.int32)),
+                    pb_utils.Tensor("SUM", np.array([sum(values)], dtype=np.int32))]))
+            return responses
+"""
+
 BLS_DECOUPLED_CONFIG = """
     backend: "python"
     input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -540,6 +569,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_sync", BLS_SYNC, BLS_CONFIG)
     write_python_model(root, "bls_async", BLS_ASYNC, BLS_ASYNC_CONFIG)
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "bls_decoupled_gather", BLS_DECOUPLED_GATHER, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_relay", BLS_RELAY, TICKER_CONFIG)
     write_python_model(root, "bls_cancel_async", BLS_CANCEL_ASYNC, BLS_DECOUPLED_CONFIG)
@@ -806,6 +836,16 @@ def test_bls_into_decoupled_model(server: ServerProcess) -> None:
     inp.set_data_from_numpy(np.array([4], dtype=np.int32))
     result = client.infer("bls_decoupled", [inp])
     assert int(result.as_numpy("COUNT")[0]) == 4 and int(result.as_numpy("SUM")[0]) == 16
+
+
+def test_bls_two_decoupled_streams_awaited_together(server: ServerProcess) -> None:
+    """python_backend's ``bls_decoupled/async_model.py``: two ``async_exec(decoupled=True)`` gathered."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([3], dtype=np.int32))
+    for _ in range(3):
+        result = client.infer("bls_decoupled_gather", [inp])
+        assert int(result.as_numpy("COUNT")[0]) == 6 and int(result.as_numpy("SUM")[0]) == 18
 
 
 def test_bls_response_iterator_cancel(server: ServerProcess) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -69,6 +70,21 @@ class ServerLink:
     def __init__(self) -> None:
         self.core: CoreLike | None = None
         self._call_type: Callable[..., Any] | None = None
+        #: The worker processes of this Core's models (each registers itself), for :meth:`end_workers`.
+        self.workers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Set by :meth:`end_workers`: a worker that dies now is not restarted.
+        self.stopping = False
+
+    def end_workers(self) -> int:
+        """Kill every worker process of this Core's models (the server's shutdown ran past ``--exit-timeout``):
+        what they ran fails, and none is restarted.  How many were running."""
+        self.stopping = True
+        ended = 0
+        for worker in list(self.workers):
+            if worker.alive:
+                worker.process.kill()
+                ended += 1
+        return ended
 
     def attach(self, core: CoreLike, call_type: Callable[..., Any]) -> None:
         """``call_type``: the Core's ``CallContext`` (the backends never import the Core)."""

@@ -544,6 +544,9 @@ class ProcessInstance(_Base):
 
     def _restart(self, cause: str) -> None:
         """Start a new worker (the lock is held); after too many deaths, stay down with the reason."""
+        if self._link.stopping:  # the server ended its workers at shutdown: none comes back
+            self.down_reason = f"model '{self.name}' is unavailable: the server is shutting down"
+            return
         now = time.monotonic()
         self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
         if len(self._crashes) >= MAX_CRASHES:

@@ -193,6 +193,7 @@ class WorkerProcess:
         self._connection = FramedSocket(parent)
         self._reader = threading.Thread(target=self._read, name=f"fastoip-worker-{self.pid}", daemon=True)
         self._reader.start()
+        link.workers.add(self)
         # Its exit, even while a child it forked keeps the socket open: the reader then reads the end.
         self._unwatch = exits.watch(self.pid, self._on_exit)
 
