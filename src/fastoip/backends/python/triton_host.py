@@ -157,6 +157,7 @@ def _results_of(
     jobs: Sequence[Job], version_str: str, responses: Any, error: str | None, where: str,
     respond: Respond = job_response,
 ) -> Results:
+    # (inlined twin: ProcessInstance._on_result answers one job without the lists; change both)
     if error is not None:
         failure = InternalError(f"Failed to process the request(s) for model {where}, message: {error}")
         return [failure for _ in jobs]
@@ -461,7 +462,7 @@ class ProcessInstance(_Base):
             self._batches.pop(call, None)
             jobs = batch.jobs
             end = time.monotonic_ns()
-            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case, without the lists
+            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case: _results_of's twin
                 only = jobs[0]
                 answer: InferResponse | InferenceError
                 try:
