@@ -1341,6 +1341,43 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
         worker.finalize()
 
 
+def test_a_batch_over_the_frame_limit_fails_alone_and_the_channel_lives(tmp_path: Path) -> None:
+    """A message longer than the channel's limit is never written (its length would be refused by the reader):
+    its batch fails with the reason, sent alone or in an event loop's turn, and the next batch is answered."""
+    import asyncio
+
+    from fastoip.pyworker import transport
+
+    results: dict[int, tuple] = {}
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.__setitem__(exec_id,
+                                                                                            (responses, error)))
+    worker._connection.limit = 4096  # (1 GiB in the server: a BYTES tensor larger than that)
+
+    def request(size: int) -> Any:
+        return transport.pack_request(("", 0, 0, {}, [("IN", "BYTES", np.array([b"x" * size], dtype=object))],
+                                       ["OUT"], None))
+
+    async def one_turn() -> None:
+        worker.submit(2, [request(8000)], defer=True)
+        worker.submit(3, [request(10)], defer=True)
+        for _ in range(600):
+            if 2 in results and 3 in results:
+                return
+            await asyncio.sleep(0.05)
+
+    try:
+        worker.submit(1, [request(8000)])
+        assert results[1][0] is None and "over the channel's limit of 4096" in results[1][1]
+        asyncio.run(one_turn())
+        assert results[2][0] is None and "over the channel's limit" in results[2][1]
+        responses, error = results[3]
+        assert error is None
+        ((_, _, packed),), _, _ = responses[0]
+        assert transport.unpack(packed).tolist() == [b"x" * 10]
+    finally:
+        worker.finalize()
+
+
 def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
     """A 602 KB tensor is written once into shared memory by each side and read as a view: no pickled copy."""
     from fastoip.pyworker import transport

@@ -60,10 +60,10 @@ def test_bytes_elements_that_are_not_bytes_cross_as_their_text() -> None:
     [
         (("b", bytearray(8), "<f4", (3,)), "is not 8 bytes"),  # 12 bytes declared, 8 sent
         (("b", bytearray(16), "|O", (2,)), "cannot hold objects"),  # pointers from another process
-        (("b", bytearray(4), "<f4", (-1,)), "not a list of sizes"),
+        (("b", bytearray(4), "<f4", (-1,)), "is not a size"),
         (("b", bytearray(4), "<f4", (1,) * 65), "at most 64 dimensions"),
         (("b", "text", "<f4", (1,)), "not a packed tensor"),
-        (("b", bytearray(4), "<f4", [1, "x"]), "not a list of sizes"),
+        (("b", bytearray(4), "<f4", [1, "x"]), "not a packed tensor"),
         (("b", bytearray(8), "<i4", (1 << 62, 1 << 62)), "is not a size"),  # the count overflows
         (("t", b"\x05\x00\x00\x00ab", (1,)), "BYTES"),  # an element longer than the bytes
         (("t", b"", (3,)), "BYTES"),  # three elements announced, none sent

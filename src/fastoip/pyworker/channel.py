@@ -23,6 +23,7 @@ Rules:
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import msgpack
@@ -213,6 +214,8 @@ _NONE = type(None)
 _ANY = object
 _ID = int
 #: Each record's field types, checked when decoded (nested data is checked where it is used: transport.unpack).
+#: msgpack makes exact types (int, float, str, bytes, list, dict, bool, None): a field's type is compared, not
+#: ``isinstance``-checked (a bool is not an int here).
 _FIELDS: dict[type, tuple[Any, ...]] = {
     Load: (str, str, int, int),
     LoadMLServer: (dict, int),
@@ -239,6 +242,18 @@ _FIELDS: dict[type, tuple[Any, ...]] = {
 }
 
 
+def _exact(expected: Any) -> frozenset[type] | None:
+    if expected is _ANY:
+        return None
+    return frozenset(expected if isinstance(expected, tuple) else (expected,))
+
+
+#: :data:`_FIELDS` as the sets of exact types the decoder compares with (None: anything).
+_CHECKS: dict[type, tuple[frozenset[type] | None, ...]] = {
+    cls: tuple(_exact(expected) for expected in types) for cls, types in _FIELDS.items()
+}
+
+
 def _plain(value: Any) -> Any:
     """msgpack's hook for what it does not know: numpy scalars and arrays of plain values; nothing else."""
     if isinstance(value, np.generic):
@@ -248,37 +263,78 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"a {type(value).__name__} cannot cross to the other process (plain data only)")
 
 
+_packers = threading.local()
+
+
+def _packer() -> Any:
+    """This thread's packer (a Packer keeps a buffer: one per thread, none made per message)."""
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(default=_plain, use_bin_type=True, autoreset=True)
+    return packer
+
+
 def encode(record: tuple) -> bytes:
     """One record as the bytes of one frame (TypeError for a field that is not plain data)."""
-    if type(record) is Many:
-        tagged = [[_TAGS[type(item)], *item] for item in record[0]]
-        return msgpack.packb([_TAGS[Many], tagged], default=_plain, use_bin_type=True)
-    return msgpack.packb([_TAGS[type(record)], *record], default=_plain, use_bin_type=True)
+    packer = _packer()
+    try:
+        if type(record) is Many:
+            tagged = [[_TAGS[type(item)], *item] for item in record[0]]
+            return packer.pack([_TAGS[Many], tagged])  # type: ignore[no-any-return]
+        return packer.pack([_TAGS[type(record)], *record])  # type: ignore[no-any-return]
+    except BaseException:
+        packer.reset()  # (what a failed pack left in its buffer must not start the next frame)
+        raise
+
+
+#: Per set of records a reader takes (by the tuple's identity): tag -> (record class, its field checks).
+_TABLES: dict[int, dict[int, tuple[type, tuple[frozenset[type] | None, ...]]]] = {}
+
+
+def _table(allowed: tuple[type, ...]) -> dict[int, tuple[type, tuple[frozenset[type] | None, ...]]]:
+    table = _TABLES.get(id(allowed))
+    if table is None:
+        table = {_TAGS[cls]: (cls, _CHECKS[cls]) for cls in allowed}
+        _TABLES[id(allowed)] = table
+        _KEPT.append(allowed)  # (its id stays its own)
+    return table
+
+
+_KEPT: list[tuple[type, ...]] = []
 
 
 def _decoded(raw: Any, allowed: tuple[type, ...]) -> tuple:
-    if not isinstance(raw, list) or not raw or type(raw[0]) is not int:
+    if type(raw) is not list or not raw:
         raise ProtocolError("a frame is not a tagged record")
-    cls = _BY_TAG.get(raw[0])
-    if cls is None or cls not in allowed:
-        raise ProtocolError(f"unknown or misdirected record tag {raw[0]!r}")
-    fields = raw[1:]
-    types = _FIELDS[cls]
-    if len(fields) != len(types):
-        raise ProtocolError(f"a {cls.__name__} has {len(types)} fields, not {len(fields)}")
-    for value, expected in zip(fields, types, strict=True):
-        if expected is not _ANY and (not isinstance(value, expected) or type(value) is bool and expected is int):
-            raise ProtocolError(f"a {cls.__name__} field is a {type(value).__name__}")
+    tag = raw[0]
+    entry = _table(allowed).get(tag) if type(tag) is int else None
+    if entry is None:
+        if type(tag) is not int:
+            raise ProtocolError("a frame is not a tagged record")
+        raise ProtocolError(f"unknown or misdirected record tag {tag!r}")
+    cls, checks = entry
+    if len(raw) != len(checks) + 1:
+        raise ProtocolError(f"a {cls.__name__} has {len(checks)} fields, not {len(raw) - 1}")
+    index = 1
+    for allowed_types in checks:
+        if allowed_types is not None and type(raw[index]) not in allowed_types:
+            raise ProtocolError(f"a {cls.__name__} field is a {type(raw[index]).__name__}")
+        index += 1
     if cls is Many:
-        fields = [[_decoded(item, allowed) for item in fields[0]]]
-    return cls(*fields)
+        return Many([_decoded(item, allowed) for item in raw[1]])
+    return cls(*raw[1:])
+
+
+def _unpackb(data: bytes | bytearray) -> Any:
+    # (its defaults are the strict ones: str keys only, str as str, arrays as lists, sizes bounded by the data)
+    return msgpack.unpackb(data)
 
 
 def decode(data: bytes | bytearray, allowed: tuple[type, ...]) -> tuple:
     """The record in one frame, one of ``allowed`` (:data:`TO_SERVER` where the server reads): ProtocolError
     for anything else."""
     try:
-        raw = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=True)
+        raw = _unpackb(data)
     except Exception as exc:  # msgpack's errors for bad bytes are several classes (and ValueError)
         raise ProtocolError(f"not a record: {type(exc).__name__}: {exc}") from None
     return _decoded(raw, allowed)

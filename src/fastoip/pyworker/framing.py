@@ -48,6 +48,10 @@ class FramedSocket:
         self._scratch = bytearray(CHUNK)
         self._view = memoryview(self._scratch)
 
+    def check(self, length: int) -> int:
+        """``length`` when a message that long may cross; FrameTooLarge when it may not."""
+        return self._check(length)
+
     def _check(self, length: int) -> int:
         if length > self.limit:
             raise FrameTooLarge(f"a message of {length} bytes is over the channel's limit of {self.limit}")

@@ -155,21 +155,28 @@ def _release(region: mmap.mmap) -> None:
 
 
 def _shape(value: Any) -> tuple:
-    if not isinstance(value, (list, tuple)) or not all(type(n) is int and n >= 0 for n in value):
+    if type(value) is not list and type(value) is not tuple:
         raise ProtocolError(f"a tensor's shape is not a list of sizes: {value!r}")
+    for n in value:
+        if type(n) is not int or n < 0:
+            raise ProtocolError(f"a tensor's shape is not a list of sizes: {value!r}")
     return tuple(value)
 
 
 def unpack(packed: Any) -> np.ndarray:
     """The array a message carries (a read-only view on shared memory for large ones); ProtocolError (a
     ValueError) when it is not one of :func:`pack`'s forms."""
-    if not isinstance(packed, (list, tuple)) or not packed:
+    if (type(packed) is not list and type(packed) is not tuple) or not packed:
         raise ProtocolError("a packed tensor is a tagged list")
     kind = packed[0]
-    if kind == "b" and len(packed) == 4 and isinstance(packed[1], (bytes, bytearray)):
+    if kind == "b" and len(packed) == 4:
         data = packed[1]
-        # (msgpack gives bytes: the array is writable on a bytearray, as the model may write into it)
-        return unpack_inline(("b", data if type(data) is bytearray else bytearray(data), packed[2], _shape(packed[3])))
+        if type(data) is bytes:  # (msgpack gives bytes: the array is writable on a bytearray, the model may write)
+            data = bytearray(data)
+        try:  # (the codec checks the parts: a bytearray, a dtype name, sizes that agree with the bytes)
+            return unpack_inline(("b", data, packed[2], tuple(packed[3])))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"not a packed tensor: {exc}") from None
     if kind == "t" and len(packed) == 3 and isinstance(packed[1], (bytes, bytearray)):
         shape = _shape(packed[2])
         try:
@@ -223,13 +230,11 @@ def pack_tensors(tensors: list) -> list:
 
 
 def unpack_tensors(tensors: Any) -> list:
-    if not isinstance(tensors, (list, tuple)):
+    if type(tensors) is not list and type(tensors) is not tuple:
         raise ProtocolError("tensors are a list of (name, datatype, packed tensor)")
     out = []
     for item in tensors:
-        if not isinstance(item, (list, tuple)) or len(item) != 3 or not isinstance(item[0], str) or not isinstance(
-            item[1], str
-        ):
+        if len(item) != 3 or type(item[0]) is not str or type(item[1]) is not str:
             raise ProtocolError("a tensor is (name, datatype, packed tensor)")
         out.append((item[0], item[1], unpack(item[2])))
     return out
@@ -276,15 +281,16 @@ def unpack_response(data: Any) -> Any:
     not one)."""
     if data is None:
         return None
-    if not isinstance(data, (list, tuple)) or len(data) != 3:
-        raise ProtocolError("a response is (outputs, error, parameters)")
-    outputs, error, parameters = data
+    try:
+        outputs, error, parameters = data
+    except (TypeError, ValueError):
+        raise ProtocolError("a response is (outputs, error, parameters)") from None
     if error is not None:
-        if not isinstance(error, (list, tuple)) or len(error) != 2 or type(error[0]) is not int or not isinstance(
-            error[1], str
+        if (type(error) is not list and type(error) is not tuple) or len(error) != 2 or type(error[0]) is not int or (
+            type(error[1]) is not str
         ):
             raise ProtocolError("a response's error is (code, message)")
         error = (error[0], error[1])
-    if not isinstance(parameters, dict):
+    if type(parameters) is not dict:
         raise ProtocolError("a response's parameters are a dict")
     return (unpack_tensors(outputs), error, parameters)

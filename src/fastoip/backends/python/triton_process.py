@@ -206,11 +206,12 @@ class WorkerProcess:
 
     # -- sending (never waits: see the module's rules) ----------------------------------------------------------
     def _send(self, message: tuple) -> None:
-        """Send ``message`` behind everything handed over before it; WorkerDied when the worker is gone.
-        Never waits for the worker."""
+        """Send ``message`` behind everything handed over before it; WorkerDied when the worker is gone,
+        TypeError or FrameTooLarge (a ValueError) when it cannot cross.  Never waits for the worker."""
         if self.cause is not None:
             raise WorkerDied(self.cause)
         data = msg.encode(message)  # (a message that is not plain data fails here, on the sender's thread)
+        self._connection.check(len(data))
         with self._out_lock:
             held, self._turn = self._turn, []  # in order, behind the records an event loop has not sent yet
             frames = self._encoded(held)
@@ -263,20 +264,23 @@ class WorkerProcess:
     def _encoded(self, messages: list[tuple]) -> list[bytes]:
         """What goes on the socket for ``messages``, in order: one message as itself, several as one ``Many``.
 
-        A message that cannot be encoded is left out: a batch's fails its jobs (a model's parameter that is not
-        plain data), anything else is logged."""
+        A message that cannot be encoded or is over the frame limit is left out: a batch's fails its jobs (a
+        model's parameter that is not plain data), anything else is logged."""
         if not messages:
             return []
-        try:
-            if len(messages) == 1:
-                return [msg.encode(messages[0])]
-            return [msg.encode(msg.Many(messages))]
-        except Exception:
-            pass
+        if len(messages) > 1:
+            try:
+                data = msg.encode(msg.Many(messages))
+                if len(data) <= self._connection.limit:
+                    return [data]
+            except Exception:
+                pass
         out = []
         for message in messages:
             try:
-                out.append(msg.encode(message))
+                data = msg.encode(message)
+                self._connection.check(len(data))
+                out.append(data)
             except Exception as exc:
                 if type(message) is msg.Execute:
                     self._on_result(message.exec_id, None, f"the request could not be sent to the worker: {exc}")
@@ -325,7 +329,10 @@ class WorkerProcess:
             reading = self._loop
             if reading is not None and not reading.is_running():
                 self._release_loop()  # nobody would read the answer this caller waits for
-            self._send(message)
+            try:
+                self._send(message)
+            except (TypeError, ValueError) as exc:  # it cannot cross: the batch fails, the channel lives
+                self._on_result(exec_id, None, f"the request could not be sent to the worker: {exc}")
             return
         if self._loop is None and self._wanted is None:
             self._wanted = loop  # its results are read there from the next message on
@@ -627,7 +634,10 @@ class WorkerProcess:
         except Exception as exc:
             reply = msg.Reply(call_id, None, str(exc))
         try:
-            self._send(reply)
+            try:
+                self._send(reply)
+            except (TypeError, ValueError) as exc:  # the answer cannot cross (over the frame limit): say so
+                self._send(msg.Reply(call_id, None, f"the answer could not be sent to the model: {exc}"))
         except WorkerDied:
             pass
 
@@ -638,7 +648,14 @@ class WorkerProcess:
             if final:
                 self._outgoing.pop(call_id, None)
             try:
-                self._send(msg.StreamPart(call_id, shm.pack_response(data), final))
+                try:
+                    self._send(msg.StreamPart(call_id, shm.pack_response(data), final))
+                except (TypeError, ValueError) as exc:  # this response cannot cross: the stream ends with why
+                    job = self._outgoing.pop(call_id, None)
+                    if job is not None:
+                        job.cancel()
+                    failed = bridge.error_data(InvalidArgument(f"a response could not be sent to the model: {exc}"))
+                    self._send(msg.StreamPart(call_id, failed, True))
             except WorkerDied:
                 pass
 
