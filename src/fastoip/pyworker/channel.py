@@ -280,8 +280,8 @@ def encode(record: tuple) -> bytes:
     try:
         if type(record) is Many:
             tagged = [[_TAGS[type(item)], *item] for item in record[0]]
-            return packer.pack([_TAGS[Many], tagged])  # type: ignore[no-any-return]
-        return packer.pack([_TAGS[type(record)], *record])  # type: ignore[no-any-return]
+            return packer.pack([_TAGS[Many], tagged])
+        return packer.pack([_TAGS[type(record)], *record])
     except BaseException:
         packer.reset()  # (what a failed pack left in its buffer must not start the next frame)
         raise
