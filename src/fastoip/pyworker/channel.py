@@ -342,18 +342,18 @@ def decode(data: bytes | bytearray, allowed: tuple[type, ...]) -> tuple:
 
 def request_of(value: Any) -> RequestData:
     """A :class:`RequestData` decoded from the other side (ProtocolError when its fields are not one's)."""
-    if isinstance(value, RequestData):
+    if type(value) is RequestData:
         return value
-    if not isinstance(value, list) or len(value) != 7:
+    if type(value) is not list or len(value) != 7:
         raise ProtocolError("a request is 7 fields")
-    request = RequestData(*value)
+    correlation_id = value[1]
     if (
-        not isinstance(request.request_id, str)
-        or not isinstance(request.correlation_id, (int, str))
-        or type(request.flags) is not int
-        or not isinstance(request.parameters, dict)
-        or not isinstance(request.inputs, list)
-        or not isinstance(request.requested, list)
+        type(value[0]) is not str
+        or (type(correlation_id) is not int and type(correlation_id) is not str)
+        or type(value[2]) is not int
+        or type(value[3]) is not dict
+        or type(value[4]) is not list
+        or type(value[5]) is not list
     ):
         raise ProtocolError("a request's fields are not (str, int | str, int, dict, list, list, trace)")
-    return request
+    return RequestData(value[0], correlation_id, value[2], value[3], value[4], value[5], value[6])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -70,8 +69,9 @@ class ServerLink:
     def __init__(self) -> None:
         self.core: CoreLike | None = None
         self._call_type: Callable[..., Any] | None = None
-        #: The worker processes of this Core's models (each registers itself), for :meth:`end_workers`.
-        self.workers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The worker processes of this Core's models, for :meth:`end_workers`: each adds itself when it starts
+        #: and leaves when it died (a plain set: the compiled WorkerProcess takes no weak references).
+        self.workers: set[Any] = set()
         #: Set by :meth:`end_workers`: a worker that dies now is not restarted.
         self.stopping = False
 

@@ -561,6 +561,7 @@ class WorkerProcess:
             self._dead = True
         if self._unwatch is not None:
             self._unwatch()
+        self._link.workers.discard(self)
         try:
             code = self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
