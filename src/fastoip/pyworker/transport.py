@@ -175,14 +175,14 @@ def unpack(packed: Any) -> np.ndarray:
             data = bytearray(data)
         try:  # (the codec checks the parts: a bytearray, a dtype name, sizes that agree with the bytes)
             return unpack_inline(("b", data, packed[2], tuple(packed[3])))
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"not a packed tensor: {exc}") from None
+        except (TypeError, ValueError) as bad:
+            raise ProtocolError(f"not a packed tensor: {bad}") from None
     if kind == "t" and len(packed) == 3 and isinstance(packed[1], (bytes, bytearray)):
         shape = _shape(packed[2])
         try:
             elements = deserialize_bytes_tensor(packed[1], int(np.prod(shape)) if shape else 1)
-        except InferenceError as exc:  # (the codec's CodecError: a length that lies)
-            raise ProtocolError(f"a BYTES tensor's framing is broken: {exc}") from None
+        except InferenceError as codec_error:  # (the codec's CodecError: a length that lies)
+            raise ProtocolError(f"a BYTES tensor's framing is broken: {codec_error}") from None
         return elements.reshape(shape)
     if kind not in ("p", "s") or len(packed) != 4 or not isinstance(packed[1], str) or not isinstance(packed[2], str):
         raise ProtocolError(f"not a packed tensor (kind {kind!r})")

@@ -282,8 +282,8 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
             # (should the next batch crash it, the server still takes this one before failing that one).
             try:
                 channel.send_result(msg.Result(exec_id, packed_out, None))
-            except FrameTooLarge as exc:  # (the answer is refused, not the channel)
-                channel.send_result(msg.Result(exec_id, None, f"the responses could not be sent: {exc}"))
+            except FrameTooLarge as too_large:  # (the answer is refused, not the channel)
+                channel.send_result(msg.Result(exec_id, None, f"the responses could not be sent: {too_large}"))
         except BaseException as exc:  # the model's error fails the batch; the worker lives on
             logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
             channel.send_result(msg.Result(exec_id, None, _describe(exc)))

@@ -410,16 +410,16 @@ class WorkerProcess:
                 return
             try:
                 messages, closed = self._connection.recv_ready()
-            except FrameTooLarge as exc:
-                self._refuse("a frame over the limit", exc)
+            except FrameTooLarge as too_large:
+                self._refuse("a frame over the limit", too_large)
                 messages, closed = [], True
                 self._broken = True
             self._take_ring()
             for data in messages:
                 try:
                     message = msg.decode(data, msg.TO_SERVER)
-                except msg.ProtocolError as exc:
-                    self._refuse("a frame that is not a record", exc)
+                except msg.ProtocolError as bad:
+                    self._refuse("a frame that is not a record", bad)
                     self._broken = closed = True
                     break
                 self._dispatch(message)
@@ -473,11 +473,11 @@ class WorkerProcess:
             return msg.decode(self._connection.recv_bytes(), msg.TO_SERVER)
         except (EOFError, OSError):
             return None
-        except FrameTooLarge as exc:
-            self._refuse("a frame over the limit", exc)
+        except FrameTooLarge as too_large:
+            self._refuse("a frame over the limit", too_large)
             return None
-        except msg.ProtocolError as exc:
-            self._refuse("a frame that is not a record", exc)
+        except msg.ProtocolError as bad:
+            self._refuse("a frame that is not a record", bad)
             return None
 
     def _take_ring(self) -> None:
@@ -487,16 +487,16 @@ class WorkerProcess:
             return
         try:
             records = self._ring.take()
-        except RingCorrupt as exc:
-            log.error("%s: its result ring was written over (%s): ending the worker", self.label, exc)
+        except RingCorrupt as corrupt:
+            log.error("%s: its result ring was written over (%s): ending the worker", self.label, corrupt)
             self._ring = None  # (nothing more is read from it)
             self.process.kill()  # its end closes: the reader handles the death (what it ran fails, it restarts)
             return
         for data in records:
             try:
                 message = msg.decode(data, (msg.Result,))
-            except msg.ProtocolError as exc:
-                self._refuse("a ring record that is not a result", exc)
+            except msg.ProtocolError as bad:
+                self._refuse("a ring record that is not a result", bad)
                 self._ring = None
                 return
             self._dispatch(message)
@@ -637,8 +637,8 @@ class WorkerProcess:
         try:
             try:
                 self._send(reply)
-            except (TypeError, ValueError) as exc:  # the answer cannot cross (over the frame limit): say so
-                self._send(msg.Reply(call_id, None, f"the answer could not be sent to the model: {exc}"))
+            except (TypeError, ValueError) as unsendable:  # the answer cannot cross (over the frame limit): say so
+                self._send(msg.Reply(call_id, None, f"the answer could not be sent to the model: {unsendable}"))
         except WorkerDied:
             pass
 
@@ -651,11 +651,12 @@ class WorkerProcess:
             try:
                 try:
                     self._send(msg.StreamPart(call_id, shm.pack_response(data), final))
-                except (TypeError, ValueError) as exc:  # this response cannot cross: the stream ends with why
+                except (TypeError, ValueError) as unsendable:  # this response cannot cross: the stream ends with why
                     job = self._outgoing.pop(call_id, None)
                     if job is not None:
                         job.cancel()
-                    failed = bridge.error_data(InvalidArgument(f"a response could not be sent to the model: {exc}"))
+                    why = f"a response could not be sent to the model: {unsendable}"
+                    failed = bridge.error_data(InvalidArgument(why))
                     self._send(msg.StreamPart(call_id, failed, True))
             except WorkerDied:
                 pass
