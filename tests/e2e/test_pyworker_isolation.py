@@ -249,7 +249,7 @@ def test_many_waiting_bls_calls_of_one_model_do_not_starve_another_models(server
         assert not fanout.done()
         started = time.monotonic()
         assert _how(server.grpc_url, 0, "caller", timeout=30) == 7
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 1.5  # (3.3 s before, behind the other model's calls)
         assert fanout.result(timeout=120) == 0  # each of its calls answered, none failed
 
 
