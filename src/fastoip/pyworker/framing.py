@@ -147,7 +147,7 @@ class FramedSocket:
         while True:
             end = self._complete()
             if end:
-                data = buffer[4:end]  # (a bytearray: one copy; pickle and numpy take it as they take bytes)
+                data = buffer[4:end]  # (a bytearray: one copy; msgpack and numpy take it as they take bytes)
                 del buffer[:end]
                 return data
             missing = (4 + _LENGTH.unpack_from(buffer)[0] - len(buffer)) if len(buffer) >= 4 else 4

@@ -124,7 +124,7 @@ class TritonRunner:
         for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
             request = pb.InferenceRequest._received(
                 [tensor(name, datatype, array) for name, datatype, array in inputs],
-                requested,  # (fresh lists and dicts: unpickled, or built by job_data in-process)
+                requested,  # (fresh lists and dicts: decoded from the channel, or built by job_data in-process)
                 correlation_id,
                 request_id,
                 flags,
