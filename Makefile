@@ -17,7 +17,7 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
 
-.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve test-triton-openai bench build proto clean check debug gpu-check
+.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve test-triton-openai bench build proto clean check debug test-pure gpu-check
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -153,6 +153,30 @@ debug: venv  ## build the bounds-checked extensions into build/debug and run the
 		wrong = [m.__file__ for m in map(importlib.import_module, names) if '$(DEBUG_DIR)/' not in m.__file__]; \
 		sys.exit('not the debug build: ' + ', '.join(wrong) if wrong else None)"
 	PYTHONPATH=$(DEBUG_DIR)/src $(BIN)/python -m pytest -q -p no:cacheprovider $(DEBUG_TESTS) $(ARGS)
+
+# test-pure: the compiled modules' interpreted twins tested too (DESIGN.md principle 13, issue 36 item 6): `make
+# test` runs the per-call path compiled by mypyc; this builds a copy with only the Cython extensions
+# (FASTOIP_PURE_PYTHON=1) into build/pure and runs the Python-model tests and the codec's against it, so a
+# construct that works in one build and not the other (mypyc's closures of generators did) is caught either way.
+PURE_DIR := build/pure
+PURE_TESTS := tests/e2e/test_triton_python_backend.py tests/e2e/test_python_models.py \
+	$(wildcard tests/e2e/test_pyworker_*.py) $(wildcard tests/unit/test_pyworker_*.py) \
+	tests/unit/test_codec.py tests/unit/test_codec_fuzz.py
+test-pure: venv  ## build the interpreted twin (no mypyc) into build/pure and run the Python-model and codec tests on it
+	$(BIN)/python -m pip install --quiet "Cython>=3.1,<4" "setuptools>=77"  # [build-system] requires, for setup.py
+	rm -rf $(PURE_DIR) && mkdir -p $(PURE_DIR)
+	cp -r setup.py pyproject.toml README.md src $(PURE_DIR)/
+	find $(PURE_DIR)/src -name '*.so' -delete
+	rm -f $(PURE_DIR)/src/fastoip/_codec.c $(PURE_DIR)/src/fastoip/_shmguard.c $(PURE_DIR)/src/fastoip/server/grpc/_http2.c \
+		$(PURE_DIR)/src/fastoip/pyworker/_ring.c
+	cd $(PURE_DIR) && FASTOIP_PURE_PYTHON=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
+	PYTHONPATH=$(PURE_DIR)/src $(BIN)/python -c "import sys, importlib; \
+		names = ['fastoip.pyworker.worker', 'fastoip.backends.python.triton_process', 'fastoip.core.core']; \
+		wrong = [m.__file__ for m in map(importlib.import_module, names) if not m.__file__.endswith('.py') \
+			or '$(PURE_DIR)/' not in m.__file__]; \
+		sys.exit('not the interpreted build: ' + ', '.join(wrong) if wrong else None)"
+	PYTHONPATH=$(PURE_DIR)/src $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		$(PURE_TESTS) $(ARGS)
 
 proto: venv  ## regenerate src/fastoip/_proto from proto/
 	$(BIN)/python scripts/gen_proto.py

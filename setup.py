@@ -114,7 +114,10 @@ else:
 # in these modules: annotations are checked at run time, classes take no attributes they do not declare and
 # cannot be subclassed by interpreted code (LoadedModel's subclass, the ensemble, is compiled with it), a call
 # inside a slice (`view[sock.send(view):]`) runs twice and `+=` on a bytearray held in a local makes a new one
-# (write them as two statements, and `.extend`: tests/e2e/test_pyworker_framing.py caught both).  Left out
+# (write them as two statements, and `.extend`: tests/e2e/test_pyworker_framing.py caught both); the name of an
+# `except ... as name` has one type in a whole function (a second `except Other as name` raises TypeError when it
+# binds: give each its own name; the compiled run of tests/e2e/test_pyworker_isolation.py caught it), and a native
+# class takes no weak references.  Left out
 # on purpose: fastoip/types.py (the codec fills its classes' slots by layout).  Keep the list short: every
 # module adds compile time to every build (all 26, with the Cython extensions: about a minute of CPU).
 # FASTOIP_PURE_PYTHON=1 builds none of them (the interpreted path, which `make debug` tests).
@@ -144,6 +147,7 @@ COMPILED_PY = [
     "src/fastoip/backends/python/triton_process.py",
     "src/fastoip/pyworker/framing.py",
     "src/fastoip/pyworker/transport.py",
+    "src/fastoip/pyworker/channel.py",
     "src/fastoip/pyworker/runner.py",
     "src/fastoip/pyworker/worker.py",
 ]

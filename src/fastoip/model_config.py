@@ -102,6 +102,7 @@ class ModelSpec:
 
     @property
     def batching(self) -> bool:
+        # (inlined twin: LoadedModel.prepare reads max_batch_size > 0 itself on the hot path)
         return self.max_batch_size > 0
 
     def model_feeds(self, feeds: dict) -> dict:

@@ -32,6 +32,7 @@ from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
 import fastoip
+from fastoip.pyworker import channel
 from models import identity_model_bytes, write_model
 from serverproc import ServerProcess, wait_until
 
@@ -351,6 +352,35 @@ BLS_DECOUPLED = """
             return responses
 """
 
+# python_backend's bls_decoupled/async_model.py pattern: two exec(decoupled=True) awaited together (asyncio.gather)
+# from an async execute, then each stream iterated (it failed under the mypyc-compiled worker: issue 36 item 6).
+BLS_DECOUPLED_GATHER = """
+    import asyncio
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                n = pb_utils.get_input_tensor_by_name(request, "IN")
+                inner = [pb_utils.InferenceRequest(model_name="square", inputs=[n], requested_output_names=["OUT"])
+                         for _ in range(2)]
+                streams = await asyncio.gather(*[r.async_exec(decoupled=True) for r in inner])
+                values = []
+                for stream in streams:
+                    for response in stream:
+                        if response.has_error():
+                            raise pb_utils.TritonModelException(response.error().message())
+                        out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                        if out is not None:
+                            values.append(int(out.as_numpy()[0]))
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("COUNT", np.array([len(values)], dtype=np.int32)),
+                    pb_utils.Tensor("SUM", np.array([sum(values)], dtype=np.int32))]))
+            return responses
+"""
+
 BLS_DECOUPLED_CONFIG = """
     backend: "python"
     input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -539,6 +569,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(root, "bls_sync", BLS_SYNC, BLS_CONFIG)
     write_python_model(root, "bls_async", BLS_ASYNC, BLS_ASYNC_CONFIG)
     write_python_model(root, "bls_decoupled", BLS_DECOUPLED, BLS_DECOUPLED_CONFIG)
+    write_python_model(root, "bls_decoupled_gather", BLS_DECOUPLED_GATHER, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_cancel", BLS_CANCEL, BLS_DECOUPLED_CONFIG)
     write_python_model(root, "bls_relay", BLS_RELAY, TICKER_CONFIG)
     write_python_model(root, "bls_cancel_async", BLS_CANCEL_ASYNC, BLS_DECOUPLED_CONFIG)
@@ -805,6 +836,16 @@ def test_bls_into_decoupled_model(server: ServerProcess) -> None:
     inp.set_data_from_numpy(np.array([4], dtype=np.int32))
     result = client.infer("bls_decoupled", [inp])
     assert int(result.as_numpy("COUNT")[0]) == 4 and int(result.as_numpy("SUM")[0]) == 16
+
+
+def test_bls_two_decoupled_streams_awaited_together(server: ServerProcess) -> None:
+    """python_backend's ``bls_decoupled/async_model.py``: two ``async_exec(decoupled=True)`` gathered."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([3], dtype=np.int32))
+    for _ in range(3):
+        result = client.infer("bls_decoupled_gather", [inp])
+        assert int(result.as_numpy("COUNT")[0]) == 6 and int(result.as_numpy("SUM")[0]) == 18
 
 
 def test_bls_response_iterator_cancel(server: ServerProcess) -> None:
@@ -1255,8 +1296,8 @@ def identity_worker(tmp_path: Path, on_result: Any) -> Any:
     """))
     worker = WorkerProcess("identity", lambda *a: None, lambda cause: None, on_result=on_result)
     try:
-        worker.control(("load", str(folder / "model.py"), "identity", 1, 0))
-        worker.control(("initialize", {}, False))
+        worker.control(channel.Load(str(folder / "model.py"), "identity", 1, 0))
+        worker.control(channel.Initialize({}, False))
     except BaseException:
         worker.kill()
         raise
@@ -1264,8 +1305,8 @@ def identity_worker(tmp_path: Path, on_result: Any) -> Any:
 
 
 def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fails_alone(tmp_path: Path) -> None:
-    """An event loop's turn of batches is pickled as one message; a batch that cannot be pickled fails with a
-    clear error while the others of its turn are answered."""
+    """An event loop's turn of batches is encoded as one message; a batch that cannot be encoded (a parameter that
+    is not plain data) fails with a clear error while the others of its turn are answered."""
     import asyncio
 
     from fastoip.pyworker import transport
@@ -1287,7 +1328,7 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
 
     try:
         asyncio.run(one_turn((1, 2, 3), unpicklable=2))
-        asyncio.run(one_turn((4, 5, 6)))  # one "many" message
+        asyncio.run(one_turn((4, 5, 6)))  # one Many message
         assert sorted(results) == [1, 2, 3, 4, 5, 6]
         for exec_id in (1, 3, 4, 5, 6):
             responses, error = results[exec_id]
@@ -1296,6 +1337,43 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
             np.testing.assert_array_equal(transport.unpack(packed), np.full((1, 4), exec_id, dtype=np.float32))
         responses, error = results[2]
         assert responses is None and "could not be sent to the worker" in error
+    finally:
+        worker.finalize()
+
+
+def test_a_batch_over_the_frame_limit_fails_alone_and_the_channel_lives(tmp_path: Path) -> None:
+    """A message longer than the channel's limit is never written (its length would be refused by the reader):
+    its batch fails with the reason, sent alone or in an event loop's turn, and the next batch is answered."""
+    import asyncio
+
+    from fastoip.pyworker import transport
+
+    results: dict[int, tuple] = {}
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.__setitem__(exec_id,
+                                                                                            (responses, error)))
+    worker._connection.limit = 4096  # (1 GiB in the server: a BYTES tensor larger than that)
+
+    def request(size: int) -> Any:
+        return transport.pack_request(("", 0, 0, {}, [("IN", "BYTES", np.array([b"x" * size], dtype=object))],
+                                       ["OUT"], None))
+
+    async def one_turn() -> None:
+        worker.submit(2, [request(8000)], defer=True)
+        worker.submit(3, [request(10)], defer=True)
+        for _ in range(600):
+            if 2 in results and 3 in results:
+                return
+            await asyncio.sleep(0.05)
+
+    try:
+        worker.submit(1, [request(8000)])
+        assert results[1][0] is None and "over the channel's limit of 4096" in results[1][1]
+        asyncio.run(one_turn())
+        assert results[2][0] is None and "over the channel's limit" in results[2][1]
+        responses, error = results[3]
+        assert error is None
+        ((_, _, packed),), _, _ = responses[0]
+        assert transport.unpack(packed).tolist() == [b"x" * 10]
     finally:
         worker.finalize()
 

@@ -1,13 +1,20 @@
-"""Small tensors inside a worker message: their bytes in C order, a writable array on the other side."""
+"""Small tensors inside a worker message: their bytes in C order, a writable array on the other side; BYTES
+tensors in Triton's framing, never pickled."""
 
 from __future__ import annotations
 
-import pickle
+from typing import Any
 
 import numpy as np
 import pytest
 
-from fastoip.pyworker import transport
+from fastoip.pyworker import channel, transport
+
+
+def crossed(packed: Any) -> Any:
+    """``packed`` as the other process reads it: inside a record, encoded and decoded (msgpack, no pickle)."""
+    record = channel.decode(channel.encode(channel.Reply(1, packed, None)), channel.TO_WORKER)
+    return record.value
 
 
 @pytest.mark.parametrize(
@@ -25,7 +32,7 @@ from fastoip.pyworker import transport
 )
 def test_inline_arrays_cross_whole_and_writable(array: np.ndarray) -> None:
     before = transport.COPIED.arrays_inline
-    packed = pickle.loads(pickle.dumps(transport.pack(array), protocol=pickle.HIGHEST_PROTOCOL))
+    packed = crossed(transport.pack(array))
     assert packed[0] == "b" and transport.COPIED.arrays_inline == before + 1
     out = transport.unpack(packed)
     assert out.dtype == array.dtype and out.shape == array.shape
@@ -33,10 +40,19 @@ def test_inline_arrays_cross_whole_and_writable(array: np.ndarray) -> None:
     assert out.flags.writeable  # a model may write into its inputs, as in Triton
 
 
-def test_object_arrays_travel_as_objects() -> None:
-    array = np.array([b"a", b"bc"], dtype=object)
+def test_bytes_arrays_travel_in_tritons_framing_not_as_objects() -> None:
+    array = np.array([[b"a", b"bc"], ["d\u00e9", b""]], dtype=object)  # str elements as UTF-8, as Triton's
     packed = transport.pack(array)
-    assert packed[0] == "i" and transport.unpack(packed) is array
+    assert packed[0] == "t"
+    assert packed[1] == b"\x01\0\0\0a" b"\x02\0\0\0bc" b"\x03\0\0\0d\xc3\xa9" b"\0\0\0\0"
+    out = transport.unpack(crossed(packed))
+    assert out.dtype == object and out.shape == (2, 2)
+    assert out.tolist() == [[b"a", b"bc"], ["d\u00e9".encode(), b""]]
+
+
+def test_bytes_elements_that_are_not_bytes_cross_as_their_text() -> None:
+    out = transport.unpack(crossed(transport.pack(np.array([1, 2.5], dtype=object))))
+    assert out.tolist() == [b"1", b"2.5"]
 
 
 @pytest.mark.parametrize(
@@ -46,19 +62,25 @@ def test_object_arrays_travel_as_objects() -> None:
         (("b", bytearray(16), "|O", (2,)), "cannot hold objects"),  # pointers from another process
         (("b", bytearray(4), "<f4", (-1,)), "is not a size"),
         (("b", bytearray(4), "<f4", (1,) * 65), "at most 64 dimensions"),
-        (("b", b"\0" * 4, "<f4", (1,)), "bytearray, dtype name, shape"),  # bytes: not what pack sends
-        (("b", bytearray(4), "<f4", [1]), "bytearray, dtype name, shape"),
+        (("b", "text", "<f4", (1,)), "not a packed tensor"),
+        (("b", bytearray(4), "<f4", [1, "x"]), "not a packed tensor"),
         (("b", bytearray(8), "<i4", (1 << 62, 1 << 62)), "is not a size"),  # the count overflows
+        (("t", b"\x05\x00\x00\x00ab", (1,)), "BYTES"),  # an element longer than the bytes
+        (("t", b"", (3,)), "BYTES"),  # three elements announced, none sent
+        (("p", "seg", "|O", (1,)), "cannot hold objects"),
+        (("i", object()), "not a packed tensor"),  # the pickled form of before: refused
+        ("b", "a tagged list"),
     ],
-    ids=["short", "objects", "negative", "dims", "bytes", "list-shape", "overflow"],
+    ids=["short", "objects", "negative", "dims", "text", "bad-shape", "overflow", "bytes-long", "bytes-missing",
+         "shm-objects", "object", "not-a-list"],
 )
-def test_what_the_other_process_sends_is_checked_before_it_is_viewed(packed: tuple, says: str) -> None:
+def test_what_the_other_process_sends_is_checked_before_it_is_viewed(packed: Any, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         transport.unpack(packed)
 
 
 def test_the_received_array_keeps_its_bytes_from_being_resized() -> None:
-    packed = pickle.loads(pickle.dumps(transport.pack(np.arange(4, dtype=np.int32)), protocol=pickle.HIGHEST_PROTOCOL))
+    packed = transport.pack(np.arange(4, dtype=np.int32))  # (as the receiver that owns it holds it)
     out = transport.unpack(packed)
     with pytest.raises(BufferError):
         packed[1].extend(b"0000")  # the array's memory stays where it is while the array lives
@@ -70,6 +92,6 @@ def test_without_shared_memory_a_large_array_travels_inline(monkeypatch: pytest.
     """No ``/dev/shm`` (a container without it): every numeric array goes inside the message, whatever its size."""
     monkeypatch.setattr(transport, "_SHM_DIR", str(tmp_path / "absent"))
     array = np.arange(transport.INLINE_LIMIT // 4 + 16, dtype=np.float32)[::-1]  # over the limit, and strided
-    packed = pickle.loads(pickle.dumps(transport.pack(array), protocol=pickle.HIGHEST_PROTOCOL))
+    packed = crossed(transport.pack(array))
     assert packed[0] == "b"
     np.testing.assert_array_equal(transport.unpack(packed), array)

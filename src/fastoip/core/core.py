@@ -57,6 +57,8 @@ class Core:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
         # Triton Python models' BLS calls come back through this Core (its own link, in its own options copy).
         link = ServerLink()
+        #: What this Core's Python models reach in it (and their worker processes, which shutdown may end).
+        self.server_link = link
         options = dataclasses.replace(options or RepositoryOptions(), server_link=link)
         try:
             #: This server's ``--metrics-config`` (its own: two servers in one process keep theirs).

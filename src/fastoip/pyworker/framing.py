@@ -12,6 +12,10 @@ Rules:
   ``try_send_many`` sends without waiting and gives back what did not fit.
 - ``recv_ready`` never waits: every whole message already here, for a reader
   on an event loop (which is told when the socket is readable).
+- Every length is checked against the socket's ``limit`` (:data:`FRAME_LIMIT`)
+  before a byte of the message is read or a buffer made for it, both ways:
+  :class:`FrameTooLarge` (a worker that writes a 4 GiB length is ended, not
+  waited for).
 """
 
 from __future__ import annotations
@@ -25,19 +29,36 @@ _LENGTH = struct.Struct("!I")
 CHUNK = 64 * 1024
 #: Messages up to this size go out with their length in one ``sendall`` (one copy of a small message).
 JOIN_LIMIT = 64 * 1024
+#: The longest message either side sends or reads (a larger tensor crosses through shared memory).
+FRAME_LIMIT = 1 << 30
+
+
+class FrameTooLarge(ValueError):
+    """A message's length is over the limit (sent: the message is refused; read: the other side lies)."""
+
 
 
 class FramedSocket:
     """Messages on one end of a socket pair."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, limit: int = FRAME_LIMIT) -> None:
         self._sock = sock
+        self.limit = limit
         self._buffer = bytearray()
         self._scratch = bytearray(CHUNK)
         self._view = memoryview(self._scratch)
 
+    def check(self, length: int) -> int:
+        """``length`` when a message that long may cross; FrameTooLarge when it may not."""
+        return self._check(length)
+
+    def _check(self, length: int) -> int:
+        if length > self.limit:
+            raise FrameTooLarge(f"a message of {length} bytes is over the channel's limit of {self.limit}")
+        return length
+
     def send_bytes(self, data: bytes) -> None:
-        header = _LENGTH.pack(len(data))
+        header = _LENGTH.pack(self._check(len(data)))
         if len(data) <= JOIN_LIMIT:
             self._sendall(header + data)
         else:
@@ -49,7 +70,9 @@ class FramedSocket:
         if len(messages) == 1:
             self.send_bytes(messages[0])
             return
-        total = sum(len(m) for m in messages)
+        total = 0
+        for data in messages:
+            total += self._check(len(data))
         if total > JOIN_LIMIT:
             for data in messages:
                 self.send_bytes(data)
@@ -58,12 +81,20 @@ class FramedSocket:
 
     def try_send_many(self, messages: list[bytes]) -> memoryview | None:
         """Send what the socket takes now, without waiting; the bytes it did not take (None: all went)."""
+        for data in messages:
+            self._check(len(data))
         joined = _framed(messages)
         try:
             sent = self._sock.send(joined, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             sent = 0
         return None if sent == len(joined) else memoryview(joined)[sent:]
+
+    def framed(self, messages: list[bytes]) -> bytes:
+        """``messages`` as they go on the socket (each behind its length), for a later ``send_raw``."""
+        for data in messages:
+            self._check(len(data))
+        return _framed(messages)
 
     def send_raw(self, data: bytes | memoryview) -> None:
         """Framed bytes (the rest of :meth:`try_send_many`), waiting until all are sent."""
@@ -102,7 +133,7 @@ class FramedSocket:
         buffer = self._buffer
         if len(buffer) < 4:
             return 0
-        end = 4 + _LENGTH.unpack_from(buffer)[0]
+        end = 4 + self._check(_LENGTH.unpack_from(buffer)[0])
         return end if len(buffer) >= end else 0
 
     def has_message(self) -> bool:
@@ -110,12 +141,13 @@ class FramedSocket:
         return self._complete() != 0
 
     def recv_bytes(self) -> bytearray:
-        """The next message; EOFError when the other side closed."""
+        """The next message; EOFError when the other side closed, FrameTooLarge when it announced a message over
+        the limit."""
         buffer = self._buffer
         while True:
             end = self._complete()
             if end:
-                data = buffer[4:end]  # (a bytearray: one copy; pickle and numpy take it as they take bytes)
+                data = buffer[4:end]  # (a bytearray: one copy; msgpack and numpy take it as they take bytes)
                 del buffer[:end]
                 return data
             missing = (4 + _LENGTH.unpack_from(buffer)[0] - len(buffer)) if len(buffer) >= 4 else 4
@@ -137,7 +169,7 @@ class FramedSocket:
 
     def recv_ready(self) -> tuple[list[bytearray], bool]:
         """Without waiting: every whole message buffered or in the socket now, and whether the other side closed
-        (a partial message stays buffered for the next call)."""
+        (a partial message stays buffered for the next call); FrameTooLarge as ``recv_bytes``."""
         buffer = self._buffer
         closed = False
         while True:

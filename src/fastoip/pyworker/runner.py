@@ -22,12 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from . import utils as pb
+from .channel import RequestData
 from .loop import call
 from .source_import import import_source
 
-#: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names,
-#: trace: (trace id, W3C context) of the request's trace in the server, or None when it is not traced)
-RequestData = tuple[str, Any, int, dict, list, list, Any]
 #: (outputs [(name, datatype, array)], error (code, message) or None, parameters)
 ResponseData = tuple[list, "tuple[int, str] | None", dict]
 #: Where a decoupled response goes: ``emit(request index, response or None, final)``.
@@ -79,7 +77,7 @@ def request_data(request: pb.InferenceRequest) -> RequestData:
         if not isinstance(tensor, pb.Tensor):
             raise pb.TritonModelException(f"a BLS input is a {type(tensor).__name__}, not a pb_utils.Tensor")
         inputs.append((tensor.name(), tensor._datatype, tensor.as_numpy()))
-    return (
+    return RequestData(
         request.request_id(),
         request.correlation_id(),
         request.flags(),
@@ -126,7 +124,7 @@ class TritonRunner:
         for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
             request = pb.InferenceRequest._received(
                 [tensor(name, datatype, array) for name, datatype, array in inputs],
-                requested,  # (fresh lists and dicts: unpickled, or built by job_data in-process)
+                requested,  # (fresh lists and dicts: decoded from the channel, or built by job_data in-process)
                 correlation_id,
                 request_id,
                 flags,

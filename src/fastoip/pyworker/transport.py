@@ -33,7 +33,11 @@ Rules:
   and ~5 us to load, its bytes ~1 us (measured, 16 x FP32).  The receiver gets
   a writable array on those bytes.  Both ends are the codec's C
   (``pack_inline`` / ``unpack_inline``, ~0.1 us each), which checks that
-  shape, dtype and byte count agree.  BYTES (object) arrays are pickled.
+  shape, dtype and byte count agree.  BYTES (object) arrays travel in the
+  message in Triton's framing (each element a 4-byte little-endian length and
+  its bytes; str elements as UTF-8), ``("t", bytes, shape)``: never pickled.
+- What a message carries is checked when it is unpacked (the other process
+  wrote it): the kind, the dtype (numeric only), the shape against the bytes.
 - :data:`COPIED` counts the bytes each side copied into shared memory.
 - A side that dies leaves its files behind; :func:`remove_files_of` removes a
   dead worker's files by its token (and forgets their mappings); a side that
@@ -60,8 +64,11 @@ from typing import Any
 
 import numpy as np
 
-from .._codec import pack_inline, unpack_inline
+from .._codec import deserialize_bytes_tensor, pack_inline, serialize_bytes_tensor, unpack_inline
 from .._shmguard import GuardedMapping
+from ..datatypes import to_bytes_elements
+from ..errors import InferenceError
+from .channel import ProtocolError, RequestData, request_of
 
 #: Arrays smaller than this travel in the message itself.
 INLINE_LIMIT = 64 * 1024
@@ -306,7 +313,11 @@ def pack(array: np.ndarray) -> tuple:
     dtype = array.dtype
     if dtype.hasobject:
         COPIED.arrays_inline += 1
-        return ("i", array)
+        try:
+            framed = serialize_bytes_tensor(array)
+        except (TypeError, ValueError):  # elements that are neither bytes nor str: as Triton, their str()
+            framed = serialize_bytes_tensor(to_bytes_elements(array))
+        return ("t", framed, array.shape)
     segment, _, view, pooled = _take_segment(array.nbytes)
     # The one copy of these bytes on their way across (the receiver maps them); the pages are reserved.
     # (A one-shot segment is unmapped on return; its file stays for the receiver.)
@@ -353,19 +364,46 @@ def _map_segment(name: str, unlink: bool) -> GuardedMapping:
             os.unlink(path)
 
 
-def unpack(packed: tuple, token: str | None = None) -> np.ndarray:
-    """The array a message carries (a read-only view on shared memory for large ones).
+def _shape(value: Any) -> tuple:
+    if type(value) is not list and type(value) is not tuple:
+        raise ProtocolError(f"a tensor's shape is not a list of sizes: {value!r}")
+    for n in value:
+        if type(n) is not int or n < 0:
+            raise ProtocolError(f"a tensor's shape is not a list of sizes: {value!r}")
+    return tuple(value)
+
+
+def unpack(packed: Any, token: str | None = None) -> np.ndarray:
+    """The array a message carries (a read-only view on shared memory for large ones); ProtocolError (a
+    ValueError) when it is not one of :func:`pack`'s forms.
 
     ``token``: the sending worker's, on the server's side; a name that is not one of its segments is refused
     (ValueError) before anything is opened.
     """
+    if (type(packed) is not list and type(packed) is not tuple) or not packed:
+        raise ProtocolError("a packed tensor is a tagged list")
     kind = packed[0]
-    if kind == "b":
-        return unpack_inline(packed)
-    if kind == "i":
-        return packed[1]
-    _, name, dtype, shape = packed
-    name = _checked_name(name, token)
+    if kind == "b" and len(packed) == 4:
+        data = packed[1]
+        if type(data) is bytes:  # (msgpack gives bytes: the array is writable on a bytearray, the model may write)
+            data = bytearray(data)
+        try:  # (the codec checks the parts: a bytearray, a dtype name, sizes that agree with the bytes)
+            return unpack_inline(("b", data, packed[2], tuple(packed[3])))
+        except (TypeError, ValueError) as bad:
+            raise ProtocolError(f"not a packed tensor: {bad}") from None
+    if kind == "t" and len(packed) == 3 and isinstance(packed[1], (bytes, bytearray)):
+        shape = _shape(packed[2])
+        try:
+            elements = deserialize_bytes_tensor(packed[1], int(np.prod(shape)) if shape else 1)
+        except InferenceError as codec_error:  # (the codec's CodecError: a length that lies)
+            raise ProtocolError(f"a BYTES tensor's framing is broken: {codec_error}") from None
+        return elements.reshape(shape)
+    if kind not in ("p", "s") or len(packed) != 4 or not isinstance(packed[1], str) or not isinstance(packed[2], str):
+        raise ProtocolError(f"not a packed tensor (kind {kind!r})")
+    name, dtype = _checked_name(packed[1], token), packed[2]
+    shape = _shape(packed[3])  # (one binding of shape per function: mypyc types it once)
+    if np.dtype(dtype).hasobject:
+        raise ProtocolError(f"a tensor in shared memory cannot hold objects (dtype {dtype!r})")
     region = _mapped.get(name) if kind == "p" else None
     if region is None:
         if kind not in ("p", "s"):
@@ -415,8 +453,15 @@ def pack_tensors(tensors: list) -> list:
     return packed
 
 
-def unpack_tensors(tensors: list, token: str | None = None) -> list:
-    return [(name, datatype, unpack(packed, token)) for name, datatype, packed in tensors]
+def unpack_tensors(tensors: Any, token: str | None = None) -> list:
+    if type(tensors) is not list and type(tensors) is not tuple:
+        raise ProtocolError("tensors are a list of (name, datatype, packed tensor)")
+    out = []
+    for item in tensors:
+        if len(item) != 3 or type(item[0]) is not str or type(item[1]) is not str:
+            raise ProtocolError("a tensor is (name, datatype, packed tensor)")
+        out.append((item[0], item[1], unpack(item[2], token)))
+    return out
 
 
 def remove_files_of(token: str) -> None:
@@ -459,9 +504,9 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def pack_request(data: Any) -> Any:
+def pack_request(data: Any) -> RequestData:
     request_id, correlation_id, flags, parameters, inputs, requested, trace = data
-    return (request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested, trace)
+    return RequestData(request_id, correlation_id, flags, parameters, pack_tensors(inputs), requested, trace)
 
 
 def pack_requests(requests: list) -> list:
@@ -478,9 +523,12 @@ def pack_requests(requests: list) -> list:
     return packed
 
 
-def unpack_request(data: Any, token: str | None = None) -> Any:
-    request_id, correlation_id, flags, parameters, inputs, requested, trace = data
-    return (request_id, correlation_id, flags, parameters, unpack_tensors(inputs, token), requested, trace)
+def unpack_request(data: Any, token: str | None = None) -> RequestData:
+    """A request the other side packed, its tensors unpacked (ProtocolError when it is not one)."""
+    request = request_of(data)
+    # (built whole: NamedTuple._replace costs a dict and a _make, ~1 us on the per-call path)
+    return RequestData(request[0], request[1], request[2], request[3], unpack_tensors(request[4], token), request[5],
+                       request[6])
 
 
 def pack_response(data: Any) -> Any:
@@ -491,7 +539,20 @@ def pack_response(data: Any) -> Any:
 
 
 def unpack_response(data: Any, token: str | None = None) -> Any:
+    """``(outputs, error (code, message) or None, parameters)`` the other side packed (ProtocolError when it is
+    not one)."""
     if data is None:
         return None
-    outputs, error, parameters = data
+    try:
+        outputs, error, parameters = data
+    except (TypeError, ValueError):
+        raise ProtocolError("a response is (outputs, error, parameters)") from None
+    if error is not None:
+        if (type(error) is not list and type(error) is not tuple) or len(error) != 2 or type(error[0]) is not int or (
+            type(error[1]) is not str
+        ):
+            raise ProtocolError("a response's error is (code, message)")
+        error = (error[0], error[1])
+    if type(parameters) is not dict:
+        raise ProtocolError("a response's parameters are a dict")
     return (unpack_tensors(outputs, token), error, parameters)

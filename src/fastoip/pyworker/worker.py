@@ -1,24 +1,15 @@
 """The worker process of one ``TritonPythonModel`` instance (``python -m fastoip.pyworker FD``).
 
-The server's side is ``fastoip.backends.python.triton_process``.  Messages are pickled tuples on
-one socket (:mod:`.framing`: length-prefixed); tensors cross through
-shared memory (:mod:`.transport`).
-
-Server -> worker: ``("load", path, name, version, memory_limit_mb)`` or, for an MLServer runtime,
-``("load_mlserver", spec, memory_limit_mb)`` (:class:`.mlserver_runner.MLServerRunner`: loaded at once),
-``("auto_complete", config)``, ``("initialize", args, decoupled)``,
-``("execute", id, requests)``, ``("reply", call_id, value)`` (answers to the
-worker's own calls), ``("finalize",)``, and ``("many", messages)``: what an event
-loop handed over in one turn, pickled once and read here one message at a time.
-
-Worker -> server: ``("ok", value)`` / ``("error", message)`` (answers to the
-control messages), ``("result", id, responses | None, error | None)`` (through
-the result ring, :mod:`.ring`, when the server passed one: ``FD RING_FD``; then
-``("ring",)`` on the socket wakes the server for a run of them),
-``("send", id, index, response, final)`` (decoupled), and calls that need the
-server: ``("call", call_id, what, args)`` (BLS, readiness, model control,
-metrics) answered by ``("reply", ...)`` or, for a BLS stream, by several
-``("stream", call_id, response, final)``.
+The server's side is ``fastoip.backends.python.triton_process``.  Messages are :mod:`.channel`'s typed
+records on one socket (:mod:`.framing`: length-prefixed, bounded); tensors cross through shared memory
+(:mod:`.transport`).  This side reads :data:`.channel.TO_WORKER` records (``Load`` / ``LoadMLServer``,
+``AutoComplete``, ``Initialize``, ``Execute``, ``Reply`` and ``StreamPart`` (answers to its own calls),
+``Finalize``, and ``Many``: what an event loop handed over in one turn) and sends
+:data:`.channel.TO_SERVER` ones: ``Done`` / ``Failed`` (answers to the control messages), ``Result`` (through
+the result ring, :mod:`.ring`, when the server passed one: ``FD RING_FD``; then ``RingBell`` on the socket
+wakes the server for a run of them), ``Send`` (decoupled), and calls that need the server (``InferCall``,
+``CancelledQuery``, ``ReadyQuery``, ``LoadModel``, ``UnloadModel``, ``MetricUpdate``), each answered by a
+``Reply`` or, for a BLS stream, by several ``StreamPart``.
 The main thread reads and runs each batch itself (one at a time, as an instance
 runs one batch at a time); a thread waiting for an answer reads meanwhile
 (see :class:`_Channel`).  Several requests may be waiting in the socket (the
@@ -32,26 +23,26 @@ import collections
 import itertools
 import logging
 import os
-import pickle
 import queue
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..allocator import settle_python_heap
+from . import channel as msg
 from . import transport as shm
 from . import utils as pb
 from ._ring import ResultRing
-from .framing import FramedSocket
+from .framing import FramedSocket, FrameTooLarge
 from .mlserver_runner import MLServerRunner
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
 
 #: The message that says "results are waiting in the ring" (the server takes the ring before every message).
-RING_BELL = pickle.dumps(("ring",), protocol=pickle.HIGHEST_PROTOCOL)
+RING_BELL = msg.encode(msg.RingBell())
 
 
 class _Channel:
@@ -76,28 +67,27 @@ class _Channel:
         self._waiting: dict[int, queue.SimpleQueue] = {}
         #: Messages for the main loop that another thread read.
         self.inbox: collections.deque = collections.deque()
-        #: The rest of a ``("many", messages)`` the server sent, read one at a time (guarded by the read lock).
+        #: The rest of a :class:`~.channel.Many` the server sent, read one at a time (guarded by the read lock).
         self._unread: collections.deque = collections.deque()
 
     def _read_one(self) -> tuple:
         if self._unread:
             return self._unread.popleft()
         try:
-            message = pickle.loads(self.connection.recv_bytes())
+            message = msg.decode(self.connection.recv_bytes(), msg.TO_WORKER)
         except (EOFError, OSError):
             os._exit(0)  # the server went away: nothing to finish
-        if message[0] == "many":  # an event loop's turn of messages, in order
-            self._unread.extend(message[1])
+        if type(message) is msg.Many:  # an event loop's turn of messages, in order
+            self._unread.extend(message.records)
             return self._unread.popleft()
         return message
 
     def _route(self, message: tuple) -> bool:
         """Deliver an answer to its waiter; False for anything else."""
-        kind = message[0]
-        if kind == "reply":
-            self.answer(message[1], message[2])
-        elif kind == "stream":
-            self.answer(message[1], message[2], final=message[3])
+        if type(message) is msg.Reply:
+            self.answer(message.call_id, message, True)
+        elif type(message) is msg.StreamPart:
+            self.answer(message.call_id, message, message.final)
         else:
             return False
         return True
@@ -119,7 +109,7 @@ class _Channel:
             if message is not None and not self._route(message):
                 return message
 
-    def wait(self, answers: queue.SimpleQueue) -> tuple:
+    def wait(self, answers: queue.SimpleQueue) -> Any:
         """The next answer of one call: read the socket meanwhile when nobody else does."""
         while True:
             try:
@@ -141,14 +131,14 @@ class _Channel:
                     pass
 
     def send(self, message: tuple) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = msg.encode(message)
         with self._lock:
             self.connection.send_bytes(data)
             self._unannounced = False  # (the server takes the ring's results before any message it reads)
 
     def send_result(self, message: tuple) -> None:
         """A batch's result: into the ring when it fits (announced later, with the ones after it), else sent."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = msg.encode(message)
         with self._lock:
             if self.ring is not None and self.ring.put(data):
                 self._unannounced = True
@@ -163,23 +153,46 @@ class _Channel:
                 self.connection.send_bytes(RING_BELL)
                 self._unannounced = False
 
-    def call(self, what: str, *args: Any) -> queue.SimpleQueue:
-        return self.call_with_id(what, *args)[1]
-
-    def call_with_id(self, what: str, *args: Any) -> tuple[int, queue.SimpleQueue]:
+    def call(self, record: Callable[..., tuple], *args: Any) -> tuple[int, queue.SimpleQueue]:
+        """Send ``record(call_id, *args)``; the queue its answers (``Reply`` or ``StreamPart`` records) come to."""
         call_id = next(self._calls)
         answers: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting[call_id] = answers
-        self.send(("call", call_id, what, args))
+        self.send(record(call_id, *args))
         return call_id, answers
 
-    def answer(self, call_id: int, value: Any, final: bool = True) -> None:
+    def answer(self, call_id: int, record: tuple, final: bool) -> None:
         answers = self._waiting.get(call_id)
         if answers is None:
             return
         if final:
             del self._waiting[call_id]
-        answers.put((value, final))
+        answers.put(record)
+
+
+class _StreamAnswers:
+    """The responses of a BLS stream as they come (a class, not a generator closure: mypyc's compiled closures
+    of generators lost their environment when two streams were iterated at once, python_backend's
+    ``bls_decoupled/async_model.py`` pattern)."""
+
+    def __init__(self, channel: _Channel, answers: queue.SimpleQueue) -> None:
+        self._channel = channel
+        self._answers = answers
+        self._ended = False
+
+    def __iter__(self) -> Iterator[pb.InferenceResponse]:
+        return self
+
+    def __next__(self) -> pb.InferenceResponse:
+        while not self._ended:
+            part = self._channel.wait(self._answers)
+            if type(part) is msg.Reply:  # the call failed before it streamed
+                self._ended = True
+                raise pb.TritonModelException(part.error or "the BLS stream failed")
+            self._ended = bool(part.final)
+            if part.response is not None:
+                return response_of(shm.unpack_response(part.response))
+        raise StopIteration
 
 
 class _WorkerBridge:
@@ -188,49 +201,45 @@ class _WorkerBridge:
     def __init__(self, channel: _Channel) -> None:
         self.channel = channel
 
-    def ask(self, what: str, *args: Any) -> Any:
-        value, _ = self.channel.wait(self.channel.call(what, *args))
-        if isinstance(value, tuple) and value and value[0] == "__error__":
-            raise pb.TritonModelException(value[1])
-        return value
+    def ask(self, record: Callable[..., tuple], *args: Any) -> Any:
+        _, answers = self.channel.call(record, *args)
+        reply = self.channel.wait(answers)
+        if reply.error is not None:
+            raise pb.TritonModelException(reply.error)
+        return reply.value
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
         packed = shm.pack_request(request_data(request))
-        answer = self.ask("infer", request.model_name, request.model_version, packed, request.timeout())
+        answer = self.ask(
+            msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), False
+        )
         return response_of(shm.unpack_response(answer))
 
     def infer_stream(self, request: pb.InferenceRequest) -> Iterator[pb.InferenceResponse]:
         packed = shm.pack_request(request_data(request))
-        call_id, answers = self.channel.call_with_id(
-            "stream", request.model_name, request.model_version, packed, request.timeout()
+        call_id, answers = self.channel.call(
+            msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), True
+        )
+        return pb.ResponseIterator(
+            _StreamAnswers(self.channel, answers), lambda: self.channel.send(msg.CancelStream(call_id))
         )
 
-        def responses() -> Iterator[pb.InferenceResponse]:
-            while True:
-                value, final = self.channel.wait(answers)
-                if value is not None:
-                    yield response_of(shm.unpack_response(value))
-                if final:
-                    return
-
-        return pb.ResponseIterator(responses(), lambda: self.channel.send(("cancel_call", call_id)))
-
     def model_ready(self, name: str, version: str) -> bool:
-        return bool(self.ask("ready", name, version))
+        return bool(self.ask(msg.ReadyQuery, name, str(version)))
 
     def load_model(self, name: str, config: str, files: dict[str, bytes] | None) -> None:
-        self.ask("load", name, config, files)
+        self.ask(msg.LoadModel, name, config or "", files)
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
-        self.ask("unload", name, unload_dependents)
+        self.ask(msg.UnloadModel, name, bool(unload_dependents))
 
     def log(self, level: int, message: str) -> None:
-        self.channel.send(("log", level, message))
+        self.channel.send(msg.Log(int(level), str(message)))
 
     def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
         if op == "value":
-            return float(self.ask("metric", family, labels, op, value))
-        self.channel.send(("metric", family, labels, op, value))
+            return float(self.ask(msg.MetricUpdate, family, labels, op, float(value)))
+        self.channel.send(msg.MetricUpdate(0, family, labels, op, float(value)))
         return 0.0
 
 
@@ -260,10 +269,10 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
             requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
 
             def emit(index: int, response: Any, final: bool) -> None:
-                channel.send(("send", exec_id, index, shm.pack_response(response), final))
+                channel.send(msg.Send(exec_id, index, shm.pack_response(response), final))
 
             def cancelled(index: int) -> bool:
-                return bool(bridge.ask("cancelled", exec_id, index))
+                return bool(bridge.ask(msg.CancelledQuery, exec_id, index))
 
             responses = runner.execute(requests, emit, cancelled)
             packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
@@ -271,47 +280,61 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
             del requests, responses
             # Into the ring: a run of results costs the server one wake-up, and each survives this process
             # (should the next batch crash it, the server still takes this one before failing that one).
-            channel.send_result(("result", exec_id, packed_out, None))
+            try:
+                channel.send_result(msg.Result(exec_id, packed_out, None))
+            except FrameTooLarge as too_large:  # (the answer is refused, not the channel)
+                channel.send_result(msg.Result(exec_id, None, f"the responses could not be sent: {too_large}"))
         except BaseException as exc:  # the model's error fails the batch; the worker lives on
             logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
-            channel.send_result(("result", exec_id, None, _describe(exc)))
+            channel.send_result(msg.Result(exec_id, None, _describe(exc)))
 
+    def load(message: Any) -> None:
+        nonlocal runner
+        _limit_memory(message.memory_limit_mb)
+        runner = import_runner(Path(message.path), message.name, message.version)
+
+    def load_mlserver(message: Any) -> None:
+        nonlocal runner
+        _limit_memory(message.memory_limit_mb)
+        runner = MLServerRunner(message.spec)
+        settle_python_heap()  # the model is loaded
+
+    def auto_complete(message: Any) -> Any:
+        assert isinstance(runner, TritonRunner)
+        return runner.auto_complete(message.config)
+
+    def initialize(message: Any) -> None:
+        assert isinstance(runner, TritonRunner)
+        runner.initialize(message.args, message.decoupled)
+        settle_python_heap()  # the model is loaded
+
+    def finalize(message: Any) -> None:
+        if runner is not None and runner.model is not None:
+            runner.finalize()
+        channel.send(msg.Done(None))
+        os._exit(0)
+
+    #: The control messages: each answered by Done (its value) or Failed (the model's words).
+    control: dict[type, Callable[[Any], Any]] = {
+        msg.Load: load,
+        msg.LoadMLServer: load_mlserver,
+        msg.AutoComplete: auto_complete,
+        msg.Initialize: initialize,
+        msg.Finalize: finalize,
+    }
     while True:
         message = channel.next_message()
-        kind = message[0]
-        if kind == "execute":
-            execute(message[1], message[2])  # on this thread, the one that received it
-        else:
-            try:
-                if kind == "load":
-                    _, path, name, version, memory_mb = message
-                    _limit_memory(memory_mb)
-                    runner = import_runner(Path(path), name, version)
-                    value: Any = None
-                elif kind == "load_mlserver":
-                    _, spec, memory_mb = message
-                    _limit_memory(memory_mb)
-                    runner = MLServerRunner(spec)
-                    value = None
-                elif kind == "auto_complete":
-                    assert isinstance(runner, TritonRunner)
-                    value = runner.auto_complete(message[1])
-                elif kind == "initialize":
-                    assert isinstance(runner, TritonRunner)
-                    runner.initialize(message[1], message[2])
-                    value = None
-                elif kind == "finalize":
-                    if runner is not None and runner.model is not None:
-                        runner.finalize()
-                    channel.send(("ok", None))
-                    os._exit(0)
-                else:
-                    raise ValueError(f"unknown message {kind!r}")
-                if kind in ("initialize", "load_mlserver"):
-                    settle_python_heap()  # the model is loaded
-                channel.send(("ok", value))
-            except BaseException as exc:
-                channel.send(("error", _describe(exc)))
+        if type(message) is msg.Execute:
+            execute(message.exec_id, message.requests)  # on this thread, the one that received it
+            continue
+        try:
+            handler = control.get(type(message))
+            if handler is None:
+                raise ValueError(f"unexpected message {type(message).__name__}")
+            value = handler(message)
+            channel.send(msg.Done(value))
+        except BaseException as exc:
+            channel.send(msg.Failed(_describe(exc)))
 
 
 def main() -> None:

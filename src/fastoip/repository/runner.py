@@ -104,7 +104,8 @@ class RequestRunner:
     @staticmethod
     def finish_outputs(model: LoadedModel, request: InferRequest, response: InferResponse) -> None:
         """Reshape ``response``'s outputs back to the config's dims and classify what ``request`` asked
-        (each response of a decoupled model goes through this too)."""
+        (each response of a decoupled model goes through this too).  Inlined twin: ``complete`` repeats this
+        check on the hot path; change both."""
         if request.outputs or model.spec.reshaped:
             finish_outputs(model.spec, request, response)
 

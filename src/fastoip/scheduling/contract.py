@@ -20,6 +20,21 @@ The seams, top to bottom (Triton's ``scheduler.h`` states the same split):
   out) and is wrapped in :class:`fastoip.scheduling.execute.TensorBackend`, the
   one place where jobs are merged along dim 0 into pooled buffers and split
   back into per-job responses.
+
+Python worker processes (``backends/python/triton_process.py``, the one place that decides where a worker is read
+and written; issue 36):
+
+- An event loop never waits on a worker.  A frontend's loop may hand a small request to a worker itself
+  (``takes_without_waiting``: the write is ``MSG_DONTWAIT``) and may read a worker's results (``recv_ready``: what
+  is there, never more), finishing their jobs on the loop.  Every write, from any thread, gives the socket what it
+  takes at once; the rest waits in that worker's backlog, sent in order by that worker's writer thread, the only
+  thread that waits for the worker to read.  A worker that does not read parks its own requests, nobody else.
+- A worker is read by its reader thread, or by the one event loop that handed it a batch (after its next message);
+  the thread takes the socket back before a control message, when that loop stops, and at the worker's end.
+- A worker's calls into the server (BLS, readiness, model control, metric values) run on that worker's own
+  threads (``CALL_THREADS``), never on a loop, never on another model's share.
+- Model code runs only in the worker (or, for in-process hosting, on instance threads and the model loop): never
+  on a frontend's event loop.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def run_jobs(
         # The hot path (one request, a tensor model): no results list, no per-job loops; ~2 us of ~40 us.
         backend.run_one(live[0], start_ns, before_finish)
         return
-    try:
+    try:  # (the general path; TensorBackend.run_one is its one-job twin, inlined: change both)
         results, executions = backend.execute(live)
         for job in live:
             job.release_inputs()  # the execution is over: large inputs are freed before the responses go out

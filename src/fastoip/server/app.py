@@ -364,6 +364,7 @@ class ServerApp:
         if grace > 0:
             self._hurry.wait(grace)
         stopped: list[Any] = []
+        deadline = time.monotonic() + options.exit_timeout
         log.info("Waiting for in-flight requests to complete.")  # Triton's words (its qa/L0_logging greps them)
         if self.grpc_server is not None:
             # Refuses new calls at once; calls in flight get up to exit_timeout.
@@ -378,10 +379,33 @@ class ServerApp:
         self.core.stop_accepting()
         if self.metrics_server is not None:
             self.metrics_server.stop()
-        self.core.close()
+        self._close_core(deadline)
         if self.remote is not None:
             self.remote.close()  # the local copy of an object-storage repository
         self._announce("fastoip: stopped")
+
+
+    def _close_core(self, deadline: float) -> None:
+        """Close the Core (models unload, their ``finalize`` runs) within ``--exit-timeout`` of the drain's start,
+        whatever the models do: past it, their worker processes are killed (Triton's exit timeout bounds the
+        whole shutdown too)."""
+        closing = threading.Thread(target=self.core.close, name="fastoip-close", daemon=True)
+        closing.start()
+        closing.join(max(deadline - time.monotonic(), MIN_CLOSE_S))
+        if not closing.is_alive():
+            return
+        ended = self.core.server_link.end_workers()
+        log.warning("shutting down: models still busy past --exit-timeout (%.0f s): ended %d Python worker "
+                    "process(es)", self.options.exit_timeout, ended)
+        closing.join(AFTER_KILL_S)
+        if closing.is_alive():
+            log.error("shutting down: models did not unload within %.0f s more; exiting without them", AFTER_KILL_S)
+
+
+#: The least time the models get to unload at shutdown, even when the drain used up --exit-timeout.
+MIN_CLOSE_S = 1.0
+#: How long the unloading may take once busy models' worker processes were killed.
+AFTER_KILL_S = 10.0
 
 
 def choose_grpc_frontend(requested: str | None) -> str:

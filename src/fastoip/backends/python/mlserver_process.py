@@ -5,7 +5,7 @@ Rules:
   (the default, :data:`HOSTING_DEFAULT`, measured faster: benchmarks/RESULTS.md, mlserver3) keeps the runtime in
   the server process (``mlserver_runtime``).
 - Each worker is a :class:`~.triton_host.ProcessInstance` (the hosting Triton's Python models use) whose start
-  message is ``("load_mlserver", spec, memory_mb)``: the worker imports the runtime's module and loads it
+  message is ``LoadMLServer(spec, memory_mb)``: the worker imports the runtime's module and loads it
   (:class:`fastoip.pyworker.mlserver_runner.MLServerRunner`).  A worker that dies fails what it was running with
   INTERNAL naming the model, the instance and the cause, and is started again (up to the crash limit), as
   for Triton's Python models.
@@ -32,6 +32,7 @@ from ... import metrics
 from ..._proto import model_config_pb2 as mc
 from ...errors import InferenceError, InvalidArgument
 from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
+from ...pyworker.channel import LoadMLServer, RequestData
 from ...pyworker.mlserver_runner import give_request_id
 from ...types import InferOutput, InferResponse, text_inputs
 from . import server_bridge as bridge
@@ -121,7 +122,7 @@ def respond(job: Job, version_str: str, data: Any) -> InferResponse | InferenceE
     return InferResponse(request.model_name, version_str, request.id, described.get("parameters") or {}, produced)
 
 
-def request_data(job: Job) -> tuple:
+def request_data(job: Job) -> RequestData:
     """``job`` as the plain data the worker's runner takes (each input's shape and parameters with it)."""
     request = job.request
     give_request_id(request)  # MLServer's data plane names every request; the response carries the id
@@ -132,7 +133,7 @@ def request_data(job: Job) -> tuple:
     }
     inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
     requested = [(o.name, dict(o.parameters)) for o in request.outputs]
-    return (request.id, 0, 0, described, inputs, requested, None)
+    return RequestData(request.id, 0, 0, described, inputs, requested, None)
 
 
 def start_workers(
@@ -153,7 +154,7 @@ def start_workers(
         for index in range(count):
             # one worker process hosting the runtime per instance (``parallel_workers`` of them)
             workers.append(ProcessInstance(
-                model_name, version_name(config, version), index, streams_only, [("load_mlserver", spec, memory_mb)],
+                model_name, version_name(config, version), index, streams_only, [LoadMLServer(spec, memory_mb)],
                 bridge.link_of(options), respond, request_data=request_data,
             ))
     except (WorkerDied, WorkerError) as exc:

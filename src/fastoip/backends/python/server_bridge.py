@@ -70,6 +70,22 @@ class ServerLink:
     def __init__(self) -> None:
         self.core: CoreLike | None = None
         self._call_type: Callable[..., Any] | None = None
+        #: The worker processes of this Core's models, for :meth:`end_workers`: each adds itself when it starts
+        #: and leaves when it died (a plain set: the compiled WorkerProcess takes no weak references).
+        self.workers: set[Any] = set()
+        #: Set by :meth:`end_workers`: a worker that dies now is not restarted.
+        self.stopping = False
+
+    def end_workers(self) -> int:
+        """Kill every worker process of this Core's models (the server's shutdown ran past ``--exit-timeout``):
+        what they ran fails, and none is restarted.  How many were running."""
+        self.stopping = True
+        ended = 0
+        for worker in list(self.workers):
+            if worker.alive:
+                worker.process.kill()
+                ended += 1
+        return ended
 
     def attach(self, core: CoreLike, call_type: Callable[..., Any]) -> None:
         """``call_type``: the Core's ``CallContext`` (the backends never import the Core)."""

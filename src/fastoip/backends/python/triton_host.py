@@ -33,6 +33,7 @@ from ...datatypes import to_bytes_elements
 from ...errors import InferenceError, InternalError, ResourceExhausted, Unavailable
 from ...pyworker import transport as shm
 from ...pyworker import utils as pb
+from ...pyworker.channel import RequestData
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
 from ...types import InferResponse
 from . import server_bridge as bridge
@@ -49,7 +50,7 @@ CRASH_WINDOW_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 
 
-def job_data(job: Job) -> tuple:
+def job_data(job: Job) -> RequestData:
     """A job as the plain request data the runner takes."""
     request = job.request
     parameters = dict(request.parameters)
@@ -62,7 +63,7 @@ def job_data(job: Job) -> tuple:
     inputs = [(t.name, t.datatype, job.feeds[t.name]) for t in request.inputs]
     trace = job.trace
     traced = (trace.record.trace_id, trace.record.carrier) if trace is not None else None
-    return (request.id, correlation, flags, parameters, inputs, list(job.output_names), traced)
+    return RequestData(request.id, correlation, flags, parameters, inputs, list(job.output_names), traced)
 
 
 def job_response(job: Job, version_str: str, data: Any) -> InferResponse | InferenceError:
@@ -156,6 +157,7 @@ def _results_of(
     jobs: Sequence[Job], version_str: str, responses: Any, error: str | None, where: str,
     respond: Respond = job_response,
 ) -> Results:
+    # (inlined twin: ProcessInstance._on_result answers one job without the lists; change both)
     if error is not None:
         failure = InternalError(f"Failed to process the request(s) for model {where}, message: {error}")
         return [failure for _ in jobs]
@@ -384,6 +386,7 @@ class ProcessInstance(_Base):
             self.is_cancelled,
             self._link,
             self._on_result,
+            model=self.name,
         )
         started.append(worker)
         try:
@@ -463,7 +466,7 @@ class ProcessInstance(_Base):
             self._batches.pop(call, None)
             jobs = batch.jobs
             end = time.monotonic_ns()
-            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case, without the lists
+            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case: _results_of's twin
                 only = jobs[0]
                 answer: InferResponse | InferenceError
                 try:
@@ -548,6 +551,9 @@ class ProcessInstance(_Base):
 
     def _restart(self, cause: str) -> None:
         """Start a new worker (the lock is held); after too many deaths, stay down with the reason."""
+        if self._link.stopping:  # the server ended its workers at shutdown: none comes back
+            self.down_reason = f"model '{self.name}' is unavailable: the server is shutting down"
+            return
         now = time.monotonic()
         self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
         if len(self._crashes) >= MAX_CRASHES:

@@ -28,6 +28,7 @@ from ..._proto import model_config_pb2 as mc
 from ...errors import InvalidArgument
 from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
 from ...pyworker import utils as pb
+from ...pyworker.channel import AutoComplete, Initialize, Load
 from .describe import describe as _describe
 from .server_bridge import link_of
 from .triton_host import PIPELINE_BATCHED_DEFAULT, PIPELINE_DEFAULT, InProcessInstance, ProcessInstance
@@ -121,7 +122,7 @@ def load_triton(
         raise InvalidArgument(f"model '{model_name}': parameter 'worker_memory_limit_mb' must be an integer") from None
     base = mc.ModelConfig.FromString(base.SerializeToString())
     base.name = base.name or model_name
-    load_message = ("load", str(path), model_name, version, memory_mb)
+    load_message = Load(str(path), model_name, version, memory_mb)
 
     runner = None
     in_process_bridge: Any = None
@@ -144,7 +145,7 @@ def load_triton(
         )
         try:
             probe.control(load_message)
-            completed = probe.control(("auto_complete", config_dict(base)))
+            completed = probe.control(AutoComplete(config_dict(base)))
         except (WorkerDied, WorkerError) as exc:
             raise InvalidArgument(f"model '{model_name}': {_error_text(exc)}") from None
         finally:
@@ -205,7 +206,7 @@ def load_triton(
                         instances.append(
                             ProcessInstance(
                                 model_name, str(version), index, decoupled,
-                                [load_message, ("initialize", args, decoupled)], link_of(options), window=window,
+                                [load_message, Initialize(args, decoupled)], link_of(options), window=window,
                             )
                         )
                     except (WorkerDied, WorkerError) as exc:

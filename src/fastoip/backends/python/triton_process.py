@@ -1,35 +1,52 @@
 """The server's handle on one worker process (:mod:`fastoip.pyworker.worker`): start, control, execute, death.
 
 Rules:
-- The worker is ``python -m fastoip.pyworker FD`` on one end of a
-  socket pair; one reader at a time takes every message it sends: the worker's
-  reader thread, or an event loop.
-- Results read on the event loop: once a batch was handed over on a running
+- The worker is ``python -m fastoip.pyworker FD`` on one end of a socket pair.
+  Messages both ways are :mod:`fastoip.pyworker.channel`'s typed records; what
+  the worker sends is decoded without ``pickle`` and checked (a record that is
+  not one, a frame over :data:`~fastoip.pyworker.framing.FRAME_LIMIT`, a ring
+  record that is not a result: the worker is killed with the cause logged, and
+  restarted).  :meth:`WorkerProcess._dispatch` is the one table of what each
+  record does here.
+- Writes never wait (see the scheduling contract, "Python worker processes"):
+  every sender (an event loop, a reader thread, a call thread) gives the
+  socket what it takes at once (``MSG_DONTWAIT``); the rest waits in a backlog
+  that this worker's writer thread sends, behind which every later record
+  queues, in order.  A worker that does not read parks its own requests in
+  that backlog, never a thread of the server's, never an event loop.
+- One reader at a time takes every message the worker sends: the worker's
+  reader thread, or an event loop.  Once a batch was handed over on a running
   event loop (a frontend's), the reader thread hands the socket to that loop
   after its next message (``add_reader``): the results are then read and their
   jobs finished where the frontend runs, with no thread wake-up, no GIL
-  hand-over and no ``call_soon_threadsafe`` per answer.  The thread takes the
-  socket back before a control message (finalize), when the loop stops
-  running (it checks every :data:`LOOP_CHECK_S`), and when the worker's end
-  closes (the thread reads the end and handles the death, as before).  Mode
+  hand-over and no ``call_soon_threadsafe`` per answer.  The loop only reads
+  what is there (``recv_ready``) and never waits.  The thread takes the socket
+  back before a control message (finalize), when the loop stops running (it
+  checks every :data:`LOOP_CHECK_S`), and when the worker's end closes.  Mode
   changes and reads happen under one lock (``_reading``), so messages are
   dispatched one reader at a time, in order.
 - Control messages (load, auto-complete, initialize, finalize) wait for their
   answer.  ``submit`` sends a batch and returns at once: nobody waits per
   request; the reader hands each result to ``on_result`` (which finishes the
-  jobs), decoupled responses to ``on_send``, and the worker's own calls (BLS,
-  readiness, model control, metrics) to a small shared thread pool.
-- When the socket closes, the process is reaped and :class:`WorkerDied` (with the
-  cause: exit code or signal) is raised to every waiter; ``on_death(cause)``
-  runs once, on the reader thread (never on an event loop).
+  jobs), decoupled responses to ``on_send``.
+- The worker's own calls (BLS, readiness, model control, metrics) run on this
+  worker's own few threads (:data:`CALL_THREADS`): a model that keeps many BLS
+  calls waiting queues behind its own, never another model's.  A BLS call to
+  the calling model itself is refused with an error in its response (its one
+  instance runs the request waiting for the answer: a deadlock).
+- The worker's death is noticed by its process exiting (:mod:`.exits`: a
+  pidfd), not only its socket closing (a child it forked may hold the socket):
+  the process is reaped and :class:`WorkerDied` (with the cause: exit code or
+  signal) is raised to every waiter; ``on_death(cause)`` runs once, on the
+  reader thread (never on an event loop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -39,15 +56,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ...errors import InvalidArgument
+from ...pyworker import channel as msg
 from ...pyworker import transport as shm
 from ...pyworker._ring import ResultRing, RingCorrupt
-from ...pyworker.framing import FramedSocket
+from ...pyworker.framing import FramedSocket, FrameTooLarge
+from . import exits
 from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
 
-#: Threads that serve the workers' calls into the server (BLS requests wait on other models).
-_CALLS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="fastoip-bls")
+#: Threads of one worker that serve its calls into the server (a BLS request waits on another model): its
+#: share; more calls wait for one of these, behind the same model's own.
+CALL_THREADS = 8
 #: How long a worker may take to start, load or initialize, and to finalize.
 CONTROL_TIMEOUT_S = 300.0
 FINALIZE_TIMEOUT_S = 30.0
@@ -55,8 +76,6 @@ FINALIZE_TIMEOUT_S = 30.0
 LOOP_CHECK_S = 0.5
 #: How long taking the socket back from a running loop may wait for the loop to let go.
 RELEASE_TIMEOUT_S = 2.0
-#: How soon the loop tries its deferred write again while another thread writes to the same worker.
-FLUSH_RETRY_S = 0.0005
 
 
 class WorkerDied(Exception):
@@ -90,27 +109,54 @@ class WorkerProcess:
         is_cancelled: Callable[[int, int], bool] | None = None,
         link: bridge.ServerLink = bridge.UNLINKED,
         on_result: Callable[[int, Any, Any], None] | None = None,
+        model: str = "",
     ) -> None:
         self.label = label
+        #: The model this worker runs (its BLS calls to itself are refused).
+        self.model = model
         #: The Core this worker's calls (BLS, readiness, model control) go to: the one that loaded its model.
         self._link = link
         self._is_cancelled = is_cancelled
         self._on_send = on_send
         self._on_death = on_death
-        self._write_lock = threading.Lock()
-        #: Messages the event loop handed over, written at the end of its turn (guarded by the outbox lock, which
-        #: is never held while writing: the loop never waits for a write to append); pickled together, as one
-        #: ``("many", messages)`` (one pickling and one unpickling for a turn's batches, not one each).
-        self._outbox_lock = threading.Lock()
-        self._outbox: list[tuple] = []
+        #: Guards what waits to be written: ``_turn``, ``_backlog``, ``_writing``, ``_flush_scheduled``.  Held
+        #: only for encoding and non-blocking sends, never while the socket is full.
+        self._out_lock = threading.Lock()
+        self._out_ready = threading.Condition(self._out_lock)
+        #: Records an event loop handed over this turn, sent together at its end (one encoding, one write).
+        self._turn: list[tuple] = []
         self._flush_scheduled = False
+        #: Framed bytes the socket did not take at once; this worker's writer thread sends them, in order.
+        self._backlog: collections.deque = collections.deque()
+        self._writing = False
+        self._writer: threading.Thread | None = None
         self._state = threading.Lock()
         self._control: _Waiter | None = None
         self._on_result = on_result or (lambda exec_id, responses, error: None)
         #: The worker's BLS streams in flight (their jobs), by call id: ``ResponseIterator.cancel()`` cancels one.
         self._outgoing: dict[int, Any] = {}
+        #: This worker's share of threads for its calls into the server.
+        self._calls = ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix=f"fastoip-calls-{label}")
+        #: What each record the worker sends does here (the one table).
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            msg.Result: self._on_result_record,
+            msg.Send: self._on_send_record,
+            msg.Done: self._on_control_answer,
+            msg.Failed: self._on_control_answer,
+            msg.InferCall: self._queue_call,
+            msg.CancelledQuery: self._queue_call,
+            msg.ReadyQuery: self._queue_call,
+            msg.LoadModel: self._queue_call,
+            msg.UnloadModel: self._queue_call,
+            msg.MetricUpdate: self._on_metric,
+            msg.CancelStream: self._on_cancel_stream,
+            msg.Log: self._on_log,
+            msg.RingBell: self._on_ring_bell,
+        }
         self._dead = False
         self.cause: str | None = None
+        #: Why the worker was ended for breaking the protocol (its cause says so).
+        self._violation: str | None = None
         #: Held while reading or dispatching messages and while the reader changes (re-entrant: a finished job's
         #: callback may hand this worker its next batch).
         self._reading_lock = threading.RLock()
@@ -146,77 +192,111 @@ class WorkerProcess:
         )
         child.close()
         self.pid = self.process.pid
+        self._socket = parent
         self._connection = FramedSocket(parent)
         self._reader = threading.Thread(target=self._read, name=f"fastoip-worker-{self.pid}", daemon=True)
         self._reader.start()
+        link.workers.add(self)
+        # Its exit, even while a child it forked keeps the socket open: the reader then reads the end.
+        self._unwatch = exits.watch(self.pid, self._on_exit)
 
-    # -- sending -----------------------------------------------------------------------------------------
-    def _send(self, message: tuple) -> None:
-        loop = self._loop
-        if loop is not None and asyncio._get_running_loop() is loop:
-            self._defer(message, loop)  # the loop that reads never waits for the write lock
-            return
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # (a message it cannot take fails here)
+    def _on_exit(self) -> None:
+        """The process exited (the exit watcher's thread): end the channel, whoever else holds its other end."""
         try:
-            with self._write_lock:
-                with self._outbox_lock:  # in order, behind the batches the event loop has not sent yet
-                    held, self._outbox = self._outbox, []
-                self._write([*self._pickled(held), data] if held else [data])
+            self._socket.shutdown(socket.SHUT_RDWR)
         except OSError:
-            raise WorkerDied(self.cause or "closed its channel") from None
-
-    def _write(self, messages: list[bytes]) -> None:
-        """Send ``messages`` (the write lock is held).  On the loop that reads this worker, never wait while it
-        still reads: what the socket does not take at once waits for the worker with the reader thread reading
-        again (the worker may itself be waiting for its results to be read before it reads more)."""
-        loop = self._loop
-        if loop is None or asyncio._get_running_loop() is not loop:
-            self._connection.send_many(messages)
-            return
-        rest = self._connection.try_send_many(messages)
-        if rest is not None:
-            self._detach(loop)
-            self._connection.send_raw(rest)
-
-    def _pickled(self, messages: list[tuple]) -> list[bytes]:
-        """What goes on the socket for ``messages``, in order: one message as itself, several as one ``many``.
-
-        A message that cannot be pickled is left out: a batch's fails its jobs (as it did when each batch was
-        pickled on its own, in ``submit``), anything else is logged."""
-        try:
-            if len(messages) == 1:
-                return [pickle.dumps(messages[0], protocol=pickle.HIGHEST_PROTOCOL)]
-            return [pickle.dumps(("many", messages), protocol=pickle.HIGHEST_PROTOCOL)]
-        except Exception:
             pass
+
+    # -- sending (never waits: see the module's rules) ----------------------------------------------------------
+    def _send(self, message: tuple) -> None:
+        """Send ``message`` behind everything handed over before it; WorkerDied when the worker is gone,
+        TypeError or FrameTooLarge (a ValueError) when it cannot cross.  Never waits for the worker."""
+        if self.cause is not None:
+            raise WorkerDied(self.cause)
+        data = msg.encode(message)  # (a message that is not plain data fails here, on the sender's thread)
+        self._connection.check(len(data))
+        with self._out_lock:
+            held, self._turn = self._turn, []  # in order, behind the records an event loop has not sent yet
+            frames = self._encoded(held)
+            frames.append(data)
+            self._put(frames)
+
+    def _put(self, frames: list[bytes]) -> None:
+        """Give ``frames`` to the socket, or to the backlog behind what waits there (the out lock is held)."""
+        if not frames:
+            return
+        if self._writing:
+            self._backlog.append(self._connection.framed(frames))
+            return
+        try:
+            rest = self._connection.try_send_many(frames)
+        except OSError:
+            return  # the worker is gone: its reader fails or resends what it had (pending there)
+        if rest is not None:
+            self._backlog.append(rest)
+            self._writing = True
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_backlog, name=f"fastoip-worker-writer-{self.pid}", daemon=True
+                )
+                self._writer.start()
+            else:
+                self._out_ready.notify()
+
+    def _write_backlog(self) -> None:
+        """This worker's writer thread: sends what the socket did not take at once, waiting for the worker to
+        read (only this thread waits for it)."""
+        while True:
+            with self._out_lock:
+                while not self._backlog:
+                    self._writing = False
+                    if self._dead:
+                        return
+                    self._out_ready.wait()
+                parts = list(self._backlog)
+                self._backlog.clear()
+            try:
+                for part in parts:
+                    self._connection.send_raw(part)
+            except OSError:  # the worker is gone: its reader handles the death; nothing more is written
+                with self._out_lock:
+                    self._backlog.clear()
+                    self._writing = False
+                return
+
+    def _encoded(self, messages: list[tuple]) -> list[bytes]:
+        """What goes on the socket for ``messages``, in order: one message as itself, several as one ``Many``.
+
+        A message that cannot be encoded or is over the frame limit is left out: a batch's fails its jobs (a
+        model's parameter that is not plain data), anything else is logged."""
+        if not messages:
+            return []
+        if len(messages) > 1:
+            try:
+                data = msg.encode(msg.Many(messages))
+                if len(data) <= self._connection.limit:
+                    return [data]
+            except Exception:
+                pass
         out = []
         for message in messages:
             try:
-                out.append(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+                data = msg.encode(message)
+                self._connection.check(len(data))
+                out.append(data)
             except Exception as exc:
-                if message[0] == "execute":
-                    self._on_result(message[1], None, f"the request could not be sent to the worker: {exc}")
+                if type(message) is msg.Execute:
+                    self._on_result(message.exec_id, None, f"the request could not be sent to the worker: {exc}")
                 else:
-                    log.error("%s: a '%s' message could not be sent to the worker: %s", self.label, message[0], exc)
+                    log.error("%s: a %s could not be sent to the worker: %s", self.label, type(message).__name__, exc)
         return out
 
-    def _flush_later(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The event loop's deferred write of the batches it handed over during this turn.  The loop never
-        waits for another thread's write (that thread may wait for the worker, which may wait for this loop to
-        read): it tries again shortly."""
-        if not self._write_lock.acquire(blocking=False):
-            loop.call_later(FLUSH_RETRY_S, self._flush_later, loop)
-            return
-        try:
-            with self._outbox_lock:
-                self._flush_scheduled = False
-                held, self._outbox = self._outbox, []
-            if held:
-                self._write(self._pickled(held))
-        except OSError:
-            pass  # the worker died: its reader fails or resends those batches (they are pending there)
-        finally:
-            self._write_lock.release()
+    def _flush_turn(self) -> None:
+        """The event loop's deferred write of the batches it handed over during this turn (never waits)."""
+        with self._out_lock:
+            self._flush_scheduled = False
+            held, self._turn = self._turn, []
+            self._put(self._encoded(held))
 
     def control(self, message: tuple, timeout: float = CONTROL_TIMEOUT_S) -> Any:
         """Send a control message and wait for its answer (WorkerError with the model's message)."""
@@ -228,13 +308,13 @@ class WorkerProcess:
             self._control = waiter
         self._send(message)
         if not waiter.event.wait(timeout):
-            raise WorkerDied(f"did not answer '{message[0]}' within {timeout:.0f} s")
-        kind, value = waiter.value
-        if kind == "died":
-            raise WorkerDied(value)
-        if kind == "error":
-            raise WorkerError(value)
-        return value
+            raise WorkerDied(f"did not answer {type(message).__name__} within {timeout:.0f} s")
+        answer = waiter.value
+        if type(answer) is str:
+            raise WorkerDied(answer)
+        if type(answer) is msg.Failed:
+            raise WorkerError(answer.message)
+        return answer.value
 
     def submit(self, exec_id: int, requests: list, defer: bool = False) -> None:
         """Send one batch and return; its result comes to ``on_result(exec_id, responses, error)`` on the
@@ -246,28 +326,25 @@ class WorkerProcess:
         GIL may go to the reader thread for a while)."""
         if self.cause is not None:
             raise WorkerDied(self.cause)
-        message = ("execute", exec_id, requests)
+        message = msg.Execute(exec_id, requests)
         loop = asyncio._get_running_loop() if defer else None
         if loop is None:
             reading = self._loop
             if reading is not None and not reading.is_running():
                 self._release_loop()  # nobody would read the answer this caller waits for
-            self._send(message)
+            try:
+                self._send(message)
+            except (TypeError, ValueError) as exc:  # it cannot cross: the batch fails, the channel lives
+                self._on_result(exec_id, None, f"the request could not be sent to the worker: {exc}")
             return
         if self._loop is None and self._wanted is None:
             self._wanted = loop  # its results are read there from the next message on
-        self._defer(message, loop)
-
-    def _defer(self, message: tuple, loop: asyncio.AbstractEventLoop) -> None:
-        """``message`` goes out at the end of this turn of ``loop`` (this thread's), with what else it sends."""
-        if self.cause is not None:
-            raise WorkerDied(self.cause)
-        with self._outbox_lock:
-            self._outbox.append(message)
+        with self._out_lock:
+            self._turn.append(message)
             if self._flush_scheduled:
                 return
             self._flush_scheduled = True
-        loop.call_soon(self._flush_later, loop)
+        loop.call_soon(self._flush_turn)
 
     # -- reading -------------------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -304,6 +381,16 @@ class WorkerProcess:
                         pass
         self._died()
 
+    def _refuse(self, what: str, reason: BaseException) -> None:
+        """The worker broke the protocol: log why and end it (its death is handled as any other: it restarts)."""
+        if self._violation is None:
+            self._violation = f"{what}: {reason}"
+            log.error("%s: its worker sent %s (%s): killing it", self.label, what, reason)
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+
     # -- reading on an event loop ---------------------------------------------------------------------------
     def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """On ``loop``: read this worker's messages here from now on (the reader thread has let go)."""
@@ -324,13 +411,18 @@ class WorkerProcess:
             if self._loop is not loop:  # the thread took the socket back
                 self._stop_reading(loop)
                 return
-            messages, closed = self._connection.recv_ready()
+            try:
+                messages, closed = self._connection.recv_ready()
+            except FrameTooLarge as too_large:
+                self._refuse("a frame over the limit", too_large)
+                messages, closed = [], True
+                self._broken = True
             self._take_ring()
             for data in messages:
                 try:
-                    message = pickle.loads(data)
-                except Exception:
-                    log.exception("%s: unreadable message from its worker", self.label)
+                    message = msg.decode(data, msg.TO_SERVER)
+                except msg.ProtocolError as bad:
+                    self._refuse("a frame that is not a record", bad)
                     self._broken = closed = True
                     break
                 self._dispatch(message)
@@ -378,13 +470,17 @@ class WorkerProcess:
                 self._reading.notify_all()
 
     def _read_one(self) -> tuple | None:
-        """The next message (the read lock is held), or None when the worker is gone."""
+        """The next message (the read lock is held), or None when the worker is gone (or was ended for what it
+        sent)."""
         try:
-            return pickle.loads(self._connection.recv_bytes())
+            return msg.decode(self._connection.recv_bytes(), msg.TO_SERVER)
         except (EOFError, OSError):
             return None
-        except Exception:
-            log.exception("%s: unreadable message from its worker", self.label)
+        except FrameTooLarge as too_large:
+            self._refuse("a frame over the limit", too_large)
+            return None
+        except msg.ProtocolError as bad:
+            self._refuse("a frame that is not a record", bad)
             return None
 
     def _take_ring(self) -> None:
@@ -394,60 +490,81 @@ class WorkerProcess:
             return
         try:
             records = self._ring.take()
-        except RingCorrupt as exc:
-            log.error("%s: its result ring was written over (%s): ending the worker", self.label, exc)
+        except RingCorrupt as corrupt:
+            log.error("%s: its result ring was written over (%s): ending the worker", self.label, corrupt)
             self._ring = None  # (nothing more is read from it)
             self.process.kill()  # its end closes: the reader handles the death (what it ran fails, it restarts)
             return
         for data in records:
             try:
-                message = pickle.loads(data)
-            except Exception:
-                log.exception("%s: unreadable result from its worker", self.label)
-                continue
+                message = msg.decode(data, (msg.Result,))
+            except msg.ProtocolError as bad:
+                self._refuse("a ring record that is not a result", bad)
+                self._ring = None
+                return
             self._dispatch(message)
 
     def _dispatch(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "result":
-            _, exec_id, responses, error = message
-            try:
-                self._on_result(exec_id, responses, error)
-            except Exception:
-                log.exception("%s: finishing a batch failed", self.label)
-        elif kind in ("ok", "error"):
-            waiter = self._control
-            self._control = None
-            if waiter is not None:
-                waiter.value = (kind, message[1])
-                waiter.event.set()
-        elif kind == "send":
-            _, exec_id, index, response, final = message
-            try:
-                self._on_send(exec_id, index, response, final)
-            except Exception:
-                log.exception("%s: delivering a decoupled response failed", self.label)
-        elif kind == "call":
-            _CALLS.submit(self._serve_call, message[1], message[2], message[3])
-        elif kind == "cancel_call":
-            job = self._outgoing.get(message[1])
-            if job is not None:
-                job.cancel()
-        elif kind == "ring":
-            pass  # a wake-up for the ring's results, taken before this message
-        elif kind == "log":
-            logging.getLogger("fastoip.python.model").log(message[1], "%s: %s", self.label, message[2])
-        elif kind == "metric":
-            try:
-                bridge.CUSTOM_METRICS.apply(message[1], message[2], message[3], message[4])
-            except Exception as exc:
-                log.warning("%s: custom metric: %s", self.label, exc)
+        handler = self._handlers.get(type(message))
+        if handler is None:  # (decode lets through only what the table names)
+            self._refuse("a record with no handler", TypeError(type(message).__name__))
+            return
+        handler(message)
+
+    # -- what each record does ------------------------------------------------------------------------------------
+    def _on_result_record(self, message: Any) -> None:
+        try:
+            self._on_result(message.exec_id, message.responses, message.error)
+        except Exception:
+            log.exception("%s: finishing a batch failed", self.label)
+
+    def _on_send_record(self, message: Any) -> None:
+        try:
+            self._on_send(message.exec_id, message.request_index, message.response, message.final)
+        except Exception:
+            log.exception("%s: delivering a decoupled response failed", self.label)
+
+    def _on_control_answer(self, message: Any) -> None:
+        waiter = self._control
+        self._control = None
+        if waiter is not None:
+            waiter.value = message
+            waiter.event.set()
+
+    def _queue_call(self, message: Any) -> None:
+        try:
+            self._calls.submit(self._serve_call, message)
+        except RuntimeError:  # shut down: the worker is ending
+            pass
+
+    def _on_metric(self, message: Any) -> None:
+        if message.call_id:
+            self._queue_call(message)
+            return
+        try:
+            bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
+        except Exception as exc:
+            log.warning("%s: custom metric: %s", self.label, exc)
+
+    def _on_cancel_stream(self, message: Any) -> None:
+        job = self._outgoing.get(message.call_id)
+        if job is not None:
+            job.cancel()
+
+    def _on_log(self, message: Any) -> None:
+        logging.getLogger("fastoip.python.model").log(message.level, "%s: %s", self.label, message.message)
+
+    def _on_ring_bell(self, message: Any) -> None:
+        pass  # a wake-up for the ring's results, taken before this message
 
     def _died(self) -> None:
         with self._state:
             if self._dead:
                 return
             self._dead = True
+        if self._unwatch is not None:
+            self._unwatch()
+        self._link.workers.discard(self)
         try:
             code = self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -461,65 +578,107 @@ class WorkerProcess:
             cause = f"was killed by {name}"
         else:
             cause = f"exited with code {code}"
+        if self._violation is not None:
+            cause = f"was killed: it broke the channel's protocol ({self._violation})"
         shm.remove_files_of(self.segment_token)
         with self._state:
             self.cause = cause
             control = self._control
             self._control = None
+        with self._out_lock:
+            self._out_ready.notify_all()  # the writer thread ends
+        self._calls.shutdown(wait=False, cancel_futures=True)
         if control is not None:
-            control.value = ("died", cause)
+            control.value = cause
             control.event.set()
         self._on_death(cause)
 
-    def _serve_call(self, call_id: int, what: str, args: tuple) -> None:
+    # -- the worker's calls into the server (on this worker's call threads) ----------------------------------------
+    def _self_call(self, model: str) -> str | None:
+        if self.model and model == self.model:
+            return (
+                f"model '{model}' sent a BLS request to itself: refused (the instance that would run it is "
+                "running the request waiting for its answer); call another model"
+            )
+        return None
+
+    def _serve_call(self, message: Any) -> None:
+        call_id = message.call_id
+        reply: tuple
         try:
-            if what == "infer":
-                name, version, packed, timeout = args
-                request = shm.unpack_request(packed, self.segment_token)
-                answer: Any = shm.pack_response(self._link.infer(name, version, request, timeout))
-            elif what == "stream":
-                name, version, packed, timeout = args
-
-                def deliver(data: Any, final: bool) -> None:
-                    if final:
-                        self._outgoing.pop(call_id, None)
-                    try:
-                        self._send(("stream", call_id, shm.pack_response(data), final))
-                    except WorkerDied:
-                        pass
-
-                job = self._link.stream(name, version, shm.unpack_request(packed, self.segment_token), deliver, timeout)
-                if job is not None and not job.finished:
-                    self._outgoing[call_id] = job
-                    if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
-                        self._outgoing.pop(call_id, None)
-                return
-            elif what == "cancelled":
-                answer = bool(self._is_cancelled(*args)) if self._is_cancelled is not None else False
-            elif what == "ready":
-                answer = self._link.model_ready(*args)
-            elif what == "load":
-                self._link.load_model(*args)
-                answer = None
-            elif what == "unload":
-                self._link.unload_model(*args)
-                answer = None
-            elif what == "metric":
-                answer = bridge.CUSTOM_METRICS.apply(*args)
+            kind = type(message)
+            if kind is msg.InferCall:
+                refusal = self._self_call(message.model)
+                if message.stream:
+                    self._serve_stream(message, refusal)
+                    return
+                if refusal is not None:
+                    answer: Any = bridge.error_data(InvalidArgument(refusal))
+                else:
+                    request = shm.unpack_request(message.request, self.segment_token)
+                    answer = self._link.infer(message.model, message.version, request, message.timeout_us)
+                reply = msg.Reply(call_id, shm.pack_response(answer), None)
+            elif kind is msg.CancelledQuery:
+                asked = self._is_cancelled
+                cancelled = asked is not None and asked(message.exec_id, message.request_index)
+                reply = msg.Reply(call_id, bool(cancelled), None)
+            elif kind is msg.ReadyQuery:
+                reply = msg.Reply(call_id, self._link.model_ready(message.name, message.version), None)
+            elif kind is msg.LoadModel:
+                self._link.load_model(message.name, message.config, message.files)
+                reply = msg.Reply(call_id, None, None)
+            elif kind is msg.UnloadModel:
+                self._link.unload_model(message.name, message.unload_dependents)
+                reply = msg.Reply(call_id, None, None)
+            elif kind is msg.MetricUpdate:
+                value = bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
+                reply = msg.Reply(call_id, value, None)
             else:
-                answer = ("__error__", f"unknown call '{what}'")
+                reply = msg.Reply(call_id, None, f"unknown call {kind.__name__}")
         except Exception as exc:
-            answer = ("__error__", str(exc))
+            reply = msg.Reply(call_id, None, str(exc))
         try:
-            self._send(("reply", call_id, answer))
+            try:
+                self._send(reply)
+            except (TypeError, ValueError) as unsendable:  # the answer cannot cross (over the frame limit): say so
+                self._send(msg.Reply(call_id, None, f"the answer could not be sent to the model: {unsendable}"))
         except WorkerDied:
             pass
+
+    def _serve_stream(self, message: Any, refusal: str | None) -> None:
+        call_id = message.call_id
+
+        def deliver(data: Any, final: bool) -> None:
+            if final:
+                self._outgoing.pop(call_id, None)
+            try:
+                try:
+                    self._send(msg.StreamPart(call_id, shm.pack_response(data), final))
+                except (TypeError, ValueError) as unsendable:  # this response cannot cross: the stream ends with why
+                    job = self._outgoing.pop(call_id, None)
+                    if job is not None:
+                        job.cancel()
+                    why = f"a response could not be sent to the model: {unsendable}"
+                    failed = bridge.error_data(InvalidArgument(why))
+                    self._send(msg.StreamPart(call_id, failed, True))
+            except WorkerDied:
+                pass
+
+        if refusal is not None:
+            deliver(bridge.error_data(InvalidArgument(refusal)), True)
+            return
+        request = shm.unpack_request(message.request, self.segment_token)
+        job = self._link.stream(message.model, message.version, request, deliver, message.timeout_us)
+        if job is not None and not job.finished:
+            self._outgoing[call_id] = job
+            if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
+                self._outgoing.pop(call_id, None)
 
     # -- ending ---------------------------------------------------------------------------------------------
     def finalize(self) -> None:
         """Run the model's ``finalize`` and let the process exit; kill it if it does not."""
         try:
-            self.control(("finalize",), FINALIZE_TIMEOUT_S)
+            self.control(msg.Finalize(), FINALIZE_TIMEOUT_S)
         except (WorkerDied, WorkerError) as exc:
             if self.cause is None:
                 log.warning("%s: finalize: %s", self.label, exc)
