@@ -400,14 +400,13 @@ def unpack(packed: Any, token: str | None = None) -> np.ndarray:
         return elements.reshape(shape)
     if kind not in ("p", "s") or len(packed) != 4 or not isinstance(packed[1], str) or not isinstance(packed[2], str):
         raise ProtocolError(f"not a packed tensor (kind {kind!r})")
-    name, dtype = _checked_name(packed[1], token), packed[2]
+    dtype = packed[2]
     shape = _shape(packed[3])  # (one binding of shape per function: mypyc types it once)
     if np.dtype(dtype).hasobject:
         raise ProtocolError(f"a tensor in shared memory cannot hold objects (dtype {dtype!r})")
+    name = _checked_name(packed[1], token)  # (before anything is opened: a name the peer may not use is refused)
     region = _mapped.get(name) if kind == "p" else None
     if region is None:
-        if kind not in ("p", "s"):
-            raise ValueError(f"unknown tensor packing {kind!r}")
         if kind == "p" and token is not None:
             prefix = name[: len(SEGMENT_PREFIX) + 33]
             if sum(1 for known in list(_mapped) if known.startswith(prefix)) >= PEER_MAPPINGS_LIMIT:
