@@ -41,8 +41,10 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--http-max-header-size",
         "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
         "--http-body-min-rate-grace", "--grpc-stream-idle-timeout", "--grpc-max-connections",
-        "--grpc-max-connection-idle", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
+        "--grpc-max-connection-idle", "--grpc-max-connection-quiet",
+        "--grpc-max-connections-per-peer", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
         "--grpc-max-stream-request-bytes", "--grpc-max-queued-request-bytes", "--http-max-connections",
+        "--http-max-connections-per-peer",
     )),
     ("security", "TLS, restricted APIs, code loading", (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",
