@@ -66,6 +66,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "0: on the loop)")
     _http_connection_flags(p)
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
+    p.add_argument("--max-inflated-request-bytes", type=int, default=128 * 1024 * 1024, metavar="BYTES",
+                   help="decompressed bytes all compressed requests being inflated may hold at once (gRPC and HTTP "
+                        "together); past it the request holding the most is refused: RESOURCE_EXHAUSTED, HTTP 503 "
+                        "with Retry-After (413 when it alone passes it) (default 128 MiB; fastoip only)")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
@@ -409,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from . import _codec
         from .allocator import pin_mmap_threshold, pin_trim_threshold
+        from .server import inflate
         from .server.app import serve
 
         try:
@@ -421,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
+        inflate.configure(args.max_inflated_request_bytes)  # issue 37: one server-wide budget
         pin_mmap_threshold()
         pin_trim_threshold()
         return serve(options)

@@ -120,6 +120,11 @@ class Core:
         self.data.check_initialized()
         self.control.load_model(name, parameters)
 
+    def check_model_control(self, action: str) -> None:
+        """The refusal a load or unload would get for the server's mode, before its request is read (issue 37)."""
+        self.data.check_initialized()
+        self.control.check_explicit(action)
+
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.data.check_initialized()
         self.control.unload_model(name, unload_dependents)

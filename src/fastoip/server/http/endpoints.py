@@ -33,9 +33,17 @@ from ...wire import http as http_codec
 from ...wire.http import json_excerpt
 from ..forward_headers import HeaderForwarder
 from . import docs_assets, openapi
-from .bodies import compress, inference_header_length, off_loop_if_large, read_body, response_encoding
+from .bodies import compress, inference_header_length, off_loop_if_large, response_encoding
 from .generate import GenerateEndpoints
-from .json_docs import base64_value, integer_field, optional_json_object, parameters_of, trace_settings_json
+from .intake import CONTROL_BODY_BYTES, BodyIntake
+from .json_docs import (
+    base64_value,
+    integer_field,
+    load_parameters,
+    optional_json_object,
+    parameters_of,
+    trace_settings_json,
+)
 from .json_pool import JsonPool
 from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
 from .v1 import V1Endpoints
@@ -60,6 +68,8 @@ class HttpFrontend(Router):
         self.forward_headers: HeaderForwarder | None = None
         #: issue 27: large JSON requests are decoded in worker processes, off the loop (json_pool.py)
         self.json_pool = json_pool or JsonPool()
+        #: issue 37: every body comes in through it (read, inflated, parsed off the loop, bounded)
+        self.intake = BodyIntake(max_body_size, self.json_pool)
         self.fixed_paths = {
             "/v2": {"GET": self.server_metadata},
             "/v2/health/live": {"GET": self.server_live},
@@ -73,7 +83,7 @@ class HttpFrontend(Router):
             "/v2/docs/swagger-ui-bundle.js": {"GET": self.docs_script},
             "/v2/docs/swagger-ui.css": {"GET": self.docs_style},
         }
-        v1 = V1Endpoints(core, max_body_size)
+        v1 = V1Endpoints(core, self.intake)
         self.fixed_paths["/"] = {"GET": v1.v1_root}
         self.fixed_paths["/v1/models"] = {"GET": v1.v1_models}
         self.v1_model_paths = {
@@ -81,7 +91,7 @@ class HttpFrontend(Router):
             "predict": {"POST": v1.v1_predict},
             "explain": {"POST": v1.v1_explain},
         }
-        generate = GenerateEndpoints(core, max_body_size)
+        generate = GenerateEndpoints(core, self.intake)
         self.model_paths = {
             None: {"GET": self.model_metadata},
             "ready": {"GET": self.model_ready},
@@ -138,7 +148,7 @@ class HttpFrontend(Router):
 
     # -- repository -------------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body_size)
+        body = await self.intake.body(request, CONTROL_BODY_BYTES)
         try:
             doc = optional_json_object(body, "repository index request")
         except InvalidArgument:
@@ -151,17 +161,16 @@ class HttpFrontend(Router):
         return json_response(self.core.repository_index(ready))
 
     async def load_model(self, request: Request, model: str) -> Response:
-        doc = optional_json_object(await read_body(request, self.max_body_size), "load request")
-        parameters = parameters_of(doc, "load request")
-        for key, value in parameters.items():
-            if key.startswith("file:"):  # file contents travel base64-encoded in JSON
-                parameters[key] = base64_value(value, f"load request parameter '{key}'")
+        self.core.check_model_control("load")  # issue 37: a load that will be refused is refused unread
+        body = await self.intake.body(request)
+        parameters = await self.intake.parse(body, load_parameters, body)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.core.load_model, model, parameters)
         return EMPTY_OK
 
     async def unload_model(self, request: Request, model: str) -> Response:
-        doc = optional_json_object(await read_body(request, self.max_body_size), "unload request")
+        self.core.check_model_control("unload")
+        doc = await self.intake.control_document(request, "unload request")
         dependents = parameters_of(doc, "unload request").get("unload_dependents", False)
         if type(dependents) is not bool:
             raise InvalidArgument(f"'unload_dependents' must be a boolean, got {json_excerpt(dependents)}")
@@ -180,7 +189,7 @@ class HttpFrontend(Router):
                 "POST /v2/systemsharedmemory/region/<name>/register"
             )
         what = f"register request for system shared memory region '{region}'"
-        doc = optional_json_object(await read_body(request, self.max_body_size), what)
+        doc = await self.intake.control_document(request, what)
         key = doc.get("key")
         if type(key) is not str or not key:
             raise InvalidArgument(f"the {what} needs 'key', the shared memory key (a string), got {json_excerpt(key)}")
@@ -190,7 +199,7 @@ class HttpFrontend(Router):
         return EMPTY_OK
 
     async def unregister_system_shared_memory(self, request: Request, region: str) -> Response:
-        await read_body(request, self.max_body_size)  # tritonclient sends an empty body; nothing in it is used
+        await self.intake.body(request, CONTROL_BODY_BYTES)  # tritonclient sends an empty body; nothing in it is used
         self.core.unregister_shared_memory(region, SYSTEM)
         return EMPTY_OK
 
@@ -203,7 +212,7 @@ class HttpFrontend(Router):
                 "registering CUDA shared memory needs a region name: POST /v2/cudasharedmemory/region/<name>/register"
             )
         what = f"register request for CUDA shared memory region '{region}'"
-        doc = optional_json_object(await read_body(request, self.max_body_size), what)
+        doc = await self.intake.control_document(request, what)
         handle = doc.get("raw_handle")
         encoded = handle.get("b64") if isinstance(handle, dict) else None
         if encoded is None:
@@ -222,7 +231,7 @@ class HttpFrontend(Router):
         return EMPTY_OK
 
     async def unregister_cuda_shared_memory(self, request: Request, region: str) -> Response:
-        await read_body(request, self.max_body_size)  # tritonclient sends an empty body; nothing in it is used
+        await self.intake.body(request, CONTROL_BODY_BYTES)  # tritonclient sends an empty body; nothing in it is used
         self.core.unregister_shared_memory(region, CUDA)
         return EMPTY_OK
 
@@ -231,7 +240,7 @@ class HttpFrontend(Router):
         return json_response(trace_settings_json(self.core.trace_settings(model)))  # 404 for an unknown model
 
     async def update_trace_settings(self, request: Request, model: str = "", version: str = "") -> Response:
-        doc = optional_json_object(await read_body(request, self.max_body_size), "trace setting request")
+        doc = await self.intake.control_document(request, "trace setting request")
         changes: dict[str, list[str] | None] = {}
         for key, value in doc.items():
             if value is None or type(value) is str:
@@ -248,7 +257,7 @@ class HttpFrontend(Router):
         return json_response(self.core.log_settings())
 
     async def update_log_settings(self, request: Request) -> Response:
-        doc = optional_json_object(await read_body(request, self.max_body_size), "log setting request")
+        doc = await self.intake.control_document(request, "log setting request")
         changes = {key: value for key, value in doc.items() if value is not None}  # Triton skips nulls
         return json_response(self.core.update_log_settings(changes))
 
@@ -286,13 +295,14 @@ class HttpFrontend(Router):
             frontend.done()
 
     async def _infer(self, request: Request, model: str, version: str, frontend: FrontendTrace | None) -> Response:
-        body = await read_body(request, self.max_body_size)
+        body = await self.intake.body(request)
         if frontend is not None:
             frontend.stamp("HTTP_RECV_END")
         header_length = inference_header_length(request.headers, len(body))
         if header_length == 0:
             inputs = self.core.model_metadata(model, version).inputs
             batching = self.core.model_config(model, version).max_batch_size > 0
+            # (binary tensors only: views of the body, no parsing)
             infer_request, output_format = http_codec.decode_raw_request(model, version, body, inputs, batching)
         else:
             try:
