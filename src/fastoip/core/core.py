@@ -262,6 +262,7 @@ class Core:
         """First shutdown stage: readiness goes false so load balancers stop routing here,
         but requests that still arrive are served (no 'unknown model' while traffic drains)."""
         self.data.draining = True
+        self.repository.stopping.set()  # issue 37: a load's warmup in progress stops, so the shutdown goes on
 
     def stop_accepting(self) -> None:
         """Second stage: the listeners are closing; anything new is refused."""
