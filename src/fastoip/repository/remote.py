@@ -15,8 +15,9 @@ Rules:
   is skipped with a warning, once per key (issue 37: ``repo//x`` was read as ``repo/x``, which does not exist,
   and the server did not start).
 - A failing sync at start is a start-time error naming the URL and the cause (no bucket, no access), and the
-  local copy it began is removed (a temporary folder the repository made itself); while polling it is logged and the models already loaded keep serving (a bucket that vanishes or
-  credentials that expire do not unload anything).
+  local copy it began is removed (a temporary folder the repository made itself); while polling it is logged
+  and the models already loaded keep serving (a bucket that vanishes or credentials that expire do not unload
+  anything).
 - Any other ``scheme://`` given as a repository is an error naming the scheme: it is not a local path.
 """
 
