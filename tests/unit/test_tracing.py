@@ -361,3 +361,19 @@ def test_child_spans_wait_for_their_parent_and_orphans_go_out_alone() -> None:
         roots = [span for span in receiver.spans if span.name == "InferRequest"]
     assert len(roots) == 2  # the outer request's and the orphan's
     assert spans["orphan"].parent_span_id in {root.span_id for root in roots}
+
+
+def test_a_trace_path_is_bounded_in_files_and_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: log_frequency 1 wrote a new file per request without end (the trace API is open by default)."""
+    from fastoip.tracing.triton_file import TraceFile
+
+    trace = TraceFile(str(tmp_path / "trace.json"), max_files=3, max_bytes=10_000)
+    for i in range(10):
+        trace.write_indexed([{"id": i, "timestamps": []}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1", "trace.json.2"]
+    assert trace.dropped == 7
+    big = TraceFile(str(tmp_path / "big.json"), max_bytes=1_000)
+    for i in range(100):
+        big.append([{"id": i, "pad": "x" * 50}])
+    assert (tmp_path / "big.json").stat().st_size <= 1_000
+    assert big.dropped > 0
