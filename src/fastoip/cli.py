@@ -87,6 +87,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "ModelInferResponse messages, MLServer's dataplane.proto; an error ends the stream), so "
                         "MLServer's gRPC stub can read them; Triton's stream clients then fail on those models "
                         "(other models keep Triton's messages); `fastoip mlserver start` turns it on")
+    p.add_argument("--max-inflated-request-bytes", type=int, default=128 * 1024 * 1024, metavar="BYTES",
+                   help="decompressed bytes all compressed requests being inflated may hold at once (gRPC and HTTP "
+                        "together); past it the request holding the most is refused: RESOURCE_EXHAUSTED, HTTP 503 "
+                        "with Retry-After (413 when it alone passes it) (default 128 MiB; fastoip only)")
     p.add_argument("--strict-readiness", type=triton_flags.parse_bool, default=True,
                    help="server ready only when every model is ready (default true)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
@@ -310,6 +314,9 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
                         "500; 0: no minimum)")
     g.add_argument("--http-body-min-rate-grace", type=float, default=20.0, metavar="SECONDS",
                    help="seconds from a body's first byte before --http-body-min-rate applies (default 20)")
+    g.add_argument("--http-max-connections-per-peer", type=int, default=0, metavar="N",
+                   help="at the connection cap, a client address holding more connections than this loses one "
+                        "first (default 0: a quarter of the cap; fastoip only)")
     g.add_argument("--http-max-connections", type=int, default=0, metavar="N",
                    help="connections at once; one more closes the connection idle longest, or itself when all are "
                         "busy (default 0: a quarter of the open-file limit, at least 64)")
@@ -340,6 +347,7 @@ def _http_limits(args: argparse.Namespace) -> HttpLimits:
         body_min_rate=max(args.http_body_min_rate, 0.0),
         body_rate_grace=max(args.http_body_min_rate_grace, 0.0),
         max_connections=max(args.http_max_connections, 0),
+        max_connections_per_peer=max(args.http_max_connections_per_peer, 0),
     )
 
 
@@ -382,6 +390,13 @@ def _native_grpc_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-max-connections", type=int, default=0,
                    help="native: connections at once; one more is closed when accepted (default 0: half the "
                         "open-file limit; fastoip only)")
+    p.add_argument("--grpc-max-connection-quiet", type=int, default=10_000,
+                   help="native: at the connection cap, ms after which a connection whose calls all wait on their "
+                        "client (a stream with no request in flight) and that moved no message counts as idle and "
+                        "may be closed for a new one (default 10000; fastoip only)")
+    p.add_argument("--grpc-max-connections-per-peer", type=int, default=0,
+                   help="native: at the connection cap, a client address holding more connections than this "
+                        "loses one first (default 0: a quarter of the cap; fastoip only)")
     p.add_argument("--grpc-max-connection-idle", type=int, default=300_000,
                    help="native: ms a connection may go without any call before a graceful GOAWAY (default "
                         "300000; 0: never; grpc's max connection idle, fastoip only)")
@@ -420,6 +435,8 @@ def _native_grpc_options(args: argparse.Namespace, triton: triton_flags.TritonSe
         stream_idle_timeout_ms=args.grpc_stream_idle_timeout,
         max_connections=args.grpc_max_connections,
         max_connection_idle_ms=args.grpc_max_connection_idle,
+        max_connection_quiet_ms=max(args.grpc_max_connection_quiet, 0),
+        max_connections_per_peer=max(args.grpc_max_connections_per_peer, 0),
         handshake_timeout_ms=args.grpc_handshake_timeout,
         max_queued_response_bytes=args.grpc_max_queued_response_bytes,
         max_stream_request_bytes=max(args.grpc_max_stream_request_bytes, 1),
@@ -460,6 +477,7 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
     if args.command == "serve":
         from . import _codec
         from .allocator import pin_mmap_threshold, pin_trim_threshold
+        from .server import inflate
         from .server.app import serve
 
         try:
@@ -480,6 +498,7 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
         from .pyworker import transport
 
         transport.set_pool_limit(args.python_shm_pool)  # (and for the workers, through their environment)
+        inflate.configure(args.max_inflated_request_bytes)  # issue 37: one server-wide budget
         pin_mmap_threshold()
         pin_trim_threshold()
         return serve(options)

@@ -56,6 +56,16 @@ class ResourceExhausted(InferenceError):
     http_status = 429
 
 
+class ServerBusy(InferenceError):
+    """A bounded queue or memory budget of the server is full: try again shortly (RESOURCE_EXHAUSTED / 503 with
+    Retry-After; issue 37: a bound answers at once instead of making the request wait)."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    http_status = 503
+    #: Seconds the HTTP answer's Retry-After asks the client to wait.
+    retry_after = 1
+
+
 class Unsupported(InferenceError):
     """A feature this server does not implement (UNIMPLEMENTED / 501)."""
 

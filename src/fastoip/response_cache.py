@@ -11,7 +11,11 @@ Rules (Triton's ``docs/user_guide/response_cache.md``, with fastoip's additions)
 - The cache holds at most ``capacity_bytes`` of output data; an entry larger than
   that is not stored.  Inserting evicts least recently used entries until it fits.
 - Identical requests that arrive while the first is still running wait for it
-  (one execution, N answers): :meth:`ResponseCache.claim` says who runs.
+  (one execution, N answers): :meth:`ResponseCache.claim` says who runs.  A
+  leader that ends with an error of its own (its client cancelled, its deadline
+  passed) fails no waiter (issue 37: one request with a 0.4 s deadline failed
+  every identical one waiting on it): the first waiter takes over and runs
+  (its waiter is called with :data:`TAKE_OVER`), the others wait on it.
 - Never used for models whose answers depend on more than the request (sequence
   and decoupled models): the caller decides (``LoadedModel.uses_response_cache``).
 """
@@ -30,6 +34,14 @@ from .types import InferOutput, InferRequest, InferResponse, Parameters
 
 #: What a waiter for an in-flight identical request is called with: the response or the error.
 Waiter = Callable[[InferResponse | None, BaseException | None], None]
+
+
+class TakeOver(Exception):
+    """Given to a waiter instead of an answer: the request it waited on ended on its own account (cancelled,
+    past its deadline), so this one runs now and completes the key itself."""
+
+
+TAKE_OVER = TakeOver("the identical request this one waited for ended on its own account: run it")
 
 
 @dataclass(frozen=True)
@@ -157,13 +169,23 @@ class ResponseCache:
             return True
 
     def complete(
-        self, key: bytes, response: InferResponse | None, error: BaseException | None
+        self, key: bytes, response: InferResponse | None, error: BaseException | None, own_error: bool = False
     ) -> list[tuple[Waiter, InferResponse | None, BaseException | None]]:
         """The claimed request finished: store a success, and say what each waiter gets.
 
         The waiters are returned with their answers, not called, so the caller runs
-        them outside any lock (and on the thread or loop it chooses).
+        them outside any lock (and on the thread or loop it chooses).  ``own_error``: the
+        error is the leader's alone (cancelled, past its deadline): the first waiter gets
+        ``TAKE_OVER`` and is the key's leader now, the others keep waiting.
         """
+        if own_error and error is not None:
+            with self._lock:
+                running = self._in_flight.get(key)
+                if running is None or not running.waiters:
+                    self._in_flight.pop(key, None)
+                    return []
+                _, first = running.waiters.pop(0)
+            return [(first, None, TAKE_OVER)]
         entry = None
         if response is not None and error is None:
             outputs = [_owned_copy(o) for o in response.outputs]

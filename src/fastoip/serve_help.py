@@ -37,13 +37,16 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--exit-timeout-secs", "--exit-timeout",
     )),
     ("limits", "what one request or connection may cost", (
-        "--http-max-input-size", "--grpc-max-message-size", "--max-bytes-elements", "--max-bytes-memory",
+        "--http-max-input-size", "--grpc-max-message-size", "--max-inflated-request-bytes",
+        "--max-bytes-elements", "--max-bytes-memory",
         "--http-max-header-size",
         "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
         "--http-body-min-rate-grace", "--grpc-stream-idle-timeout", "--grpc-max-connections",
-        "--grpc-max-connection-idle", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
+        "--grpc-max-connection-idle", "--grpc-max-connection-quiet",
+        "--grpc-max-connections-per-peer", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
         "--grpc-max-stream-request-bytes", "--grpc-max-queued-request-bytes", "--http-max-connections",
         "--python-shm-pool",
+        "--http-max-connections-per-peer",
     )),
     ("security", "TLS, restricted APIs, code loading", (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",

@@ -92,8 +92,9 @@ class LogSettings:
             expected = type(LOG_DEFAULTS[key])
             if type(value) is not expected:
                 raise InvalidArgument(f"log setting '{key}' must be {expected.__name__}, got {value!r}")
-            if key == "log_file" and value:
-                # Triton's words; the log file is set at start (--log-file)
+            if key == "log_file":
+                # Triton's words; the log file is set at start (--log-file); "" too (issue 37: it answered 200
+                # and changed nothing)
                 raise InvalidArgument("log file location can not be updated through network protocol")
             if key == "log_verbose_level" and not 0 <= int(value) <= 0xFFFFFFFF:  # the gRPC field is uint32
                 raise InvalidArgument(f"log_verbose_level must be an unsigned 32-bit integer, got {value!r}")

@@ -154,3 +154,24 @@ def test_credentials_refused_while_polling_keep_the_models(
         with caplog.at_level("ERROR", logger="fastoip"):
             wait_for(lambda: any("cannot read model repository" in r.getMessage() for r in caplog.records))
         assert served_versions(server, "ident") == ["1"]
+
+
+def test_a_key_with_an_empty_segment_is_skipped(s3: tuple[str, object], caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37: ``repo//x`` (legal in S3) was read back as ``repo/x`` and the server did not start."""
+    address, client = s3
+    put_model(client, "ident", 1)
+    client.put_object(Bucket="models", Key="repo//x", Body=b"stray")  # type: ignore[attr-defined]
+    client.put_object(Bucket="models", Key="repo/ident//config.pbtxt", Body=b"junk")  # type: ignore[attr-defined]
+    with fastoip.Server(f"s3://{address}/models/repo", grpc=False) as server:
+        assert served_versions(server, "ident") == ["1"]
+    assert "names no file path" in caplog.text
+
+
+def test_a_failed_start_leaves_no_local_copy(s3: tuple[str, object]) -> None:
+    import tempfile
+
+    address, _ = s3
+    before = set(Path(tempfile.gettempdir()).glob("fastoip-repository-*"))
+    with pytest.raises(Unavailable):
+        fastoip.Server(f"s3://{address}/no-such-bucket/repo", grpc=False).start()
+    assert set(Path(tempfile.gettempdir()).glob("fastoip-repository-*")) == before

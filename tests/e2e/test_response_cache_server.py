@@ -88,3 +88,35 @@ def test_a_reload_never_answers_from_the_previous_load(tmp_path: Path) -> None:
         (tmp_path / "swap" / "1" / "model.onnx").write_bytes(_doubler_bytes())
         grpcclient.InferenceServerClient(proc.grpc_url).load_model("swap")
         np.testing.assert_array_equal(infer(proc.grpc_url, "swap", values), [[2.0, 4.0, 6.0, 8.0]])
+
+
+def test_a_leader_past_its_deadline_fails_no_identical_waiter(tmp_path: Path) -> None:
+    """Issue 37: an identical request with a short deadline (or one then cancelled) led, and its own failure
+    failed the 3 legitimate requests waiting on it (6/6).  Now the first waiter takes over and all 3 are served.
+    The batcher holds a lone request 1.5 s, so the leader's 0.4 s deadline passes while it waits."""
+    import time
+
+    from tritonclient.utils import InferenceServerException
+
+    write(tmp_path, "slow", "max_batch_size: 4\nresponse_cache { enable: true }\n"
+          "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }\n")
+    values = [4.0, 3.0, 2.0, 1.0]
+    with ServerProcess(tmp_path, "--cache-config", "local,size=1048576") as proc:
+        def leader() -> str:
+            client = grpcclient.InferenceServerClient(proc.grpc_url)
+            inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            inp.set_data_from_numpy(np.array([values], dtype=np.float32))
+            try:
+                client.infer("slow", [inp], client_timeout=0.4)
+            except InferenceServerException as exc:
+                return str(exc.status())
+            return "answered"
+
+        with ThreadPoolExecutor(4) as pool:
+            first = pool.submit(leader)
+            time.sleep(0.1)
+            waiters = [pool.submit(infer, proc.grpc_url, "slow", values) for _ in range(3)]
+            answers = [w.result(timeout=30) for w in waiters]
+        assert first.result() == "StatusCode.DEADLINE_EXCEEDED"
+        for answer in answers:
+            np.testing.assert_array_equal(answer, [values])

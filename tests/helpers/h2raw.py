@@ -96,9 +96,12 @@ def _text(headers: list) -> dict[str, str]:
 class RawGrpcConnection:
     """One TCP connection speaking h2c with prior knowledge, driven by hand."""
 
-    def __init__(self, port: int, *, timeout: float = 10.0, settings: dict | None = None) -> None:
+    def __init__(self, port: int, *, timeout: float = 10.0, settings: dict | None = None,
+                 source: str | None = None) -> None:
         self.port = port
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        # source: another loopback address (127.0.0.2, ...) for a client the server must tell from 127.0.0.1
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.conn = H2Connection(H2Configuration(client_side=True, header_encoding=None))
         if settings:
             self.conn.local_settings.update(settings)

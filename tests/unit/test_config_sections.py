@@ -101,17 +101,30 @@ def test_onnx_runtime_threads_default_to_ort_default_as_triton(tmp_path: Path) -
         core.close()
 
 
+def test_thread_counts_past_the_cores_are_capped(tmp_path: Path) -> None:
+    """Issue 37: intra_op_thread_count 300 built +299 threads; more threads than cores only cost."""
+    import os
+
+    config = "max_batch_size: 4\n" + 'parameters { key: "intra_op_thread_count" value { string_value: "300" } }\n'
+    write_model(tmp_path, "many", identity_model_bytes(TensorProto.FLOAT, [4]), config=config)
+    core = _core(tmp_path)
+    try:
+        assert _threads(core, "many")[0] == min(300, os.cpu_count() or 1)
+    finally:
+        core.close()
+
+
 def test_config_thread_counts_win_over_the_server_setting(tmp_path: Path) -> None:
     config = (
         "max_batch_size: 4\n"
         'parameters { key: "intra_op_thread_count" value { string_value: "0" } }\n'
-        'parameters { key: "inter_op_thread_count" value { string_value: "3" } }\n'
+        'parameters { key: "inter_op_thread_count" value { string_value: "1" } }\n'
     )
     write_model(tmp_path, "own", identity_model_bytes(TensorProto.FLOAT, [4]), config=config)
     write_model(tmp_path, "server", identity_model_bytes(TensorProto.FLOAT, [4]))
     core = _core(tmp_path, intra_op_threads=2)  # what `--ort-threads 2` sets
     try:
-        assert _threads(core, "own") == (0, 3)  # "0" in the config: ORT's default, not the server's 2
+        assert _threads(core, "own") == (0, 1)  # "0" in the config: ORT's default, not the server's 2
         assert _threads(core, "server") == (2, 0)
     finally:
         core.close()

@@ -87,6 +87,28 @@ def test_a_failure_is_not_stored_and_reaches_the_waiters() -> None:
     assert cache.claim(key, leader, lambda r, e: None) is True  # the next one runs again
 
 
+def test_a_leaders_own_error_hands_the_key_to_the_first_waiter() -> None:
+    """Issue 37: a leader cancelled or past its deadline failed every identical request waiting on it."""
+    from fastoip.errors import Cancelled
+    from fastoip.response_cache import TAKE_OVER
+
+    cache = ResponseCache(1 << 20)
+    leader = request([7], "leader")
+    key = request_key(leader, "m", "1")
+    assert cache.claim(key, leader, lambda r, e: None) is True
+    got: list[tuple[str, InferResponse | None, BaseException | None]] = []
+    for i in range(3):
+        assert cache.claim(key, request([7], f"f{i}"), lambda r, e, i=i: got.append((f"f{i}", r, e))) is False
+    for waiter, answer, error in cache.complete(key, None, Cancelled("request cancelled by the client"), True):
+        waiter(answer, error)
+    assert got == [("f0", None, TAKE_OVER)]  # f0 runs now; f1 and f2 wait on it
+    assert cache.claim(key, request([7], "late"), lambda r, e: got.append(("late", r, e))) is False
+    for waiter, answer, error in cache.complete(key, response(request([7], "f0")), None):
+        waiter(answer, error)
+    assert [(name, r.id if r else None, e) for name, r, e in got[1:]] == [
+        ("f1", "f1", None), ("f2", "f2", None), ("late", "late", None)]
+
+
 def test_least_recently_used_goes_first_within_the_budget() -> None:
     cache = ResponseCache(256)
     keys = []

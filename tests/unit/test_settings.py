@@ -63,3 +63,13 @@ def test_the_switches_read_back_independently(restore_switches: None) -> None:
         values = settings.update({key: False})
         assert values[key] is False and all(values[k] for k in ("log_info", "log_warning", "log_error") if k != key)
         settings.update({key: True})
+
+
+def test_an_empty_log_file_is_refused_as_any_other(restore_switches: None) -> None:
+    """Issue 37: {"log_file": ""} answered 200 and changed nothing; Triton refuses any log_file over the network."""
+    from fastoip.errors import InvalidArgument
+
+    settings = LogSettings()
+    for value in ("", "/tmp/elsewhere.log"):
+        with pytest.raises(InvalidArgument, match="can not be updated through network protocol"):
+            settings.update({"log_file": value})

@@ -441,3 +441,19 @@ def test_spans_reach_the_receiver_otel_exporter_otlp_endpoint_names(otel_env: py
     assert receiver.trace_ids() == {"4bf92f3577b34da6a3ce929d0e0e4736"}
     names = {a.value.string_value for r in receiver.resources for a in r.attributes if a.key == "service.name"}
     assert names == {"scoring"}
+
+
+def test_a_trace_path_is_bounded_in_files_and_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37: log_frequency 1 wrote a new file per request without end (the trace API is open by default)."""
+    from fastoip.tracing.triton_file import TraceFile
+
+    trace = TraceFile(str(tmp_path / "trace.json"), max_files=3, max_bytes=10_000)
+    for i in range(10):
+        trace.write_indexed([{"id": i, "timestamps": []}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.0", "trace.json.1", "trace.json.2"]
+    assert trace.dropped == 7
+    big = TraceFile(str(tmp_path / "big.json"), max_bytes=1_000)
+    for i in range(100):
+        big.append([{"id": i, "pad": "x" * 50}])
+    assert (tmp_path / "big.json").stat().st_size <= 1_000
+    assert big.dropped > 0

@@ -9,7 +9,8 @@ Rules:
   entry.
 - ``intra_op_thread_count`` / ``inter_op_thread_count`` (integers): a value > 0 sets ORT's thread
   count, 0 or less leaves ORT's default (one intra-op thread per physical core), as Triton; a config
-  without them takes the server's ``--ort-threads`` (default 0, ORT's default).  See
+  without them takes the server's ``--ort-threads`` (default 0, ORT's default).  A value above the
+  machine's cores is capped to them, with a warning (issue 37: Triton takes any).  See
   :func:`thread_counts`.
 - A value Triton would refuse is refused at load, naming the parameter.
 - The execution providers (CUDA EP options, TensorRT, OpenVINO) are chosen in ``ort_providers.py``.
@@ -17,10 +18,14 @@ Rules:
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument
+
+log = logging.getLogger("fastoip.onnx")
 
 #: Triton's graph levels -> ORT's GraphOptimizationLevel member names.
 GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
@@ -62,6 +67,10 @@ def _thread_count(config: mc.ModelConfig, key: str, server_default: int) -> int:
         raise InvalidArgument(
             f"model '{config.name}': parameter '{key}' must be an integer, got '{value}'"
         ) from None
+    cores = os.cpu_count() or 1
+    if count > cores:  # issue 37: each is a thread of each instance; more than the cores only costs (300 took +299)
+        log.warning("model '%s': parameter '%s' %d capped to the machine's %d cores", config.name, key, count, cores)
+        return cores
     return max(count, 0)
 
 

@@ -123,7 +123,7 @@ class ModelControl:
         ModelConfig as JSON) overrides config.pbtxt; ``file:<path>`` (bytes) are the
         files of a model directory to load instead of the repository's, and need a ``config``.
         """
-        self._check_explicit("load")
+        self.check_explicit("load")
         override = None
         files: dict[str, bytes] = {}
         for key, value in (parameters or {}).items():
@@ -143,10 +143,11 @@ class ModelControl:
         ``unload_dependents`` (Triton's parameter): an ensemble's composing models go too, those no other
         loaded ensemble uses.  A name the server does not know is a no-op, as in Triton.
         """
-        self._check_explicit("unload")
+        self.check_explicit("unload")
         self.repository.unload(name, unload_dependents)
 
-    def _check_explicit(self, action: str) -> None:
+    def check_explicit(self, action: str) -> None:
+        """Unavailable unless the server takes model control requests (explicit mode)."""
         if self.model_control_mode == "poll":
             raise Unavailable(f"explicit model {action} is not allowed if polling is enabled")
         if self.model_control_mode == "none":

@@ -123,6 +123,11 @@ class Core:
         self.data.check_initialized()
         self.control.load_model(name, parameters)
 
+    def check_model_control(self, action: str) -> None:
+        """The refusal a load or unload would get for the server's mode, before its request is read (issue 37)."""
+        self.data.check_initialized()
+        self.control.check_explicit(action)
+
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.data.check_initialized()
         self.control.unload_model(name, unload_dependents)
@@ -277,6 +282,7 @@ class Core:
         """First shutdown stage: readiness goes false so load balancers stop routing here,
         but requests that still arrive are served (no 'unknown model' while traffic drains)."""
         self.data.draining = True
+        self.repository.stopping.set()  # issue 37: a load's warmup in progress stops, so the shutdown goes on
 
     def stop_accepting(self) -> None:
         """Second stage: the listeners are closing; anything new is refused."""

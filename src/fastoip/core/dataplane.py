@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,19 @@ import numpy as np
 
 from .. import __version__, cuda
 from .._proto import model_config_pb2 as mc
-from ..errors import InferenceError, InvalidArgument, NotFound, OneResponseCall, Unavailable
+from ..errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InferenceError,
+    InvalidArgument,
+    NotFound,
+    OneResponseCall,
+    Unavailable,
+)
 from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..repository.runner import RequestRunner
-from ..response_cache import ResponseCache, request_key
+from ..response_cache import TAKE_OVER, ResponseCache, request_key
 from ..scheduling.job import Job
 from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
@@ -331,7 +340,9 @@ class DataPlane:
             assert job.cache_key is not None
             # the raw response is stored (outputs are finished per request below); identical waiters get it
             insert_start = time.monotonic_ns()
-            answers = self.response_cache.complete(job.cache_key, job.response, job.error)
+            # issue 37: an error of the leader's own (cancelled, past its deadline) hands the key to a waiter
+            own = job.cancelled or isinstance(job.error, (Cancelled, DeadlineExceeded))
+            answers = self.response_cache.complete(job.cache_key, job.response, job.error, own)
             model.stats.record_cache(False, job.cache_lookup_ns + time.monotonic_ns() - insert_start)
             for waiter, answer, error in answers:
                 waiter(answer, error)
@@ -393,7 +404,7 @@ class DataPlane:
         started = time.monotonic_ns()
         key = request_key(job.request, model.name, model.version_str, model.load_serial)
         job.cache_key = key
-        found = cache.claim(key, job.request, job.pending_cache_answer)
+        found = cache.claim(key, job.request, partial(self._cache_answer, model, job))
         elapsed = time.monotonic_ns() - started
         if found is True:  # a miss: recorded with its insert time when the job completes
             job.cache_leader = True
@@ -402,6 +413,26 @@ class DataPlane:
         model.stats.record_cache(True, elapsed)
         if found is not False:
             job.cached = found
+
+    def _cache_answer(self, model: LoadedModel, job: Job, response: InferResponse | None,
+                      error: BaseException | None) -> None:
+        """The identical request ``job`` waited on finished: its answer is ``job``'s; or it ended on its own
+        account (``TAKE_OVER``) and ``job`` runs now as the key's leader (issue 37)."""
+        if error is not TAKE_OVER:
+            job.pending_cache_answer(response, error)
+            return
+        job.cache_leader = True
+        if job.finished:  # cancelled meanwhile: the next waiter's turn (its completion already ran)
+            assert self.response_cache is not None and job.cache_key is not None
+            for waiter, answer, failure in self.response_cache.complete(job.cache_key, None, job.error, True):
+                waiter(answer, failure)
+            return
+        # not from here: this runs inside the old leader's completion, which a scheduler may run holding its
+        # queue's lock (an expired job found in the queue)
+        try:
+            self.repository.executor.submit(self.runner.enqueue, model, job)
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            job.fail(Unavailable("the server is shutting down"))
 
     def _output_destinations(self, request: InferRequest, regions: list[Any]) -> dict[str, Any] | None:
         """Region bytes (numpy or CUDA) for the outputs the client wants in shared memory, or None."""

@@ -11,9 +11,13 @@ Rules:
   copies what changed (size or ETag/mtime differ) and deletes what vanished, each file written beside
   its place and renamed over it, so a reader never sees half a file.  In ``poll`` mode the poller syncs
   before each scan, so a changed version reloads and a deleted one unloads as for a local repository.
-- A failing sync at start is a start-time error naming the URL and the cause (no bucket, no access);
-  while polling it is logged and the models already loaded keep serving (a bucket that vanishes or
-  credentials that expire do not unload anything).
+- A key that does not map to a file path (an empty segment as in ``repo//x``, legal in S3; ``.`` or ``..``)
+  is skipped with a warning, once per key (issue 37: ``repo//x`` was read as ``repo/x``, which does not exist,
+  and the server did not start).
+- A failing sync at start is a start-time error naming the URL and the cause (no bucket, no access), and the
+  local copy it began is removed (a temporary folder the repository made itself); while polling it is logged
+  and the models already loaded keep serving (a bucket that vanishes or credentials that expire do not unload
+  anything).
 - Any other ``scheme://`` given as a repository is an error naming the scheme: it is not a local path.
 """
 
@@ -86,11 +90,16 @@ class RemoteRepository:
 
     def __init__(self, location: RemoteLocation, cache: Path | None = None) -> None:
         self.location = location
+        #: Whether ``local`` is a folder this repository made (removed when the first sync fails).
+        self.owns_local = cache is None
         self.local = cache or Path(tempfile.mkdtemp(prefix="fastoip-repository-"))
         self.local.mkdir(parents=True, exist_ok=True)
         #: Relative path -> what identified its copied version (size, ETag or mtime).
         self._copied: dict[str, tuple] = {}
         self._fs: Any = None
+        self.synced = False
+        #: Keys skipped because they name no file path (warned about once each).
+        self.skipped: set[str] = set()
 
     def _filesystem(self) -> Any:
         if self._fs is None:
@@ -108,6 +117,16 @@ class RemoteRepository:
 
     def sync(self) -> bool:
         """Copy what changed on the storage into ``local``; True when a file was written or removed."""
+        try:
+            changed = self._sync()
+        except BaseException:
+            if not self.synced and self.owns_local:  # the start fails: leave no copy behind
+                self.close()
+            raise
+        self.synced = True
+        return changed
+
+    def _sync(self) -> bool:
         fs = self._filesystem()
         root = self.location.path
         try:
@@ -121,9 +140,13 @@ class RemoteRepository:
         for name, info in listing.items():
             if info.get("type", "file") != "file":
                 continue
-            relative = name[len(root):].lstrip("/") if name.startswith(root) else name
+            relative = name[len(root) + 1:] if name.startswith(root + "/") else ""
             if not relative or any(part in ("", ".", "..") for part in relative.split("/")):
-                continue  # never write outside the cache
+                if name not in self.skipped:  # never write outside the cache, nor read another key's name
+                    self.skipped.add(name)
+                    log.warning("model repository '%s': object '%s' names no file path (an empty, '.' or '..' "
+                                "segment); skipped", self.location.url, name)
+                continue
             remote[relative] = (info.get("size"), info.get("ETag") or info.get("etag") or info.get("md5Hash")
                                 or str(info.get("LastModified") or info.get("mtime") or info.get("updated")))
         changed = False

@@ -71,7 +71,7 @@ from .paths import check_file_name, check_inside, check_model_name, upload_parts
 from .runner import RequestRunner
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .validation import validate_config
-from .warmup import run_warmup
+from .warmup import check_client_warmup, run_warmup
 
 log = logging.getLogger("fastoip.repository")
 
@@ -125,6 +125,8 @@ class ModelRepository:
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
+        #: Set when the server shuts down: a load in progress stops at its next warmup run (issue 37).
+        self.stopping = threading.Event()
         #: Each model's ``newest`` version, as the records have it (``_set_newest``): the request runner's
         #: look-up of a request that names no version, one dict read in compiled code.
         self._newest: dict[str, LoadedModel] = {}
@@ -487,6 +489,8 @@ class ModelRepository:
             base = mc.ModelConfig()
         # Triton's checks on the config as written, before any model file is looked for
         validate_config(base, name, self.options.auto_complete)
+        if from_client:
+            check_client_warmup(base)  # issue 37: before any session or tensor is built
         if is_ensemble(base):
             refuse_unbuilt_sections(base, name, "ensemble")
             # an ensemble has no model file: each version is a directory (Triton's layout)
@@ -498,8 +502,6 @@ class ModelRepository:
             return base, cast(BackendKind, ENSEMBLE_KIND), paths
         if base.default_model_filename:
             check_file_name(name, "default_model_filename", base.default_model_filename)
-        if from_client:
-            _check_instance_count(name, base)
         try:
             kind = kind_for(base, model_dir, name)
         except UndeterminedBackend as exc:
@@ -527,7 +529,28 @@ class ModelRepository:
             missing = f"model '{name}': no version directory holds '{filename}'"
             raise Unavailable(f"{hint} ({missing})" if hint else missing)
         selected = _select_versions(base, available, name)
+        if from_client:  # issue 37: every selected version builds its own instances
+            self._check_instance_count(name, base, len(selected))
         return base, kind, [(version, model_dir / str(version) / filename) for version in selected]
+
+    def _check_instance_count(self, name: str, config: mc.ModelConfig, versions: int) -> None:
+        """Refuse a client's load whose instances, over all the versions it selects, pass CLIENT_INSTANCES_MAX,
+        or that would take the server's instances (the model's old ones not counted) past SERVER_INSTANCES_MAX."""
+        each = sum(max(group.count, 1) * max(len(group.gpus), 1) for group in config.instance_group) or 1
+        total = each * versions
+        if total > CLIENT_INSTANCES_MAX:
+            raise InvalidArgument(
+                f"failed to load '{name}': instance_group asks for {each} instances x {versions} versions = {total}; "
+                f"a load through the API may ask for at most {CLIENT_INSTANCES_MAX} (the operator's config.pbtxt is "
+                "not limited)"
+            )
+        others = sum(len(model.instances) for record in self._records.values() if record.name != name
+                     for model in record.versions.values())
+        if others + total > SERVER_INSTANCES_MAX:
+            raise Unavailable(
+                f"failed to load '{name}': the server runs {others} model instances; {total} more would pass "
+                f"{SERVER_INSTANCES_MAX}, the most a load through the API may take it to (unload a model first)"
+            )
 
     def _load_versions(
         self, name: str, model_dir: Path, config_override: mc.ModelConfig | None, from_client: bool = False
@@ -596,7 +619,7 @@ class ModelRepository:
         )
         if config.model_warmup:
             try:
-                run_warmup(model, config, path.parent.parent)
+                run_warmup(model, config, path.parent.parent, cancelled=self.stopping.is_set)
             except BaseException:
                 model.close()
                 raise
@@ -664,18 +687,11 @@ def settings_version(config: mc.ModelConfig) -> int:
     return int(text) if text.isdigit() else 1
 
 
-#: Instances one load through the API may ask for (issue 27: each is a session and a thread; 100 took 526 MB).
+#: Instances one load through the API may ask for, all its versions together (issues 27, 37: each is a session
+#: and threads; 100 took 526 MB; 6 versions x 32 took 383 threads).
 CLIENT_INSTANCES_MAX = 32
-
-
-def _check_instance_count(name: str, config: mc.ModelConfig) -> None:
-    """Refuse a client's config whose instance groups add up to more than CLIENT_INSTANCES_MAX instances."""
-    total = sum(max(group.count, 1) * max(len(group.gpus), 1) for group in config.instance_group)
-    if total > CLIENT_INSTANCES_MAX:
-        raise InvalidArgument(
-            f"failed to load '{name}': instance_group asks for {total} instances; a load through the API may ask "
-            f"for at most {CLIENT_INSTANCES_MAX} (the operator's config.pbtxt is not limited)"
-        )
+#: Model instances a load through the API may take the whole server to (its own old versions not counted).
+SERVER_INSTANCES_MAX = 256
 
 
 #: Triton's version numbers are int64: a directory named by a larger number is not a version.

@@ -10,11 +10,20 @@ Rules (Triton's ``model_configuration.md``, "Model Warmup"):
   inside that folder.
 - Each entry runs ``count`` times (at least once) through the model's own
   scheduler; any failure fails the load with the entry's name and the reason.
+- Issue 37: a config that came through the load API may ask for at most
+  ``CLIENT_WARMUP_COUNT`` runs of an entry and ``CLIENT_WARMUP_BYTES`` of
+  warmup data per entry (``check_client_warmup``: from the dims, before any
+  session or tensor is built;
+  BYTES elements count ``BYTES_ELEMENT_COST`` each, what Python objects cost).
+  Every load's warmup stops between runs when ``cancelled`` says so (the server
+  is shutting down), so a long warmup never holds SIGTERM.
 """
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -22,10 +31,16 @@ import numpy as np
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES
-from ..errors import InferenceError, InvalidArgument
+from ..errors import InferenceError, InvalidArgument, Unavailable
 from ..types import InferInput, InferRequest, InferResponse
 
 WARMUP_FOLDER = "warmup"
+#: Runs of one warmup entry a load through the API may ask for (Triton: any uint32; 2e9 held the load lock for ever).
+CLIENT_WARMUP_COUNT = 1000
+#: Bytes of warmup data one entry of a load through the API may build (a 1.5 KB config built +855 MB).
+CLIENT_WARMUP_BYTES = 64 * 1024 * 1024
+#: What one BYTES element costs as a Python object in an object array, about.
+BYTES_ELEMENT_COST = 64
 
 
 class WarmupTarget(Protocol):
@@ -34,6 +49,29 @@ class WarmupTarget(Protocol):
     name: str
 
     def run_blocking(self, request: InferRequest) -> InferResponse: ...
+
+
+def check_client_warmup(config: mc.ModelConfig) -> None:
+    """Refuse a load-API config whose warmup asks for more runs or data than a client may (nothing is built)."""
+    for entry in config.model_warmup:
+        label = entry.name or "(unnamed)"
+        if entry.count > CLIENT_WARMUP_COUNT:
+            raise InvalidArgument(
+                f"model_warmup '{label}': count {entry.count}; a load through the API may ask for at most "
+                f"{CLIENT_WARMUP_COUNT} runs of an entry"
+            )
+        entry_bytes = 0
+        for name, spec in sorted(entry.inputs.items()):
+            shape = [max(entry.batch_size, 1), *spec.dims]
+            elements = math.prod(max(d, 0) for d in shape)
+            datatype = CONFIG_TO_V2.get(mc.DataType.Name(spec.data_type))
+            cost = BYTES_ELEMENT_COST if datatype in (None, "BYTES") else NUMPY_DTYPES[datatype].itemsize
+            entry_bytes += elements * cost
+            if entry_bytes > CLIENT_WARMUP_BYTES:
+                raise InvalidArgument(
+                    f"model_warmup '{label}': input '{name}' of dims {list(spec.dims)} takes the entry's data past "
+                    f"{CLIENT_WARMUP_BYTES} bytes, the most a load through the API may ask for"
+                )
 
 
 def warmup_requests(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, InferRequest, int]]:
@@ -60,15 +98,20 @@ def warmup_requests(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, 
             datatype = CONFIG_TO_V2.get(mc.DataType.Name(spec.data_type))
             if datatype is None:
                 raise InvalidArgument(f"model_warmup '{label}': input '{name}' has no data type")
+
             inputs.append(InferInput(name, datatype, shape, _data(label, name, spec, datatype, shape, model_dir)))
         requests.append((label, InferRequest(config.name, inputs=inputs, id=f"warmup:{label}"), max(entry.count, 1)))
     return requests
 
 
-def run_warmup(model: WarmupTarget, config: mc.ModelConfig, model_dir: Path) -> None:
-    """Run every warmup entry; raise InvalidArgument naming the entry when one fails."""
+def run_warmup(model: WarmupTarget, config: mc.ModelConfig, model_dir: Path,
+               cancelled: Callable[[], bool] = lambda: False) -> None:
+    """Run every warmup entry; raise InvalidArgument naming the entry when one fails, Unavailable when
+    ``cancelled()`` turns true between runs."""
     for label, request, count in warmup_requests(config, model_dir):
         for _ in range(count):
+            if cancelled():
+                raise Unavailable(f"model_warmup '{label}' stopped: the server is shutting down")
             try:
                 model.run_blocking(request)
             except InferenceError as exc:

@@ -40,7 +40,7 @@ NOT_ONE_RESPONSE = (
 
 
 def decode_generate_request(
-    model_name: str, model_version: str, body: bytes, inputs: Sequence[TensorDescription]
+    model_name: str, model_version: str, body: bytes | bytearray, inputs: Sequence[TensorDescription]
 ) -> InferRequest:
     """The generate request ``body`` for a model whose inputs are ``inputs`` (its metadata)."""
     doc = parse_json_object(body, "generate request") if body.strip() else {}

@@ -95,7 +95,8 @@ class OutputFormat:
 
 
 def decode_infer_request(
-    model_name: str, model_version: str, body: bytes, header_length: int | None, loose_bytes: bool = False
+    model_name: str, model_version: str, body: bytes | bytearray, header_length: int | None,
+    loose_bytes: bool = False
 ) -> tuple[InferRequest, OutputFormat]:
     """A JSON (+ binary tensors) request body as an InferRequest and its output format.
 
@@ -126,7 +127,8 @@ def decode_infer_request(
 
 
 def decode_raw_request(
-    model_name: str, model_version: str, body: bytes, specs: Sequence[TensorDescription], batching: bool
+    model_name: str, model_version: str, body: bytes | bytearray, specs: Sequence[TensorDescription],
+    batching: bool
 ) -> tuple[InferRequest, OutputFormat]:
     """A raw binary request (``Inference-Header-Content-Length: 0``): the body is the model's one input.
 
@@ -194,7 +196,7 @@ def _parse_json(data: Any) -> dict:
 
 
 def _decode_inputs(
-    items: Any, body: bytes, offset: int, has_binary: bool, loose_bytes: bool = False, model_name: str = "",
+    items: Any, body: bytes | bytearray, offset: int, has_binary: bool, loose_bytes: bool = False, model_name: str = "",
     text: list[str] | None = None,
 ) -> list[InferInput]:
     """The request's inputs; binary ones are taken from ``body`` in order, starting at ``offset``.  ``text``
@@ -323,7 +325,7 @@ def _check_json_depth(data: list) -> None:
 
 
 def _binary_tensor(
-    body: bytes, offset: int, size: int, datatype: str, shape: list[int], name: str, model_name: str = ""
+    body: bytes | bytearray, offset: int, size: int, datatype: str, shape: list[int], name: str, model_name: str = ""
 ) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
@@ -341,7 +343,7 @@ def _binary_tensor(
     return np.frombuffer(body, dtype, count, offset).reshape(shape)
 
 
-def _bytes_tensor(body: bytes, offset: int, size: int, count: int, where: str) -> np.ndarray:
+def _bytes_tensor(body: bytes | bytearray, offset: int, size: int, count: int, where: str) -> np.ndarray:
     try:
         return _codec.deserialize_bytes_tensor(memoryview(body)[offset : offset + size], count)
     except CodecError as exc:

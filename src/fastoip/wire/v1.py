@@ -34,7 +34,7 @@ RowsAdded = bool
 
 
 def decode_predict_request(
-    model_name: str, body: bytes, inputs: Sequence[TensorDescription]
+    model_name: str, body: bytes | bytearray, inputs: Sequence[TensorDescription]
 ) -> tuple[InferRequest, RowsAdded]:
     """The V1 predict ``body`` as a V2 request for a model whose inputs are ``inputs`` (its metadata)."""
     doc = parse_json_object(body, "V1 predict request")

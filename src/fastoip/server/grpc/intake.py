@@ -10,14 +10,15 @@ Rules (issue 27):
 - While one message of a stream is inflating, that stream's later messages
   and its end wait behind it: a call sees its messages in the order sent.
 - Compressed bytes waiting for the pool are bounded across the server
-  (``WAITING_LIMIT``): above it a message is refused with RESOURCE_EXHAUSTED.
+  (``WAITING_LIMIT``): above it a message is refused with RESOURCE_EXHAUSTED;
+  so is one the pool refuses (issue 37: its queue is full, or the server-wide
+  inflation budget needs its bytes back), at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from concurrent.futures import Future
 from typing import Protocol
 
 from ..inflate import ON_LOOP_BYTES, InflateError, Inflation, pool
@@ -107,30 +108,30 @@ class MessageIntake:
                 stream_id, wire.RESOURCE_EXHAUSTED,
                 f"more than {WAITING_LIMIT} bytes of compressed messages wait to be inflated; try again later")
             return
-        _waiting += size
-        self.behind[stream_id] = deque()
-        future = pool().submit(inflation.finish)
         loop = self.receiver.loop
 
-        def done(result: Future[bytes]) -> None:
-            loop.call_soon_threadsafe(self._inflated, stream_id, inflation, result, size)
+        def done(outcome: bytearray | InflateError) -> None:
+            loop.call_soon_threadsafe(self._inflated, stream_id, outcome, size)
 
-        future.add_done_callback(done)
+        refusal = pool().submit(inflation, done)
+        if refusal is not None:
+            failed = wire.inflate_error(refusal)
+            self.receiver.refuse_message(stream_id, failed.code, failed.message)
+            return
+        _waiting += size
+        self.behind[stream_id] = deque()
 
-    def _inflated(self, stream_id: int, inflation: Inflation, result: Future[bytes], size: int) -> None:
+    def _inflated(self, stream_id: int, outcome: bytearray | InflateError, size: int) -> None:
         global _waiting
         _waiting -= size
         queue = self.behind.pop(stream_id, None)
         if queue is None:
             return  # the stream went away meanwhile
-        error = result.exception()
-        if isinstance(error, InflateError):
-            failed = wire.inflate_error(error)
+        if isinstance(outcome, InflateError):
+            failed = wire.inflate_error(outcome)
             self.receiver.refuse_message(stream_id, failed.code, failed.message)
-        elif error is not None:
-            self.receiver.refuse_message(stream_id, wire.INTERNAL, f"inflating the message failed: {error}")
         else:
-            self.receiver.deliver_message(stream_id, result.result())
+            self.receiver.deliver_message(stream_id, outcome)
             self._release(stream_id, queue)
         self.receiver.flush()
 

@@ -3,11 +3,16 @@
 Rules:
 - At most ``max_connections`` connections at once (default: half the process's
   open-file limit, so the HTTP frontend, metrics and model files keep theirs).
-  One more closes the connection that has gone longest without a call (none
-  open on it: an idle or never-handshaken one; nginx reuses idle keep-alive
-  connections the same way), so a new client's health probe is still served;
-  when every connection has a call open, the new one is closed as soon as it
-  is accepted, before anything is read.
+  One more closes the connection that is cheapest to lose (issue 37), in this
+  order: one of a peer address that holds more than ``per_peer`` connections
+  (so one address cannot hold the cap), then one with no call open (idle or
+  never handshaken; nginx reuses idle keep-alive connections the same way),
+  then one whose open calls all wait on their client (a stream with no request
+  in flight) and that moved no message for ``quiet_s`` (a stream opened and
+  left silent holds nothing but a slot), oldest activity first.  A connection
+  working on a request is never closed for a newcomer, unless its address holds
+  more than its share and the newcomer's does not.  When nothing can go, the
+  new one is closed as soon as it is accepted, before anything is read.
 - A connection whose client has not sent the HTTP/2 preface and its SETTINGS
   within ``handshake_timeout_s`` is closed.
 - A connection with no stream open for ``idle_timeout_s`` gets a graceful
@@ -40,6 +45,9 @@ QUEUED_LIMIT = 1024 * 1024 * 1024
 STREAM_REQUEST_LIMIT = 256 * 1024 * 1024
 #: The same, all streams of the server together (--grpc-max-queued-request-bytes).
 QUEUED_REQUEST_LIMIT = 1024 * 1024 * 1024
+#: Seconds without a message after which a connection whose calls all wait on their client counts as idle at
+#: the cap (--grpc-max-connection-quiet).
+QUIET_S = 10.0
 #: The client's preface + SETTINGS: 24 + 9 bytes at least.
 HANDSHAKE_BYTES = 33
 
@@ -84,20 +92,25 @@ class Counted(Protocol):
     (a field read per answer, where a dict keyed by connection cost an insert and a delete per request)."""
 
     accounted: int
+    peer: str
 
     def queued_bytes(self) -> int: ...
 
 
 class Replaceable(Protocol):
-    """A connection, as the cap sees it: its open calls, when its last call started or ended."""
+    """A connection, as the cap sees it: its peer address, its open calls, when it last moved a call or message."""
 
     closed: bool
+    peer: str
 
     @property
     def last_call(self) -> float: ...
 
     @property
     def calls(self) -> Sized: ...
+
+    def waits_on_client(self) -> bool:
+        """Whether every open call waits on its client (no request of it being worked on)."""
 
     def close(self) -> None: ...
 
@@ -106,8 +119,14 @@ class ServerLimits:
     """The counts that are shared by every connection of one server (touched on its loop thread only)."""
 
     def __init__(self, max_connections: int, idle_timeout_s: float, handshake_timeout_s: float,
-                 queued_limit: int = QUEUED_LIMIT, requests: RequestBudget | None = None) -> None:
+                 queued_limit: int = QUEUED_LIMIT, requests: RequestBudget | None = None,
+                 quiet_s: float = QUIET_S, per_peer: int = 0) -> None:
         self.max_connections = max_connections if max_connections > 0 else default_max_connections()
+        #: Connections one peer address may hold before its own are the first to go at the cap (0: a quarter).
+        self.per_peer = per_peer if per_peer > 0 else max(1, self.max_connections // 4)
+        self.quiet_s = quiet_s
+        #: Open connections by peer address.
+        self.peers: dict[str, int] = {}
         self.idle_timeout_s = idle_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.queued_limit = queued_limit
@@ -119,36 +138,66 @@ class ServerLimits:
         #: Every connection's ``accounted`` together.
         self.queued_total = 0
 
-    def admit(self) -> bool:
-        """Count a new connection; False (and not counted) when the server has its maximum."""
+    def admit(self, peer: str) -> bool:
+        """Count a new connection from ``peer``; False (and not counted) when the server has its maximum."""
         if self.open >= self.max_connections:
             return False
-        self.open += 1
+        self.enter(peer)
         return True
 
-    def replace_idle(self, connections: Iterable[Replaceable]) -> bool:
-        """At the cap: close the connection longest without a call and count the new one in its place.
+    def enter(self, peer: str) -> None:
+        self.open += 1
+        self.peers[peer] = self.peers.get(peer, 0) + 1
 
-        False (nothing closed, the new one not counted, ``refused`` counts it) when every connection has a
-        call open.  The closed
-        one leaves the count when its transport reports it lost.
+    def replace_idle(self, peer: str, connections: Iterable[Replaceable], now: float) -> bool:
+        """At the cap: close the connection cheapest to lose (the module's rules) and count ``peer``'s new one.
+
+        False (nothing closed, the new one not counted, ``refused`` counts it) when none may go.  The closed one
+        leaves the count when its transport reports it lost.
         """
-        oldest: Replaceable | None = None
-        for connection in connections:
-            if connection.closed or len(connection.calls):
-                continue
-            if oldest is None or connection.last_call < oldest.last_call:
-                oldest = connection
-        if oldest is None:
+        victim = self.victim(peer, connections, now)
+        if victim is None:
             self.refused += 1
             return False
-        oldest.close()
+        victim.close()
         self.replaced += 1
-        self.open += 1
+        self.enter(peer)
         return True
+
+    def victim(self, peer: str, connections: Iterable[Replaceable], now: float) -> Replaceable | None:
+        """The connection to close for a newcomer from ``peer`` (scanned at the cap only, never per call)."""
+        peers = self.peers
+        share = self.per_peer
+        newcomer_under = peers.get(peer, 0) < share
+        best: Replaceable | None = None
+        best_rank = 4
+        best_time = 0.0
+        for connection in connections:
+            if connection.closed:
+                continue
+            over = peers.get(connection.peer, 0) > share
+            last = connection.last_call
+            if not len(connection.calls):
+                rank = 1  # no call open
+            elif now - last >= self.quiet_s and connection.waits_on_client():
+                rank = 2  # calls open and silent
+            elif over and newcomer_under:
+                rank = 3  # busy, but its address holds more than its share and the newcomer's does not
+            else:
+                continue
+            if over and rank < 3:
+                rank = 0
+            if rank < best_rank or (rank == best_rank and last < best_time):
+                best, best_rank, best_time = connection, rank, last
+        return best
 
     def leave(self, connection: Counted) -> None:
         self.open -= 1
+        held = self.peers.get(connection.peer, 0) - 1
+        if held > 0:
+            self.peers[connection.peer] = held
+        else:
+            self.peers.pop(connection.peer, None)
         self.queued_total -= connection.accounted
         connection.accounted = 0
 

@@ -171,6 +171,10 @@ class Call:
     def run(self, data: wire.Payload) -> None:
         raise NotImplementedError
 
+    def working(self) -> bool:
+        """Whether a request of this call is being worked on while its request side is open (streams only)."""
+        return False
+
     def cancel(self) -> None:
         """Reset by the client, connection lost, or deadline: stop; the answer (if any) is the caller's."""
         self.finished = True
@@ -342,6 +346,9 @@ class StreamInferCall(Call):
         self.jobs.add(job)
         if empty_final:
             self.empty_final.add(job)
+
+    def working(self) -> bool:
+        return bool(self.jobs)
 
     def release(self, job: Ticket) -> None:
         size = self.held.pop(job, 0)

@@ -38,6 +38,11 @@ class NativeGrpcOptions:
     max_connections: int = 0
     #: ... a connection with no call for this long gets a graceful GOAWAY (ms; grpc's max connection idle; 0: never)
     max_connection_idle_ms: int = 300_000
+    #: ... at the cap a connection whose calls all wait on their client and moved no message for this long counts
+    #: as idle (ms; issue 37: a stream opened and left silent holds nothing but a slot) ...
+    max_connection_quiet_ms: int = 10_000
+    #: ... and a peer address holding more connections than this loses one first at the cap (0: a quarter of it).
+    max_connections_per_peer: int = 0
     #: ... and one whose client sent no HTTP/2 preface + SETTINGS within this is closed (ms; 0: never).
     handshake_timeout_ms: int = 10_000
     #: ... and response bytes waiting for clients' flow-control windows, all connections together.

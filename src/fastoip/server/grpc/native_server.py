@@ -103,6 +103,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         #: This connection's unsent response bytes as last counted in limits.queued_total.
         self.accounted = 0
         self.admitted = False
+        #: The client's address (its host): the cap's per-peer share counts by it (issue 37).
+        self.peer = ""
         self.timers = ConnectionTimers(self.loop, self.options, self, self.limits)
         # issue 27: request messages are checked and inflated (off the loop when large) by the intake
         self.intake = MessageIntake(self, self.options.max_message_size)
@@ -118,8 +120,11 @@ class GrpcConnection(asyncio.BufferedProtocol):
     # -- transport events -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        # issue 27: over --grpc-max-connections the connection longest without a call makes room, if any
-        if not self.limits.admit() and not self.limits.replace_idle(self.server.connections):
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        # issue 27/37: over --grpc-max-connections the connection cheapest to lose makes room, if any (limits.py)
+        limits = self.limits
+        if not limits.admit(self.peer) and not limits.replace_idle(self.peer, self.server.connections, monotonic()):
             if self.limits.refused == 1 or self.limits.refused % 1000 == 0:
                 log.warning("gRPC connection refused: %d connections open (--grpc-max-connections)", self.limits.open)
             self.closed = True
@@ -231,6 +236,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         record = self.streams.get(stream_id)
         if record is None or self.over_queued_limit(stream_id):
             return
+        self.timers.last_message = self.timers.last_read  # issue 37: the cap tells silent connections by it
         # issue 27: the intake checks the flag and the one-message rule and inflates (off the loop when large)
         self.intake.message(stream_id, record.call.streaming, event.data, event.flag, record.encoding)
 
@@ -488,7 +494,16 @@ class GrpcConnection(asyncio.BufferedProtocol):
 
     @property
     def last_call(self) -> float:
-        return self.timers.last_call
+        """When a call last started or ended, or a message last came or went."""
+        timers = self.timers
+        return timers.last_call if timers.last_call > timers.last_message else timers.last_message
+
+    def waits_on_client(self) -> bool:
+        """Every open call waits on its client: its request side is open and no request of it is in flight."""
+        for record in self.streams.values():
+            if record.idle_seen < 0 or record.call.working():
+                return False
+        return True
 
     def close(self) -> None:
         if not self.closed and self.transport is not None:
@@ -535,7 +550,8 @@ class NativeGrpcServer:
         self.connections: set[GrpcConnection] = set()
         self.limits = ServerLimits(options.max_connections, options.max_connection_idle_ms / 1000,
                                    options.handshake_timeout_ms / 1000, options.max_queued_response_bytes,
-                                   RequestBudget(options.max_stream_request_bytes, options.max_queued_request_bytes))
+                                   RequestBudget(options.max_stream_request_bytes, options.max_queued_request_bytes),
+                                   options.max_connection_quiet_ms / 1000, options.max_connections_per_peer)
         self.draining = False
         self.executor = ThreadPoolExecutor(max_workers=options.control_threads, thread_name_prefix="fastoip-grpc-ctl")
         self.sock = _bind(host, port)

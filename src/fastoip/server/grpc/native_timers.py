@@ -68,6 +68,8 @@ class ConnectionTimers:
         self.bytes_in = 0
         #: When a call last started or ended (the no-call timeout measures from it).
         self.last_call = self.last_read
+        #: When a request message last arrived or a response went out (issue 37: the cap's quiet test).
+        self.last_message = self.last_read
         self.keepalive: asyncio.TimerHandle | None = None
         #: Keepalive PINGs sent since HEADERS or DATA last went out (--grpc-http2-max-pings-without-data).
         self.pings_without_data = 0
@@ -139,6 +141,7 @@ class ConnectionTimers:
     def data_sent(self) -> None:
         """HEADERS or DATA went out: keepalive PINGs may be sent again."""
         self.pings_without_data = 0
+        self.last_message = self.last_read
 
     def on_ping_timeout(self) -> None:
         log.info("gRPC keepalive: no PING ACK within %d ms, closing the connection", self.options.keepalive_timeout_ms)

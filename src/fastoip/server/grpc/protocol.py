@@ -131,11 +131,13 @@ def wbits_for(encoding: bytes) -> int:
 
 
 def inflate_error(exc: InflateError) -> DecompressError:
-    """A gRPC status for an inflation that failed: over the limit is RESOURCE_EXHAUSTED, the rest INTERNAL."""
-    return DecompressError(RESOURCE_EXHAUSTED if exc.kind == "too_large" else INTERNAL, exc.message)
+    """A gRPC status for an inflation that failed: over a limit or budget (or the pool full) is RESOURCE_EXHAUSTED,
+    the rest INTERNAL."""
+    exhausted = exc.kind in ("too_large", "over_budget", "busy")
+    return DecompressError(RESOURCE_EXHAUSTED if exhausted else INTERNAL, exc.message)
 
 
-def decompress(data: Payload, encoding: bytes, limit: int) -> bytes:
+def decompress(data: Payload, encoding: bytes, limit: int) -> bytearray:
     """A message sent with the compressed flag, decoded in this thread; never more than ``limit`` bytes out."""
     try:
         return inflate_now(data, wbits_for(encoding), limit, encoding.decode())

@@ -21,9 +21,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, ServerBusy
 from ..inflate import InflateError, inflate
-from .errors import too_large
+from .errors import PayloadTooLarge, too_large
 from .router import Request
 
 #: Bodies at least this large are (de)compressed in the executor, not on the loop.
@@ -32,11 +32,11 @@ OFF_LOOP_ZLIB_BYTES = 256 * 1024
 RESPONSE_ZLIB_LEVEL = 1
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole request body, decompressed; 413 as soon as it is over ``limit``."""
+async def read_body(request: Request, limit: int, limit_name: str = "--http-max-input-size") -> bytes | bytearray:
+    """The whole request body, decompressed; 413 as soon as it is over ``limit`` (named ``limit_name``)."""
     declared = request.headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(f"the request body is {int(declared)} bytes")
+        raise too_large(f"the request body is {int(declared)} bytes", limit_name)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -47,14 +47,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise too_large(f"the request body is more than {limit} bytes")
+                raise too_large(f"the request body is more than {limit} bytes", limit_name)
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     encoding = request.headers.get(b"content-encoding")
     if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
-        body = await _inflate_body(body, encoding, limit)
+        return await _inflate_body(body, encoding, limit, limit_name)
     return body
 
 
@@ -101,7 +101,7 @@ def compress(data: bytes, encoding: str) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-async def _inflate_body(data: bytes, encoding: bytes, limit: int) -> bytes:
+async def _inflate_body(data: bytes, encoding: bytes, limit: int, limit_name: str) -> bytes | bytearray:
     """The body inflated within ``limit``, mostly off the loop (``server.inflate``); 413 / 400 otherwise."""
     name = encoding.strip().lower()
     if name not in (b"gzip", b"deflate"):
@@ -114,7 +114,11 @@ async def _inflate_body(data: bytes, encoding: bytes, limit: int) -> bytes:
             return await inflate(data, wbits, limit, name.decode())
         except InflateError as exc:
             if exc.kind == "too_large":
-                raise too_large(f"the decompressed request body is more than {limit} bytes") from None
+                raise too_large(f"the decompressed request body is more than {limit} bytes", limit_name) from None
+            if exc.kind == "over_budget":
+                raise PayloadTooLarge(exc.message) from None
+            if exc.kind == "busy":
+                raise ServerBusy(exc.message) from None
             if exc.kind == "truncated":
                 raise InvalidArgument(f"the {name.decode()} request body is truncated") from None
             if exc.kind == "trailing":

@@ -27,5 +27,5 @@ class MethodNotAllowed(InvalidArgument):
         self.allow = ", ".join(allow).encode()
 
 
-def too_large(what: str) -> PayloadTooLarge:
-    return PayloadTooLarge(f"{what}, over the server's limit (--http-max-input-size)")
+def too_large(what: str, limit_name: str = "--http-max-input-size") -> PayloadTooLarge:
+    return PayloadTooLarge(f"{what}, over the server's limit ({limit_name})")

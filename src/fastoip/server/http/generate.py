@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from functools import partial
 
 import orjson
 
@@ -32,7 +33,7 @@ from ...model_config import is_model_settings_config
 from ...types import InferRequest, InferResponse
 from ...wire import generate as codec
 from ...wire import http as http_codec
-from .bodies import read_body
+from .intake import BodyIntake
 from .router import Request, Response, StreamingResponse, error_response
 
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
@@ -53,9 +54,9 @@ def _v2_response_json(response: InferResponse) -> bytes:
 class GenerateEndpoints:
     """The two generate handlers; the router calls them with the model name and version."""
 
-    def __init__(self, core: Core, max_body_size: int) -> None:
+    def __init__(self, core: Core, intake: BodyIntake) -> None:
         self.core = core
-        self.max_body_size = max_body_size
+        self.intake = intake
 
     async def generate(self, request: Request, model: str, version: str) -> Response:
         answers, encode = await self._start(request, model, version)
@@ -81,23 +82,29 @@ class GenerateEndpoints:
         return StreamingResponse(status, [(b"content-type", EVENT_STREAM)], _events(first, answers, encode))
 
     async def _start(self, request: Request, model: str, version: str) -> tuple[_Answers, Encode]:
-        body = await read_body(request, self.max_body_size)
-        if self._v2_body(model, version, body):
-            infer_request, _ = http_codec.decode_infer_request(model, version, body, None, loose_bytes=True)
+        body = await self.intake.body(request)
+        if await self._v2_body(model, version, body):
+            infer_request, _ = await self.intake.parse(
+                body, partial(http_codec.decode_infer_request, loose_bytes=True), model, version, body, None)
             return _Answers(self.core, infer_request), _v2_response_json
         inputs = self.core.model_metadata(model, version).inputs
-        infer_request = codec.decode_generate_request(model, version, body, inputs)
+        infer_request = await self.intake.parse(body, codec.decode_generate_request, model, version, body, inputs)
         return _Answers(self.core, infer_request), codec.generate_response_json
 
-    def _v2_body(self, model: str, version: str, body: bytes) -> bool:
+    async def _v2_body(self, model: str, version: str, body: bytes | bytearray) -> bool:
         """Whether ``body`` is MLServer's form (a V2 request, ``inputs`` a list) sent to a model-settings model."""
         if b'"inputs"' not in body or not is_model_settings_config(self.core.model_config(model, version)):
             return False
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return False  # the generate decoder says what is wrong with it
-        return type(doc) is dict and type(doc.get("inputs")) is list
+        return await self.intake.parse(body, is_v2_form, body)
+
+
+def is_v2_form(body: bytes | bytearray) -> bool:
+    """Whether a JSON body is a V2 request (``inputs`` a list); parsed off the loop when large."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False  # the generate decoder says what is wrong with it
+    return type(doc) is dict and type(doc.get("inputs")) is list
 
 
 class _Answers:

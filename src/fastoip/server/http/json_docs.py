@@ -10,7 +10,7 @@ from ...errors import InvalidArgument
 from ...wire.http import json_excerpt, parse_json_object
 
 
-def optional_json_object(body: bytes, what: str) -> dict[str, Any]:
+def optional_json_object(body: bytes | bytearray, what: str) -> dict[str, Any]:
     """An optional JSON object body ({} when empty)."""
     return parse_json_object(body, what) if body.strip() else {}
 
@@ -51,3 +51,21 @@ def parameters_of(doc: dict[str, Any], what: str) -> dict[str, Any]:
     if type(parameters) is not dict:
         raise InvalidArgument(f"'parameters' of the {what} must be an object")
     return parameters
+
+
+def load_parameters(body: bytes | bytearray) -> dict[str, Any]:
+    """A repository load request's parameters the Core reads (``config``, ``file:<path>`` decoded from base64);
+    the others are dropped here, in the JSON pool's process, so a large one is never copied back (issue 37)."""
+    parameters = parameters_of(optional_json_object(body, "load request"), "load request")
+    kept: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if key.startswith("file:"):  # file contents travel base64-encoded in JSON
+            kept[key] = base64_value(value, f"load request parameter '{key}'")
+        elif key == "config":
+            kept[key] = value
+    return kept
+
+
+def check_json_object(body: bytes | bytearray, what: str) -> None:
+    """400 unless ``body`` is a JSON object; nothing of it is kept (parsed in the JSON pool when large)."""
+    parse_json_object(body, what)

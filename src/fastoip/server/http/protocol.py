@@ -9,14 +9,19 @@ Rules:
   ``body_timeout``: a body being read must not stall longer than it between reads; else 408.
   ``body_min_rate`` (issue 27): after ``body_rate_grace`` (20 s) from its first byte a body must have come at that
   average rate (each ``body_min_rate`` bytes buy one more second, Apache mod_reqtimeout's MinRate); else 408,
-  so a byte every few seconds cannot hold a connection for ever.
+  so a byte every few seconds cannot hold a connection for ever.  Only the body's own bytes count (issue 37: the
+  head's bytes, read with the body's first ones, bought it time).
   ``keep_alive_timeout``: a connection with no request in progress (a fresh one included) is closed after it.
   Time while the server itself has stopped reading (flow control, pipelining) does not count against the client.
 - Connections (issue 27): at most ``max_connections`` at once (0: a quarter of the open-file limit, at least 64;
   the native gRPC frontend takes half), so idle clients cannot take every file descriptor of the process.  A
-  connection accepted past the cap closes the connection that has been idle longest (no request in progress:
-  nginx reuses idle keep-alive connections the same way), so a new client's probe is still answered; when every
-  connection is busy with a request, the new one is closed at once.  Fresh and idle connections are closed after
+  connection accepted past the cap closes the connection cheapest to lose (issue 37), in this order: one of a
+  client address holding more than ``max_connections_per_peer`` (a quarter of the cap by default, so one address
+  cannot hold it), then the one idle longest (no request in progress: nginx reuses idle keep-alive connections the
+  same way), then one whose request body has been arriving for ``SLOW_BODY_S`` or more, slowest first (the
+  client's debt, not the server's work).  A connection whose request the server is working on is never closed for
+  a newcomer, unless its address holds more than its share and the newcomer's does not; when nothing can go, the
+  new one is closed at once.  Fresh and idle connections are closed after
   ``keep_alive_timeout``; uvicorn's ``limit_concurrency`` only answers 503 and keeps the socket, so it does not fit.
 - Graceful shutdown (uvicorn calls ``shutdown`` once the listeners are closed): a connection with no request in
   progress is not closed at once but after ``DRAIN_LINGER_S``, and a request that arrives on it meanwhile is
@@ -65,6 +70,8 @@ class HttpLimits:
     body_rate_grace: float = 20.0
     #: Connections at once (0: ``default_max_connections()``).
     max_connections: int = 0
+    #: Connections one client address may hold before its own are the first to go at the cap (0: a quarter of it).
+    max_connections_per_peer: int = 0
 
 
 def default_max_connections() -> int:
@@ -74,6 +81,9 @@ def default_max_connections() -> int:
         return 32768
     return max(64, soft // 4)
 
+
+#: Seconds a request body must have been arriving before the cap may close its connection for a newcomer.
+SLOW_BODY_S = 1.0
 
 #: Seconds an idle connection stays open after the listeners closed, for a request already on its way.
 DRAIN_LINGER_S = 1.0
@@ -117,8 +127,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """One HTTP/1.1 connection: uvicorn's protocol, counting and timing what the parser is fed."""
 
     limits = HttpLimits()
-    #: The cap in force (``limits.max_connections`` resolved by ``protocol_with``).
+    #: The cap in force (``limits.max_connections`` resolved by ``protocol_with``) and one address's share of it.
     max_connections = 64
+    per_peer = 16
+    #: Open connections by client address (one dict per server: ``protocol_with`` gives each class its own).
+    peers: dict[str, int] = {}
     #: Connections closed to admit a new one / new ones closed because every connection was busy.
     evicted = 0
     refused_at_cap = 0
@@ -150,39 +163,76 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.linger_timer: asyncio.TimerHandle | None = None
         self.linger_until = 0.0
         self.linger_bytes = 0
+        #: When the request in progress had its head (its body's clock, if no body byte came yet).
+        self.request_started = 0.0
+        self.peer = ""
+        #: Whether ``peers`` counts this connection.
+        self.counted = False
 
     # -- connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn narrows the transport type too
         super().connection_made(transport)
         self.last_active = self.loop.time()
+        self.peer = self.client[0] if self.client else ""
         if len(self.connections) > self.max_connections and not self._make_room():
             type(self).refused_at_cap += 1
             self.refused = True
             transport.close()
             return
+        self.peers[self.peer] = self.peers.get(self.peer, 0) + 1
+        self.counted = True
         # uvicorn arms its keep-alive timer only after a response: a connection that never sends is idle too.
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def _make_room(self) -> bool:
-        """Close the connection idle longest when the open ones are over the cap; False when all are busy."""
+        """Close the connection cheapest to lose (the module's rules) when the open ones are over the cap; False
+        when none may go.  Scanned only at the cap, never per request."""
+        now = self.loop.time()
+        peers = self.peers
+        share = self.per_peer
+        newcomer_under = peers.get(self.peer, 0) < share
         live = 0
-        oldest: LimitedHttpToolsProtocol | None = None
+        victim: LimitedHttpToolsProtocol | None = None
+        best_rank, best_key = 4, 0.0
         for other in self.connections:
             if other.transport.is_closing():
                 continue  # closed already, not yet gone from the set
             live += 1
-            if other is self or not isinstance(other, LimitedHttpToolsProtocol) or not other.idle():
+            if other is self or not isinstance(other, LimitedHttpToolsProtocol):
                 continue
-            if oldest is None or other.last_active < oldest.last_active:
-                oldest = other
+            over = peers.get(other.peer, 0) > share
+            if other.idle():
+                rank, key = 1, other.last_active
+            elif other.receiving_since(now) >= SLOW_BODY_S:
+                rank, key = 2, other.body_rate(now)
+            elif over and newcomer_under:
+                rank, key = 3, other.last_active
+            else:
+                continue
+            if over and rank < 3:
+                rank = 0
+            if rank < best_rank or (rank == best_rank and key < best_key):
+                victim, best_rank, best_key = other, rank, key
         if live <= self.max_connections:
             return True
-        if oldest is None:
+        if victim is None:
             return False
         type(self).evicted += 1
-        oldest.refused = True
-        oldest.transport.close()
+        victim.refused = True
+        victim.transport.close()
         return True
+
+    def receiving_since(self, now: float) -> float:
+        """Seconds the request in progress has waited on its client's body (0: none is arriving)."""
+        cycle = self.cycle
+        if self.reading_head or cycle is None or not cycle.more_body or cycle.response_complete:
+            return 0.0
+        return now - (self.body_started if self.body_started is not None else self.request_started)
+
+    def body_rate(self, now: float) -> float:
+        """Bytes a second the body in progress has come at so far."""
+        started = self.body_started if self.body_started is not None else self.request_started
+        return self.body_bytes / max(now - started, 1.0)
 
     def idle(self) -> bool:
         """No request in progress: between requests, or before the first (a partial head included)."""
@@ -193,6 +243,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.linger_timer is not None:
             self.linger_timer.cancel()
             self.linger_timer = None
+        if self.counted:
+            self.counted = False
+            held = self.peers.get(self.peer, 0) - 1
+            if held > 0:
+                self.peers[self.peer] = held
+            else:
+                self.peers.pop(self.peer, None)
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
@@ -240,11 +297,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self.head_timer = self.loop.call_at(self.head_started + self.limits.header_timeout,
                                                     self._head_timed_out)
         elif self.cycle is not None and self.cycle.more_body and not self.cycle.response_complete:
+            # a body still to come: its clock runs from the end of the head (what on_body counted is its own)
             self.body_seen = self.loop.time()
             if self.body_started is None:
-                self.body_started = self.body_seen
-                self.body_bytes = 0
-            self.body_bytes += len(data)
+                self.body_started = self.request_started
             if self.body_timer is None:
                 self.body_timer = self.loop.call_at(self._body_due(), self._body_stalled)
 
@@ -274,6 +330,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.reading_head = False
         self.head_bytes_fed = 0
+        self.request_started = self.loop.time()
+        self.body_bytes = 0
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
@@ -307,6 +365,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self.linger_timer = self.loop.call_later(
                 min(self.linger_until, quiet_since + LINGER_AFTER_REFUSAL_S) - now, self._linger_check)
+
+    def on_body(self, body: bytes) -> None:
+        # the body's own bytes, as the parser hands them over (issue 37: a read's head bytes are not the body's)
+        self.body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self.reading_head = True
@@ -402,5 +465,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_with(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     """The protocol class for one server's limits (uvicorn instantiates the class it is given)."""
     cap = limits.max_connections if limits.max_connections > 0 else default_max_connections()
+    share = limits.max_connections_per_peer if limits.max_connections_per_peer > 0 else max(1, cap // 4)
     return type("HttpToolsProtocolWithLimits", (LimitedHttpToolsProtocol,),
-                {"limits": limits, "max_connections": cap, "evicted": 0, "refused_at_cap": 0})
+                {"limits": limits, "max_connections": cap, "per_peer": share, "peers": {}, "evicted": 0,
+                 "refused_at_cap": 0})

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from ...errors import InferenceError, NotFound
+from ...errors import InferenceError, NotFound, ServerBusy
 from ...settings import SWITCHES
 from .. import restricted
 from ..restricted import RestrictedFeatures, Restriction
@@ -160,6 +160,9 @@ class Router:
         except MethodNotAllowed as exc:
             response = self.error_answer(exc.http_status, exc.message)
             response.headers.append((b"allow", exc.allow))
+        except ServerBusy as exc:  # issue 37: a full queue or budget answers at once, with when to come back
+            response = error_response(exc.http_status, exc.message)
+            response.headers.append((b"retry-after", b"%d" % exc.retry_after))
         except InferenceError as exc:
             response = self.error_answer(exc.http_status, exc.message)
         except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a half-sent request): retryable

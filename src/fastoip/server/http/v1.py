@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ...core import CallContext, Core
 from ...wire import v1 as wire
-from ...wire.http import parse_json_object
-from .bodies import read_body
+from .intake import BodyIntake
+from .json_docs import check_json_object
 from .router import Request, Response, error_response, json_response
 
 JSON = b"application/json"
@@ -28,9 +28,9 @@ NO_EXPLAINER = "Could not find explainer_host."
 class V1Endpoints:
     """The V1 handlers; the router calls the model ones with the model name."""
 
-    def __init__(self, core: Core, max_body_size: int) -> None:
+    def __init__(self, core: Core, intake: BodyIntake) -> None:
         self.core = core
-        self.max_body_size = max_body_size
+        self.intake = intake
 
     async def v1_root(self, request: Request) -> Response:
         return json_response({"status": "alive"})
@@ -46,9 +46,9 @@ class V1Endpoints:
         refusal = self._refusal(model)
         if refusal is not None:
             return refusal
-        body = await read_body(request, self.max_body_size)
+        body = await self.intake.body(request)
         inputs = self.core.model_metadata(model).inputs
-        infer_request, rows_added = wire.decode_predict_request(model, body, inputs)
+        infer_request, rows_added = await self.intake.parse(body, wire.decode_predict_request, model, body, inputs)
         response = await self.core.infer_async(infer_request, CallContext(trace_headers=request.headers))
         return Response(200, [(b"content-type", JSON)], wire.encode_predictions(response, rows_added))
 
@@ -56,7 +56,8 @@ class V1Endpoints:
         refusal = self._refusal(model)
         if refusal is not None:
             return refusal
-        parse_json_object(await read_body(request, self.max_body_size), "V1 explain request")
+        body = await self.intake.body(request)
+        await self.intake.parse(body, check_json_object, body, "V1 explain request")
         return error_response(501, NO_EXPLAINER)
 
     def _refusal(self, model: str) -> Response | None:

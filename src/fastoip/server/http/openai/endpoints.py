@@ -8,7 +8,8 @@ Rules:
   /v1/models/{m}`` retrieves one.  ``POST /v1/models/{m}/load`` and ``/unload`` are Triton's frontend's: 400
   unless ``--model-control-mode=explicit``, 400 to load a loaded model or unload one not loaded, one at a time;
   the Core's model control runs in the executor (a load may take a while, the loop keeps serving).
-- Bodies at least ``json_pool.OFF_LOOP_JSON_BYTES`` are parsed in the JSON processes when the server has them.
+- Bodies at least ``json_pool.OFF_LOOP_JSON_BYTES`` are parsed in the JSON processes when the server has them (the
+  pool's bounded queue: a full pool answers 503 at once).
 - Mounted two ways (:func:`mount`): alone, at ``/v1`` on its own port (``--openai-port``, as Triton's frontend
   is), and beside the V2 API on the main port, at ``/openai/v1`` (KServe's path for its OpenAI routes) and at
   ``/v1``, where KServe's V1 protocol has ``GET /v1/models[/{m}]`` already: those two answer both APIs' fields
@@ -34,7 +35,7 @@ from ....wire.openai.answers import Envelope
 from ....wire.openai.errors import error_of
 from ... import restricted
 from ..bodies import read_body
-from ..json_pool import OFF_LOOP_JSON_BYTES, JsonPool
+from ..json_pool import JsonPool
 from ..router import PatternRoute, Request, Response, Router, StreamingResponse, json_response
 from . import generation
 from .templates import ChatTemplates
@@ -80,8 +81,8 @@ class OpenAIEndpoints:
     # -- bodies and models ------------------------------------------------------------------
     async def _parse(self, request: Request, parse: Callable[[bytes], Any]) -> Any:
         body = await read_body(request, self.max_body_size)
-        if len(body) >= OFF_LOOP_JSON_BYTES and self.json_pool is not None and self.json_pool.workers:
-            return await self.json_pool.call(parse, body)
+        if self.json_pool is not None:  # (off the loop when large, within the pool's bounds: issue 37)
+            return await self.json_pool.run(len(body), parse, bytes(body))
         return parse(body)
 
     def _ready(self, model: str) -> None:
