@@ -42,7 +42,6 @@ from ...types import InferRequest
 from ...wire import http as wire
 from ...wire.http import OutputFormat
 
-T = TypeVar("T")
 #: JSON parts at least this large are decoded in a worker process (about 10 ms of orjson and numpy on the loop).
 OFF_LOOP_JSON_BYTES = 2 * 1024 * 1024
 #: Worker processes when --http-thread-count is not given.

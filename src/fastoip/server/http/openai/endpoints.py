@@ -83,7 +83,7 @@ class OpenAIEndpoints:
         body = await read_body(request, self.max_body_size)
         if self.json_pool is not None:  # (off the loop when large, within the pool's bounds: issue 37)
             return await self.json_pool.run(len(body), parse, bytes(body))
-        return parse(body)
+        return parse(bytes(body))
 
     def _ready(self, model: str) -> None:
         """404 in OpenAI's words unless ``model`` is ready to serve."""
