@@ -165,16 +165,18 @@ def _emitter(emit: Emit, index: int) -> Callable[[Any, bool], None]:
     return send
 
 
-def import_runner(path: Path, model_name: str, version: int) -> TritonRunner:
+def import_runner(path: Path, model_name: str, version: int, own_process: bool = False) -> TritonRunner:
     """Import model.py (``triton_python_backend_utils`` registered first) and wrap its model class.
 
-    Each call imports the file afresh under a module name of its own, with its folder on
-    ``sys.path`` while it imports (so model.py may import files beside it)."""
+    Each call imports the file afresh under a module name of its own, in a package of its folder, with its
+    folder on ``sys.path`` while it imports (so model.py may import files beside it, absolutely or relatively).
+    ``own_process``: the process hosts only this model, so its folders stay on ``sys.path`` as Triton's stub
+    leaves them (``import model`` at execute time)."""
     register_utils()
     safe = re.sub(r"\W", "_", model_name)
     module_name = f"_fastoip_triton_{safe}_v{version}_{next(_generation)}"
     try:
-        module = import_source(path, module_name)
+        module = import_source(path, module_name, in_package=True, keep_on_path=own_process)
     except BaseException as exc:
         raise pb.TritonModelException(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     if not defines_triton_model(module):

@@ -286,7 +286,7 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
                 if kind == "load":
                     _, path, name, version, memory_mb = message
                     _limit_memory(memory_mb)
-                    runner = import_runner(Path(path), name, version)
+                    runner = import_runner(Path(path), name, version, own_process=True)
                     value: Any = None
                 elif kind == "load_mlserver":
                     _, spec, memory_mb = message
