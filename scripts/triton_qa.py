@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -67,6 +68,13 @@ SKIPPED = {
     "variants": "builds a custom python_backend stub with cmake",
     "python_based_backends": "needs PyTorch (a PyTorch-based backend and a libtorch model)",
     "restart": "Triton's own test.sh does not run it (decoupled restart not reimplemented)",
+}
+
+#: Environment a sub-suite runs with beside the common one: ensemble's TEST_WINDOWS=1 path is its CPU-only one
+#: (the other adds a libtorch model on KIND_GPU).
+SUITE_ENV = {
+    "start_checks": {"TEST_JETSON": "1"},  # the top level's KIND_GPU model check and its torch install
+    "ensemble": {"TEST_WINDOWS": "1"},
 }
 
 PLAIN_NAMES = ("pip", "pip3")
@@ -128,6 +136,15 @@ def make_shims(root: Path, python_backend: Path | None) -> tuple[Path, Path]:
     return triton_dir, tools
 
 
+def make_data(qa: Path, data: Path) -> None:
+    """The part of Triton's QA data set (DATADIR) the selection reads that fastoip can serve: the ONNX implicit-state
+    sequence models (bls), made by Triton's own generator.  (Its libtorch models need PyTorch: not made.)"""
+    target = data / "qa_sequence_implicit_model_repository"
+    if not target.is_dir():
+        subprocess.run([sys.executable, str(qa / "common" / "gen_qa_implicit_models.py"), "--onnx",
+                        "--models_dir", str(target)], check=True, cwd=qa / "common")
+
+
 def adapt_util(util: Path) -> None:
     """util.sh's readiness wait reads the status code alone (fastoip's server health answers a body)."""
     text = util.read_text()
@@ -179,19 +196,26 @@ def junit_cases(directory: Path, since: float) -> tuple[list[str], list[str], li
 def run_suite(name: str, l0: Path, env: dict[str, str], timeout: float) -> SuiteResult:
     if name == "start_checks":
         cwd, argv = l0, ["bash", "-x", str(start_checks_script(l0))]
-        suite_env = dict(env, TEST_JETSON="1")  # the top level's KIND_GPU model check and torch install
     else:
         cwd, argv = l0 / name, ["bash", "-ex", "test.sh"]
-        suite_env = env
+    suite_env = dict(env, **SUITE_ENV.get(name, {}))
     started = time.time()
     log = (l0.parent / f"triton-qa.{name}.out").open("w")  # beside, not in: the scripts remove *.log
+    suite = subprocess.Popen(argv, cwd=cwd, env=suite_env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
     try:
-        status = subprocess.run(argv, cwd=cwd, env=suite_env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout, start_new_session=True).returncode
+        status = suite.wait(timeout)
     except subprocess.TimeoutExpired:
         status = 124
     finally:
         log.close()
+        # What the suite left running (a server it did not stop, a client that hangs) ends with it.
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(suite.pid, signum)
+            except ProcessLookupError:
+                break
+            time.sleep(2)
     passed, failed, skipped = junit_cases(cwd if name != "start_checks" else l0, started)
     result = SuiteResult(name, status, time.time() - started, passed, failed, skipped)
     # The script's own checks (server start, log lines, clients run without JUnit) count as one case.
@@ -222,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.python_backend:
         backend = extract_tree(args.python_backend.resolve(), "examples", work / "python_backend")
     triton_dir, tools = make_shims(work / "shims", backend)
+    make_data(qa, work / "data")
     l0 = qa / "L0_backend_python"
     adapt_util(qa / "common" / "util.sh")
     src = Path(__file__).resolve().parent.parent / "src"

@@ -7,12 +7,17 @@ drives it.
 
 from __future__ import annotations
 
+import queue
 import textwrap
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from serverproc import ServerProcess
 
@@ -83,11 +88,95 @@ SELF_IMPORT = {
 }
 
 
+# A non-decoupled model answering through get_response_sender(), as Triton's response_sender QA model does;
+# INPUT0[0] says how: 0 sends before execute returns (and returns None), 1 sends from a thread after it
+# returned, 2 sends the final flag with no response (refused), 3 sends and also returns a response (the sent
+# one stands, the returned one is refused), 4 returns its response as usual.
+SENDER = {
+    "model.py": """
+        import threading
+        import time
+        import triton_python_backend_utils as pb_utils
+
+        FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        def answer(x, plus):
+            return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + plus)])
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                returned = []
+                for request in requests:
+                    x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                    how = int(x[0])
+                    sender = request.get_response_sender()
+                    if how == 0:
+                        sender.send(answer(x, 100))
+                        sender.send(flags=FINAL)
+                        returned.append(None)
+                    elif how == 1:
+                        def later(sender=sender, x=x):
+                            time.sleep(0.3)
+                            sender.send(answer(x, 200), flags=FINAL)
+                        threading.Thread(target=later).start()
+                        returned.append(None)
+                    elif how == 2:
+                        sender.send(flags=FINAL)
+                    elif how == 3:
+                        sender.send(answer(x, 300), flags=FINAL)
+                        returned.append(answer(x, 400))
+                    else:
+                        returned.append(answer(x, 500))
+                return returned
+    """,
+}
+# A decoupled model that returns responses from execute: Triton answers with an error and ends the stream.
+DECOUPLED_RETURNS = {
+    "model.py": """
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+    """,
+}
+# async def execute of a decoupled model: each call awaits INPUT0[0] seconds, then answers through its sender;
+# a negative wait raises after the stream's final flag (Triton logs the traceback).
+ASYNC_DECOUPLED = {
+    "model.py": """
+        import asyncio
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            async def execute(self, requests):
+                waits = []
+                for request in requests:
+                    x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                    if x[0] < 0:
+                        request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        raise ValueError("wait_secs cannot be negative")
+                    waits.append((request.get_response_sender(), x))
+                await asyncio.gather(*(asyncio.sleep(float(x[0])) for _, x in waits))
+                for sender, x in waits:
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+    """,
+}
+DECOUPLED = "model_transaction_policy { decoupled: true }"
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("triton_qa")
     write_model(root, "multi_file", MULTI_FILE)
     write_model(root, "self_import", SELF_IMPORT)
+    write_model(root, "sender", SENDER)
+    in_process = 'parameters { key: "hosting" value: { string_value: "in_process" } }'
+    write_model(root, "sender_in_process", SENDER, in_process)
+    write_model(root, "decoupled_returns", DECOUPLED_RETURNS, DECOUPLED)
+    write_model(root, "async_decoupled", ASYNC_DECOUPLED, DECOUPLED)
     return root
 
 
@@ -110,3 +199,52 @@ def test_model_file_imports_files_beside_it_and_itself_as_model(server: ServerPr
     assert result.as_numpy("OUTPUT0").tolist() == [8.0, 9.0]
     result = client.infer("self_import", _input([1.0]))
     assert result.as_numpy("OUTPUT0").tolist() == [6.0]
+
+
+@pytest.mark.parametrize("model", ["sender", "sender_in_process"])
+def test_non_decoupled_model_answers_through_its_response_sender(server: ServerProcess, model: str) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.infer(model, _input([0.0])).as_numpy("OUTPUT0").tolist() == [100.0]
+    assert client.infer(model, _input([1.0])).as_numpy("OUTPUT0").tolist() == [201.0]
+    with pytest.raises(InferenceServerException, match="Non-decoupled model cannot send complete final before"):
+        client.infer(model, _input([2.0]))
+    assert client.infer(model, _input([3.0])).as_numpy("OUTPUT0").tolist() == [303.0]  # the sent one stands
+    assert client.infer(model, _input([4.0])).as_numpy("OUTPUT0").tolist() == [504.0]
+    assert client.is_model_ready(model)
+
+
+def _stream(server: ServerProcess, model: str, requests: list[list[float]], timeout: float = 30.0) -> list[Any]:
+    """Every callback of a stream that sends ``requests``, read once the stream ended (stop_stream returned)."""
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(lambda result, error: answers.put((time.monotonic(), result, error)))
+    started = time.monotonic()
+    for values in requests:
+        client.async_stream_infer(model, _input(values))
+    stopper = threading.Thread(target=client.stop_stream)  # waits for every request's stream to end
+    stopper.start()
+    stopper.join(timeout)
+    assert not stopper.is_alive(), f"the stream to {model} never ended"
+    return [(at - started, result, error) for at, result, error in list(answers.queue)]
+
+
+def test_decoupled_model_returning_responses_gets_tritons_error_and_its_stream_ends(server: ServerProcess) -> None:
+    (_, result, error), = _stream(server, "decoupled_returns", [[1.0]])
+    assert result is None
+    assert "is using the decoupled mode and the execute function must return None" in error.message()
+
+
+def test_async_decoupled_execute_overlaps_its_calls(server: ServerProcess) -> None:
+    answers = _stream(server, "async_decoupled", [[1.5]] * 4)
+    assert [error for _, _, error in answers] == [None] * 4
+    # one after the other they would end at 1.5, 3, 4.5 and 6 s; overlapped, all near 1.5 s
+    assert max(at for at, _, _ in answers) < 3.0, [at for at, _, _ in answers]
+
+
+def test_async_decoupled_execute_failure_is_logged_with_its_traceback(server: ServerProcess) -> None:
+    _stream(server, "async_decoupled", [[-1.0]])
+    deadline = time.monotonic() + 10
+    while "ValueError: wait_secs cannot be negative" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "ValueError: wait_secs cannot be negative" in server.output()
+    assert "Traceback" in server.output()

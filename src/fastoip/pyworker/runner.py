@@ -6,23 +6,32 @@ Rules:
 - ``execute`` gets the whole batch as a list (Triton's semantics) and must
   return one response per request; a decoupled model returns None and answers
   through each request's sender, from ``execute`` or from its own threads
-  (``emit(index, response, final)`` is called for each ``send``).
+  (``emit(index, response, final)`` is called for each ``send``).  A
+  non-decoupled model's request may answer through its sender too (its one
+  response, emitted at once): execute returns None for it (or None for all).
 - An exception from ``execute`` fails every request of the call with it.
+- ``async def execute`` of a decoupled model runs in the background on the
+  backend's event loop (pb_stub.cc's ``RunCoroutine(in_background)``): the call
+  returns at once, so the next batch can start while this one awaits; an
+  exception it raises is logged with its traceback, as the stub logs it.  A
+  non-decoupled model's coroutine is run to its end, as Triton runs it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import re
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import utils as pb
-from .loop import call
+from .loop import EVENT_LOOP, call
 from .source_import import import_source
 
 #: (request_id, correlation_id, flags, parameters, inputs [(name, datatype, array)], requested output names,
@@ -120,7 +129,7 @@ class TritonRunner:
 
     def execute(
         self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
-    ) -> list[ResponseData] | None:
+    ) -> list[ResponseData | None] | None:
         built = []
         tensor = pb.Tensor._of
         for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
@@ -135,23 +144,50 @@ class TritonRunner:
             )
             if cancelled is not None:
                 request._cancelled = functools.partial(cancelled, index)
-            if self.decoupled and emit is not None:
-                request._sender = pb.InferenceResponseSender(_emitter(emit, index), True, request._cancelled)
+            if emit is not None:
+                request._sender = pb.InferenceResponseSender(
+                    _emitter(emit, index), self.decoupled, request._cancelled
+                )
             built.append(request)
-        responses = call(self.model.execute, built)
         if self.decoupled:
+            returned = self.model.execute(built)
+            if inspect.isawaitable(returned):
+                EVENT_LOOP.submit(returned, _log_background_failure)
+                return None
+            if returned is not None:  # python_backend's words
+                raise pb.TritonModelException(
+                    f"Python model '{self.model_name}' is using the decoupled mode and the execute function must "
+                    "return None."
+                )
             return None
+        responses = call(self.model.execute, built)
+        if responses is None:  # every request answers through its response sender
+            return [None] * len(built)
         if not isinstance(responses, (list, tuple)) or len(responses) != len(built):
             got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
             raise pb.TritonModelException(
                 f"execute() returned {got} responses for {len(built)} requests: it must return one per request"
             )
-        return [response_data(response) for response in responses]
+        results: list[ResponseData | None] = []
+        for request, response in zip(built, responses, strict=True):
+            if response is None:
+                results.append(None)  # answered through its response sender (now or later)
+                continue
+            data = response_data(response)
+            if request._sender is not None:
+                request._sender._returned()  # refused if its sender answered it already
+            results.append(data)
+        return results
 
     def finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             call(finalize)
+
+
+def _log_background_failure(exc: BaseException | None) -> None:
+    if exc is not None:
+        pb.Logger.log_error("".join(traceback.TracebackException.from_exception(exc).format()))
 
 
 def _emitter(emit: Emit, index: int) -> Callable[[Any, bool], None]:

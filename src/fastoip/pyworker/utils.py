@@ -357,25 +357,62 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """A decoupled model's way to answer: any number of ``send`` calls, the last with the final flag."""
+    """A request's way to answer outside ``execute``'s return, with python_backend's rules (response_sender.cc).
+
+    A decoupled model sends any number of responses, the last with the final flag.  A non-decoupled model sends
+    one response (it answers the request at once, as Triton's does) and may then send the final flag; a second
+    response, or the final flag before any response, is refused.  ``execute`` returning a response for a request
+    counts as its one response (:meth:`_returned`)."""
 
     def __init__(self, emit: Any, decoupled: bool, cancelled: Any = None) -> None:
         self._emit = emit
         self._decoupled = decoupled
         self._cancelled = cancelled
         self._closed = False
+        self._sent = 0
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if response is None and final and self._sent == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before sending "
+                        "a response."
+                    )
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
-            final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             if response is None and not final:
                 raise TritonModelException("Response must be set unless the flags include the final flag")
             if final:
                 self._closed = True
-        self._emit(response, final)
+            if response is not None:
+                self._sent += 1
+        if self._decoupled:
+            self._emit(response, final)
+        elif response is not None:
+            self._emit(response, True)  # the one response answers the request; its final flag adds nothing
+
+    def _returned(self) -> None:
+        """``execute`` returned a response for this (non-decoupled) request: that is its one response."""
+        with self._lock:
+            if self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
+                )
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._sent = 1
+            self._closed = True
+
+    def _answered(self) -> bool:
+        with self._lock:
+            return self._sent > 0
 
     def is_cancelled(self) -> bool:
         """True once the client cancelled the request (asks the server: a model loop may poll it)."""
@@ -507,7 +544,7 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise TritonModelException("get_response_sender() is only available to a decoupled model's requests")
+            raise TritonModelException("get_response_sender() is only available to the requests a model receives")
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:

@@ -256,17 +256,27 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
 
     def execute(exec_id: int, packed: list) -> None:
         assert runner is not None
+        ordered = not getattr(runner, "decoupled", True)
+        executing = threading.get_ident()
         try:
             requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
 
             def emit(index: int, response: Any, final: bool) -> None:
-                channel.send(("send", exec_id, index, shm.pack_response(response), final))
+                message = ("send", exec_id, index, shm.pack_response(response), final)
+                if ordered and threading.get_ident() == executing:
+                    # a non-decoupled request's one answer, sent while execute runs: it reaches the server
+                    # before the batch's result (an error execute raises after it is not its answer)
+                    channel.send_result(message)
+                else:
+                    channel.send(message)
 
             def cancelled(index: int) -> bool:
                 return bool(bridge.ask("cancelled", exec_id, index))
 
             responses = runner.execute(requests, emit, cancelled)
-            packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
+            packed_out = None if responses is None else [
+                None if r is None else shm.pack_response(r) for r in responses  # None: its sender answers
+            ]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
             # Into the ring: a run of results costs the server one wake-up, and each survives this process
