@@ -11,12 +11,14 @@ import queue
 import textwrap
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from serverproc import ServerProcess
@@ -164,6 +166,17 @@ ASYNC_DECOUPLED = {
                 return None
     """,
 }
+# A response whose error is TritonError.UNKNOWN: Triton's gRPC status UNKNOWN, HTTP 500.
+UNKNOWN_ERROR = {
+    "model.py": """
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                error = pb_utils.TritonError("error code: UNKNOWN", pb_utils.TritonError.UNKNOWN)
+                return [pb_utils.InferenceResponse(error=error) for _ in requests]
+    """,
+}
 DECOUPLED = "model_transaction_policy { decoupled: true }"
 
 
@@ -176,6 +189,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     in_process = 'parameters { key: "hosting" value: { string_value: "in_process" } }'
     write_model(root, "sender_in_process", SENDER, in_process)
     write_model(root, "decoupled_returns", DECOUPLED_RETURNS, DECOUPLED)
+    write_model(root, "unknown_error", UNKNOWN_ERROR)
+    write_model(root, "idle", SELF_IMPORT)  # never asked: its counters are there from load
     write_model(root, "async_decoupled", ASYNC_DECOUPLED, DECOUPLED)
     return root
 
@@ -248,3 +263,23 @@ def test_async_decoupled_execute_failure_is_logged_with_its_traceback(server: Se
         time.sleep(0.1)
     assert "ValueError: wait_secs cannot be negative" in server.output()
     assert "Traceback" in server.output()
+
+
+def test_triton_error_unknown_is_status_unknown_as_triton_maps_it(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("unknown_error", _input([1.0]))
+    assert str(raised.value) == "[StatusCode.UNKNOWN] error code: UNKNOWN"  # Triton's lifecycle QA reads it so
+    http = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    with pytest.raises(InferenceServerException) as raised:
+        http.infer("unknown_error", [tensor])
+    assert raised.value.status() == "500"
+
+
+def test_failure_counters_exist_at_zero_from_load_in_tritons_label_order(server: ServerProcess) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+        assert f'nv_inference_request_failure{{model="idle",reason="{reason}",version="1"}} 0' in text

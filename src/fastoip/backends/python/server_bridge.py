@@ -31,6 +31,7 @@ from ...errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    UnknownError,
     Unsupported,
 )
 from ...metrics import exposition_text
@@ -166,6 +167,7 @@ _CODES: list[tuple[type[InferenceError], int]] = [
     (Unsupported, pb.TritonError.UNSUPPORTED),
     (AlreadyExists, pb.TritonError.ALREADY_EXISTS),
     (Cancelled, pb.TritonError.CANCELLED),
+    (UnknownError, pb.TritonError.UNKNOWN),
 ]
 
 
