@@ -283,3 +283,85 @@ def test_failure_counters_exist_at_zero_from_load_in_tritons_label_order(server:
         text = answer.read().decode()
     for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
         assert f'nv_inference_request_failure{{model="idle",reason="{reason}",version="1"}} 0' in text
+
+
+# -- loading: one explicit-mode server whose models fail as Triton's QA models do ---------------------------------
+BLS_IN_INITIALIZE = {
+    "model.py": """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                pb_utils.InferenceRequest(model_name="anything", inputs=[pb_utils.Tensor("IN", np.zeros(1))],
+                                          requested_output_names=["OUT"]).exec()
+
+            def execute(self, requests):
+                return None
+    """,
+}
+BLS_IN_FINALIZE = {
+    "model.py": """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return None
+
+            def finalize(self):
+                try:
+                    pb_utils.InferenceRequest(model_name="anything", inputs=[pb_utils.Tensor("IN", np.zeros(1))],
+                                              requested_output_names=["OUT"]).exec()
+                except pb_utils.TritonModelException as exc:
+                    pb_utils.Logger.log_error(f"finalize: {exc.message()}")
+    """,
+}
+EXITS_IN_INITIALIZE = {
+    "model.py": """
+        import os
+        import signal
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+
+            def execute(self, requests):
+                return None
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("triton_qa_explicit")
+    write_model(root, "bls_init_error", BLS_IN_INITIALIZE)
+    write_model(root, "bls_finalize_error", BLS_IN_FINALIZE)
+    write_model(root, "init_exit", EXITS_IN_INITIALIZE, "instance_group [{ kind: KIND_CPU }]")  # as Triton's
+    with ServerProcess(root, "--model-control-mode=explicit", http=True) as proc:
+        yield proc
+
+
+def test_bls_in_initialize_is_refused_with_tritons_words(explicit_server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    with pytest.raises(InferenceServerException, match="BLS is only supported during the 'execute' function."):
+        client.load_model("bls_init_error")
+
+
+def test_bls_in_finalize_is_refused_with_tritons_words(explicit_server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    client.load_model("bls_finalize_error")
+    client.unload_model("bls_finalize_error", unload_dependents=False)
+    deadline = time.monotonic() + 20
+    said = "finalize: BLS is only supported during the 'execute' function."
+    while said not in explicit_server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said in explicit_server.output()
+
+
+def test_worker_dying_in_initialize_names_the_stub_as_triton_does(explicit_server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    with pytest.raises(InferenceServerException) as raised:
+        client.load_model("init_exit")
+    assert "Stub process 'init_exit_0_0' is not healthy." in str(raised.value)  # Triton's QA greps it
+    assert "SIGKILL" in str(raised.value)  # and how it ended

@@ -102,11 +102,13 @@ def request_data(request: pb.InferenceRequest) -> RequestData:
 class TritonRunner:
     """One ``TritonPythonModel`` object and its lifecycle."""
 
-    def __init__(self, module: Any, model_name: str) -> None:
+    def __init__(self, module: Any, model_name: str, own_process: bool = False) -> None:
         self.model_name = model_name
         self.cls = module.TritonPythonModel
         self.model: Any = None
         self.decoupled = False
+        #: The process hosts only this model: BLS is refused in initialize and finalize, as the stub refuses it.
+        self.own_process = own_process
 
     def auto_complete(self, config: dict) -> dict:
         method = getattr(self.cls, "auto_complete_config", None)
@@ -122,10 +124,13 @@ class TritonRunner:
 
     def initialize(self, args: dict[str, str], decoupled: bool) -> None:
         self.decoupled = decoupled
+        if self.own_process:
+            pb.BLS_PHASE.allowed = False
         self.model = self.cls()
         init = getattr(self.model, "initialize", None)
         if init is not None:
             call(init, args)
+        pb.BLS_PHASE.allowed = True
 
     def execute(
         self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
@@ -180,6 +185,8 @@ class TritonRunner:
         return results
 
     def finalize(self) -> None:
+        if self.own_process:
+            pb.BLS_PHASE.allowed = False
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             call(finalize)
@@ -217,4 +224,4 @@ def import_runner(path: Path, model_name: str, version: int, own_process: bool =
         raise pb.TritonModelException(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     if not defines_triton_model(module):
         raise pb.TritonModelException(f"{path} defines no TritonPythonModel class")
-    return TritonRunner(module, model_name)
+    return TritonRunner(module, model_name, own_process)

@@ -323,6 +323,18 @@ class _BridgeSlot:
 BRIDGE = _BridgeSlot()
 
 
+class _BlsPhase:
+    """Whether this worker's model may make BLS calls now: python_backend's stub refuses them until
+    ``initialize`` returned and once ``finalize`` started.  Set by the runner of a worker that hosts one model;
+    an in-process model shares the server's process with others and is not restricted."""
+
+    def __init__(self) -> None:
+        self.allowed = True
+
+
+BLS_PHASE = _BlsPhase()
+
+
 # -- requests and responses --------------------------------------------------------------------------------
 class InferenceResponse:
     """One response: output tensors, or an error."""
@@ -555,6 +567,8 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` through the server; a response (errors inside it), or with
         ``decoupled=True`` an iterator of the responses a decoupled model sends."""
+        if not BLS_PHASE.allowed:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")  # the stub's words
         if not self.model_name:
             raise TritonModelException("exec(): the request needs a model_name")
         if decoupled:

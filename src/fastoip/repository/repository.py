@@ -25,10 +25,12 @@ Rules:
   unload, which removes it.
 - What a client can ask for through the load API stays inside what the operator
   allows: model names are names, uploaded files and configured file names stay
-  inside the model's directory (``paths``), and Python code (uploaded ``.py``
-  files, or any Python-backend model) loads through the API only with
-  ``allow_code_loads`` (``--model-control-allow-code``).  Loads the operator asks
-  for (start-up, ``--load-model``, polling) are not limited.
+  inside the model's directory (``paths``), and Python code a client brings
+  (uploaded ``.py`` files, a Python model made of uploaded files) loads through
+  the API only with ``allow_code_loads`` (``--model-control-allow-code``).  A
+  Python model the operator put in the repository loads through the API as
+  Triton loads it (its code is the operator's, not the client's).  Loads the
+  operator asks for (start-up, ``--load-model``, polling) are not limited.
 - Every name that becomes a path under the root (a load, an unload, an ensemble
   step's model, a config override's steps) goes through ``_model_dir``, which
   refuses anything but a plain name; a model an ensemble brings with it loads
@@ -494,10 +496,18 @@ class ModelRepository:
             hint = missing_version_hint(name, model_dir, "model.onnx")
             raise UndeterminedBackend(f"{exc.message} ({hint})" if hint else exc.message) from None
         refuse_unbuilt_sections(base, name, kind.name)
-        if from_client and kind.name == "python" and not self.options.allow_code_loads:
+        if kind.name == "python" and base.default_model_filename and not base.default_model_filename.endswith(".py"):
+            raise InvalidArgument(  # python_backend's stub imports only a .py file
+                f"failed to load '{name}': Model name must end with '.py'. Model name is "
+                f'"{base.default_model_filename}".'
+            )
+        if (from_client and kind.name == "python" and not self.options.allow_code_loads
+                and model_dir != self._model_dir(name)):
+            # Code a client brought (uploaded files: a private directory) is refused; a Python model the operator
+            # put in the repository loads through the API as Triton loads it (COMPATIBILITY.md).
             raise InvalidArgument(
-                f"failed to load '{name}': it is a Python model, and this server does not load code through "
-                "the API (the operator can allow it with --model-control-allow-code)"
+                f"failed to load '{name}': it is a Python model brought by the load's files, and this server does "
+                "not load code through the API (the operator can allow it with --model-control-allow-code)"
             )
         if not self.options.auto_complete and kind.name == "onnxruntime" and not (base.input and base.output):
             raise InvalidArgument(
