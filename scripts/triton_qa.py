@@ -11,7 +11,8 @@ python_backend for its examples. Triton's files are read from there at run time,
 How it runs: each selected sub-suite's own ``test.sh`` runs unchanged in a scratch copy of the snapshot's ``qa/``, so
 its model repository is built by its own ``cp``/``sed`` and its server started with its own flags. The scripts start
 ``$TRITON_DIR/bin/tritonserver``; here that is a shim that runs ``fastoip serve`` with the same arguments (fastoip
-accepts tritonserver's flags). Other shims on ``PATH``: ``python3`` is this interpreter, ``pip``/``pip3`` install
+accepts tritonserver's flags) after ``--exit-on-error=true``, Triton's default (fastoip's default deliberately
+keeps serving; COMPATIBILITY.md). Other shims on ``PATH``: ``python3`` is this interpreter, ``pip``/``pip3`` install
 nothing (the venv has the dependencies; the torch/JAX installs are for skipped cases), ``git clone .../python_backend``
 copies the given python_backend snapshot (no network), ``gdb`` does nothing. ``common/util.sh``'s readiness wait reads
 curl's status code alone (it compares body and code as one string; fastoip's server health answers a body, a
@@ -121,8 +122,10 @@ def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
     (triton_dir / "bin").mkdir(parents=True)
     (triton_dir / "backends").mkdir()
     py = sys.executable
+    # --exit-on-error=true first: Triton's default, which fastoip's deliberately is not (COMPATIBILITY.md); the
+    # suites' own flags come after it and win.
     write_shim(triton_dir / "bin" / "tritonserver", f'exec {py} -c "import sys; from fastoip.cli import main; '
-               f'sys.exit(main())" serve "$@"\n')
+               f'sys.exit(main())" serve --exit-on-error=true "$@"\n')
     tools = triton_dir / "shims"
     tools.mkdir()
     write_shim(tools / "python3", f'exec {py} "$@"\n')
