@@ -284,6 +284,13 @@ class ModelRepository:
                 raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
                 self._load_locked(name, config_override, uploaded, from_client)
+            except InferenceError as exc:
+                if uploaded is not None:
+                    shutil.rmtree(uploaded, ignore_errors=True)
+                if from_client and not isinstance(exc, NotFound):
+                    # Triton's API answer for a model whose load failed comes first (its QA matches it)
+                    raise type(exc)(f"load failed for model '{name}': {exc.message}") from None
+                raise
             except BaseException:
                 if uploaded is not None:
                     shutil.rmtree(uploaded, ignore_errors=True)
@@ -698,7 +705,10 @@ def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
 
     A file-system failure is the server's trouble: INTERNAL, in Triton's words, without server paths.
     """
-    checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
+    try:
+        checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
+    except InvalidArgument as exc:  # Triton's words first (its QA matches "failed to load"), then which path
+        raise InvalidArgument(f"failed to load '{name}': {exc.message}") from None
     failed = f"failed to load '{name}', failed to poll from model repository"
     try:
         # The name (cut short: the directory name must fit NAME_MAX) tells an operator whose files these are.
