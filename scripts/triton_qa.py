@@ -8,16 +8,21 @@ Usage (``make triton-qa SNAPSHOT=<path>``)::
 directory (read with ``git archive HEAD qa``); ``<python_backend>`` likewise for the sub-suites that clone
 python_backend for its examples. Triton's files are read from there at run time, never kept in this project.
 
-How it runs: each selected sub-suite's own ``test.sh`` runs unchanged in a scratch copy of the snapshot's ``qa/``, so
-its model repository is built by its own ``cp``/``sed`` and its server started with its own flags. The scripts start
-``$TRITON_DIR/bin/tritonserver``; here that is a shim that runs ``fastoip serve`` with the same arguments (fastoip
-accepts tritonserver's flags) after ``--exit-on-error=true``, Triton's default (fastoip's default deliberately
-keeps serving; COMPATIBILITY.md). Other shims on ``PATH``: ``python3`` is this interpreter, ``pip``/``pip3`` install
-nothing (the venv has the dependencies; the torch/JAX installs are for skipped cases), ``git clone .../python_backend``
-copies the given python_backend snapshot (no network), ``gdb`` does nothing. ``common/util.sh``'s readiness wait reads
-curl's status code alone (it compares body and code as one string; fastoip's server health answers a body, a
-deliberate difference in COMPATIBILITY.md). The top-level ``test.sh``'s start checks run from a copy cut
-before its sub-suite loop, with its Python 3.12 version checks removed (this venv's Python is the one that matters).
+How it runs: each selected sub-suite's own ``test.sh`` runs unchanged in a scratch copy of the snapshot's ``qa/``,
+so its model repository is built by its own ``cp``/``sed`` and its server started with its own flags. The scripts
+start ``$TRITON_DIR/bin/tritonserver``; here that is a shim that runs ``fastoip serve`` with the same arguments
+(fastoip accepts tritonserver's flags) after ``--exit-on-error=true``, Triton's default (fastoip's default
+deliberately keeps serving; COMPATIBILITY.md). It first moves the models whose ``model.py`` imports torch out of
+the repository (no PyTorch here; the cases that use them fail). Other shims on ``PATH``: ``python3`` is this
+interpreter and gives each ``pytest --junitxml`` run a report of its own (some suites reuse one name), ``pip`` /
+``pip3`` install nothing (the venv has the dependencies; the torch/JAX installs are for skipped cases), ``git clone
+.../python_backend`` copies the given python_backend snapshot (no network), ``gdb`` does nothing.
+``common/util.sh``'s readiness wait reads curl's status code alone (it compares body and code as one string;
+fastoip's server health answers a body, a deliberate difference in COMPATIBILITY.md). The top-level ``test.sh``'s
+start checks run from a copy cut before its sub-suite loop, without its Python 3.12 version checks (this venv's
+Python is the one that matters). Where it may (root), each suite runs with a private ``/dev/shm`` (a mount
+namespace with its own tmpfs): the suites count ``/dev/shm`` entries before and after a server, and other
+processes of the machine must not change that count.
 
 Totals: every ``<testcase>`` of every JUnit report a suite writes (``pytest --junitxml``), plus, for the clients a
 ``test.sh`` runs without JUnit, the suite's exit status. Triton's servers listen on 8000-8002, which the tests
@@ -116,20 +121,34 @@ def write_shim(path: Path, body: str) -> None:
 def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
     """``triton_dir`` made a TRITON_DIR whose ``bin/tritonserver`` is fastoip (its ``qa/`` is the scratch copy: the
     init_args model expects its repository at TRITON_DIR/qa/...); a bin directory of tool shims for PATH."""
-    for folder in ("bin", "backends", "shims"):
+    for folder in ("bin", "backends", "shims", "needs-pytorch"):
         if (triton_dir / folder).exists():
             shutil.rmtree(triton_dir / folder)
     (triton_dir / "bin").mkdir(parents=True)
     (triton_dir / "backends").mkdir()
     py = sys.executable
-    # --exit-on-error=true first: Triton's default, which fastoip's deliberately is not (COMPATIBILITY.md); the
-    # suites' own flags come after it and win.
-    write_shim(triton_dir / "bin" / "tritonserver", f'exec {py} -c "import sys; from fastoip.cli import main; '
-               f'sys.exit(main())" serve --exit-on-error=true "$@"\n')
+    # Models whose model.py imports torch are moved out of the repository first (no PyTorch here: Triton would not
+    # start without them either); the cases that use them fail and are listed.  --exit-on-error=true first:
+    # Triton's default, which fastoip's deliberately is not (COMPATIBILITY.md); the suites' own flags win.
+    aside = triton_dir / "needs-pytorch"
+    write_shim(
+        triton_dir / "bin" / "tritonserver",
+        'for a in "$@"; do case "$a" in --model-repository=*|--model-store=*) repo="${a#*=}";; esac; done\n'
+        'if [ -n "$repo" ]; then for f in "$repo"/*/*/model.py; do\n'
+        '  if [ -f "$f" ] && grep -qE "^[[:space:]]*(import torch|from torch)" "$f"; then\n'
+        f'    d=$(dirname "$(dirname "$f")"); mkdir -p {aside}; rm -rf "{aside}/$(basename "$d")"\n'
+        f'    mv "$d" {aside}/ && echo "triton-qa: model $(basename "$d") needs PyTorch: not served" >&2\n'
+        '  fi; done; fi\n'
+        f'exec {py} -c "import sys; from fastoip.cli import main; sys.exit(main())" serve --exit-on-error=true "$@"\n',
+    )
     tools = triton_dir / "shims"
     tools.mkdir()
-    write_shim(tools / "python3", f'exec {py} "$@"\n')
-    write_shim(tools / "python", f'exec {py} "$@"\n')
+    # Each pytest run's JUnit report gets a name of its own (some suites reuse one name for several runs).
+    unique_junit = ('args=(); for a in "$@"; do case "$a" in --junitxml=*) a="${a%.xml}.$(date +%s%N).xml";; esac; '
+                    'args+=("$a"); done\n')
+    write_shim(tools / "python3", unique_junit + f'exec {py} "${{args[@]}}"\n')
+    write_shim(tools / "python", unique_junit + f'exec {py} "${{args[@]}}"\n')
+    write_shim(tools / "pytest", unique_junit + f'exec {py} -m pytest "${{args[@]}}"\n')
     write_shim(tools / "gdb", "exit 0\n")  # util.sh's hang helper: no core dumps of a server that did not start
     for name in PLAIN_NAMES:
         write_shim(tools / name, 'echo "triton-qa: skipped: $0 $*"\n')
@@ -179,6 +198,17 @@ def start_checks_script(l0: Path) -> Path:
     return script
 
 
+def private_shm_prefix() -> list[str]:
+    """A command prefix that gives a suite a /dev/shm of its own (a mount namespace with a fresh tmpfs), so the
+    suites' shared-memory page counts see only their own server; empty where that is not allowed (not root)."""
+    prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+              'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$@"', "private-shm"]
+    if shutil.which("unshare") is None:
+        return []
+    probe = subprocess.run([*prefix, "true"], capture_output=True)
+    return prefix if probe.returncode == 0 else []
+
+
 def junit_cases(directory: Path, since: float) -> tuple[list[str], list[str], list[str]]:
     passed: list[str] = []
     failed: list[str] = []
@@ -201,7 +231,7 @@ def junit_cases(directory: Path, since: float) -> tuple[list[str], list[str], li
     return passed, failed, skipped
 
 
-def run_suite(name: str, l0: Path, env: dict[str, str], timeout: float) -> SuiteResult:
+def run_suite(name: str, l0: Path, env: dict[str, str], timeout: float, prefix: list[str]) -> SuiteResult:
     if name == "start_checks":
         cwd, argv = l0, ["bash", "-x", str(start_checks_script(l0))]
     else:
@@ -209,7 +239,7 @@ def run_suite(name: str, l0: Path, env: dict[str, str], timeout: float) -> Suite
     suite_env = dict(env, **SUITE_ENV.get(name, {}))
     started = time.time()
     log = (l0.parent / f"triton-qa.{name}.out").open("w")  # beside, not in: the scripts remove *.log
-    suite = subprocess.Popen(argv, cwd=cwd, env=suite_env, stdout=log, stderr=subprocess.STDOUT,
+    suite = subprocess.Popen([*prefix, *argv], cwd=cwd, env=suite_env, stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:
         status = suite.wait(timeout)
@@ -277,8 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         TRITON_REPO_ORGANIZATION="http://github.com/triton-inference-server",
     )
     results = []
+    prefix = private_shm_prefix()
+    print("each suite has a private /dev/shm" if prefix else
+          "no private /dev/shm (needs root and unshare): the suites' shm page counts see the whole machine's")
     for name in args.suite or SELECTED:
-        result = run_suite(name, l0, env, args.timeout)
+        result = run_suite(name, l0, env, args.timeout, prefix)
         results.append(result)
         print(f"{name:22} exit={result.exit_status:<4} passed={len(result.passed):<4} failed={len(result.failed):<4}"
               f" skipped={len(result.skipped):<3} {result.seconds:6.0f}s", flush=True)

@@ -259,15 +259,16 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
     def execute(exec_id: int, packed: list) -> None:
         assert runner is not None
         ordered = not getattr(runner, "decoupled", True)
-        executing = threading.get_ident()
+        running = [True]  # (a list: the closure below reads what the finally sets; plain for mypyc)
         try:
             requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
 
             def emit(index: int, response: Any, final: bool) -> None:
                 message = ("send", exec_id, index, shm.pack_response(response), final)
-                if ordered and threading.get_ident() == executing:
-                    # a non-decoupled request's one answer, sent while execute runs: it reaches the server
-                    # before the batch's result (an error execute raises after it is not its answer)
+                if ordered and running[0]:
+                    # a non-decoupled request's one answer, sent while execute runs (from any thread, or its
+                    # coroutine): it reaches the server before the batch's result (an error execute raises after
+                    # it is not its answer)
                     channel.send_result(message)
                 else:
                     channel.send(message)
@@ -275,7 +276,10 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
             def cancelled(index: int) -> bool:
                 return bool(bridge.ask("cancelled", exec_id, index))
 
-            responses = runner.execute(requests, emit, cancelled)
+            try:
+                responses = runner.execute(requests, emit, cancelled)
+            finally:
+                running[0] = False
             packed_out = None if responses is None else [
                 None if r is None else shm.pack_response(r) for r in responses  # None: its sender answers
             ]
