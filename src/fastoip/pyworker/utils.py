@@ -170,6 +170,11 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        # (the argument types python_backend's binding refuses with TypeError, as its QA checks)
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor(): name must be a str, not {type(name).__name__}")
+        if numpy_array is None:
+            raise TypeError("Tensor(): numpy_array must be an array, not None")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         if array.dtype.kind in ("U", "V"):
             raise TritonModelException(
@@ -336,19 +341,28 @@ BLS_PHASE = _BlsPhase()
 
 
 # -- requests and responses --------------------------------------------------------------------------------
+#: An argument not given (python_backend's binding tells it from an explicit None, which it refuses).
+_NOT_GIVEN: Any = object()
+
+
 class InferenceResponse:
     """One response: output tensors, or an error."""
 
     def __init__(
         self,
-        output_tensors: Sequence[Tensor] | None = None,
+        output_tensors: Any = _NOT_GIVEN,
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if output_tensors is None:
+        if output_tensors is _NOT_GIVEN:
             output_tensors = []
+        elif output_tensors is None:
+            raise TypeError("InferenceResponse(): output_tensors must be a list of Tensors, not None")
         if not isinstance(output_tensors, (list, tuple)):
             raise TritonModelException('"output_tensors" must be a list.')
+        for tensor in output_tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"an output tensor is a {type(tensor).__name__}, not a pb_utils.Tensor")
         self._outputs = list(output_tensors)
         self._error = error
         if isinstance(parameters, str):
@@ -473,8 +487,8 @@ class InferenceRequest:
     def __init__(
         self,
         model_name: str = "",
-        inputs: Sequence[Tensor] | None = None,
-        requested_output_names: Sequence[str] | None = None,
+        inputs: Any = _NOT_GIVEN,
+        requested_output_names: Any = _NOT_GIVEN,
         correlation_id: int | str = 0,
         request_id: str = "",
         flags: int = 0,
@@ -484,6 +498,23 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
+        # The argument types python_backend's binding refuses (TypeError; a non-Tensor input is its model error).
+        if inputs is None or requested_output_names is None:
+            raise TypeError("InferenceRequest(): inputs and requested_output_names must be lists, not None")
+        inputs = [] if inputs is _NOT_GIVEN else inputs
+        requested_output_names = [] if requested_output_names is _NOT_GIVEN else requested_output_names
+        if not isinstance(model_name, (str, bytes)):
+            raise TypeError(f"InferenceRequest(): model_name must be a str, not {type(model_name).__name__}")
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"a BLS input is a {type(tensor).__name__}, not a pb_utils.Tensor")
+        for output_name in requested_output_names:
+            if not isinstance(output_name, str):
+                raise TypeError(f"InferenceRequest(): an output name is a {type(output_name).__name__}, not a str")
+        for label, value, kinds in (("correlation_id", correlation_id, (int, str)), ("request_id", request_id, str),
+                                    ("model_version", model_version, int), ("flags", flags, int)):
+            if value is None or not isinstance(value, kinds):
+                raise TypeError(f"InferenceRequest(): {label} must not be {type(value).__name__}")
         # Triton's binding takes bytes as well (models pass a BYTES input's element straight in).
         self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self.model_version = model_version
@@ -650,6 +681,9 @@ class LogLevel:  # also Logger.LogLevel, as Triton nests it
     VERBOSE = logging.DEBUG
 
 
+_LOG_LEVELS = (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE)
+
+
 class Logger:
     """Triton's model logger: lines go to the server's log."""
 
@@ -661,7 +695,11 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
-        BRIDGE.current.log(level, str(message))
+        if not isinstance(message, str):
+            raise TypeError(f"Logger.log(): message must be a str, not {type(message).__name__}")
+        if type(level) is not int or level not in _LOG_LEVELS:
+            raise TypeError(f"Logger.log(): level must be a pb_utils.LogLevel, not {level!r}")
+        BRIDGE.current.log(level, message)
 
     @staticmethod
     def log_info(message: str) -> None:
