@@ -386,6 +386,7 @@ def explicit_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
     write_model(root, "bls_init_error", BLS_IN_INITIALIZE)
     write_model(root, "bls_finalize_error", BLS_IN_FINALIZE)
     write_model(root, "init_exit", EXITS_IN_INITIALIZE, "instance_group [{ kind: KIND_CPU }]")  # as Triton's
+    write_model(root, "non_existent_model", {})  # a version folder without model.py
     with ServerProcess(root, "--model-control-mode=explicit", http=True) as proc:
         yield proc
 
@@ -413,3 +414,19 @@ def test_worker_dying_in_initialize_names_the_stub_as_triton_does(explicit_serve
         client.load_model("init_exit")
     assert "Stub process 'init_exit_0_0' is not healthy." in str(raised.value)  # Triton's QA greps it
     assert "SIGKILL" in str(raised.value)  # and how it ended
+
+
+def test_a_version_folder_without_model_py_logs_pythons_backend_words_with_the_path(
+    explicit_server: ServerProcess,
+) -> None:
+    client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    with pytest.raises(InferenceServerException) as raised:
+        client.load_model("non_existent_model")
+    root = Path(explicit_server.args[explicit_server.args.index("--model-repository") + 1])
+    assert str(root) not in str(raised.value)  # the client's error never carries the server's paths
+    said = ("Failed to preinitialize Python stub: Python model file not found in "
+            f"'{(root / 'non_existent_model' / '1' / 'model.py').absolute()}'")
+    deadline = time.monotonic() + 10
+    while said not in explicit_server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said in explicit_server.output()  # the operator's log does (Triton's QA greps it)

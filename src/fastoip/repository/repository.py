@@ -527,6 +527,8 @@ class ModelRepository:
             # MLServer's layout: no version folders; the implementation sits beside model-settings.json
             return base, kind, [(settings_version(base), model_dir / MODEL_SETTINGS)]
         if not available:
+            if kind.name == "python":
+                _log_missing_python_file(model_dir, filename)
             hint = missing_version_hint(name, model_dir, filename)
             missing = f"model '{name}': no version directory holds '{filename}'"
             raise Unavailable(f"{missing}; {hint}" if hint else missing)
@@ -698,6 +700,16 @@ def _version_numbers(name: str, model_dir: Path, filename: str | None) -> list[i
             continue
         versions.append(number)
     return sorted(versions)
+
+
+def _log_missing_python_file(model_dir: Path, filename: str) -> None:
+    """python_backend's words for a version folder without the model file, with its path, in the operator's log
+    (Triton's QA greps them; a client's error never carries server paths)."""
+    folders = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] if model_dir.is_dir() else []
+    if folders:
+        newest = max(folders, key=lambda folder: int(folder.name))
+        log.error("Failed to preinitialize Python stub: Python model file not found in '%s'",
+                  (newest / filename).absolute())
 
 
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
