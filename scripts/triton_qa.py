@@ -12,17 +12,18 @@ How it runs: each selected sub-suite's own ``test.sh`` runs unchanged in a scrat
 so its model repository is built by its own ``cp``/``sed`` and its server started with its own flags. The scripts
 start ``$TRITON_DIR/bin/tritonserver``; here that is a shim that runs ``fastoip serve`` with the same arguments
 (fastoip accepts tritonserver's flags) after ``--exit-on-error=true``, Triton's default (fastoip's default
-deliberately keeps serving; COMPATIBILITY.md). It first moves the models whose ``model.py`` imports torch out of
-the repository (no PyTorch here; the cases that use them fail). Other shims on ``PATH``: ``python3`` is this
-interpreter and gives each ``pytest --junitxml`` run a report of its own (some suites reuse one name), ``pip`` /
-``pip3`` install nothing (the venv has the dependencies; the torch/JAX installs are for skipped cases), ``git clone
-.../python_backend`` copies the given python_backend snapshot (no network), ``gdb`` does nothing.
-``common/util.sh``'s readiness wait reads curl's status code alone (it compares body and code as one string;
-fastoip's server health answers a body, a deliberate difference in COMPATIBILITY.md). The top-level ``test.sh``'s
-start checks run from a copy cut before its sub-suite loop, without its Python 3.12 version checks (this venv's
-Python is the one that matters). Where it may (root), each suite runs with a private ``/dev/shm`` (a mount
-namespace with its own tmpfs): the suites count ``/dev/shm`` entries before and after a server, and other
-processes of the machine must not change that count.
+deliberately keeps serving; COMPATIBILITY.md). It first moves the models whose ``model.py`` imports torch out of the
+repository (no PyTorch here; the cases that use them fail). Other shims on ``PATH``: ``python3`` is this interpreter
+and gives each ``pytest --junitxml`` run a report of its own (some suites reuse one name), ``pip`` / ``pip3``
+install nothing (the venv has the dependencies; the torch/JAX installs are for skipped cases), ``git clone
+.../python_backend`` copies the given python_backend snapshot (no network), ``gdb`` does nothing, and a stand-in
+``triton_shm_monitor`` module lets ``shm_util`` import (Triton builds it to read its python backend's shared-memory
+pool, which fastoip does not have: the leak probe finds no pool to read). ``common/util.sh``'s readiness wait reads
+curl's status code alone (it compares body and code as one string; fastoip's server health answers a body, a
+deliberate difference in COMPATIBILITY.md). The top-level ``test.sh``'s start checks run from a copy cut before its
+sub-suite loop, without its Python 3.12 version checks (this venv's Python is the one that matters). Where it may
+(root), each suite runs with a private ``/dev/shm`` (a mount namespace with its own tmpfs): the suites count
+``/dev/shm`` entries before and after a server, and other processes of the machine must not change that count.
 
 Totals: every ``<testcase>`` of every JUnit report a suite writes (``pytest --junitxml``), plus, for the clients a
 ``test.sh`` runs without JUnit, the suite's exit status. Triton's servers listen on 8000-8002, which the tests
@@ -149,6 +150,14 @@ def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
     write_shim(tools / "python3", unique_junit + f'exec {py} "${{args[@]}}"\n')
     write_shim(tools / "python", unique_junit + f'exec {py} "${{args[@]}}"\n')
     write_shim(tools / "pytest", unique_junit + f'exec {py} -m pytest "${{args[@]}}"\n')
+    # Triton's QA builds triton_shm_monitor (a reader of its python backend's shared-memory pool, the
+    # "triton_python_backend_shm_region*" objects) for shm_util's leak probe; fastoip makes no such pool, so the probe
+    # finds none to open. The module is there so the import works; opening a pool would be an error.
+    (tools / "triton_shm_monitor.py").write_text(
+        "class SharedMemoryManager:\n"
+        "    def __init__(self, name):\n"
+        "        raise RuntimeError(f'triton-qa: fastoip has no python-backend pool {name!r} to monitor')\n"
+    )
     write_shim(tools / "gdb", "exit 0\n")  # util.sh's hang helper: no core dumps of a server that did not start
     for name in PLAIN_NAMES:
         write_shim(tools / name, 'echo "triton-qa: skipped: $0 $*"\n')
@@ -292,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(
         os.environ,
         PATH=f"{tools}:{os.environ['PATH']}",
-        PYTHONPATH=os.pathsep.join([str(src), str(qa / "common")]),
+        PYTHONPATH=os.pathsep.join([str(src), str(qa / "common"), str(tools)]),
         TRITON_DIR=str(triton_dir),
         SERVER=str(triton_dir / "bin" / "tritonserver"),
         BACKEND_DIR=str(triton_dir / "backends"),
