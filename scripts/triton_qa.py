@@ -315,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         PYTHON_BACKEND_REPO_TAG="main",
         TRITON_REPO_ORGANIZATION="http://github.com/triton-inference-server",
     )
+    # Stopped (SIGTERM), the suite running now and what it started end too (run_suite's finally).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     results = []
     prefix = private_shm_prefix()
     print("each suite has a private /dev/shm" if prefix else
