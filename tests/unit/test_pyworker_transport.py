@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import numpy as np
@@ -73,3 +74,13 @@ def test_without_shared_memory_a_large_array_travels_inline(monkeypatch: pytest.
     packed = pickle.loads(pickle.dumps(transport.pack(array), protocol=pickle.HIGHEST_PROTOCOL))
     assert packed[0] == "b"
     np.testing.assert_array_equal(transport.unpack(packed), array)
+
+
+def test_a_segment_shared_memory_has_no_room_for_is_an_error_in_tritons_words_not_a_sigbus() -> None:
+    # (ftruncate alone makes a sparse file: the first write to a page without memory would kill the writer)
+    before = set(os.listdir(transport._SHM_DIR))
+    free = os.statvfs(transport._SHM_DIR)
+    too_big = (free.f_blocks + 1) * free.f_frsize  # more than the whole file system
+    with pytest.raises(OSError, match="Failed to increase the shared memory pool size"):
+        transport._new_file(too_big)
+    assert set(os.listdir(transport._SHM_DIR)) - before == set()  # nothing left behind

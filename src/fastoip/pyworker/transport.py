@@ -29,6 +29,7 @@ Rules:
 from __future__ import annotations
 
 import atexit
+import errno
 import glob
 import itertools
 import mmap
@@ -79,12 +80,29 @@ _pool: list[_Segment] = []
 _mapped: dict[str, mmap.mmap] = {}
 
 
+#: python_backend's words when its shared memory cannot grow (Triton's QA matches them).
+NO_ROOM = "Failed to increase the shared memory pool size"
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Back a new segment with memory now: a full /dev/shm is an error here, in Triton's words, instead of a
+    SIGBUS in whichever process first writes a page that has no memory behind it."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise OSError(exc.errno, f"{NO_ROOM}: shared memory has no room for {size} bytes") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: as before
+            raise
+
+
 def _new_file(size: int) -> tuple[str, mmap.mmap]:
     name = f"fastoip-pyw-{os.getpid()}-{next(_counter)}"
     path = os.path.join(_SHM_DIR, name)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
+        _reserve(fd, size)
         region = mmap.mmap(fd, size)
     except BaseException:
         os.unlink(path)

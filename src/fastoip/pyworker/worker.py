@@ -195,7 +195,10 @@ class _WorkerBridge:
         return value
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
-        packed = shm.pack_request(request_data(request))
+        try:
+            packed = shm.pack_request(request_data(request))
+        except OSError as exc:  # no room in shared memory: an error response, as python_backend answers it
+            return pb.InferenceResponse(error=pb.TritonError(str(exc.strerror or exc), pb.TritonError.INTERNAL))
         answer = self.ask("infer", request.model_name, request.model_version, packed, request.timeout())
         return response_of(shm.unpack_response(answer))
 
