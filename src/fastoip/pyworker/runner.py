@@ -107,6 +107,7 @@ class TritonRunner:
         self.cls = module.TritonPythonModel
         self.model: Any = None
         self.decoupled = False
+        self.instance_name = model_name
         #: The process hosts only this model: BLS is refused in initialize and finalize, as the stub refuses it.
         self.own_process = own_process
 
@@ -124,6 +125,7 @@ class TritonRunner:
 
     def initialize(self, args: dict[str, str], decoupled: bool) -> None:
         self.decoupled = decoupled
+        self.instance_name = str(args.get("model_instance_name") or self.model_name)  # the stub's name in its words
         if self.own_process:
             pb.BLS_PHASE.allowed = False
         self.model = self.cls()
@@ -161,7 +163,7 @@ class TritonRunner:
                 return None
             if returned is not None:  # python_backend's words
                 raise pb.TritonModelException(
-                    f"Python model '{self.model_name}' is using the decoupled mode and the execute function must "
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
                     "return None."
                 )
             return None
