@@ -179,42 +179,6 @@ UNKNOWN_ERROR = {
                 return [pb_utils.InferenceResponse(error=error) for _ in requests]
     """,
 }
-# A decoupled model that sends INPUT0[0] responses, then the final flag alone (as python_backend's square example),
-# and a BLS model that counts what exec(decoupled=True) yields: Triton ends the iterator with an empty response.
-REPEATER = {
-    "model.py": """
-        import triton_python_backend_utils as pb_utils
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                for request in requests:
-                    x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-                    sender = request.get_response_sender()
-                    for _ in range(int(x[0])):
-                        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
-                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                return None
-    """,
-}
-BLS_COUNTS = {
-    "model.py": """
-        import numpy as np
-        import triton_python_backend_utils as pb_utils
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                out = []
-                for request in requests:
-                    x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-                    call = pb_utils.InferenceRequest(model_name="repeater", requested_output_names=["OUTPUT0"],
-                                                     inputs=[pb_utils.Tensor("INPUT0", x)])
-                    responses = list(call.exec(decoupled=True))
-                    empty_last = float(len(responses[-1].output_tensors()) == 0)
-                    counted = np.array([len(responses), empty_last], dtype=np.float32)
-                    out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", counted)]))
-                return out
-    """,
-}
 DECOUPLED = "model_transaction_policy { decoupled: true }"
 
 
@@ -231,8 +195,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "unknown_error", UNKNOWN_ERROR)
     write_model(root, "idle", SELF_IMPORT)  # never asked: its counters are there from load
     write_model(root, "async_decoupled", ASYNC_DECOUPLED, DECOUPLED)
-    write_model(root, "repeater", REPEATER, DECOUPLED)
-    write_model(root, "bls_counts", BLS_COUNTS)
     return root
 
 
@@ -328,11 +290,6 @@ def test_failure_counters_exist_at_zero_from_load_in_tritons_label_order(server:
     for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
         assert f'nv_inference_request_failure{{model="idle",reason="{reason}",version="1"}} 0' in text
 
-
-def test_decoupled_bls_iterator_ends_with_tritons_empty_final_response(server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    # two responses, then the final flag alone: Triton's iterator yields three, the last empty
-    assert client.infer("bls_counts", _input([2.0])).as_numpy("OUTPUT0").tolist() == [3.0, 1.0]
 
 
 # -- loading: one explicit-mode server whose models fail as Triton's QA models do ---------------------------------

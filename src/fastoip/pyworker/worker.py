@@ -213,8 +213,6 @@ class _WorkerBridge:
                 value, final = self.channel.wait(answers)
                 if value is not None:
                     yield response_of(shm.unpack_response(value))
-                elif final:
-                    yield pb.InferenceResponse()  # Triton's empty last response: the final flag alone
                 if final:
                     return
 

@@ -249,8 +249,6 @@ class InProcessBridge:
                 data, final = answers.get()
                 if data is not None:
                     yield response_of(data)
-                elif final:
-                    yield pb.InferenceResponse()  # Triton's empty last response: the final flag alone
                 if final:
                     return
 
