@@ -80,7 +80,11 @@ SELF_IMPORT = {
 
         class TritonPythonModel:
             def execute(self, requests):
+                import sys
+
                 import model
+                if sys.argv != [""]:  # the stub's argv (unittest.main("model") reads it for test names)
+                    raise pb_utils.TritonModelException(f"sys.argv is {sys.argv}")
                 out = []
                 for request in requests:
                     x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()

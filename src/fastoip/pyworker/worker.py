@@ -339,5 +339,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
     ring = ResultRing(int(sys.argv[2])) if len(sys.argv) > 2 else None
+    # The model sees the argv of python_backend's stub (an embedded interpreter's ['']), not this worker's
+    # descriptors: Triton's QA models run unittest.main("model"), which reads sys.argv for test names.
+    sys.argv = [""]
     serve(FramedSocket(socket.socket(fileno=fd)), ring)
 
