@@ -101,8 +101,9 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="with explicit mode: a model to load at start-up (repeatable; '*' for all)")
     p.add_argument("--model-control-allow-code", action="store_true",
                    default=_env("MODEL_CONTROL_ALLOW_CODE", "0") in ("1", "true", "yes"),
-                   help="SECURITY: let the load API load Python models and uploaded .py files, i.e. let any API "
-                        "client run code inside the server (default off: such loads are refused)")
+                   help="SECURITY: let the load API load Python code a client uploads (.py files, Python models "
+                        "made of uploaded files), i.e. let any API client run code inside the server (default off: "
+                        "such loads are refused; the repository's own Python models load by name, as in Triton)")
     p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 24))),
                    help="most BYTES elements one request may carry, all its BYTES inputs together, refused before "
                         "any is decoded; default 16777216")

@@ -101,6 +101,13 @@ class InternalError(InferenceError):
     http_status = 500
 
 
+class UnknownError(InferenceError):
+    """An error whose kind its source did not know: a model's ``TritonError.UNKNOWN`` (UNKNOWN / 500, as Triton)."""
+
+    grpc_code = "UNKNOWN"
+    http_status = 500
+
+
 class OneResponseCall(Unsupported):
     """A call that takes exactly one response (ModelInfer, HTTP infer) made to a decoupled model.
 

@@ -26,7 +26,7 @@ class RepositoryOptions:
     use_gpu: bool = True
     #: Applied to models with max_batch_size > 0 and no dynamic_batching block (None: no batcher).
     default_batching: dict[str, Any] | None = None
-    #: Loads requested through the API may run code in the server (Python models, uploaded .py files).
+    #: Loads requested through the API may run code a client brings (uploaded .py files, Python models of them).
     allow_code_loads: bool = False
     #: What this repository's Triton Python models call into (BLS, readiness, model control): the Core that owns
     #: the repository sets its own ``server_bridge.ServerLink`` here (a copy of the options per Core).

@@ -190,6 +190,10 @@ def _open_key(name: str, key: str) -> int:
         raise (InternalError if exc.errno == errno.ENOENT else InvalidArgument)(message) from None
 
 
+#: Triton's ``SIZE_MAX`` (a 64-bit size_t): an offset and byte size that add past it overflow in Triton.
+_SIZE_MAX = 2**64 - 1
+
+
 class SharedMemoryRegistry:
     """Registered system and CUDA regions by name; thread-safe."""
 
@@ -203,7 +207,7 @@ class SharedMemoryRegistry:
 
     def _check_new(self, name: str, client: str) -> None:
         if not name:
-            raise InvalidArgument("shared memory region name must not be empty")
+            raise InvalidArgument("failed to register shared memory region '': invalid args (the region needs a name)")
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
         if self._per_client.get(client, 0) >= self.limit_per_client:
@@ -241,8 +245,8 @@ class SharedMemoryRegistry:
             raise cuda_unavailable()
         if device_id < 0 or byte_size <= 0:
             raise InvalidArgument(
-                f"CUDA shared memory region '{name}': device_id {device_id} and byte_size {byte_size} must be "
-                "non-negative and positive"
+                f"failed to register shared memory region '{name}': invalid args (device_id {device_id} and "
+                f"byte_size {byte_size} must be non-negative and positive)"
             )
         try:
             pointer = runtime.ipc_open(raw_handle, device_id)
@@ -275,10 +279,9 @@ class SharedMemoryRegistry:
             size = info.st_size
             if offset < 0 or byte_size <= 0 or offset + byte_size > size:
                 # (the object's size is not stated: a probe learns no more than that the span does not fit)
-                raise InvalidArgument(
-                    f"failed to register shared memory region '{name}': invalid args (offset {offset} + byte_size "
-                    f"{byte_size} exceeds the shared memory object '{key}')"
-                )
+                why = (f"byte_size {byte_size} must be positive" if byte_size <= 0 else
+                       f"offset {offset} + byte_size {byte_size} exceeds the shared memory object '{key}'")
+                raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args ({why})")
             try:
                 mapping = GuardedMapping(fd, size)
             except MemoryError as exc:  # the SIGBUS guard's table is full (the bounds above keep room in it)
@@ -337,6 +340,11 @@ class SharedMemoryRegistry:
             byte_size = region.byte_size - offset
         if not isinstance(byte_size, int) or isinstance(byte_size, bool) or byte_size < 0:
             raise InvalidArgument(f"tensor '{tensor}': invalid {BYTE_SIZE} {byte_size!r}")
+        if offset < region.byte_size and byte_size > _SIZE_MAX - offset:  # Triton's check, in its order and words
+            raise InvalidArgument(
+                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) exceeds maximum value "
+                f"({_SIZE_MAX}) for region '{region.name}'"
+            )
         if offset + byte_size > region.byte_size:
             triton = "Invalid offset" if offset >= region.byte_size else "Invalid offset + byte size"
             raise InvalidArgument(

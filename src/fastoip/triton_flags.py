@@ -14,7 +14,10 @@ Rules:
   ``--trace-rate``, ``--trace-count``, ``--trace-log-frequency`` read as Triton
   reads them (:mod:`fastoip.tracing.config`).
 - ``--backend-config`` takes Triton's ``[<backend>,]<setting>=<value>``; the one
-  setting fastoip has is ``default-max-batch-size`` (Triton's default: 4).
+  setting fastoip has is ``default-max-batch-size`` (Triton's default: 4).  The
+  python backend's own settings (:data:`PYTHON_SETTINGS`: shared-memory sizes,
+  stub timeout, ...) are validated as python_be.cc validates them and logged as
+  having no effect: Triton's QA passes them to every Python-model server.
 - A model repository that does not exist is a start-time error with Triton's
   words ("failed to stat file ..."), not a ready server with no models.
 """
@@ -368,6 +371,7 @@ def _no_effect(args: argparse.Namespace) -> tuple[str, ...]:
     for flag, (_, why) in NO_EFFECT.items():
         if getattr(args, _dest(flag)) is not None:
             lines.append(f"{flag} has no effect in fastoip: {why}")
+    lines.extend(python_backend_settings(args))
     for flag, (_, wanted, why) in DEFAULT_ONLY.items():
         given = getattr(args, _dest(flag))
         if given is not None and given != wanted:
@@ -478,6 +482,41 @@ def parse_backend_config(value: str) -> tuple[str, str, str]:
     return backend, setting, setting_value
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+#: The python backend's settings (python_be.cc's TRITONBACKEND_Initialize) -> (value check, why no effect here).
+#: fastoip's workers size their shared memory per request and are supervised by the server, not by a timeout.
+PYTHON_SETTINGS: dict[str, tuple[Callable[[str], object], str]] = {
+    "shm-default-byte-size": (int, "a worker's shared memory is sized per request, not preallocated"),
+    "shm-growth-byte-size": (_positive_int, "a worker's shared memory is sized per request, not grown in steps"),
+    "shm-region-prefix-name": (str, "the server names each shared-memory object itself, unguessably"),
+    "shm_message_queue_size": (int, "a worker's channel is a ring sized by the server"),
+    "stub-timeout-seconds": (_positive_int, "a worker's health is watched by its process, not by a timeout"),
+    "thread-pool-size": (_positive_int, "async execute runs on the worker's own event loop"),
+}
+
+
+def python_backend_settings(args: argparse.Namespace) -> tuple[str, ...]:
+    """The log lines for python backend settings given (accepted, no effect); FlagError for a bad value."""
+    lines = []
+    for entry in args.backend_config:
+        backend, setting, value = parse_backend_config(entry)
+        if backend not in ("", "python") or setting not in PYTHON_SETTINGS:
+            continue
+        check, why = PYTHON_SETTINGS[setting]
+        try:
+            check(value)
+        except ValueError:
+            raise FlagError(f"--backend-config {entry}: invalid value '{value}' for {setting}") from None
+        lines.append(f"--backend-config {entry} has no effect in fastoip: {why}")
+    return tuple(lines)
+
+
 def _default_max_batch_size(args: argparse.Namespace) -> int:
     size: int | None = args.default_max_batch_size
     if size is None and os.environ.get("FASTOIP_DEFAULT_MAX_BATCH_SIZE"):
@@ -486,10 +525,12 @@ def _default_max_batch_size(args: argparse.Namespace) -> int:
         backend, setting, value = parse_backend_config(entry)
         if backend and backend not in BACKENDS:
             raise FlagError(f"--backend-config {entry}: backend '{backend}' is not one of {', '.join(BACKENDS)}")
+        if backend in ("", "python") and setting in PYTHON_SETTINGS:
+            continue  # python_backend_settings
         if setting != "default-max-batch-size":
             raise FlagError(
                 f"--backend-config {entry}: setting '{setting}' is not supported by fastoip "
-                "(supported: default-max-batch-size)"
+                f"(supported: default-max-batch-size; python: {', '.join(PYTHON_SETTINGS)})"
             )
         try:
             size = int(value)

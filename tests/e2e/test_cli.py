@@ -101,6 +101,18 @@ def test_default_max_batch_size_is_tritons_and_backend_config_sets_it(repo: Path
     assert options.repository.default_max_batch_size == 2
 
 
+def test_python_backend_settings_tritons_qa_passes_are_accepted_with_no_effect(repo: Path) -> None:
+    # Triton's qa/L0_backend_python starts every server with shm-default-byte-size (and some with the others).
+    options = serve_options([f"--model-store={repo}", "--backend-config=python,shm-default-byte-size=5242880",
+                             "--backend-config=python,shm-growth-byte-size=1048576",
+                             "--backend-config=python,stub-timeout-seconds=60",
+                             "--backend-config=shm-region-prefix-name=prefix0"])
+    assert options.repository.default_max_batch_size == 4
+    said = "\n".join(options.no_effect_flags)
+    for setting in ("shm-default-byte-size", "shm-growth-byte-size", "stub-timeout-seconds", "shm-region-prefix-name"):
+        assert f"{setting}=" in said and "has no effect in fastoip" in said
+
+
 @pytest.mark.parametrize(
     ("value", "words"),
     [
@@ -108,6 +120,9 @@ def test_default_max_batch_size_is_tritons_and_backend_config_sets_it(repo: Path
         ("tensorrt,default-max-batch-size=2", "backend 'tensorrt'"),
         (",default-max-batch-size=2", "no backend specified"),
         ("default-max-batch-size", "option format"),
+        ("python,shm-growth-byte-size=0", "invalid value '0' for shm-growth-byte-size"),
+        ("python,stub-timeout-seconds=soon", "invalid value 'soon' for stub-timeout-seconds"),
+        ("onnxruntime,shm-default-byte-size=5242880", "setting 'shm-default-byte-size' is not supported"),
     ],
 )
 def test_backend_config_refusals_name_the_setting(repo: Path, value: str, words: str) -> None:

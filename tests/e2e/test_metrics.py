@@ -118,6 +118,8 @@ def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> N
     assert got[("nv_inference_request_success", *key)] == int(inference["success"]["count"]) >= 40
     failures = labelled(text, "nv_inference_request_failure", "simple")
     assert set(failures) == {"reason=REJECTED", "reason=CANCELED", "reason=BACKEND", "reason=OTHER"}
+    # Triton's line exactly, labels in name order (Triton's python-backend QA matches it with a regex)
+    assert 'nv_inference_request_failure{model="simple",reason="BACKEND",version="1"} ' in text
     assert sum(failures.values()) == int(inference["fail"].get("count", 0))
     assert got[("nv_inference_count", *key)] == int(stats["inference_count"])
     assert got[("nv_inference_exec_count", *key)] == int(stats["execution_count"])

@@ -1,7 +1,7 @@
 """Model control does what the operator allows and nothing more (explicit mode, tritonclient gRPC and HTTP).
 
 Names are names, every path a client's config or upload builds stays inside the model's directory,
-Python code loads through the API only with --model-control-allow-code, and file-system failures of
+Python code a client brings loads through the API only with --model-control-allow-code, and file-system failures of
 a load answer INTERNAL without the server's paths.  Each case ends with a good request.
 """
 
@@ -208,19 +208,38 @@ def test_uploaded_file_names_are_checked(server: ServerProcess, protocol: str) -
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_code_does_not_load_through_the_api_by_default(server: ServerProcess, protocol: str) -> None:
+def test_code_a_client_brings_does_not_load_through_the_api_by_default(server: ServerProcess, protocol: str) -> None:
     client = _client(server, protocol)
     # Uploaded Python code, in any backend's model.
     files = {"file:1/model.py": PYTHON_SOURCE.encode()}
     error = _load_error(client, "uploaded_code", config=json.dumps(PYTHON_CONFIG), files=files)
     assert error.status() == _refused(protocol), error
     assert "--model-control-allow-code" in error.message(), error
-    # A Python model of the repository, by name, and an ONNX model turned into a Python one by a config.
-    for name, kwargs in (("pymodel", {}), ("good", {"config": json.dumps(PYTHON_CONFIG)})):
-        error = _load_error(client, name, **kwargs)
-        assert error.status() == _refused(protocol), (name, error)
-        assert "--model-control-allow-code" in error.message(), error
-    assert not client.is_model_ready("pymodel")
+    # Code under another name, made the model's file by the load's config: refused as python_backend refuses a
+    # model file that is not a .py file (and as uploaded code without the flag).
+    renamed = {"file:1/model.txt": PYTHON_SOURCE.encode()}
+    config = json.dumps({**PYTHON_CONFIG, "default_model_filename": "model.txt"})
+    error = _load_error(client, "uploaded_code", config=config, files=renamed)
+    assert error.status() == _refused(protocol), error
+    assert "Model name must end with '.py'" in error.message(), error
+    # An ONNX model of the repository turned into a Python one by a config: no Python file of the operator's runs.
+    config = json.dumps({**PYTHON_CONFIG, "default_model_filename": "model.onnx"})
+    error = _load_error(client, "good", config=config)
+    assert "Model name must end with '.py'" in error.message(), error
+    assert not client.is_model_ready("uploaded_code")
+    _good_request(client)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_python_model_of_the_repository_loads_through_the_api_as_triton_loads_it(
+    server: ServerProcess, protocol: str
+) -> None:
+    """Its code is the operator's (put in the repository), not the client's: loading it is not an upload (issue 41;
+    Triton's QA loads its Python models so, and COMPATIBILITY.md says why)."""
+    client = _client(server, protocol)
+    client.load_model("pymodel")
+    np.testing.assert_array_equal(_infer(client, "pymodel"), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
+    client.unload_model("pymodel")
     _good_request(client)
 
 
@@ -239,15 +258,15 @@ def test_ensemble_steps_are_names_not_paths(server: ServerProcess, protocol: str
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_ensemble_steps_do_not_bring_code_in(server: ServerProcess, protocol: str) -> None:
-    """A client's load of an ensemble loads its Python steps only as a direct load would (the code guard)."""
+def test_ensemble_steps_load_as_a_direct_load_would(server: ServerProcess, protocol: str) -> None:
+    """A client's load of an ensemble loads its steps as a direct load would: the repository's Python step loads
+    (the operator's code), and only by name (the step names test above)."""
     client = _client(server, protocol)
-    error = _load_error(client, "py_ensemble")
-    assert error.status() == _refused(protocol), error
-    assert "--model-control-allow-code" in error.message(), error
-    error = _load_error(client, "good", config=_ensemble_config("pymodel"))
-    assert "--model-control-allow-code" in error.message(), error
-    assert not client.is_model_ready("pymodel")
+    client.load_model("py_ensemble")
+    assert client.is_model_ready("pymodel")
+    client.unload_model("py_ensemble")
+    client.unload_model("pymodel")
+    assert not _mark(Path(server.args[server.args.index("--model-repository") + 1])).exists()
     _good_request(client)
 
 

@@ -72,13 +72,34 @@ def test_a_key_of_slashes_is_an_invalid_shm_key(server: ServerProcess, protocol:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize(("offset", "byte_size"), [(0, 129), (1, 128), (128, 1)])
+@pytest.mark.parametrize(("offset", "byte_size"), [(0, 129), (1, 128), (128, 1), (129, 0)])
 def test_register_beyond_the_object_is_invalid_args(
     server: ServerProcess, region: tuple, protocol: str, offset: int, byte_size: int
 ) -> None:
     key, _ = region
     with pytest.raises(InferenceServerException, match="failed to register shared memory region.*invalid args"):
         client_for(server, protocol).register_system_shared_memory("oob", key, byte_size, offset)
+
+
+def test_a_cuda_region_without_a_name_is_invalid_args(server: ServerProcess) -> None:
+    # Triton's L0_grpc aio test registers ("", b"", 0, 0) and reads this (on any host, GPU or not)
+    with pytest.raises(InferenceServerException, match="failed to register shared memory region.*invalid args"):
+        tg.InferenceServerClient(server.grpc_url).register_cuda_shared_memory("", b"", 0, 0)
+
+
+def test_an_output_offset_and_byte_size_past_size_max_is_tritons_integer_overflow(
+    server: ServerProcess, region: tuple
+) -> None:
+    client = th.InferenceServerClient(server.http_url)  # (gRPC's client cannot send a byte size past int64)
+    key, _ = region
+    client.register_system_shared_memory("output_data", key, 64)
+    try:
+        output = th.InferRequestedOutput("OUTPUT0")
+        output.set_shared_memory("output_data", 2**64 - 32, offset=32)
+        with pytest.raises(InferenceServerException, match="Integer overflow detected: byte_size "):
+            client.infer("simple", _simple_inputs(th), outputs=[output])
+    finally:
+        client.unregister_system_shared_memory("output_data")
 
 
 def test_a_missing_object_is_internal_unable_to_open(server: ServerProcess) -> None:
@@ -187,6 +208,16 @@ def test_json_shapes_that_overflow_are_refused_in_tritons_words(server: ServerPr
         assert status == 400 and words in answer["error"], answer
 
 
+def test_a_negative_dimension_is_refused_with_tritons_sentence_first(server: ServerProcess) -> None:
+    # Triton's L0_http test_negative_dimensions reads this sentence (its status, 500, is its JSON reader's INTERNAL;
+    # fastoip answers 400, a client's mistake: COMPATIBILITY.md)
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, -5], "data": [1.0]}]}
+    status, answer = post(server, "/v2/models/identity_fp32/infer", json.dumps(doc).encode())
+    assert status == 400, answer
+    assert answer["error"].startswith(
+        "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer"), answer
+
+
 def test_a_raw_request_to_a_model_of_several_inputs(server: ServerProcess) -> None:
     status, answer = post(server, "/v2/models/simple/infer", np.arange(32, dtype=np.int32).tobytes(),
                           {"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"})
@@ -236,3 +267,44 @@ def test_log_settings_report_the_file_and_format_the_server_started_with(tmp_pat
         assert json.loads(refused.value.read()) == {
             "error": "log file location can not be updated through network protocol"}
     assert "fastoip" in open(log_file).read()  # the log went to the file
+
+
+# -- model control: Triton's L0_lifecycle words (issue 41) ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = write_repository(tmp_path_factory.mktemp("explicit_messages"))
+    (root / "no_versions").mkdir()
+    (root / "no_versions" / "config.pbtxt").write_text((root / "simple" / "config.pbtxt").read_text()
+                                                        .replace('"simple"', '"no_versions"'))
+    with ServerProcess(root, "--model-control-mode=explicit", http=True) as proc:
+        yield proc
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_model_whose_load_fails_answers_load_failed_for_model(explicit: ServerProcess, protocol: str) -> None:
+    client = client_for(explicit, protocol)
+    # no version folder at all, and a config override whose version policy finds none of the folders
+    with pytest.raises(InferenceServerException, match="load failed for model 'no_versions'"):
+        client.load_model("no_versions")
+    config = json.dumps({"backend": "onnxruntime", "version_policy": {"specific": {"versions": [7]}}})
+    with pytest.raises(InferenceServerException, match="load failed for model 'simple'"):
+        client.load_model("simple", config=config)
+    client.load_model("simple")  # and a good load still works after them
+    assert client.is_model_ready("simple")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_model_files_without_a_config_fail_to_poll_in_tritons_words(explicit: ServerProcess, protocol: str) -> None:
+    client = client_for(explicit, protocol)
+    with pytest.raises(InferenceServerException,
+                       match="failed to load 'simple', failed to poll from model repository") as raised:
+        client.load_model("simple", files={"file:1/model.onnx": b"bytes"})
+    assert "'config'" in raised.value.message()  # and what was missing
+
+
+def test_an_uploaded_path_leaving_the_model_directory_fails_to_load(explicit: ServerProcess) -> None:
+    client = th.InferenceServerClient(explicit.http_url)
+    config = json.dumps({"backend": "onnxruntime"})
+    with pytest.raises(InferenceServerException, match="failed to load") as raised:
+        client.load_model("new_model", config=config, files={"file:../../escape.txt": b"should not exist"})
+    assert raised.value.status() == "400" and "inside the model directory" in raised.value.message()

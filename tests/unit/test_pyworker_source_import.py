@@ -34,3 +34,19 @@ def test_a_failing_file_is_not_left_registered(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="broken model"):
         import_source(tmp_path / "model.py", "_test_source_d")
     assert "_test_source_d" not in sys.modules
+
+
+def test_in_a_package_of_its_folder_relative_imports_work_and_keep_on_path_leaves_the_folders(tmp_path: Path) -> None:
+    # python_backend's stub: "<version>.model" with the version folder and the model folder on sys.path (issue 41)
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "helper_rel.py").write_text("NAME = 'relative'\n")
+    (version / "model.py").write_text("from . import helper_rel\nNAME = helper_rel.NAME\n")
+    module = import_source(version / "model.py", "_test_source_pkg", in_package=True, keep_on_path=True)
+    try:
+        assert module.NAME == "relative" and module.__name__ == "_test_source_pkg.model"
+        assert str(version) in sys.path and str(version.parent) in sys.path
+    finally:
+        for folder in (str(version), str(version.parent)):
+            while folder in sys.path:
+                sys.path.remove(folder)

@@ -3,6 +3,7 @@ tensors in Triton's framing, never pickled."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -95,3 +96,13 @@ def test_without_shared_memory_a_large_array_travels_inline(monkeypatch: pytest.
     packed = crossed(transport.pack(array))
     assert packed[0] == "b"
     np.testing.assert_array_equal(transport.unpack(packed), array)
+
+
+def test_a_segment_shared_memory_has_no_room_for_is_an_error_in_tritons_words_not_a_sigbus() -> None:
+    # (ftruncate alone makes a sparse file: the first write to a page without memory would kill the writer)
+    before = set(os.listdir(transport._SHM_DIR))
+    free = os.statvfs(transport._SHM_DIR)
+    too_big = (free.f_blocks + 1) * free.f_frsize  # more than the whole file system
+    with pytest.raises(transport.SharedMemoryFull, match="Failed to increase the shared memory pool size"):
+        transport._new_file(too_big)
+    assert set(os.listdir(transport._SHM_DIR)) - before == set()  # nothing left behind

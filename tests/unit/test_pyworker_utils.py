@@ -82,3 +82,37 @@ def test_numpy_to_triton_type_maps_each_numpy_type_and_refuses_the_rest() -> Non
     for unsupported in (">f4", "U2", np.complex64):
         assert numpy_to_triton_type(unsupported) is None
     assert Tensor("T", np.zeros(2, np.float32)).triton_dtype() == 11
+
+
+# -- argument types python_backend's binding refuses (Triton's qa/L0_backend_python argument_validation) ----------
+def test_bad_argument_types_are_refused_as_python_backends_binding_refuses_them() -> None:
+    import numpy as np
+
+    from fastoip.pyworker import utils as pb
+
+    good = [pb.Tensor("INPUT0", np.asarray([1, 2], dtype=np.int32))]
+    with pytest.raises(pb.TritonModelException):
+        pb.InferenceRequest(inputs=[None], model_name="m", requested_output_names=["o"])
+    for bad in ({"inputs": None}, {"model_name": None}, {"requested_output_names": [None]},
+                {"requested_output_names": None}, {"correlation_id": None}, {"request_id": None},
+                {"model_version": None}, {"flags": None}):
+        with pytest.raises(TypeError):
+            pb.InferenceRequest(**{"inputs": good, "model_name": "m", "requested_output_names": ["o"], **bad})
+    assert pb.InferenceRequest(inputs=good, model_name="m", requested_output_names=["o"],
+                               correlation_id="id-5").correlation_id() == "id-5"
+    pb.InferenceRequest(requested_output_names=[], inputs=[], model_name="m")
+    with pytest.raises(pb.TritonModelException):
+        pb.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb.InferenceResponse(output_tensors=None)
+    assert pb.InferenceResponse().output_tensors() == []
+    for name, array in ((None, np.zeros(2)), ("OUTPUT0", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb.Tensor(name, array)
+    with pytest.raises(pb.TritonModelException):
+        pb.Tensor.from_dlpack("OUTPUT0", None)
+    for call in (lambda: pb.Logger.log("x", None), lambda: pb.Logger.log("x", 1), lambda: pb.Logger.log_info(None),
+                 lambda: pb.Logger.log_warn(None), lambda: pb.Logger.log_error(None),
+                 lambda: pb.Logger.log_verbose(None)):
+        with pytest.raises(TypeError):
+            call()

@@ -134,7 +134,10 @@ class ModelControl:
             elif key == "config":
                 override = config_from_json(name, value)
         if files and override is None:
-            raise InvalidArgument(f"load '{name}': model files in the request need a 'config' parameter too")
+            raise InvalidArgument(  # Triton's words first (its QA matches them), then what is missing
+                f"failed to load '{name}', failed to poll from model repository: model files in the request need a "
+                "'config' parameter too"
+            )
         self.repository.load(name, override, files or None, from_client=True)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:

@@ -148,10 +148,12 @@ def model_families(
         families.append(_family(name, help_text, "counter", ((labels, value(c)) for labels, c in labelled)))
     failure = Metric("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
                      "counter")
-    for labels, c in labelled:
+    for _, c in labelled:
         reasons = (failures or {}).get((c.model, c.version)) or {"OTHER": c.failure}
         for reason in FAILURE_REASONS:
-            failure.add_sample(failure.name, {**labels, "reason": reason}, reasons.get(reason, 0))
+            # labels in name order, as Triton's (prometheus-cpp) writes them: Triton's QA matches the line
+            failure.add_sample(failure.name, {"model": c.model, "reason": reason, "version": c.version},
+                               reasons.get(reason, 0))
     families.append(failure)
     for name, help_text, value in _COUNTERS[1:] + (_LATENCY_COUNTERS if config.counter_latencies else ()):
         families.append(_family(name, help_text, "counter", ((labels, value(c)) for labels, c in labelled)))

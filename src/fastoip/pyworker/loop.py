@@ -52,6 +52,20 @@ class _EventLoop:
             raise
 
 
+    def submit(self, awaitable: Any, done: Callable[[BaseException | None], None]) -> None:
+        """Start ``awaitable`` on the loop without waiting; ``done(exception or None)`` runs when it ends."""
+
+        async def wrapper() -> Any:
+            return await awaitable
+
+        future = asyncio.run_coroutine_threadsafe(wrapper(), self.loop())
+
+        def finished(ended: concurrent.futures.Future) -> None:
+            done(None if ended.cancelled() else ended.exception())
+
+        future.add_done_callback(finished)
+
+
 EVENT_LOOP = _EventLoop()
 
 

@@ -6,24 +6,33 @@ Rules:
 - ``execute`` gets the whole batch as a list (Triton's semantics) and must
   return one response per request; a decoupled model returns None and answers
   through each request's sender, from ``execute`` or from its own threads
-  (``emit(index, response, final)`` is called for each ``send``).
+  (``emit(index, response, final)`` is called for each ``send``).  A
+  non-decoupled model's request may answer through its sender too (its one
+  response, emitted at once): execute returns None for it (or None for all).
 - An exception from ``execute`` fails every request of the call with it.
+- ``async def execute`` of a decoupled model runs in the background on the
+  backend's event loop (pb_stub.cc's ``RunCoroutine(in_background)``): the call
+  returns at once, so the next batch can start while this one awaits; an
+  exception it raises is logged with its traceback, as the stub logs it.  A
+  non-decoupled model's coroutine is run to its end, as Triton runs it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import re
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import utils as pb
 from .channel import RequestData
-from .loop import call
+from .loop import EVENT_LOOP, call
 from .source_import import import_source
 
 #: (outputs [(name, datatype, array)], error (code, message) or None, parameters)
@@ -91,11 +100,14 @@ def request_data(request: pb.InferenceRequest) -> RequestData:
 class TritonRunner:
     """One ``TritonPythonModel`` object and its lifecycle."""
 
-    def __init__(self, module: Any, model_name: str) -> None:
+    def __init__(self, module: Any, model_name: str, own_process: bool = False) -> None:
         self.model_name = model_name
         self.cls = module.TritonPythonModel
         self.model: Any = None
         self.decoupled = False
+        self.instance_name = model_name
+        #: The process hosts only this model: BLS is refused in initialize and finalize, as the stub refuses it.
+        self.own_process = own_process
 
     def auto_complete(self, config: dict) -> dict:
         method = getattr(self.cls, "auto_complete_config", None)
@@ -111,14 +123,18 @@ class TritonRunner:
 
     def initialize(self, args: dict[str, str], decoupled: bool) -> None:
         self.decoupled = decoupled
+        self.instance_name = str(args.get("model_instance_name") or self.model_name)  # the stub's name in its words
+        if self.own_process:
+            pb.BLS_PHASE.allowed = False
         self.model = self.cls()
         init = getattr(self.model, "initialize", None)
         if init is not None:
             call(init, args)
+        pb.BLS_PHASE.allowed = True
 
     def execute(
         self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
-    ) -> list[ResponseData] | None:
+    ) -> list[ResponseData | None] | None:
         built = []
         tensor = pb.Tensor._of
         for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
@@ -133,23 +149,52 @@ class TritonRunner:
             )
             if cancelled is not None:
                 request._cancelled = functools.partial(cancelled, index)
-            if self.decoupled and emit is not None:
-                request._sender = pb.InferenceResponseSender(_emitter(emit, index), True, request._cancelled)
+            if emit is not None:
+                request._sender = pb.InferenceResponseSender(
+                    _emitter(emit, index), self.decoupled, request._cancelled
+                )
             built.append(request)
-        responses = call(self.model.execute, built)
         if self.decoupled:
+            returned = self.model.execute(built)
+            if inspect.isawaitable(returned):
+                EVENT_LOOP.submit(returned, _log_background_failure)
+                return None
+            if returned is not None:  # python_backend's words
+                raise pb.TritonModelException(
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
+                    "return None."
+                )
             return None
+        responses = call(self.model.execute, built)
+        if responses is None:  # every request answers through its response sender
+            return [None] * len(built)
         if not isinstance(responses, (list, tuple)) or len(responses) != len(built):
             got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
             raise pb.TritonModelException(
                 f"execute() returned {got} responses for {len(built)} requests: it must return one per request"
             )
-        return [response_data(response) for response in responses]
+        results: list[ResponseData | None] = []
+        for request, response in zip(built, responses, strict=True):
+            if response is None:
+                results.append(None)  # answered through its response sender (now or later)
+                continue
+            data = response_data(response)
+            if request._sender is not None:
+                request._sender._returned()  # refused if its sender answered it already
+            results.append(data)
+        return results
 
     def finalize(self) -> None:
+        if self.own_process:
+            pb.BLS_PHASE.allowed = False
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             call(finalize)
+
+
+def _log_background_failure(exc: BaseException | None) -> None:
+    if exc is not None:
+        pb.Logger.log_error("".join(traceback.TracebackException.from_exception(exc).format()))
 
 
 def _emitter(emit: Emit, index: int) -> Callable[[Any, bool], None]:
@@ -163,18 +208,20 @@ def _emitter(emit: Emit, index: int) -> Callable[[Any, bool], None]:
     return send
 
 
-def import_runner(path: Path, model_name: str, version: int) -> TritonRunner:
+def import_runner(path: Path, model_name: str, version: int, own_process: bool = False) -> TritonRunner:
     """Import model.py (``triton_python_backend_utils`` registered first) and wrap its model class.
 
-    Each call imports the file afresh under a module name of its own, with its folder on
-    ``sys.path`` while it imports (so model.py may import files beside it)."""
+    Each call imports the file afresh under a module name of its own, in a package of its folder, with its
+    folder on ``sys.path`` while it imports (so model.py may import files beside it, absolutely or relatively).
+    ``own_process``: the process hosts only this model, so its folders stay on ``sys.path`` as Triton's stub
+    leaves them (``import model`` at execute time)."""
     register_utils()
     safe = re.sub(r"\W", "_", model_name)
     module_name = f"_fastoip_triton_{safe}_v{version}_{next(_generation)}"
     try:
-        module = import_source(path, module_name)
+        module = import_source(path, module_name, in_package=True, keep_on_path=own_process)
     except BaseException as exc:
         raise pb.TritonModelException(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     if not defines_triton_model(module):
         raise pb.TritonModelException(f"{path} defines no TritonPythonModel class")
-    return TritonRunner(module, model_name)
+    return TritonRunner(module, model_name, own_process)

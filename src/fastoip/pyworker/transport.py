@@ -185,6 +185,10 @@ _mapped: dict[str, GuardedMapping] = {}
 _trimming = False
 
 
+#: python_backend's words when its shared memory cannot grow (Triton's QA matches them).
+NO_ROOM = "Failed to increase the shared memory pool size"
+
+
 def _new_file(size: int) -> tuple[str, GuardedMapping]:
     """A new segment of ``size`` bytes, every page reserved (a full /dev/shm fails here, not with SIGBUS later)."""
     name = f"{SEGMENT_PREFIX}{TOKEN}-{next(_counter)}"
@@ -197,7 +201,7 @@ def _new_file(size: int) -> tuple[str, GuardedMapping]:
             if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
                 raise
             raise SharedMemoryFull(
-                f"no room in {_SHM_DIR} for a tensor of {size - HEADER} bytes between the server and a Python "
+                f"{NO_ROOM}: no room in {_SHM_DIR} for a tensor of {size - HEADER} bytes between the server and a Python "
                 f"model's worker ({os.strerror(exc.errno)}); give {_SHM_DIR} more space (docker run --shm-size, "
                 "a Kubernetes emptyDir with medium: Memory) or send smaller tensors",
             ) from None

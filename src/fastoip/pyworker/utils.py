@@ -172,6 +172,11 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        # (the argument types python_backend's binding refuses with TypeError, as its QA checks)
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor(): name must be a str, not {type(name).__name__}")
+        if numpy_array is None:
+            raise TypeError("Tensor(): numpy_array must be an array, not None")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         if array.dtype.kind in ("U", "V"):
             raise TritonModelException(
@@ -325,20 +330,41 @@ class _BridgeSlot:
 BRIDGE = _BridgeSlot()
 
 
+class _BlsPhase:
+    """Whether this worker's model may make BLS calls now: python_backend's stub refuses them until
+    ``initialize`` returned and once ``finalize`` started.  Set by the runner of a worker that hosts one model;
+    an in-process model shares the server's process with others and is not restricted."""
+
+    def __init__(self) -> None:
+        self.allowed = True
+
+
+BLS_PHASE = _BlsPhase()
+
+
 # -- requests and responses --------------------------------------------------------------------------------
+#: An argument not given (python_backend's binding tells it from an explicit None, which it refuses).
+_NOT_GIVEN: Any = object()
+
+
 class InferenceResponse:
     """One response: output tensors, or an error."""
 
     def __init__(
         self,
-        output_tensors: Sequence[Tensor] | None = None,
+        output_tensors: Any = _NOT_GIVEN,
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if output_tensors is None:
+        if output_tensors is _NOT_GIVEN:
             output_tensors = []
+        elif output_tensors is None:
+            raise TypeError("InferenceResponse(): output_tensors must be a list of Tensors, not None")
         if not isinstance(output_tensors, (list, tuple)):
             raise TritonModelException('"output_tensors" must be a list.')
+        for tensor in output_tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"an output tensor is a {type(tensor).__name__}, not a pb_utils.Tensor")
         self._outputs = list(output_tensors)
         self._error = error
         if isinstance(parameters, str):
@@ -359,25 +385,62 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """A decoupled model's way to answer: any number of ``send`` calls, the last with the final flag."""
+    """A request's way to answer outside ``execute``'s return, with python_backend's rules (response_sender.cc).
+
+    A decoupled model sends any number of responses, the last with the final flag.  A non-decoupled model sends
+    one response (it answers the request at once, as Triton's does) and may then send the final flag; a second
+    response, or the final flag before any response, is refused.  ``execute`` returning a response for a request
+    counts as its one response (:meth:`_returned`)."""
 
     def __init__(self, emit: Any, decoupled: bool, cancelled: Any = None) -> None:
         self._emit = emit
         self._decoupled = decoupled
         self._cancelled = cancelled
         self._closed = False
+        self._sent = 0
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if response is None and final and self._sent == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before sending "
+                        "a response."
+                    )
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
-            final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             if response is None and not final:
                 raise TritonModelException("Response must be set unless the flags include the final flag")
             if final:
                 self._closed = True
-        self._emit(response, final)
+            if response is not None:
+                self._sent += 1
+        if self._decoupled:
+            self._emit(response, final)
+        elif response is not None:
+            self._emit(response, True)  # the one response answers the request; its final flag adds nothing
+
+    def _returned(self) -> None:
+        """``execute`` returned a response for this (non-decoupled) request: that is its one response."""
+        with self._lock:
+            if self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
+                )
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._sent = 1
+            self._closed = True
+
+    def _answered(self) -> bool:
+        with self._lock:
+            return self._sent > 0
 
     def is_cancelled(self) -> bool:
         """True once the client cancelled the request (asks the server: a model loop may poll it)."""
@@ -426,8 +489,8 @@ class InferenceRequest:
     def __init__(
         self,
         model_name: str = "",
-        inputs: Sequence[Tensor] | None = None,
-        requested_output_names: Sequence[str] | None = None,
+        inputs: Any = _NOT_GIVEN,
+        requested_output_names: Any = _NOT_GIVEN,
         correlation_id: int | str = 0,
         request_id: str = "",
         flags: int = 0,
@@ -437,6 +500,23 @@ class InferenceRequest:
         trace: Any = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
+        # The argument types python_backend's binding refuses (TypeError; a non-Tensor input is its model error).
+        if inputs is None or requested_output_names is None:
+            raise TypeError("InferenceRequest(): inputs and requested_output_names must be lists, not None")
+        inputs = [] if inputs is _NOT_GIVEN else inputs
+        requested_output_names = [] if requested_output_names is _NOT_GIVEN else requested_output_names
+        if not isinstance(model_name, (str, bytes)):
+            raise TypeError(f"InferenceRequest(): model_name must be a str, not {type(model_name).__name__}")
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"a BLS input is a {type(tensor).__name__}, not a pb_utils.Tensor")
+        for output_name in requested_output_names:
+            if not isinstance(output_name, str):
+                raise TypeError(f"InferenceRequest(): an output name is a {type(output_name).__name__}, not a str")
+        for label, value, kinds in (("correlation_id", correlation_id, (int, str)), ("request_id", request_id, str),
+                                    ("model_version", model_version, int), ("flags", flags, int)):
+            if value is None or not isinstance(value, kinds):
+                raise TypeError(f"InferenceRequest(): {label} must not be {type(value).__name__}")
         # Triton's binding takes bytes as well (models pass a BYTES input's element straight in).
         self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self.model_version = model_version
@@ -509,7 +589,7 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise TritonModelException("get_response_sender() is only available to a decoupled model's requests")
+            raise TritonModelException("get_response_sender() is only available to the requests a model receives")
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
@@ -520,6 +600,8 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` through the server; a response (errors inside it), or with
         ``decoupled=True`` an iterator of the responses a decoupled model sends."""
+        if not BLS_PHASE.allowed:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")  # the stub's words
         if not self.model_name:
             raise TritonModelException("exec(): the request needs a model_name")
         if decoupled:
@@ -601,6 +683,9 @@ class LogLevel:  # also Logger.LogLevel, as Triton nests it
     VERBOSE = logging.DEBUG
 
 
+_LOG_LEVELS = (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE)
+
+
 class Logger:
     """Triton's model logger: lines go to the server's log."""
 
@@ -612,7 +697,11 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
-        BRIDGE.current.log(level, str(message))
+        if not isinstance(message, str):
+            raise TypeError(f"Logger.log(): message must be a str, not {type(message).__name__}")
+        if type(level) is not int or level not in _LOG_LEVELS:
+            raise TypeError(f"Logger.log(): level must be a pb_utils.LogLevel, not {level!r}")
+        BRIDGE.current.log(level, message)
 
     @staticmethod
     def log_info(message: str) -> None:

@@ -209,7 +209,11 @@ class _WorkerBridge:
         return reply.value
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
-        packed = shm.pack_request(request_data(request))
+        try:
+            packed = shm.pack_request(request_data(request))
+        except (OSError, shm.SharedMemoryFull) as exc:  # no room in shared memory: an error response, as python_backend
+            words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))
         answer = self.ask(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), False
         )
@@ -265,17 +269,31 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
 
     def execute(exec_id: int, packed: list) -> None:
         assert runner is not None
+        ordered = not getattr(runner, "decoupled", True)
+        running = [True]  # (a list: the closure below reads what the finally sets; plain for mypyc)
         try:
             requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
 
             def emit(index: int, response: Any, final: bool) -> None:
-                channel.send(msg.Send(exec_id, index, shm.pack_response(response), final))
+                message = msg.Send(exec_id, index, shm.pack_response(response), final)
+                if ordered and running[0]:
+                    # a non-decoupled request's one answer, sent while execute runs (from any thread, or its
+                    # coroutine): through the ring, so it reaches the server before the batch's result (an error
+                    # execute raises after it is not its answer)
+                    channel.send_result(message)
+                else:
+                    channel.send(message)
 
             def cancelled(index: int) -> bool:
                 return bool(bridge.ask(msg.CancelledQuery, exec_id, index))
 
-            responses = runner.execute(requests, emit, cancelled)
-            packed_out = None if responses is None else [shm.pack_response(r) for r in responses]
+            try:
+                responses = runner.execute(requests, emit, cancelled)
+            finally:
+                running[0] = False
+            packed_out = None if responses is None else [
+                None if r is None else shm.pack_response(r) for r in responses  # None: its sender answers
+            ]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
             # Into the ring: a run of results costs the server one wake-up, and each survives this process
@@ -291,7 +309,7 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
     def load(message: Any) -> None:
         nonlocal runner
         _limit_memory(message.memory_limit_mb)
-        runner = import_runner(Path(message.path), message.name, message.version)
+        runner = import_runner(Path(message.path), message.name, message.version, own_process=True)
 
     def load_mlserver(message: Any) -> None:
         nonlocal runner
@@ -345,5 +363,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
     ring = ResultRing(int(sys.argv[2])) if len(sys.argv) > 2 else None
+    # The model sees the argv of python_backend's stub (an embedded interpreter's ['']), not this worker's
+    # descriptors: Triton's QA models run unittest.main("model"), which reads sys.argv for test names.
+    sys.argv = [""]
     serve(FramedSocket(socket.socket(fileno=fd)), ring)
 

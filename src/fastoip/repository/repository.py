@@ -25,10 +25,12 @@ Rules:
   unload, which removes it.
 - What a client can ask for through the load API stays inside what the operator
   allows: model names are names, uploaded files and configured file names stay
-  inside the model's directory (``paths``), and Python code (uploaded ``.py``
-  files, or any Python-backend model) loads through the API only with
-  ``allow_code_loads`` (``--model-control-allow-code``).  Loads the operator asks
-  for (start-up, ``--load-model``, polling) are not limited.
+  inside the model's directory (``paths``), and Python code a client brings
+  (uploaded ``.py`` files, a Python model made of uploaded files) loads through
+  the API only with ``allow_code_loads`` (``--model-control-allow-code``).  A
+  Python model the operator put in the repository loads through the API as
+  Triton loads it (its code is the operator's, not the client's).  Loads the
+  operator asks for (start-up, ``--load-model``, polling) are not limited.
 - Every name that becomes a path under the root (a load, an unload, an ensemble
   step's model, a config override's steps) goes through ``_model_dir``, which
   refuses anything but a plain name; a model an ensemble brings with it loads
@@ -296,6 +298,13 @@ class ModelRepository:
                 raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
             try:
                 self._load_locked(name, config_override, uploaded, from_client)
+            except InferenceError as exc:
+                if uploaded is not None:
+                    shutil.rmtree(uploaded, ignore_errors=True)
+                if from_client and not isinstance(exc, NotFound):
+                    # Triton's API answer for a model whose load failed comes first (its QA matches it)
+                    raise type(exc)(f"load failed for model '{name}': {exc.message}") from None
+                raise
             except BaseException:
                 if uploaded is not None:
                     shutil.rmtree(uploaded, ignore_errors=True)
@@ -509,10 +518,18 @@ class ModelRepository:
             # the fix first: Triton's sentence (kept, clients match on it) points at renaming the model
             raise UndeterminedBackend(f"{hint}. ({exc.message})" if hint else exc.message) from None
         refuse_unbuilt_sections(base, name, kind.name)
-        if from_client and kind.name == "python" and not self.options.allow_code_loads:
+        if kind.name == "python" and base.default_model_filename and not base.default_model_filename.endswith(".py"):
+            raise InvalidArgument(  # python_backend's stub imports only a .py file
+                f"failed to load '{name}': Model name must end with '.py'. Model name is "
+                f'"{base.default_model_filename}".'
+            )
+        if (from_client and kind.name == "python" and not self.options.allow_code_loads
+                and model_dir != self._model_dir(name)):
+            # Code a client brought (uploaded files: a private directory) is refused; a Python model the operator
+            # put in the repository loads through the API as Triton loads it (COMPATIBILITY.md).
             raise InvalidArgument(
-                f"failed to load '{name}': it is a Python model, and this server does not load code through "
-                "the API (the operator can allow it with --model-control-allow-code)"
+                f"failed to load '{name}': it is a Python model brought by the load's files, and this server does "
+                "not load code through the API (the operator can allow it with --model-control-allow-code)"
             )
         if not self.options.auto_complete and kind.name == "onnxruntime" and not (base.input and base.output):
             raise InvalidArgument(
@@ -525,6 +542,8 @@ class ModelRepository:
             # MLServer's layout: no version folders; the implementation sits beside model-settings.json
             return base, kind, [(settings_version(base), model_dir / MODEL_SETTINGS)]
         if not available:
+            if kind.name == "python":
+                _log_missing_python_file(model_dir, filename)
             hint = missing_version_hint(name, model_dir, filename)
             missing = f"model '{name}': no version directory holds '{filename}'"
             raise Unavailable(f"{hint} ({missing})" if hint else missing)
@@ -713,12 +732,25 @@ def _version_numbers(name: str, model_dir: Path, filename: str | None) -> list[i
     return sorted(versions)
 
 
+def _log_missing_python_file(model_dir: Path, filename: str) -> None:
+    """python_backend's words for a version folder without the model file, with its path, in the operator's log
+    (Triton's QA greps them; a client's error never carries server paths)."""
+    folders = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] if model_dir.is_dir() else []
+    if folders:
+        newest = max(folders, key=lambda folder: int(folder.name))
+        log.error("Failed to preinitialize Python stub: Python model file not found in '%s'",
+                  (newest / filename).absolute())
+
+
 def _write_uploaded_files(name: str, files: dict[str, bytes]) -> Path:
     """Write a load request's model files into a new private directory; refuse paths that leave it.
 
     A file-system failure is the server's trouble: INTERNAL, in Triton's words, without server paths.
     """
-    checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
+    try:
+        checked = [(upload_parts(name, relative), content) for relative, content in files.items()]
+    except InvalidArgument as exc:  # Triton's words first (its QA matches "failed to load"), then which path
+        raise InvalidArgument(f"failed to load '{name}': {exc.message}") from None
     failed = f"failed to load '{name}', failed to poll from model repository"
     try:
         # The name (cut short: the directory name must fit NAME_MAX) tells an operator whose files these are.

@@ -280,8 +280,11 @@ def _decode_inputs(
 
 def _shape(value: Any, name: str) -> list[int]:
     if type(value) is not list or any(type(dim) is not int or dim < 0 for dim in value):
+        # Triton's words first where it has them (its JSON reader's, answered 500 there; 400 here: COMPATIBILITY.md)
+        triton = ("Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer: "
+                  if type(value) is list else "")
         raise InvalidArgument(
-            f"input '{name}': 'shape' must be a list of non-negative integers, got {json_excerpt(value)}"
+            f"{triton}input '{name}': 'shape' must be a list of non-negative integers, got {json_excerpt(value)}"
         )
     return value
 

@@ -31,6 +31,7 @@ from ...errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    UnknownError,
     Unsupported,
 )
 from ...metric_names import label_names_error, metric_name_error
@@ -183,6 +184,7 @@ _CODES: list[tuple[type[InferenceError], int]] = [
     (Unsupported, pb.TritonError.UNSUPPORTED),
     (AlreadyExists, pb.TritonError.ALREADY_EXISTS),
     (Cancelled, pb.TritonError.CANCELLED),
+    (UnknownError, pb.TritonError.UNKNOWN),
 ]
 
 

@@ -14,6 +14,10 @@ Rules:
 - Decoupled: each response a sender sends is delivered to its job at once (from
   whichever thread sends it); the final flag ends the job's stream.  ``execute``
   returns :data:`RESPONDS_LATER` for such jobs.
+- Non-decoupled: a request may answer through its response sender, as Triton's
+  do: the one response finishes its job at once (:meth:`_Base.answer`); the
+  batch's result has None for it, and a job not answered yet when the result
+  comes waits for its sender (``_later``).
 - Close (unload, server stop): waits for the batch in flight and the open
   decoupled streams (up to :data:`DRAIN_TIMEOUT_S`), then ``finalize()``.
 """
@@ -161,7 +165,10 @@ def _results_of(
     if error is not None:
         failure = InternalError(f"Failed to process the request(s) for model {where}, message: {error}")
         return [failure for _ in jobs]
-    return [respond(job, version_str, data) for job, data in zip(jobs, responses, strict=True)]
+    return [
+        RESPONDS_LATER if data is None else respond(job, version_str, data)  # None: its sender answers
+        for job, data in zip(jobs, responses, strict=True)
+    ]
 
 
 def _settle(job: Job, result: object, end_ns: int) -> None:
@@ -192,6 +199,26 @@ class _Base:
         self._closed = False
         #: The batch running now, by call id (whether a request was cancelled is asked while it runs).
         self._batches: dict[int, Sequence[Job]] = {}
+        self._answer_respond = respond
+        #: Non-decoupled jobs whose batch returned without their response: their sender answers them later.
+        self._later: dict[tuple[int, int], Job] = {}
+        self._answer_lock = threading.Lock()
+
+    def answer(self, call: int, index: int, data: Any) -> None:
+        """Request ``index`` of non-decoupled batch ``call`` answered through its response sender: finished now."""
+        with self._answer_lock:
+            job = self._later.pop((call, index), None)
+            if job is None:
+                jobs = self._batches.get(call)
+                job = jobs[index] if jobs is not None and index < len(jobs) else None
+            if job is not None:
+                _settle(job, self._answer_respond(job, self.version_str, data), time.monotonic_ns())
+
+    def _await_sender(self, call: int, index: int, job: Job) -> None:
+        """``job`` (request ``index`` of ``call``) is answered by its sender, maybe after its batch returned."""
+        with self._answer_lock:
+            if not job.finished:
+                self._later[(call, index)] = job
 
     def is_cancelled(self, call: int, index: int) -> bool:
         """Whether the client cancelled request ``index`` of batch ``call`` (running, or streaming)."""
@@ -253,20 +280,26 @@ class InProcessInstance(_Base):
                         [job_data(job) for job in jobs],
                         (lambda index, data, final: self.streams.deliver(call, index, data, final))
                         if self.decoupled
-                        else None,
+                        else (lambda index, data, final: self.answer(call, index, data)),
                         lambda index: self.is_cancelled(call, index),
                     )
                 error = None
             except Exception as exc:
                 responses, error = None, (exc.message() if isinstance(exc, pb.TritonModelException) else
                                           f"{type(exc).__name__}: {exc}")
-            finally:
-                self._batches.pop(call, None)
             if self.decoupled:
+                self._batches.pop(call, None)
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
                 return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
-            return _results_of(jobs, self.version_str, responses, error, self.where), self._execution(jobs, started)
+            results = _results_of(jobs, self.version_str, responses, error, self.where)
+            for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
+                if result is RESPONDS_LATER:
+                    self._await_sender(call, index, job)
+                elif job.finished:  # answered through its sender already (an error after it is not its)
+                    results[index] = RESPONDS_LATER
+            self._batches.pop(call, None)
+            return results, self._execution(jobs, started)
         finally:
             self._leave()
 
@@ -398,7 +431,11 @@ class ProcessInstance(_Base):
         return worker
 
     def _on_send(self, call: int, index: int, data: Any, final: bool) -> None:
-        self.streams.deliver(call, index, shm.unpack_response(data, self.worker.segment_token), final)
+        response = shm.unpack_response(data, self.worker.segment_token)
+        if self.decoupled:
+            self.streams.deliver(call, index, response, final)
+        else:
+            self.answer(call, index, response)
 
     def _crash_error(self, cause: str) -> InternalError:
         return InternalError(f"model {self.where}: its Python worker process {cause} while running the request")
@@ -463,10 +500,11 @@ class ProcessInstance(_Base):
         if batch is None:
             return
         try:
-            self._batches.pop(call, None)
             jobs = batch.jobs
             end = time.monotonic_ns()
-            if len(jobs) == 1 and error is None and not self.decoupled:  # the common case: _results_of's twin
+            if len(jobs) == 1 and error is None and not self.decoupled and responses[0] is not None:
+                # the common case, without the lists: _results_of's twin
+                self._batches.pop(call, None)
                 only = jobs[0]
                 answer: InferResponse | InferenceError
                 try:
@@ -480,17 +518,23 @@ class ProcessInstance(_Base):
                     self._record(only.batch_size, 1, 0, end - batch.started, 0)
                 return
             if self.decoupled:
+                self._batches.pop(call, None)
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
             else:
                 try:
                     if responses is not None:
-                        responses = [shm.unpack_response(r, batch.worker.segment_token) for r in responses]
+                        responses = [None if r is None else shm.unpack_response(r, batch.worker.segment_token)
+                                     for r in responses]
                     results = _results_of(jobs, self.version_str, responses, error, self.where, self._respond)
                 except Exception as exc:
                     results = [InternalError(f"model {self.where}: unreadable result: {exc}") for _ in jobs]
-                for job, result in zip(jobs, results, strict=True):
-                    _settle(job, result, end)
+                for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
+                    if result is RESPONDS_LATER:
+                        self._await_sender(call, index, job)
+                    else:
+                        _settle(job, result, end)  # (a job its sender answered already stays as it was)
+                self._batches.pop(call, None)
             if self._record is not None:
                 self._record(sum(job.batch_size for job in jobs), len(jobs), 0, end - batch.started, 0)
         finally:

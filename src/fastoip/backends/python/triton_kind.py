@@ -209,7 +209,13 @@ def load_triton(
                                 [load_message, Initialize(args, decoupled)], link_of(options), window=window,
                             )
                         )
-                    except (WorkerDied, WorkerError) as exc:
+                    except WorkerDied as exc:
+                        # Triton's sentence first (its QA greps it), then how the worker ended
+                        raise InvalidArgument(
+                            f"model '{model_name}': Stub process '{args['model_instance_name']}' is not healthy. "
+                            f"({_error_text(exc)})"
+                        ) from None
+                    except WorkerError as exc:
                         raise InvalidArgument(f"model '{model_name}': {_error_text(exc)}") from None
                 index += 1
     except BaseException:

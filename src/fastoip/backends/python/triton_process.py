@@ -69,6 +69,9 @@ log = logging.getLogger("fastoip.python")
 #: Threads of one worker that serve its calls into the server (a BLS request waits on another model): its
 #: share; more calls wait for one of these, behind the same model's own.
 CALL_THREADS = 8
+#: What a worker may put in its result ring: a batch's result, and a non-decoupled request's answer sent while
+#: its execute runs (through the ring, so that it comes before the result).
+RING_RECORDS: tuple[type, ...] = (msg.Result, msg.Send)
 #: How long a worker may take to start, load or initialize, and to finalize.
 CONTROL_TIMEOUT_S = 300.0
 FINALIZE_TIMEOUT_S = 30.0
@@ -497,9 +500,9 @@ class WorkerProcess:
             return
         for data in records:
             try:
-                message = msg.decode(data, (msg.Result,))
+                message = msg.decode(data, RING_RECORDS)
             except msg.ProtocolError as bad:
-                self._refuse("a ring record that is not a result", bad)
+                self._refuse("a ring record that is not a result or an answer", bad)
                 self._ring = None
                 return
             self._dispatch(message)

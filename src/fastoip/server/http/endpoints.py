@@ -215,7 +215,7 @@ class HttpFrontend(Router):
         if type(key) is not str or not key:
             raise InvalidArgument(f"the {what} needs 'key', the shared memory key (a string), got {json_excerpt(key)}")
         offset = integer_field(doc, "offset", what, minimum=0, default=0)
-        byte_size = integer_field(doc, "byte_size", what, minimum=1)
+        byte_size = integer_field(doc, "byte_size", what, minimum=0)  # 0: the registry's "invalid args", as Triton
         self.core.register_system_shared_memory(region, key, offset, byte_size, request.client)
         return EMPTY_OK
 
@@ -243,7 +243,7 @@ class HttpFrontend(Router):
             )
         raw_handle = base64_value(encoded, f"'raw_handle' of the {what}")
         device_id = integer_field(doc, "device_id", what, minimum=0, default=0)
-        byte_size = integer_field(doc, "byte_size", what, minimum=1)
+        byte_size = integer_field(doc, "byte_size", what, minimum=0)  # 0: the registry's "invalid args", as Triton
         loop = asyncio.get_running_loop()
         # Opening an IPC handle talks to the driver: not on the event loop.
         await loop.run_in_executor(
