@@ -201,8 +201,8 @@ def _new_file(size: int) -> tuple[str, GuardedMapping]:
             if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
                 raise
             raise SharedMemoryFull(
-                f"{NO_ROOM}: no room in {_SHM_DIR} for a tensor of {size - HEADER} bytes between the server and a Python "
-                f"model's worker ({os.strerror(exc.errno)}); give {_SHM_DIR} more space (docker run --shm-size, "
+                f"{NO_ROOM}: no room in {_SHM_DIR} for a tensor of {size - HEADER} bytes between the server and a "
+                f"Python model's worker ({os.strerror(exc.errno)}); give {_SHM_DIR} more space (docker run --shm-size, "
                 "a Kubernetes emptyDir with medium: Memory) or send smaller tensors",
             ) from None
         region = GuardedMapping(fd, size, False)
