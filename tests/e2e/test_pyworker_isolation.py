@@ -36,7 +36,8 @@ HOW_CONFIG = """
     output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
 """
 
-#: A model that writes on its worker's channel to the server (the socket is the fd in argv[1]).
+#: A model that writes on its worker's channel to the server (the socket is the fd after `-m fastoip.pyworker`
+#: in the worker's own argv: python_backend's stub leaves sys.argv [""]).
 LIAR = """
     import os, pickle, struct, sys, time
     import msgpack
@@ -49,8 +50,10 @@ LIAR = """
         def __reduce__(self):  # what pickle.loads in the server would run
             return (os.system, (f"touch {MARKER}",))
 
+    CHANNEL = int(sys.orig_argv[sys.orig_argv.index("fastoip.pyworker") + 1])
+
     def frame(payload):
-        os.write(int(sys.argv[1]), struct.pack("!I", len(payload)) + payload)
+        os.write(CHANNEL, struct.pack("!I", len(payload)) + payload)
 
     class TritonPythonModel:
         def execute(self, requests):
@@ -64,7 +67,7 @@ LIAR = """
                     frame(msgpack.packb([4, "exec", [["x"]]]))
                     time.sleep(60)
                 elif how == 3:  # a 4 GiB frame that never comes
-                    os.write(int(sys.argv[1]), b"\\xff\\xff\\xff\\xff")
+                    os.write(CHANNEL, b"\\xff\\xff\\xff\\xff")
                     time.sleep(60)
                 elif how == 4:  # fork, then die: the child keeps the channel open
                     if os.fork() == 0:
