@@ -21,26 +21,24 @@ Rules (Triton's ``docs/protocol/extension_generate.md`` and ``http_server.cc``):
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Callable
 from functools import partial
 
 import orjson
 
-from ...core import Core, FinishedCall, on_loop
+from ...core import Core
 from ...errors import InferenceError, InternalError
 from ...model_config import is_model_settings_config
-from ...types import InferRequest, InferResponse
+from ...types import InferResponse
 from ...wire import generate as codec
 from ...wire import http as http_codec
 from .intake import BodyIntake
+from .model_call import Answer, ModelCall
 from .router import Request, Response, StreamingResponse, error_response
 
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
 JSON = b"application/json"
 
-#: What an answer queue holds: a response, the call's error, or None (no more answers).
-Answer = InferResponse | InferenceError | None
 #: How one call's responses are written: Triton's generate JSON, or MLServer's V2 response JSON.
 Encode = Callable[[InferResponse], bytes]
 #: MLServer's V2 responses carry every output as JSON data (an event stream has no binary part).
@@ -81,15 +79,15 @@ class GenerateEndpoints:
         status = first.http_status if isinstance(first, InferenceError) else 200
         return StreamingResponse(status, [(b"content-type", EVENT_STREAM)], _events(first, answers, encode))
 
-    async def _start(self, request: Request, model: str, version: str) -> tuple[_Answers, Encode]:
+    async def _start(self, request: Request, model: str, version: str) -> tuple[ModelCall, Encode]:
         body = await self.intake.body(request)
         if await self._v2_body(model, version, body):
             infer_request, _ = await self.intake.parse(
                 body, partial(http_codec.decode_infer_request, loose_bytes=True), model, version, body, None)
-            return _Answers(self.core, infer_request), _v2_response_json
+            return ModelCall(self.core, infer_request), _v2_response_json
         inputs = self.core.model_metadata(model, version).inputs
         infer_request = await self.intake.parse(body, codec.decode_generate_request, model, version, body, inputs)
-        return _Answers(self.core, infer_request), codec.generate_response_json
+        return ModelCall(self.core, infer_request), codec.generate_response_json
 
     async def _v2_body(self, model: str, version: str, body: bytes | bytearray) -> bool:
         """Whether ``body`` is MLServer's form (a V2 request, ``inputs`` a list) sent to a model-settings model."""
@@ -107,31 +105,7 @@ def is_v2_form(body: bytes | bytearray) -> bool:
     return type(doc) is dict and type(doc.get("inputs")) is list
 
 
-class _Answers:
-    """One generate call's answers on the event loop, in order: responses, then an error or the end."""
-
-    def __init__(self, core: Core, request: InferRequest) -> None:
-        loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Answer] = asyncio.Queue()
-        hop = on_loop(loop, self.queue.put_nowait)  # called on the thread that produced the answer
-
-        def on_response(job: FinishedCall, response: InferResponse) -> None:
-            hop(response)
-
-        def on_done(job: FinishedCall) -> None:
-            if job.error is not None:
-                hop(job.error)
-            elif job.response is not None:
-                hop(job.response)
-            hop(None)
-
-        self.job = core.start(request, None, on_done, on_response)
-
-    async def get(self) -> Answer:
-        return await self.queue.get()
-
-
-async def _events(first: Answer, answers: _Answers, encode: Encode) -> AsyncGenerator[bytes, None]:
+async def _events(first: Answer, answers: ModelCall, encode: Encode) -> AsyncGenerator[bytes, None]:
     """The SSE body: an event per response, an error event, until the end; cancels the call if closed early."""
     answer = first
     try:
@@ -146,5 +120,5 @@ async def _events(first: Answer, answers: _Answers, encode: Encode) -> AsyncGene
             yield codec.sse_event(data)
             answer = await answers.get()
     finally:
-        if not answers.job.finished:
-            answers.job.cancel()
+        if not answers.ticket.finished:
+            answers.ticket.cancel()

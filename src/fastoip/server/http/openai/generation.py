@@ -35,7 +35,7 @@ from ....wire.openai.answers import Choice, ChunkWriter, Envelope, TokenLogprobs
 from ....wire.openai.errors import error_of
 from ....wire.openai.requests import ChatRequest, CompletionRequest, Sampling
 from ....wire.openai.stops import StopScanner
-from .calls import ModelCall
+from ..model_call import ModelCall
 
 
 @dataclass

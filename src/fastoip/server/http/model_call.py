@@ -2,16 +2,17 @@
 
 The call runs through ``Core.start`` with a response sink, so a decoupled model's responses arrive as they are
 produced and the loop never waits on a model; ``close()`` cancels a call still running (a client that went
-away, a stop string met), which stops a decoupled model's generation.
+away, a stop string met), which stops a decoupled model's generation.  Used by generate / generate_stream and by
+the OpenAI routes (one wrapper for both).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from ....core import Core, FinishedCall, on_loop
-from ....errors import InferenceError
-from ....types import InferRequest, InferResponse
+from ...core import Core, FinishedCall, on_loop
+from ...errors import InferenceError
+from ...types import InferRequest, InferResponse
 
 #: A response, the call's error, or None (no more answers).
 Answer = InferResponse | InferenceError | None
@@ -36,6 +37,10 @@ class ModelCall:
 
         self.ticket = core.start(request, None, on_done, on_response)
         self.ended = False
+
+    async def get(self) -> Answer:
+        """The next answer as it came: a response, the call's error, or None at the end."""
+        return await self.queue.get()
 
     async def next(self) -> InferResponse | None:
         """The next response; None at the end; the call's error raised."""
