@@ -34,15 +34,19 @@ def limited(proc: ServerProcess, files: int) -> ServerProcess:
 
 
 def silent_streams(port: int, count: int, source: str | None) -> list[RawGrpcConnection]:
-    """``count`` connections, each with one ModelStreamInfer stream opened and never sent a message."""
+    """Up to ``count`` connections, each with one ModelStreamInfer stream opened and never sent a message (one
+    the server closes while it is being set up, to make room at its cap, is left out)."""
     held = []
     for _ in range(count):
+        conn = None
         try:
             conn = RawGrpcConnection(port, timeout=5.0, source=source)
             conn.handshake()
             conn.start_call(STREAM_INFER)
         except OSError:
-            break
+            if conn is not None:
+                conn.close()
+            continue
         held.append(conn)
     return held
 
@@ -74,7 +78,10 @@ def test_silent_streams_from_one_address_cannot_hold_the_grpc_cap(demo_repo: Pat
             took = [timed_good_grpc_request(proc.grpc_port) for _ in range(5)]
             print(f"520 silent streams from {ATTACKER}: 5/5 good requests, slowest {max(took):.3f} s")
             assert max(took) < 2.0, took
-            assert sum(closed(conn) for conn in attackers) >= 8, "no attacker's connection made room"
+            # 520 tries at a cap of 512: at least 8 of the attacker's connections were closed to make room, while
+            # they were being set up (not in ``attackers``) or after
+            made_room = 520 - len(attackers) + sum(closed(conn) for conn in attackers)
+            assert made_room >= 8, f"only {made_room} of the attacker's connections made room"
         finally:
             for conn in attackers:
                 conn.close()
