@@ -26,7 +26,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -89,46 +89,51 @@ class CudaRuntime:
             function.argtypes = argtypes
             function.restype = c_int
 
-    def _check(self, status: int, what: str) -> None:
+    def _call(self, name: str, *args: object, what: str = "") -> None:
+        """libcudart's ``name`` on ``args``; a status other than cudaSuccess raises :class:`CudaError` with CUDA's
+        own message, naming ``what`` (default: the function)."""
+        status = getattr(self._lib, name)(*args)
         if status != 0:
             message = self._lib.cudaGetErrorString(status).decode(errors="replace")
-            raise CudaError(f"{what} failed: {message} (cudaError {status})")
+            raise CudaError(f"{what or name} failed: {message} (cudaError {status})")
+
+    def _new_pointer(self, name: str, *args: object) -> int:
+        """The address that ``name`` (cudaMalloc, cudaHostAlloc, cudaIpcOpenMemHandle) writes into its first
+        argument, the other arguments being ``args``."""
+        pointer = ctypes.c_void_p()
+        self._call(name, ctypes.byref(pointer), *args)
+        return int(pointer.value or 0)
 
     def device_count(self) -> int:
         count = ctypes.c_int(0)
-        self._check(self._lib.cudaGetDeviceCount(ctypes.byref(count)), "cudaGetDeviceCount")
+        self._call("cudaGetDeviceCount", ctypes.byref(count))
         return count.value
 
     def host_alloc(self, nbytes: int) -> int:
-        pointer = ctypes.c_void_p()
-        self._check(self._lib.cudaHostAlloc(ctypes.byref(pointer), nbytes, HOST_ALLOC_PORTABLE), "cudaHostAlloc")
-        return int(pointer.value or 0)
+        return self._new_pointer("cudaHostAlloc", nbytes, HOST_ALLOC_PORTABLE)
 
     def free_host(self, pointer: int) -> None:
-        self._check(self._lib.cudaFreeHost(ctypes.c_void_p(pointer)), "cudaFreeHost")
+        self._call("cudaFreeHost", ctypes.c_void_p(pointer))
 
     def malloc(self, nbytes: int, device_id: int) -> int:
         """Device memory on ``device_id`` (the calling thread's device is left as it was)."""
         with self._on_device(device_id):
-            pointer = ctypes.c_void_p()
-            self._check(self._lib.cudaMalloc(ctypes.byref(pointer), nbytes), "cudaMalloc")
-        return int(pointer.value or 0)
+            return self._new_pointer("cudaMalloc", nbytes)
 
     def free(self, pointer: int) -> None:
-        self._check(self._lib.cudaFree(ctypes.c_void_p(pointer)), "cudaFree")
+        self._call("cudaFree", ctypes.c_void_p(pointer))
 
     def ipc_handle(self, pointer: int) -> bytes:
         """The 64-byte cudaIpcMemHandle_t another process opens to share this allocation."""
         handle = _IpcHandle()
-        status = self._lib.cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(pointer))
-        self._check(status, "cudaIpcGetMemHandle")
+        self._call("cudaIpcGetMemHandle", ctypes.byref(handle), ctypes.c_void_p(pointer))
         return ctypes.string_at(ctypes.addressof(handle), IPC_HANDLE_BYTES)
 
     @contextlib.contextmanager
     def _on_device(self, device_id: int) -> Iterator[None]:
         previous = ctypes.c_int(0)
-        self._check(self._lib.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
-        self._check(self._lib.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
+        self._call("cudaGetDevice", ctypes.byref(previous))
+        self._call("cudaSetDevice", device_id, what=f"cudaSetDevice({device_id})")
         try:
             yield
         finally:
@@ -141,15 +146,10 @@ class CudaRuntime:
         handle = _IpcHandle()
         ctypes.memmove(ctypes.byref(handle), raw_handle, IPC_HANDLE_BYTES)
         with self._on_device(device_id):  # the calling thread's device is left as it was
-            pointer = ctypes.c_void_p()
-            self._check(
-                self._lib.cudaIpcOpenMemHandle(ctypes.byref(pointer), handle, IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-                "cudaIpcOpenMemHandle",
-            )
-        return int(pointer.value or 0)
+            return self._new_pointer("cudaIpcOpenMemHandle", handle, IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
 
     def ipc_close(self, pointer: int) -> None:
-        self._check(self._lib.cudaIpcCloseMemHandle(ctypes.c_void_p(pointer)), "cudaIpcCloseMemHandle")
+        self._call("cudaIpcCloseMemHandle", ctypes.c_void_p(pointer))
 
     def allocation_size(self, pointer: int) -> int | None:
         """Bytes from ``pointer`` to the end of its allocation (driver API), or None if unknown."""
@@ -167,17 +167,24 @@ class CudaRuntime:
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
         """A synchronous copy in any direction (host or device pointers)."""
-        status = self._lib.cudaMemcpy(ctypes.c_void_p(destination), ctypes.c_void_p(source), nbytes, MEMCPY_DEFAULT)
-        self._check(status, "cudaMemcpy")
+        self._call("cudaMemcpy", ctypes.c_void_p(destination), ctypes.c_void_p(source), nbytes, MEMCPY_DEFAULT)
 
     def synchronize(self) -> None:
         """Wait for the copies and fills issued here (the default stream): a device-to-device ``copy`` and ``zero``
         return before they are done, and ORT reads on a stream of its own that does not wait for them."""
-        self._check(self._lib.cudaStreamSynchronize(None), "cudaStreamSynchronize")
+        self._call("cudaStreamSynchronize", None)
 
     def zero(self, pointer: int, nbytes: int) -> None:
         """``nbytes`` of zeros at ``pointer`` (device memory)."""
-        self._check(self._lib.cudaMemset(ctypes.c_void_p(pointer), 0, nbytes), "cudaMemset")
+        self._call("cudaMemset", ctypes.c_void_p(pointer), 0, nbytes)
+
+
+def free_quietly(free: Callable[[int], None], pointer: int, what: str) -> None:
+    """``free(pointer)`` from a finalizer (``__del__``), where a CudaError can only be logged."""
+    try:
+        free(pointer)
+    except CudaError as exc:  # nothing to do but say so
+        log.warning("freeing %s: %s", what, exc)
 
 
 _runtime: CudaRuntime | None = None
@@ -273,10 +280,7 @@ class _PinnedBlock:
 
     def __del__(self) -> None:
         if self._pointer:
-            try:
-                self._cuda.free_host(self._pointer)
-            except CudaError as exc:  # pragma: no cover - nothing to do but say so
-                log.warning("freeing pinned memory: %s", exc)
+            free_quietly(self._cuda.free_host, self._pointer, "pinned memory")
             self._pointer = 0
             pinned_pool.release(self._nbytes)
 
@@ -376,10 +380,7 @@ class DeviceBlock:
 
     def __del__(self) -> None:
         if self.pointer:
-            try:
-                self.runtime.free(self.pointer)
-            except CudaError as exc:  # pragma: no cover - nothing to do but say so
-                log.warning("freeing device memory: %s", exc)
+            free_quietly(self.runtime.free, self.pointer, "device memory")
             self.pointer = 0
 
 

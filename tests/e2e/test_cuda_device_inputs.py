@@ -95,6 +95,21 @@ def test_gather_concatenates_device_and_host_parts_and_pads_with_zeros(standin: 
     np.testing.assert_array_equal(host_copy(smaller), rows(3, 7.0))
 
 
+def test_a_free_that_fails_in_a_finalizer_is_logged_not_raised(
+    standin: cuda.CudaRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    block = DeviceBlock(standin, 256, 0)
+    standin.free(block.pointer)  # freed behind the block's back: its own cudaFree now fails
+    with pytest.raises(cuda.CudaError, match=r"cudaFree failed: invalid argument \(host stand-in\) \(cudaError 1\)"):
+        standin.free(block.pointer)
+    with caplog.at_level("WARNING", logger="fastoip.cuda"):
+        del block
+        gc.collect()
+    assert any(
+        "freeing device memory: cudaFree failed: invalid argument" in record.getMessage() for record in caplog.records
+    )
+
+
 # -- the registry's device views --------------------------------------------------------------------
 def registered(standin: cuda.CudaRuntime, data: np.ndarray) -> tuple[SharedMemoryRegistry, DeviceBlock]:
     """A registry with region "r": a cudaMalloc'd block (the client's) holding ``data``, opened by IPC handle."""
