@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,26 @@ def bench(port: int, model: str, levels: str, args: argparse.Namespace, out: Pat
     return rows
 
 
+def measure(
+    results: dict[str, Any],
+    part: str,
+    mode: str,
+    port: int,
+    model: str,
+    levels: str,
+    args: argparse.Namespace,
+    started: float,
+    shm: str = "none",
+    **labels: Any,
+) -> None:
+    """One point of a part (``fastoip bench`` on ``model``): its rows into ``results[part]`` with the EP and
+    ``labels``, printed, and the results saved (a run cut short keeps them)."""
+    for row in bench(port, model, levels, args, args.out, shm=shm):
+        results[part].append({"ep": mode, **labels, **row})
+        print(f"gpu_bench: {part} {mode} {row}", flush=True)
+    save(args.out, results, started)
+
+
 def instance_kinds(port: int, models: tuple[str, ...]) -> dict[str, str]:
     """Each model's instance_group kind as the server reports it (KIND_GPU: the CUDA EP runs it)."""
     import tritonclient.grpc as tg
@@ -369,26 +390,18 @@ def main(argv: list[str] | None = None) -> int:
                 results["problems"].append(f"{mode} server: instance kinds {wrong}, expected {want}")
             if "ep" in parts:
                 for model in ("mlp", "resnet50"):
-                    for row in bench(port, model, levels, args, args.out):
-                        results["ep"].append({"ep": mode, **row})
-                        print(f"gpu_bench: ep {mode} {row}", flush=True)
-                    save(args.out, results, started)
+                    measure(results, "ep", mode, port, model, levels, args, started)
             if "graph" in parts and (mode == "cuda" or not gpu):
                 for pair in GRAPH_PAIRS:  # the plain model and its graph twin one after the other, at c=1
                     for model in pair:
-                        for row in bench(port, model, "1", args, args.out):
-                            results["graph"].append({"ep": mode, "graphs": model.endswith("_graph"), **row})
-                            print(f"gpu_bench: graph {mode} {row}", flush=True)
-                    save(args.out, results, started)
+                        measure(results, "graph", mode, port, model, "1", args, started,
+                                graphs=model.endswith("_graph"))
             shm_here = mode == "cuda" or (not gpu and mode == "cpu")
             if "shm" in parts and shm_here:
                 shm_kinds = ["cuda", "system", "none"] if gpu else ["system", "none"]
                 for model in ("identity_602k", "identity_16m"):
                     for shm in shm_kinds:
-                        for row in bench(port, model, "1,16" if gpu else "1", args, args.out, shm=shm):
-                            results["shm"].append({"ep": mode, **row})
-                            print(f"gpu_bench: shm {row}", flush=True)
-                        save(args.out, results, started)
+                        measure(results, "shm", mode, port, model, "1,16" if gpu else "1", args, started, shm=shm)
         finally:
             child.stop()
     if not gpu and "graph" in parts:
@@ -426,6 +439,63 @@ def _graphs_cell(row: dict[str, Any]) -> str:
     return "yes" if row["ep"] == "cuda" else "asked (none on the CPU EP)"
 
 
+def _ms(microseconds: float | None) -> float | None:
+    return None if microseconds is None else microseconds / 1000
+
+
+Cells = Callable[[dict[str, Any]], list[str]]
+
+#: Each part's table: (part, title, header, the cells of a measured row, the cells before a failed row's error).
+TABLES: tuple[tuple[str, str, str, Cells, Cells], ...] = (
+    (
+        "ep",
+        "CUDA EP vs CPU EP (gRPC, fastoip bench)",
+        "| model | EP | c | infer/s | p99 ms | avg batch | errors |",
+        lambda row: [row["model"], row["ep"], str(row["concurrency"]), _cell(row["infer_per_s"], 1),
+                     _cell(_ms(row["p99_us"]), 2), _cell(row["avg_batch"], 2), str(row["errors"])],
+        lambda row: [row["model"], row["ep"], "-"],
+    ),
+    (
+        "graph",
+        "CUDA graphs vs the plain CUDA EP, c=1 (gRPC, fastoip bench)",
+        "| model | EP | CUDA graphs | infer/s | p50 ms | p99 ms | errors |",
+        lambda row: [row["model"], row["ep"], _graphs_cell(row), _cell(row["infer_per_s"], 1),
+                     _cell(_ms(row.get("p50_us")), 3), _cell(_ms(row["p99_us"]), 3), str(row["errors"])],
+        lambda row: [row["model"], row["ep"], str(row["graphs"])],
+    ),
+    (
+        "h2d",
+        "Host-to-device copy of one batch (CUDA events, median of 20)",
+        "| batch | bytes | host memory | ms | GB/s |",
+        lambda row: [row["batch"], f"{row['bytes']:,}",
+                     row["host"] + ("" if row["really_pinned"] in (None, True) else " (NOT pinned: fell back)"),
+                     f"{row['median_ms']:.3f}", f"{row['gb_per_s']:.1f}"],
+        lambda row: [],
+    ),
+    (
+        "shm",
+        "Shared memory vs tensor bytes in the request (gRPC, identity models)",
+        "| model | EP | shm | c | infer/s | p99 ms | errors |",
+        lambda row: [row["model"], row["ep"], row["shm"], str(row["concurrency"]), _cell(row["infer_per_s"], 1),
+                     _cell(_ms(row["p99_us"]), 2), str(row["errors"])],
+        lambda row: [row["model"], row["ep"], row["shm"], "-"],
+    ),
+)
+
+
+def _table(title: str, header: str, rows: list[dict[str, Any]], cells: Cells, before_error: Cells) -> list[str]:
+    """One part's Markdown table; a row that failed is its first cells, the error, and empty cells to the end."""
+    width = header.count("|") - 1
+    lines = [f"### {title}", "", header, "|" + "---|" * width]
+    for row in rows:
+        if "error" in row:
+            filled = [*before_error(row), f"ERROR: {row['error'][:200]}"]
+            lines.append("| " + " | ".join(filled) + " |" + " |" * (width - len(filled)))
+        else:
+            lines.append("| " + " | ".join(cells(row)) + " |")
+    return [*lines, ""]
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The figures as Markdown tables, to paste into RESULTS.md."""
     verdict = "PASSED" if results["passed"] else "FAILED" if results.get("complete") else "INCOMPLETE (cut short)"
@@ -436,74 +506,9 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     lines += [f"- models (bytes): {results['model_bytes']}", f"- instance kinds: {results['instance_kinds']}", ""]
     lines += [f"- PROBLEM: {problem}" for problem in results["problems"]]
-    if results["ep"]:
-        lines += [
-            "### CUDA EP vs CPU EP (gRPC, fastoip bench)",
-            "",
-            "| model | EP | c | infer/s | p99 ms | avg batch | errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in results["ep"]:
-            if "error" in row:
-                lines.append(f"| {row['model']} | {row['ep']} | - | ERROR: {row['error'][:200]} | | | |")
-                continue
-            p99 = row["p99_us"] / 1000 if row["p99_us"] is not None else None
-            lines.append(
-                f"| {row['model']} | {row['ep']} | {row['concurrency']} | {_cell(row['infer_per_s'], 1)} | "
-                f"{_cell(p99, 2)} | {_cell(row['avg_batch'], 2)} | {row['errors']} |"
-            )
-        lines.append("")
-    if results["graph"]:
-        lines += [
-            "### CUDA graphs vs the plain CUDA EP, c=1 (gRPC, fastoip bench)",
-            "",
-            "| model | EP | CUDA graphs | infer/s | p50 ms | p99 ms | errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in results["graph"]:
-            if "error" in row:
-                lines.append(f"| {row['model']} | {row['ep']} | {row['graphs']} | ERROR: {row['error'][:200]} | | | |")
-                continue
-            p50 = row["p50_us"] / 1000 if row.get("p50_us") is not None else None
-            p99 = row["p99_us"] / 1000 if row["p99_us"] is not None else None
-            lines.append(
-                f"| {row['model']} | {row['ep']} | {_graphs_cell(row)} | "
-                f"{_cell(row['infer_per_s'], 1)} | {_cell(p50, 3)} | {_cell(p99, 3)} | {row['errors']} |"
-            )
-        lines.append("")
-    if results["h2d"]:
-        lines += [
-            "### Host-to-device copy of one batch (CUDA events, median of 20)",
-            "",
-            "| batch | bytes | host memory | ms | GB/s |",
-            "|---|---|---|---|---|",
-        ]
-        for row in results["h2d"]:
-            if "error" in row:
-                lines.append(f"| ERROR: {row['error'][:200]} | | | | |")
-                continue
-            host = row["host"] + ("" if row["really_pinned"] in (None, True) else " (NOT pinned: fell back)")
-            lines.append(
-                f"| {row['batch']} | {row['bytes']:,} | {host} | {row['median_ms']:.3f} | {row['gb_per_s']:.1f} |"
-            )
-        lines.append("")
-    if results["shm"]:
-        lines += [
-            "### Shared memory vs tensor bytes in the request (gRPC, identity models)",
-            "",
-            "| model | EP | shm | c | infer/s | p99 ms | errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in results["shm"]:
-            if "error" in row:
-                lines.append(f"| {row['model']} | {row['ep']} | {row['shm']} | - | ERROR: {row['error'][:200]} | | |")
-                continue
-            p99 = row["p99_us"] / 1000 if row["p99_us"] is not None else None
-            lines.append(
-                f"| {row['model']} | {row['ep']} | {row['shm']} | {row['concurrency']} | "
-                f"{_cell(row['infer_per_s'], 1)} | {_cell(p99, 2)} | {row['errors']} |"
-            )
-        lines.append("")
+    for part, title, header, cells, before_error in TABLES:
+        if results[part]:
+            lines += _table(title, header, results[part], cells, before_error)
     for skipped in results["skipped"]:
         lines.append(f"- skipped: {skipped}")
     return "\n".join(lines) + "\n"
