@@ -21,13 +21,7 @@ from tritonclient.utils import InferenceServerException
 from fastoip._proto import grpc_service_pb2 as pb
 from models import SLOW_CONFIG, identity_model_bytes, slow_model_bytes, write_model
 from serverproc import ServerProcess, wait_until
-
-
-def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[tg.InferInput]:
-    inputs = [tg.InferInput("INPUT0", list(a.shape), "INT32"), tg.InferInput("INPUT1", list(b.shape), "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
+from simple_model import simple_inputs
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +44,7 @@ def test_stream_1000_in_flight_ids_matched_errors_mixed(server: ServerProcess) -
             errors_sent += 1
             bad = tg.InferInput("INPUT0", [1, 8], "INT32")
             bad.set_data_from_numpy(np.zeros((1, 8), np.int32))
-            client.async_stream_infer("simple", [bad, simple_inputs(a, b)[1]], request_id=f"bad-{i}")
+            client.async_stream_infer("simple", [bad, simple_inputs(tg, a, b)[1]], request_id=f"bad-{i}")
             continue
         model = "mlp" if i % 10 == 3 else "simple"
         if model == "mlp":
@@ -60,7 +54,7 @@ def test_stream_1000_in_flight_ids_matched_errors_mixed(server: ServerProcess) -
             client.async_stream_infer("mlp", [inp], request_id=f"mlp-{i}")
             expected[f"mlp-{i}"] = None
         else:
-            client.async_stream_infer("simple", simple_inputs(a, b), request_id=f"ok-{i}")
+            client.async_stream_infer("simple", simple_inputs(tg, a, b), request_id=f"ok-{i}")
             expected[f"ok-{i}"] = a + b
     got_ok, got_errors = {}, []
     for _ in range(1000):
@@ -179,7 +173,7 @@ def test_system_shared_memory_flow(server: ServerProcess) -> None:
     finally:
         shm.destroy_shared_memory_region(handle_in)
         shm.destroy_shared_memory_region(handle_out)
-    assert client.infer("simple", simple_inputs(a, b)).as_numpy("OUTPUT0").tolist() == (a + b).tolist()
+    assert client.infer("simple", simple_inputs(tg, a, b)).as_numpy("OUTPUT0").tolist() == (a + b).tolist()
 
 
 def test_cuda_shared_memory_answers_clearly_without_gpu(server: ServerProcess) -> None:

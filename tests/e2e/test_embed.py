@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 import fastoip
 from fastoip.demo import write_repository
 from python_models import INT_IO, SLEEPER, write_python_model
+from simple_model import ZERO_TO_15, simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,12 +28,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def simple_inputs(module):  # type: ignore[no-untyped-def]
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(a)
-    return inputs
+def counting_inputs(module):  # type: ignore[no-untyped-def]
+    """INPUT0 and INPUT1 both 0..15 (OUTPUT0 doubles them, OUTPUT1 is zeros)."""
+    return simple_inputs(module, ZERO_TO_15, ZERO_TO_15)
 
 
 def refuses_connections(port: int) -> bool:
@@ -56,13 +54,13 @@ def test_serves_grpc_and_http_on_free_ports_and_frees_them(repository: Path) -> 
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         assert grpc.is_server_ready()
         np.testing.assert_array_equal(
-            grpc.infer("simple", simple_inputs(grpcclient)).as_numpy("OUTPUT0"),
+            grpc.infer("simple", counting_inputs(grpcclient)).as_numpy("OUTPUT0"),
             2 * np.arange(16, dtype=np.int32).reshape(1, 16),
         )
         http = httpclient.InferenceServerClient(server.http_url)
         assert http.get_server_metadata()["name"] == "fastoip"
         np.testing.assert_array_equal(
-            http.infer("simple", simple_inputs(httpclient)).as_numpy("OUTPUT1"), np.zeros((1, 16), np.int32)
+            http.infer("simple", counting_inputs(httpclient)).as_numpy("OUTPUT1"), np.zeros((1, 16), np.int32)
         )
         with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
             text = answer.read().decode()
@@ -89,7 +87,7 @@ def test_starts_again_and_runs_beside_another(repository: Path) -> None:
             with fastoip.Server(repository, grpc=False) as other:
                 assert other.grpc_port == 0 and other.http_port != 0
                 assert httpclient.InferenceServerClient(other.http_url).is_model_ready("sleeper")
-                result = grpcclient.InferenceServerClient(server.grpc_url).infer("simple", simple_inputs(grpcclient))
+                result = grpcclient.InferenceServerClient(server.grpc_url).infer("simple", counting_inputs(grpcclient))
                 assert result.as_numpy("OUTPUT0")[0, 1] == 2
         finally:
             server.stop()
@@ -151,7 +149,7 @@ def test_two_servers_in_one_process_keep_their_own_metrics_config(repository: Pa
             fastoip.Server(repository, metrics=True) as second:
         texts = []
         for server in (first, second):
-            grpcclient.InferenceServerClient(server.grpc_url).infer("simple", simple_inputs(grpcclient))
+            grpcclient.InferenceServerClient(server.grpc_url).infer("simple", counting_inputs(grpcclient))
             with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
                 texts.append(answer.read().decode())
     first_text, second_text = texts

@@ -16,6 +16,7 @@ from fastoip._proto import grpc_service_pb2_grpc as pb_grpc
 from fastoip._proto import health_pb2, health_pb2_grpc
 from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +36,10 @@ def stub(server: ServerProcess) -> pb_grpc.GRPCInferenceServiceStub:
     return pb_grpc.GRPCInferenceServiceStub(channel)
 
 
-def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[tg.InferInput]:
-    inputs = [tg.InferInput("INPUT0", list(a.shape), "INT32"), tg.InferInput("INPUT1", list(b.shape), "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
-
-
 def assert_simple_works(client: tg.InferenceServerClient) -> None:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 3, dtype=np.int32)
-    result = client.infer("simple", simple_inputs(a, b))
+    result = client.infer("simple", simple_inputs(tg, a, b))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -108,7 +102,7 @@ def test_infer_batch_and_requested_output(client: tg.InferenceServerClient) -> N
     a = rng.integers(-1000, 1000, (5, 16), dtype=np.int32)
     b = rng.integers(-1000, 1000, (5, 16), dtype=np.int32)
     result = client.infer(
-        "simple", simple_inputs(a, b), outputs=[tg.InferRequestedOutput("OUTPUT1")], request_id="req-7"
+        "simple", simple_inputs(tg, a, b), outputs=[tg.InferRequestedOutput("OUTPUT1")], request_id="req-7"
     )
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
     assert result.as_numpy("OUTPUT0") is None

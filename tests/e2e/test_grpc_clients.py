@@ -27,6 +27,7 @@ from fastoip.demo import write_repository
 from memory import HUGE_NEEDS_GIB, mem_available_gib
 from models import datatype_sample, identity_model_bytes, write_datatype_repository, write_model
 from serverproc import ServerProcess, wait_until
+from simple_model import ZERO_TO_15, simple_inputs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,13 +79,9 @@ def run(coroutine: Awaitable[T]) -> T:
     return asyncio.run(coroutine)  # type: ignore[arg-type]
 
 
-def simple_inputs(value: int = 1) -> list[tg.InferInput]:
-    a = np.full((1, 16), value, dtype=np.int32)
-    b = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [tg.InferInput("INPUT0", [1, 16], "INT32"), tg.InferInput("INPUT1", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
+def filled_inputs(value: int = 1) -> list[tg.InferInput]:
+    """INPUT0 sixteen ``value``s, INPUT1 0..15."""
+    return simple_inputs(tg, np.full((1, 16), value, dtype=np.int32), ZERO_TO_15)
 
 
 def slow_input() -> list[tg.InferInput]:
@@ -175,9 +172,9 @@ def test_aio_stream_1000_in_flight(server: ServerProcess) -> None:
                     if i % 50 == 7:
                         bad = tg.InferInput("INPUT0", [1, 8], "INT32")
                         bad.set_data_from_numpy(np.zeros((1, 8), np.int32))
-                        yield {"model_name": "simple", "inputs": [bad, simple_inputs()[1]], "request_id": f"bad-{i}"}
+                        yield {"model_name": "simple", "inputs": [bad, filled_inputs()[1]], "request_id": f"bad-{i}"}
                     else:
-                        yield {"model_name": "simple", "inputs": simple_inputs(i), "request_id": f"ok-{i}"}
+                        yield {"model_name": "simple", "inputs": filled_inputs(i), "request_id": f"ok-{i}"}
 
             answers, errors = {}, []
             stream = client.stream_infer(requests(), stream_timeout=240)
@@ -376,7 +373,7 @@ def test_compressed_requests(server: ServerProcess, api: str, algorithm: str) ->
         client.start_stream(
             callback=lambda result, error: results.append((result, error)), compression_algorithm=algorithm
         )
-        client.async_stream_infer("simple", simple_inputs(3), request_id="z")
+        client.async_stream_infer("simple", filled_inputs(3), request_id="z")
         assert wait_until(lambda: len(results) == 1, timeout=60)
         client.stop_stream()
         assert results[0][1] is None and results[0][0].as_numpy("OUTPUT0").tolist() == [[3 + k for k in range(16)]]

@@ -29,6 +29,7 @@ from fastoip._proto import health_pb2
 from fastoip.server.grpc.service import HEALTH_UNARY, UNARY
 from models import SLOW_CONFIG, slow_model_bytes, write_model
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 pytest.importorskip("fastoip.server.grpc._http2", reason="the native gRPC frontend was not built (libnghttp2-dev)")
 
@@ -39,17 +40,10 @@ def native(demo_repo: Path):  # type: ignore[no-untyped-def]
         yield proc
 
 
-def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[tg.InferInput]:
-    inputs = [tg.InferInput("INPUT0", list(a.shape), "INT32"), tg.InferInput("INPUT1", list(b.shape), "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
-
-
 def assert_simple(client: tg.InferenceServerClient, offset: int = 0) -> None:
     a = np.arange(16, dtype=np.int32).reshape(1, 16) + offset
     b = np.full((1, 16), 3, dtype=np.int32)
-    result = client.infer("simple", simple_inputs(a, b))
+    result = client.infer("simple", simple_inputs(tg, a, b))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -71,7 +65,7 @@ def test_unary_infer_grpc_aio_many_concurrent(native: ServerProcess) -> None:
             async def one(offset: int) -> None:
                 a = np.full((1, 16), offset, dtype=np.int32)
                 b = np.ones((1, 16), dtype=np.int32)
-                result = await client.infer("simple", simple_inputs(a, b))
+                result = await client.infer("simple", simple_inputs(tg, a, b))
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
             await asyncio.gather(*(one(i) for i in range(200)))
@@ -123,8 +117,8 @@ def test_stream_many_requests_in_flight(native: ServerProcess) -> None:
     try:
         for i in range(count):
             a = np.full((1, 16), i, dtype=np.int32)
-            client.async_stream_infer("simple", simple_inputs(a, np.zeros((1, 16), np.int32)), request_id=str(i))
-        client.async_stream_infer("no_such_model", simple_inputs(a, a), request_id="bad")
+            client.async_stream_infer("simple", simple_inputs(tg, a, np.zeros((1, 16), np.int32)), request_id=str(i))
+        client.async_stream_infer("no_such_model", simple_inputs(tg, a, a), request_id="bad")
         seen = {}
         for _ in range(count + 1):
             result, error = answers.get(timeout=60)
@@ -201,7 +195,7 @@ def test_deadline_and_cancel_reach_the_queue(slow: ServerProcess) -> None:
 def test_compressed_request(native: ServerProcess, algorithm: str) -> None:
     client = tg.InferenceServerClient(native.grpc_url)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    result = client.infer("simple", simple_inputs(a, a), compression_algorithm=algorithm)
+    result = client.infer("simple", simple_inputs(tg, a, a), compression_algorithm=algorithm)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
 
 

@@ -11,12 +11,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.grpc as tg
 
 from h2raw import RawGrpcConnection, assert_good_request_on_new_connection, simple_request_bytes
 from serverproc import ServerProcess, serve_help
+from simple_model import ONES_16, simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,10 +67,7 @@ def test_clients_ride_through_connection_ageing(aged_server: ServerProcess) -> N
     started = time.monotonic()
     while time.monotonic() - started < 3.5:
         try:
-            inputs = [tg.InferInput("INPUT0", [1, 16], "INT32"), tg.InferInput("INPUT1", [1, 16], "INT32")]
-            for inp in inputs:
-                inp.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-            client.infer("simple", inputs)
+            client.infer("simple", simple_inputs(tg, ONES_16, ONES_16))
             done += 1
         except Exception as exc:  # noqa: BLE001 - every failure is reported below
             failures.append(repr(exc))

@@ -13,7 +13,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
@@ -21,20 +20,14 @@ from tritonclient.utils import InferenceServerException
 
 from pki import Pki, tls_args
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def simple_inputs() -> list[tg.InferInput]:
-    inputs = [tg.InferInput("INPUT0", [1, 16], "INT32"), tg.InferInput("INPUT1", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-    inputs[1].set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-    return inputs
-
-
 def assert_infers(client: tg.InferenceServerClient) -> None:
     assert client.is_server_live()
-    assert client.infer("simple", simple_inputs()).as_numpy("OUTPUT0").tolist() == [list(range(1, 17))]
+    assert client.infer("simple", simple_inputs(tg)).as_numpy("OUTPUT0").tolist() == [list(range(1, 17))]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +75,7 @@ def test_tls_with_tritonclient(tls_server: ServerProcess, pki: Pki) -> None:
     async def aio() -> None:
         async with tga.InferenceServerClient(url, ssl=True, root_certificates=str(pki.ca)) as client:
             assert await client.is_server_ready()
-            result = await client.infer("simple", simple_inputs())
+            result = await client.infer("simple", simple_inputs(tg))
             assert result.as_numpy("OUTPUT1").tolist() == [list(range(-1, 15))]
 
     asyncio.run(aio())

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.http as th
 import tritonclient.http.aio as tha
@@ -19,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from pki import Pki, make_pki
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,13 +45,6 @@ def https_server(demo_repo: Path, pki: Pki) -> Iterator[ServerProcess]:
 def mtls_server(demo_repo: Path, pki: Pki) -> Iterator[ServerProcess]:
     with ServerProcess(demo_repo, *https_args(pki, mutual=True), http=True) as proc:
         yield proc
-
-
-def simple_inputs(module) -> list:  # type: ignore[no-untyped-def]
-    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-    inputs[1].set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-    return inputs
 
 
 def assert_infers(client: th.InferenceServerClient) -> None:

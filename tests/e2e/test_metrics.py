@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from fastoip.host_metrics import CPU_NAMES, PINNED_NAMES
 from fastoip.metrics import EXPORTED_NAMES
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 
 # One server on the default gRPC frontend, not one per frontend: metrics are the Core's and the metrics port's, and
@@ -73,19 +74,12 @@ def labelled(text: str, name: str, model: str) -> dict[str, float]:
     return found
 
 
-def simple_inputs(a: np.ndarray) -> list[tg.InferInput]:
-    inputs = [tg.InferInput("INPUT0", [1, 16], "INT32"), tg.InferInput("INPUT1", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
-    return inputs
-
-
 def test_metrics_count_what_statistics_count(metrics_server: ServerProcess) -> None:
     client = tg.InferenceServerClient(metrics_server.grpc_url)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     def ten() -> None:
         for _ in range(10):
-            client.infer("simple", simple_inputs(a))
+            client.infer("simple", simple_inputs(tg, a, a))
 
     threads = [threading.Thread(target=ten) for _ in range(4)]
     for thread in threads:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
@@ -23,6 +22,7 @@ from fastoip.cli import serve_options
 from fastoip.server import restricted
 from fastoip.triton_flags import FlagError
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,13 +76,6 @@ def test_every_grpc_method_has_a_group() -> None:
 
 
 # -- HTTP --------------------------------------------------------------------------------------------
-def simple_inputs(module) -> list:  # type: ignore[no-untyped-def]
-    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]
-    inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-    inputs[1].set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-    return inputs
-
-
 @pytest.fixture(scope="module")
 def http_server(demo_repo: Path) -> Iterator[ServerProcess]:
     with ServerProcess(demo_repo, "--http-restricted-api=inference,model-config:infer-key=s3cret",

@@ -29,6 +29,7 @@ from fastoip.server.grpc import protocol as wire
 from fastoip.triton_flags import NO_EFFECT, FlagError
 from h2raw import MODEL_INFER, RawGrpcConnection, grpc_frame, simple_request_bytes
 from serverproc import ServerProcess
+from simple_model import ZERO_TO_15, simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -138,13 +139,6 @@ def server(repo: Path, native_frontend: str) -> Iterator[ServerProcess]:
         yield proc
 
 
-def simple_inputs(module: object) -> list:
-    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]  # type: ignore[attr-defined]
-    for inp in inputs:
-        inp.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-    return inputs
-
-
 def test_infer_responses_are_compressed_at_the_level_asked(server: ServerProcess) -> None:
     with RawGrpcConnection(server.grpc_port) as conn:
         conn.handshake()
@@ -160,7 +154,7 @@ def test_infer_responses_are_compressed_at_the_level_asked(server: ServerProcess
     assert result.status == 0 and "grpc-encoding" not in result.headers and result.data[0] == 0
     # tritonclient (grpcio) reads the compressed responses.
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    out = client.infer("simple", simple_inputs(grpcclient)).as_numpy("OUTPUT0")
+    out = client.infer("simple", simple_inputs(grpcclient, ZERO_TO_15, ZERO_TO_15)).as_numpy("OUTPUT0")
     assert out.tolist() == [list(range(0, 32, 2))]
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import http.client
 import json
 
-import numpy as np
 import tritonclient.http as th
 
 from serverproc import ServerProcess
+from simple_model import simple_inputs
 
 
 def assert_serving(server: ServerProcess) -> None:
@@ -17,10 +17,7 @@ def assert_serving(server: ServerProcess) -> None:
     client = th.InferenceServerClient(server.http_url)
     try:
         assert client.is_server_ready()
-        inputs = [th.InferInput("INPUT0", [1, 16], "INT32"), th.InferInput("INPUT1", [1, 16], "INT32")]
-        inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-        inputs[1].set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
-        assert client.infer("simple", inputs).as_numpy("OUTPUT0").tolist() == [list(range(1, 17))]
+        assert client.infer("simple", simple_inputs(th)).as_numpy("OUTPUT0").tolist() == [list(range(1, 17))]
     finally:
         client.close()
 
