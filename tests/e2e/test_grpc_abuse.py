@@ -35,9 +35,9 @@ from h2raw import (
     assert_good_request_on_new_connection,
     grpc_frame,
     simple_request_bytes,
-    wait_for_close,
 )
 from serverproc import ServerProcess
+from sockets import closed_within
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,7 +106,7 @@ def test_garbage_before_the_preface(server: ServerProcess, garbage: bytes) -> No
     try:
         send_quietly(sock, garbage)
         # A server must not wait forever for a preface that cannot come: it closes (grpcio and native alike).
-        assert wait_for_close(sock, SETTLE_S), "connection with a broken preface was kept open"
+        assert closed_within(sock, SETTLE_S), "connection with a broken preface was kept open"
     finally:
         sock.close()
     assert_still_serving(server)
@@ -151,7 +151,7 @@ def test_continuation_flood(server: ServerProcess) -> None:
             if not send_quietly(sock, frame.serialize()):
                 break
             sent += 1
-        wait_for_close(sock, 5.0)
+        closed_within(sock, 5.0)
     finally:
         sock.close()
     assert_still_serving(server)
@@ -273,7 +273,7 @@ def test_rst_stream_storm(server: ServerProcess) -> None:
     sock = open_raw(server)
     try:
         send_quietly(sock, b"".join(RstStreamFrame(2 * i + 1, error_code=8).serialize() for i in range(5000)))
-        wait_for_close(sock, 2.0)
+        closed_within(sock, 2.0)
     finally:
         sock.close()
     assert_still_serving(server)

@@ -19,23 +19,12 @@ from fastoip.types import InferInput, InferRequest
 from h2raw import MODEL_INFER, RawGrpcConnection, assert_good_request_on_new_connection, grpc_frame
 from memory import RssSampler, rss_bytes
 from serverproc import ServerProcess
+from sockets import closed_within
 
 pytestmark = pytest.mark.timeout(180)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 ENHANCE_YOUR_CALM = 0xB
 RESOURCE_EXHAUSTED = 8
-
-
-def closed_within(sock: socket.socket, wait_s: float) -> bool:
-    sock.settimeout(wait_s)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
 
 
 def test_connection_cap_and_handshake_timeout(demo_repo, native_frontend: str) -> None:  # type: ignore[no-untyped-def]

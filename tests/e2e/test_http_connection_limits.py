@@ -20,6 +20,7 @@ import pytest
 from h2raw import MODEL_INFER, RawGrpcConnection, assert_good_request_on_new_connection
 from serverproc import ServerProcess
 from serving import assert_serving
+from sockets import closed_within
 
 pytestmark = pytest.mark.timeout(180)
 FILE_LIMIT = 256
@@ -103,18 +104,6 @@ def test_the_cap_closes_the_connection_idle_longest(demo_repo: Path) -> None:
         status = health(proc.http_port)
         assert status == 200, status
         assert_serving(proc)  # the good request: a real inference over a new connection
-
-
-def closed_within(sock: socket.socket, wait_s: float) -> bool:
-    sock.settimeout(wait_s)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
 
 
 def test_grpc_cap_closes_the_connection_longest_without_a_call(demo_repo: Path, native_frontend: str) -> None:

@@ -11,18 +11,9 @@ import pytest
 
 from fastoip.server import metrics_http
 from serverproc import ServerProcess
+from sockets import closed_within
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def closed_within(sock: socket.socket, wait_s: float) -> bool:
-    sock.settimeout(wait_s)
-    try:
-        return sock.recv(1024) == b""
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
 
 
 def scrape(port: int) -> str:

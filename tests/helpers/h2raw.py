@@ -31,6 +31,7 @@ from hyperframe.frame import PingFrame
 
 from fastoip import _codec
 from fastoip.types import InferInput, InferRequest
+from sockets import closed_within
 
 SERVICE = "/inference.GRPCInferenceService/"
 MODEL_INFER = SERVICE + "ModelInfer"
@@ -289,21 +290,7 @@ class RawGrpcConnection:
             self.receive_once(deadline)
 
     def wait_closed(self, wait_s: float) -> bool:
-        return wait_for_close(self.sock, wait_s)
-
-
-def wait_for_close(sock: socket.socket, wait_s: float) -> bool:
-    """Whether the peer closed ``sock`` within ``wait_s`` seconds (reading and discarding what arrives)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            if not sock.recv(1 << 16):
-                return True
-        except TimeoutError:
-            continue
-        except OSError:
-            return True
-    return False
+        return closed_within(self.sock, wait_s)
 
 
 def simple_request_bytes(request_id: str = "good") -> bytes:
