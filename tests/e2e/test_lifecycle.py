@@ -31,15 +31,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from fastoip._proto import health_pb2, health_pb2_grpc
+from python_models import INT_IO, write_python_model
 from serverproc import ServerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-INT_IO = """
-    backend: "python"
-    input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
-    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
-"""
 
 LOGGING = """
     import os
@@ -113,13 +108,6 @@ OTHER = LOGGING + """
         def predict(self, inputs, parameters):
             return {"OUT": inputs["X"] + 1}
 """
-
-
-def write_python_model(root: Path, name: str, source: str, config: str) -> Path:
-    (root / name / "1").mkdir(parents=True, exist_ok=True)
-    (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
-    (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-    return root / name
 
 
 def read_log(path: Path) -> list[str]:
