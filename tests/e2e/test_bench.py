@@ -35,22 +35,10 @@ from fastoip.bench.verify import ResponseCheck
 codec = pytest.importorskip("fastoip._codec", reason="the native codec is not built (setup.py build_ext --inplace)")
 
 from serverproc import ServerProcess  # noqa: E402
+from simple_model import SIMPLE_METADATA  # noqa: E402
 
 Capture = pytest.CaptureFixture[str]  # the type of the capsys fixture
 FAST = ["-p", "300", "-r", "3", "--warmup-ms", "200", "--quiet"]
-SIMPLE_META = {
-    "name": "simple",
-    "versions": ["1"],
-    "platform": "onnxruntime_onnx",
-    "inputs": [
-        {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
-        {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
-    ],
-    "outputs": [
-        {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
-        {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
-    ],
-}
 SIMPLE_CONFIG = {
     "max_batch_size": 64,
     "inputs": {},
@@ -234,7 +222,7 @@ def test_unknown_model_is_a_clear_failure(server: ServerProcess, tmp_path: Path,
 
 def test_errors_are_counted_by_status_under_load(server: ServerProcess) -> None:
     """Requests for a model the server does not have: every one fails, counted as NOT_FOUND."""
-    plan = plan_model({**SIMPLE_META, "name": "nope"}, SIMPLE_CONFIG, 1, {})
+    plan = plan_model({**SIMPLE_METADATA, "name": "nope"}, SIMPLE_CONFIG, 1, {})
     request = encode_grpc(plan, make_requests(plan, "zero", 0)[0])
     host, port = server.grpc_url.split(":")
     for client in ("future", "aio"):
@@ -264,7 +252,7 @@ def test_server_down_fails_cleanly(tmp_path: Path, capsys: Capture) -> None:
 def test_server_killed_mid_run_counts_unavailable(demo_repo: Path) -> None:
     """The load keeps going when the server dies: failures are counted, nothing hangs."""
     with ServerProcess(demo_repo) as proc:
-        meta = dict(SIMPLE_META)
+        meta = dict(SIMPLE_METADATA)
         plan = plan_model(meta, SIMPLE_CONFIG, 1, {})
         tensors = make_requests(plan, "random", 0)[0]
         request = encode_grpc(plan, tensors)
@@ -493,7 +481,7 @@ def test_http_generator_against_the_http_ceiling(tmp_path: Path) -> None:
     response_file = write_response_file(response)
     ceiling = ChildServer(ceiling_argv("http", response_file), want=("http",)).start(30)
     try:
-        plan = plan_model(SIMPLE_META, SIMPLE_CONFIG, 1, {})
+        plan = plan_model(SIMPLE_METADATA, SIMPLE_CONFIG, 1, {})
         address = f"127.0.0.1:{ceiling.ports['http']}"
         for binary in (True, False):
             request = encode_http(plan, make_requests(plan, "random", 0)[0], address, binary)
@@ -523,7 +511,7 @@ def test_streaming_generator_against_the_ceiling(tmp_path: Path) -> None:
     from fastoip.bench.local import ChildServer
     from fastoip.types import InferOutput, InferResponse
 
-    plan = plan_model(SIMPLE_META, SIMPLE_CONFIG, 1, {})
+    plan = plan_model(SIMPLE_METADATA, SIMPLE_CONFIG, 1, {})
     tensors = make_requests(plan, "random", 0)[0]
     request = encode_grpc(plan, tensors)
     outputs = [
@@ -620,30 +608,30 @@ def test_parse_range_and_target() -> None:
 
 
 def test_batch_rule() -> None:
-    plan = plan_model(SIMPLE_META, SIMPLE_CONFIG, 8, {})
+    plan = plan_model(SIMPLE_METADATA, SIMPLE_CONFIG, 8, {})
     assert plan.batched and [t.shape for t in plan.inputs] == [[8, 16], [8, 16]]
     assert plan.outputs[0].shape == [8, 16]
     with pytest.raises(BenchError, match="max_batch_size"):
-        plan_model(SIMPLE_META, SIMPLE_CONFIG, 65, {})
+        plan_model(SIMPLE_METADATA, SIMPLE_CONFIG, 65, {})
     no_batch = {**SIMPLE_CONFIG, "max_batch_size": 0}
     with pytest.raises(BenchError, match="does not support batching"):
-        plan_model(SIMPLE_META, no_batch, 2, {})
-    plan = plan_model(SIMPLE_META, no_batch, 1, {"INPUT0": [2, 16], "INPUT1": [2, 16]})
+        plan_model(SIMPLE_METADATA, no_batch, 2, {})
+    plan = plan_model(SIMPLE_METADATA, no_batch, 1, {"INPUT0": [2, 16], "INPUT1": [2, 16]})
     assert not plan.batched and plan.inputs[0].shape == [2, 16]
     # No config: a leading -1 on every input is taken as the batch dim.
-    plan = plan_model(SIMPLE_META, None, 4, {})
+    plan = plan_model(SIMPLE_METADATA, None, 4, {})
     assert plan.batched and plan.source == "metadata" and plan.inputs[0].shape == [4, 16]
-    fixed = {**SIMPLE_META, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3]}]}
+    fixed = {**SIMPLE_METADATA, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3]}]}
     with pytest.raises(BenchError, match="-b must be 1"):
         plan_model(fixed, None, 2, {})
     with pytest.raises(BenchError, match="needs 1"):
-        plan_model(SIMPLE_META, SIMPLE_CONFIG, 1, {"INPUT0": [4, 4]})
+        plan_model(SIMPLE_METADATA, SIMPLE_CONFIG, 1, {"INPUT0": [4, 4]})
 
 
 def test_input_file_forms() -> None:
     import base64
 
-    plan = plan_model(SIMPLE_META, SIMPLE_CONFIG, 2, {})
+    plan = plan_model(SIMPLE_METADATA, SIMPLE_CONFIG, 2, {})
     raw = np.arange(16, dtype="<i4")
     entries: list[dict[str, Any]] = [
         {"INPUT0": list(range(16)), "INPUT1": {"b64": base64.b64encode(raw.tobytes()).decode()}},
@@ -665,7 +653,7 @@ def test_codec_request_equals_protobuf() -> None:
     from fastoip.bench.inputs import _encode_grpc_protobuf
 
     meta = {
-        **SIMPLE_META,
+        **SIMPLE_METADATA,
         "name": "string_identity",
         "inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [-1, -1]}],
         "outputs": [],

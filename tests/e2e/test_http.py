@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from serverproc import ServerProcess
+from simple_model import SIMPLE_METADATA
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -207,19 +208,7 @@ def test_server_metadata(client: Client) -> None:
 def test_model_metadata(client: Client, path: str) -> None:
     status, body = client.json("GET", path)
     assert status == 200
-    assert body == {
-        "name": "simple",
-        "versions": ["1"],
-        "platform": "onnxruntime_onnx",
-        "inputs": [
-            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
-            {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
-        ],
-        "outputs": [
-            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
-            {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
-        ],
-    }
+    assert body == SIMPLE_METADATA
 
 
 def test_model_config_is_tritons_json_form(client: Client) -> None:

@@ -16,6 +16,21 @@ ONES_16 = np.ones((1, 16), dtype=np.int32)
 ZERO_TO_15.setflags(write=False)  # shared by every test that imports them
 ONES_16.setflags(write=False)
 
+#: Its metadata as the server answers it (``/v2/models/simple``, ModelMetadata).
+SIMPLE_METADATA = {
+    "name": "simple",
+    "versions": ["1"],
+    "platform": "onnxruntime_onnx",
+    "inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+    ],
+    "outputs": [
+        {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
+        {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
+    ],
+}
+
 
 def simple_inputs(client: Any, a: np.ndarray = ZERO_TO_15, b: np.ndarray = ONES_16) -> list[Any]:
     """INPUT0 = ``a`` and INPUT1 = ``b`` as ``client``'s InferInputs.
