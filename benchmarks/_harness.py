@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,13 @@ from fastoip.launcher import ChildProcess, parse_cpu_list  # noqa: E402
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 SERVER_CPUS = os.environ.get("SERVER_CPUS", "0")
 CLIENT_CPUS = os.environ.get("CLIENT_CPUS", "1")
+
+
+def free_port() -> int:
+    """A loopback TCP port free now, for a server that must be told its port (another server, an older tree)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def env() -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,15 +24,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _harness import free_port
 from fastoip.demo import write_repository
 
 CLI = [sys.executable, "-c", "from fastoip.cli import main; main()"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def repository(count: int) -> Path:

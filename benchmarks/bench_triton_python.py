@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import Fastoip, fastoip_bench, markdown_table  # noqa: E402
+from _harness import Fastoip, fastoip_bench, free_port, markdown_table  # noqa: E402
 
 CPU2MS = """
     import time
@@ -93,14 +93,6 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" da
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def against_triton(window_ms: int, rounds: int) -> dict:

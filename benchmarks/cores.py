@@ -40,6 +40,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from _harness import free_port  # noqa: E402
 from fastoip._proto import grpc_service_pb2 as pb  # noqa: E402
 from fastoip.demo import write_repository  # noqa: E402
 from fastoip.launcher import ChildProcess, parse_cpu_list  # noqa: E402
@@ -164,12 +165,6 @@ def wait_port(port: int, child: ChildProcess, timeout: float) -> None:
                 return
         time.sleep(0.1)
     raise RuntimeError(f"the server did not listen on {port} within {timeout:.0f} s")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def measure(args: argparse.Namespace, point: dict, argv: list[str], env: dict[str, str], payloads: Path,
