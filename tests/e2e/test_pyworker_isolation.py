@@ -7,7 +7,6 @@ decoupled stream never stalls the gRPC frontend's event loop."""
 from __future__ import annotations
 
 import queue
-import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,15 +19,8 @@ from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
 from models import identity_model_bytes, write_model
+from python_models import write_python_model
 from serverproc import ServerProcess
-
-
-def write_python_model(root: Path, name: str, source: str, config: str) -> None:
-    folder = root / name / "1"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.py").write_text(textwrap.dedent(source))
-    (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-
 
 HOW_CONFIG = """
     backend: "python"

@@ -34,16 +34,10 @@ from tritonclient.utils import InferenceServerException
 import fastoip
 from fastoip.pyworker import channel
 from models import identity_model_bytes, write_model
+from python_models import write_python_model
 from serverproc import ServerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def write_python_model(root: Path, name: str, source: str, config: str) -> None:
-    folder = root / name / "1"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.py").write_text(textwrap.dedent(source))
-    (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
 
 
 ADD_SUB = """
