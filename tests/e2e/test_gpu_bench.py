@@ -58,6 +58,42 @@ def test_resnet50_has_resnet50s_layers_and_runs_on_the_cpu_ep() -> None:
     assert np.isfinite(out).all() and not np.allclose(out[0], out[1])  # a real function of its input
 
 
+def test_each_parts_table_and_its_error_rows() -> None:
+    row = {"model": "mlp", "concurrency": 16, "infer_per_s": 1234.5, "p50_us": 800.0, "p99_us": 2100.0,
+           "avg_batch": 3.25, "errors": 0}
+    copy = {"batch": "b", "bytes": 123456, "host": "pinned", "median_ms": 1.5, "gb_per_s": 2.25}
+    results = {
+        "passed": False, "complete": True, "gpu": True, "elapsed_s": 12.0, "model_bytes": {}, "instance_kinds": {},
+        "problems": [], "skipped": [],
+        "ep": [{"ep": "cuda", **row}, {"ep": "cpu", **row, "p99_us": None},
+               {"model": "r", "ep": "cpu", "error": "boom"}],
+        "graph": [{"ep": "cuda", "graphs": True, **row}, {"ep": "cpu", "graphs": True, **row, "p50_us": None},
+                  {"model": "x", "ep": "cuda", "graphs": True, "error": "bad"}],
+        "h2d": [{**copy, "really_pinned": False}, {**copy, "host": "pageable", "really_pinned": None}, {"error": "e"}],
+        "shm": [{"ep": "cuda", "shm": "cuda", **row}, {"model": "i", "ep": "cuda", "shm": "system", "error": "e"}],
+    }
+    lines = gpu_bench.markdown(results).splitlines()
+    assert lines[lines.index("| model | EP | c | infer/s | p99 ms | avg batch | errors |") + 1:][:4] == [
+        "|---|---|---|---|---|---|---|",
+        "| mlp | cuda | 16 | 1,234.5 | 2.10 | 3.25 | 0 |",
+        "| mlp | cpu | 16 | 1,234.5 | - | 3.25 | 0 |",
+        "| r | cpu | - | ERROR: boom | | | |",
+    ]
+    assert "| mlp | cuda | yes | 1,234.5 | 0.800 | 2.100 | 0 |" in lines
+    assert "| mlp | cpu | asked (none on the CPU EP) | 1,234.5 | - | 2.100 | 0 |" in lines
+    assert "| x | cuda | True | ERROR: bad | | | |" in lines
+    assert "| b | 123,456 | pinned (NOT pinned: fell back) | 1.500 | 2.2 |" in lines
+    assert "| b | 123,456 | pageable | 1.500 | 2.2 |" in lines and "| ERROR: e | | | | |" in lines
+    assert "| mlp | cuda | cuda | 16 | 1,234.5 | 2.10 | 0 |" in lines
+    assert "| i | cuda | system | - | ERROR: e | | |" in lines
+    assert [line for line in lines if line.startswith("### ")] == [
+        "### CUDA EP vs CPU EP (gRPC, fastoip bench)",
+        "### CUDA graphs vs the plain CUDA EP, c=1 (gRPC, fastoip bench)",
+        "### Host-to-device copy of one batch (CUDA events, median of 20)",
+        "### Shared memory vs tensor bytes in the request (gRPC, identity models)",
+    ]
+
+
 @pytest.mark.skipif(gpu_listed(), reason="a GPU is here: the driver would run its GPU parts (minutes)")
 def test_the_driver_runs_end_to_end_on_the_cpu_ep_and_lists_the_gpu_parts(tmp_path: Path) -> None:
     # a 1 s window: a 16 MB request took ~20 ms alone and over 200 ms under `make test`'s load (6 workers on 2
