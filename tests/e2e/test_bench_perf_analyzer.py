@@ -20,7 +20,7 @@ from fastoip.bench.target import BenchError
 
 codec = pytest.importorskip("fastoip._codec", reason="the native codec is not built (setup.py build_ext --inplace)")
 
-from serverproc import ServerProcess  # noqa: E402
+from serverproc import ServerProcess, wait_until  # noqa: E402
 
 FAST = ["-p", "300", "-r", "3", "--warmup-ms", "200", "--quiet"]
 #: perf_analyzer's header with server statistics, in its order (src/report_writer.cc).
@@ -251,7 +251,6 @@ def test_headers_travel_as_grpc_metadata(client: str) -> None:
     decoded is what the end-to-end test with --grpc-compression-algorithm gzip shows.)
     """
     import threading
-    import time
     from concurrent import futures
 
     import grpc
@@ -281,9 +280,7 @@ def test_headers_travel_as_grpc_metadata(client: str) -> None:
                         client=client, metadata=(("x-trace-tag", "bench"),), compression="gzip")
         generator = make_generator(spec, "concurrency", 2)
         generator.start_concurrency(2)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(seen) < 10:
-            time.sleep(0.05)
+        wait_until(lambda: len(seen) >= 10, timeout=30)
         generator.stop(5.0)
         generator.close()
     finally:

@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 import fastoip
 from fastoip.demo import write_repository
 from python_models import INT_IO, SLEEPER, write_python_model
+from serverproc import wait_until
 from simple_model import ZERO_TO_15, simple_inputs
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,9 +73,7 @@ def test_serves_grpc_and_http_on_free_ports_and_frees_them(repository: Path) -> 
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
             sock.listen()
-    deadline = time.monotonic() + 10
-    while fastoip_threads() - threads_before and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not fastoip_threads() - threads_before, timeout=10)
     assert fastoip_threads() - threads_before == set()
 
 

@@ -28,7 +28,7 @@ from fastoip._proto import grpc_service_pb2 as pb
 from fastoip._proto import health_pb2
 from fastoip.server.grpc.service import HEALTH_UNARY, UNARY
 from models import SLOW_CONFIG, slow_model_bytes, write_model
-from serverproc import ServerProcess
+from serverproc import ServerProcess, wait_until
 from simple_model import simple_inputs
 
 pytest.importorskip("fastoip.server.grpc._http2", reason="the native gRPC frontend was not built (libnghttp2-dev)")
@@ -158,9 +158,7 @@ def executions(client: tg.InferenceServerClient, model: str) -> int:
 
 
 def wait_idle(client: tg.InferenceServerClient, model: str, expected: int) -> None:
-    until = time.monotonic() + 60
-    while executions(client, model) < expected and time.monotonic() < until:
-        time.sleep(0.1)
+    wait_until(lambda: executions(client, model) >= expected, timeout=60, interval=0.1)
 
 
 def test_deadline_and_cancel_reach_the_queue(slow: ServerProcess) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from fastoip.launcher import ChildProcess, LaunchError, parse_cpu_list, process_group_members
+from serverproc import wait_until
 
 # Prints its listening lines, then runs until SIGTERM (default action) or forever.
 SERVER = """
@@ -113,9 +113,7 @@ def test_no_want_returns_at_once_and_keep_lines_bounds_the_output() -> None:
     code = "for i in range(1000): print(i, flush=True)\n"
     child = ChildProcess(python(code), want=(), keep_lines=10).start()
     assert child.wait(30) == 0
-    deadline = time.monotonic() + 10
-    while "999\n" not in child.lines and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: "999\n" in child.lines, timeout=10)
     assert child.lines[-1] == "999\n" and 10 <= len(child.lines) <= 20
     assert child.output(3) == "997\n998\n999\n"
     child.stop()

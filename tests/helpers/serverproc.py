@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def frontend_args(grpc_frontend: str | None) -> list[str]:
     return []
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds, asked every ``interval``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
