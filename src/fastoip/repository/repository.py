@@ -579,11 +579,12 @@ class ModelRepository:
             for _, path in paths:  # a client's config or files: links must not lead out of the model
                 check_inside(name, model_dir, path, "the model file")
         loaded: dict[int, LoadedModel] = {}
+        options = self._options_for(name, model_dir)
         threads = min(max(1, self.options.load_threads), len(paths))
         if threads > 1 and kind is not ENSEMBLE_KIND:
             # Triton loads a model's versions side by side; every one must load, or none is kept
             def load_version(entry: tuple[int, Path]) -> LoadedModel:
-                return self._load_version(name, entry[0], entry[1], base, kind, from_client)
+                return self._load_version(name, entry[0], entry[1], base, kind, from_client, options)
 
             with ThreadPoolExecutor(threads, thread_name_prefix=f"fastoip-load-{name}") as pool:
                 futures = [(version, pool.submit(load_version, (version, path))) for version, path in paths]
@@ -601,17 +602,27 @@ class ModelRepository:
             return loaded
         try:
             for version, path in paths:
-                loaded[version] = self._load_version(name, version, path, base, kind, from_client)
+                loaded[version] = self._load_version(name, version, path, base, kind, from_client, options)
         except BaseException:
             for model in loaded.values():  # versions built before the failure release their instances
                 model.close()
             raise
         return loaded
 
+    def _options_for(self, name: str, model_dir: Path) -> RepositoryOptions:
+        """The options one load runs under: its ONNX graphs bounded when ``onnx_max_tensor_bytes_for`` names them
+        (``uploaded``: the load brought its files, a private directory; ``all``; ``none``)."""
+        bound_for = self.options.onnx_max_tensor_bytes_for
+        uploaded = model_dir != self.model_dir(name)
+        bounded = bound_for == "all" or (bound_for == "uploaded" and uploaded)
+        if bounded == self.options.bound_onnx_graph:
+            return self.options
+        return replace(self.options, bound_onnx_graph=bounded)
+
     def _load_version(
-        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind, from_client: bool
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind, from_client: bool,
+        options: RepositoryOptions,
     ) -> LoadedModel:
-        options = self.options
         if kind is ENSEMBLE_KIND:
             return self._load_ensemble(name, version, path, base, from_client)
         config, backends = kind.load(name, version, path, base, options)
