@@ -7,6 +7,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,3 +42,6 @@ class RepositoryOptions:
     onnx_max_tensor_bytes_for: str = "uploaded"
     #: Set by the repository for one load: this load's ONNX graphs are under ``onnx_max_tensor_bytes``.
     bound_onnx_graph: bool = False
+    #: Set by the repository for one load: raises when the load must stop (the server shuts down, or the load's
+    #: client went away); backends call it between the instances they build (issue 37).
+    check_stop: Callable[[], None] | None = None

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from models import identity_model_bytes, write_model
-from serverproc import ServerProcess
+from serverproc import ServerProcess, frontend_args
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -208,6 +208,79 @@ def test_the_repository_graph_is_bounded_only_when_the_operator_says(tmp_path: P
             client.load_model("expand")
         assert "16777216 bytes" in info.value.message() and "1048576" in info.value.message(), info.value.message()
         assert not client.is_model_ready("expand")
+
+
+def long_warmup_load_body() -> bytes:
+    """A load whose warmup takes minutes: 4 entries of 1,000 runs of 32 MiB (each within a client's caps)."""
+    entry = {"batch_size": 1, "count": 1000,
+             "inputs": {"INPUT0": {"data_type": "TYPE_FP32", "dims": [BIG], "random_data": True}}}
+    config = {**CONFIG, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [BIG]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [BIG]}],
+              "model_warmup": [{**entry, "name": f"w{index}"} for index in range(4)]}
+    model = base64.b64encode(identity_model_bytes(TensorProto.FLOAT, [BIG])).decode()
+    return json.dumps({"parameters": {"config": json.dumps(config), "file:1/model.onnx": model}}).encode()
+
+
+def stopped_for_its_client(server: ServerProcess, name: str, within: float = 15.0) -> float:
+    """Seconds until ``name``'s load ended for its client's leaving (its index reason), and another load went
+    through the load lock (the repository's own ``good``)."""
+    client = th.InferenceServerClient(server.http_url, network_timeout=120)
+    began = time.monotonic()
+    reason = ""
+    while time.monotonic() - began < within:
+        entry = next((e for e in client.get_model_repository_index() if e["name"] == name), {})
+        reason = entry.get("reason", "")
+        if "client went away" in reason:
+            break
+        time.sleep(0.2)
+    assert "client went away" in reason, f"the load went on after its client left: {reason!r}"
+    client.load_model("good")  # the load lock is free again
+    took = time.monotonic() - began
+    assert not client.is_model_ready(name)
+    return took
+
+
+def test_an_http_load_stops_when_its_client_disconnects(server: ServerProcess) -> None:
+    import socket
+
+    body = long_warmup_load_body()
+    sock = socket.create_connection(("127.0.0.1", server.http_port))
+    sock.sendall(b"POST /v2/repository/models/slow_http/load HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(3.0)  # well into the warmup (minutes long)
+    sock.close()
+    took = stopped_for_its_client(server, "slow_http")
+    print(f"HTTP load whose client disconnected: stopped, the next load through in {took:.2f} s")
+    assert took < 15, took
+    good_request(server)
+
+
+def test_a_grpc_load_stops_when_its_deadline_passes(server: ServerProcess) -> None:
+    grpc_load_past_its_deadline(server)
+
+
+def test_a_grpcio_frontend_load_stops_when_its_deadline_passes(tmp_path: Path) -> None:
+    write_model(tmp_path, "good", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
+    with ServerProcess(tmp_path, "--model-control-mode", "explicit", "--load-model", "good",
+                       *frontend_args("grpcio"), http=True) as proc:
+        grpc_load_past_its_deadline(proc)
+
+
+def grpc_load_past_its_deadline(server: ServerProcess) -> None:
+    import tritonclient.grpc as tg
+
+    body = json.loads(long_warmup_load_body())["parameters"]
+    client = tg.InferenceServerClient(server.grpc_url)
+    began = time.monotonic()
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("slow_grpc", config=body["config"],
+                          files={"file:1/model.onnx": base64.b64decode(body["file:1/model.onnx"])}, client_timeout=3.0)
+    assert "Deadline" in str(info.value) or "DEADLINE" in str(info.value), info.value
+    assert time.monotonic() - began < 10
+    took = stopped_for_its_client(server, "slow_grpc")
+    print(f"gRPC load past its deadline: stopped, the next load through in {took:.2f} s")
+    assert took < 15, took
+    good_request(server)
 
 
 def test_sigterm_stops_a_load_in_its_warmup(tmp_path: Path) -> None:

@@ -674,7 +674,16 @@ class OnnxKind:
         if graphs_wanted:
             check_fixed_shapes(config, inputs, outputs)
         devices = instance_devices(config)
-        backends = [first] + [make_backend(device) for device in devices[1:]]
+        backends = [first]
+        try:
+            for device in devices[1:]:
+                if options.check_stop is not None:  # issue 37: the server stops, or the load's client left
+                    options.check_stop()
+                backends.append(make_backend(device))
+        except BaseException:
+            for backend in backends:
+                backend.close()
+            raise
         sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt, cuda_graph=first.cuda_graph)
         if sizes:
             log.info("model '%s': a session for each batch size of %s (%s)", model_name, list(sizes), PARAMETER)

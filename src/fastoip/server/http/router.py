@@ -251,7 +251,7 @@ async def _stream(request: Request, response: StreamingResponse, send: Callable[
     """Send each chunk as it comes; stop (closing the source) as soon as the client disconnects."""
     await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
     chunks = response.chunks
-    disconnected = asyncio.ensure_future(_disconnect(request))
+    disconnected = asyncio.ensure_future(client_disconnect(request))
     try:
         while True:
             next_chunk = asyncio.ensure_future(anext(chunks))
@@ -270,7 +270,7 @@ async def _stream(request: Request, response: StreamingResponse, send: Callable[
         await chunks.aclose()
 
 
-async def _disconnect(request: Request) -> None:
+async def client_disconnect(request: Request) -> None:
     """Returns when the client has gone away (the request body was read before the response started)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
