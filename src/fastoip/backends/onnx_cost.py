@@ -16,6 +16,8 @@ Rules:
 - At run time the ONNX backend refuses a run whose output passes the bound (per request: times the batch's rows),
   RESOURCE_EXHAUSTED, the arrays released (``OnnxBackend.run``); a bounded session runs without ORT's CPU memory
   arena, which would keep the largest tensor a request made it build for the session's life.
+- Subgraphs (``If``/``Loop``/``Scan`` bodies) and dims that follow the data (a batch, a shape the request
+  carries) are not sized at load: the run-time bound covers what they produce as outputs, not their intermediates.
 - A graph that onnx cannot read or infer is left to ONNX Runtime (which reports why it cannot load it), without
   constant folding, under the run-time bound.
 """
