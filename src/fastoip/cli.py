@@ -104,6 +104,15 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="SECURITY: let the load API load Python code a client uploads (.py files, Python models "
                         "made of uploaded files), i.e. let any API client run code inside the server (default off: "
                         "such loads are refused; the repository's own Python models load by name, as in Triton)")
+    p.add_argument("--onnx-max-tensor-bytes", type=int, default=int(_env("ONNX_MAX_TENSOR_BYTES", str(64 << 20))),
+                   metavar="BYTES",
+                   help="most bytes one tensor of a bounded ONNX graph may take: a graph computing a larger one "
+                        "(sized at load by onnx's shape inference) is refused, and a request whose output is "
+                        "larger fails with RESOURCE_EXHAUSTED (default 64 MiB; fastoip only: Triton loads any graph)")
+    p.add_argument("--onnx-max-tensor-bytes-for", choices=("uploaded", "all", "none"),
+                   default=_env("ONNX_MAX_TENSOR_BYTES_FOR", "uploaded"),
+                   help="which ONNX models --onnx-max-tensor-bytes bounds: 'uploaded' (graphs a load request "
+                        "brought as files; default), 'all' (the repository's too), 'none'")
     p.add_argument("--max-bytes-elements", type=int, default=int(_env("MAX_BYTES_ELEMENTS", str(1 << 24))),
                    help="most BYTES elements one request may carry, all its BYTES inputs together, refused before "
                         "any is decoded; default 16777216")
@@ -292,6 +301,8 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
             use_gpu=not args.cpu_only,
             allow_code_loads=args.model_control_allow_code,
             load_threads=triton.model_load_threads,
+            onnx_max_tensor_bytes=args.onnx_max_tensor_bytes,
+            onnx_max_tensor_bytes_for=args.onnx_max_tensor_bytes_for,
         ),
     )
 

@@ -49,21 +49,28 @@ class Unavailable(InferenceError):
 
 
 class ResourceExhausted(InferenceError):
-    """A bounded resource is full for this caller: too many shared-memory registrations, no room in /dev/shm
-    for a Python model's tensors (RESOURCE_EXHAUSTED / 429); the next try may succeed once some is given back."""
+    """A bound of the server is reached: RESOURCE_EXHAUSTED on gRPC, as grpc's own limits answer (issue 37: one
+    class for every bound, so frontends and clients see one status; the HTTP status says who may act):
+
+    - 429 (the default): this caller's own share is used up (its shared-memory registrations); it gives some back.
+    - 503 with ``Retry-After`` (``retry_after`` given): a queue or memory budget the server shares is full for now
+      (the JSON and inflation pools, /dev/shm); the same request may pass in a moment.
+    - ``http_status`` given: a bound on one request's own size (a model's output over --onnx-max-tensor-bytes: 500,
+      as the model, not the client, made it).
+    """
 
     grpc_code = "RESOURCE_EXHAUSTED"
     http_status = 429
+    #: Seconds the HTTP answer's Retry-After asks the client to wait (None: no header).
+    retry_after: int | None = None
 
-
-class ServerBusy(InferenceError):
-    """A bounded queue or memory budget of the server is full: try again shortly (RESOURCE_EXHAUSTED / 503 with
-    Retry-After; issue 37: a bound answers at once instead of making the request wait)."""
-
-    grpc_code = "RESOURCE_EXHAUSTED"
-    http_status = 503
-    #: Seconds the HTTP answer's Retry-After asks the client to wait.
-    retry_after = 1
+    def __init__(self, message: str, retry_after: int | None = None, http_status: int | None = None) -> None:
+        super().__init__(message)
+        if retry_after is not None:
+            self.retry_after = retry_after
+            self.http_status = 503
+        if http_status is not None:
+            self.http_status = http_status
 
 
 class Unsupported(InferenceError):

@@ -7,6 +7,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,3 +35,13 @@ class RepositoryOptions:
     #: Triton's --model-load-thread-count (default 4): models of one load operation (start-up, a poll) load on
     #: this many threads, and a model's versions load side by side on up to this many.
     load_threads: int = 4
+    #: The most bytes one tensor an ONNX graph computes may take, sized at load and checked on each request's
+    #: outputs (issue 37, ``backends/onnx_cost.py``; --onnx-max-tensor-bytes, default 64 MiB).
+    onnx_max_tensor_bytes: int = 64 * 1024 * 1024
+    #: Which ONNX models that bound applies to: "uploaded" (files a load request brought), "all" or "none".
+    onnx_max_tensor_bytes_for: str = "uploaded"
+    #: Set by the repository for one load: this load's ONNX graphs are under ``onnx_max_tensor_bytes``.
+    bound_onnx_graph: bool = False
+    #: Set by the repository for one load: raises when the load must stop (the server shuts down, or the load's
+    #: client went away); backends call it between the instances they build (issue 37).
+    check_stop: Callable[[], None] | None = None

@@ -29,7 +29,8 @@ Rules:
   :data:`REGION_LIMIT_PER_CLIENT` per client (its address), both below the
   SIGBUS guard's 4,096 mappings, so one client cannot take the table from the
   others or from the Python workers' segments; past either the answer is
-  RESOURCE_EXHAUSTED (HTTP 429) at once.
+  RESOURCE_EXHAUSTED at once: HTTP 429 past the client's share (it must
+  unregister), 503 with Retry-After past the server's table (``errors``).
 - A CUDA region is another process's cudaMalloc allocation, opened from its
   cudaIPC handle on the client's device.  Inputs in it stay there (a
   ``DeviceArray`` that ORT reads in place) when the model says it reads device
@@ -216,9 +217,9 @@ class SharedMemoryRegistry:
                 "regions registered, the most one client may; unregister some first"
             )
         if len(self._regions) >= self.limit:
-            raise ResourceExhausted(
+            raise ResourceExhausted(  # the server's table, not this client's share: 503 with Retry-After
                 f"cannot register shared memory region '{name}': the server holds {self.limit} shared memory "
-                "regions, the most it takes; try again once some are unregistered"
+                "regions, the most it takes; try again once some are unregistered", retry_after=1,
             )
 
     def _add(self, region: Region | CudaRegion) -> None:

@@ -120,3 +120,28 @@ def test_a_leader_past_its_deadline_fails_no_identical_waiter(tmp_path: Path) ->
         assert first.result() == "StatusCode.DEADLINE_EXCEEDED"
         for answer in answers:
             np.testing.assert_array_equal(answer, [values])
+
+
+def test_a_cancelled_leader_fails_no_identical_waiter(tmp_path: Path) -> None:
+    """Issue 37's other case: the leading identical request is cancelled by its client while it waits in the
+    batcher (1.5 s for a lone request); the 3 legitimate requests waiting on it are served."""
+    import time
+
+    write(tmp_path, "slow", "max_batch_size: 4\nresponse_cache { enable: true }\n"
+          "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }\n")
+    values = [5.0, 6.0, 7.0, 8.0]
+    with ServerProcess(tmp_path, "--cache-config", "local,size=1048576") as proc:
+        client = grpcclient.InferenceServerClient(proc.grpc_url)
+        inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.array([values], dtype=np.float32))
+        outcome: list[object] = []
+        call = client.async_infer("slow", [inp], callback=lambda result, error: outcome.append(error or result))
+        time.sleep(0.2)  # it leads: the others wait on it
+        with ThreadPoolExecutor(3) as pool:
+            waiters = [pool.submit(infer, proc.grpc_url, "slow", values) for _ in range(3)]
+            time.sleep(0.3)
+            call.cancel()
+            answers = [w.result(timeout=30) for w in waiters]
+        for answer in answers:
+            np.testing.assert_array_equal(answer, [values])
+        assert outcome and "CANCELLED" in str(outcome[0]).upper(), outcome

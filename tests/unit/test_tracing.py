@@ -254,6 +254,54 @@ def test_batched_tensor_traces_are_bounded_in_memory(tmp_path: Path, monkeypatch
     traces.close()
 
 
+def test_a_trace_records_at_most_its_tensor_budget_and_says_where_it_cut() -> None:
+    """Issue 37: a 602 KB request's TENSORS trace kept 0.36 MB of text for its input and as much for its output;
+    a trace now records TRACE_TENSOR_BYTES of tensor data in all, and an entry cut short says "truncated"."""
+    from fastoip.tracing.record import TRACE_TENSOR_BYTES
+
+    rec = TraceRecord(1, "m", "1", "")
+    small = np.arange(4, dtype=np.int32)
+    big = np.ones(TRACE_TENSOR_BYTES // 4 - 1000, dtype=np.float32)  # all but 4,000 bytes of the budget
+    words = np.array([b"abcd"] * 2000, dtype=object)
+    rec.tensors += [("TENSOR_QUEUE_INPUT", "SMALL", "INT32", small.shape, small),
+                    ("TENSOR_QUEUE_INPUT", "BIG", "FP32", big.shape, big),
+                    ("TENSOR_BACKEND_OUTPUT", "WORDS", "BYTES", words.shape, words),
+                    ("TENSOR_BACKEND_OUTPUT", "AFTER", "INT32", small.shape, small)]
+    tensors = {entry["tensor"]["name"]: entry["tensor"] for entry in rec.triton_entries()}
+    assert tensors["SMALL"]["data"] == "0,1,2,3" and "truncated" not in tensors["SMALL"]
+    assert len(tensors["BIG"]["data"].split(",")) == big.size and "truncated" not in tensors["BIG"]
+    # 4,000 - 16 bytes left: 996 four-byte words, then nothing for the last tensor
+    assert len(tensors["WORDS"]["data"].split(",")) == 996 and tensors["WORDS"]["truncated"] is True
+    assert tensors["WORDS"]["shape"] == "2000"  # the shape stays the tensor's own
+    assert tensors["AFTER"] == {"name": "AFTER", "data": "", "shape": "4", "dtype": "INT32", "truncated": True}
+    text = sum(len(t["data"]) for t in tensors.values())
+    assert text < 4 * TRACE_TENSOR_BYTES, text
+
+
+def test_every_settings_batches_are_bounded_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: the batch bound was per setting, so each model's own trace setting could hold as much; what all
+    settings batch is now one count."""
+    from fastoip.tracing import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "PENDING_LIMIT_BYTES", 100_000)
+    traces = manager(tmp_path, "level=TENSORS", "rate=1", "triton,log-frequency=1000000")
+    models = [f"m{index}" for index in range(6)]
+    for model in models:
+        traces.update({"trace_rate": ["1"]}, model=model)  # a setting of its own
+    data = np.arange(10_000, dtype=np.int32)  # ~49 KB of text a trace: under the bound alone
+    most = 0
+    for model in models:
+        trace = traces.begin(model, "1", "", None)
+        assert trace is not None
+        trace.record.tensors.append(("TENSOR_QUEUE_INPUT", "INPUT0", "INT32", data.shape, data))
+        traces.finish(trace)
+        most = max(most, traces.held.bytes)
+    assert most < 100_000 + 60_000, most  # the bound plus at most one trace
+    assert list(tmp_path.glob("trace.json.*")), "six settings' batches were all kept in memory"
+    traces.close()
+    assert traces.held.bytes == 0
+
+
 # -- ensembles: each step is a child trace of the ensemble request (Triton's parent_id) --------------------
 def _ensemble_repository(root: Path) -> Path:
     from onnx import TensorProto

@@ -46,10 +46,11 @@ from ..cuda import (
     runtime,
 )
 from ..datatypes import ITEM_SIZES, ORT_TYPE_TO_V2, numpy_dtype
-from ..errors import InternalError, InvalidArgument
+from ..errors import InternalError, InvalidArgument, ResourceExhausted
 from ..model_config import ONNX_PLATFORM, DiscoveredTensor, complete_config
 from ..scheduling.buffers import BufferPool, Lease
 from .batch_buckets import PARAMETER, bucket_sizes, cut_rows, padded_feeds, smallest_fit
+from .onnx_cost import check_graph
 from .ort_graphs import DeviceCopier, GraphRunner, HostCopier, check_fixed_shapes, wants_cuda_graph
 from .ort_options import apply_session_options, thread_counts
 from .ort_providers import CUDA, OPENVINO, TENSORRT, Provider, plan_providers, provider_names, read_accelerators
@@ -108,9 +109,13 @@ class OnnxBackend:
         config: mc.ModelConfig | None = None,
         model_dir: Path | None = None,
         available: Sequence[str] | None = None,
+        max_output_bytes: int = 0,
+        constant_folding: bool = True,
     ) -> None:
         """``model_dir``: where the config's paths lie (default: the model file's folder); ``available``: the
-        execution providers to choose from (default: ORT's)."""
+        execution providers to choose from (default: ORT's); ``max_output_bytes``: the most one output of one
+        request may take (0: no bound; ``onnx_cost``); ``constant_folding``: False where ORT's folding could build
+        a tensor of unknown size at load (``onnx_cost.check_graph``)."""
         ort = _ort()
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # 0: ORT's default, one per physical core
@@ -121,6 +126,10 @@ class OnnxBackend:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if config is not None:  # the config's optimisation settings, as Triton's onnxruntime backend reads them
             apply_session_options(config, options, ort)
+        if max_output_bytes:
+            # a bounded graph's tensors go back to the system once freed: ORT's CPU arena would keep the largest
+            # one a request made it build (a refused 256 MB output stayed for the session's life)
+            options.enable_cpu_mem_arena = False
         plan = plan_providers(
             config if config is not None else mc.ModelConfig(), gpu=use_gpu,
             available=available_providers() if available is None else available,
@@ -128,7 +137,12 @@ class OnnxBackend:
         )
         #: What the config asked for that this session goes without (the loader logs the first instance's).
         self.notes = plan.notes
-        self.session = _open_session(ort, model_path, options, plan.providers, self.notes)
+        disabled = () if constant_folding else ("ConstantFolding",)
+        self.session = _open_session(ort, model_path, options, plan.providers, self.notes, disabled)
+        #: The most bytes one output of one request may take (issue 37; 0: no bound), checked after each run.
+        self.max_output_bytes = max_output_bytes
+        #: The model batches (max_batch_size > 0): a run's first dim counts its requests (set at load).
+        self.batches = False
         self.providers = self.session.get_providers()
         self.on_gpu = self.providers[0] in (TENSORRT, CUDA)
         self.on_tensorrt = self.providers[0] == TENSORRT
@@ -224,12 +238,37 @@ class OnnxBackend:
         region) lets ORT write those outputs there directly; see ``_run_into``.
         """
         if self._graph is not None:
-            return self._run_graph(feeds, output_names)
-        if self.device_inputs >= 0 and _in_device_memory(feeds):
-            return self._run_device(feeds, output_names, destinations)
-        if self._buckets and feeds:
-            return self._run_bucketed(feeds, output_names, destinations)
-        return self._run_as_given(feeds, output_names, destinations)
+            outputs = self._run_graph(feeds, output_names)
+        elif self.device_inputs >= 0 and _in_device_memory(feeds):
+            outputs = self._run_device(feeds, output_names, destinations)
+        elif self._buckets and feeds:
+            outputs = self._run_bucketed(feeds, output_names, destinations)
+        else:
+            outputs = self._run_as_given(feeds, output_names, destinations)
+        if self.max_output_bytes:
+            refusal = self._output_refusal(feeds, output_names, outputs)
+            if refusal is not None:
+                # the arrays go now: the refusal's traceback keeps this frame, so nothing here may hold them
+                outputs.clear()
+                raise refusal
+        return outputs
+
+    def _output_refusal(self, feeds: dict, output_names: Sequence[str], outputs: list) -> ResourceExhausted | None:
+        """The error for a run whose output passes ``max_output_bytes`` per request of the batch (its rows)."""
+        rows = 1
+        if self.batches and feeds:
+            first = next(iter(feeds.values()))
+            rows = max(int(first.shape[0]), 1) if len(first.shape) else 1
+        limit = self.max_output_bytes * rows
+        sizes = [_output_bytes(output) for output in outputs]
+        for name, size in zip(output_names, sizes, strict=False):
+            if size > limit:
+                each = "" if rows == 1 else f"{rows} requests of {self.max_output_bytes} bytes each, "
+                return ResourceExhausted(
+                    f"output '{name}' is {size} bytes, more than the {limit} bytes this model may answer with "
+                    f"({each}--onnx-max-tensor-bytes)", http_status=500,
+                )
+        return None
 
     def use_graphs(self, batch: int | None) -> None:
         """Run every batch on buffers bound once, as a captured CUDA graph needs (``ort_graphs.py``): this session's
@@ -489,7 +528,9 @@ class OnnxBackend:
         self._inner = self._run = None
 
 
-def _open_session(ort: Any, model_path: Path, options: Any, providers: list[Provider], notes: list[str]) -> Any:
+def _open_session(
+    ort: Any, model_path: Path, options: Any, providers: list[Provider], notes: list[str], disabled: Sequence[str] = ()
+) -> Any:
     """An ORT session on ``providers``; without TensorRT (noted) when ORT cannot start it.
 
     ORT's Python API retries a session whose providers fail to start on its own fallback list, without their
@@ -505,7 +546,8 @@ def _open_session(ort: Any, model_path: Path, options: Any, providers: list[Prov
     try:
         with one_at_a_time:
             session = ort.InferenceSession(
-                str(model_path), options, providers=providers, enable_fallback=0 if configured else 1
+                str(model_path), options, providers=providers, enable_fallback=0 if configured else 1,
+                disabled_optimizers=list(disabled) or None,
             )
     except Exception as exc:  # ORT raises several unrelated exception types
         if TENSORRT in names:
@@ -518,7 +560,7 @@ def _open_session(ort: Any, model_path: Path, options: Any, providers: list[Prov
             raise InvalidArgument(f"onnxruntime could not load {model_path}: {exc}") from None
         gone = TENSORRT if TENSORRT in names else CUDA
         others = [provider for provider, name in zip(providers, names, strict=True) if name != gone]
-        return _open_session(ort, model_path, options, others, notes)
+        return _open_session(ort, model_path, options, others, notes, disabled)
     if configured:
         session.enable_fallback()
     started = session.get_providers()
@@ -538,6 +580,13 @@ def _cuda_starts(ort: Any, model_path: Path, options: Any, cuda: Provider) -> bo
     except Exception:  # ORT raises several unrelated exception types
         return False
     return CUDA in session.get_providers()
+
+
+def _output_bytes(output: Any) -> int:
+    """An output's bytes; a string tensor's elements counted as their lengths plus an object's cost."""
+    if type(output) is np.ndarray and output.dtype == object:
+        return int(sum(len(element) for element in output.reshape(-1))) + output.size * 8
+    return int(getattr(output, "nbytes", 0))
 
 
 def _in_device_memory(feeds: dict) -> bool:
@@ -593,6 +642,10 @@ class OnnxKind:
         self, model_name: str, version: int, path: Path, base: mc.ModelConfig, options: RepositoryOptions
     ) -> tuple[mc.ModelConfig, list[OnnxBackend]]:
         intra, inter = thread_counts(base, options.intra_op_threads, options.inter_op_threads)
+        bound = options.onnx_max_tensor_bytes if options.bound_onnx_graph else 0
+        folding = True
+        if bound:  # issue 37: a bounded graph is sized before ORT sees it (ORT's constant folding builds at load)
+            folding = not check_graph(model_name, path, bound).no_constant_folding
         wants_cpu = any(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in base.instance_group)
         use_gpu = options.use_gpu and not wants_cpu
         available = available_providers()
@@ -600,7 +653,8 @@ class OnnxKind:
         def make_backend(device_id: int = 0) -> OnnxBackend:
             return OnnxBackend(
                 path, use_gpu=use_gpu, intra_op_threads=intra, inter_op_threads=inter, device_id=device_id,
-                config=base, model_dir=path.parent.parent, available=available,
+                config=base, model_dir=path.parent.parent, available=available, max_output_bytes=bound,
+                constant_folding=folding,
             )
 
         first = make_backend(instance_devices(base)[0])
@@ -620,11 +674,21 @@ class OnnxKind:
         if graphs_wanted:
             check_fixed_shapes(config, inputs, outputs)
         devices = instance_devices(config)
-        backends = [first] + [make_backend(device) for device in devices[1:]]
+        backends = [first]
+        try:
+            for device in devices[1:]:
+                if options.check_stop is not None:  # issue 37: the server stops, or the load's client left
+                    options.check_stop()
+                backends.append(make_backend(device))
+        except BaseException:
+            for backend in backends:
+                backend.close()
+            raise
         sizes = bucket_sizes(config, path, first.on_gpu, tensorrt=first.on_tensorrt, cuda_graph=first.cuda_graph)
         if sizes:
             log.info("model '%s': a session for each batch size of %s (%s)", model_name, list(sizes), PARAMETER)
         for backend, device in zip(backends, devices, strict=False):
+            backend.batches = config.max_batch_size > 0
             backend.use_batch_buckets(sizes, functools.partial(make_backend, device))
             if backend.cuda_graph:
                 backend.use_graphs(sizes[-1] if sizes else (config.max_batch_size or None))

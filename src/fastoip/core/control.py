@@ -12,6 +12,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from .. import cuda
@@ -116,12 +117,15 @@ class ModelControl:
             index = [entry for entry in index if entry.state == ModelState.READY.value]
         return index
 
-    def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+    def load_model(
+        self, name: str, parameters: dict[str, Any] | None = None, client_gone: threading.Event | None = None
+    ) -> None:
         """Load or reload ``name`` (explicit mode); the old versions serve until the new ones are ready.
 
         ``parameters`` are the load request's, as Triton reads them: ``config`` (a
         ModelConfig as JSON) overrides config.pbtxt; ``file:<path>`` (bytes) are the
         files of a model directory to load instead of the repository's, and need a ``config``.
+        ``client_gone``: set when the load's client went away; the load stops at its next step (issue 37).
         """
         self.check_explicit("load")
         override = None
@@ -138,7 +142,7 @@ class ModelControl:
                 f"failed to load '{name}', failed to poll from model repository: model files in the request need a "
                 "'config' parameter too"
             )
-        self.repository.load(name, override, files or None, from_client=True)
+        self.repository.load(name, override, files or None, from_client=True, client_gone=client_gone)
 
     def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name`` (explicit mode); requests in flight finish first.

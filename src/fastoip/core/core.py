@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -119,9 +120,12 @@ class Core:
         self.data.check_initialized()
         return self.control.repository_index(ready_only)
 
-    def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+    def load_model(
+        self, name: str, parameters: dict[str, Any] | None = None, client_gone: threading.Event | None = None
+    ) -> None:
+        """``client_gone``: the frontend sets it when the load's client disconnects or cancels; the load stops."""
         self.data.check_initialized()
-        self.control.load_model(name, parameters)
+        self.control.load_model(name, parameters, client_gone)
 
     def check_model_control(self, action: str) -> None:
         """The refusal a load or unload would get for the server's mode, before its request is read (issue 37)."""

@@ -52,7 +52,7 @@ from typing import Protocol, cast
 
 from .._proto import model_config_pb2 as mc
 from ..backends import BackendKind, UndeterminedBackend, kind_for
-from ..errors import InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
+from ..errors import Cancelled, InferenceError, InternalError, InvalidArgument, NotFound, Unavailable
 from ..metrics import MetricsConfig
 from ..model_config import (
     MODEL_SETTINGS,
@@ -127,8 +127,11 @@ class ModelRepository:
         self.executor = executor
         self.options = options or RepositoryOptions()
         self._records: dict[str, ModelRecord] = {}
-        #: Set when the server shuts down: a load in progress stops at its next warmup run (issue 37).
+        #: Set when the server shuts down: a load in progress stops at its next step (issue 37).
         self.stopping = threading.Event()
+        #: Set when the client of the load operation in progress went away (its event; issue 37): the load stops
+        #: at its next step.  One load operation at a time (the load lock), so one event.
+        self._client_gone: threading.Event | None = None
         #: Each model's ``newest`` version, as the records have it (``_set_newest``): the request runner's
         #: look-up of a request that names no version, one dict read in compiled code.
         self._newest: dict[str, LoadedModel] = {}
@@ -276,12 +279,16 @@ class ModelRepository:
         config_override: mc.ModelConfig | None = None,
         files: dict[str, bytes] | None = None,
         from_client: bool = False,
+        client_gone: threading.Event | None = None,
     ) -> None:
         """Load (or reload) every version the policy selects; swap in when all are ready.
 
         ``files``: relative path -> content of the model directory to load instead of
         the repository's (needs ``config_override``).  ``from_client``: the load API
-        asked for it, so only what the operator allows is loaded.
+        asked for it, so only what the operator allows is loaded.  ``client_gone``: set
+        when the load's client disconnects or cancels (its deadline passed): the load
+        stops at its next step (waiting for the load lock, between instances, between
+        warmup runs), CANCELLED, and what was serving stays as it was.
         """
         model_dir = self._model_dir(name)
         if from_client and not self.options.allow_code_loads and files:
@@ -292,23 +299,35 @@ class ModelRepository:
                     "code through the API (the operator can allow it with --model-control-allow-code)"
                 )
         with self._load_lock:
-            uploaded = _write_uploaded_files(name, files) if files else None
-            if uploaded is None and not model_dir.is_dir():
-                # Nothing to load: answer the error and leave no record behind (readiness, index).
-                raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
+            self._client_gone = client_gone
             try:
-                self._load_locked(name, config_override, uploaded, from_client)
-            except InferenceError as exc:
-                if uploaded is not None:
-                    shutil.rmtree(uploaded, ignore_errors=True)
-                if from_client and not isinstance(exc, NotFound):
-                    # Triton's API answer for a model whose load failed comes first (its QA matches it)
-                    raise type(exc)(f"load failed for model '{name}': {exc.message}") from None
-                raise
-            except BaseException:
-                if uploaded is not None:
-                    shutil.rmtree(uploaded, ignore_errors=True)
-                raise
+                self._load_one(name, model_dir, config_override, files, from_client)
+            finally:
+                self._client_gone = None
+
+    def _load_one(
+        self, name: str, model_dir: Path, config_override: mc.ModelConfig | None, files: dict[str, bytes] | None,
+        from_client: bool,
+    ) -> None:
+        """:meth:`load`'s work, under the load lock."""
+        self.check_stop()  # (the client may have left while the lock was held by another load)
+        uploaded = _write_uploaded_files(name, files) if files else None
+        if uploaded is None and not model_dir.is_dir():
+            # Nothing to load: answer the error and leave no record behind (readiness, index).
+            raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory")
+        try:
+            self._load_locked(name, config_override, uploaded, from_client)
+        except InferenceError as exc:
+            if uploaded is not None:
+                shutil.rmtree(uploaded, ignore_errors=True)
+            if from_client and not isinstance(exc, NotFound):
+                # Triton's API answer for a model whose load failed comes first (its QA matches it)
+                raise type(exc)(f"load failed for model '{name}': {exc.message}") from None
+            raise
+        except BaseException:
+            if uploaded is not None:
+                shutil.rmtree(uploaded, ignore_errors=True)
+            raise
 
     def _load_locked(
         self, name: str, config_override: mc.ModelConfig | None, uploaded: Path | None, from_client: bool
@@ -579,11 +598,12 @@ class ModelRepository:
             for _, path in paths:  # a client's config or files: links must not lead out of the model
                 check_inside(name, model_dir, path, "the model file")
         loaded: dict[int, LoadedModel] = {}
+        options = self._options_for(name, model_dir)
         threads = min(max(1, self.options.load_threads), len(paths))
         if threads > 1 and kind is not ENSEMBLE_KIND:
             # Triton loads a model's versions side by side; every one must load, or none is kept
             def load_version(entry: tuple[int, Path]) -> LoadedModel:
-                return self._load_version(name, entry[0], entry[1], base, kind, from_client)
+                return self._load_version(name, entry[0], entry[1], base, kind, from_client, options)
 
             with ThreadPoolExecutor(threads, thread_name_prefix=f"fastoip-load-{name}") as pool:
                 futures = [(version, pool.submit(load_version, (version, path))) for version, path in paths]
@@ -601,19 +621,37 @@ class ModelRepository:
             return loaded
         try:
             for version, path in paths:
-                loaded[version] = self._load_version(name, version, path, base, kind, from_client)
+                loaded[version] = self._load_version(name, version, path, base, kind, from_client, options)
         except BaseException:
             for model in loaded.values():  # versions built before the failure release their instances
                 model.close()
             raise
         return loaded
 
+    def check_stop(self) -> None:
+        """Raise when the load in progress must stop: Unavailable at shutdown, Cancelled when its client went away
+        (issue 37); called between a load's steps (versions, instances, warmup runs)."""
+        if self.stopping.is_set():
+            raise Unavailable("the server is shutting down")
+        gone = self._client_gone
+        if gone is not None and gone.is_set():
+            raise Cancelled("the load's client went away (disconnected, cancelled, or its deadline passed)")
+
+    def _options_for(self, name: str, model_dir: Path) -> RepositoryOptions:
+        """The options one load runs under: its ONNX graphs bounded when ``onnx_max_tensor_bytes_for`` names them
+        (``uploaded``: the load brought its files, a private directory; ``all``; ``none``)."""
+        bound_for = self.options.onnx_max_tensor_bytes_for
+        uploaded = model_dir != self.model_dir(name)
+        bounded = bound_for == "all" or (bound_for == "uploaded" and uploaded)
+        return replace(self.options, bound_onnx_graph=bounded, check_stop=self.check_stop)
+
     def _load_version(
-        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind, from_client: bool
+        self, name: str, version: int, path: Path, base: mc.ModelConfig, kind: BackendKind, from_client: bool,
+        options: RepositoryOptions,
     ) -> LoadedModel:
-        options = self.options
         if kind is ENSEMBLE_KIND:
             return self._load_ensemble(name, version, path, base, from_client)
+        self.check_stop()
         config, backends = kind.load(name, version, path, base, options)
         log_ignored_hints(config, name, onnx=kind.name == "onnxruntime")
         fill_defaults(config, kind.default_filename)  # what Triton's config API shows
@@ -638,7 +676,7 @@ class ModelRepository:
         )
         if config.model_warmup:
             try:
-                run_warmup(model, config, path.parent.parent, cancelled=self.stopping.is_set)
+                run_warmup(model, config, path.parent.parent, check_stop=self.check_stop)
             except BaseException:
                 model.close()
                 raise

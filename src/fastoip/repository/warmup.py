@@ -15,8 +15,9 @@ Rules (Triton's ``model_configuration.md``, "Model Warmup"):
   warmup data per entry (``check_client_warmup``: from the dims, before any
   session or tensor is built;
   BYTES elements count ``BYTES_ELEMENT_COST`` each, what Python objects cost).
-  Every load's warmup stops between runs when ``cancelled`` says so (the server
-  is shutting down), so a long warmup never holds SIGTERM.
+  Every load's warmup stops between runs when ``check_stop`` raises (the server
+  is shutting down, or the load's client went away), so a long warmup never
+  holds SIGTERM or the load lock for a client that left.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 
 from .._proto import model_config_pb2 as mc
 from ..datatypes import CONFIG_TO_V2, NUMPY_DTYPES
-from ..errors import InferenceError, InvalidArgument, Unavailable
+from ..errors import InferenceError, InvalidArgument
 from ..types import InferInput, InferRequest, InferResponse
 
 WARMUP_FOLDER = "warmup"
@@ -105,13 +106,15 @@ def warmup_requests(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, 
 
 
 def run_warmup(model: WarmupTarget, config: mc.ModelConfig, model_dir: Path,
-               cancelled: Callable[[], bool] = lambda: False) -> None:
-    """Run every warmup entry; raise InvalidArgument naming the entry when one fails, Unavailable when
-    ``cancelled()`` turns true between runs."""
+               check_stop: Callable[[], None] = lambda: None) -> None:
+    """Run every warmup entry; raise InvalidArgument naming the entry when one fails, and whatever ``check_stop()``
+    raises between runs (the load must stop), naming the entry."""
     for label, request, count in warmup_requests(config, model_dir):
         for _ in range(count):
-            if cancelled():
-                raise Unavailable(f"model_warmup '{label}' stopped: the server is shutting down")
+            try:
+                check_stop()
+            except InferenceError as exc:
+                raise type(exc)(f"model_warmup '{label}' stopped: {exc.message}") from None
             try:
                 model.run_blocking(request)
             except InferenceError as exc:

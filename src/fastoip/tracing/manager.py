@@ -13,10 +13,13 @@ Rules (Triton's ``src/tracer.cc``, ``docs/protocol/extension_trace.md``):
   it counts down and is answered as it stands.  ``log_frequency`` (triton mode):
   0 writes each trace to ``trace_file`` as it finishes; N writes every N traces
   to the next ``trace_file.<k>``, and the rest when ``trace_count`` runs out or
-  the setting is replaced or the server stops.  Batched traces hold at most
-  ``PENDING_LIMIT_BYTES`` of tensor text: a batch that reaches it is written
-  early (issue 27: TENSORS traces and a huge ``log_frequency`` kept ~1.3 MB a
-  request in memory).
+  the setting is replaced or the server stops.  Batched traces of every setting
+  (the global one and each model's) hold at most ``PENDING_LIMIT_BYTES`` of
+  tensor text together (``HeldTraces``): a batch whose trace takes them past it
+  is written early (issue 27: TENSORS traces and a huge ``log_frequency`` kept
+  ~1.3 MB a request in memory; issue 37: the bound was per setting, so each
+  model's setting could hold as much).  A trace records at most
+  ``record.TRACE_TENSOR_BYTES`` of tensor data, noted ``"truncated"`` past it.
 - An update replaces the setting object (its counters start again); traces in
   flight finish under the setting that sampled them.  A setting that cannot
   trace (rate 0; triton mode without a trace file) is refused unless its level
@@ -45,8 +48,26 @@ from .triton_file import TraceFile
 log = logging.getLogger("fastoip.tracing")
 
 #: The API's setting names -> the fields it may change.
-#: Tensor text (TENSORS traces) batched for ``log_frequency`` before the batch is written anyway.
+#: Tensor text (TENSORS traces) all settings may hold batched for ``log_frequency`` before a batch is written anyway.
 PENDING_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+class HeldTraces:
+    """What every setting's unwritten batch holds, counted together (one per TraceManager)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = 0
+
+    def add(self, size: int) -> int:
+        """Count ``size`` more; the total now."""
+        with self._lock:
+            self.bytes += size
+            return self.bytes
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self.bytes -= size
 
 
 def _tensor_text_bytes(entries: list[dict[str, Any]]) -> int:
@@ -82,7 +103,9 @@ class TraceSetting:
         file: TraceFile | None,
         mode: str,
         specified: frozenset[str],
+        held: HeldTraces | None = None,
     ) -> None:
+        """``held``: the count every setting of the server shares of what their batches hold."""
         self.levels = levels
         self.rate = rate
         #: Traces left to take (-1: no limit); counts down.
@@ -111,6 +134,7 @@ class TraceSetting:
         self._pending: list[dict[str, Any]] = []
         self._pending_traces = 0
         self._pending_bytes = 0
+        self._held = held if held is not None else HeldTraces()
 
     def sample(self, forced: bool) -> bool:
         """Count one request; True when it is traced (``forced``: the caller's trace context asks for it)."""
@@ -140,13 +164,16 @@ class TraceSetting:
             if self.log_frequency == 0:
                 batch = None
             else:
+                size = _tensor_text_bytes(entries)
                 self._pending += entries
                 self._pending_traces += 1
-                self._pending_bytes += _tensor_text_bytes(entries)
-                if self._pending_traces < self.log_frequency and self._pending_bytes < PENDING_LIMIT_BYTES and not (
+                self._pending_bytes += size
+                held = self._held.add(size)
+                if self._pending_traces < self.log_frequency and held < PENDING_LIMIT_BYTES and not (
                     self.count == 0 and self._collected == self._taken
                 ):
                     return
+                self._held.release(self._pending_bytes)
                 batch, self._pending, self._pending_traces, self._pending_bytes = self._pending, [], 0, 0
         if batch is None:
             file.append(entries)
@@ -156,6 +183,7 @@ class TraceSetting:
     def close(self) -> None:
         """Write what is still batched (the setting is replaced, or the server stops)."""
         with self._lock:
+            self._held.release(self._pending_bytes)
             batch, self._pending, self._pending_traces, self._pending_bytes = self._pending, [], 0, 0
         if batch and self.file is not None:
             self.file.write_indexed(batch)
@@ -187,6 +215,8 @@ class TraceManager:
         self.config = config
         self.mode = config.mode
         self._files: dict[str, TraceFile] = {}
+        #: What every setting's batch holds, together (issue 37).
+        self.held = HeldTraces()
         if self.mode == "opentelemetry" and exporter is None:
             from .otel import OtelExporter
 
@@ -212,7 +242,7 @@ class TraceManager:
             file = self._files.get(path)
             if file is None:
                 file = self._files[path] = TraceFile(path)
-        return TraceSetting(levels, rate, count, log_frequency, file, self.mode, specified)
+        return TraceSetting(levels, rate, count, log_frequency, file, self.mode, specified, self.held)
 
     # -- the trace settings API ----------------------------------------------------------------
     def settings(self, model: str = "") -> dict[str, list[str]]:

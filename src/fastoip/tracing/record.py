@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
-#: How many elements of a tensor a TENSORS trace writes (Triton writes all; a cap keeps traces bounded).
-TENSOR_ELEMENT_LIMIT = 1 << 16
+#: Bytes of tensor data one TENSORS trace records, all its tensors together (issue 37: a 602 KB request's trace
+#: kept 0.36 MB of text, input and output each; Triton writes every element).  A tensor past it is cut at an
+#: element (or left empty) and its entry says ``"truncated": true``.
+TRACE_TENSOR_BYTES = 256 * 1024
 
 
 @dataclass
@@ -50,34 +52,46 @@ class TraceRecord:
         if self.timestamps:
             entries.append(head)
         entries += [{"id": self.trace_id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.timestamps]
+        left = TRACE_TENSOR_BYTES
         for activity, name, datatype, shape, data in self.tensors:
-            entries.append(
-                {
-                    "id": self.trace_id,
-                    "activity": activity,
-                    "tensor": {
-                        "name": name,
-                        "data": _tensor_text(datatype, data),
-                        "shape": ",".join(str(d) for d in shape),
-                        "dtype": datatype,
-                    },
-                }
-            )
+            text, used, truncated = _tensor_text(datatype, data, left)
+            left -= used
+            tensor: dict[str, Any] = {
+                "name": name,
+                "data": text,
+                "shape": ",".join(str(d) for d in shape),
+                "dtype": datatype,
+            }
+            if truncated:
+                tensor["truncated"] = True
+            entries.append({"id": self.trace_id, "activity": activity, "tensor": tensor})
         return entries
 
 
-def _tensor_text(datatype: str, data: np.ndarray | None) -> str:
-    """Elements as Triton's tracer prints them: C++ stream formatting (``%g`` for floats), BOOL as 0/1,
-    BYTES quoted, FP16/BF16 left empty (Triton writes no data for them)."""
+def _tensor_text(datatype: str, data: np.ndarray | None, budget: int) -> tuple[str, int, bool]:
+    """(text, data bytes it took, whether elements were left out) for at most ``budget`` bytes of elements, as
+    Triton's tracer prints them: C++ stream formatting (``%g`` for floats), BOOL as 0/1, BYTES quoted (an element
+    costs its length), FP16/BF16 left empty (Triton writes no data for them)."""
     if data is None or datatype in ("FP16", "BF16"):
-        return ""
-    flat = data.reshape(-1)[:TENSOR_ELEMENT_LIMIT]
+        return "", 0, False
+    flat = data.reshape(-1)
     if datatype == "BYTES":
-        return ",".join(
-            '"' + (e.decode("utf-8", "backslashreplace") if isinstance(e, bytes) else str(e)) + '"' for e in flat
-        )
+        items: list[str] = []
+        used = 0
+        for element in flat:
+            raw = element if isinstance(element, bytes) else str(element).encode()
+            if used + len(raw) > budget:
+                break
+            used += len(raw)
+            items.append('"' + raw.decode("utf-8", "backslashreplace") + '"')
+        return ",".join(items), used, len(items) < flat.size
+    size = flat.dtype.itemsize or 1
+    count = min(flat.size, max(budget, 0) // size)
+    kept = flat[:count].tolist()
     if datatype in ("FP32", "FP64"):
-        return ",".join(map("%g".__mod__, flat.tolist()))
-    if datatype == "BOOL":
-        return ",".join("1" if v else "0" for v in flat.tolist())
-    return ",".join(map(str, flat.tolist()))
+        text = ",".join(map("%g".__mod__, kept))
+    elif datatype == "BOOL":
+        text = ",".join("1" if v else "0" for v in kept)
+    else:
+        text = ",".join(map(str, kept))
+    return text, count * size, count < flat.size

@@ -456,7 +456,7 @@ class ProcessInstance(_Base):
                 packed = shm.pack_requests([self.request_data(job) for job in jobs])
             except shm.SharedMemoryFull as full:  # (nothing was written past a reservation: no SIGBUS)
                 self._leave()
-                return [ResourceExhausted(f"model {self.where}: {full}") for _ in jobs], []
+                return [ResourceExhausted(f"model {self.where}: {full}", retry_after=1) for _ in jobs], []
             batch = _Batch(jobs, packed, worker, time.monotonic_ns())
         except BaseException:
             self._leave()

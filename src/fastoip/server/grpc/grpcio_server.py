@@ -40,6 +40,7 @@ from ...types import InferRequest, InferResponse
 from ..restricted import RestrictedFeatures, Restriction, grpc_method_restrictions
 from .mlserver_shapes import answers_as_mlserver
 from .service import (
+    CANCELLABLE_RPCS,
     CLIENT_AWARE_RPCS,
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -319,6 +320,22 @@ def _wrap_with_client(method: Callable[..., Message]) -> Callable[[Message, grpc
     return handler
 
 
+def _wrap_cancellable(method: Callable[..., Message]) -> Callable[[Message, grpc.ServicerContext], Message]:
+    """As :func:`_wrap`, for an RPC that stops when its client goes away (cancelled, deadline passed): the method
+    is given an event grpc's termination callback sets (it also runs once the call ended normally: no matter)."""
+
+    def handler(request: Message, context: grpc.ServicerContext) -> Message:
+        gone = threading.Event()
+        context.add_callback(gone.set)
+        try:
+            return method(request, client_gone=gone)
+        except InferenceError as exc:
+            abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return handler
+
+
 def method_handlers(core: Core, mlserver_streams: bool = False) -> list[grpc.GenericRpcHandler]:
     """The generic handlers for both services, with the codec on ModelInfer."""
     frontend = GrpcioFrontend(core, mlserver_streams)
@@ -338,7 +355,8 @@ def method_handlers(core: Core, mlserver_streams: bool = False) -> list[grpc.Gen
     for name, (request_type, response_type) in UNARY.items():
         method = getattr(service, name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _wrap_with_client(method) if name in CLIENT_AWARE_RPCS else _wrap(method),
+            _wrap_with_client(method) if name in CLIENT_AWARE_RPCS
+            else _wrap_cancellable(method) if name in CANCELLABLE_RPCS else _wrap(method),
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )

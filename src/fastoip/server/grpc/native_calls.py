@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -39,6 +40,7 @@ from . import protocol as wire  # gRPC over HTTP/2 rules (fastoip.wire is the co
 from .limits import RequestBudget
 from .mlserver_shapes import answers_as_mlserver
 from .service import (
+    CANCELLABLE_RPCS,
     CLIENT_AWARE_RPCS,
     HEALTH_SERVICE,
     HEALTH_UNARY,
@@ -453,7 +455,7 @@ class StreamInferCall(Call):
 class UnaryCall(Call):
     """Any other unary RPC: protobuf in, the service's translation, protobuf out."""
 
-    __slots__ = ("method", "request_type", "inline", "executor", "loop")
+    __slots__ = ("method", "request_type", "inline", "executor", "loop", "gone")
 
     def __init__(
         self,
@@ -465,13 +467,22 @@ class UnaryCall(Call):
         inline: bool,
         executor: Executor,
         loop: asyncio.AbstractEventLoop,
+        gone: threading.Event | None = None,
     ) -> None:
+        """``gone``: set when the call is cancelled (reset, connection lost, deadline), for a method that stops
+        then (``CANCELLABLE_RPCS``)."""
         super().__init__(stream_id, out, deadline_ns)
         self.method = method
         self.request_type = request_type
         self.inline = inline
         self.executor = executor
         self.loop = loop
+        self.gone = gone
+
+    def cancel(self) -> None:
+        self.finished = True
+        if self.gone is not None:  # issue 37: a load whose client went away stops at its next step
+            self.gone.set()
 
     def run(self, data: wire.Payload) -> None:
         try:
@@ -537,6 +548,10 @@ class Dispatcher:
         self.client_aware: dict[bytes, Callable[..., Message]] = {
             f"/{SERVICE}/{name}".encode(): getattr(service, name) for name in CLIENT_AWARE_RPCS
         }
+        #: RPCs that stop when their client goes away, with their method.
+        self.cancellable: dict[bytes, Callable[..., Message]] = {
+            f"/{SERVICE}/{name}".encode(): getattr(service, name) for name in CANCELLABLE_RPCS
+        }
         for name, (request_type, _) in HEALTH_UNARY.items():
             check = cast("Callable[[Message], Message]", service.HealthCheck)
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
@@ -556,7 +571,13 @@ class Dispatcher:
         if aware is not None:  # (rare RPCs: registrations)
             peer = out.peer
             method = lambda request: aware(request, client=peer)  # noqa: E731
-        return UnaryCall(stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop)
+        gone: threading.Event | None = None
+        cancellable = self.cancellable.get(path)
+        if cancellable is not None:  # (rare RPCs: loads)
+            gone = threading.Event()
+            event = gone
+            method = lambda request: cancellable(request, client_gone=event)  # noqa: E731
+        return UnaryCall(stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop, gone)
 
 
 def deadline_from(timeout_ns: int | None) -> int:

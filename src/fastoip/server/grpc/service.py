@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from google.protobuf.message import Message
@@ -206,12 +207,16 @@ class GrpcService:
             ]
         )
 
-    def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+    def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, client_gone: threading.Event | None = None
+    ) -> pb.RepositoryModelLoadResponse:
+        """``client_gone``: set by the frontend when the call is cancelled, its stream reset or its deadline passed:
+        the load stops (issue 37)."""
         parameters = {
             key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
             for key, value in request.parameters.items()
         }
-        self.core.load_model(request.model_name, parameters)
+        self.core.load_model(request.model_name, parameters, client_gone)
         return pb.RepositoryModelLoadResponse()
 
     def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
@@ -321,6 +326,8 @@ def _copy_duration(source: Duration, target: pb.StatisticDuration) -> None:
 #: Unary RPCs of inference.GRPCInferenceService: name -> (request type, response type).
 #: RPCs whose method takes the peer's address as ``client`` (bounded per client): every transport passes it.
 CLIENT_AWARE_RPCS = frozenset({"SystemSharedMemoryRegister", "CudaSharedMemoryRegister"})
+#: RPCs that stop when their client goes away (their method takes ``client_gone``, an event the frontend sets).
+CANCELLABLE_RPCS = frozenset({"RepositoryModelLoad"})
 
 
 def client_of_peer(peer: str) -> str:

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import InvalidArgument, ServerBusy
+from ...errors import InvalidArgument, ResourceExhausted
 from ..inflate import InflateError, inflate
 from .errors import PayloadTooLarge, too_large
 from .router import Request
@@ -118,7 +118,7 @@ async def _inflate_body(data: bytes, encoding: bytes, limit: int, limit_name: st
             if exc.kind == "over_budget":
                 raise PayloadTooLarge(exc.message) from None
             if exc.kind == "busy":
-                raise ServerBusy(exc.message) from None
+                raise ResourceExhausted(exc.message, retry_after=1) from None
             if exc.kind == "truncated":
                 raise InvalidArgument(f"the {name.decode()} request body is truncated") from None
             if exc.kind == "trailing":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from typing import Any
 
 from ...core import CUDA, SYSTEM, CallContext, Core, config_to_json
@@ -50,7 +51,7 @@ from .json_docs import (
 from .json_pool import JsonPool
 from .openai.endpoints import OpenAIEndpoints, mount
 from .openai.shared import SharedModelRoutes
-from .router import EMPTY_OK, Request, Response, Router, error_response, json_response
+from .router import EMPTY_OK, Request, Response, Router, client_disconnect, error_response, json_response
 from .v1 import V1Endpoints
 
 #: KServe's health bodies (its REST client reads them); Triton's clients read only the status.
@@ -184,7 +185,16 @@ class HttpFrontend(Router):
         body = await self.intake.body(request)
         parameters = await self.intake.parse(body, load_parameters, body)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.core.load_model, model, parameters)
+        gone = threading.Event()
+        load = loop.run_in_executor(None, self.core.load_model, model, parameters, gone)
+        disconnected = asyncio.ensure_future(client_disconnect(request))
+        try:
+            await asyncio.wait((load, disconnected), return_when=asyncio.FIRST_COMPLETED)
+            if not load.done():  # issue 37: the client went away: the load stops at its next step
+                gone.set()
+            await load
+        finally:
+            disconnected.cancel()
         return EMPTY_OK
 
     async def unload_model(self, request: Request, model: str) -> Response:

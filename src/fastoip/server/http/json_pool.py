@@ -14,7 +14,7 @@ Rules:
   large one), and a body of at most ``SMALL_LANE_BYTES`` has one more process of its own when every worker is
   busy (a 3 MB request is parsed at once beside two 59 MB ones).  Bodies held (running or waiting) are bounded in
   count (``MAX_JOBS``) and bytes
-  (``MAX_HELD_BYTES``); one more is answered 503 with Retry-After at once (``ServerBusy``), never queued.
+  (``MAX_HELD_BYTES``); one more is answered 503 with Retry-After at once (``ResourceExhausted``), never queued.
   A body arriving while the pool holds nothing is always taken (the body limit bounds it).
 - Workers are started with ``spawn`` (the server has threads: forking it is unsafe), on first use, the small
   lane's with them (so a small body arriving behind large ones does not wait for a Python to start).  A worker that
@@ -37,7 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Any, TypeVar
 
-from ...errors import InternalError, ServerBusy
+from ...errors import InternalError, ResourceExhausted
 from ...types import InferRequest
 from ...wire import http as wire
 from ...wire.http import OutputFormat
@@ -97,13 +97,13 @@ class JsonPool:
 
     async def run(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` (a module-level function: it is pickled), in a worker process when ``size`` (the
-        JSON's bytes) is large; ServerBusy at once when the pool holds its maximum."""
+        JSON's bytes) is large; RESOURCE_EXHAUSTED / 503 at once when the pool holds its maximum."""
         if size < OFF_LOOP_JSON_BYTES or not self.workers:
             return function(*args)
         if self.jobs and (self.jobs >= self.max_jobs or self.held + size > self.max_held_bytes):
             self.refused += 1
-            raise ServerBusy(f"the server is parsing {self.jobs} large JSON bodies ({self.held} bytes); "
-                             "try again shortly")
+            raise ResourceExhausted(f"the server is parsing {self.jobs} large JSON bodies ({self.held} bytes); "
+                                    "try again shortly", retry_after=1)
         self.jobs += 1
         self.held += size
         try:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from ...errors import InferenceError, NotFound, ServerBusy
+from ...errors import InferenceError, NotFound, ResourceExhausted
 from ...settings import SWITCHES
 from .. import restricted
 from ..restricted import RestrictedFeatures, Restriction
@@ -160,11 +160,11 @@ class Router:
         except MethodNotAllowed as exc:
             response = self.error_answer(exc.http_status, exc.message)
             response.headers.append((b"allow", exc.allow))
-        except ServerBusy as exc:  # issue 37: a full queue or budget answers at once, with when to come back
-            response = error_response(exc.http_status, exc.message)
-            response.headers.append((b"retry-after", b"%d" % exc.retry_after))
         except InferenceError as exc:
             response = self.error_answer(exc.http_status, exc.message)
+            if isinstance(exc, ResourceExhausted) and exc.retry_after is not None:
+                # issue 37: a full shared queue or budget answers at once, with when to come back
+                response.headers.append((b"retry-after", b"%d" % exc.retry_after))
         except asyncio.CancelledError:  # uvicorn's shutdown gave up waiting (a half-sent request): retryable
             response = self.error_answer(503, "the server is shutting down; send the request again")
         except Exception as exc:  # a bug: answer it, log it, keep serving
@@ -251,7 +251,7 @@ async def _stream(request: Request, response: StreamingResponse, send: Callable[
     """Send each chunk as it comes; stop (closing the source) as soon as the client disconnects."""
     await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
     chunks = response.chunks
-    disconnected = asyncio.ensure_future(_disconnect(request))
+    disconnected = asyncio.ensure_future(client_disconnect(request))
     try:
         while True:
             next_chunk = asyncio.ensure_future(anext(chunks))
@@ -270,7 +270,7 @@ async def _stream(request: Request, response: StreamingResponse, send: Callable[
         await chunks.aclose()
 
 
-async def _disconnect(request: Request) -> None:
+async def client_disconnect(request: Request) -> None:
     """Returns when the client has gone away (the request body was read before the response started)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
