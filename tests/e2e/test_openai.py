@@ -113,6 +113,20 @@ FAILING_CONFIG = """
     output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
+#: A model that writes two tool calls a few characters at a time (as an LLM's tokens come), after some words.
+TOOL_STREAMER = """
+    import fastoip
+
+    TEXT = ('Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}'
+            '</tool_call><tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>')
+
+    class ToolStreamer(fastoip.Model):
+        async def predict(self, inputs, parameters):
+            for start in range(0, len(TEXT), 5):
+                yield {"text_output": [TEXT[start:start + 5]]}
+"""
+TOOL_STREAMER_CONFIG = FAILING_CONFIG
+
 USER = [{"role": "user", "content": "tell me about rivers"}]
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather",
                                                  "parameters": {"type": "object", "properties": {}}}}
@@ -126,6 +140,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = root / "slow.log"
     write_python_model(root, "slow", SLOW, SLOW_CONFIG.replace("LOG", str(log)))
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
+    write_python_model(root, "tool_streamer", TOOL_STREAMER, TOOL_STREAMER_CONFIG)
     process = ServerProcess(root, "--openai-port", "0", http=True)
     process._want.add("openai")
     with process:
@@ -386,7 +401,8 @@ def test_tool_calls(sdk: openai.OpenAI) -> None:
     assert orjson.loads(call.function.arguments) == {"query": "weather in Paris?"}
     chunks = list(sdk.chat.completions.create(model="tiny_chat", messages=asked, tools=[WEATHER_TOOL], stream=True))
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [c.function.name for c in calls] == ["get_weather"]
+    assert [c.function.name for c in calls if c.id] == ["get_weather"]
+    assert orjson.loads("".join(c.function.arguments for c in calls)) == {"query": "weather in Paris?"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
     # tool_choice reaches the model: it calls the function the request forces
     other = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
@@ -396,6 +412,57 @@ def test_tool_calls(sdk: openai.OpenAI) -> None:
     # tool_choice none: the text stays text
     text = sdk.chat.completions.create(model="tiny_chat", messages=asked, tools=[WEATHER_TOOL], tool_choice="none")
     assert text.choices[0].message.tool_calls is None and "<tool_call>" in text.choices[0].message.content
+
+
+TWO_TOOLS = [WEATHER_TOOL, {"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+EXPECTED_CALLS = [("get_weather", {"city": "Paris", "days": [1, 2]}), ("get_time", {"zone": "CET"})]
+
+
+def _streamed_calls(chunks: list[Any]) -> tuple[str, list[tuple[str, Any]]]:
+    """OpenAI's streamed tool-call deltas put together as a client does, checking their order and form."""
+    content, names, arguments, fragments = "", {}, {}, 0
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            if call.id is not None:  # a call's first delta: its id, type and whole name
+                assert call.index not in names and call.type == "function" and call.function.name
+                names[call.index], arguments[call.index] = call.function.name, call.function.arguments or ""
+            else:
+                assert call.index in names and call.function.name is None
+                arguments[call.index] += call.function.arguments
+                fragments += 1
+    assert fragments > 2  # the arguments came in pieces, not whole at the end
+    return content, [(names[i], orjson.loads(arguments[i])) for i in sorted(names)]
+
+
+def test_tool_calls_stream_as_they_come(sdk: openai.OpenAI) -> None:
+    whole = sdk.chat.completions.create(model="tool_streamer", messages=USER, tools=TWO_TOOLS)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.function.name, orjson.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+        EXPECTED_CALLS
+    chunks = list(sdk.chat.completions.create(model="tool_streamer", messages=USER, tools=TWO_TOOLS, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+    assert _streamed_calls(chunks) == ("Checking.", EXPECTED_CALLS)
+    # the first call's name went before the model had written its second call
+    first_name = next(i for i, c in enumerate(chunks) if (c.choices[0].delta.tool_calls or [None])[0] is not None)
+    second_name = next(i for i, c in enumerate(chunks) for t in (c.choices[0].delta.tool_calls or [])
+                       if t.index == 1)
+    assert first_name < second_name - 2
+
+    async def run() -> None:
+        async with openai.AsyncOpenAI(base_url=str(sdk.base_url),
+                                      api_key="unused", max_retries=0) as client:
+            stream = await client.chat.completions.create(model="tool_streamer", messages=USER, tools=TWO_TOOLS,
+                                                          stream=True)
+            assert _streamed_calls([c async for c in stream]) == ("Checking.", EXPECTED_CALLS)
+
+    asyncio.run(run())
+    # without tools the same text is content, streamed as it came
+    plain = list(sdk.chat.completions.create(model="tool_streamer", messages=USER, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in plain).startswith("Checking. <tool_call>")
 
 
 def test_triton_python_model_serves_chat(sdk: openai.OpenAI) -> None:

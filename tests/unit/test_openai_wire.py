@@ -121,6 +121,56 @@ def test_parsers_are_pluggable_and_bounded() -> None:
     assert tools.tool_call_parser("nope") is None
 
 
+def _stream(name: str, text: str, step: int) -> tuple[str, dict[int, str], dict[int, str], int]:
+    """Feed ``text`` to a streamed parser ``step`` characters at a time: content, names and arguments by call."""
+    parser = tools.tool_call_stream_parser(name)
+    assert parser is not None
+    events = [e for i in range(0, len(text), step) for e in parser.feed(text[i:i + step])] + parser.finish()
+    names = {e.index: e.text for e in events if e.kind == "call"}
+    arguments: dict[int, str] = {}
+    for event in events:
+        if event.kind == "arguments":
+            assert event.index in names  # a call's name is sent before any of its arguments
+            arguments[event.index] = arguments.get(event.index, "") + event.text
+    return "".join(e.text for e in events if e.kind == "content"), names, arguments, parser.calls
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 13, 10_000])
+def test_hermes_streamed_matches_whole(step: int) -> None:
+    text = ('Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", "n": [1, {"a": 2}]}}'
+            '</tool_call>\n<tool_call>{"arguments": {}, "name": "g"}</tool_call>')
+    content, calls = tools.parse_hermes(text)
+    streamed, names, arguments, count = _stream("hermes", text, step)
+    assert streamed == content and count == len(calls) == 2
+    assert [names[i] for i in range(2)] == [c["name"] for c in calls]
+    assert [orjson.loads(arguments[i]) for i in range(2)] == [orjson.loads(c["arguments"]) for c in calls]
+
+
+def test_hermes_streams_arguments_before_the_call_ends() -> None:
+    parser = tools.HermesStream()
+    assert parser.feed("<tool_call>") == []
+    assert [(e.kind, e.text) for e in parser.feed('{"name": "f", "argum')] == []
+    assert [(e.kind, e.text) for e in parser.feed('ents": {"q": "par')] == [("call", "f"), ("arguments", '{"q": "par')]
+    assert [(e.kind, e.text) for e in parser.feed('is"}}</tool')] == [("arguments", 'is"}')]
+    assert parser.feed("_call>") == [] and parser.finish() == [] and parser.calls == 1
+
+
+@pytest.mark.parametrize("text", ["plain text < not a tag <tool_cal", "x <tool_call>{broken</tool_call> y",
+                                  "ends inside <tool_call>{\"nam", "  spaced  "])
+def test_hermes_streamed_text_that_is_no_call_is_content(text: str) -> None:
+    for step in (1, 4, 100):
+        assert _stream("hermes", text, step) == (text, {}, {}, 0)
+
+
+def test_json_streamed_and_registered_parsers() -> None:
+    assert _stream("json", '  {"name": "f", "parameters": {"a": 1}}', 3)[1:] == ({0: "f"}, {0: '{"a":1}'}, 1)
+    parser = tools.tool_call_stream_parser("json")
+    assert parser is not None and parser.feed("hello") == [tools.ToolEvent("content", "hello")]  # sent at once
+    tools.register_tool_call_parser("upper", lambda text: (None, [{"name": text.upper(), "arguments": "{}"}]))
+    assert _stream("upper", "abc", 1)[1:] == ({0: "ABC"}, {0: "{}"}, 1)  # held, parsed whole at the end
+    assert tools.tool_call_stream_parser("nope") is None
+
+
 # -- chat templates ----------------------------------------------------------------------------------------
 def test_default_template_and_tokenizer_config() -> None:
     prompt = ChatTemplate(DEFAULT_TEMPLATE).render("m", [{"role": "user", "content": "hi"}], None)

@@ -8,8 +8,9 @@ Rules:
   met, the call is cancelled.  ``finish_reason`` is ``stop``, or ``length`` when the model's output token count
   (or, when it gives none, its responses: one token each) reaches ``max_tokens``, or ``tool_calls``.
 - Tool calls: with ``tools`` given and ``tool_choice`` not ``none``, the model's text goes through its tool-call
-  parser (config parameter ``tool_call_parser``, ``hermes`` by default); a streamed answer then holds the text
-  back until the model ends, to send either content or the calls.
+  parser (config parameter ``tool_call_parser``, ``hermes`` by default); a streamed answer through the parser's
+  streamed form (:mod:`fastoip.wire.openai.tools`): content as it comes, each call's name then its arguments'
+  fragments, and one ``finish_reason``: ``tool_calls`` when a call was sent.
 - Usage: the prompt tokens are what the model reports (``num_input_tokens``), counted once per prompt, else the
   prompt's whitespace-separated words; the completion tokens are ``num_output_tokens`` summed, else responses.
 - The usage of every answer is added to the inference gateway's token counters (``fastoip.metrics.gateway``).
@@ -49,6 +50,8 @@ class Plan:
     chat: bool
     echo: bool = False
     parser: tools.Parser | None = None
+    #: The tool-call parser's name (a streamed choice makes its own streamed parser of it).
+    parser_name: str = ""
     declared: contract.Declared = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
     #: Request parameters beside the sampling ones (a chat's ``tool_choice``).
@@ -100,8 +103,8 @@ def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -
         if parser is None:
             raise InternalError(f"model '{request.model}' names tool_call_parser '{parser_name}'; this server has "
                                 f"{', '.join(sorted(tools.PARSERS))}")
-    return Plan(request.model, request, [prompt], chat=True, parser=parser, extra=request.model_parameters(),
-                **_tensors(core, request.model))
+    return Plan(request.model, request, [prompt], chat=True, parser=parser, parser_name=parser_name,
+                extra=request.model_parameters(), **_tensors(core, request.model))
 
 
 def _tensors(core: Core, model: str) -> dict[str, Any]:
@@ -211,7 +214,7 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
         yield writer.chunk(index, "", role=True)
     elif plan.echo:
         yield writer.chunk(index, plan.prompts[state.prompt_index])
-    held = plan.parser is not None  # tool calls: the text is parsed whole, at the end
+    parser = tools.tool_call_stream_parser(plan.parser_name) if plan.parser is not None else None
     while True:
         response, state.pending = state.pending, None
         if response is None:
@@ -221,8 +224,9 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
         piece = contract.read_piece(plan.model, response)
         state.count(piece)
         delta = state.scanner.feed(piece.text)
-        if held:
-            state.text += delta
+        if parser is not None:
+            for event in parser.feed(delta):
+                yield _tool_chunk(writer, index, event)
         elif delta:
             lp = None
             if piece.logprobs is not None:
@@ -234,16 +238,19 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
             break
     rest = state.scanner.flush()
     finish = state.finish_reason(plan.sampling.max_tokens)
-    if held:
-        assert plan.parser is not None
-        content, calls = plan.parser(state.text + rest)
-        if calls:
-            if content:
-                yield writer.chunk(index, content)
-            yield writer.chunk(index, tool_calls=calls)
+    if parser is not None:
+        for event in parser.feed(rest) + parser.finish():
+            yield _tool_chunk(writer, index, event)
+        if parser.calls:
             finish = "tool_calls"
-        elif state.text + rest:
-            yield writer.chunk(index, state.text + rest)
     elif rest:
         yield writer.chunk(index, rest)
     yield writer.chunk(index, finish_reason=finish)
+
+
+def _tool_chunk(writer: ChunkWriter, index: int, event: tools.ToolEvent) -> bytes:
+    if event.kind == "content":
+        return writer.chunk(index, event.text)
+    if event.kind == "call":
+        return writer.tool_call(index, event.index, name=event.text)
+    return writer.tool_call(index, event.index, arguments=event.text)
