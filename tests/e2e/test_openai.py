@@ -526,6 +526,30 @@ def test_disconnect_cancels_the_generation(server: ServerProcess) -> None:
     assert len(log.read_text()) == settled < 2 * 2000
 
 
+def test_a_client_that_reads_nothing_gets_its_request_cancelled(server: ServerProcess) -> None:
+    """Back-pressure: a streamed client that stops reading does not make the server buffer the model's output
+    without bound: past a bounded number of unread responses the model's request is cancelled, with a log line."""
+    import socket
+
+    body = orjson.dumps({"model": "tiny_chat", "messages": USER, "stream": True, "max_tokens": 300_000})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's buffers fill soon
+    try:
+        sock.connect(("127.0.0.1", server.child.ports["openai"]))  # type: ignore[union-attr]
+        sock.sendall(head + body)
+        # it reads nothing: 300 000 words would take minutes to send and hundreds of MB to hold
+        assert wait_until(lambda: "client left 1024 responses unread" in server.output(), timeout=90), \
+            server.output()[-2000:]
+        assert "model 'tiny_chat'" in server.output()
+        # the server serves on meanwhile
+        answer = post(server, "/chat/completions", {"model": "tiny_chat", "messages": USER, "max_tokens": 2})
+        assert answer.status_code == 200
+    finally:
+        sock.close()
+
+
 # -- model control and restrictions ---------------------------------------------------------------------------
 def openai_server(root: Path, *flags: str) -> ServerProcess:
     process = ServerProcess(root, "--openai-port", "0", *flags, http=True)

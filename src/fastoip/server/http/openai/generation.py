@@ -14,6 +14,10 @@ Rules:
 - Usage: the prompt tokens are what the model reports (``num_input_tokens``), counted once per prompt, else the
   prompt's whitespace-separated words; the completion tokens are ``num_output_tokens`` summed, else responses.
 - The usage of every answer is added to the inference gateway's token counters (``fastoip.metrics.gateway``).
+- Back-pressure: a streamed call holds at most :data:`STREAM_PENDING` responses its client has not taken (the
+  HTTP server stops taking chunks while the socket's buffers are full); past that its model's request is
+  cancelled (:class:`..model_call.ModelCall`).  Choices after the first are streamed after it, so theirs may
+  also hold ``max_tokens`` responses meanwhile (no more than the non-streamed answer would hold).
 - Streamed: the answer's status is decided by the first choice's first answer (an error there is an ordinary
   error response); a failure later is one ``data: {"error": ...}`` event, then ``[DONE]``.  The client going
   away closes the generator, which cancels every call still running.
@@ -37,6 +41,9 @@ from ....wire.openai.errors import error_of
 from ....wire.openai.requests import ChatRequest, CompletionRequest, Sampling
 from ....wire.openai.stops import StopScanner
 from ..model_call import ModelCall
+
+#: Responses a streamed call may hold unread before its request is cancelled (each is one delta, a few hundred bytes).
+STREAM_PENDING = 1024
 
 
 @dataclass
@@ -124,7 +131,10 @@ def start_choices(core: Core, plan: Plan, request_id: str) -> list[ChoiceState]:
                     plan.model, plan.declared, plan.outputs, prompt, sampling.stream, sampling.parameters(seed),
                     request_id, plan.extra,
                 )
-                call = ModelCall(core, infer)
+                pending = 0
+                if sampling.stream:
+                    pending = STREAM_PENDING + (sampling.max_tokens if states else 0)
+                call = ModelCall(core, infer, pending)
                 states.append(ChoiceState(len(states), prompt_index, call, StopScanner(sampling.stop)))
     except BaseException:
         for state in states:
