@@ -73,6 +73,29 @@ TRITON_LLM_CONFIG = """
     output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1, -1 ] } ]
 """
 
+#: The same model with the ``bytes`` tokenizer (token-id prompts, usage counted in bytes) and a fill-in-the-middle
+#: template (``suffix``).
+BYTES_LLM_CONFIG = TRITON_LLM_CONFIG + """
+    parameters { key: "tokenizer" value: { string_value: "bytes" } }
+    parameters { key: "fim_template" value: { string_value: "{prompt} <FILL> {suffix}" } }
+"""
+
+
+def write_huggingface_llm(root: Path) -> None:
+    """``hf_llm``: the same model with a Hugging Face tokenizer.json (built here, no download) and a
+    tokenizer_config.json carrying the chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = "[UNK] <s> one two three four about rivers go tell me , !".split()
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()  # words and punctuation apart
+    tokenizer.add_special_tokens(["<s>"])
+    write_python_model(root, "hf_llm", TRITON_LLM, TRITON_LLM_CONFIG)
+    (root / "hf_llm" / "tokenizer.json").write_text(tokenizer.to_str())
+    (root / "hf_llm" / "tokenizer_config.json").write_bytes(orjson.dumps({
+        "bos_token": "<s>", "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}go"}))
+
+
 SLOW = """
     import asyncio
     import fastoip
@@ -141,6 +164,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_python_model(root, "slow", SLOW, SLOW_CONFIG.replace("LOG", str(log)))
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
     write_python_model(root, "tool_streamer", TOOL_STREAMER, TOOL_STREAMER_CONFIG)
+    write_python_model(root, "bytes_llm", TRITON_LLM, BYTES_LLM_CONFIG)
+    write_huggingface_llm(root)
     process = ServerProcess(root, "--openai-port", "0", http=True)
     process._want.add("openai")
     with process:
@@ -472,6 +497,53 @@ def test_triton_python_model_serves_chat(sdk: openai.OpenAI) -> None:
     assert answer.choices[0].finish_reason == "stop"
     chunks = list(sdk.chat.completions.create(model="triton_llm", messages=USER, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "about rivers <|assistant|> "
+
+
+def test_token_id_prompts_are_decoded_by_the_models_tokenizer(sdk: openai.OpenAI, server: ServerProcess) -> None:
+    ids = {"bytes_llm": ([b + 3 for b in b"one two three four"], [b + 3 for b in b"one two"]),
+           "hf_llm": ([2, 3, 4, 5], [2, 1, 3])}  # 1 is <s>: special, skipped
+    for model, (prompt, short) in ids.items():
+        answer = sdk.completions.create(model=model, prompt=prompt, max_tokens=16)
+        assert answer.choices[0].text == "two three four ", model
+        two = sdk.completions.create(model=model, prompt=[prompt, short], max_tokens=16)
+        assert [c.text for c in two.choices] == ["two three four ", "one two "], model
+    # no tokenizer, or an id past the vocabulary: 400 naming prompt
+    for model, prompt in [("triton_llm", [5, 6]), ("tiny_chat", [[5]]), ("bytes_llm", [259]), ("hf_llm", [[1], [99]])]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(model=model, prompt=prompt)
+        assert refused.value.body["param"] == "prompt", model  # type: ignore[index]
+    for bad in ([-1], [[]], [1, "a"], [[1], "a"], [True]):
+        answer = post(server, "/completions", {"model": "bytes_llm", "prompt": bad})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "prompt", bad
+
+
+def test_suffix_fills_in_the_middle_where_the_model_says_how(sdk: openai.OpenAI) -> None:
+    answer = sdk.completions.create(model="bytes_llm", prompt="one two", suffix="three four", max_tokens=16)
+    assert answer.choices[0].text == "<FILL> three four "  # the model saw "one two <FILL> three four"
+    chunks = list(sdk.completions.create(model="bytes_llm", prompt="one two", suffix="three four", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "<FILL> three four "
+    for model, extra in [("tiny_chat", {}), ("bytes_llm", {"echo": True})]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(model=model, prompt="x", suffix="y", **extra)
+        assert refused.value.body["param"] == "suffix", model  # type: ignore[index]
+
+
+def test_huggingface_tokenizer_counts_usage_and_its_config_gives_the_template(sdk: openai.OpenAI) -> None:
+    # mock_llm's shape reports no counts: the tokenizer.json counts them (words and punctuation apart)
+    answer = sdk.completions.create(model="hf_llm", prompt="one, two three, four", max_tokens=16)
+    assert answer.choices[0].text == "two three, four "
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (6, 4)
+    # the chat template of tokenizer_config.json, with its bos_token; the template's "go" ends the prompt
+    chat = sdk.chat.completions.create(model="hf_llm", messages=[{"role": "user", "content": "about rivers!"}])
+    assert chat.choices[0].message.content == "<s>about rivers! go "  # the model's last three words
+    # "<s>", "about", "rivers", "!", "go" (the prompt's words: 3); the answer is the same five
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (5, 5)
+    chunks = list(sdk.chat.completions.create(model="hf_llm", messages=[{"role": "user", "content": "about rivers!"}],
+                                              stream=True, stream_options={"include_usage": True}))
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 5)
+    # the bytes tokenizer counts bytes
+    counted = sdk.completions.create(model="bytes_llm", prompt="one two", max_tokens=16).usage
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 8)
 
 
 def test_async_client(server: ServerProcess) -> None:

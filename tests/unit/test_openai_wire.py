@@ -63,6 +63,42 @@ def test_completion_choices_are_bounded() -> None:
     assert len(requests.parse_completion(body(model="m", prompt=["a"] * 4, n=32)).prompts) == 4
 
 
+def test_completion_token_prompts_and_suffix() -> None:
+    one = requests.parse_completion(body(model="m", prompt=[5, 6]))
+    assert (one.prompts, one.token_prompts) == ([], [[5, 6]])
+    assert requests.parse_completion(body(model="m", prompt=[[5], [6, 7]])).token_prompts == [[5], [6, 7]]
+    assert requests.parse_completion(body(model="m", prompt="a", suffix="b")).suffix == "b"
+    for bad in ([], [-1], [[]], [True], [[1], "a"], [1.5]):
+        with pytest.raises(BadParameter) as caught:
+            requests.parse_completion(body(model="m", prompt=bad))
+        assert caught.value.param == "prompt", bad
+    for members in ({"suffix": 3}, {"suffix": "b", "echo": True}):
+        with pytest.raises(BadParameter) as caught:
+            requests.parse_completion(body(model="m", prompt="a", **members))
+        assert caught.value.param == "suffix"
+    with pytest.raises(BadParameter, match="more than 128 choices"):
+        requests.parse_completion(body(model="m", prompt=[[1]] * 5, n=30))
+
+
+def test_tokenizers_decode_and_count() -> None:
+    from tokenizers import Tokenizer as Built
+    from tokenizers import models, pre_tokenizers
+
+    from fastoip.wire.openai.tokenizer import BytesTokenizer, HuggingFaceTokenizer
+
+    assert BytesTokenizer().decode([1, 3 + ord("h"), 3 + ord("i"), 2, 0]) == "hi"  # specials decode to nothing
+    assert BytesTokenizer().count("hé") == 3
+    with pytest.raises(ValueError, match="259"):
+        BytesTokenizer().decode([259])
+    built = Built(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2, "<s>": 3}, unk_token="[UNK]"))
+    built.pre_tokenizer = pre_tokenizers.Whitespace()
+    built.add_special_tokens(["<s>"])
+    loaded = HuggingFaceTokenizer.from_json(built.to_str())
+    assert loaded.decode([3, 1, 2]) == "a b" and loaded.count("a b, c") == 4
+    with pytest.raises(ValueError, match="4"):
+        loaded.decode([4])
+
+
 def test_embedding_inputs() -> None:
     assert requests.parse_embedding(body(model="m", input="a")).texts == ["a"]
     assert requests.parse_embedding(body(model="m", input=[1, 2])).tokens == [[1, 2]]

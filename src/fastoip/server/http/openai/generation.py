@@ -12,7 +12,12 @@ Rules:
   streamed form (:mod:`fastoip.wire.openai.tools`): content as it comes, each call's name then its arguments'
   fragments, and one ``finish_reason``: ``tool_calls`` when a call was sent.
 - Usage: the prompt tokens are what the model reports (``num_input_tokens``), counted once per prompt, else the
-  prompt's whitespace-separated words; the completion tokens are ``num_output_tokens`` summed, else responses.
+  model's tokenizer's count of the prompt (:mod:`.tokenizers`), else its whitespace-separated words; the
+  completion tokens are ``num_output_tokens`` summed, else the tokenizer's count of the text, else responses.
+- Completions: token-id prompts are decoded by the model's tokenizer (none: 400 naming ``prompt``); ``suffix``
+  needs the model's ``fim_template`` config parameter (its ``{prompt}`` and ``{suffix}`` replaced: the model's
+  fill-in-the-middle prompt; none: 400 naming ``suffix``), and reaches the model as the request parameter
+  ``suffix`` too.
 - The usage of every answer is added to the inference gateway's token counters (``fastoip.metrics.gateway``).
 - Back-pressure: a streamed call holds at most :data:`STREAM_PENDING` responses its client has not taken (the
   HTTP server stops taking chunks while the socket's buffers are full); past that its model's request is
@@ -37,9 +42,10 @@ from ....metrics.gateway import TOKENS
 from ....types import InferResponse
 from ....wire.openai import answers, contract, tools
 from ....wire.openai.answers import Choice, ChunkWriter, Envelope, TokenLogprobs, Usage
-from ....wire.openai.errors import error_of
+from ....wire.openai.errors import BadParameter, error_of
 from ....wire.openai.requests import ChatRequest, CompletionRequest, Sampling
 from ....wire.openai.stops import StopScanner
+from ....wire.openai.tokenizer import Tokenizer
 from ..model_call import ModelCall
 
 #: Responses a streamed call may hold unread before its request is cancelled (each is one delta, a few hundred bytes).
@@ -61,8 +67,10 @@ class Plan:
     parser_name: str = ""
     declared: contract.Declared = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
-    #: Request parameters beside the sampling ones (a chat's ``tool_choice``).
+    #: Request parameters beside the sampling ones (a chat's ``tool_choice``, a completion's ``suffix``).
     extra: dict[str, str] = field(default_factory=dict)
+    #: The model's tokenizer, where it has one (usage counts).
+    tokenizer: Tokenizer | None = None
 
 
 @dataclass
@@ -98,12 +106,33 @@ class ChoiceState:
         return "length" if produced >= max_tokens else "stop"
 
 
-def plan_completion(core: Core, request: CompletionRequest) -> Plan:
-    return Plan(request.model, request, request.prompts, chat=False, echo=request.echo,
+def plan_completion(
+    core: Core, request: CompletionRequest, tokenizer: Tokenizer | None, fim_template: str | None
+) -> Plan:
+    prompts = request.prompts
+    if request.token_prompts is not None:
+        if tokenizer is None:
+            raise BadParameter("prompt", f"model '{request.model}' has no tokenizer to decode token ids: give it "
+                               "'tokenizer: bytes' or a tokenizer.json, or send text")
+        try:
+            prompts = [tokenizer.decode(ids) for ids in request.token_prompts]
+        except ValueError as exc:
+            raise BadParameter("prompt", f"'prompt' holds a token id model '{request.model}' cannot decode: "
+                               f"{exc}") from None
+    extra = {}
+    if request.suffix is not None:
+        if not fim_template:
+            raise BadParameter("suffix", f"model '{request.model}' does not fill in the middle: its config has no "
+                               "'fim_template' parameter")
+        prompts = [fim_template.replace("{prompt}", p).replace("{suffix}", request.suffix) for p in prompts]
+        extra["suffix"] = request.suffix
+    return Plan(request.model, request, prompts, chat=False, echo=request.echo, extra=extra, tokenizer=tokenizer,
                 **_tensors(core, request.model))
 
 
-def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -> Plan:
+def plan_chat(
+    core: Core, request: ChatRequest, prompt: str, parser_name: str, tokenizer: Tokenizer | None = None
+) -> Plan:
     parser = None
     if request.tools and request.tool_choice != "none":
         parser = tools.tool_call_parser(parser_name)
@@ -111,7 +140,7 @@ def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -
             raise InternalError(f"model '{request.model}' names tool_call_parser '{parser_name}'; this server has "
                                 f"{', '.join(sorted(tools.PARSERS))}")
     return Plan(request.model, request, [prompt], chat=True, parser=parser, parser_name=parser_name,
-                extra=request.model_parameters(), **_tensors(core, request.model))
+                extra=request.model_parameters(), tokenizer=tokenizer, **_tensors(core, request.model))
 
 
 def _tensors(core: Core, model: str) -> dict[str, Any]:
@@ -147,9 +176,15 @@ def _usage(plan: Plan, states: list[ChoiceState]) -> Usage:
     usage = Usage()
     for prompt_index, prompt in enumerate(plan.prompts):
         counted = [s.input_tokens for s in states if s.prompt_index == prompt_index and s.input_tokens is not None]
-        usage.prompt_tokens += counted[0] if counted else len(prompt.split())
+        if counted:
+            usage.prompt_tokens += counted[0]
+        else:
+            usage.prompt_tokens += plan.tokenizer.count(prompt) if plan.tokenizer else len(prompt.split())
     for state in states:
-        usage.completion_tokens += state.output_tokens if state.output_tokens is not None else state.responses
+        if state.output_tokens is not None:
+            usage.completion_tokens += state.output_tokens
+        else:
+            usage.completion_tokens += plan.tokenizer.count(state.text) if plan.tokenizer else state.responses
     return usage
 
 
@@ -234,6 +269,8 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
         piece = contract.read_piece(plan.model, response)
         state.count(piece)
         delta = state.scanner.feed(piece.text)
+        if plan.tokenizer is not None:  # kept to be counted at the end
+            state.text += delta
         if parser is not None:
             for event in parser.feed(delta):
                 yield _tool_chunk(writer, index, event)
@@ -247,6 +284,8 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
             state.call.close()
             break
     rest = state.scanner.flush()
+    if plan.tokenizer is not None:
+        state.text += rest
     finish = state.finish_reason(plan.sampling.max_tokens)
     if parser is not None:
         for event in parser.feed(rest) + parser.finish():
