@@ -546,6 +546,13 @@ def test_huggingface_tokenizer_counts_usage_and_its_config_gives_the_template(sd
     assert (counted.prompt_tokens, counted.completion_tokens) == (7, 8)
 
 
+def test_a_long_conversation_renders_off_the_loop_alike(sdk: openai.OpenAI) -> None:
+    """Over 32 KiB of content the chat template renders in the executor: the same prompt either way."""
+    long = [{"role": "user", "content": "word " * 10_000 + "one two"}]
+    answer = sdk.chat.completions.create(model="triton_llm", messages=long)
+    assert answer.choices[0].message.content == "one two <|assistant|> "
+
+
 def test_async_client(server: ServerProcess) -> None:
     async def run() -> None:
         async with openai.AsyncOpenAI(base_url=bases(server)[0], api_key="unused", max_retries=0) as sdk:

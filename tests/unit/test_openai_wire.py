@@ -3,6 +3,8 @@ the LLM tensor contract and the embedding tensors."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import orjson
 import pytest
@@ -308,7 +310,16 @@ def test_chat_templates_are_read_from_the_folder_and_bounded(tmp_path, monkeypat
 
     monkeypatch.setattr(templates, "MAX_CACHED", 2)
     monkeypatch.setattr(templates, "RECHECK_S", 0.0)
-    cache = templates.ChatTemplates()
+    chat_templates = templates.ChatTemplates()
+
+    class Cache:  # the templates compile in the executor: each get on a loop of its own
+        _cache = chat_templates._cache
+
+        @staticmethod
+        def get(folder):  # type: ignore[no-untyped-def]
+            return asyncio.run(chat_templates.get(folder))
+
+    cache = Cache()
     folders = []
     for index in range(3):
         folder = tmp_path / str(index)

@@ -45,6 +45,12 @@ JSON = b"application/json"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
 OWNER = "fastoip"
 OpenAIHandler = Callable[..., Awaitable[Response | StreamingResponse]]
+#: A conversation with fewer characters of content than this renders its chat template on the loop.
+RENDER_ON_LOOP_CHARS = 32 << 10
+
+
+def _conversation_chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m["content"]) if isinstance(m.get("content"), str) else 0 for m in messages)
 
 
 def openai_errors(handler: OpenAIHandler) -> OpenAIHandler:
@@ -174,8 +180,12 @@ class OpenAIEndpoints:
         parsed: requests.ChatRequest = await self._parse(request, requests.parse_chat)
         self._ready(parsed.model)
         directory = self.core.model_directory(parsed.model)
-        template = self.templates.get(directory)
-        prompt = template.render(parsed.model, parsed.messages, parsed.tools, parsed.tool_choice_name)
+        template = await self.templates.get(directory)
+        render = (parsed.model, parsed.messages, parsed.tools, parsed.tool_choice_name)
+        if _conversation_chars(parsed.messages) < RENDER_ON_LOOP_CHARS:
+            prompt = template.render(*render)
+        else:  # about a millisecond per 40 000 characters: a long conversation renders in a thread
+            prompt = await asyncio.get_running_loop().run_in_executor(None, template.render, *render)
         parameters = _parameters(self.core, parsed.model)
         parser = parameters.get("tool_call_parser") or generation.tools.DEFAULT_PARSER
         tokenizer = await self.tokenizers.get(directory, parameters.get("tokenizer"))
