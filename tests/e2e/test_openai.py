@@ -520,6 +520,9 @@ def test_token_id_prompts_are_decoded_by_the_models_tokenizer(sdk: openai.OpenAI
 def test_suffix_fills_in_the_middle_where_the_model_says_how(sdk: openai.OpenAI) -> None:
     answer = sdk.completions.create(model="bytes_llm", prompt="one two", suffix="three four", max_tokens=16)
     assert answer.choices[0].text == "<FILL> three four "  # the model saw "one two <FILL> three four"
+    # one pass over the template: what the client writes is never a field
+    tricky = sdk.completions.create(model="bytes_llm", prompt="{suffix} {prompt}", suffix="{prompt} x")
+    assert tricky.choices[0].text == "<FILL> {prompt} x "
     chunks = list(sdk.completions.create(model="bytes_llm", prompt="one two", suffix="three four", stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "<FILL> three four "
     for model, extra in [("tiny_chat", {}), ("bytes_llm", {"echo": True})]:

@@ -165,11 +165,12 @@ def _stream(name: str, text: str, step: int) -> tuple[str, dict[int, str], dict[
     assert parser is not None
     events = [e for i in range(0, len(text), step) for e in parser.feed(text[i:i + step])] + parser.finish()
     names = {e.index: e.text for e in events if e.kind == "call"}
-    arguments: dict[int, str] = {}
+    pieces: dict[int, list[str]] = {}
     for event in events:
         if event.kind == "arguments":
             assert event.index in names  # a call's name is sent before any of its arguments
-            arguments[event.index] = arguments.get(event.index, "") + event.text
+            pieces.setdefault(event.index, []).append(event.text)
+    arguments = {index: "".join(parts) for index, parts in pieces.items()}
     return "".join(e.text for e in events if e.kind == "content"), names, arguments, parser.calls
 
 
@@ -198,6 +199,19 @@ def test_hermes_streams_arguments_before_the_call_ends() -> None:
 def test_hermes_streamed_text_that_is_no_call_is_content(text: str) -> None:
     for step in (1, 4, 100):
         assert _stream("hermes", text, step) == (text, {}, {}, 0)
+
+
+def test_a_long_streamed_call_is_linear_work() -> None:
+    """A call near the parse bound, 8 characters a delta: its text is kept as pieces, scanned once (joining a growing
+    string on every delta made this minutes of copying)."""
+    import time
+
+    value = "x" * (tools.MAX_PARSED_CHARS - 100)
+    text = '<tool_call>{"name": "f", "arguments": {"v": "' + value + '"}}</tool_call>'
+    started = time.monotonic()
+    content, names, arguments, count = _stream("hermes", text, 8)
+    assert time.monotonic() - started < 15  # about a second on a loaded machine
+    assert (content, names, count) == ("", {0: "f"}, 1) and orjson.loads(arguments[0]) == {"v": value}
 
 
 def test_json_streamed_and_registered_parsers() -> None:
@@ -303,6 +317,41 @@ def test_models_that_cannot_embed_say_why() -> None:
         embeddings.embedding_model("x", ENCODER_INPUTS, ENCODER_OUTPUTS, {"tokenizer": "sentencepiece"}, 0)
     with pytest.raises(InvalidArgument, match="pooling 'max'"):
         embeddings.embedding_model("x", ENCODER_INPUTS, ENCODER_OUTPUTS, {"tokenizer": "bytes", "pooling": "max"}, 0)
+
+
+def test_many_first_requests_compile_and_load_once(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A burst of requests to a model not yet seen: one compile of its template and one load of its tokenizer.json
+    (each a fifth of a second or more), not one per request."""
+    from tokenizers import Tokenizer as Built
+    from tokenizers import models
+
+    from fastoip.server.http.openai import templates, tokenizers
+
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    built = Built(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    (tmp_path / "tokenizer.json").write_text(built.to_str())
+    chat_templates, model_tokenizers = templates.ChatTemplates(), tokenizers.ModelTokenizers()
+    compiled, loaded = [], []
+    compile_once, load_once = chat_templates._load, tokenizers._load
+
+    def counting_compile(*args):  # type: ignore[no-untyped-def]
+        compiled.append(1)
+        return compile_once(*args)
+
+    def counting_load(*args):  # type: ignore[no-untyped-def]
+        loaded.append(1)
+        return load_once(*args)
+
+    monkeypatch.setattr(chat_templates, "_load", counting_compile)
+    monkeypatch.setattr(tokenizers, "_load", counting_load)
+
+    async def burst() -> None:
+        results = await asyncio.gather(*(chat_templates.get(tmp_path) for _ in range(20)),
+                                       *(model_tokenizers.get(tmp_path, None) for _ in range(20)))
+        assert len({id(r) for r in results[:20]}) == 1 and len({id(r) for r in results[20:]}) == 1
+
+    asyncio.run(burst())
+    assert (len(compiled), len(loaded)) == (1, 1)
 
 
 def test_chat_templates_are_read_from_the_folder_and_bounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -130,45 +130,47 @@ class WholeTextStream:
 
     def __init__(self, parser: Parser, json_only: bool = False) -> None:
         self.parser = parser
-        self.json_only = json_only
-        self.text = ""
+        self.undecided = json_only  # (json) the first visible character is still to come
+        self.parts: list[str] = []
+        self.length = 0
         self.passing = False
         self.calls = 0
 
     def feed(self, delta: str) -> list[ToolEvent]:
         if self.passing:
             return [ToolEvent("content", delta)] if delta else []
-        self.text += delta
-        visible = self.text.lstrip()
-        if (self.json_only and visible and visible[0] not in "{[") or len(self.text) > MAX_PARSED_CHARS:
-            self.passing, text, self.text = True, self.text, ""
+        self.parts.append(delta)
+        self.length += len(delta)
+        opens = True
+        if self.undecided and delta.strip():
+            self.undecided = False
+            opens = delta.lstrip()[0] in "{["
+        if not opens or self.length > MAX_PARSED_CHARS:
+            self.passing, text, self.parts = True, "".join(self.parts), []
             return [ToolEvent("content", text)]
         return []
 
     def finish(self) -> list[ToolEvent]:
-        if self.passing or not self.text:
+        text = "".join(self.parts)
+        if self.passing or not text:
             return []
-        content, calls = self.parser(self.text)
+        content, calls = self.parser(text)
         self.calls = len(calls)
         return _whole_events(content, calls)
 
 
 class _ArgumentsScanner:
-    """Where a JSON object or array (a call's ``arguments``) ends, found as its text arrives."""
+    """Where a JSON object or array (a call's ``arguments``) ends, found piece by piece as its text arrives."""
 
-    __slots__ = ("depth", "in_string", "escaped", "scanned", "end")
+    __slots__ = ("depth", "in_string", "escaped", "ended")
 
     def __init__(self) -> None:
         self.depth = 0
-        self.in_string = self.escaped = False
-        self.scanned = 0
-        #: The index just past the value, once seen.
-        self.end = -1
+        self.in_string = self.escaped = self.ended = False
 
-    def scan(self, text: str) -> None:
-        while self.end < 0 and self.scanned < len(text):
-            char = text[self.scanned]
-            self.scanned += 1
+    def scan(self, piece: str) -> int:
+        """How much of ``piece`` belongs to the value (all of it, unless the value ends inside it)."""
+        for index, char in enumerate(piece):
             if self.in_string:
                 if self.escaped:
                     self.escaped = False
@@ -183,55 +185,69 @@ class _ArgumentsScanner:
             elif char in "}]":
                 self.depth -= 1
                 if self.depth == 0:
-                    self.end = self.scanned
+                    self.ended = True
+                    return index + 1
+        return len(piece)
 
 
 #: A call whose name comes first, then its arguments object: the name is sent once whole, the arguments as they come.
 CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=[{\[])')
+#: A call's head (up to its arguments' first character) is looked for in this many characters at most: past them
+#: the call is held and sent whole when it ends (a name is short; matching a growing text on every delta is not).
+MAX_HEAD_CHARS = 4096
 
 
 class _CallStream:
-    """One ``<tool_call>`` body as it arrives."""
+    """One ``<tool_call>`` body as it arrives: its text kept as pieces (joined once, at its end)."""
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.text = ""
+        self.parts: list[str] = []
+        self.length = 0
+        self.head = ""  # the text while the head is looked for
         self.sent = False  # anything of this call sent (it cannot be taken back)
-        self.arguments_at = -1
-        self.arguments_sent = 0
         self.scanner = _ArgumentsScanner()
 
     def feed(self, piece: str) -> list[ToolEvent]:
-        self.text += piece
-        events = []
-        if not self.sent:
-            head = CALL_HEAD.match(self.text)
-            if head is None:
-                return []
-            try:
-                name = orjson.loads(head.group(1))
-            except orjson.JSONDecodeError:
-                return []
-            self.sent = True
-            self.arguments_at = self.arguments_sent = head.end()
-            events.append(ToolEvent("call", name, self.index))
-        if self.arguments_at >= 0 and self.scanner.end < 0:
-            self.scanner.scan(self.text[self.arguments_at:])
-            upto = len(self.text) if self.scanner.end < 0 else self.arguments_at + self.scanner.end
-            if upto > self.arguments_sent:
-                events.append(ToolEvent("arguments", self.text[self.arguments_sent:upto], self.index))
-                self.arguments_sent = upto
-        return events
+        if not piece:
+            return []
+        self.parts.append(piece)
+        self.length += len(piece)
+        if self.sent:
+            return self._arguments(piece)
+        if len(self.head) > MAX_HEAD_CHARS:
+            return []
+        self.head += piece
+        match = CALL_HEAD.match(self.head)
+        if match is None:
+            return []
+        try:
+            name = orjson.loads(match.group(1))
+        except orjson.JSONDecodeError:
+            return []
+        self.sent = True
+        rest, self.head = self.head[match.end():], ""
+        return [ToolEvent("call", name, self.index), *self._arguments(rest)]
+
+    def _arguments(self, piece: str) -> list[ToolEvent]:
+        if self.scanner.ended or not piece:
+            return []
+        fragment = piece[: self.scanner.scan(piece)]
+        return [ToolEvent("arguments", fragment, self.index)] if fragment else []
 
     def end(self) -> list[ToolEvent] | None:
         """The rest of a finished call; None when it is no call (nothing of it was sent: it is content)."""
+        if self.sent:
+            return []  # all of it was sent (a call that does not parse after all stays as sent)
         try:
             call = _call_of(orjson.loads(self.text))
         except orjson.JSONDecodeError:
             call = None
-        if not self.sent:
-            return None if call is None else _whole_events(None, [call], self.index)
-        return []  # all of it was sent (a call that does not parse after all stays as sent)
+        return None if call is None else _whole_events(None, [call], self.index)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 class HermesStream:
@@ -283,7 +299,7 @@ class HermesStream:
                 self.buffer = self.buffer[len(self.buffer) - keep:]
                 if self.call.sent:  # the blank before a call is no content
                     self.blank = ""
-                if len(self.call.text) > MAX_PARSED_CHARS:  # bounded work: the rest is content
+                if self.call.length > MAX_PARSED_CHARS:  # bounded work: the rest is content
                     if not self.call.sent:
                         events += self._content(self.OPEN + self.call.text)
                     self.passing, self.call = True, None

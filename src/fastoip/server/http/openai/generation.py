@@ -30,6 +30,7 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ from ....wire.openai.stops import StopScanner
 from ....wire.openai.tokenizer import Tokenizer
 from ..model_call import ModelCall
 
+#: The fields of a model's ``fim_template``.
+FIM_FIELDS = re.compile(r"\{(prompt|suffix)\}")
 #: Responses a streamed call may hold unread before its request is cancelled (each is one delta, a few hundred bytes).
 STREAM_PENDING = 1024
 
@@ -124,10 +127,15 @@ def plan_completion(
         if not fim_template:
             raise BadParameter("suffix", f"model '{request.model}' does not fill in the middle: its config has no "
                                "'fim_template' parameter")
-        prompts = [fim_template.replace("{prompt}", p).replace("{suffix}", request.suffix) for p in prompts]
+        prompts = [_fill_in_the_middle(fim_template, p, request.suffix) for p in prompts]
         extra["suffix"] = request.suffix
     return Plan(request.model, request, prompts, chat=False, echo=request.echo, extra=extra, tokenizer=tokenizer,
                 **_tensors(core, request.model))
+
+
+def _fill_in_the_middle(template: str, prompt: str, suffix: str) -> str:
+    """One pass over the template: a "{suffix}" the client wrote in its prompt stays text."""
+    return FIM_FIELDS.sub(lambda field: prompt if field.group(1) == "prompt" else suffix, template)
 
 
 def plan_chat(

@@ -51,6 +51,7 @@ class ChatTemplates:
         #: folder -> (when its files were last looked at, their modification times, the template)
         self._cache: dict[Path, tuple[float, tuple[int, int], ChatTemplate]] = {}
         self._default: ChatTemplate | None = None
+        self._loading: dict[Path, asyncio.Future[ChatTemplate]] = {}
 
     async def get(self, directory: Path) -> ChatTemplate:
         cached = self._cache.get(directory)
@@ -61,7 +62,12 @@ class ChatTemplates:
         if cached is not None and cached[1] == stamp:
             self._cache[directory] = (now, stamp, cached[2])
             return cached[2]
-        template = await asyncio.get_running_loop().run_in_executor(None, self._load, directory, stamp)
+        loading = self._loading.get(directory)
+        if loading is None:  # one compile per folder at a time, however many requests wait for it
+            loading = asyncio.get_running_loop().run_in_executor(None, self._load, directory, stamp)
+            self._loading[directory] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(directory, None))
+        template = await asyncio.shield(loading)  # a client that leaves does not cancel the others' wait
         self._cache.pop(directory, None)
         if len(self._cache) >= MAX_CACHED:
             del self._cache[next(iter(self._cache))]

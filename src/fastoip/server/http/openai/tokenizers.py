@@ -39,6 +39,7 @@ class ModelTokenizers:
         #: folder -> (when its file was last looked at, its modification time, the tokenizer or None)
         self._cache: dict[Path, tuple[float, int, Tokenizer | None]] = {}
         self.huggingface = have_huggingface_tokenizers()
+        self._loading: dict[Path, asyncio.Future[HuggingFaceTokenizer]] = {}
 
     async def get(self, directory: Path, parameter: str | None) -> Tokenizer | None:
         if parameter == "bytes":
@@ -59,7 +60,12 @@ class ModelTokenizers:
         elif stamp < 0:
             tokenizer = None
         else:
-            tokenizer = await asyncio.get_running_loop().run_in_executor(None, _load, path)
+            loading = self._loading.get(directory)
+            if loading is None:  # one load per folder at a time, however many requests wait for it
+                loading = asyncio.get_running_loop().run_in_executor(None, _load, path)
+                self._loading[directory] = loading
+                loading.add_done_callback(lambda _: self._loading.pop(directory, None))
+            tokenizer = await asyncio.shield(loading)
         self._cache.pop(directory, None)
         if len(self._cache) >= MAX_CACHED:
             del self._cache[next(iter(self._cache))]
