@@ -85,6 +85,8 @@ class ChoiceState:
     call: ModelCall
     scanner: StopScanner
     text: str = ""
+    #: The text's pieces as they come (joined once at the end: adding to a string each time copies it each time).
+    parts: list[str] = field(default_factory=list)
     responses: int = 0
     output_tokens: int | None = None
     input_tokens: int | None = None
@@ -192,23 +194,26 @@ def _usage(plan: Plan, states: list[ChoiceState]) -> Usage:
         if state.output_tokens is not None:
             usage.completion_tokens += state.output_tokens
         else:
-            usage.completion_tokens += plan.tokenizer.count(state.text) if plan.tokenizer else state.responses
+            text = state.text or "".join(state.parts)
+            usage.completion_tokens += plan.tokenizer.count(text) if plan.tokenizer else state.responses
     return usage
 
 
 async def _gather(plan: Plan, state: ChoiceState) -> None:
     """Read one choice to its end (or its stop string)."""
+    parts = state.parts
     while True:
         response = await state.call.next()
         if response is None:
             break
         piece = contract.read_piece(plan.model, response)
         state.count(piece)
-        state.text += state.scanner.feed(piece.text)
+        parts.append(state.scanner.feed(piece.text))
         if state.scanner.stopped:
             state.call.close()
             break
-    state.text += state.scanner.flush()
+    parts.append(state.scanner.flush())
+    state.text = "".join(parts)
 
 
 async def complete(plan: Plan, states: list[ChoiceState], envelope: Envelope) -> bytes:
@@ -278,7 +283,7 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
         state.count(piece)
         delta = state.scanner.feed(piece.text)
         if plan.tokenizer is not None:  # kept to be counted at the end
-            state.text += delta
+            state.parts.append(delta)
         if parser is not None:
             for event in parser.feed(delta):
                 yield _tool_chunk(writer, index, event)
@@ -293,7 +298,7 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
             break
     rest = state.scanner.flush()
     if plan.tokenizer is not None:
-        state.text += rest
+        state.parts.append(rest)
     finish = state.finish_reason(plan.sampling.max_tokens)
     if parser is not None:
         for event in parser.feed(rest) + parser.finish():
