@@ -568,6 +568,14 @@ def test_async_client(server: ServerProcess) -> None:
             assert len(vectors.data) == 2
             models = await sdk.models.list()
             assert "tiny_chat" in {m.id async for m in models}
+            # token-id prompts, suffix and tokenizer counts, streamed through the async client
+            stream = await sdk.completions.create(model="hf_llm", prompt=[[2, 3, 4, 5]], stream=True,
+                                                  stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == "two three four "
+            assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 3)
+            filled = await sdk.completions.create(model="bytes_llm", prompt="a b", suffix="c")
+            assert filled.choices[0].text == "b <FILL> c "
 
     asyncio.run(run())
 
