@@ -63,7 +63,10 @@ command = [sys.executable, "-m", "fastoip.cli", "serve", "--host", "127.0.0.1",
            "--model-repository", args.model_repository, "--model-control-mode", args.model_control_mode,
            "--openai-port", str(args.openai_port), "--metrics-port", "-1", "--shutdown-grace", "0",
            # Triton loads Python models through its API; fastoip only when the operator allows it
-           "--model-control-allow-code"]
+           "--model-control-allow-code",
+           # Triton's frontend starts tritonserver.Server, whose exit_on_error is true: a --load-model that fails
+           # stops the start
+           "--exit-on-error", "true"]
 for model in args.load_model:
     command += ["--load-model", model]
 for apis, key, value in args.openai_restricted_api:

@@ -235,6 +235,11 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
     from .server.app import ServeOptions
 
     triton = triton_flags.resolve(args)
+    if args.load_model and args.model_control_mode != "explicit":  # tritonserver's words for both
+        raise triton_flags.FlagError("Error: Use of '--load-model' requires setting '--model-control-mode=explicit' "
+                                     "as well.")
+    if "*" in args.load_model and len(args.load_model) > 1:
+        raise triton_flags.FlagError("Wildcard model name '*' must be the ONLY startup model if specified at all.")
     if triton.model_repository is not None:
         from .repository.layout import model_folder_given_as_repository
 

@@ -73,6 +73,29 @@ TRITON_LLM_CONFIG = """
     output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1, -1 ] } ]
 """
 
+#: The same model with the ``bytes`` tokenizer (token-id prompts, usage counted in bytes) and a fill-in-the-middle
+#: template (``suffix``).
+BYTES_LLM_CONFIG = TRITON_LLM_CONFIG + """
+    parameters { key: "tokenizer" value: { string_value: "bytes" } }
+    parameters { key: "fim_template" value: { string_value: "{prompt} <FILL> {suffix}" } }
+"""
+
+
+def write_huggingface_llm(root: Path) -> None:
+    """``hf_llm``: the same model with a Hugging Face tokenizer.json (built here, no download) and a
+    tokenizer_config.json carrying the chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = "[UNK] <s> one two three four about rivers go tell me , !".split()
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()  # words and punctuation apart
+    tokenizer.add_special_tokens(["<s>"])
+    write_python_model(root, "hf_llm", TRITON_LLM, TRITON_LLM_CONFIG)
+    (root / "hf_llm" / "tokenizer.json").write_text(tokenizer.to_str())
+    (root / "hf_llm" / "tokenizer_config.json").write_bytes(orjson.dumps({
+        "bos_token": "<s>", "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}go"}))
+
+
 SLOW = """
     import asyncio
     import fastoip
@@ -113,6 +136,20 @@ FAILING_CONFIG = """
     output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
+#: A model that writes two tool calls a few characters at a time (as an LLM's tokens come), after some words.
+TOOL_STREAMER = """
+    import fastoip
+
+    TEXT = ('Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}'
+            '</tool_call><tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>')
+
+    class ToolStreamer(fastoip.Model):
+        async def predict(self, inputs, parameters):
+            for start in range(0, len(TEXT), 5):
+                yield {"text_output": [TEXT[start:start + 5]]}
+"""
+TOOL_STREAMER_CONFIG = FAILING_CONFIG
+
 USER = [{"role": "user", "content": "tell me about rivers"}]
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather",
                                                  "parameters": {"type": "object", "properties": {}}}}
@@ -126,6 +163,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = root / "slow.log"
     write_python_model(root, "slow", SLOW, SLOW_CONFIG.replace("LOG", str(log)))
     write_python_model(root, "failing", FAILING, FAILING_CONFIG)
+    write_python_model(root, "tool_streamer", TOOL_STREAMER, TOOL_STREAMER_CONFIG)
+    write_python_model(root, "bytes_llm", TRITON_LLM, BYTES_LLM_CONFIG)
+    write_huggingface_llm(root)
     process = ServerProcess(root, "--openai-port", "0", http=True)
     process._want.add("openai")
     with process:
@@ -386,7 +426,8 @@ def test_tool_calls(sdk: openai.OpenAI) -> None:
     assert orjson.loads(call.function.arguments) == {"query": "weather in Paris?"}
     chunks = list(sdk.chat.completions.create(model="tiny_chat", messages=asked, tools=[WEATHER_TOOL], stream=True))
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [c.function.name for c in calls] == ["get_weather"]
+    assert [c.function.name for c in calls if c.id] == ["get_weather"]
+    assert orjson.loads("".join(c.function.arguments for c in calls)) == {"query": "weather in Paris?"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
     # tool_choice reaches the model: it calls the function the request forces
     other = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
@@ -398,6 +439,57 @@ def test_tool_calls(sdk: openai.OpenAI) -> None:
     assert text.choices[0].message.tool_calls is None and "<tool_call>" in text.choices[0].message.content
 
 
+TWO_TOOLS = [WEATHER_TOOL, {"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+EXPECTED_CALLS = [("get_weather", {"city": "Paris", "days": [1, 2]}), ("get_time", {"zone": "CET"})]
+
+
+def _streamed_calls(chunks: list[Any]) -> tuple[str, list[tuple[str, Any]]]:
+    """OpenAI's streamed tool-call deltas put together as a client does, checking their order and form."""
+    content, names, arguments, fragments = "", {}, {}, 0
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            if call.id is not None:  # a call's first delta: its id, type and whole name
+                assert call.index not in names and call.type == "function" and call.function.name
+                names[call.index], arguments[call.index] = call.function.name, call.function.arguments or ""
+            else:
+                assert call.index in names and call.function.name is None
+                arguments[call.index] += call.function.arguments
+                fragments += 1
+    assert fragments > 2  # the arguments came in pieces, not whole at the end
+    return content, [(names[i], orjson.loads(arguments[i])) for i in sorted(names)]
+
+
+def test_tool_calls_stream_as_they_come(sdk: openai.OpenAI) -> None:
+    whole = sdk.chat.completions.create(model="tool_streamer", messages=USER, tools=TWO_TOOLS)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.function.name, orjson.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+        EXPECTED_CALLS
+    chunks = list(sdk.chat.completions.create(model="tool_streamer", messages=USER, tools=TWO_TOOLS, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+    assert _streamed_calls(chunks) == ("Checking.", EXPECTED_CALLS)
+    # the first call's name went before the model had written its second call
+    first_name = next(i for i, c in enumerate(chunks) if (c.choices[0].delta.tool_calls or [None])[0] is not None)
+    second_name = next(i for i, c in enumerate(chunks) for t in (c.choices[0].delta.tool_calls or [])
+                       if t.index == 1)
+    assert first_name < second_name - 2
+
+    async def run() -> None:
+        async with openai.AsyncOpenAI(base_url=str(sdk.base_url),
+                                      api_key="unused", max_retries=0) as client:
+            stream = await client.chat.completions.create(model="tool_streamer", messages=USER, tools=TWO_TOOLS,
+                                                          stream=True)
+            assert _streamed_calls([c async for c in stream]) == ("Checking.", EXPECTED_CALLS)
+
+    asyncio.run(run())
+    # without tools the same text is content, streamed as it came
+    plain = list(sdk.chat.completions.create(model="tool_streamer", messages=USER, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in plain).startswith("Checking. <tool_call>")
+
+
 def test_triton_python_model_serves_chat(sdk: openai.OpenAI) -> None:
     """A TritonPythonModel with mock_llm's tensors ([1, 1], text_output only): tokens counted by responses."""
     answer = sdk.completions.create(model="triton_llm", prompt="one two three four", max_tokens=16)
@@ -405,6 +497,63 @@ def test_triton_python_model_serves_chat(sdk: openai.OpenAI) -> None:
     assert answer.choices[0].finish_reason == "stop"
     chunks = list(sdk.chat.completions.create(model="triton_llm", messages=USER, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "about rivers <|assistant|> "
+
+
+def test_token_id_prompts_are_decoded_by_the_models_tokenizer(sdk: openai.OpenAI, server: ServerProcess) -> None:
+    ids = {"bytes_llm": ([b + 3 for b in b"one two three four"], [b + 3 for b in b"one two"]),
+           "hf_llm": ([2, 3, 4, 5], [2, 1, 3])}  # 1 is <s>: special, skipped
+    for model, (prompt, short) in ids.items():
+        answer = sdk.completions.create(model=model, prompt=prompt, max_tokens=16)
+        assert answer.choices[0].text == "two three four ", model
+        two = sdk.completions.create(model=model, prompt=[prompt, short], max_tokens=16)
+        assert [c.text for c in two.choices] == ["two three four ", "one two "], model
+    # no tokenizer, or an id past the vocabulary: 400 naming prompt
+    for model, prompt in [("triton_llm", [5, 6]), ("tiny_chat", [[5]]), ("bytes_llm", [259]), ("hf_llm", [[1], [99]])]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(model=model, prompt=prompt)
+        assert refused.value.body["param"] == "prompt", model  # type: ignore[index]
+    for bad in ([-1], [[]], [1, "a"], [[1], "a"], [True]):
+        answer = post(server, "/completions", {"model": "bytes_llm", "prompt": bad})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "prompt", bad
+
+
+def test_suffix_fills_in_the_middle_where_the_model_says_how(sdk: openai.OpenAI) -> None:
+    answer = sdk.completions.create(model="bytes_llm", prompt="one two", suffix="three four", max_tokens=16)
+    assert answer.choices[0].text == "<FILL> three four "  # the model saw "one two <FILL> three four"
+    # one pass over the template: what the client writes is never a field
+    tricky = sdk.completions.create(model="bytes_llm", prompt="{suffix} {prompt}", suffix="{prompt} x")
+    assert tricky.choices[0].text == "<FILL> {prompt} x "
+    chunks = list(sdk.completions.create(model="bytes_llm", prompt="one two", suffix="three four", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "<FILL> three four "
+    for model, extra in [("tiny_chat", {}), ("bytes_llm", {"echo": True})]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(model=model, prompt="x", suffix="y", **extra)
+        assert refused.value.body["param"] == "suffix", model  # type: ignore[index]
+
+
+def test_huggingface_tokenizer_counts_usage_and_its_config_gives_the_template(sdk: openai.OpenAI) -> None:
+    # mock_llm's shape reports no counts: the tokenizer.json counts them (words and punctuation apart)
+    answer = sdk.completions.create(model="hf_llm", prompt="one, two three, four", max_tokens=16)
+    assert answer.choices[0].text == "two three, four "
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (6, 4)
+    # the chat template of tokenizer_config.json, with its bos_token; the template's "go" ends the prompt
+    chat = sdk.chat.completions.create(model="hf_llm", messages=[{"role": "user", "content": "about rivers!"}])
+    assert chat.choices[0].message.content == "<s>about rivers! go "  # the model's last three words
+    # "<s>", "about", "rivers", "!", "go" (the prompt's words: 3); the answer is the same five
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (5, 5)
+    chunks = list(sdk.chat.completions.create(model="hf_llm", messages=[{"role": "user", "content": "about rivers!"}],
+                                              stream=True, stream_options={"include_usage": True}))
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 5)
+    # the bytes tokenizer counts bytes
+    counted = sdk.completions.create(model="bytes_llm", prompt="one two", max_tokens=16).usage
+    assert (counted.prompt_tokens, counted.completion_tokens) == (7, 8)
+
+
+def test_a_long_conversation_renders_off_the_loop_alike(sdk: openai.OpenAI) -> None:
+    """Over 32 KiB of content the chat template renders in the executor: the same prompt either way."""
+    long = [{"role": "user", "content": "word " * 10_000 + "one two"}]
+    answer = sdk.chat.completions.create(model="triton_llm", messages=long)
+    assert answer.choices[0].message.content == "one two <|assistant|> "
 
 
 def test_async_client(server: ServerProcess) -> None:
@@ -419,6 +568,14 @@ def test_async_client(server: ServerProcess) -> None:
             assert len(vectors.data) == 2
             models = await sdk.models.list()
             assert "tiny_chat" in {m.id async for m in models}
+            # token-id prompts, suffix and tokenizer counts, streamed through the async client
+            stream = await sdk.completions.create(model="hf_llm", prompt=[[2, 3, 4, 5]], stream=True,
+                                                  stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == "two three four "
+            assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 3)
+            filled = await sdk.completions.create(model="bytes_llm", prompt="a b", suffix="c")
+            assert filled.choices[0].text == "b <FILL> c "
 
     asyncio.run(run())
 
@@ -457,6 +614,30 @@ def test_disconnect_cancels_the_generation(server: ServerProcess) -> None:
     settled = len(log.read_text())
     time.sleep(1.0)
     assert len(log.read_text()) == settled < 2 * 2000
+
+
+def test_a_client_that_reads_nothing_gets_its_request_cancelled(server: ServerProcess) -> None:
+    """Back-pressure: a streamed client that stops reading does not make the server buffer the model's output
+    without bound: past a bounded number of unread responses the model's request is cancelled, with a log line."""
+    import socket
+
+    body = orjson.dumps({"model": "tiny_chat", "messages": USER, "stream": True, "max_tokens": 300_000})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's buffers fill soon
+    try:
+        sock.connect(("127.0.0.1", server.child.ports["openai"]))  # type: ignore[union-attr]
+        sock.sendall(head + body)
+        # it reads nothing: 300 000 words would take minutes to send and hundreds of MB to hold
+        assert wait_until(lambda: "client left 1024 responses unread" in server.output(), timeout=90), \
+            server.output()[-2000:]
+        assert "model 'tiny_chat'" in server.output()
+        # the server serves on meanwhile
+        answer = post(server, "/chat/completions", {"model": "tiny_chat", "messages": USER, "max_tokens": 2})
+        assert answer.status_code == 200
+    finally:
+        sock.close()
 
 
 # -- model control and restrictions ---------------------------------------------------------------------------

@@ -210,6 +210,19 @@ def test_exit_on_error_stops_a_start_with_a_broken_model(tmp_path: Path) -> None
     assert any("failed to load all models" in line and "broken" in line for line in proc.lines)
 
 
+def test_exit_on_error_stops_a_start_whose_startup_model_is_not_there(tmp_path: Path) -> None:
+    """tritonserver's words: its start-up poll of a --load-model the repository does not hold fails."""
+    write_repository(tmp_path)
+    proc = ServerProcess(tmp_path, "--exit-on-error=true", "--model-control-mode=explicit", "--load-model=simple",
+                         "--load-model=nonexistent_model", "--load-model=..")
+    with pytest.raises(Exception):  # noqa: B017 - the launcher's own error type; the output is checked below
+        proc.start(timeout=60)
+    proc.stop()
+    output = "".join(proc.lines)
+    assert "failed to poll model 'nonexistent_model': model not found in any model repository" in output
+    assert "failed to poll model '..': model not found in any model repository" in output  # never looked up
+
+
 @pytest.mark.parametrize("beside_an_empty_one", [False, True])
 def test_exit_on_error_false_serves_a_server_that_failed_to_initialize(
     tmp_path: Path, beside_an_empty_one: bool

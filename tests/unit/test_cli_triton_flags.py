@@ -55,3 +55,20 @@ def test_missing_repository_otherwise_stops_the_start(tmp_path: Path, exit_flag:
 
     with pytest.raises(FlagError, match="failed to stat file"):
         serve_options([f"--model-repository={tmp_path / 'xyzx'}", *exit_flag])
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--load-model", "m"], "Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well."),
+    (["--model-control-mode", "poll", "--load-model", "m"], "requires setting '--model-control-mode=explicit'"),
+    (["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "m"],
+     "Wildcard model name '*' must be the ONLY startup model if specified at all."),
+])
+def test_load_model_refusals_are_tritonservers(tmp_path: Path, flags: list[str], words: str) -> None:
+    """tritonserver's words (command_line_parser.cc, and its core for the wildcard; Triton's OpenAI frontend tests
+    read them)."""
+    from fastoip.triton_flags import FlagError
+
+    with pytest.raises(FlagError) as refused:
+        serve_options([f"--model-repository={tmp_path}", *flags])
+    assert words in str(refused.value)
+

@@ -3,6 +3,8 @@ the LLM tensor contract and the embedding tensors."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import orjson
 import pytest
@@ -63,6 +65,42 @@ def test_completion_choices_are_bounded() -> None:
     assert len(requests.parse_completion(body(model="m", prompt=["a"] * 4, n=32)).prompts) == 4
 
 
+def test_completion_token_prompts_and_suffix() -> None:
+    one = requests.parse_completion(body(model="m", prompt=[5, 6]))
+    assert (one.prompts, one.token_prompts) == ([], [[5, 6]])
+    assert requests.parse_completion(body(model="m", prompt=[[5], [6, 7]])).token_prompts == [[5], [6, 7]]
+    assert requests.parse_completion(body(model="m", prompt="a", suffix="b")).suffix == "b"
+    for bad in ([], [-1], [[]], [True], [[1], "a"], [1.5]):
+        with pytest.raises(BadParameter) as caught:
+            requests.parse_completion(body(model="m", prompt=bad))
+        assert caught.value.param == "prompt", bad
+    for members in ({"suffix": 3}, {"suffix": "b", "echo": True}):
+        with pytest.raises(BadParameter) as caught:
+            requests.parse_completion(body(model="m", prompt="a", **members))
+        assert caught.value.param == "suffix"
+    with pytest.raises(BadParameter, match="more than 128 choices"):
+        requests.parse_completion(body(model="m", prompt=[[1]] * 5, n=30))
+
+
+def test_tokenizers_decode_and_count() -> None:
+    from tokenizers import Tokenizer as Built
+    from tokenizers import models, pre_tokenizers
+
+    from fastoip.wire.openai.tokenizer import BytesTokenizer, HuggingFaceTokenizer
+
+    assert BytesTokenizer().decode([1, 3 + ord("h"), 3 + ord("i"), 2, 0]) == "hi"  # specials decode to nothing
+    assert BytesTokenizer().count("hé") == 3
+    with pytest.raises(ValueError, match="259"):
+        BytesTokenizer().decode([259])
+    built = Built(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2, "<s>": 3}, unk_token="[UNK]"))
+    built.pre_tokenizer = pre_tokenizers.Whitespace()
+    built.add_special_tokens(["<s>"])
+    loaded = HuggingFaceTokenizer.from_json(built.to_str())
+    assert loaded.decode([3, 1, 2]) == "a b" and loaded.count("a b, c") == 4
+    with pytest.raises(ValueError, match="4"):
+        loaded.decode([4])
+
+
 def test_embedding_inputs() -> None:
     assert requests.parse_embedding(body(model="m", input="a")).texts == ["a"]
     assert requests.parse_embedding(body(model="m", input=[1, 2])).tokens == [[1, 2]]
@@ -119,6 +157,70 @@ def test_parsers_are_pluggable_and_bounded() -> None:
     huge = "a" * (tools.MAX_PARSED_CHARS + 1)
     assert parser(huge) == (huge, [])
     assert tools.tool_call_parser("nope") is None
+
+
+def _stream(name: str, text: str, step: int) -> tuple[str, dict[int, str], dict[int, str], int]:
+    """Feed ``text`` to a streamed parser ``step`` characters at a time: content, names and arguments by call."""
+    parser = tools.tool_call_stream_parser(name)
+    assert parser is not None
+    events = [e for i in range(0, len(text), step) for e in parser.feed(text[i:i + step])] + parser.finish()
+    names = {e.index: e.text for e in events if e.kind == "call"}
+    pieces: dict[int, list[str]] = {}
+    for event in events:
+        if event.kind == "arguments":
+            assert event.index in names  # a call's name is sent before any of its arguments
+            pieces.setdefault(event.index, []).append(event.text)
+    arguments = {index: "".join(parts) for index, parts in pieces.items()}
+    return "".join(e.text for e in events if e.kind == "content"), names, arguments, parser.calls
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 13, 10_000])
+def test_hermes_streamed_matches_whole(step: int) -> None:
+    text = ('Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", "n": [1, {"a": 2}]}}'
+            '</tool_call>\n<tool_call>{"arguments": {}, "name": "g"}</tool_call>')
+    content, calls = tools.parse_hermes(text)
+    streamed, names, arguments, count = _stream("hermes", text, step)
+    assert streamed == content and count == len(calls) == 2
+    assert [names[i] for i in range(2)] == [c["name"] for c in calls]
+    assert [orjson.loads(arguments[i]) for i in range(2)] == [orjson.loads(c["arguments"]) for c in calls]
+
+
+def test_hermes_streams_arguments_before_the_call_ends() -> None:
+    parser = tools.HermesStream()
+    assert parser.feed("<tool_call>") == []
+    assert [(e.kind, e.text) for e in parser.feed('{"name": "f", "argum')] == []
+    assert [(e.kind, e.text) for e in parser.feed('ents": {"q": "par')] == [("call", "f"), ("arguments", '{"q": "par')]
+    assert [(e.kind, e.text) for e in parser.feed('is"}}</tool')] == [("arguments", 'is"}')]
+    assert parser.feed("_call>") == [] and parser.finish() == [] and parser.calls == 1
+
+
+@pytest.mark.parametrize("text", ["plain text < not a tag <tool_cal", "x <tool_call>{broken</tool_call> y",
+                                  "ends inside <tool_call>{\"nam", "  spaced  "])
+def test_hermes_streamed_text_that_is_no_call_is_content(text: str) -> None:
+    for step in (1, 4, 100):
+        assert _stream("hermes", text, step) == (text, {}, {}, 0)
+
+
+def test_a_long_streamed_call_is_linear_work() -> None:
+    """A call near the parse bound, 8 characters a delta: its text is kept as pieces, scanned once (joining a growing
+    string on every delta made this minutes of copying)."""
+    import time
+
+    value = "x" * (tools.MAX_PARSED_CHARS - 100)
+    text = '<tool_call>{"name": "f", "arguments": {"v": "' + value + '"}}</tool_call>'
+    started = time.monotonic()
+    content, names, arguments, count = _stream("hermes", text, 8)
+    assert time.monotonic() - started < 15  # about a second on a loaded machine
+    assert (content, names, count) == ("", {0: "f"}, 1) and orjson.loads(arguments[0]) == {"v": value}
+
+
+def test_json_streamed_and_registered_parsers() -> None:
+    assert _stream("json", '  {"name": "f", "parameters": {"a": 1}}', 3)[1:] == ({0: "f"}, {0: '{"a":1}'}, 1)
+    parser = tools.tool_call_stream_parser("json")
+    assert parser is not None and parser.feed("hello") == [tools.ToolEvent("content", "hello")]  # sent at once
+    tools.register_tool_call_parser("upper", lambda text: (None, [{"name": text.upper(), "arguments": "{}"}]))
+    assert _stream("upper", "abc", 1)[1:] == ({0: "ABC"}, {0: "{}"}, 1)  # held, parsed whole at the end
+    assert tools.tool_call_stream_parser("nope") is None
 
 
 # -- chat templates ----------------------------------------------------------------------------------------
@@ -217,12 +319,56 @@ def test_models_that_cannot_embed_say_why() -> None:
         embeddings.embedding_model("x", ENCODER_INPUTS, ENCODER_OUTPUTS, {"tokenizer": "bytes", "pooling": "max"}, 0)
 
 
+def test_many_first_requests_compile_and_load_once(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A burst of requests to a model not yet seen: one compile of its template and one load of its tokenizer.json
+    (each a fifth of a second or more), not one per request."""
+    from tokenizers import Tokenizer as Built
+    from tokenizers import models
+
+    from fastoip.server.http.openai import templates, tokenizers
+
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    built = Built(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    (tmp_path / "tokenizer.json").write_text(built.to_str())
+    chat_templates, model_tokenizers = templates.ChatTemplates(), tokenizers.ModelTokenizers()
+    compiled, loaded = [], []
+    compile_once, load_once = chat_templates._load, tokenizers._load
+
+    def counting_compile(*args):  # type: ignore[no-untyped-def]
+        compiled.append(1)
+        return compile_once(*args)
+
+    def counting_load(*args):  # type: ignore[no-untyped-def]
+        loaded.append(1)
+        return load_once(*args)
+
+    monkeypatch.setattr(chat_templates, "_load", counting_compile)
+    monkeypatch.setattr(tokenizers, "_load", counting_load)
+
+    async def burst() -> None:
+        results = await asyncio.gather(*(chat_templates.get(tmp_path) for _ in range(20)),
+                                       *(model_tokenizers.get(tmp_path, None) for _ in range(20)))
+        assert len({id(r) for r in results[:20]}) == 1 and len({id(r) for r in results[20:]}) == 1
+
+    asyncio.run(burst())
+    assert (len(compiled), len(loaded)) == (1, 1)
+
+
 def test_chat_templates_are_read_from_the_folder_and_bounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from fastoip.server.http.openai import templates
 
     monkeypatch.setattr(templates, "MAX_CACHED", 2)
     monkeypatch.setattr(templates, "RECHECK_S", 0.0)
-    cache = templates.ChatTemplates()
+    chat_templates = templates.ChatTemplates()
+
+    class Cache:  # the templates compile in the executor: each get on a loop of its own
+        _cache = chat_templates._cache
+
+        @staticmethod
+        def get(folder):  # type: ignore[no-untyped-def]
+            return asyncio.run(chat_templates.get(folder))
+
+    cache = Cache()
     folders = []
     for index in range(3):
         folder = tmp_path / str(index)

@@ -204,9 +204,17 @@ class ServerApp:
             cuda.set_pinned_pool_size(options.pinned_pool_bytes)
         self.core.load_models()
         if options.exit_on_error:
-            failed = sorted(entry.name for entry in self.core.repository_index() if entry.state == "UNAVAILABLE")
+            index = self.core.repository_index()
+            failed = sorted(entry.name for entry in index if entry.state == "UNAVAILABLE")
+            # a --load-model name the repository does not hold: Triton's words (its start-up poll fails)
+            known = {entry.name for entry in index}
+            missing = [name for name in options.load_models if name != "*" and name not in known]
+            problems = [("Invalid model name ''" if not name else
+                         f"failed to poll model '{name}': model not found in any model repository") for name in missing]
             if failed:
-                raise RuntimeError(f"failed to load all models ({', '.join(failed)}); --exit-on-error=true")
+                problems.append(f"failed to load all models ({', '.join(failed)})")
+            if problems:
+                raise RuntimeError(f"{'; '.join(problems)}; --exit-on-error=true")
 
     def _listeners(self) -> list[tuple[str, str, int]]:
         """(flag, host, port) of each listener this server will open."""

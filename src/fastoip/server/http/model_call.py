@@ -4,26 +4,35 @@ The call runs through ``Core.start`` with a response sink, so a decoupled model'
 produced and the loop never waits on a model; ``close()`` cancels a call still running (a client that went
 away, a stop string met), which stops a decoupled model's generation.  Used by generate / generate_stream and by
 the OpenAI routes (one wrapper for both).
+
+Back-pressure: with ``max_pending``, at most that many responses wait unread; one more (the reader, a stream's
+writer blocked on a client that reads nothing, fell that far behind) cancels the call with a log line, and the
+reader gets a 429 error after the responses it had.  A model cannot be paused, so it is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from ...core import Core, FinishedCall, on_loop
-from ...errors import InferenceError
+from ...errors import InferenceError, ResourceExhausted
 from ...types import InferRequest, InferResponse
 
 #: A response, the call's error, or None (no more answers).
 Answer = InferResponse | InferenceError | None
+log = logging.getLogger("fastoip.http")
 
 
 class ModelCall:
     """A started request whose answers are awaited one by one."""
 
-    def __init__(self, core: Core, request: InferRequest) -> None:
+    def __init__(self, core: Core, request: InferRequest, max_pending: int = 0) -> None:
         self.queue: asyncio.Queue[Answer] = asyncio.Queue()
-        hop = on_loop(asyncio.get_running_loop(), self.queue.put_nowait)
+        self.max_pending = max_pending
+        self.overflowed = False
+        self.model = request.model_name
+        hop = on_loop(asyncio.get_running_loop(), self._put if max_pending else self.queue.put_nowait)
 
         def on_response(job: FinishedCall, response: InferResponse) -> None:
             hop(response)
@@ -37,6 +46,22 @@ class ModelCall:
 
         self.ticket = core.start(request, None, on_done, on_response)
         self.ended = False
+
+    def _put(self, answer: Answer) -> None:
+        if self.overflowed:
+            return
+        if self.queue.qsize() >= self.max_pending and isinstance(answer, InferResponse):
+            self.overflowed = True
+            if not self.ticket.finished:
+                self.ticket.cancel()
+            log.warning("model '%s': a streamed request was cancelled: its client left %d responses unread",
+                        self.model, self.max_pending)
+            answer = ResourceExhausted(f"the client read too slowly: {self.max_pending} responses of model "
+                                       f"'{self.model}' waited unread, so its request was cancelled")
+            self.queue.put_nowait(answer)
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(answer)
 
     async def get(self) -> Answer:
         """The next answer as it came: a response, the call's error, or None at the end."""

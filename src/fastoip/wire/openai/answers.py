@@ -92,15 +92,9 @@ class Envelope:
                 "system_fingerprint": None}
 
 
-def tool_calls_json(calls: list[dict[str, str]], streamed: bool = False) -> list[dict[str, Any]]:
-    out = []
-    for index, call in enumerate(calls):
-        item: dict[str, Any] = {"id": new_id("call"), "type": "function",
-                                "function": {"name": call["name"], "arguments": call["arguments"]}}
-        if streamed:
-            item["index"] = index
-        out.append(item)
-    return out
+def tool_calls_json(calls: list[dict[str, str]]) -> list[dict[str, Any]]:
+    return [{"id": new_id("call"), "type": "function",
+             "function": {"name": call["name"], "arguments": call["arguments"]}} for call in calls]
 
 
 def completion_json(envelope: Envelope, choices: list[Choice], usage: Usage, echo_offset: int = 0) -> bytes:
@@ -138,7 +132,7 @@ class ChunkWriter:
         self.kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(self, index: int, text: str | None = None, *, role: bool = False, finish_reason: str | None = None,
-              tool_calls: list[dict[str, str]] | None = None, logprobs: TokenLogprobs | None = None) -> bytes:
+              logprobs: TokenLogprobs | None = None) -> bytes:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": None}
         if self.chat:
             delta: dict[str, Any] = {}
@@ -146,8 +140,6 @@ class ChunkWriter:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            if tool_calls:
-                delta["tool_calls"] = tool_calls_json(tool_calls, streamed=True)
             choice["delta"] = delta
             if logprobs is not None:
                 choice["logprobs"] = logprobs.chat_json()
@@ -157,6 +149,20 @@ class ChunkWriter:
                 choice["logprobs"] = logprobs.completion_json()
         body = self.envelope.head(self.kind)
         body["choices"] = [choice]
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def tool_call(self, index: int, call: int, name: str | None = None, arguments: str = "") -> bytes:
+        """A streamed call's delta: its start (``name`` given: ``index``, ``id``, the whole name) or an
+        ``arguments`` fragment."""
+        item: dict[str, Any] = {"index": call}
+        if name is not None:
+            item.update(id=new_id("call"), type="function", function={"name": name, "arguments": arguments})
+        else:
+            item["function"] = {"arguments": arguments}
+        body = self.envelope.head(self.kind)
+        body["choices"] = [{"index": index, "delta": {"tool_calls": [item]}, "finish_reason": None, "logprobs": None}]
         if self.include_usage:
             body["usage"] = None
         return sse(body)

@@ -13,8 +13,10 @@ Rules (OpenAI's API reference; vLLM's and Triton's frontends where OpenAI leaves
   assistant's tool calls) or a list of text parts (joined; other part types are refused: no model here
   takes images).  ``tools``: a list of ``{"type": "function", "function": {"name", ...}}``; ``tool_choice``:
   ``none`` / ``auto`` / ``required`` or ``{"type": "function", "function": {"name"}}`` naming a given tool.
-- Completions ``prompt``: a string or a list of strings (one choice group each); ``echo``; ``logprobs`` an
-  integer 0 to 5.  Chat ``logprobs`` is a boolean, ``top_logprobs`` 0 to 20 and needs ``logprobs``.
+- Completions ``prompt``: a string, a list of strings (one choice group each), a list of token ids or a list of
+  token-id lists (ids are non-negative integers; the model's tokenizer decodes them, or they are refused, later);
+  ``suffix`` a string (not with ``echo``); ``echo``; ``logprobs`` an integer 0 to 5.  Chat ``logprobs`` is a
+  boolean, ``top_logprobs`` 0 to 20 and needs ``logprobs``.
 - Embeddings ``input``: a string, a list of strings, a list of token ids or a list of token-id lists, none
   empty, at most 2048 items; ``encoding_format`` ``float`` or ``base64``; ``dimensions`` at least 1.
 """
@@ -77,6 +79,9 @@ class Sampling:
 @dataclass
 class CompletionRequest(Sampling):
     prompts: list[str] = field(default_factory=list)
+    #: The prompts as token ids (the token-id forms; ``prompts`` is empty until they are decoded).
+    token_prompts: list[list[int]] | None = None
+    suffix: str | None = None
     echo: bool = False
 
 
@@ -158,14 +163,24 @@ def parse_completion(body: bytes) -> CompletionRequest:
         record.prompts = [prompt]
     elif type(prompt) is list and prompt and all(type(p) is str for p in prompt):
         record.prompts = prompt
+    elif type(prompt) is list and prompt and _token_ids(prompt):
+        record.token_prompts = [prompt]
+    elif type(prompt) is list and prompt and all(type(p) is list and p and _token_ids(p) for p in prompt):
+        record.token_prompts = prompt
     else:
-        raise fields.bad("prompt", "a string or a non-empty list of strings (token-id prompts need a tokenizer)")
-    if len(record.prompts) * record.n > MAX_CHOICES:
-        raise BadParameter("prompt", f"{len(record.prompts)} prompts times n={record.n} make more than "
-                           f"{MAX_CHOICES} choices")
-    if fields.doc.get("suffix") is not None:
-        raise BadParameter("suffix", "'suffix' is not supported: no model here fills in the middle")
+        raise fields.bad("prompt", "a string, a list of strings, a list of token ids or a list of token-id lists, "
+                         "none of them empty")
+    count = len(record.prompts or record.token_prompts or ())
+    if count * record.n > MAX_CHOICES:
+        raise BadParameter("prompt", f"{count} prompts times n={record.n} make more than {MAX_CHOICES} choices")
+    record.suffix = fields.optional_str("suffix")
+    if record.suffix is not None and record.echo:
+        raise BadParameter("suffix", "'suffix' and 'echo' cannot be used together")
     return record
+
+
+def _token_ids(values: list[Any]) -> bool:
+    return all(type(v) is int and v >= 0 for v in values)
 
 
 def parse_chat(body: bytes) -> ChatRequest:

@@ -8,11 +8,21 @@ Rules:
   met, the call is cancelled.  ``finish_reason`` is ``stop``, or ``length`` when the model's output token count
   (or, when it gives none, its responses: one token each) reaches ``max_tokens``, or ``tool_calls``.
 - Tool calls: with ``tools`` given and ``tool_choice`` not ``none``, the model's text goes through its tool-call
-  parser (config parameter ``tool_call_parser``, ``hermes`` by default); a streamed answer then holds the text
-  back until the model ends, to send either content or the calls.
+  parser (config parameter ``tool_call_parser``, ``hermes`` by default); a streamed answer through the parser's
+  streamed form (:mod:`fastoip.wire.openai.tools`): content as it comes, each call's name then its arguments'
+  fragments, and one ``finish_reason``: ``tool_calls`` when a call was sent.
 - Usage: the prompt tokens are what the model reports (``num_input_tokens``), counted once per prompt, else the
-  prompt's whitespace-separated words; the completion tokens are ``num_output_tokens`` summed, else responses.
+  model's tokenizer's count of the prompt (:mod:`.tokenizers`), else its whitespace-separated words; the
+  completion tokens are ``num_output_tokens`` summed, else the tokenizer's count of the text, else responses.
+- Completions: token-id prompts are decoded by the model's tokenizer (none: 400 naming ``prompt``); ``suffix``
+  needs the model's ``fim_template`` config parameter (its ``{prompt}`` and ``{suffix}`` replaced: the model's
+  fill-in-the-middle prompt; none: 400 naming ``suffix``), and reaches the model as the request parameter
+  ``suffix`` too.
 - The usage of every answer is added to the inference gateway's token counters (``fastoip.metrics.gateway``).
+- Back-pressure: a streamed call holds at most :data:`STREAM_PENDING` responses its client has not taken (the
+  HTTP server stops taking chunks while the socket's buffers are full); past that its model's request is
+  cancelled (:class:`..model_call.ModelCall`).  Choices after the first are streamed after it, so theirs may
+  also hold ``max_tokens`` responses meanwhile (no more than the non-streamed answer would hold).
 - Streamed: the answer's status is decided by the first choice's first answer (an error there is an ordinary
   error response); a failure later is one ``data: {"error": ...}`` event, then ``[DONE]``.  The client going
   away closes the generator, which cancels every call still running.
@@ -20,6 +30,7 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +43,16 @@ from ....metrics.gateway import TOKENS
 from ....types import InferResponse
 from ....wire.openai import answers, contract, tools
 from ....wire.openai.answers import Choice, ChunkWriter, Envelope, TokenLogprobs, Usage
-from ....wire.openai.errors import error_of
+from ....wire.openai.errors import BadParameter, error_of
 from ....wire.openai.requests import ChatRequest, CompletionRequest, Sampling
 from ....wire.openai.stops import StopScanner
+from ....wire.openai.tokenizer import Tokenizer
 from ..model_call import ModelCall
+
+#: The fields of a model's ``fim_template``.
+FIM_FIELDS = re.compile(r"\{(prompt|suffix)\}")
+#: Responses a streamed call may hold unread before its request is cancelled (each is one delta, a few hundred bytes).
+STREAM_PENDING = 1024
 
 
 @dataclass
@@ -49,10 +66,14 @@ class Plan:
     chat: bool
     echo: bool = False
     parser: tools.Parser | None = None
+    #: The tool-call parser's name (a streamed choice makes its own streamed parser of it).
+    parser_name: str = ""
     declared: contract.Declared = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
-    #: Request parameters beside the sampling ones (a chat's ``tool_choice``).
+    #: Request parameters beside the sampling ones (a chat's ``tool_choice``, a completion's ``suffix``).
     extra: dict[str, str] = field(default_factory=dict)
+    #: The model's tokenizer, where it has one (usage counts).
+    tokenizer: Tokenizer | None = None
 
 
 @dataclass
@@ -64,6 +85,8 @@ class ChoiceState:
     call: ModelCall
     scanner: StopScanner
     text: str = ""
+    #: The text's pieces as they come (joined once at the end: adding to a string each time copies it each time).
+    parts: list[str] = field(default_factory=list)
     responses: int = 0
     output_tokens: int | None = None
     input_tokens: int | None = None
@@ -88,20 +111,46 @@ class ChoiceState:
         return "length" if produced >= max_tokens else "stop"
 
 
-def plan_completion(core: Core, request: CompletionRequest) -> Plan:
-    return Plan(request.model, request, request.prompts, chat=False, echo=request.echo,
+def plan_completion(
+    core: Core, request: CompletionRequest, tokenizer: Tokenizer | None, fim_template: str | None
+) -> Plan:
+    prompts = request.prompts
+    if request.token_prompts is not None:
+        if tokenizer is None:
+            raise BadParameter("prompt", f"model '{request.model}' has no tokenizer to decode token ids: give it "
+                               "'tokenizer: bytes' or a tokenizer.json, or send text")
+        try:
+            prompts = [tokenizer.decode(ids) for ids in request.token_prompts]
+        except ValueError as exc:
+            raise BadParameter("prompt", f"'prompt' holds a token id model '{request.model}' cannot decode: "
+                               f"{exc}") from None
+    extra = {}
+    if request.suffix is not None:
+        if not fim_template:
+            raise BadParameter("suffix", f"model '{request.model}' does not fill in the middle: its config has no "
+                               "'fim_template' parameter")
+        prompts = [_fill_in_the_middle(fim_template, p, request.suffix) for p in prompts]
+        extra["suffix"] = request.suffix
+    return Plan(request.model, request, prompts, chat=False, echo=request.echo, extra=extra, tokenizer=tokenizer,
                 **_tensors(core, request.model))
 
 
-def plan_chat(core: Core, request: ChatRequest, prompt: str, parser_name: str) -> Plan:
+def _fill_in_the_middle(template: str, prompt: str, suffix: str) -> str:
+    """One pass over the template: a "{suffix}" the client wrote in its prompt stays text."""
+    return FIM_FIELDS.sub(lambda field: prompt if field.group(1) == "prompt" else suffix, template)
+
+
+def plan_chat(
+    core: Core, request: ChatRequest, prompt: str, parser_name: str, tokenizer: Tokenizer | None = None
+) -> Plan:
     parser = None
     if request.tools and request.tool_choice != "none":
         parser = tools.tool_call_parser(parser_name)
         if parser is None:
             raise InternalError(f"model '{request.model}' names tool_call_parser '{parser_name}'; this server has "
                                 f"{', '.join(sorted(tools.PARSERS))}")
-    return Plan(request.model, request, [prompt], chat=True, parser=parser, extra=request.model_parameters(),
-                **_tensors(core, request.model))
+    return Plan(request.model, request, [prompt], chat=True, parser=parser, parser_name=parser_name,
+                extra=request.model_parameters(), tokenizer=tokenizer, **_tensors(core, request.model))
 
 
 def _tensors(core: Core, model: str) -> dict[str, Any]:
@@ -121,7 +170,10 @@ def start_choices(core: Core, plan: Plan, request_id: str) -> list[ChoiceState]:
                     plan.model, plan.declared, plan.outputs, prompt, sampling.stream, sampling.parameters(seed),
                     request_id, plan.extra,
                 )
-                call = ModelCall(core, infer)
+                pending = 0
+                if sampling.stream:
+                    pending = STREAM_PENDING + (sampling.max_tokens if states else 0)
+                call = ModelCall(core, infer, pending)
                 states.append(ChoiceState(len(states), prompt_index, call, StopScanner(sampling.stop)))
     except BaseException:
         for state in states:
@@ -134,25 +186,34 @@ def _usage(plan: Plan, states: list[ChoiceState]) -> Usage:
     usage = Usage()
     for prompt_index, prompt in enumerate(plan.prompts):
         counted = [s.input_tokens for s in states if s.prompt_index == prompt_index and s.input_tokens is not None]
-        usage.prompt_tokens += counted[0] if counted else len(prompt.split())
+        if counted:
+            usage.prompt_tokens += counted[0]
+        else:
+            usage.prompt_tokens += plan.tokenizer.count(prompt) if plan.tokenizer else len(prompt.split())
     for state in states:
-        usage.completion_tokens += state.output_tokens if state.output_tokens is not None else state.responses
+        if state.output_tokens is not None:
+            usage.completion_tokens += state.output_tokens
+        else:
+            text = state.text or "".join(state.parts)
+            usage.completion_tokens += plan.tokenizer.count(text) if plan.tokenizer else state.responses
     return usage
 
 
 async def _gather(plan: Plan, state: ChoiceState) -> None:
     """Read one choice to its end (or its stop string)."""
+    parts = state.parts
     while True:
         response = await state.call.next()
         if response is None:
             break
         piece = contract.read_piece(plan.model, response)
         state.count(piece)
-        state.text += state.scanner.feed(piece.text)
+        parts.append(state.scanner.feed(piece.text))
         if state.scanner.stopped:
             state.call.close()
             break
-    state.text += state.scanner.flush()
+    parts.append(state.scanner.flush())
+    state.text = "".join(parts)
 
 
 async def complete(plan: Plan, states: list[ChoiceState], envelope: Envelope) -> bytes:
@@ -211,7 +272,7 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
         yield writer.chunk(index, "", role=True)
     elif plan.echo:
         yield writer.chunk(index, plan.prompts[state.prompt_index])
-    held = plan.parser is not None  # tool calls: the text is parsed whole, at the end
+    parser = tools.tool_call_stream_parser(plan.parser_name) if plan.parser is not None else None
     while True:
         response, state.pending = state.pending, None
         if response is None:
@@ -221,8 +282,11 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
         piece = contract.read_piece(plan.model, response)
         state.count(piece)
         delta = state.scanner.feed(piece.text)
-        if held:
-            state.text += delta
+        if plan.tokenizer is not None:  # kept to be counted at the end
+            state.parts.append(delta)
+        if parser is not None:
+            for event in parser.feed(delta):
+                yield _tool_chunk(writer, index, event)
         elif delta:
             lp = None
             if piece.logprobs is not None:
@@ -233,17 +297,22 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
             state.call.close()
             break
     rest = state.scanner.flush()
+    if plan.tokenizer is not None:
+        state.parts.append(rest)
     finish = state.finish_reason(plan.sampling.max_tokens)
-    if held:
-        assert plan.parser is not None
-        content, calls = plan.parser(state.text + rest)
-        if calls:
-            if content:
-                yield writer.chunk(index, content)
-            yield writer.chunk(index, tool_calls=calls)
+    if parser is not None:
+        for event in parser.feed(rest) + parser.finish():
+            yield _tool_chunk(writer, index, event)
+        if parser.calls:
             finish = "tool_calls"
-        elif state.text + rest:
-            yield writer.chunk(index, state.text + rest)
     elif rest:
         yield writer.chunk(index, rest)
     yield writer.chunk(index, finish_reason=finish)
+
+
+def _tool_chunk(writer: ChunkWriter, index: int, event: tools.ToolEvent) -> bytes:
+    if event.kind == "content":
+        return writer.chunk(index, event.text)
+    if event.kind == "call":
+        return writer.tool_call(index, event.index, name=event.text)
+    return writer.tool_call(index, event.index, arguments=event.text)
