@@ -26,10 +26,11 @@ Rules:
   reserved prefix, without saying whether the object exists or how large it is.
   A refusal for a bad offset or size does not state the object's size either.
 - Registrations are bounded: :data:`REGION_LIMIT` in all and
-  :data:`REGION_LIMIT_PER_CLIENT` per client (its address), both below the
-  SIGBUS guard's 4,096 mappings, so one client cannot take the table from the
-  others or from the Python workers' segments; past either the answer is
-  RESOURCE_EXHAUSTED (HTTP 429) at once.
+  :data:`REGION_LIMIT_PER_CLIENT` per client (its address) by default
+  (``--shared-memory-max-regions``, ``--shared-memory-max-regions-per-client``),
+  at most :data:`REGION_LIMIT_CEILING`, below the SIGBUS guard's 4,096
+  mappings, so one client cannot take the table from the others; past either
+  the answer is RESOURCE_EXHAUSTED (HTTP 429) at once.
 - A CUDA region is another process's cudaMalloc allocation, opened from its
   cudaIPC handle on the client's device.  Inputs in it stay there (a
   ``DeviceArray`` that ORT reads in place) when the model says it reads device
@@ -63,10 +64,13 @@ BYTE_SIZE = "shared_memory_byte_size"
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
 #: Keys of fastoip's own objects (the Python workers' tensor segments, ``fastoip-pyw-*``): never a client's.
 OWN_KEY_PREFIX = "fastoip-"
-#: Regions registered at once (system and CUDA), and per client: below the SIGBUS guard's 4,096 mappings, which
-#: the Python workers' segments use too.
+#: Regions registered at once (system and CUDA), and per client, by default (``--shared-memory-max-regions``,
+#: ``--shared-memory-max-regions-per-client``): below the SIGBUS guard's 4,096 mappings.
 REGION_LIMIT = 1024
 REGION_LIMIT_PER_CLIENT = 256
+#: The most ``--shared-memory-max-regions`` may say: half the SIGBUS guard's table (``_shmguard.h``), whatever
+#: else maps under the guard keeps the rest.
+REGION_LIMIT_CEILING = 2048
 
 
 @dataclass

@@ -181,6 +181,37 @@ def test_a_grpc_client_is_bounded_by_its_address_on_either_frontend(tmp_path: Pa
         shm.destroy_shared_memory_region(handle)
 
 
+def test_the_registration_bounds_are_flags_over_grpc_and_http(tmp_path: Path) -> None:
+    """``--shared-memory-max-regions 3 --shared-memory-max-regions-per-client 2``: a client's third registration
+    is refused (gRPC RESOURCE_EXHAUSTED, HTTP 429), another client's fourth in all too; the defaults are 1024/256."""
+    write_model(tmp_path, "identity_small", identity_model_bytes(TensorProto.FLOAT, [4]), config="max_batch_size: 8\n")
+    key = f"/segments_flags_{os.getpid()}"
+    handle = shm.create_shared_memory_region("flags", key, 64)
+    try:
+        with ServerProcess(tmp_path, "--shared-memory-max-regions", "3", "--shared-memory-max-regions-per-client",
+                           "2", http=True) as server:
+            client = grpcclient.InferenceServerClient(server.grpc_url)  # 127.0.0.1
+            client.register_system_shared_memory("g1", key, 64)
+            client.register_system_shared_memory("g2", key, 64)
+            with pytest.raises(InferenceServerException) as caught:
+                client.register_system_shared_memory("g3", key, 64)
+            assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert "already has 2 regions registered, the most one client may" in caught.value.message()
+            status, body, conn = _http_register(server.http_port, "h1", key, "127.0.0.1")
+            assert status == 429 and "the most one client may" in json.loads(body)["error"]
+            conn.close()
+            status, body, conn = _http_register(server.http_port, "other1", key, "127.0.0.2")
+            assert status == 200, body  # another client: the third region in all
+            status, body, _ = _http_register(server.http_port, "other2", key, "127.0.0.2", conn)
+            conn.close()
+            assert status == 429  # the fourth in all
+            assert "the server holds 3 shared memory regions, the most it takes" in json.loads(body)["error"]
+            client.unregister_system_shared_memory("g1")
+            client.register_system_shared_memory("g1_again", key, 64)  # room made, room taken
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
 # -- a 64 MB /dev/shm ---------------------------------------------------------------------------------------
 
 
