@@ -80,10 +80,15 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--python-shm-pool", type=int, default=int(_env("PYTHON_SHM_POOL", str(16 * 1024 * 1024))),
                    metavar="BYTES",
-                   help="the most /dev/shm each process (the server, each Python model's worker) keeps in reusable "
-                        "tensor segments; idle ones are removed after a second, larger tensors take one-shot "
-                        "segments (default 16 MiB: the server and one worker leave half of Docker's 64 MB /dev/shm "
-                        "for those; 0: no pool)")
+                   help="the most shared memory each Python model's worker keeps in reusable tensor segments, each "
+                        "way (the server's to it, its own to the server); idle ones go after a second, larger "
+                        "tensors take one-shot segments (default 16 MiB; 0: no pool)")
+    p.add_argument("--python-shm-pool-total", type=int,
+                   default=int(_env("PYTHON_SHM_POOL_TOTAL", str(256 * 1024 * 1024))), metavar="BYTES",
+                   help="the most shared memory the tensor segments of all Python models' workers take together "
+                        "(memfd objects the server makes: none in /dev/shm); a tensor that would pass it, once "
+                        "free segments are given back, fails its request with RESOURCE_EXHAUSTED and the server "
+                        "goes on (default 256 MiB; fastoip only)")
     p.add_argument("--shared-memory-max-regions", type=int,
                    default=int(_env("SHARED_MEMORY_MAX_REGIONS", str(REGION_LIMIT))), metavar="N",
                    help=f"system and CUDA shared-memory regions registered at once, all clients together; past it "
@@ -525,9 +530,10 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
                           f"`fastoip mlserver start {root}`, not by `fastoip serve`", file=sys.stderr, flush=True)
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
-        from .pyworker import transport
+        from .pyworker import segments
 
-        transport.set_pool_limit(args.python_shm_pool)  # (and for the workers, through their environment)
+        segments.set_pool_limit(args.python_shm_pool)  # (and for the workers, through their environment)
+        segments.set_total_limit(args.python_shm_pool_total)
         inflate.configure(args.max_inflated_request_bytes)  # issue 37: one server-wide budget
         pin_mmap_threshold()
         pin_trim_threshold()
