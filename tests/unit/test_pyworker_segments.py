@@ -230,3 +230,22 @@ def test_a_worker_that_does_not_read_its_handover_socket_fails_requests_not_the_
     with pytest.raises(SharedMemoryFull, match="does not take the segments it is given"):
         for _ in range(100_000):  # never read: the socket's buffer fills
             pair.server.grant(1)
+
+
+def test_requests_waiting_for_a_dead_worker_move_into_the_replacements_segments(pair: Pair) -> None:
+    """A worker that dies leaves requests it never started; they go to its replacement, whose segments are its
+    own: their bytes are copied there from the dead one's (which go once moved)."""
+    replacement = Pair()
+    try:
+        large = np.arange(LARGE, dtype=np.float32)
+        request = ("r", 0, 0, {}, [("A", "FP32", large), ("B", "INT32", np.arange(4, dtype=np.int32))], ["OUT"], None)
+        packed = transport.pack_requests([request], pair.server)
+        moved = transport.move_requests(packed, pair.server, replacement.server)
+        assert moved[0][4][1][2][0] == "b"  # the small one as it was
+        index = moved[0][4][0][2][1]
+        assert replacement.server.written(index) is not None and pair.server._outgoing[0].state[0] == segments.FREE
+        unpacked = transport.unpack_request(moved[0], replacement.worker)
+        np.testing.assert_array_equal(unpacked.inputs[0][2], large)
+        np.testing.assert_array_equal(unpacked.inputs[1][2], np.arange(4, dtype=np.int32))
+    finally:
+        replacement.server.close()

@@ -406,6 +406,14 @@ class ServerSegments(Segments):
                 if segment.index == index:
                     segment.state[0] = FREE
 
+    def written(self, index: int) -> Segment | None:
+        """The segment ``index`` the server wrote for this worker and still holds (None: no such segment)."""
+        with self._lock:
+            for segment in self._outgoing:
+                if segment.index == index:
+                    return segment
+        return None
+
     def _retire(self, segment: Segment) -> None:
         """Drop the server's hold on ``segment`` (the lock is held, or it is in no list yet)."""
         segment.state[0] = RETIRED  # (the worker drops its mapping when it sees this)

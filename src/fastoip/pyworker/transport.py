@@ -38,7 +38,7 @@ from .._codec import deserialize_bytes_tensor, pack_inline, serialize_bytes_tens
 from ..datatypes import to_bytes_elements
 from ..errors import InferenceError
 from .channel import ProtocolError, RequestData, request_of
-from .segments import HEADER, NO_ROOM, SegmentRefused, Segments, SharedMemoryFull, released_with
+from .segments import HEADER, NO_ROOM, SegmentRefused, Segments, ServerSegments, SharedMemoryFull, released_with
 
 __all__ = ["HEADER", "NO_ROOM", "SegmentRefused", "SharedMemoryFull"]
 
@@ -186,6 +186,35 @@ def discard_request(request: Any, segments: Segments | None) -> None:
     """Give back the segments of a packed request that will never be unpacked."""
     for _, _, tensor in request[4]:
         discard(tensor, segments)
+
+
+def move_requests(requests: list, source: ServerSegments, target: Segments | None) -> list:
+    """Requests packed for one worker, packed for another (a dead worker's replacement): what is in the first
+    one's segments is copied into the second's, the rest stays as it is; all or none (as :func:`pack_requests`)."""
+    moved: list = []
+    try:
+        for request in requests:
+            inputs = []
+            for name, datatype, tensor in request[4]:
+                if tensor[0] == "m":
+                    segment = source.written(tensor[1])
+                    if segment is None:
+                        raise SharedMemoryFull(f"{NO_ROOM}: the input '{name}' is no longer in shared memory")
+                    dtype = np.dtype(tensor[2])
+                    count = 1
+                    for n in tensor[3]:
+                        count *= n
+                    array = np.frombuffer(segment.view, dtype=dtype, count=count, offset=HEADER)
+                    tensor = pack(array.reshape(tensor[3]), target)
+                inputs.append((name, datatype, tensor))
+            moved.append(RequestData(request[0], request[1], request[2], request[3], inputs, request[5], request[6]))
+    except BaseException:
+        for request in moved:
+            discard_request(request, target)
+        raise
+    for request in requests:
+        discard_request(request, source)
+    return moved
 
 
 def unpack_request(data: Any, segments: Segments | None) -> RequestData:

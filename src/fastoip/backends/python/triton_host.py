@@ -579,9 +579,8 @@ class ProcessInstance(_Base):
             if self.decoupled or down is not None or self._closed or not replacement.alive:
                 self._fail(call, batch, Unavailable(down) if down is not None else failure)
                 continue
-            try:  # (its segments were the dead worker's: packed again into the replacement's)
-                batch.packed = shm.pack_requests([self.request_data(job) for job in batch.jobs],
-                                                 replacement.segments)
+            try:  # (its segments were the dead worker's: their bytes are copied into the replacement's)
+                batch.packed = shm.move_requests(batch.packed, batch.worker.segments, replacement.segments)
             except shm.SharedMemoryFull as full:
                 self._fail(call, batch, ResourceExhausted(f"model {self.where}: {full}"))
                 continue

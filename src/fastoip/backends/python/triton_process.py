@@ -591,7 +591,6 @@ class WorkerProcess:
             cause = f"exited with code {code}"
         if self._violation is not None:
             cause = f"was killed: it broke the channel's protocol ({self._violation})"
-        self.segments.close()  # (before the waiters hear of the death: what they resend goes to a new worker)
         with self._state:
             self.cause = cause
             control = self._control
@@ -602,7 +601,10 @@ class WorkerProcess:
         if control is not None:
             control.value = cause
             control.event.set()
-        self._on_death(cause)
+        try:
+            self._on_death(cause)  # (what it moves to a replacement is read from these segments first)
+        finally:
+            self.segments.close()
 
     # -- the worker's calls into the server (on this worker's call threads) ----------------------------------------
     def _self_call(self, model: str) -> str | None:
