@@ -493,6 +493,20 @@ def _trim_tables() -> None:
                 return
 
 
+def _after_fork() -> None:
+    """In a forked child of the server: its workers' segments stay the parent's (never made room in, trimmed or
+    counted here; the locks start free)."""
+    global _tables_lock, _trimming
+    _tables.clear()
+    _tables_lock = threading.Lock()
+    _trimming = False  # (the thread did not come along)
+    BUDGET.lock = threading.Lock()
+    BUDGET.used = 0
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 # -- the worker's side ---------------------------------------------------------------------------------------
 class WorkerSegments(Segments):
     """The worker's side: the segments the server handed over, by index.

@@ -194,14 +194,19 @@ class WorkerProcess:
         package = sys.modules[__name__.partition(".")[0]].__file__ or ""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
-            pass_fds=[child.fileno(), handover_child.fileno(), *ring_fds],
-            env=env,
-            close_fds=True,
-        )
-        child.close()
-        handover_child.close()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
+                pass_fds=[child.fileno(), handover_child.fileno(), *ring_fds],
+                env=env,
+                close_fds=True,
+            )
+        except BaseException:
+            self.segments.close()
+            raise
+        finally:
+            child.close()
+            handover_child.close()
         self.pid = self.process.pid
         self._socket = parent
         self._connection = FramedSocket(parent)
