@@ -163,22 +163,21 @@ def test_the_total_is_bounded_and_free_segments_make_room_first(pair: Pair, monk
     """``--python-shm-pool-total``: every worker's segments together; past it (once free ones are given back,
     this worker's and any other's) the tensor's request fails in python_backend's words, nothing else does."""
     other = Pair()
+    four, two = np.ones(1 << 20, dtype=np.float32), np.ones(1 << 19, dtype=np.float32)  # 4 MiB, 2 MiB
     try:
-        monkeypatch.setattr(segments, "_total_limit", segments.BUDGET.used + (3 << 20))
-        free_elsewhere = transport.unpack(transport.pack(np.ones(1 << 19, dtype=np.float32), other.server),
-                                          other.worker)  # 2 MiB pooled in another worker's table ...
-        del free_elsewhere  # ... and free
-        held = transport.unpack(transport.pack(np.ones(1 << 19, dtype=np.float32), pair.server), pair.worker)
-        # (the other worker's free segment was given back for it: 2 MiB of 3 are held now)
-        assert other.server._outgoing == []
+        monkeypatch.setattr(segments, "_total_limit", segments.BUDGET.used + (6 << 20))
+        free_elsewhere = transport.unpack(transport.pack(four, other.server), other.worker)  # pooled in another
+        del free_elsewhere  # worker's table, and free
+        held = transport.unpack(transport.pack(four, pair.server), pair.worker)
+        assert other.server._outgoing == []  # the other worker's free segment was given back for it
         with pytest.raises(SharedMemoryFull, match=r"Failed to increase the shared memory pool size: .*"
                                                    r"--python-shm-pool-total"):
-            transport.pack(np.ones(1 << 19, dtype=np.float32), pair.server)
+            transport.pack(four, pair.server)
         with pytest.raises(SharedMemoryFull, match="--python-shm-pool-total"):  # the worker's side too
-            transport.pack(np.ones(1 << 19, dtype=np.float32), pair.worker)
+            transport.pack(two, pair.worker)
         del held
         np.testing.assert_array_equal(  # room again once the first is free
-            transport.unpack(transport.pack(np.full(1 << 19, 3, dtype=np.float32), pair.worker), pair.server), 3)
+            transport.unpack(transport.pack(two * 3, pair.worker), pair.server), 3)
         assert pair.violations == [] and other.violations == []
     finally:
         other.server.close()
@@ -249,3 +248,19 @@ def test_requests_waiting_for_a_dead_worker_move_into_the_replacements_segments(
         np.testing.assert_array_equal(unpacked.inputs[1][2], np.arange(4, dtype=np.int32))
     finally:
         replacement.server.close()
+
+
+def test_a_worker_that_hoards_segments_leaves_the_others_room(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The segments a worker asks for (and may keep, never sending them) are its share, half the total: another
+    worker's tensors still find room."""
+    monkeypatch.setattr(segments, "_total_limit", segments.BUDGET.used + (8 << 20))
+    monkeypatch.setattr(segments, "_pool_limit", 0)
+    pair.server.grant(3 << 20)  # held, never sent
+    with pytest.raises(SharedMemoryFull, match="half of --python-shm-pool-total .* the most one worker may"):
+        pair.server.grant(2 << 20)
+    other = Pair()
+    try:
+        out = transport.unpack(transport.pack(np.ones(1 << 19, dtype=np.float32), other.worker), other.server)
+        np.testing.assert_array_equal(out, 1)  # 2 MiB for another worker
+    finally:
+        other.server.close()

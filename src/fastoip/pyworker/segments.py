@@ -28,8 +28,10 @@ Rules:
   are retired.
 - Bounds: each worker's pooled segments, each way, total at most
   :func:`pool_limit` (``--python-shm-pool``); every segment of every worker
-  together at most :func:`total_limit` (``--python-shm-pool-total``); a worker
-  holds at most :data:`SEGMENTS_PER_WORKER` at once.  A segment that would
+  together at most :func:`total_limit` (``--python-shm-pool-total``); the
+  segments a worker asked for (its share: a worker that hoards them leaves the
+  others room) at most half of that; a worker holds at most
+  :data:`SEGMENTS_PER_WORKER` at once.  A segment that would
   pass the total first makes room (every free segment the server takes goes,
   idle before busy), then fails its request with :class:`SharedMemoryFull`
   (RESOURCE_EXHAUSTED): the server and the worker go on.
@@ -371,6 +373,12 @@ class ServerSegments(Segments):
         self.collect(float("inf"))  # (what the worker retired, before its pool's room is counted)
         with self._lock:
             pooled_bytes = self._pooled_in
+            held = sum(segment.size for segment in self._incoming.values())
+        if held + HEADER + nbytes > _total_limit // 2:  # a worker's share: one that hoards leaves the others room
+            raise SharedMemoryFull(
+                f"{NO_ROOM}: the worker holds {held} bytes of segments it writes; {nbytes} more would pass half of "
+                f"--python-shm-pool-total ({_total_limit} bytes), the most one worker may"
+            )
         segment = self._new(nbytes, TO_SERVER, pooled_bytes)
         with self._lock:
             if self._closed:
