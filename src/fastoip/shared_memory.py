@@ -62,7 +62,8 @@ OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 #: Keys Triton keeps for its Python backend's own regions (``kTritonSharedMemoryRegionPrefix``).
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
-#: Keys of fastoip's own objects (the Python workers' tensor segments, ``fastoip-pyw-*``): never a client's.
+#: Keys reserved for fastoip's own objects (the Python workers' segments were ``fastoip-pyw-*`` files; they are
+#: nameless memfds now): never a client's.
 OWN_KEY_PREFIX = "fastoip-"
 #: Regions registered at once (system and CUDA), and per client, by default (``--shared-memory-max-regions``,
 #: ``--shared-memory-max-regions-per-client``): below the SIGBUS guard's 4,096 mappings.
