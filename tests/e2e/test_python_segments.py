@@ -21,6 +21,7 @@ import shutil
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -315,6 +316,52 @@ def test_an_idle_server_keeps_no_segments_and_a_large_output_is_unmapped(small_s
         time.sleep(0.25)
     assert mapped == [], f"segments still mapped in the server or its workers: {mapped}"
     _echo(client, 2 * MB)
+
+
+CRASHER = """
+import os
+import signal
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        data = requests[0].inputs()[0].as_numpy()
+        if data[0] == 255:  # the requests sent meanwhile wait in the socket behind this one
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())]) for r in requests]
+"""
+
+
+def test_large_requests_waiting_behind_a_crash_move_to_the_replacements_segments(tmp_path: Path) -> None:
+    """The requests a worker had not started when it died go to its replacement: their tensors were in the dead
+    worker's segments, so they are copied into the new one's (before: the reader thread failed and they hung)."""
+    folder = tmp_path / "py_crasher" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(CRASHER)
+    (tmp_path / "py_crasher" / "config.pbtxt").write_text(CONFIG)
+    with ServerProcess(tmp_path) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        _echo(client, 1 * MB, "py_crasher")
+        crash = np.full(1 * MB, 255, dtype=np.uint8)
+        with ThreadPoolExecutor(4) as pool:
+            def send(data: np.ndarray) -> np.ndarray:
+                tensor = grpcclient.InferInput("IN", [data.size], "UINT8")
+                tensor.set_data_from_numpy(data)
+                own = grpcclient.InferenceServerClient(server.grpc_url)
+                return own.infer("py_crasher", [tensor], client_timeout=60).as_numpy("OUT")
+
+            crashing = pool.submit(send, crash)
+            time.sleep(0.3)
+            behind = [(data, pool.submit(send, data)) for data in
+                      [(np.arange(1 * MB) % (n + 7)).astype(np.uint8) for n in range(3)]]
+            with pytest.raises(InferenceServerException, match="SIGSEGV"):
+                crashing.result(timeout=60)
+            for data, answer in behind:
+                np.testing.assert_array_equal(answer.result(timeout=60), data)
 
 
 def test_all_workers_segments_are_bounded_by_a_flag(tmp_path: Path) -> None:
