@@ -1,9 +1,9 @@
 # fastoip on CPU: onnxruntime, the native codec, a non-root user, nothing to build with.
 #   docker build -t fastoip:cpu .
 #   docker run --shm-size=256m -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD/models:/models fastoip:cpu
-# --shm-size: /dev/shm holds Python models' tensors on their way to and from their worker processes (16 MiB of
-# reusable segments per process, --python-shm-pool; larger tensors take their size) and clients' shared-memory
-# regions.  Docker's default 64 MB serves the defaults; past it a request fails with RESOURCE_EXHAUSTED.
+# --shm-size: /dev/shm holds clients' shared-memory regions (Python models' tensors cross in memfds the server
+# makes, bounded by --python-shm-pool-total, not in /dev/shm).  Past it a registration or request fails, never
+# the server.
 # The build stage compiles the Cython codec (and, with the native gRPC frontend, links
 # libnghttp2); the final stage gets the finished virtualenv and the run-time libraries only.
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm

@@ -28,6 +28,8 @@ def _env(name: str, default: str) -> str:
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .shared_memory import REGION_LIMIT, REGION_LIMIT_CEILING, REGION_LIMIT_PER_CLIENT
+
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)",
                        usage="fastoip serve [--model-repository DIR] [options]",
                        formatter_class=serve_help.DefaultsFormatter)
@@ -78,10 +80,25 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--grpc-max-message-size", type=int, default=2**31 - 1, help="bytes, both directions")
     p.add_argument("--python-shm-pool", type=int, default=int(_env("PYTHON_SHM_POOL", str(16 * 1024 * 1024))),
                    metavar="BYTES",
-                   help="the most /dev/shm each process (the server, each Python model's worker) keeps in reusable "
-                        "tensor segments; idle ones are removed after a second, larger tensors take one-shot "
-                        "segments (default 16 MiB: the server and one worker leave half of Docker's 64 MB /dev/shm "
-                        "for those; 0: no pool)")
+                   help="the most shared memory each Python model's worker keeps in reusable tensor segments, each "
+                        "way (the server's to it, its own to the server); idle ones go after a second, larger "
+                        "tensors take one-shot segments (default 16 MiB; 0: no pool)")
+    p.add_argument("--python-shm-pool-total", type=int,
+                   default=int(_env("PYTHON_SHM_POOL_TOTAL", str(256 * 1024 * 1024))), metavar="BYTES",
+                   help="the most shared memory the tensor segments of all Python models' workers take together "
+                        "(memfd objects the server makes: none in /dev/shm); a tensor that would pass it, once "
+                        "free segments are given back, fails its request with RESOURCE_EXHAUSTED and the server "
+                        "goes on (default 256 MiB; fastoip only)")
+    p.add_argument("--shared-memory-max-regions", type=int,
+                   default=int(_env("SHARED_MEMORY_MAX_REGIONS", str(REGION_LIMIT))), metavar="N",
+                   help=f"system and CUDA shared-memory regions registered at once, all clients together; past it "
+                        f"a registration is refused with RESOURCE_EXHAUSTED (HTTP 429) (default {REGION_LIMIT}, "
+                        f"at most {REGION_LIMIT_CEILING}: the SIGBUS guard's table; fastoip only)")
+    p.add_argument("--shared-memory-max-regions-per-client", type=int,
+                   default=int(_env("SHARED_MEMORY_MAX_REGIONS_PER_CLIENT", str(REGION_LIMIT_PER_CLIENT))),
+                   metavar="N",
+                   help=f"the same for one client (its address), so one client cannot take every slot "
+                        f"(default {REGION_LIMIT_PER_CLIENT}; fastoip only)")
     p.add_argument("--mlserver-grpc-stream", action="store_true",
                    help="ModelStreamInfer answers models from model-settings.json as MLServer does (bare "
                         "ModelInferResponse messages, MLServer's dataplane.proto; an error ends the stream), so "
@@ -251,6 +268,7 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         cache = CacheSettings.parse([*args.cache_config, *triton.cache_config])
     except ValueError as exc:
         raise triton_flags.FlagError(str(exc)) from None
+    regions, regions_per_client = _region_limits(args)
     return ServeOptions(
         model_repository=triton.model_repository,
         more_repositories=triton.more_repositories,
@@ -294,6 +312,8 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         pinned_pool_bytes=triton.pinned_pool_bytes,
         http_forward_pattern=triton.http_forward_pattern,
         no_effect_flags=triton.no_effect,
+        shared_memory_max_regions=regions,
+        shared_memory_max_regions_per_client=regions_per_client,
         repository=RepositoryOptions(
             default_max_batch_size=triton.default_max_batch_size,
             auto_complete=triton.auto_complete,
@@ -346,6 +366,20 @@ def _http_connection_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--http-ssl-require-client-cert", nargs="?", const=True, default=False,
                    type=triton_flags.parse_bool, metavar="BOOL",
                    help="mutual TLS: refuse clients without a certificate from --http-ssl-ca-certs")
+
+
+def _region_limits(args: argparse.Namespace) -> tuple[int, int]:
+    """``--shared-memory-max-regions`` and its per-client share, checked (FlagError)."""
+    from .shared_memory import REGION_LIMIT_CEILING
+
+    total, per_client = args.shared_memory_max_regions, args.shared_memory_max_regions_per_client
+    if not 1 <= total <= REGION_LIMIT_CEILING:
+        raise triton_flags.FlagError(f"--shared-memory-max-regions must be between 1 and {REGION_LIMIT_CEILING}")
+    if not 1 <= per_client <= total:
+        raise triton_flags.FlagError(
+            "--shared-memory-max-regions-per-client must be between 1 and --shared-memory-max-regions"
+        )
+    return total, per_client
 
 
 def _http_limits(args: argparse.Namespace) -> HttpLimits:
@@ -512,9 +546,10 @@ def main(argv: Sequence[str] | None = None, *, mlserver_settings_read: bool = Fa
                           f"`fastoip mlserver start {root}`, not by `fastoip serve`", file=sys.stderr, flush=True)
         _codec.set_max_bytes_elements(args.max_bytes_elements)
         _codec.set_max_bytes_memory(args.max_bytes_memory)
-        from .pyworker import transport
+        from .pyworker import segments
 
-        transport.set_pool_limit(args.python_shm_pool)  # (and for the workers, through their environment)
+        segments.set_pool_limit(args.python_shm_pool)  # (and for the workers, through their environment)
+        segments.set_total_limit(args.python_shm_pool_total)
         inflate.configure(args.max_inflated_request_bytes)  # issue 37: one server-wide budget
         pin_mmap_threshold()
         pin_trim_threshold()

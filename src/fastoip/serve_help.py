@@ -45,7 +45,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--grpc-max-connection-idle", "--grpc-max-connection-quiet",
         "--grpc-max-connections-per-peer", "--grpc-handshake-timeout", "--grpc-max-queued-response-bytes",
         "--grpc-max-stream-request-bytes", "--grpc-max-queued-request-bytes", "--http-max-connections",
-        "--python-shm-pool",
+        "--python-shm-pool", "--python-shm-pool-total", "--shared-memory-max-regions",
+        "--shared-memory-max-regions-per-client",
         "--http-max-connections-per-peer",
     )),
     ("security", "TLS, restricted APIs, code loading", (

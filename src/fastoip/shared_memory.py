@@ -26,11 +26,13 @@ Rules:
   reserved prefix, without saying whether the object exists or how large it is.
   A refusal for a bad offset or size does not state the object's size either.
 - Registrations are bounded: :data:`REGION_LIMIT` in all and
-  :data:`REGION_LIMIT_PER_CLIENT` per client (its address), both below the
-  SIGBUS guard's 4,096 mappings, so one client cannot take the table from the
-  others or from the Python workers' segments; past either the answer is
-  RESOURCE_EXHAUSTED at once: HTTP 429 past the client's share (it must
-  unregister), 503 with Retry-After past the server's table (``errors``).
+  :data:`REGION_LIMIT_PER_CLIENT` per client (its address) by default
+  (``--shared-memory-max-regions``, ``--shared-memory-max-regions-per-client``),
+  at most :data:`REGION_LIMIT_CEILING`, below the SIGBUS guard's 4,096
+  mappings, so one client cannot take the table from the others; past either
+  the answer is RESOURCE_EXHAUSTED at once: HTTP 429 past the client's share
+  (it must unregister), 503 with Retry-After past the server's table
+  (``errors``).
 - A CUDA region is another process's cudaMalloc allocation, opened from its
   cudaIPC handle on the client's device.  Inputs in it stay there (a
   ``DeviceArray`` that ORT reads in place) when the model says it reads device
@@ -62,12 +64,16 @@ OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 #: Keys Triton keeps for its Python backend's own regions (``kTritonSharedMemoryRegionPrefix``).
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
-#: Keys of fastoip's own objects (the Python workers' tensor segments, ``fastoip-pyw-*``): never a client's.
+#: Keys reserved for fastoip's own objects (the Python workers' segments were ``fastoip-pyw-*`` files; they are
+#: nameless memfds now): never a client's.
 OWN_KEY_PREFIX = "fastoip-"
-#: Regions registered at once (system and CUDA), and per client: below the SIGBUS guard's 4,096 mappings, which
-#: the Python workers' segments use too.
+#: Regions registered at once (system and CUDA), and per client, by default (``--shared-memory-max-regions``,
+#: ``--shared-memory-max-regions-per-client``): below the SIGBUS guard's 4,096 mappings.
 REGION_LIMIT = 1024
 REGION_LIMIT_PER_CLIENT = 256
+#: The most ``--shared-memory-max-regions`` may say: half the SIGBUS guard's table (``_shmguard.h``), whatever
+#: else maps under the guard keeps the rest.
+REGION_LIMIT_CEILING = 2048
 
 
 @dataclass

@@ -61,6 +61,11 @@ LIAR = """
                 elif how == 3:  # a 4 GiB frame that never comes
                     os.write(CHANNEL, b"\\xff\\xff\\xff\\xff")
                     time.sleep(60)
+                elif how == 5:  # a BLS request whose input names a segment the server never made for it
+                    from fastoip.pyworker import channel
+                    forged = ["", 0, 0, {}, [["HOW", "INT32", ["m", 99999, "<i4", [1]]]], ["PID"], None]
+                    frame(channel.encode(channel.InferCall(1 << 40, "identity", None, forged, 0, False)))
+                    time.sleep(60)
                 elif how == 4:  # fork, then die: the child keeps the channel open
                     if os.fork() == 0:
                         time.sleep(30)
@@ -171,7 +176,7 @@ SIPPER = """
 """
 
 
-LIARS = ("liar_pickle", "liar_forged", "liar_frame", "liar_fork")
+LIARS = ("liar_pickle", "liar_forged", "liar_frame", "liar_fork", "liar_segment")
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +212,9 @@ def _how(url: str, how: int, model: str, timeout: float = 60.0) -> int:
         ("liar_pickle", 1, "a frame that is not a record"),
         ("liar_forged", 2, "a frame that is not a record"),
         ("liar_frame", 3, "a frame over the limit"),
+        ("liar_segment", 5, "a segment it may not use"),  # issue 36: segments by index, checked
     ],
-    ids=["pickle", "forged", "4GiB-frame"],
+    ids=["pickle", "forged", "4GiB-frame", "segment-index"],
 )
 def test_a_worker_that_lies_on_its_channel_is_killed_logged_and_restarted(
     server: ServerProcess, repo: Path, model: str, how: int, logged: str

@@ -1314,7 +1314,7 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
             data = np.full((1, 4), exec_id, dtype=np.float32)
             parameters = {"unpicklable": lambda: None} if exec_id == unpicklable else {}
             worker.submit(exec_id, [transport.pack_request(("", 0, 0, parameters, [("IN", "FP32", data)], ["OUT"],
-                                                           None))], defer=True)
+                                                           None), worker.segments)], defer=True)
         for _ in range(600):
             if all(exec_id in results for exec_id in exec_ids):
                 return
@@ -1328,7 +1328,8 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
             responses, error = results[exec_id]
             assert error is None
             ((_, _, packed),), _, _ = responses[0]
-            np.testing.assert_array_equal(transport.unpack(packed), np.full((1, 4), exec_id, dtype=np.float32))
+            np.testing.assert_array_equal(transport.unpack(packed, worker.segments),
+                                          np.full((1, 4), exec_id, dtype=np.float32))
         responses, error = results[2]
         assert responses is None and "could not be sent to the worker" in error
     finally:
@@ -1349,7 +1350,7 @@ def test_a_batch_over_the_frame_limit_fails_alone_and_the_channel_lives(tmp_path
 
     def request(size: int) -> Any:
         return transport.pack_request(("", 0, 0, {}, [("IN", "BYTES", np.array([b"x" * size], dtype=object))],
-                                       ["OUT"], None))
+                                       ["OUT"], None), worker.segments)
 
     async def one_turn() -> None:
         worker.submit(2, [request(8000)], defer=True)
@@ -1367,40 +1368,40 @@ def test_a_batch_over_the_frame_limit_fails_alone_and_the_channel_lives(tmp_path
         responses, error = results[3]
         assert error is None
         ((_, _, packed),), _, _ = responses[0]
-        assert transport.unpack(packed).tolist() == [b"x" * 10]
+        assert transport.unpack(packed, worker.segments).tolist() == [b"x" * 10]
     finally:
         worker.finalize()
 
 
 def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
     """A 602 KB tensor is written once into shared memory by each side and read as a view: no pickled copy."""
-    from fastoip.pyworker import transport
+    import mmap
+
+    from fastoip.pyworker import segments, transport
 
     results: queue.SimpleQueue = queue.SimpleQueue()
     worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.put((responses, error)))
     try:
         data = np.random.rand(1, 3, 224, 224).astype(np.float32)
         for round_ in range(3):
-            before, made = transport.COPIED.bytes_to_shm, transport.COPIED.segments_made
-            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"], None))
+            before, made = transport.COPIED.bytes_to_shm, segments.MADE.segments
+            packed = transport.pack_request(("", 0, 0, {}, [("IN", "FP32", data)], ["OUT"], None), worker.segments)
             assert transport.COPIED.bytes_to_shm - before == data.nbytes == 602_112  # one copy in
-            assert packed[4][0][2][0] == "p"  # the message names a shared-memory segment, it carries no data
+            assert packed[4][0][2][0] == "m"  # the message names a shared-memory segment, it carries no data
             if round_:
-                assert transport.COPIED.segments_made == made  # the segment of the last round is reused
+                assert segments.MADE.segments == made  # the segments of the last round are reused, both ways
             worker.submit(round_ + 1, [packed])
             responses, error = results.get(timeout=60)
             assert error is None
             ((name, datatype, out_packed),), _, _ = responses[0]
-            assert out_packed[0] == "p"
-            out = transport.unpack(out_packed, worker.segment_token)  # (a name of that worker's, checked)
-            from fastoip._shmguard import GuardedMapping
-
+            assert out_packed[0] == "m"
+            out = transport.unpack(out_packed, worker.segments)  # (an index of that worker's, checked)
             root = out
             while isinstance(root, np.ndarray):
                 root = root.base
             if isinstance(root, memoryview):
                 root = root.obj
-            assert isinstance(root, GuardedMapping)  # a view on the worker's shared memory, not a copy
+            assert isinstance(root, mmap.mmap)  # a view on the worker's shared memory, not a copy
             np.testing.assert_array_equal(out, data)
             del out, root  # the worker may reuse its segment now
     finally:

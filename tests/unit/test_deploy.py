@@ -269,7 +269,7 @@ def test_autoscaling_reads_the_pending_request_count_fastoip_exports() -> None:
 
 
 def test_every_pod_gives_dev_shm_room_for_the_python_workers_segments() -> None:
-    """Issue 36: /dev/shm holds the Python models' tensor segments; the runtime's 64 MB default is the floor.
+    """Issue 36: /dev/shm holds clients' shared-memory regions; the runtime's 64 MB default is the floor.
     Every pod mounts a memory-backed emptyDir there, sized, so the kubelet counts it against the pod's memory."""
     for where, spec, _ in pod_specs():
         volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}

@@ -3,7 +3,6 @@ tensors in Triton's framing, never pickled."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -33,9 +32,9 @@ def crossed(packed: Any) -> Any:
 )
 def test_inline_arrays_cross_whole_and_writable(array: np.ndarray) -> None:
     before = transport.COPIED.arrays_inline
-    packed = crossed(transport.pack(array))
+    packed = crossed(transport.pack(array, None))
     assert packed[0] == "b" and transport.COPIED.arrays_inline == before + 1
-    out = transport.unpack(packed)
+    out = transport.unpack(packed, None)
     assert out.dtype == array.dtype and out.shape == array.shape
     np.testing.assert_array_equal(out, array)
     assert out.flags.writeable  # a model may write into its inputs, as in Triton
@@ -43,16 +42,16 @@ def test_inline_arrays_cross_whole_and_writable(array: np.ndarray) -> None:
 
 def test_bytes_arrays_travel_in_tritons_framing_not_as_objects() -> None:
     array = np.array([[b"a", b"bc"], ["d\u00e9", b""]], dtype=object)  # str elements as UTF-8, as Triton's
-    packed = transport.pack(array)
+    packed = transport.pack(array, None)
     assert packed[0] == "t"
     assert packed[1] == b"\x01\0\0\0a" b"\x02\0\0\0bc" b"\x03\0\0\0d\xc3\xa9" b"\0\0\0\0"
-    out = transport.unpack(crossed(packed))
+    out = transport.unpack(crossed(packed), None)
     assert out.dtype == object and out.shape == (2, 2)
     assert out.tolist() == [[b"a", b"bc"], ["d\u00e9".encode(), b""]]
 
 
 def test_bytes_elements_that_are_not_bytes_cross_as_their_text() -> None:
-    out = transport.unpack(crossed(transport.pack(np.array([1, 2.5], dtype=object))))
+    out = transport.unpack(crossed(transport.pack(np.array([1, 2.5], dtype=object), None)), None)
     assert out.tolist() == [b"1", b"2.5"]
 
 
@@ -68,41 +67,31 @@ def test_bytes_elements_that_are_not_bytes_cross_as_their_text() -> None:
         (("b", bytearray(8), "<i4", (1 << 62, 1 << 62)), "is not a size"),  # the count overflows
         (("t", b"\x05\x00\x00\x00ab", (1,)), "BYTES"),  # an element longer than the bytes
         (("t", b"", (3,)), "BYTES"),  # three elements announced, none sent
-        (("p", "seg", "|O", (1,)), "cannot hold objects"),
+        (("m", 1, "|O", (1,)), "not a packed tensor"),  # (no segments here: nothing in shared memory)
+        (("p", "fastoip-pyw-0-1", "<f4", (1,)), "not a packed tensor"),  # a name, as before: no such kind
         (("i", object()), "not a packed tensor"),  # the pickled form of before: refused
         ("b", "a tagged list"),
     ],
     ids=["short", "objects", "negative", "dims", "text", "bad-shape", "overflow", "bytes-long", "bytes-missing",
-         "shm-objects", "object", "not-a-list"],
+         "shm-without-segments", "a-name", "object", "not-a-list"],
 )
 def test_what_the_other_process_sends_is_checked_before_it_is_viewed(packed: Any, says: str) -> None:
     with pytest.raises(ValueError, match=says):
-        transport.unpack(packed)
+        transport.unpack(packed, None)
 
 
 def test_the_received_array_keeps_its_bytes_from_being_resized() -> None:
-    packed = transport.pack(np.arange(4, dtype=np.int32))  # (as the receiver that owns it holds it)
-    out = transport.unpack(packed)
+    packed = transport.pack(np.arange(4, dtype=np.int32), None)  # (as the receiver that owns it holds it)
+    out = transport.unpack(packed, None)
     with pytest.raises(BufferError):
         packed[1].extend(b"0000")  # the array's memory stays where it is while the array lives
     out[0] = 7
     assert bytes(packed[1][:4]) == (7).to_bytes(4, "little")  # a view, not a copy
 
 
-def test_without_shared_memory_a_large_array_travels_inline(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """No ``/dev/shm`` (a container without it): every numeric array goes inside the message, whatever its size."""
-    monkeypatch.setattr(transport, "_SHM_DIR", str(tmp_path / "absent"))
+def test_without_segments_a_large_array_travels_inline() -> None:
+    """No segments (no handover socket, or no memfd_create): every numeric array goes inside the message."""
     array = np.arange(transport.INLINE_LIMIT // 4 + 16, dtype=np.float32)[::-1]  # over the limit, and strided
-    packed = crossed(transport.pack(array))
+    packed = crossed(transport.pack(array, None))
     assert packed[0] == "b"
-    np.testing.assert_array_equal(transport.unpack(packed), array)
-
-
-def test_a_segment_shared_memory_has_no_room_for_is_an_error_in_tritons_words_not_a_sigbus() -> None:
-    # (ftruncate alone makes a sparse file: the first write to a page without memory would kill the writer)
-    before = set(os.listdir(transport._SHM_DIR))
-    free = os.statvfs(transport._SHM_DIR)
-    too_big = (free.f_blocks + 1) * free.f_frsize  # more than the whole file system
-    with pytest.raises(transport.SharedMemoryFull, match="Failed to increase the shared memory pool size"):
-        transport._new_file(too_big)
-    assert set(os.listdir(transport._SHM_DIR)) - before == set()  # nothing left behind
+    np.testing.assert_array_equal(transport.unpack(packed, None), array)

@@ -9,7 +9,7 @@ import pytest
 from fastoip.errors import ResourceExhausted
 from fastoip.shared_memory import REGION_LIMIT, REGION_LIMIT_PER_CLIENT, SharedMemoryRegistry
 
-#: The SIGBUS guard's table (_shmguard.h SHMGUARD_SLOTS); the Python workers' segments use it too.
+#: The SIGBUS guard's table (_shmguard.h SHMGUARD_SLOTS).
 GUARD_SLOTS = 4096
 
 
@@ -43,3 +43,19 @@ def test_per_client_then_total(key: str) -> None:
     for index in range(2):
         registry.register(f"again{index}", key, 0, 64, client="10.0.0.1")
     assert len(registry.status()) == 2
+
+
+def test_the_bounds_are_flags_checked_at_start() -> None:
+    from fastoip.cli import serve_options
+    from fastoip.triton_flags import FlagError
+
+    options = serve_options(["--shared-memory-max-regions", "3", "--shared-memory-max-regions-per-client", "2"])
+    assert (options.shared_memory_max_regions, options.shared_memory_max_regions_per_client) == (3, 2)
+    defaults = serve_options([])
+    assert (defaults.shared_memory_max_regions, defaults.shared_memory_max_regions_per_client) == (
+        REGION_LIMIT, REGION_LIMIT_PER_CLIENT)
+    for bad in (["--shared-memory-max-regions", "0"], ["--shared-memory-max-regions", str(GUARD_SLOTS)],
+                ["--shared-memory-max-regions", "10", "--shared-memory-max-regions-per-client", "11"],
+                ["--shared-memory-max-regions-per-client", "0"]):
+        with pytest.raises(FlagError, match="--shared-memory-max-regions"):
+            serve_options(bad)

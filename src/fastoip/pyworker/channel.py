@@ -203,10 +203,18 @@ class RingBell(NamedTuple):
     """Results wait in the ring (the server takes the ring before every message)."""
 
 
+class SegmentWanted(NamedTuple):
+    """A new shared-memory segment for ``nbytes`` the worker will write (:mod:`.segments`): answered by a
+    :class:`Reply` whose value is ``[index, size, pooled]``, its descriptor sent before on the handover socket."""
+
+    call_id: int
+    nbytes: int
+
+
 TO_WORKER: tuple[type, ...] = (Load, LoadMLServer, AutoComplete, Initialize, Execute, Reply, StreamPart, Finalize, Many)
 TO_SERVER: tuple[type, ...] = (
     Done, Failed, Result, Send, InferCall, CancelStream, CancelledQuery, ReadyQuery, LoadModel, UnloadModel,
-    MetricUpdate, Log, RingBell,
+    MetricUpdate, Log, RingBell, SegmentWanted,
 )
 _TAGS: dict[type, int] = {cls: tag for tag, cls in enumerate((*TO_WORKER, *TO_SERVER))}
 _BY_TAG: dict[int, type] = {tag: cls for cls, tag in _TAGS.items()}
@@ -239,6 +247,7 @@ _FIELDS: dict[type, tuple[Any, ...]] = {
     MetricUpdate: (_ID, dict, dict, str, (float, int)),
     Log: (int, str),
     RingBell: (),
+    SegmentWanted: (_ID, int),
 }
 
 

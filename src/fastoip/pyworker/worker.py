@@ -40,6 +40,7 @@ from ._ring import ResultRing
 from .framing import FramedSocket, FrameTooLarge
 from .mlserver_runner import MLServerRunner
 from .runner import RequestData, TritonRunner, import_runner, request_data, response_of
+from .segments import HANDOVER_ENV, Segments, SharedMemoryFull, WorkerSegments
 
 #: The message that says "results are waiting in the ring" (the server takes the ring before every message).
 RING_BELL = msg.encode(msg.RingBell())
@@ -69,6 +70,8 @@ class _Channel:
         self.inbox: collections.deque = collections.deque()
         #: The rest of a :class:`~.channel.Many` the server sent, read one at a time (guarded by the read lock).
         self._unread: collections.deque = collections.deque()
+        #: The shared-memory segments the server handed over (None: tensors travel inside the messages).
+        self.segments: Segments | None = None
 
     def _read_one(self) -> tuple:
         if self._unread:
@@ -191,7 +194,7 @@ class _StreamAnswers:
                 raise pb.TritonModelException(part.error or "the BLS stream failed")
             self._ended = bool(part.final)
             if part.response is not None:
-                return response_of(shm.unpack_response(part.response))
+                return response_of(shm.unpack_response(part.response, self._channel.segments))
         raise StopIteration
 
 
@@ -210,23 +213,35 @@ class _WorkerBridge:
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
         try:
-            packed = shm.pack_request(request_data(request))
-        except (OSError, shm.SharedMemoryFull) as exc:  # no room in shared memory: an error response, as python_backend
+            packed = shm.pack_request(request_data(request), self.channel.segments)
+        except (OSError, SharedMemoryFull) as exc:  # no room in shared memory: an error response, as python_backend
             words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             return pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))
         answer = self.ask(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), False
         )
-        return response_of(shm.unpack_response(answer))
+        return response_of(shm.unpack_response(answer, self.channel.segments))
 
     def infer_stream(self, request: pb.InferenceRequest) -> Iterator[pb.InferenceResponse]:
-        packed = shm.pack_request(request_data(request))
+        packed = shm.pack_request(request_data(request), self.channel.segments)
         call_id, answers = self.channel.call(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), True
         )
         return pb.ResponseIterator(
             _StreamAnswers(self.channel, answers), lambda: self.channel.send(msg.CancelStream(call_id))
         )
+
+    def segment(self, nbytes: int) -> list:
+        """A new segment from the server to write ``nbytes`` into: ``[index, size, pooled]`` (its descriptor is
+        on the handover socket already); SharedMemoryFull with the server's words when there is no room."""
+        _, answers = self.channel.call(msg.SegmentWanted, nbytes)
+        reply = self.channel.wait(answers)
+        if reply.error is not None:
+            raise SharedMemoryFull(reply.error)
+        value = reply.value
+        if type(value) is not list or len(value) != 3 or type(value[0]) is not int:
+            raise SharedMemoryFull(f"the server's answer for a segment is not one: {str(value)[:80]}")
+        return value
 
     def model_ready(self, name: str, version: str) -> bool:
         return bool(self.ask(msg.ReadyQuery, name, str(version)))
@@ -261,9 +276,12 @@ def _limit_memory(megabytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
+def serve(connection: FramedSocket, ring: ResultRing | None = None, handover: socket.socket | None = None) -> None:
     channel = _Channel(connection, ring)
     bridge = _WorkerBridge(channel)
+    if handover is not None:
+        channel.segments = WorkerSegments(handover, bridge.segment)
+    segments = channel.segments
     pb.BRIDGE.current = bridge
     runner: TritonRunner | MLServerRunner | None = None
 
@@ -272,10 +290,10 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
         ordered = not getattr(runner, "decoupled", True)
         running = [True]  # (a list: the closure below reads what the finally sets; plain for mypyc)
         try:
-            requests: list[RequestData] = [shm.unpack_request(r) for r in packed]
+            requests: list[RequestData] = [shm.unpack_request(r, segments) for r in packed]
 
             def emit(index: int, response: Any, final: bool) -> None:
-                message = msg.Send(exec_id, index, shm.pack_response(response), final)
+                message = msg.Send(exec_id, index, shm.pack_response(response, segments), final)
                 if ordered and running[0]:
                     # a non-decoupled request's one answer, sent while execute runs (from any thread, or its
                     # coroutine): through the ring, so it reaches the server before the batch's result (an error
@@ -292,7 +310,7 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None) -> None:
             finally:
                 running[0] = False
             packed_out = None if responses is None else [
-                None if r is None else shm.pack_response(r) for r in responses  # None: its sender answers
+                None if r is None else shm.pack_response(r, segments) for r in responses  # None: its sender answers
             ]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
@@ -363,8 +381,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
     ring = ResultRing(int(sys.argv[2])) if len(sys.argv) > 2 else None
+    handover_fd = os.environ.pop(HANDOVER_ENV, "")  # (a model's own children do not inherit it)
+    handover = socket.socket(fileno=int(handover_fd)) if handover_fd.isdigit() else None
     # The model sees the argv of python_backend's stub (an embedded interpreter's ['']), not this worker's
     # descriptors: Triton's QA models run unittest.main("model"), which reads sys.argv for test names.
     sys.argv = [""]
-    serve(FramedSocket(socket.socket(fileno=fd)), ring)
+    serve(FramedSocket(socket.socket(fileno=fd)), ring, handover)
 

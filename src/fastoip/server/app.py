@@ -31,6 +31,7 @@ from ..options import RepositoryOptions
 from ..repository import ModelState
 from ..repository.remote import RemoteRepository, parse_location
 from ..settings import SWITCHES, apply_switches, switches_for_level
+from ..shared_memory import REGION_LIMIT, REGION_LIMIT_PER_CLIENT
 from ..tracing import TraceConfig
 from .grpc import INT32_MAX, create_server
 from .ports import PortClaims, claim_ports
@@ -122,6 +123,9 @@ class ServeOptions:
     http_forward_pattern: str | None = None
     #: Lines the start logs for Triton flags that have no effect here.
     no_effect_flags: tuple[str, ...] = ()
+    #: System and CUDA shared-memory regions registered at once, in all and per client (its address).
+    shared_memory_max_regions: int = REGION_LIMIT
+    shared_memory_max_regions_per_client: int = REGION_LIMIT_PER_CLIENT
 
 
 class ServerApp:
@@ -159,6 +163,8 @@ class ServerApp:
             metrics_config=options.metrics_config,
         )
         self.core.server_name = options.server_id
+        self.core.data.shared_memory.limit = options.shared_memory_max_regions
+        self.core.data.shared_memory.limit_per_client = options.shared_memory_max_regions_per_client
         self.core.started_logging(options.log_file, options.log_format, options.log_switches)
         if self.remote is not None:
             self.core.repository.source = self.remote  # poll mode syncs before each scan

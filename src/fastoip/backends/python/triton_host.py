@@ -431,7 +431,7 @@ class ProcessInstance(_Base):
         return worker
 
     def _on_send(self, call: int, index: int, data: Any, final: bool) -> None:
-        response = shm.unpack_response(data, self.worker.segment_token)
+        response = shm.unpack_response(data, self.worker.segments)
         if self.decoupled:
             self.streams.deliver(call, index, response, final)
         else:
@@ -453,7 +453,7 @@ class ProcessInstance(_Base):
                 worker = self.worker
             call = next(self._calls)
             try:
-                packed = shm.pack_requests([self.request_data(job) for job in jobs])
+                packed = shm.pack_requests([self.request_data(job) for job in jobs], worker.segments)
             except shm.SharedMemoryFull as full:  # (nothing was written past a reservation: no SIGBUS)
                 self._leave()
                 return [ResourceExhausted(f"model {self.where}: {full}", retry_after=1) for _ in jobs], []
@@ -509,7 +509,7 @@ class ProcessInstance(_Base):
                 answer: InferResponse | InferenceError
                 try:
                     answer = self._respond(
-                        only, self.version_str, shm.unpack_response(responses[0], batch.worker.segment_token)
+                        only, self.version_str, shm.unpack_response(responses[0], batch.worker.segments)
                     )
                 except Exception as exc:
                     answer = InternalError(f"model {self.where}: unreadable result: {exc}")
@@ -524,7 +524,7 @@ class ProcessInstance(_Base):
             else:
                 try:
                     if responses is not None:
-                        responses = [None if r is None else shm.unpack_response(r, batch.worker.segment_token)
+                        responses = [None if r is None else shm.unpack_response(r, batch.worker.segments)
                                      for r in responses]
                     results = _results_of(jobs, self.version_str, responses, error, self.where, self._respond)
                 except Exception as exc:
@@ -545,8 +545,7 @@ class ProcessInstance(_Base):
         try:
             self._batches.pop(call, None)
             for request in batch.packed:
-                for _, _, tensor in request[4]:
-                    shm.discard(tensor)
+                shm.discard_request(request, batch.worker.segments)
             if self.decoupled:
                 self.streams.fail_all(error, call)
             for job in batch.jobs:
@@ -579,6 +578,11 @@ class ProcessInstance(_Base):
         for call, batch in waiting:
             if self.decoupled or down is not None or self._closed or not replacement.alive:
                 self._fail(call, batch, Unavailable(down) if down is not None else failure)
+                continue
+            try:  # (its segments were the dead worker's: their bytes are copied into the replacement's)
+                batch.packed = shm.move_requests(batch.packed, batch.worker.segments, replacement.segments)
+            except shm.SharedMemoryFull as full:
+                self._fail(call, batch, ResourceExhausted(f"model {self.where}: {full}"))
                 continue
             batch.worker = replacement
             with self._flow:

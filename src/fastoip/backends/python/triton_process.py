@@ -61,6 +61,7 @@ from ...pyworker import channel as msg
 from ...pyworker import transport as shm
 from ...pyworker._ring import ResultRing, RingCorrupt
 from ...pyworker.framing import FramedSocket, FrameTooLarge
+from ...pyworker.segments import HANDOVER_ENV, ServerSegments
 from . import exits
 from . import server_bridge as bridge
 
@@ -155,6 +156,7 @@ class WorkerProcess:
             msg.CancelStream: self._on_cancel_stream,
             msg.Log: self._on_log,
             msg.RingBell: self._on_ring_bell,
+            msg.SegmentWanted: self._queue_call,
         }
         self._dead = False
         self.cause: str | None = None
@@ -180,20 +182,31 @@ class WorkerProcess:
             log.warning("%s: no shared-memory result ring (%s): results take the socket", label, exc)
         ring_fds = [self._ring.fd] if self._ring is not None else []
         env = dict(os.environ)
-        #: The worker's tensor segments are named with this token; a name it sends without it is refused.
-        self.segment_token = shm.new_token()
-        env[shm.TOKEN_ENV] = self.segment_token
+        # The tensor segments: made here, handed to the worker as descriptors on a socket of their own, named by
+        # index in messages (pyworker/segments.py); an index it may not use ends it.
+        handover, handover_child = socket.socketpair()
+        #: This worker's shared-memory segments, as the server sees them.
+        self.segments = ServerSegments(
+            handover, lambda why: self._refuse("a segment it may not use", msg.ProtocolError(why))
+        )
+        env[HANDOVER_ENV] = str(handover_child.fileno())
         # (from the package's own file: a compiled module's ``__file__`` does not say where it lies)
         package = sys.modules[__name__.partition(".")[0]].__file__ or ""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
-            pass_fds=[child.fileno(), *ring_fds],
-            env=env,
-            close_fds=True,
-        )
-        child.close()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
+                pass_fds=[child.fileno(), handover_child.fileno(), *ring_fds],
+                env=env,
+                close_fds=True,
+            )
+        except BaseException:
+            self.segments.close()
+            raise
+        finally:
+            child.close()
+            handover_child.close()
         self.pid = self.process.pid
         self._socket = parent
         self._connection = FramedSocket(parent)
@@ -583,7 +596,6 @@ class WorkerProcess:
             cause = f"exited with code {code}"
         if self._violation is not None:
             cause = f"was killed: it broke the channel's protocol ({self._violation})"
-        shm.remove_files_of(self.segment_token)
         with self._state:
             self.cause = cause
             control = self._control
@@ -594,7 +606,10 @@ class WorkerProcess:
         if control is not None:
             control.value = cause
             control.event.set()
-        self._on_death(cause)
+        try:
+            self._on_death(cause)  # (what it moves to a replacement is read from these segments first)
+        finally:
+            self.segments.close()
 
     # -- the worker's calls into the server (on this worker's call threads) ----------------------------------------
     def _self_call(self, model: str) -> str | None:
@@ -618,9 +633,9 @@ class WorkerProcess:
                 if refusal is not None:
                     answer: Any = bridge.error_data(InvalidArgument(refusal))
                 else:
-                    request = shm.unpack_request(message.request, self.segment_token)
+                    request = shm.unpack_request(message.request, self.segments)
                     answer = self._link.infer(message.model, message.version, request, message.timeout_us)
-                reply = msg.Reply(call_id, shm.pack_response(answer), None)
+                reply = msg.Reply(call_id, shm.pack_response(answer, self.segments), None)
             elif kind is msg.CancelledQuery:
                 asked = self._is_cancelled
                 cancelled = asked is not None and asked(message.exec_id, message.request_index)
@@ -633,6 +648,8 @@ class WorkerProcess:
             elif kind is msg.UnloadModel:
                 self._link.unload_model(message.name, message.unload_dependents)
                 reply = msg.Reply(call_id, None, None)
+            elif kind is msg.SegmentWanted:
+                reply = msg.Reply(call_id, self.segments.grant(message.nbytes), None)
             elif kind is msg.MetricUpdate:
                 value = bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
                 reply = msg.Reply(call_id, value, None)
@@ -656,7 +673,7 @@ class WorkerProcess:
                 self._outgoing.pop(call_id, None)
             try:
                 try:
-                    self._send(msg.StreamPart(call_id, shm.pack_response(data), final))
+                    self._send(msg.StreamPart(call_id, shm.pack_response(data, self.segments), final))
                 except (TypeError, ValueError) as unsendable:  # this response cannot cross: the stream ends with why
                     job = self._outgoing.pop(call_id, None)
                     if job is not None:
@@ -670,7 +687,7 @@ class WorkerProcess:
         if refusal is not None:
             deliver(bridge.error_data(InvalidArgument(refusal)), True)
             return
-        request = shm.unpack_request(message.request, self.segment_token)
+        request = shm.unpack_request(message.request, self.segments)
         job = self._link.stream(message.model, message.version, request, deliver, message.timeout_us)
         if job is not None and not job.finished:
             self._outgoing[call_id] = job
