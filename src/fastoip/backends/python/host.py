@@ -18,7 +18,7 @@ from ...model import Model
 from ...model_config import ModelSpec, version_name
 from ...scheduling.contract import END_OF_STREAM, Execution, Results
 from ...types import InferResponse
-from .decoupled import close, values_of
+from .decoupled import ModelFailed, close, drive, is_async, values_of
 from .describe import describe as _describe
 from .event_loop import call
 from .payloads import PayloadCodec, batch_key
@@ -195,6 +195,8 @@ class _Host:
 
     def _stream(self, produced: Any, job: Job) -> tuple[int, InferResponse | None]:
         """Send each response ``produced`` gives; the time spent encoding them, and the last response."""
+        if is_async(produced):
+            return self._stream_async(produced, job)
         encode_ns = 0
         last = None
         values = values_of(produced)
@@ -217,6 +219,29 @@ class _Host:
         finally:
             close(produced)
         return encode_ns, last
+
+    def _stream_async(self, produced: Any, job: Job) -> tuple[int, InferResponse | None]:
+        """``_stream`` of an async generator: driven on the model loop in one go, each response encoded and sent
+        from there (no thread hand-off per response)."""
+        sent: list[InferResponse] = []
+        encode_ns = 0
+
+        def deliver(value: Any) -> bool:
+            nonlocal encode_ns
+            started = time.monotonic_ns()
+            response = self.payloads.encode(value, [job])[0]
+            encode_ns += time.monotonic_ns() - started
+            sent[:] = [response]
+            return job.send(response)  # False once finished meanwhile (the client cancelled): stop producing
+
+        try:
+            drive(produced, deliver)
+        except ModelFailed as failed:
+            if isinstance(failed.cause, InferenceError):
+                raise failed.cause from None
+            log.error("model '%s': predict failed", self.name, exc_info=failed.cause)
+            raise InternalError(f"model '{self.name}': predict failed: {_describe(failed.cause)}") from None
+        return encode_ns, (sent[0] if sent else None)
 
     def _groups(self, jobs: Sequence[Job]) -> list[list[int]]:
         if not self.batchable or len(jobs) == 1:
