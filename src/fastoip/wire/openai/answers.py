@@ -24,6 +24,8 @@ from typing import Any
 import orjson
 
 DONE = b"data: [DONE]\n\n"
+#: Stands for the text while a chunk template is made (a private-use character: no id or model name holds it).
+_MARK = "\ue000text\ue000"
 
 
 def sse(value: Any) -> bytes:
@@ -136,6 +138,8 @@ class ChunkWriter:
         self.chat = chat
         self.include_usage = include_usage
         self.kind = "chat.completion.chunk" if chat else "text_completion"
+        #: A content chunk's bytes before and after its text, by choice index (``content``).
+        self._templates: dict[int, tuple[bytes, bytes]] = {}
 
     def chunk(self, index: int, text: str | None = None, *, role: bool = False, finish_reason: str | None = None,
               tool_calls: list[dict[str, str]] | None = None, logprobs: TokenLogprobs | None = None) -> bytes:
@@ -160,6 +164,15 @@ class ChunkWriter:
         if self.include_usage:
             body["usage"] = None
         return sse(body)
+
+    def content(self, index: int, text: str) -> bytes:
+        """``chunk(index, text)``, byte for byte, from a template made once per choice: a streamed answer's every
+        token is one of these, and only the text needs JSON."""
+        template = self._templates.get(index)
+        if template is None:
+            head, _, tail = self.chunk(index, _MARK).partition(orjson.dumps(_MARK))
+            template = self._templates[index] = (head, tail)
+        return template[0] + orjson.dumps(text) + template[1]
 
     def usage(self, usage: Usage) -> bytes:
         body = self.envelope.head(self.kind)
