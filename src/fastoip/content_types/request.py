@@ -132,7 +132,11 @@ def encode_output(name: str, value: Any, content_type: str | None, *, from_reque
     if content_type:
         codec = lookup(content_type, f"output '{name}'")
     else:
-        found = next((c for c in codecs_for_payload() if _can_encode(c, value)), None)
+        found = None
+        for candidate in codecs_for_payload():
+            if _can_encode(candidate, value):
+                found = candidate
+                break
         if found is None:
             raise InternalError(
                 f"output '{name}': no content type can encode a {type(value).__name__} "
