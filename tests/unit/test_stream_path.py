@@ -1,0 +1,237 @@
+"""How a decoupled model's responses reach a streamed answer, in-process (the per-token path, issue 40):
+
+- an async generator model is driven on the model loop in one go: responses in order, its failure, a cancel that
+  stops it and runs its ``finally``, and concurrent generations taking turns on that loop;
+- ``ModelCall``: responses that arrive while the event loop is busy ride one wake-up, in order;
+- a streamed OpenAI answer writes the chunks queued at a wake-up as one piece, and a content chunk made from
+  its template is the same bytes as the general chunk.
+
+What crosses a socket (SSE, disconnects) is in tests/e2e/test_openai.py and test_generate.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from fastoip.core import CallContext, Core
+from fastoip.demo_openai import write_openai_examples
+from fastoip.scheduling.job import Job
+from fastoip.server.http.model_call import ModelCall
+from fastoip.server.http.openai import generation
+from fastoip.types import InferInput, InferRequest, InferResponse
+from fastoip.wire.openai import requests
+from fastoip.wire.openai.answers import ChunkWriter, Envelope
+from harness import core_on
+from python_models import COUNTER, COUNTER_CONFIG, write_python_model
+
+pytestmark = pytest.mark.timeout(120)
+
+#: An async generator: COUNT responses; ``fail_at`` raises there; ``delay`` between responses; each response's
+#: ``ORDER`` is a count shared by every request on the instance (which generation made a value when); its
+#: ``finally`` appends the request's id to ``closed.txt`` beside the model.
+ASYNC_TAKES_TURNS = """
+    import asyncio
+    import itertools
+    from pathlib import Path
+
+    import numpy as np
+    import fastoip
+
+    class Turns(fastoip.Model):
+        def load(self):
+            self.made = itertools.count()
+            self.closed = Path(__file__).parent / "closed.txt"
+
+        async def predict(self, inputs, parameters):
+            count = int(inputs["COUNT"].reshape(-1)[0])
+            fail_at = int(parameters.get("fail_at", -1))
+            delay = float(parameters.get("delay", 0))
+            try:
+                for index in range(count):
+                    if index == fail_at:
+                        raise ValueError(f"no response {index}")
+                    if delay:
+                        await asyncio.sleep(delay)
+                    yield {"INDEX": np.array([index], dtype=np.int32),
+                           "ORDER": np.array([next(self.made)], dtype=np.int32)}
+            finally:
+                with self.closed.open("a") as out:
+                    out.write(str(parameters.get("name", "")) + "\\n")
+"""
+TURNS_CONFIG = """
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "INDEX" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "ORDER" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    model_transaction_policy { decoupled: true }
+    parameters { key: "max_concurrency" value: { string_value: "4" } }
+"""
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("stream-path")
+    write_python_model(folder, "turns", ASYNC_TAKES_TURNS, TURNS_CONFIG)
+    write_python_model(folder, "counter", COUNTER, COUNTER_CONFIG)
+    write_openai_examples(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def core(root: Path) -> Iterator[Core]:
+    with core_on(root) as opened:
+        yield opened
+
+
+def count_request(n: int, model: str = "turns", **parameters: object) -> InferRequest:
+    data = np.array([n], dtype=np.int32)
+    return InferRequest(model, parameters=dict(parameters), inputs=[InferInput("COUNT", "INT32", (1,), data)])
+
+
+class Collected:
+    """Every response of one started request, then its finished job."""
+
+    def __init__(self, core: Core, request: InferRequest) -> None:
+        self.responses: list[InferResponse] = []
+        #: The thread each response was handed over on.
+        self.threads: set[str] = set()
+        self.finished = threading.Event()
+        self.job: Job | None = None
+        self.ticket = core.start(request, CallContext(), self._done, self._response)
+
+    def _response(self, job: Job, response: InferResponse) -> None:
+        self.responses.append(response)
+        self.threads.add(threading.current_thread().name)
+
+    def _done(self, job: Job) -> None:
+        self.job = job
+        self.finished.set()
+
+    def wait(self) -> Job:
+        assert self.finished.wait(60)
+        assert self.job is not None
+        return self.job
+
+    def values(self, output: str) -> list[int]:
+        return [int(next(o for o in r.outputs if o.name == output).data[0]) for r in self.responses]
+
+
+def closed_names(root: Path) -> list[str]:
+    path = root / "turns" / "1" / "closed.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+# -- async generators on the model loop -------------------------------------------------------------------------
+def test_an_async_generators_responses_come_in_order_then_the_final_flag(core: Core, root: Path) -> None:
+    call = Collected(core, count_request(40, name="in-order"))
+    job = call.wait()
+    assert call.values("INDEX") == list(range(40))
+    assert job.decoupled and job.error is None and job.response is None
+    # sent from the model loop as they are made (no hand-off per response to the thread that runs the request)
+    assert call.threads == {"fastoip-python-loop"}
+    assert "in-order" in closed_names(root)  # its finally ran, on the model loop
+
+
+def test_an_async_generators_failure_after_some_responses_is_the_jobs_error(core: Core, root: Path) -> None:
+    call = Collected(core, count_request(10, fail_at=3, name="fails"))
+    job = call.wait()
+    assert call.values("INDEX") == [0, 1, 2]
+    assert job.error is not None and "no response 3" in job.error.message
+    assert "fails" in closed_names(root)
+
+
+def test_a_cancelled_async_generation_stops_and_runs_its_finally(core: Core, root: Path) -> None:
+    call = Collected(core, count_request(2000, delay=0.005, name="cancelled"))
+    deadline = time.monotonic() + 30
+    while len(call.responses) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    call.ticket.cancel()
+    call.wait()
+    deadline = time.monotonic() + 30
+    while "cancelled" not in closed_names(root) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "cancelled" in closed_names(root)  # the model stopped (2000 x 5 ms would take 10 s) and cleaned up
+    settled = len(call.responses)
+    time.sleep(0.2)
+    assert len(call.responses) == settled < 2000
+
+
+def test_concurrent_async_generations_take_turns_on_the_model_loop(core: Core) -> None:
+    # a generator that never awaits would stream its whole answer before the other starts, were it not for the
+    # turn the loop gives between two values
+    calls = [Collected(core, count_request(400, name=f"turn-{i}")) for i in range(2)]
+    for call in calls:
+        call.wait()
+        assert call.values("INDEX") == list(range(400))
+    first, second = (call.values("ORDER") for call in calls)
+    overlap = min(max(first), max(second)) - max(min(first), min(second))
+    assert overlap > 200, (first[:5], first[-5:], second[:5], second[-5:])
+
+
+# -- ModelCall: one wake-up per burst -----------------------------------------------------------------------------
+def test_responses_that_arrive_while_the_loop_is_busy_ride_one_wake_up_in_order(core: Core) -> None:
+    async def read() -> tuple[list[int], int]:
+        call = ModelCall(core, count_request(50, model="counter"))
+        deadline = time.monotonic() + 30
+        while len(call.answers) < 51 and time.monotonic() < deadline:  # the loop is busy: nothing is read
+            time.sleep(0.01)
+        got = []
+        while (response := await call.next()) is not None:
+            got.append(int(response.outputs[0].data[0]))
+        return got, call.wakes
+
+    got, wakes = asyncio.run(read())
+    assert got == list(range(50))
+    assert wakes == 1
+
+
+def test_a_call_read_as_it_comes_gets_every_answer_in_order(core: Core) -> None:
+    async def read() -> list[int]:
+        call = ModelCall(core, count_request(300, delay=0.0005))
+        got = []
+        while (response := await call.next()) is not None:
+            got.append(int(response.outputs[0].data[0]))
+            await asyncio.sleep(0)
+        return got
+
+    assert asyncio.run(read()) == list(range(300))
+
+
+# -- a streamed answer's writes -------------------------------------------------------------------------------------
+def test_the_chunks_queued_at_a_wake_up_go_out_as_one_piece(core: Core) -> None:
+    async def pieces() -> list[bytes]:
+        parsed = requests.parse_completion(orjson.dumps(
+            {"model": "tiny_chat", "prompt": "hello", "stream": True, "max_tokens": 20, "temperature": 0}))
+        plan = generation.plan_completion(core, parsed)
+        envelope = Envelope("cmpl", "tiny_chat")
+        states = generation.start_choices(core, plan, envelope.id)
+        call = states[0].call
+        deadline = time.monotonic() + 30
+        while (not call.answers or call.answers[-1] is not None) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the loop is busy while the model makes every token
+        return [piece async for piece in generation.stream(plan, states, envelope)]
+
+    got = asyncio.run(pieces())
+    assert len(got) == 1
+    events = got[0].split(b"\n\n")[:-1]
+    assert events[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(event[len(b"data: "):]) for event in events[:-1]]
+    assert len(chunks) == 21  # 20 tokens, then the finish_reason alone
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 20 + ["length"]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_content_chunk_from_its_template_is_the_general_chunk(chat: bool, include_usage: bool) -> None:
+    writer = ChunkWriter(Envelope("chatcmpl", 'a "quoted" model \ue000'), chat, include_usage)
+    for index in (0, 1, 7):
+        for text in ("", " fox", 'say "hi"\n', "\ue000text\ue000", "naïve ✓"):
+            assert writer.content(index, text) == writer.chunk(index, text)
