@@ -115,12 +115,15 @@ _builtin_order: list[str] = []
 #: The codecs in that order (user codecs, then built-ins), rebuilt when the registry changes: payload inference
 #: reads it for every output of every response (a streamed model's every token).
 _payload_order: tuple[ContentType, ...] = ()
+#: Those of them that split whole responses (override ``split_response``), in the same order.
+_splitting: tuple[ContentType, ...] = ()
 
 
 def _reorder() -> None:
-    """Rebuild ``_payload_order`` (the caller holds ``_lock``)."""
-    global _payload_order
+    """Rebuild ``_payload_order`` and ``_splitting`` (the caller holds ``_lock``)."""
+    global _payload_order, _splitting
     _payload_order = tuple(_registry[n] for n in _user_order) + tuple(_registry[n] for n in _builtin_order)
+    _splitting = tuple(c for c in _payload_order if type(c).split_response is not ContentType.split_response)
 
 C = TypeVar("C", bound=ContentType | type)
 
@@ -219,6 +222,11 @@ def content_type_names() -> list[str]:
 def codecs_for_payload() -> tuple[ContentType, ...]:
     """Codecs in the order payload inference tries them: user codecs, then built-ins."""
     return _payload_order  # (replaced whole under the lock, never changed in place: no lock to read it)
+
+
+def codecs_that_split() -> tuple[ContentType, ...]:
+    """``codecs_for_payload()`` less those that never split a whole response (the base class's answer)."""
+    return _splitting
 
 
 # -- helpers shared by the codecs ------------------------------------------------------------

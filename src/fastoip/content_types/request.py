@@ -25,6 +25,7 @@ from .base import (
     ContentType,
     Tensor,
     codecs_for_payload,
+    codecs_that_split,
     content_type_names,
     get_content_type,
     input_key,
@@ -111,7 +112,7 @@ def decode_request(
 
 def split_response(value: Any) -> tuple[dict[str, Any], str] | None:
     """A whole-response value (a DataFrame, or a user codec's type) -> ({output: value}, content type)."""
-    for codec in codecs_for_payload():
+    for codec in codecs_that_split():
         try:
             parts = codec.split_response(value)
         except (ValueError, TypeError) as exc:
