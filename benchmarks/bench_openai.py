@@ -12,7 +12,9 @@
 - Load: ``fastoip bench openai`` pinned to CLIENT_CPUS (default 1): ``/v1/embeddings`` (one text a request) and
   streamed ``/v1/chat/completions`` (``max_tokens`` 64) at ``--conc`` connections.
 - Reported per server: requests/s, latency p50/p99; chat: time to first token, inter-token latency, tokens/s;
-  and the server's CPU milliseconds per request (its processes' utime + stime over the window, /proc).
+  and the server's CPU milliseconds per request (its processes' utime + stime over the window, /proc), the share
+  of a CPU it got, and what it served per second of its CPU (tokens, or requests for embeddings): on a machine
+  shared with other work the share varies between runs and servers, the work per CPU-second does not.
 - Also fastoip's ``/v2/models/tiny_chat/generate_stream`` with the same prompt and ``max_tokens``: the CPU per
   request of the OpenAI route against it is the translation's cost (issue 40's goal: at most 1.2x).
 
@@ -141,6 +143,11 @@ def measured(pid: int, run: Callable[[], dict], duration: float) -> dict:
     level = run()
     spent = cpu_seconds(pid) - before
     level["cpu_ms_per_request"] = 1e3 * spent / max(level["requests_per_s"] * duration, 1)
+    # what one second of the server's CPU serves: on a machine shared with other work, a server's share of its
+    # CPU varies from run to run (and between servers), this does not
+    level["server_cpu_share"] = spent / duration
+    per_cpu_second = level.get("tokens_per_s") or level["requests_per_s"]
+    level["per_cpu_second"] = per_cpu_second / max(level["server_cpu_share"], 1e-9)
     return level
 
 
@@ -209,9 +216,10 @@ def main() -> int:
                 proc.wait(30)
     rows = [[name, f"{r['requests_per_s']:.0f}", f"{r['latency_p50_ms']:.1f}", f"{r['latency_p99_ms']:.1f}",
              f"{r.get('tokens_per_s', 0):.0f}", f"{r.get('ttft_p50_ms', 0):.1f}", f"{r.get('itl_p50_ms', 0):.2f}",
-             f"{r['cpu_ms_per_request']:.2f}", r["errors"] or ""] for name, r in results.items()]
+             f"{r['cpu_ms_per_request']:.2f}", f"{100 * r['server_cpu_share']:.0f} %", f"{r['per_cpu_second']:.0f}",
+             r["errors"] or ""] for name, r in results.items()]
     print(markdown_table(["server", "req/s", "p50 ms", "p99 ms", "tokens/s", "TTFT p50 ms", "ITL p50 ms",
-                          "CPU ms/req", "errors"], rows))
+                          "CPU ms/req", "server CPU", "tokens (req) per CPU-s", "errors"], rows))
     out = WORK / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "openai-latest.json").write_text(json.dumps(results, indent=1))
