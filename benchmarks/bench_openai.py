@@ -142,10 +142,12 @@ def measured(pid: int, run: Callable[[], dict], duration: float) -> dict:
     before = cpu_seconds(pid)
     level = run()
     spent = cpu_seconds(pid) - before
-    level["cpu_ms_per_request"] = 1e3 * spent / max(level["requests_per_s"] * duration, 1)
+    # the level's own length: its last requests end after ``duration`` (a slow server's later)
+    seconds = level.get("seconds") or duration
+    level["cpu_ms_per_request"] = 1e3 * spent / max(level["requests_per_s"] * seconds, 1)
     # what one second of the server's CPU serves: on a machine shared with other work, a server's share of its
     # CPU varies from run to run (and between servers), this does not
-    level["server_cpu_share"] = spent / duration
+    level["server_cpu_share"] = spent / seconds
     per_cpu_second = level.get("tokens_per_s") or level["requests_per_s"]
     level["per_cpu_second"] = per_cpu_second / max(level["server_cpu_share"], 1e-9)
     return level
