@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,8 +170,11 @@ def start_litserve(kind: str, model_file: Path) -> tuple[subprocess.Popen, str]:
     script = WORK / "litserve_openai.py"
     script.write_text(LITSERVE_SERVER.replace("(WORDS_HERE)", "(" + words + ")"))
     port = free_port()
+    # its own process group: LitServe's workers (multiprocessing) outlive a terminated server otherwise, and every
+    # run left two servers' worth of them polling on SERVER_CPUS, taking that CPU from the next runs
     proc = subprocess.Popen(["taskset", "-c", SERVER_CPUS, litserve_python(), str(script), kind, str(port),
-                             str(model_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             str(model_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -178,8 +182,26 @@ def start_litserve(kind: str, model_file: Path) -> tuple[subprocess.Popen, str]:
                 return proc, url
         except OSError:
             time.sleep(0.2)
-    proc.kill()
+    stop_group(proc)
     raise RuntimeError("LitServe did not start")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """End ``proc`` and everything it started (its process group): TERM, then KILL what is left."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)  # anyone left in the group?
+            except ProcessLookupError:
+                proc.wait(5)
+                return
+            proc.poll()  # (reap the leader, which would otherwise stay a member as a zombie)
+            time.sleep(0.1)
 
 
 def main() -> int:
@@ -214,8 +236,7 @@ def main() -> int:
                 load = partial(bench, kind, url, model, args.conc, args.duration)
                 results[key] = measured(proc.pid, load, args.duration)
             finally:
-                proc.terminate()
-                proc.wait(30)
+                stop_group(proc)
     rows = [[name, f"{r['requests_per_s']:.0f}", f"{r['latency_p50_ms']:.1f}", f"{r['latency_p99_ms']:.1f}",
              f"{r.get('tokens_per_s', 0):.0f}", f"{r.get('ttft_p50_ms', 0):.1f}", f"{r.get('itl_p50_ms', 0):.2f}",
              f"{r['cpu_ms_per_request']:.2f}", f"{100 * r['server_cpu_share']:.0f} %", f"{r['per_cpu_second']:.0f}",
