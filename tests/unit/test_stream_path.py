@@ -248,3 +248,21 @@ def test_a_content_chunk_from_its_template_is_the_general_chunk(chat: bool, incl
     for index in (0, 1, 7):
         for text in ("", " fox", 'say "hi"\n', "\ue000text\ue000", "naïve ✓"):
             assert writer.content(index, text) == writer.chunk(index, text)
+
+
+def test_generate_streams_events_queued_at_a_wake_up_as_one_piece(core: Core) -> None:
+    from fastoip.server.http.generate import _events
+    from fastoip.wire.generate import generate_response_json
+
+    async def pieces() -> list[bytes]:
+        call = ModelCall(core, count_request(30, model="counter"))
+        deadline = time.monotonic() + 30
+        while len(call.answers) < 31 and time.monotonic() < deadline:  # the loop is busy: nothing is read
+            time.sleep(0.01)
+        first = await call.get()
+        return [piece async for piece in _events(first, call, generate_response_json)]
+
+    got = asyncio.run(pieces())
+    assert len(got) == 1
+    events = got[0].split(b"\n\n")[:-1]
+    assert [orjson.loads(event[len(b"data: "):])["INDEX"] for event in events] == list(range(30))
