@@ -49,20 +49,24 @@ ASYNC_TAKES_TURNS = """
         def load(self):
             self.made = itertools.count()
             self.closed = Path(__file__).parent / "closed.txt"
-            self.arrived = 0
-            self.both = None
+            self.arrived = {}
+            self.together = {}
+            self.running = self.peak = 0
 
         async def predict(self, inputs, parameters):
             count = int(inputs["COUNT"].reshape(-1)[0])
             fail_at = int(parameters.get("fail_at", -1))
             delay = float(parameters.get("delay", 0))
-            if parameters.get("pair"):  # two generations start together (the second one's arrival starts both)
-                if self.both is None:
-                    self.both = asyncio.Event()
-                self.arrived += 1
-                if self.arrived == 2:
-                    self.both.set()
-                await asyncio.wait_for(self.both.wait(), 30)
+            gather = int(parameters.get("gather", 0))
+            if gather:  # the generations of a group start together, once ``gather`` of them run
+                group = parameters["group"]
+                event = self.together.setdefault(group, asyncio.Event())
+                self.arrived[group] = self.arrived.get(group, 0) + 1
+                if self.arrived[group] == gather:
+                    event.set()
+                await asyncio.wait_for(event.wait(), 30)
+            self.running += 1
+            self.peak = max(self.peak, self.running)
             try:
                 for index in range(count):
                     if index == fail_at:
@@ -72,8 +76,10 @@ ASYNC_TAKES_TURNS = """
                     yield {"INDEX": np.array([index], dtype=np.int32),
                            "ORDER": np.array([next(self.made)], dtype=np.int32)}
             finally:
+                self.running -= 1
                 with self.closed.open("a") as out:
                     out.write(str(parameters.get("name", "")) + "\\n")
+                (Path(__file__).parent / "peak.txt").write_text(str(self.peak))
 """
 TURNS_CONFIG = """
     backend: "python"
@@ -89,6 +95,7 @@ TURNS_CONFIG = """
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("stream-path")
     write_python_model(folder, "turns", ASYNC_TAKES_TURNS, TURNS_CONFIG)
+    write_python_model(folder, "wide", ASYNC_TAKES_TURNS, TURNS_CONFIG.replace('"4"', '"16"'))
     write_python_model(folder, "counter", COUNTER, COUNTER_CONFIG)
     write_openai_examples(folder)
     return folder
@@ -176,7 +183,7 @@ def test_a_cancelled_async_generation_stops_and_runs_its_finally(core: Core, roo
 def test_concurrent_async_generations_take_turns_on_the_model_loop(core: Core) -> None:
     # a generator that never awaits would stream its whole answer before the other starts, were it not for the
     # turn the loop gives between two values
-    calls = [Collected(core, count_request(20000, name=f"turn-{i}", pair=True)) for i in range(2)]
+    calls = [Collected(core, count_request(20000, name=f"turn-{i}", gather=2, group="turns")) for i in range(2)]
     for call in calls:
         call.wait()
         assert call.values("INDEX") == list(range(20000))
@@ -187,6 +194,22 @@ def test_concurrent_async_generations_take_turns_on_the_model_loop(core: Core) -
     ordered = sorted(first)
     switches = sum(1 for index in range(1, len(ordered)) if ordered[index] != ordered[index - 1] + 1)
     assert switches >= 2, (first[:3], second[:3])
+
+
+def test_async_generations_hold_no_executor_thread(core: Core) -> None:
+    # 8 generations that all wait for each other run at once on a Core of 4 executor threads (holding a thread
+    # each, 4 would wait for the others for ever)
+    calls = [Collected(core, count_request(5, "wide", name=f"wide-{i}", gather=8, group="wide")) for i in range(8)]
+    for call in calls:
+        job = call.wait()
+        assert job.error is None and call.values("INDEX") == list(range(5))
+
+
+def test_async_generations_run_at_most_max_concurrency_at_once(core: Core, root: Path) -> None:
+    calls = [Collected(core, count_request(20, delay=0.005, name=f"bounded-{i}")) for i in range(12)]
+    for call in calls:
+        assert call.wait().error is None
+    assert 1 <= int((root / "turns" / "1" / "peak.txt").read_text()) <= 4  # max_concurrency
 
 
 # -- ModelCall: one wake-up per burst -----------------------------------------------------------------------------
@@ -266,3 +289,19 @@ def test_generate_streams_events_queued_at_a_wake_up_as_one_piece(core: Core) ->
     assert len(got) == 1
     events = got[0].split(b"\n\n")[:-1]
     assert [orjson.loads(event[len(b"data: "):])["INDEX"] for event in events] == list(range(30))
+
+
+def test_an_unload_waits_for_the_async_generations_running(tmp_path: Path) -> None:
+    write_python_model(tmp_path, "turns", ASYNC_TAKES_TURNS, TURNS_CONFIG)
+    with core_on(tmp_path, model_control_mode="explicit", startup_models=["turns"]) as own:
+        call = Collected(own, count_request(200, delay=0.005, name="drained"))
+        deadline = time.monotonic() + 30
+        while not call.responses and time.monotonic() < deadline:
+            time.sleep(0.01)
+        unloaded = threading.Thread(target=own.unload_model, args=("turns",))
+        unloaded.start()
+        job = call.wait()
+        unloaded.join(60)
+        assert not unloaded.is_alive()
+        assert job.error is None and call.values("INDEX") == list(range(200))  # it ran to its end
+        assert "drained" in closed_names(tmp_path)

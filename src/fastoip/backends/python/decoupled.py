@@ -62,6 +62,11 @@ def is_async(produced: Any) -> bool:
     return inspect.isasyncgen(produced)
 
 
+async def drive_here(produced: AsyncGenerator[Any, Any], deliver: Callable[[Any], bool]) -> None:
+    """:func:`drive`, awaited on the backend's loop itself (a generation that holds no thread)."""
+    await _drive(produced, deliver)
+
+
 def drive(produced: AsyncGenerator[Any, Any], deliver: Callable[[Any], bool]) -> None:
     """Run the async generator ``produced`` on the backend's loop, ``deliver(value)`` for each value until it
     returns False (nobody listens any more); this thread waits for the end.  The generator is closed on every
