@@ -305,3 +305,13 @@ def test_an_unload_waits_for_the_async_generations_running(tmp_path: Path) -> No
         assert not unloaded.is_alive()
         assert job.error is None and call.values("INDEX") == list(range(200))  # it ran to its end
         assert "drained" in closed_names(tmp_path)
+
+
+def test_answer_ids_are_unique_and_shaped_as_before() -> None:
+    import re
+
+    from fastoip.wire.openai.answers import new_id
+
+    ids = [new_id("chatcmpl") for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"chatcmpl-[0-9a-f]{32}", one) for one in ids)
