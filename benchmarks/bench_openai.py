@@ -12,7 +12,9 @@
 - Load: ``fastoip bench openai`` pinned to CLIENT_CPUS (default 1): ``/v1/embeddings`` (one text a request) and
   streamed ``/v1/chat/completions`` (``max_tokens`` 64) at ``--conc`` connections.
 - Reported per server: requests/s, latency p50/p99; chat: time to first token, inter-token latency, tokens/s;
-  and the server's CPU milliseconds per request (its processes' utime + stime over the window, /proc).
+  and the server's CPU milliseconds per request (its processes' utime + stime over the window, /proc), the share
+  of a CPU it got, and what it served per second of its CPU (tokens, or requests for embeddings): on a machine
+  shared with other work the share varies between runs and servers, the work per CPU-second does not.
 - Also fastoip's ``/v2/models/tiny_chat/generate_stream`` with the same prompt and ``max_tokens``: the CPU per
   request of the OpenAI route against it is the translation's cost (issue 40's goal: at most 1.2x).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -140,7 +143,14 @@ def measured(pid: int, run: Callable[[], dict], duration: float) -> dict:
     before = cpu_seconds(pid)
     level = run()
     spent = cpu_seconds(pid) - before
-    level["cpu_ms_per_request"] = 1e3 * spent / max(level["requests_per_s"] * duration, 1)
+    # the level's own length: its last requests end after ``duration`` (a slow server's later)
+    seconds = level.get("seconds") or duration
+    level["cpu_ms_per_request"] = 1e3 * spent / max(level["requests_per_s"] * seconds, 1)
+    # what one second of the server's CPU serves: on a machine shared with other work, a server's share of its
+    # CPU varies from run to run (and between servers), this does not
+    level["server_cpu_share"] = spent / seconds
+    per_cpu_second = level.get("tokens_per_s") or level["requests_per_s"]
+    level["per_cpu_second"] = per_cpu_second / max(level["server_cpu_share"], 1e-9)
     return level
 
 
@@ -160,8 +170,11 @@ def start_litserve(kind: str, model_file: Path) -> tuple[subprocess.Popen, str]:
     script = WORK / "litserve_openai.py"
     script.write_text(LITSERVE_SERVER.replace("(WORDS_HERE)", "(" + words + ")"))
     port = free_port()
+    # its own process group: LitServe's workers (multiprocessing) outlive a terminated server otherwise, and every
+    # run left two servers' worth of them polling on SERVER_CPUS, taking that CPU from the next runs
     proc = subprocess.Popen(["taskset", "-c", SERVER_CPUS, litserve_python(), str(script), kind, str(port),
-                             str(model_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             str(model_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -169,8 +182,26 @@ def start_litserve(kind: str, model_file: Path) -> tuple[subprocess.Popen, str]:
                 return proc, url
         except OSError:
             time.sleep(0.2)
-    proc.kill()
+    stop_group(proc)
     raise RuntimeError("LitServe did not start")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """End ``proc`` and everything it started (its process group): TERM, then KILL what is left."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)  # anyone left in the group?
+            except ProcessLookupError:
+                proc.wait(5)
+                return
+            proc.poll()  # (reap the leader, which would otherwise stay a member as a zombie)
+            time.sleep(0.1)
 
 
 def main() -> int:
@@ -205,13 +236,13 @@ def main() -> int:
                 load = partial(bench, kind, url, model, args.conc, args.duration)
                 results[key] = measured(proc.pid, load, args.duration)
             finally:
-                proc.terminate()
-                proc.wait(30)
+                stop_group(proc)
     rows = [[name, f"{r['requests_per_s']:.0f}", f"{r['latency_p50_ms']:.1f}", f"{r['latency_p99_ms']:.1f}",
              f"{r.get('tokens_per_s', 0):.0f}", f"{r.get('ttft_p50_ms', 0):.1f}", f"{r.get('itl_p50_ms', 0):.2f}",
-             f"{r['cpu_ms_per_request']:.2f}", r["errors"] or ""] for name, r in results.items()]
+             f"{r['cpu_ms_per_request']:.2f}", f"{100 * r['server_cpu_share']:.0f} %", f"{r['per_cpu_second']:.0f}",
+             r["errors"] or ""] for name, r in results.items()]
     print(markdown_table(["server", "req/s", "p50 ms", "p99 ms", "tokens/s", "TTFT p50 ms", "ITL p50 ms",
-                          "CPU ms/req", "errors"], rows))
+                          "CPU ms/req", "server CPU", "tokens (req) per CPU-s", "errors"], rows))
     out = WORK / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "openai-latest.json").write_text(json.dumps(results, indent=1))

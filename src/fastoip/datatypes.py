@@ -106,6 +106,14 @@ def numpy_dtype(datatype: str) -> np.dtype:
         raise InvalidArgument(f"unknown datatype '{datatype}'") from None
 
 
+#: numpy (kind, item size) -> V2 datatype name, for the numeric kinds.
+_V2_BY_KIND_SIZE = {
+    ("u", 1): "UINT8", ("u", 2): "UINT16", ("u", 4): "UINT32", ("u", 8): "UINT64",
+    ("i", 1): "INT8", ("i", 2): "INT16", ("i", 4): "INT32", ("i", 8): "INT64",
+    ("f", 2): "FP16", ("f", 4): "FP32", ("f", 8): "FP64",
+}
+
+
 def v2_datatype_of(array: np.ndarray) -> str:
     """The V2 datatype name for a numpy array (object arrays are BYTES)."""
     kind = array.dtype.kind
@@ -113,11 +121,7 @@ def v2_datatype_of(array: np.ndarray) -> str:
         return "BYTES"
     if kind == "b":
         return "BOOL"
-    name = {
-        ("u", 1): "UINT8", ("u", 2): "UINT16", ("u", 4): "UINT32", ("u", 8): "UINT64",
-        ("i", 1): "INT8", ("i", 2): "INT16", ("i", 4): "INT32", ("i", 8): "INT64",
-        ("f", 2): "FP16", ("f", 4): "FP32", ("f", 8): "FP64",
-    }.get((kind, array.dtype.itemsize))
+    name = _V2_BY_KIND_SIZE.get((kind, array.dtype.itemsize))
     if name is None:
         raise InvalidArgument(f"numpy dtype {array.dtype} has no V2 datatype")
     return name

@@ -82,6 +82,9 @@ import fastoip
 
 WORDS = ("the quick brown fox jumps over a lazy dog by the river under green trees while "
          "soft rain falls on blue stones and the sun sets").split()
+# The per-token tensors that never change, made once (responses only read them): a token costs its word.
+ONE_TOKEN = np.array([1], dtype=np.int32)
+LOGPROBS = [np.array([-0.25 * (1 + index)], dtype=np.float32) for index in range(4)]
 
 
 def _scalar(inputs, name, default):
@@ -116,8 +119,7 @@ class TinyChat(fastoip.Model):
                 word = rng.choice(WORDS)
             # every output, every response (a V2 caller asks for all; the OpenAI route asks for what it needs)
             yield {"text_output": [(" " if index else "") + word], "num_input_tokens": prompt_tokens,
-                   "num_output_tokens": np.array([1], dtype=np.int32),
-                   "logprobs": np.array([-0.25 * (1 + index % 4)], dtype=np.float32)}
+                   "num_output_tokens": ONE_TOKEN, "logprobs": LOGPROBS[index % 4]}
 '''
 
 

@@ -218,6 +218,42 @@ def test_registry_forms() -> None:
     assert ct.get_content_type("str") is not None  # built-ins stay
 
 
+class SplitsPairs(ct.ContentType):
+    """Claims every str (before the built-ins) and splits a ("pair", a, b) tuple into two outputs."""
+
+    name = "pairs-test"
+
+    def can_encode(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def encode(self, name: str, value: Any) -> ct.Tensor:
+        data = np.array([b"pair:" + value.encode()], dtype=object)
+        return ct.Tensor(name, "BYTES", data.shape, data, {"content_type": self.name})
+
+    def split_response(self, value: Any) -> dict[str, Any] | None:
+        if isinstance(value, tuple) and value[:1] == ("pair",):
+            return {"a": value[1], "b": value[2]}
+        return None
+
+
+def test_payload_inference_follows_the_registry_as_it_changes() -> None:
+    # the codec order is kept between changes (not rebuilt per output): a codec registered after inference ran
+    # is tried first from then on, and forgotten when unregistered
+    assert ct.encode_output("t", "x", None).parameters["content_type"] == "str"
+    assert ct.split_response(("pair", 1, 2)) is None
+    try:
+        ct.register_content_type(SplitsPairs)
+        tensor = ct.encode_output("t", "x", None)
+        assert tensor.parameters["content_type"] == "pairs-test" and tensor.data.tolist() == [b"pair:x"]
+        assert ct.split_response(("pair", 1, 2)) == ({"a": 1, "b": 2}, "pairs-test")
+    finally:
+        ct.unregister_content_type("pairs-test")
+    assert ct.encode_output("t", "x", None).parameters["content_type"] == "str"
+    assert ct.split_response(("pair", 1, 2)) is None
+    # a list of str is text, without numpy being asked to make an array of it
+    assert ct.encode_output("t", ["a", "b"], None).parameters["content_type"] == "str"
+
+
 def test_without_pandas_pd_says_how_to_install() -> None:
     code = textwrap.dedent(
         """

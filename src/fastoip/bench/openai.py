@@ -49,7 +49,7 @@ class Level:
 
     def summary(self, inputs: int) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "concurrency": self.concurrency, "requests_per_s": self.requests / self.seconds,
+            "concurrency": self.concurrency, "seconds": self.seconds, "requests_per_s": self.requests / self.seconds,
             "latency_p50_ms": _percentile(self.latencies_ms, 50), "latency_p99_ms": _percentile(self.latencies_ms, 99),
             "errors": self.errors,
         }

@@ -112,6 +112,18 @@ _registry: dict[str, ContentType] = {}
 _user_order: list[str] = []
 #: Built-in codecs, in the order payload inference tries them.
 _builtin_order: list[str] = []
+#: The codecs in that order (user codecs, then built-ins), rebuilt when the registry changes: payload inference
+#: reads it for every output of every response (a streamed model's every token).
+_payload_order: tuple[ContentType, ...] = ()
+#: Those of them that split whole responses (override ``split_response``), in the same order.
+_splitting: tuple[ContentType, ...] = ()
+
+
+def _reorder() -> None:
+    """Rebuild ``_payload_order`` and ``_splitting`` (the caller holds ``_lock``)."""
+    global _payload_order, _splitting
+    _payload_order = tuple(_registry[n] for n in _user_order) + tuple(_registry[n] for n in _builtin_order)
+    _splitting = tuple(c for c in _payload_order if type(c).split_response is not ContentType.split_response)
 
 C = TypeVar("C", bound=ContentType | type)
 
@@ -172,6 +184,7 @@ def register_content_type(
             if name in _user_order:
                 _user_order.remove(name)
             _user_order.insert(0, name)
+        _reorder()
     return instance
 
 
@@ -179,6 +192,7 @@ def _register_builtin(codec: ContentType) -> None:
     with _lock:
         _registry[codec.name] = codec
         _builtin_order.append(codec.name)
+        _reorder()
 
 
 def _same_class(a: ContentType, b: ContentType) -> bool:
@@ -192,6 +206,7 @@ def unregister_content_type(name: str) -> None:
         if name in _user_order:
             _user_order.remove(name)
             del _registry[name]
+            _reorder()
 
 
 def get_content_type(name: str) -> ContentType | None:
@@ -204,10 +219,14 @@ def content_type_names() -> list[str]:
     return sorted(_registry)
 
 
-def codecs_for_payload() -> list[ContentType]:
+def codecs_for_payload() -> tuple[ContentType, ...]:
     """Codecs in the order payload inference tries them: user codecs, then built-ins."""
-    with _lock:
-        return [_registry[n] for n in _user_order] + [_registry[n] for n in _builtin_order]
+    return _payload_order  # (replaced whole under the lock, never changed in place: no lock to read it)
+
+
+def codecs_that_split() -> tuple[ContentType, ...]:
+    """``codecs_for_payload()`` less those that never split a whole response (the base class's answer)."""
+    return _splitting
 
 
 # -- helpers shared by the codecs ------------------------------------------------------------

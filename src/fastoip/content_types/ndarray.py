@@ -32,6 +32,8 @@ class NumpyContentType(ContentType):
         if isinstance(value, (list, tuple)) and value:
             if all(isinstance(v, (bytes, bytearray)) for v in value):
                 return True
+            if all(isinstance(v, str) for v in value):
+                return False  # (numpy would make it a U array: text is the str codec's, told without the array)
             try:
                 array = np.asarray(value)
             except (ValueError, TypeError):

@@ -25,6 +25,7 @@ from .base import (
     ContentType,
     Tensor,
     codecs_for_payload,
+    codecs_that_split,
     content_type_names,
     get_content_type,
     input_key,
@@ -111,7 +112,7 @@ def decode_request(
 
 def split_response(value: Any) -> tuple[dict[str, Any], str] | None:
     """A whole-response value (a DataFrame, or a user codec's type) -> ({output: value}, content type)."""
-    for codec in codecs_for_payload():
+    for codec in codecs_that_split():
         try:
             parts = codec.split_response(value)
         except (ValueError, TypeError) as exc:
@@ -132,7 +133,11 @@ def encode_output(name: str, value: Any, content_type: str | None, *, from_reque
     if content_type:
         codec = lookup(content_type, f"output '{name}'")
     else:
-        found = next((c for c in codecs_for_payload() if _can_encode(c, value)), None)
+        found = None
+        for candidate in codecs_for_payload():
+            if _can_encode(candidate, value):
+                found = candidate
+                break
         if found is None:
             raise InternalError(
                 f"output '{name}': no content type can encode a {type(value).__name__} "

@@ -17,6 +17,8 @@ class _EventLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        #: The tasks ``submit`` started and that still run (touched on the loop only).
+        self._submitted: set[asyncio.Task] = set()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -55,15 +57,23 @@ class _EventLoop:
     def submit(self, awaitable: Any, done: Callable[[BaseException | None], None]) -> None:
         """Start ``awaitable`` on the loop without waiting; ``done(exception or None)`` runs when it ends."""
 
+        loop = self.loop()
+
         async def wrapper() -> Any:
             return await awaitable
 
-        future = asyncio.run_coroutine_threadsafe(wrapper(), self.loop())
-
-        def finished(ended: concurrent.futures.Future) -> None:
+        def finished(ended: asyncio.Task) -> None:  # (on the loop)
+            self._submitted.discard(ended)
             done(None if ended.cancelled() else ended.exception())
 
-        future.add_done_callback(finished)
+        def start() -> None:
+            task = loop.create_task(wrapper())
+            self._submitted.add(task)  # (a loop holds its tasks weakly)
+            task.add_done_callback(finished)
+
+        # a task made on the loop, no thread-safe future chained to it (nobody waits here: that chain was a
+        # streamed generation's largest fixed cost on its way to the loop)
+        loop.call_soon_threadsafe(start)
 
 
 EVENT_LOOP = _EventLoop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import threading
@@ -16,11 +17,11 @@ from ...errors import InferenceError, InternalError, InvalidArgument, Unavailabl
 from ...lifecycle import SHUTDOWN, STARTUP, hook_names
 from ...model import Model
 from ...model_config import ModelSpec, version_name
-from ...scheduling.contract import END_OF_STREAM, Execution, Results
+from ...scheduling.contract import END_OF_STREAM, RESPONDS_LATER, Execution, Results
 from ...types import InferResponse
-from .decoupled import close, values_of
+from .decoupled import ModelFailed, close, drive, drive_here, is_async, values_of
 from .describe import describe as _describe
-from .event_loop import call
+from .event_loop import EVENT_LOOP, call
 from .payloads import PayloadCodec, batch_key
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ class _Host:
         except Exception as exc:
             raise InvalidArgument(f"model '{name}': {cls.__qualname__}() failed: {_describe(exc)}") from exc
         self._wants_parameters = _takes_parameters(model.predict)
+        #: A decoupled model whose ``predict`` is an async generator: its generations run on the model loop alone,
+        #: each holding no thread (``start_generation``), at most ``lanes`` at a time.
+        self.streams_async = self.decoupled and inspect.isasyncgenfunction(model.predict)
+        #: Where generations that finish after ``execute`` returned record their executions (the repository's).
+        self.record: Callable[[int, int, int, int, int], None] | None = None
 
     def start(self) -> None:
         model = self.model
@@ -98,6 +104,7 @@ class _Host:
             if self._stopped:
                 return
             self._stopped = True
+            self._state.notify_all()  # (a thread waiting for room to start a generation hears it: refused)
             if drain and not self._state.wait_for(lambda: self._in_flight == 0, DRAIN_TIMEOUT_S):
                 log.warning("model '%s': %d requests still running at unload", self.name, self._in_flight)
         if not self._started:
@@ -195,6 +202,8 @@ class _Host:
 
     def _stream(self, produced: Any, job: Job) -> tuple[int, InferResponse | None]:
         """Send each response ``produced`` gives; the time spent encoding them, and the last response."""
+        if is_async(produced):
+            return self._stream_async(produced, job)
         encode_ns = 0
         last = None
         values = values_of(produced)
@@ -217,6 +226,95 @@ class _Host:
         finally:
             close(produced)
         return encode_ns, last
+
+    def _stream_async(self, produced: Any, job: Job) -> tuple[int, InferResponse | None]:
+        """``_stream`` of an async generator: driven on the model loop in one go, each response encoded and sent
+        from there (no thread hand-off per response)."""
+        sent: list[InferResponse] = []
+        encode_ns = 0
+
+        def deliver(value: Any) -> bool:
+            nonlocal encode_ns
+            started = time.monotonic_ns()
+            response = self.payloads.encode(value, [job])[0]
+            encode_ns += time.monotonic_ns() - started
+            sent[:] = [response]
+            return job.send(response)  # False once finished meanwhile (the client cancelled): stop producing
+
+        try:
+            drive(produced, deliver)
+        except ModelFailed as failed:
+            if isinstance(failed.cause, InferenceError):
+                raise failed.cause from None
+            log.error("model '%s': predict failed", self.name, exc_info=failed.cause)
+            raise InternalError(f"model '{self.name}': predict failed: {_describe(failed.cause)}") from None
+        return encode_ns, (sent[0] if sent else None)
+
+    # -- async generations that hold no thread ---------------------------------------------------------------
+    def has_room(self) -> bool:
+        """A generation may start now without waiting for another to end."""
+        return not self._stopped and self._in_flight < max(self.lanes, 1)
+
+    def start_generation(self, job: Job) -> InferenceError | None:
+        """Start ``job``'s generation on the model loop and return (None), or the error it fails with at once.
+
+        Everything the generation does (decoding, ``predict``, encoding and sending each response, finishing the
+        job) runs on the model loop: no thread waits for it.  At most ``lanes`` run at a time: a thread that is
+        not an event loop's waits here for room; an event loop's (the direct scheduler hands a job over there
+        after ``has_room``) never waits, and may pass the bound by the calls that raced it."""
+        with self._state:
+            if not self._stopped and asyncio._get_running_loop() is None:
+                self._state.wait_for(lambda: self._stopped or self._in_flight < max(self.lanes, 1))
+            if self._stopped:
+                return Unavailable(f"model '{self.name}' is unloaded")
+            self._in_flight += 1
+        try:
+            EVENT_LOOP.submit(self._generate(job), self._generation_ended)
+        except BaseException:
+            self._generation_ended(None)
+            raise
+        return None
+
+    async def _generate(self, job: Job) -> None:
+        """One generation on the model loop, from its request to its job's end (``_execute_decoupled``'s twin
+        for a job that holds no thread: change both)."""
+        try:
+            if job.finished:  # cancelled before its turn came
+                return
+            t0 = time.monotonic_ns()
+            payload, parameters = self.payloads.decode([job])
+            t1 = time.monotonic_ns()
+            encode_ns = 0
+
+            def deliver(value: Any) -> bool:
+                nonlocal encode_ns
+                started = time.monotonic_ns()
+                response = self.payloads.encode(value, [job])[0]
+                encode_ns += time.monotonic_ns() - started
+                return job.send(response)  # False once finished meanwhile (the client cancelled): stop producing
+
+            await drive_here(self._predict(payload, parameters), deliver)
+            t2 = time.monotonic_ns()
+            job.compute_end_ns = t2
+            if self.record is not None:  # recorded before the caller hears of the end (as run_jobs does)
+                self.record(job.batch_size, 1, t1 - t0, t2 - t1 - encode_ns, encode_ns)
+            job.end_stream()
+        except ModelFailed as failed:
+            if isinstance(failed.cause, InferenceError):
+                job.fail(failed.cause)
+            else:
+                log.error("model '%s': predict failed", self.name, exc_info=failed.cause)
+                job.fail(InternalError(f"model '{self.name}': predict failed: {_describe(failed.cause)}"))
+        except InferenceError as exc:
+            job.fail(exc)
+        except Exception as exc:  # a bug in the backend itself: still answer the job
+            log.exception("model '%s': request failed", self.name)
+            job.fail(InternalError(f"model '{self.name}': {_describe(exc)}"))
+
+    def _generation_ended(self, error: BaseException | None) -> None:
+        with self._state:
+            self._in_flight -= 1
+            self._state.notify_all()
 
     def _groups(self, jobs: Sequence[Job]) -> list[list[int]]:
         if not self.batchable or len(jobs) == 1:
@@ -277,3 +375,24 @@ class PythonInstance:
         host.lanes -= 1
         if host.lanes <= 0:
             host.stop()
+
+
+class AsyncStreamInstance(PythonInstance):
+    """A lane into a decoupled model whose ``predict`` is an async generator: ``execute`` starts each generation
+    on the model loop and returns (its jobs are ``RESPONDS_LATER``; the generation finishes them), so a stream
+    holds no executor thread, and the direct scheduler may hand a job over on the event loop that enqueued it."""
+
+    def takes_without_waiting(self, job: Job) -> bool:
+        return job.decoupled and self.host.has_room()
+
+    def record_executions_to(self, record: Callable[[int, int, int, int, int], None]) -> None:
+        self.host.record = record
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
+        if not all(job.decoupled for job in jobs):  # a caller without a response sink (warm-up): as any model
+            return self.host.execute(jobs)
+        results: Results = []
+        for job in jobs:
+            failed = self.host.start_generation(job)
+            results.append(RESPONDS_LATER if failed is None else failed)
+        return results, []

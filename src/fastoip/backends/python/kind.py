@@ -14,7 +14,7 @@ from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
 from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, is_model_settings_config, model_spec
 from .deployment import run_deployment_hooks as _run_deployment_hooks
-from .host import PythonInstance, _Host
+from .host import AsyncStreamInstance, PythonInstance, _Host
 from .mlserver_process import hosting_of, start_workers
 from .model_file import import_model_file as _import_model_file
 from .model_file import model_class as _model_class
@@ -126,7 +126,10 @@ class PythonKind:
             count,
             " (batchable)" if batchable else "",
         )
-        return config, [PythonInstance(host) for host in hosts for _ in range(concurrency)]
+        return config, [
+            (AsyncStreamInstance if host.streams_async else PythonInstance)(host)
+            for host in hosts for _ in range(concurrency)
+        ]
 
 
 KIND = PythonKind()

@@ -40,6 +40,8 @@ class PayloadCodec:
         self.version_str = version_str
         self.spec = spec
         self.defaults = defaults
+        #: The declared output names, in order.
+        self.declared = [t.name for t in spec.outputs]
 
     def decode(self, group: list[Job]) -> tuple[Any, dict]:
         request = group[0].request
@@ -56,7 +58,7 @@ class PayloadCodec:
     def encode(self, value: Any, group: list[Job]) -> list[InferResponse]:
         first = group[0]
         spec = self.spec
-        declared = [t.name for t in spec.outputs]
+        declared = self.declared
         response_parameters: dict[str, Any] = {}
         split = split_response(value)
         if split is not None:

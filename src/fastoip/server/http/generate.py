@@ -106,19 +106,26 @@ def is_v2_form(body: bytes | bytearray) -> bool:
 
 
 async def _events(first: Answer, answers: ModelCall, encode: Encode) -> AsyncGenerator[bytes, None]:
-    """The SSE body: an event per response, an error event, until the end; cancels the call if closed early."""
+    """The SSE body: an event per response, an error event, until the end; cancels the call if closed early.
+    The answers queued at a wake-up go out together, in one write."""
     answer = first
+    held: list[bytes] = []
     try:
         while answer is not None:
             if isinstance(answer, InferenceError):
-                yield codec.sse_event(codec.error_json(answer.message))
+                held.append(codec.sse_event(codec.error_json(answer.message)))
                 break
             try:
                 data = encode(answer)
             except InferenceError as exc:  # an output with no JSON form: the client hears why
                 data = codec.error_json(exc.message)
-            yield codec.sse_event(data)
+            held.append(codec.sse_event(data))
+            if not answers.ready():  # the next answer is not here yet: send what is
+                yield b"".join(held)
+                held.clear()
             answer = await answers.get()
+        if held:
+            yield b"".join(held)
     finally:
         if not answers.ticket.finished:
             answers.ticket.cancel()

@@ -248,24 +248,39 @@ class Router:
 
 
 async def _stream(request: Request, response: StreamingResponse, send: Callable[..., Any]) -> None:
-    """Send each chunk as it comes; stop (closing the source) as soon as the client disconnects."""
+    """Send each chunk as it comes; stop (closing the source) as soon as the client disconnects.
+
+    One loop reads the source and writes (no task per chunk); a watcher of the client cancels that loop when the
+    client goes away, wherever it waits (on the model or on the socket)."""
     await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
     chunks = response.chunks
+    task = asyncio.current_task()
+    assert task is not None
+    streaming = True
+    gone = False
+
+    def client_left(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if streaming and not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            task.cancel()
+
     disconnected = asyncio.ensure_future(client_disconnect(request))
+    disconnected.add_done_callback(client_left)
     try:
-        while True:
-            next_chunk = asyncio.ensure_future(anext(chunks))
-            await asyncio.wait((next_chunk, disconnected), return_when=asyncio.FIRST_COMPLETED)
-            if disconnected.done():
-                next_chunk.cancel()
-                return
-            try:
-                chunk = next_chunk.result()
-            except StopAsyncIteration:
-                break
+        async for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        streaming = False  # (the last send completes the response, which ends the watcher too)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        # our own cancel, to stop where it waited: the client is gone, nothing more to do (3.11+ counts cancels)
+        uncancel = getattr(task, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
     finally:
+        streaming = False
         disconnected.cancel()
         await chunks.aclose()
 

@@ -250,20 +250,29 @@ async def first_answer(states: list[ChoiceState]) -> None:
 async def stream(plan: Plan, states: list[ChoiceState], envelope: Envelope) -> AsyncGenerator[bytes, None]:
     """The SSE body of a streamed answer; closing it cancels every call still running."""
     writer = ChunkWriter(envelope, plan.chat, plan.sampling.include_usage)
+    #: The chunks made since the last write: the responses queued at a wake-up go out in one write.
+    held: list[bytes] = []
     try:
+        last = states[-1]
         for state in states:
+            call = state.call
             async for chunk in _stream_choice(plan, state, writer):
-                yield chunk
+                held.append(chunk)
+                # the next chunk would wait for the model: send these (the last choice's end waits for nothing)
+                if state.pending is None and not call.ready() and not (call.ended and state is last):
+                    yield b"".join(held)
+                    held.clear()
         usage = _usage(plan, states)
         TOKENS.record(plan.model, usage.prompt_tokens, usage.completion_tokens)
         if plan.sampling.include_usage:
-            yield writer.usage(usage)
+            held.append(writer.usage(usage))
     except InferenceError as exc:
-        yield answers.sse(orjson.loads(error_of(exc)[1]))
+        held.append(answers.sse(orjson.loads(error_of(exc)[1])))
     finally:
         for state in states:
             state.call.close()
-    yield answers.DONE
+    held.append(answers.DONE)
+    yield b"".join(held)
 
 
 async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) -> AsyncGenerator[bytes, None]:
@@ -288,11 +297,12 @@ async def _stream_choice(plan: Plan, state: ChoiceState, writer: ChunkWriter) ->
             for event in parser.feed(delta):
                 yield _tool_chunk(writer, index, event)
         elif delta:
-            lp = None
-            if piece.logprobs is not None:
+            if piece.logprobs is None:
+                yield writer.content(index, delta)
+            else:
                 lp = TokenLogprobs()
                 lp.add(piece.text, piece.logprobs)
-            yield writer.chunk(index, delta, logprobs=lp)
+                yield writer.chunk(index, delta, logprobs=lp)
         if state.scanner.stopped:
             state.call.close()
             break
