@@ -246,7 +246,7 @@ def test_the_chunks_queued_at_a_wake_up_go_out_as_one_piece(core: Core) -> None:
     async def pieces() -> list[bytes]:
         parsed = requests.parse_completion(orjson.dumps(
             {"model": "tiny_chat", "prompt": "hello", "stream": True, "max_tokens": 20, "temperature": 0}))
-        plan = generation.plan_completion(core, parsed)
+        plan = generation.plan_completion(core, parsed, None, None)
         envelope = Envelope("cmpl", "tiny_chat")
         states = generation.start_choices(core, plan, envelope.id)
         call = states[0].call
