@@ -131,7 +131,7 @@ class _Streams:
                 last = response
         if final:
             if job.decoupled:
-                job.end_stream()
+                job.end_stream(alone=data is None)  # (a BLS iterator yields Triton's empty last response for it)
             elif last is not None:
                 job.finish(last)
             else:
