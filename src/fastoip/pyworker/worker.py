@@ -6,12 +6,12 @@ records on one socket (:mod:`.framing`: length-prefixed, bounded); tensors cross
 ``AutoComplete``, ``Initialize``, ``Execute``, ``Reply`` and ``StreamPart`` (answers to its own calls),
 ``Finalize``, and ``Many``: what an event loop handed over in one turn) and sends
 :data:`.channel.TO_SERVER` ones: ``Done`` / ``Failed`` (answers to the control messages), ``Result`` (through
-the result ring, :mod:`.ring`, when the server passed one: ``FD RING_FD``; then ``RingBell`` on the socket
-wakes the server for a run of them; ``-`` without one), ``Send`` (decoupled), and calls that need the server
+the result ring, :mod:`.ring`, when the server passed one: ``FD READY_FD RING_FD``; then ``RingBell`` on the
+socket wakes the server for a run of them), ``Send`` (decoupled), and calls that need the server
 (``InferCall``, ``CancelledQuery``, ``ReadyQuery``, ``LoadModel``, ``UnloadModel``, ``MetricUpdate``), each
-answered by a ``Reply`` or, for a BLS stream, by several ``StreamPart``.  A third descriptor
-(``FD RING_FD READY_FD``) is the readiness socket: a thread of its own answers each ``ReadinessCheck`` with the
-model's ``is_ready()``, even while ``execute`` runs.
+answered by a ``Reply`` or, for a BLS stream, by several ``StreamPart``.  ``READY_FD`` is the readiness
+socket: a thread of its own answers each ``ReadinessCheck`` with the model's ``is_ready()``, even while
+``execute`` runs.
 The main thread reads and runs each batch itself (one at a time, as an instance
 runs one batch at a time); a thread waiting for an answer reads meanwhile
 (see :class:`_Channel`).  Several requests may be waiting in the socket (the
@@ -389,8 +389,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
-    ring = ResultRing(int(sys.argv[2])) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
-    readiness = FramedSocket(socket.socket(fileno=int(sys.argv[3]))) if len(sys.argv) > 3 else None
+    readiness = FramedSocket(socket.socket(fileno=int(sys.argv[2]))) if len(sys.argv) > 2 else None
+    ring = ResultRing(int(sys.argv[3])) if len(sys.argv) > 3 else None
     # The model sees the argv of python_backend's stub (an embedded interpreter's ['']), not this worker's
     # descriptors: Triton's QA models run unittest.main("model"), which reads sys.argv for test names.
     sys.argv = [""]

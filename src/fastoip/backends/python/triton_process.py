@@ -194,8 +194,8 @@ class WorkerProcess:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), str(ring_fds[0]) if ring_fds else "-",
-             str(ready_child.fileno())],
+            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), str(ready_child.fileno()),
+             *map(str, ring_fds)],
             pass_fds=[child.fileno(), *ring_fds, ready_child.fileno()],
             env=env,
             close_fds=True,
