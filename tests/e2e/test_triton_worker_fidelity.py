@@ -197,6 +197,25 @@ MORTAL = """
                     for _ in requests]
 """
 
+# Its is_ready() writes a pickle onto the readiness socket, where the server expects a Readiness record.
+READY_LIAR = """
+    import os, pickle, struct, sys
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    READINESS = int(sys.orig_argv[sys.orig_argv.index("fastoip.pyworker") + 2])
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([os.getpid()], np.float32))])
+                    for _ in requests]
+
+        def is_ready(self):
+            payload = pickle.dumps(("readiness", True))
+            os.write(READINESS, struct.pack("!I", len(payload)) + payload)
+            return True
+"""
+
 
 def _readiness_params(answer: str, delay: float) -> str:
     return (f'parameters {{ key: "ANSWER" value: {{ string_value: "{answer}" }} }}\n'
@@ -213,6 +232,7 @@ def readiness_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[
     write_model(root, "busy_decoupled", BUSY_DECOUPLED, DECOUPLED)
     write_model(root, "plain", PLAIN)  # no is_ready(): ready, and asked once only
     write_model(root, "mortal", MORTAL, "instance_group [{ kind: KIND_CPU }]")
+    write_model(root, "ready_liar", READY_LIAR)
     # (the models that are not ready keep the server not ready: Triton's QA starts it with this flag too)
     with ServerProcess(root, "--strict-readiness=false", http=True) as proc:
         yield proc
@@ -468,3 +488,13 @@ def test_rescheduling_without_an_iterative_sequence_batcher_fails_the_request_sa
 def test_bls_into_a_rescheduling_model_streams_every_run(rescheduling_server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(rescheduling_server.grpc_url)
     assert client.infer("bls_countdown", _input([3.0])).as_numpy("OUTPUT0").tolist() == [2.0, 1.0, 0.0]
+
+
+def test_a_worker_that_lies_on_its_readiness_socket_is_ended_and_restarted(readiness_server: ServerProcess) -> None:
+    grpc = grpcclient.InferenceServerClient(readiness_server.grpc_url)
+    pid = int(grpc.infer("ready_liar", _input([0.0])).as_numpy("OUTPUT0")[0])
+    assert not grpc.is_model_ready("ready_liar")  # its answer is not a record: the worker is ended
+    assert "a readiness answer that is not one" in readiness_server.output()
+    # the server lives on, and the next request starts a new worker
+    assert int(grpc.infer("ready_liar", _input([0.0])).as_numpy("OUTPUT0")[0]) != pid
+    assert grpc.is_model_ready("plain")
