@@ -317,9 +317,9 @@ class InProcessInstance(_Base):
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
                 for index in rescheduled:
-                    job = self.streams.detach(call, index)
-                    if job is not None:
-                        _reschedule(job, self.name)
+                    rejob = self.streams.detach(call, index)
+                    if rejob is not None:
+                        _reschedule(rejob, self.name)
                 return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
             results = _results_of(jobs, self.version_str, responses, error, self.where)
             for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
