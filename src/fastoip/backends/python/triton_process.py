@@ -233,6 +233,10 @@ class WorkerProcess:
                 raise WorkerDied(self.cause or f"closed its readiness socket ({gone})") from None
             except (FrameTooLarge, msg.ProtocolError) as bad:
                 self._refuse("a readiness answer that is not one", bad)
+                # its death is handled before the answer (a request that follows starts a new worker, it is not
+                # handed to this one as it dies)
+                if threading.current_thread() is not self._reader:
+                    self._reader.join(RELEASE_TIMEOUT_S * 5)
                 raise WorkerDied(f"broke the channel's protocol ({bad})") from None
             defined, ready, error = answer  # (a Readiness: decode checked its fields' types)
             return bool(defined), bool(ready), error
