@@ -1178,6 +1178,10 @@ def test_crashes_fail_their_requests_and_restart(crash_server: ServerProcess) ->
         with pytest.raises(InferenceServerException) as err:
             _how(client, 2)
         assert "exited with code 3" in err.value.message()
+        # Triton's model readiness: not ready while its stub is down ("Stub process ... is not healthy."), ready
+        # again once the next request started a new one
+        assert not client.is_model_ready("crasher")
+        assert _how(client, 0) != second_pid
         assert client.is_model_ready("crasher")
 
         # A third crash within the window: the instance stays down, the model is not ready, with the reason.
@@ -1306,7 +1310,7 @@ def test_batches_of_one_loop_turn_go_out_together_and_one_that_cannot_be_sent_fa
     from fastoip.pyworker import transport
 
     results: dict[int, tuple] = {}
-    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.__setitem__(exec_id,
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error, _again: results.__setitem__(exec_id,
                                                                                             (responses, error)))
 
     async def one_turn(exec_ids: tuple[int, ...], unpicklable: int = 0) -> None:
@@ -1344,7 +1348,7 @@ def test_a_batch_over_the_frame_limit_fails_alone_and_the_channel_lives(tmp_path
     from fastoip.pyworker import transport
 
     results: dict[int, tuple] = {}
-    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.__setitem__(exec_id,
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error, _again: results.__setitem__(exec_id,
                                                                                             (responses, error)))
     worker._connection.limit = 4096  # (1 GiB in the server: a BYTES tensor larger than that)
 
@@ -1380,7 +1384,7 @@ def test_large_tensor_crosses_through_shared_memory(tmp_path: Path) -> None:
     from fastoip.pyworker import segments, transport
 
     results: queue.SimpleQueue = queue.SimpleQueue()
-    worker = identity_worker(tmp_path, lambda exec_id, responses, error: results.put((responses, error)))
+    worker = identity_worker(tmp_path, lambda exec_id, responses, error, _again: results.put((responses, error)))
     try:
         data = np.random.rand(1, 3, 224, 224).astype(np.float32)
         for round_ in range(3):

@@ -24,7 +24,8 @@ EXAMPLES = [
     msg.Finalize(),
     msg.Done({"completed": True}),
     msg.Failed("the model's words"),
-    msg.Result(7, None, "boom"),
+    msg.Result(7, None, "boom", []),
+    msg.Result(7, [None, [[], None, {}]], None, [0]),
     msg.Send(7, 0, [[], [2, "bad"], {}], False),
     msg.InferCall(4, "other", -1, ["", 0, 0, {}, [], [], None], 0, False),
     msg.CancelStream(4),
@@ -35,12 +36,15 @@ EXAMPLES = [
     msg.MetricUpdate(0, {"name": "x", "kind": 0}, {"k": "v"}, "increment", 1.0),
     msg.Log(20, "hello"),
     msg.RingBell(),
+    msg.ReadinessCheck(),
+    msg.Readiness(True, False, "is_ready() must return a boolean value"),
 ]
 
 
 @pytest.mark.parametrize("record", EXAMPLES, ids=lambda r: type(r).__name__)
 def test_every_record_crosses_as_itself(record: tuple) -> None:
-    allowed = msg.TO_WORKER if type(record) in msg.TO_WORKER else msg.TO_SERVER
+    allowed = next(side for side in (msg.TO_WORKER, msg.TO_SERVER, msg.READINESS_TO_WORKER, msg.READINESS_TO_SERVER)
+                   if type(record) in side)
     assert msg.decode(msg.encode(record), allowed) == record
 
 
@@ -48,7 +52,9 @@ def test_each_side_reads_only_its_own_records() -> None:
     with pytest.raises(msg.ProtocolError, match="misdirected"):
         msg.decode(msg.encode(msg.Execute(1, [])), msg.TO_SERVER)  # a worker cannot send the server a batch
     with pytest.raises(msg.ProtocolError, match="misdirected"):
-        msg.decode(msg.encode(msg.Result(1, None, None)), msg.TO_WORKER)
+        msg.decode(msg.encode(msg.Result(1, None, None, [])), msg.TO_WORKER)
+    with pytest.raises(msg.ProtocolError, match="misdirected"):
+        msg.decode(msg.encode(msg.Result(1, None, None, [])), msg.READINESS_TO_SERVER)  # not on that socket
 
 
 def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path: Path) -> None:
@@ -69,9 +75,10 @@ def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path: Path
         ([], "tagged record"),
         (["result", 1], "tagged record"),
         ([999], "unknown"),
-        ([msg._TAGS[msg.Result], 1, None], "3 fields"),
-        ([msg._TAGS[msg.Result], "1", None, None], "field is a str"),
-        ([msg._TAGS[msg.Result], True, None, None], "field is a bool"),
+        ([msg._TAGS[msg.Result], 1, None], "4 fields"),
+        ([msg._TAGS[msg.Result], "1", None, None, []], "field is a str"),
+        ([msg._TAGS[msg.Result], True, None, None, []], "field is a bool"),
+        ([msg._TAGS[msg.Result], 1, None, None, None], "field is a NoneType"),  # rescheduled: a list
         ([msg._TAGS[msg.Log], 10, b"bytes"], "field is a bytes"),
         ([msg._TAGS[msg.Many], [[msg._TAGS[msg.Log], 10, "x"]]], "misdirected"),  # Many goes only to a worker
         ({"a": 1}, "tagged record"),

@@ -300,3 +300,66 @@ def test_the_backlog_is_bounded() -> None:
     accepted = job(1, 99_998, start=True)
     batcher.enqueue(accepted)
     assert not accepted.finished
+
+
+def make_iterative(reschedule_first: int) -> tuple[SequenceBatcher, Model, Clock, list[dict[str, Any]]]:
+    """A batcher with ``iterative_sequence: true`` whose backend releases each request with RESCHEDULE its first
+    ``reschedule_first`` runs (Job.reschedule), then answers it; ``seen``: what each run was given."""
+    config = text_format.Parse(CONFIG.format(max_batch=2, strategy="direct {}").replace(
+        "max_sequence_idle_microseconds: 5000", "max_sequence_idle_microseconds: 5000 iterative_sequence: true"),
+        mc.ModelConfig())
+    model = Model("acc", config, ["instance0"])
+    clock = Clock()
+    seen: list[dict[str, Any]] = []
+    runs: dict[str, int] = {}
+
+    def run(backend: Any, jobs: Sequence[Job]) -> None:
+        for j in jobs:
+            params = j.request.parameters
+            seen.append({"id": params.get("sequence_id"), "start": params.get("sequence_start"),
+                         "end": params.get("sequence_end"), "START": int(j.feeds["START"].reshape(-1)[0])})
+            runs[j.request.id] = runs.get(j.request.id, 0) + 1
+            if runs[j.request.id] <= reschedule_first:
+                assert j.reschedule()
+            else:
+                accumulate(model, backend, [j])
+
+    batcher = SequenceBatcher(model, sequence_settings(config), run, clock=clock, start_threads=False)
+    return batcher, model, clock, seen
+
+
+def test_iterative_sequences_name_requests_without_an_id_and_run_rescheduled_ones_again() -> None:
+    batcher, model, clock, seen = make_iterative(reschedule_first=2)
+    first = job(5, 0)
+    first.request.id = "a"
+    second = job(7, 0)
+    second.request.id = "b"
+    batcher.enqueue(first)  # no correlation id: the batcher names a sequence for each
+    batcher.enqueue(second)
+    for _ in range(3):
+        assert isinstance(run_ready(batcher, clock), Batch)
+    assert answer(first) == 5 and answer(second) == 7  # each its own sequence: no state shared
+    # the first run says START (Triton's generative sequencer), the rescheduled ones neither START nor END
+    assert [(s["id"], s["start"], s["end"], s["START"]) for s in seen] == [
+        (1, True, False, 1), (2, True, False, 1), (1, False, False, 0), (2, False, False, 0),
+        (1, False, False, 0), (2, False, False, 0),
+    ]
+    assert batcher.pending() == 0
+    assert batcher._active == []  # finished for good: each named sequence gave its slot back
+    assert run_ready(batcher, clock) is None
+
+
+def test_a_job_without_an_iterative_batcher_cannot_be_rescheduled() -> None:
+    batcher, model, clock = make()
+    j = job(1, 7, start=True, end=True)
+    assert not j.reschedule()  # (no scheduler took it back: the backend then fails it, saying why)
+    batcher.enqueue(j)
+    run_ready(batcher, clock)
+    assert answer(j) == 1
+
+
+def test_without_iterative_sequence_a_request_still_needs_a_correlation_id() -> None:
+    batcher, model, clock = make()
+    j = job(1, 0)
+    batcher.enqueue(j)
+    assert isinstance(j.error, InvalidArgument) and "correlation ID" in j.error.message

@@ -106,11 +106,14 @@ class FinishedCall(Ticket, Protocol):
     Exactly one of ``response`` / ``error`` is set, except for a decoupled call (``decoupled``), which
     finishes with its error or with neither (its responses went to ``on_response``; this is the final flag),
     or with its last response, which carries the final flag (an ensemble with a decoupled step ends so).
+    ``final_alone``: a decoupled call that finished with neither got its final flag by itself (no response
+    came with it; Triton's BLS iterator then yields an empty last response).
     """
 
     request: InferRequest
     response: InferResponse | None
     error: InferenceError | None
+    final_alone: bool
 
     @property
     def decoupled(self) -> bool: ...

@@ -124,11 +124,13 @@ class Failed(NamedTuple):
 
 
 class Result(NamedTuple):
-    """A batch's responses (None for a decoupled model), or the error that failed all of it."""
+    """A batch's responses (None for a decoupled model), or the error that failed all of it; ``rescheduled``: the
+    indices of the requests the model released with RESCHEDULE (they are not answered: they run again)."""
 
     exec_id: int
     responses: Any
     error: str | None
+    rescheduled: list
 
 
 class Send(NamedTuple):
@@ -211,12 +213,31 @@ class SegmentWanted(NamedTuple):
     nbytes: int
 
 
+# -- the readiness socket (a second socket pair: asked while execute runs, as the stub's monitor thread answers) --
+class ReadinessCheck(NamedTuple):
+    """Run the model's own ``is_ready()`` (answered by :class:`Readiness`)."""
+
+
+class Readiness(NamedTuple):
+    """What the model's ``is_ready()`` said: ``defined`` (False: it has none, so it is ready, and it is not asked
+    again), ``ready``, or the ``error`` it raised (or its non-bool answer) in python_backend's words."""
+
+    defined: bool
+    ready: bool
+    error: str | None
+
+
 TO_WORKER: tuple[type, ...] = (Load, LoadMLServer, AutoComplete, Initialize, Execute, Reply, StreamPart, Finalize, Many)
 TO_SERVER: tuple[type, ...] = (
     Done, Failed, Result, Send, InferCall, CancelStream, CancelledQuery, ReadyQuery, LoadModel, UnloadModel,
     MetricUpdate, Log, RingBell, SegmentWanted,
 )
-_TAGS: dict[type, int] = {cls: tag for tag, cls in enumerate((*TO_WORKER, *TO_SERVER))}
+#: What each side reads on the readiness socket.
+READINESS_TO_WORKER: tuple[type, ...] = (ReadinessCheck,)
+READINESS_TO_SERVER: tuple[type, ...] = (Readiness,)
+_TAGS: dict[type, int] = {
+    cls: tag for tag, cls in enumerate((*TO_WORKER, *TO_SERVER, *READINESS_TO_WORKER, *READINESS_TO_SERVER))
+}
 _BY_TAG: dict[int, type] = {tag: cls for cls, tag in _TAGS.items()}
 _NONE = type(None)
 _ANY = object
@@ -236,7 +257,7 @@ _FIELDS: dict[type, tuple[Any, ...]] = {
     Many: (list,),
     Done: (_ANY,),
     Failed: (str,),
-    Result: (_ID, (list, _NONE), (str, _NONE)),
+    Result: (_ID, (list, _NONE), (str, _NONE), list),
     Send: (_ID, int, (list, _NONE), bool),
     InferCall: (_ID, str, (str, int, _NONE), list, int, bool),
     CancelStream: (_ID,),
@@ -248,6 +269,8 @@ _FIELDS: dict[type, tuple[Any, ...]] = {
     Log: (int, str),
     RingBell: (),
     SegmentWanted: (_ID, int),
+    ReadinessCheck: (),
+    Readiness: (bool, bool, (str, _NONE)),
 }
 
 

@@ -108,6 +108,8 @@ class TritonRunner:
         self.instance_name = model_name
         #: The process hosts only this model: BLS is refused in initialize and finalize, as the stub refuses it.
         self.own_process = own_process
+        #: The requests of the last ``execute`` the model released with RESCHEDULE (their indices).
+        self.rescheduled: list[int] = []
 
     def auto_complete(self, config: dict) -> dict:
         method = getattr(self.cls, "auto_complete_config", None)
@@ -135,6 +137,7 @@ class TritonRunner:
     def execute(
         self, requests: list[RequestData], emit: Emit | None, cancelled: Callable[[int], bool] | None = None
     ) -> list[ResponseData | None] | None:
+        self.rescheduled = []
         built = []
         tensor = pb.Tensor._of
         for index, (request_id, correlation_id, flags, parameters, inputs, requested, trace) in enumerate(requests):
@@ -164,8 +167,10 @@ class TritonRunner:
                     f"Python model '{self.instance_name}' is using the decoupled mode and the execute function must "
                     "return None."
                 )
+            self.rescheduled = _rescheduled(built)
             return None
         responses = call(self.model.execute, built)
+        self.rescheduled = _rescheduled(built)
         if responses is None:  # every request answers through its response sender
             return [None] * len(built)
         if not isinstance(responses, (list, tuple)) or len(responses) != len(built):
@@ -176,13 +181,34 @@ class TritonRunner:
         results: list[ResponseData | None] = []
         for request, response in zip(built, responses, strict=True):
             if response is None:
-                results.append(None)  # answered through its response sender (now or later)
+                results.append(None)  # answered through its response sender (now or later), or rescheduled
                 continue
+            if request._rescheduled():  # the stub's words (its spelling)
+                raise pb.TritonModelException(
+                    "Expected a None object in the execute function return list for reschduled request, found "
+                    f"type '{type(response)}'."
+                )
             data = response_data(response)
             if request._sender is not None:
                 request._sender._returned()  # refused if its sender answered it already
             results.append(data)
         return results
+
+    def user_readiness(self) -> tuple[bool, bool, str | None]:
+        """The model's own ``is_ready()`` (python_backend newer than 2.51, pb_stub.cc's readiness request):
+        ``(defined, ready, error)``.  No such method: ready.  A coroutine is run to its end; an answer that is
+        not a bool, or an exception, is an error (not ready)."""
+        check = getattr(self.model, "is_ready", None)
+        if check is None:
+            return False, True, None
+        try:
+            answer = call(check)
+            if not isinstance(answer, bool):
+                raise pb.TritonModelException("is_ready() must return a boolean value")  # the stub's words
+            return True, answer, None
+        except BaseException as exc:
+            return True, False, exc.message() if isinstance(exc, pb.TritonModelException) else \
+                f"{type(exc).__name__}: {exc}"
 
     def finalize(self) -> None:
         if self.own_process:
@@ -190,6 +216,11 @@ class TritonRunner:
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             call(finalize)
+
+
+def _rescheduled(requests: list[pb.InferenceRequest]) -> list[int]:
+    """The indices of the requests the model released with RESCHEDULE."""
+    return [index for index, request in enumerate(requests) if request._rescheduled()]
 
 
 def _log_background_failure(exc: BaseException | None) -> None:

@@ -532,6 +532,7 @@ class InferenceRequest:
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Any = None
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def _received(
@@ -553,6 +554,7 @@ class InferenceRequest:
         request._sender = None
         request._cancelled = None
         request._trace = trace
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -593,8 +595,16 @@ class InferenceRequest:
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("request rescheduling is not supported by this server")
+        """How the request is released when ``execute`` returns: ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``
+        sends it back to its scheduler to run again (a model with ``sequence_batching { iterative_sequence:
+        true }``; elsewhere the request fails, saying why); ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default)
+        ends it."""
+        if not isinstance(flags, int) or isinstance(flags, bool):
+            raise TypeError(f"set_release_flags(): flags must be an int, not {type(flags).__name__}")
+        self._release_flags = flags
+
+    def _rescheduled(self) -> bool:
+        return self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
     # -- BLS ----------------------------------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> Any:

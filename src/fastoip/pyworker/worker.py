@@ -6,10 +6,12 @@ records on one socket (:mod:`.framing`: length-prefixed, bounded); tensors cross
 ``AutoComplete``, ``Initialize``, ``Execute``, ``Reply`` and ``StreamPart`` (answers to its own calls),
 ``Finalize``, and ``Many``: what an event loop handed over in one turn) and sends
 :data:`.channel.TO_SERVER` ones: ``Done`` / ``Failed`` (answers to the control messages), ``Result`` (through
-the result ring, :mod:`.ring`, when the server passed one: ``FD RING_FD``; then ``RingBell`` on the socket
-wakes the server for a run of them), ``Send`` (decoupled), and calls that need the server (``InferCall``,
-``CancelledQuery``, ``ReadyQuery``, ``LoadModel``, ``UnloadModel``, ``MetricUpdate``), each answered by a
-``Reply`` or, for a BLS stream, by several ``StreamPart``.
+the result ring, :mod:`.ring`, when the server passed one: ``FD READY_FD RING_FD``; then ``RingBell`` on the
+socket wakes the server for a run of them), ``Send`` (decoupled), and calls that need the server
+(``InferCall``, ``CancelledQuery``, ``ReadyQuery``, ``LoadModel``, ``UnloadModel``, ``MetricUpdate``), each
+answered by a ``Reply`` or, for a BLS stream, by several ``StreamPart``.  ``READY_FD`` is the readiness
+socket: a thread of its own answers each ``ReadinessCheck`` with the model's ``is_ready()``, even while
+``execute`` runs.
 The main thread reads and runs each batch itself (one at a time, as an instance
 runs one batch at a time); a thread waiting for an answer reads meanwhile
 (see :class:`_Channel`).  Several requests may be waiting in the socket (the
@@ -276,7 +278,27 @@ def _limit_memory(megabytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def serve(connection: FramedSocket, ring: ResultRing | None = None, handover: socket.socket | None = None) -> None:
+def _answer_readiness(readiness: FramedSocket, runner_of: Callable[[], Any]) -> None:
+    """The readiness socket's thread: runs the model's ``is_ready()`` for each check the server sends, while the
+    main thread may be running ``execute`` (python_backend's stub answers it on its parent-message thread)."""
+    while True:
+        try:
+            msg.decode(readiness.recv_bytes(), msg.READINESS_TO_WORKER)
+        except (EOFError, OSError, FrameTooLarge, msg.ProtocolError):
+            return  # the server went away (or broke the protocol): no more checks
+        runner = runner_of()
+        answer = runner.user_readiness() if isinstance(runner, TritonRunner) and runner.model is not None \
+            else (False, True, None)
+        try:
+            readiness.send_bytes(msg.encode(msg.Readiness(*answer)))
+        except OSError:
+            return
+
+
+def serve(
+    connection: FramedSocket, ring: ResultRing | None = None, readiness: FramedSocket | None = None,
+    handover: socket.socket | None = None,
+) -> None:
     channel = _Channel(connection, ring)
     bridge = _WorkerBridge(channel)
     if handover is not None:
@@ -284,6 +306,10 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None, handover: so
     segments = channel.segments
     pb.BRIDGE.current = bridge
     runner: TritonRunner | MLServerRunner | None = None
+    if readiness is not None:
+        threading.Thread(
+            target=_answer_readiness, args=(readiness, lambda: runner), name="fastoip-readiness", daemon=True
+        ).start()
 
     def execute(exec_id: int, packed: list) -> None:
         assert runner is not None
@@ -314,15 +340,19 @@ def serve(connection: FramedSocket, ring: ResultRing | None = None, handover: so
             ]
             # Drop the views on the server's segments now, so it can reuse them (see transport).
             del requests, responses
+            rescheduled: list[int] = list(getattr(runner, "rescheduled", ()))
             # Into the ring: a run of results costs the server one wake-up, and each survives this process
-            # (should the next batch crash it, the server still takes this one before failing that one).
+            # (should the next batch crash it, the server still takes this one before failing that one).  One
+            # that reschedules requests takes the socket, behind the decoupled responses sent before it (the
+            # server forgets those requests' streams when it reads it).
+            send = channel.send if rescheduled else channel.send_result
             try:
-                channel.send_result(msg.Result(exec_id, packed_out, None))
+                send(msg.Result(exec_id, packed_out, None, rescheduled))
             except FrameTooLarge as too_large:  # (the answer is refused, not the channel)
-                channel.send_result(msg.Result(exec_id, None, f"the responses could not be sent: {too_large}"))
+                channel.send_result(msg.Result(exec_id, None, f"the responses could not be sent: {too_large}", []))
         except BaseException as exc:  # the model's error fails the batch; the worker lives on
             logging.getLogger("fastoip.python.worker").debug("execute failed", exc_info=True)
-            channel.send_result(msg.Result(exec_id, None, _describe(exc)))
+            channel.send_result(msg.Result(exec_id, None, _describe(exc), []))
 
     def load(message: Any) -> None:
         nonlocal runner
@@ -380,11 +410,12 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
-    ring = ResultRing(int(sys.argv[2])) if len(sys.argv) > 2 else None
+    readiness = FramedSocket(socket.socket(fileno=int(sys.argv[2]))) if len(sys.argv) > 2 else None
+    ring = ResultRing(int(sys.argv[3])) if len(sys.argv) > 3 else None
     handover_fd = os.environ.pop(HANDOVER_ENV, "")  # (a model's own children do not inherit it)
     handover = socket.socket(fileno=int(handover_fd)) if handover_fd.isdigit() else None
     # The model sees the argv of python_backend's stub (an embedded interpreter's ['']), not this worker's
     # descriptors: Triton's QA models run unittest.main("model"), which reads sys.argv for test names.
     sys.argv = [""]
-    serve(FramedSocket(socket.socket(fileno=fd)), ring, handover)
+    serve(FramedSocket(socket.socket(fileno=fd)), ring, readiness, handover)
 

@@ -13,7 +13,13 @@ Rules:
   sink (``send``) as it is produced, on the producing thread; the job then
   finishes once, with an error, with ``end_stream`` (no response: the
   final flag alone), or with ``finish`` (its last response, carrying the
-  final flag: an ensemble's, as Triton's).  A job without a sink drops what
+  final flag: an ensemble's, as Triton's).  ``final_alone`` says whether the
+  final flag came by itself: a backend that delivers its last response with
+  ``send`` and then ends the stream says so (``end_stream(alone=False)``), so
+  a BLS iterator yields Triton's empty last response only for a flag alone.
+- A model may release an unfinished job with RESCHEDULE (Triton's request
+  rescheduling): ``reschedule`` hands it back to the scheduler that set
+  ``reschedule_to`` (an iterative sequence batcher), which runs it again.  A job without a sink drops what
   is sent (warmup).
 - When its execution ends, a job lets go of its input arrays when one is
   large (:meth:`Job.release_inputs`, as Triton's backends release the request
@@ -77,6 +83,8 @@ class Job:
         "_on_done",
         "_finished",
         "_sink",
+        "final_alone",
+        "_on_reschedule",
     )
 
     def __init__(
@@ -131,6 +139,11 @@ class Job:
         self._finished = False
         #: Where a decoupled model's responses go as they are produced (set by the Core), or None.
         self._sink: Callable[[Job, InferResponse], None] | None = None
+        #: A decoupled job ended by its final flag alone (no response came with it): set by ``end_stream``.
+        self.final_alone = False
+        #: Where a request its model releases with RESCHEDULE goes back to (a scheduler that can run it again:
+        #: an iterative sequence batcher), or None: it cannot be rescheduled.
+        self._on_reschedule: Callable[[Job], None] | None = None
 
     def release_inputs(self) -> None:
         """The execution is over: drop this job's references to its input arrays.
@@ -190,10 +203,26 @@ class Job:
             sink(self, response)
         return True
 
-    def end_stream(self) -> None:
-        """A decoupled job's final flag: no more responses (``response`` stays None)."""
+    def reschedule_to(self, callback: Callable[[Job], None]) -> None:
+        """``callback(job)`` takes this job back when its model releases it with RESCHEDULE (set before handing
+        the job to its backend)."""
+        self._on_reschedule = callback
+
+    def reschedule(self) -> bool:
+        """The model released this unfinished job with RESCHEDULE: back to its scheduler, to run again.  False
+        when its scheduler cannot (the caller then fails it)."""
+        callback = self._on_reschedule
+        if callback is None or self._finished:
+            return False
+        callback(self)
+        return True
+
+    def end_stream(self, alone: bool = True) -> None:
+        """A decoupled job's final flag: no more responses (``response`` stays None).  ``alone=False``: the
+        flag came with the last response, already given to ``send`` (a Python model's ``send(r, FINAL)``)."""
         if not self._take():
             return
+        self.final_alone = alone
         self._complete()
 
     def _take(self) -> bool:

@@ -34,6 +34,14 @@ Rules (Triton's ``architecture.md`` "Stateful Models" and the core's
   the idle timeout.  At most ``BACKLOG_LIMIT`` sequences wait for a slot per
   model: a new one beyond that is refused with UNAVAILABLE (retryable), as
   Triton refuses requests over a dynamic batcher's ``max_queue_size``.
+- ``iterative_sequence: true`` (Triton's generative sequencer, for request
+  rescheduling): a request without a correlation id is a sequence of its own,
+  named by the batcher (its first run says START); a sequence runs one request
+  at a time until that request is finished, and a request its model releases
+  with RESCHEDULE (``Job.reschedule``) goes back to the front of its sequence's
+  queue and runs again with neither START nor END.  A named sequence gives its
+  slot back when its request is finished for good.  A decoupled model's
+  responses stream to the client's job as they come.
 - The clock is injectable: the decisions are tested without sleeping.
 """
 
@@ -52,7 +60,7 @@ import numpy as np
 
 from .._proto import model_config_pb2 as mc
 from ..errors import InvalidArgument, Unavailable
-from ..types import InferOutput, InferResponse
+from ..types import InferOutput, InferRequest, InferResponse
 from .job import Job
 from .sequence_settings import SequenceSettings, control_tensor
 
@@ -88,6 +96,7 @@ class _Pending:
     start: bool
     end: bool
     queued_ns: int  # on the batcher's clock: decides order and the queue delay
+    rescheduled: bool = False  # its model sent it back to run again (iterative sequences)
 
 
 @dataclass
@@ -99,6 +108,10 @@ class _Sequence:
     instance: int = -1
     active: bool = False
     busy: bool = False
+    #: Named by the batcher (iterative sequences: the request came without a correlation id).
+    generated: bool = False
+    #: Iterative sequences: its request is with the model (until finished or rescheduled).
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,8 @@ class SequenceBatcher:
         self._backlog: deque[_Sequence] = deque()
         self._cond = threading.Condition()
         self._stopped = False
+        #: The correlation ids an iterative batcher gives requests that came without one (Triton's counts from 1).
+        self._generated_ids = 1
         self._threads: list[threading.Thread] = []
         if start_threads:
             for index in range(self.instances):
@@ -160,6 +175,14 @@ class SequenceBatcher:
                 return
             now = self.clock()
             self._reap(now)
+            if corrid is None:  # iterative: a sequence of its own, never continued by a client
+                corrid = self._generated_ids if self.settings.corrid_datatype != "BYTES" else str(self._generated_ids)
+                self._generated_ids += 1
+                named = _Sequence(corrid, now, generated=True)
+                self._admit(named)
+                named.queue.append(_Pending(job, True, False, now))
+                self._cond.notify_all()
+                return
             sequence = self._by_id.get(corrid)
             if sequence is None:
                 if not start:
@@ -204,7 +227,7 @@ class SequenceBatcher:
             pending.job.fail(Unavailable(f"model '{self.model.name}' was unloaded"))
 
     # -- slots --------------------------------------------------------------------
-    def _sequence_of(self, job: Job) -> tuple[object, bool, bool]:
+    def _sequence_of(self, job: Job) -> tuple[object | None, bool, bool]:
         name = self.model.name
         params = job.request.parameters
         corrid = params.get("sequence_id", 0)
@@ -212,6 +235,8 @@ class SequenceBatcher:
             raise InvalidArgument(
                 f"inference request to model '{name}' must specify batch-size 1 due to requirements of sequence batcher"
             )
+        if corrid in (0, "") and self.settings.iterative and not isinstance(corrid, bool):
+            return None, True, False  # Triton's generative sequencer names it (enqueue)
         if corrid in (0, "") or isinstance(corrid, bool):
             raise InvalidArgument(f"inference request to model '{name}' must specify a non-zero or non-empty "
                                   "correlation ID")
@@ -243,6 +268,10 @@ class SequenceBatcher:
         self._active.append(sequence)
 
     def _release(self, sequence: _Sequence) -> None:
+        if not sequence.active:
+            if sequence in self._backlog:
+                self._backlog.remove(sequence)
+            return
         sequence.active = False
         self._active.remove(sequence)
         if self._by_id.get(sequence.corrid) is sequence:
@@ -331,18 +360,54 @@ class SequenceBatcher:
         """Mark ``batch``'s sequences busy and take their requests off their queues."""
         for sequence, pending in batch.entries:
             sequence.busy = True
+            sequence.running = self.settings.iterative
             popped = sequence.queue.popleft()
             assert popped is pending
 
     def complete(self, batch: Batch, now: int) -> None:
-        """After ``batch`` ran: free its sequences; an END releases the slot."""
+        """After ``batch`` ran: free its sequences; an END releases the slot.  (Iterative: a sequence whose request
+        is still with the model stays busy until it is finished or rescheduled: :meth:`_run_over`.)"""
         for sequence, pending in batch.entries:
+            if self.settings.iterative:
+                sequence.last_ns = now
+                if not sequence.running:
+                    self._run_over(sequence, pending)
+                continue
             sequence.busy = False
             sequence.last_ns = now
             if pending.end:  # nothing can follow an END in its queue: the id was forgotten at enqueue
                 self._release(sequence)
             elif pending.job.cancelled and not sequence.queue:  # its client went away (issue 27)
                 self._release(sequence)
+
+    def _run_over(self, sequence: _Sequence, pending: _Pending) -> None:
+        """Iterative (the lock is held): ``pending``'s run is over: the sequence is free for its next request (a
+        rescheduled one first); finished for good, a named sequence or an END gives its slot back."""
+        sequence.busy = False
+        sequence.running = False
+        if sequence.queue and sequence.queue[0].rescheduled:
+            return
+        if sequence.generated or pending.end or (pending.job.cancelled and not sequence.queue):
+            self._release(sequence)
+
+    def _rescheduled(self, sequence: _Sequence, pending: _Pending, job: Job) -> None:
+        """The model released ``pending``'s request with RESCHEDULE (any thread): it runs again, first in its
+        sequence, with neither START nor END (Triton's generative sequencer)."""
+        with self._cond:
+            now = self.clock()
+            again = _Pending(pending.job, False, pending.end and not sequence.generated, now, True)
+            sequence.queue.appendleft(again)
+            sequence.last_ns = now
+            if not sequence.active and sequence not in self._backlog:
+                self._admit(sequence)  # (released meanwhile: it comes back)
+            self._run_over(sequence, pending)
+            self._cond.notify_all()
+
+    def _finished_for_good(self, sequence: _Sequence, pending: _Pending) -> None:
+        with self._cond:
+            sequence.last_ns = self.clock()
+            self._run_over(sequence, pending)
+            self._cond.notify_all()
 
     # -- execution ---------------------------------------------------------------------
     def _work(self, instance: int) -> None:
@@ -371,17 +436,41 @@ class SequenceBatcher:
     def execute(self, backend: Any, batch: Batch) -> None:
         """Run ``batch`` with its control and state inputs; finish each client job."""
         inner_jobs = []
+        skipped = []
         for sequence, pending in batch.entries:
             job = pending.job
             if job.finished:  # cancelled or expired while queued
+                skipped.append(sequence)
                 continue
-            inner = Job(job.request, self._feeds(sequence, pending), job.batch_size, self._outputs(job))
+            inner = Job(self._request(sequence, pending), self._feeds(sequence, pending), job.batch_size,
+                        self._outputs(job))
             inner.arrival_ns = job.arrival_ns
             inner.deadline_ns = job.deadline_ns
             inner.on_done(partial(self._finish, sequence, pending))
+            if job.decoupled:  # its responses go to the client as they come
+                inner.stream_to(lambda _inner, response, job=job: job.send(response))  # type: ignore[misc]
+            if self.settings.iterative:
+                inner.reschedule_to(partial(self._rescheduled, sequence, pending))
             inner_jobs.append(inner)
+        if skipped and self.settings.iterative:
+            with self._cond:
+                for sequence in skipped:
+                    sequence.running = False  # (complete frees it)
         if inner_jobs:
             self.run_batch(backend, inner_jobs)
+
+    def _request(self, sequence: _Sequence, pending: _Pending) -> InferRequest:
+        """The request as the model sees it: the client's, or (a named or rescheduled run) with the sequence's id
+        and this run's START / END, as Triton's generative sequencer sets them."""
+        request = pending.job.request
+        if not (sequence.generated or pending.rescheduled):
+            return request
+        parameters = dict(request.parameters)
+        parameters["sequence_id"] = sequence.corrid  # type: ignore[assignment]  # (an int or str id)
+        parameters["sequence_start"] = pending.start
+        parameters["sequence_end"] = pending.end
+        return InferRequest(request.model_name, request.model_version, request.id, parameters, request.inputs,
+                            request.outputs)
 
     def _feeds(self, sequence: _Sequence, pending: _Pending) -> dict[str, np.ndarray]:
         feeds = dict(pending.job.feeds)
@@ -400,10 +489,20 @@ class SequenceBatcher:
         return wanted + [s.output_name for s in self.settings.states if s.output_name not in wanted]
 
     def _finish(self, sequence: _Sequence, pending: _Pending, inner: Job) -> None:
+        try:
+            self._finish_job(sequence, pending, inner)
+        finally:
+            if self.settings.iterative:
+                self._finished_for_good(sequence, pending)
+
+    def _finish_job(self, sequence: _Sequence, pending: _Pending, inner: Job) -> None:
         job = pending.job
         job.release_inputs()  # the execution is over (the inner job has let go of its own references)
         job.queue_ns, job.compute_start_ns, job.compute_end_ns = inner.queue_ns, inner.compute_start_ns, \
             inner.compute_end_ns
+        if job.decoupled and inner.error is None and inner.response is None:
+            job.end_stream(alone=inner.final_alone)  # (its responses went to the client as they came)
+            return
         if inner.error is not None or inner.response is None:
             job.fail(inner.error or Unavailable("the sequence request produced no response"))
             return

@@ -12,6 +12,7 @@ Rules (Triton's ``model_configuration.md`` "Sequence Batcher" and the core's
   datatype and fixed dims; it starts from ``initial_state`` (zeros, or a file in
   the model's ``initial_state/`` folder holding the raw bytes) or zeros.
 - ``max_sequence_idle_microseconds`` defaults to Triton's 1,000,000.
+- ``iterative_sequence: true`` turns on Triton's generative sequencer (the batcher's rules say what it does).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class SequenceSettings:
     #: ``direct``'s ``minimum_slot_utilization``: the queue delay holds a batch back only while fewer than this
     #: share of ``max_batch_size`` sequences have a request ready; 0 (the default) never holds it back.
     minimum_slot_utilization: float = 0.0
+    #: ``iterative_sequence``: a request without a correlation id is a sequence of its own (the batcher names it),
+    #: and a model may send a request back to run again (request rescheduling), as Triton's generative sequencer.
+    iterative: bool = False
 
 
 def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> SequenceSettings:
@@ -104,7 +108,8 @@ def sequence_settings(config: mc.ModelConfig, model_dir: Path | None = None) -> 
         delay_us = block.direct.max_queue_delay_microseconds
     idle_us = block.max_sequence_idle_microseconds or DEFAULT_IDLE_US
     return SequenceSettings(strategy, idle_us * 1000, controls, states, max_candidates, preferred,
-                            delay_us * 1000, corrid, float(block.direct.minimum_slot_utilization))
+                            delay_us * 1000, corrid, float(block.direct.minimum_slot_utilization),
+                            bool(block.iterative_sequence))
 
 
 def _control(model: str, entry: mc.ModelSequenceBatching.ControlInput) -> ControlSpec:

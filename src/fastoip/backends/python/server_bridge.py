@@ -135,7 +135,9 @@ class ServerLink:
                     deliver(error_data(job.error), True)
                 elif job.response is not None:
                     deliver(response_data(job.response), True)
-                else:
+                elif job.final_alone:  # Triton's iterator yields an empty last response for a final flag alone
+                    deliver(empty_response(), True)
+                else:  # the final flag came with the last response, already delivered
                     deliver(None, True)
 
             return self._core().start(request, self.call_of(data), on_done, on_response)
@@ -228,6 +230,12 @@ def infer_request(model_name: str, model_version: Any, data: Any, timeout_us: in
 def response_data(response: InferResponse) -> ResponseData:
     outputs = [(o.name, o.datatype, o.data) for o in response.outputs if o.data is not None]
     return outputs, None, dict(response.parameters)
+
+
+def empty_response() -> ResponseData:
+    """A response with no outputs, no error and no parameters: what Triton's ``exec(decoupled=True)`` iterator
+    yields last when the called model sent its final flag alone (request_executor.cc's ``InferResponseComplete``)."""
+    return [], None, {}
 
 
 def error_data(error: BaseException) -> ResponseData:

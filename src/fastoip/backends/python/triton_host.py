@@ -37,11 +37,12 @@ from ...datatypes import to_bytes_elements
 from ...errors import InferenceError, InternalError, ResourceExhausted, Unavailable
 from ...pyworker import transport as shm
 from ...pyworker import utils as pb
-from ...pyworker.channel import RequestData
+from ...pyworker.channel import Initialize, RequestData
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
 from ...types import InferResponse
 from . import server_bridge as bridge
 from .triton_process import WorkerDied, WorkerError, WorkerProcess
+from .user_readiness import UserReadiness
 
 if TYPE_CHECKING:
     from ...pyworker.runner import TritonRunner
@@ -131,7 +132,7 @@ class _Streams:
                 last = response
         if final:
             if job.decoupled:
-                job.end_stream()
+                job.end_stream(alone=data is None)  # (a BLS iterator yields Triton's empty last response for it)
             elif last is not None:
                 job.finish(last)
             else:
@@ -141,6 +142,14 @@ class _Streams:
     def job(self, call: int, index: int) -> Job | None:
         with self._lock:
             return self._open.get((call, index))
+
+    def detach(self, call: int, index: int) -> Job | None:
+        """Request ``index`` of ``call`` was rescheduled: its stream goes on in a later batch, not this one."""
+        with self._lock:
+            job = self._open.pop((call, index), None)
+            self._last.pop((call, index), None)
+            self._lock.notify_all()
+            return job
 
     def fail_all(self, error: InferenceError, call: int | None = None) -> None:
         with self._lock:
@@ -169,6 +178,16 @@ def _results_of(
         RESPONDS_LATER if data is None else respond(job, version_str, data)  # None: its sender answers
         for job, data in zip(jobs, responses, strict=True)
     ]
+
+
+def _reschedule(job: Job, model: str) -> None:
+    """The model released ``job`` with RESCHEDULE: back to its scheduler to run again, or failed saying why (a
+    scheduler that cannot: Triton's core refuses the release so)."""
+    if not job.reschedule():
+        job.fail(InternalError(
+            f"Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model '{model}' cannot run it "
+            "again: request rescheduling needs 'sequence_batching { iterative_sequence: true }' in its config"
+        ))
 
 
 def _settle(job: Job, result: object, end_ns: int) -> None:
@@ -263,6 +282,11 @@ class InProcessInstance(_Base):
         self.runner = runner
         self.bridge = bridge  # its calls (BLS) reach the Core that loaded it
         self._ids = 0
+        self.readiness = UserReadiness(self._ask_readiness, name, version_str, runner.instance_name)
+
+    def _ask_readiness(self) -> tuple[bool, bool, str | None]:
+        with pb.BRIDGE.using(self.bridge):
+            return self.runner.user_readiness()
 
     def execute(self, jobs: Sequence[Job]) -> tuple[Results, list[Execution]]:
         if not self._enter():
@@ -287,14 +311,22 @@ class InProcessInstance(_Base):
             except Exception as exc:
                 responses, error = None, (exc.message() if isinstance(exc, pb.TritonModelException) else
                                           f"{type(exc).__name__}: {exc}")
+            rescheduled = set(self.runner.rescheduled) if error is None else set()
             if self.decoupled:
                 self._batches.pop(call, None)
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+                for index in rescheduled:
+                    rejob = self.streams.detach(call, index)
+                    if rejob is not None:
+                        _reschedule(rejob, self.name)
                 return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
             results = _results_of(jobs, self.version_str, responses, error, self.where)
             for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
-                if result is RESPONDS_LATER:
+                if index in rescheduled:
+                    results[index] = RESPONDS_LATER
+                    _reschedule(job, self.name)
+                elif result is RESPONDS_LATER:
                     self._await_sender(call, index, job)
                 elif job.finished:  # answered through its sender already (an error after it is not its)
                     results[index] = RESPONDS_LATER
@@ -304,7 +336,7 @@ class InProcessInstance(_Base):
             self._leave()
 
     def is_ready(self) -> bool:
-        return not self._closed
+        return not self._closed and not self.readiness.reason()
 
     def is_alive(self) -> bool:
         return True
@@ -387,7 +419,14 @@ class ProcessInstance(_Base):
         self._crashes: list[float] = []
         #: Why the instance stopped serving for good (the repository index reports it), or None.
         self.down_reason: str | None = None
+        #: The name python_backend gives its stub (Initialize's ``model_instance_name``), for readiness' words.
+        self.instance_name = next(
+            (str(m.args.get("model_instance_name")) for m in start_messages if type(m) is Initialize),
+            f"{name}_{index}",
+        )
         self.worker = self._start()
+        #: The model's own ``is_ready()``, asked on the worker's readiness socket.
+        self.readiness = UserReadiness(lambda: self.worker.ask_readiness(), name, version_str, self.instance_name)
 
     def takes_without_waiting(self, job: Job) -> bool:
         """Whether ``execute([job])`` returns at once (the direct scheduler may then call it on the event loop):
@@ -491,8 +530,9 @@ class ProcessInstance(_Base):
                     self._window_waiters -= 1
         return [RESPONDS_LATER for _ in jobs], []
 
-    def _on_result(self, call: int, responses: Any, error: Any) -> None:
-        """A batch's result (the worker's reader thread): finish its jobs."""
+    def _on_result(self, call: int, responses: Any, error: Any, rescheduled: list) -> None:
+        """A batch's result (the worker's reader thread): finish its jobs (``rescheduled``: the indices of those
+        the model released with RESCHEDULE: they go back to their scheduler)."""
         with self._flow_lock:
             batch = self._pending.pop(call, None)
             if self._window_waiters:
@@ -502,7 +542,7 @@ class ProcessInstance(_Base):
         try:
             jobs = batch.jobs
             end = time.monotonic_ns()
-            if len(jobs) == 1 and error is None and not self.decoupled and responses[0] is not None:
+            if len(jobs) == 1 and error is None and not self.decoupled and responses[0] is not None and not rescheduled:
                 # the common case, without the lists: _results_of's twin
                 self._batches.pop(call, None)
                 only = jobs[0]
@@ -517,10 +557,15 @@ class ProcessInstance(_Base):
                 if self._record is not None:
                     self._record(only.batch_size, 1, 0, end - batch.started, 0)
                 return
+            again = {i for i in rescheduled if type(i) is int and 0 <= i < len(jobs)} if error is None else set()
             if self.decoupled:
                 self._batches.pop(call, None)
                 if error is not None:
                     self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+                for index in again:
+                    rejob = self.streams.detach(call, index)
+                    if rejob is not None:
+                        _reschedule(rejob, self.name)
             else:
                 try:
                     if responses is not None:
@@ -530,7 +575,9 @@ class ProcessInstance(_Base):
                 except Exception as exc:
                     results = [InternalError(f"model {self.where}: unreadable result: {exc}") for _ in jobs]
                 for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
-                    if result is RESPONDS_LATER:
+                    if index in again:
+                        _reschedule(job, self.name)
+                    elif result is RESPONDS_LATER:
                         self._await_sender(call, index, job)
                     else:
                         _settle(job, result, end)  # (a job its sender answered already stays as it was)
@@ -622,7 +669,13 @@ class ProcessInstance(_Base):
             log.error("%s", self.down_reason)
 
     def is_ready(self) -> bool:
-        return not self._closed and self.down_reason is None
+        if self._closed or self.down_reason is not None:
+            return False
+        if not self.worker.alive:  # it is started again by the next request (Triton restarts its stub so)
+            log.warning("Model '%s' version %s is not ready: Stub process '%s' is not healthy.", self.name,
+                        self.version_str, self.instance_name)
+            return False
+        return not self.readiness.reason()
 
     def is_alive(self) -> bool:
         return True

@@ -112,7 +112,7 @@ class WorkerProcess:
         on_death: Callable[[str], None],
         is_cancelled: Callable[[int, int], bool] | None = None,
         link: bridge.ServerLink = bridge.UNLINKED,
-        on_result: Callable[[int, Any, Any], None] | None = None,
+        on_result: Callable[[int, Any, Any, list], None] | None = None,
         model: str = "",
     ) -> None:
         self.label = label
@@ -136,7 +136,7 @@ class WorkerProcess:
         self._writer: threading.Thread | None = None
         self._state = threading.Lock()
         self._control: _Waiter | None = None
-        self._on_result = on_result or (lambda exec_id, responses, error: None)
+        self._on_result = on_result or (lambda exec_id, responses, error, rescheduled: None)
         #: The worker's BLS streams in flight (their jobs), by call id: ``ResponseIterator.cancel()`` cancels one.
         self._outgoing: dict[int, Any] = {}
         #: This worker's share of threads for its calls into the server.
@@ -181,6 +181,12 @@ class WorkerProcess:
         except (AttributeError, OSError) as exc:
             log.warning("%s: no shared-memory result ring (%s): results take the socket", label, exc)
         ring_fds = [self._ring.fd] if self._ring is not None else []
+        #: The readiness socket: the model's own ``is_ready()`` is asked here, answered by a thread of the worker
+        #: even while ``execute`` runs (one check at a time: ``_readiness_lock``).
+        ready_parent, ready_child = socket.socketpair()
+        self._readiness_socket = ready_parent
+        self._readiness = FramedSocket(ready_parent)
+        self._readiness_lock = threading.Lock()
         env = dict(os.environ)
         # The tensor segments: made here, handed to the worker as descriptors on a socket of their own, named by
         # index in messages (pyworker/segments.py); an index it may not use ends it.
@@ -196,16 +202,19 @@ class WorkerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
-                pass_fds=[child.fileno(), handover_child.fileno(), *ring_fds],
+                [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), str(ready_child.fileno()),
+                 *map(str, ring_fds)],
+                pass_fds=[child.fileno(), ready_child.fileno(), handover_child.fileno(), *ring_fds],
                 env=env,
                 close_fds=True,
             )
         except BaseException:
             self.segments.close()
+            ready_parent.close()
             raise
         finally:
             child.close()
+            ready_child.close()
             handover_child.close()
         self.pid = self.process.pid
         self._socket = parent
@@ -218,10 +227,35 @@ class WorkerProcess:
 
     def _on_exit(self) -> None:
         """The process exited (the exit watcher's thread): end the channel, whoever else holds its other end."""
-        try:
-            self._socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        for end in (self._socket, self._readiness_socket):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # -- the model's own readiness ------------------------------------------------------------------------------
+    def ask_readiness(self) -> tuple[bool, bool, str | None]:
+        """The model's ``is_ready()``: ``(defined, ready, error)``; waits for the worker's answer (callers bound
+        the wait: :mod:`.user_readiness`).  WorkerDied when the worker is gone."""
+        with self._readiness_lock:
+            if self.cause is not None:
+                raise WorkerDied(self.cause)
+            try:
+                self._readiness.send_bytes(msg.encode(msg.ReadinessCheck()))
+                answer = msg.decode(self._readiness.recv_bytes(), msg.READINESS_TO_SERVER)
+            except (EOFError, OSError) as gone:
+                raise WorkerDied(self.cause or f"closed its readiness socket ({gone})") from None
+            except (FrameTooLarge, msg.ProtocolError) as bad:
+                self._refuse("a readiness answer that is not one", bad)
+                # its death is handled before the answer (a request that follows starts a new worker, it is not
+                # handed to this one as it dies): the reader thread takes the socket back from an event loop (which
+                # may be the one waiting for this answer) and reads the end
+                if threading.current_thread() is not self._reader:
+                    self._release_loop()
+                    self._reader.join(RELEASE_TIMEOUT_S * 5)
+                raise WorkerDied(f"broke the channel's protocol ({bad})") from None
+            defined, ready, error = answer  # (a Readiness: decode checked its fields' types)
+            return bool(defined), bool(ready), error
 
     # -- sending (never waits: see the module's rules) ----------------------------------------------------------
     def _send(self, message: tuple) -> None:
@@ -302,7 +336,7 @@ class WorkerProcess:
                 out.append(data)
             except Exception as exc:
                 if type(message) is msg.Execute:
-                    self._on_result(message.exec_id, None, f"the request could not be sent to the worker: {exc}")
+                    self._on_result(message.exec_id, None, f"the request could not be sent to the worker: {exc}", [])
                 else:
                     log.error("%s: a %s could not be sent to the worker: %s", self.label, type(message).__name__, exc)
         return out
@@ -351,7 +385,7 @@ class WorkerProcess:
             try:
                 self._send(message)
             except (TypeError, ValueError) as exc:  # it cannot cross: the batch fails, the channel lives
-                self._on_result(exec_id, None, f"the request could not be sent to the worker: {exc}")
+                self._on_result(exec_id, None, f"the request could not be sent to the worker: {exc}", [])
             return
         if self._loop is None and self._wanted is None:
             self._wanted = loop  # its results are read there from the next message on
@@ -530,7 +564,7 @@ class WorkerProcess:
     # -- what each record does ------------------------------------------------------------------------------------
     def _on_result_record(self, message: Any) -> None:
         try:
-            self._on_result(message.exec_id, message.responses, message.error)
+            self._on_result(message.exec_id, message.responses, message.error, message.rescheduled)
         except Exception:
             log.exception("%s: finishing a batch failed", self.label)
 
@@ -713,10 +747,11 @@ class WorkerProcess:
                 self.process.kill()
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout=10)
-        try:
-            self._connection.close()
-        except OSError:
-            pass
+        for end in (self._connection, self._readiness):
+            try:
+                end.close()
+            except OSError:
+                pass
         if self._ring is not None and not self._reader.is_alive():  # (a reader still running may take from it)
             self._ring.close()
 
