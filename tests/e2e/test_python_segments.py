@@ -252,7 +252,7 @@ def test_the_registration_bounds_are_flags_over_grpc_and_http(tmp_path: Path) ->
             assert status == 200, body  # another client: the third region in all
             status, body, _ = _http_register(server.http_port, "other2", key, "127.0.0.2", conn)
             conn.close()
-            assert status == 429  # the fourth in all
+            assert status == 503  # the fourth in all: the server's table, 503 with Retry-After (issue 37's rule)
             assert "the server holds 3 shared memory regions, the most it takes" in json.loads(body)["error"]
             client.unregister_system_shared_memory("g1")
             client.register_system_shared_memory("g1_again", key, 64)  # room made, room taken
