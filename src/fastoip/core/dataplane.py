@@ -54,6 +54,7 @@ from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..repository.runner import RequestRunner
 from ..response_cache import TAKE_OVER, ResponseCache, request_key
+from ..scheduling.call_chain import reentry_refusal
 from ..scheduling.job import Job
 from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
@@ -256,6 +257,11 @@ class DataPlane:
     ) -> Job:
         if model.decoupled and on_response is None:
             raise OneResponseCall()
+        chain = call.chain if call is not None else ()
+        if chain:  # a BLS request: refused when every instance of its model waits for its answer
+            refusal = reentry_refusal(model.name, model.version_str, len(model.instances), chain)
+            if refusal is not None:
+                raise InvalidArgument(refusal)
         regions: list[Any] = []  # system shared-memory regions used: checked again when the job is done
         for tensor in request.inputs:
             if tensor.data is None and uses_region(tensor.parameters):
@@ -272,6 +278,7 @@ class DataPlane:
             if request.id:  # Triton's LogRequest(): request errors name the request they belong to
                 raise type(exc)(f"[request id: {request.id}] {exc.message}") from None
             raise
+        job.chain = chain
         if request.outputs:
             job.destinations = self._output_destinations(request, regions)
         job.regions = regions or None

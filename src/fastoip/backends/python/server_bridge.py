@@ -15,9 +15,10 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
@@ -37,6 +38,7 @@ from ...errors import (
 from ...metric_names import label_names_error, metric_name_error
 from ...metrics import EXPORTED_NAMES, exposition_text
 from ...pyworker import utils as pb
+from ...scheduling.call_chain import CallChain
 from ...types import InferInput, InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("fastoip.python.model")
@@ -93,12 +95,14 @@ class ServerLink:
         self.core = core
         self._call_type = call_type
 
-    def call_of(self, data: Any) -> Any:
-        """The call context of a BLS request: its trace parent (``trace=request.trace()``) when it has one."""
+    def call_of(self, data: Any, chain: CallChain = ()) -> Any:
+        """The call context of a BLS request: its call chain (the instances waiting for it) and its trace parent
+        (``trace=request.trace()``) when it has one."""
         trace = data[6]
-        if trace is None or self._call_type is None:
+        if (trace is None and not chain) or self._call_type is None:
             return None
-        return self._call_type(trace_parent=(int(trace[0]), dict(trace[1] or {})))
+        parent = (int(trace[0]), dict(trace[1] or {})) if trace is not None else None
+        return self._call_type(trace_parent=parent, chain=chain)
 
     def _core(self) -> CoreLike:
         core = self.core
@@ -106,11 +110,14 @@ class ServerLink:
             raise InternalError("BLS: this model's repository has no server core")
         return core
 
-    def infer(self, model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> ResponseData:
-        """One BLS request through the Core; its error inside the result."""
+    def infer(
+        self, model_name: str, model_version: Any, data: Any, timeout_us: int = 0, chain: CallChain = ()
+    ) -> ResponseData:
+        """One BLS request through the Core (``chain``: the instances waiting for it); its error inside the
+        result."""
         try:
             request = infer_request(model_name, model_version, data, timeout_us)
-            return response_data(self._core().infer(request, self.call_of(data)))
+            return response_data(self._core().infer(request, self.call_of(data, chain)))
         except InferenceError as exc:
             return error_data(exc)
 
@@ -121,6 +128,7 @@ class ServerLink:
         data: Any,
         deliver: Callable[[ResponseData | None, bool], None],
         timeout_us: int = 0,
+        chain: CallChain = (),
     ) -> Any:
         """A BLS request whose responses (a decoupled model's stream) go to ``deliver(response, final)``; the
         request's job (``cancel()`` cancels it), or None when it failed before it started."""
@@ -138,7 +146,7 @@ class ServerLink:
                 else:
                     deliver(None, True)
 
-            return self._core().start(request, self.call_of(data), on_done, on_response)
+            return self._core().start(request, self.call_of(data, chain), on_done, on_response)
         except InferenceError as exc:
             deliver(error_data(exc), True)
             return None
@@ -234,17 +242,41 @@ def error_data(error: BaseException) -> ResponseData:
     return [], (code_of(error), str(error)), {}
 
 
+class _RunningChain(threading.local):
+    """The call chain of the in-process instance running on this thread (``()`` elsewhere: the model's own
+    threads hold no instance)."""
+
+    chain: CallChain = ()
+
+
+#: Set by an in-process instance while it runs a batch (:meth:`InProcessBridge.running`).
+_RUNNING = _RunningChain()
+
+
 class InProcessBridge:
     """pb_utils' bridge when the model runs in the server process (its calls go to ``link``'s Core)."""
 
     def __init__(self, link: ServerLink) -> None:
         self.link = link
 
+    @staticmethod
+    @contextlib.contextmanager
+    def running(chain: CallChain) -> Iterator[None]:
+        """``chain``: the call chain of BLS calls made on this thread while the block runs (an instance's batch)."""
+        previous = _RUNNING.chain
+        _RUNNING.chain = chain
+        try:
+            yield
+        finally:
+            _RUNNING.chain = previous
+
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
         from ...pyworker.runner import request_data, response_of
 
         return response_of(
-            self.link.infer(request.model_name, request.model_version, request_data(request), request.timeout())
+            self.link.infer(
+                request.model_name, request.model_version, request_data(request), request.timeout(), _RUNNING.chain
+            )
         )
 
     def infer_stream(self, request: pb.InferenceRequest) -> Any:
@@ -259,6 +291,7 @@ class InProcessBridge:
             request_data(request),
             lambda data, final: answers.put((data, final)),
             request.timeout(),
+            _RUNNING.chain,
         )
 
         def responses() -> Any:

@@ -31,9 +31,11 @@ Rules:
   jobs), decoupled responses to ``on_send``.
 - The worker's own calls (BLS, readiness, model control, metrics) run on this
   worker's own few threads (:data:`CALL_THREADS`): a model that keeps many BLS
-  calls waiting queues behind its own, never another model's.  A BLS call to
-  the calling model itself is refused with an error in its response (its one
-  instance runs the request waiting for the answer: a deadlock).
+  calls waiting queues behind its own, never another model's.  A BLS call
+  carries its call chain (:mod:`fastoip.scheduling.call_chain`), built here
+  from what the server knows the worker holds: one that would wait for itself
+  (to the calling model with one instance, or round a cycle) is refused by the
+  Core with an error in its response.
 - The worker's death is noticed by its process exiting (:mod:`.exits`: a
   pidfd), not only its socket closing (a child it forked may hold the socket):
   the process is reaped and :class:`WorkerDied` (with the cause: exit code or
@@ -61,6 +63,7 @@ from ...pyworker import channel as msg
 from ...pyworker import transport as shm
 from ...pyworker._ring import ResultRing, RingCorrupt
 from ...pyworker.framing import FramedSocket, FrameTooLarge
+from ...scheduling.call_chain import CallChain
 from . import exits
 from . import server_bridge as bridge
 
@@ -113,10 +116,13 @@ class WorkerProcess:
         link: bridge.ServerLink = bridge.UNLINKED,
         on_result: Callable[[int, Any, Any], None] | None = None,
         model: str = "",
+        chain_of: Callable[[], CallChain] | None = None,
     ) -> None:
         self.label = label
-        #: The model this worker runs (its BLS calls to itself are refused).
         self.model = model
+        #: The call chain of a BLS call this worker makes now (``scheduling.call_chain``: its instance and the
+        #: chains of the requests it holds), from what the server knows it holds; a cycle is refused by the Core.
+        self._chain_of = chain_of
         #: The Core this worker's calls (BLS, readiness, model control) go to: the one that loaded its model.
         self._link = link
         self._is_cancelled = is_cancelled
@@ -597,13 +603,9 @@ class WorkerProcess:
         self._on_death(cause)
 
     # -- the worker's calls into the server (on this worker's call threads) ----------------------------------------
-    def _self_call(self, model: str) -> str | None:
-        if self.model and model == self.model:
-            return (
-                f"model '{model}' sent a BLS request to itself: refused (the instance that would run it is "
-                "running the request waiting for its answer); call another model"
-            )
-        return None
+    def _chain(self) -> CallChain:
+        chain_of = self._chain_of
+        return chain_of() if chain_of is not None else ()
 
     def _serve_call(self, message: Any) -> None:
         call_id = message.call_id
@@ -611,15 +613,11 @@ class WorkerProcess:
         try:
             kind = type(message)
             if kind is msg.InferCall:
-                refusal = self._self_call(message.model)
                 if message.stream:
-                    self._serve_stream(message, refusal)
+                    self._serve_stream(message)
                     return
-                if refusal is not None:
-                    answer: Any = bridge.error_data(InvalidArgument(refusal))
-                else:
-                    request = shm.unpack_request(message.request, self.segment_token)
-                    answer = self._link.infer(message.model, message.version, request, message.timeout_us)
+                request = shm.unpack_request(message.request, self.segment_token)
+                answer = self._link.infer(message.model, message.version, request, message.timeout_us, self._chain())
                 reply = msg.Reply(call_id, shm.pack_response(answer), None)
             elif kind is msg.CancelledQuery:
                 asked = self._is_cancelled
@@ -648,7 +646,7 @@ class WorkerProcess:
         except WorkerDied:
             pass
 
-    def _serve_stream(self, message: Any, refusal: str | None) -> None:
+    def _serve_stream(self, message: Any) -> None:
         call_id = message.call_id
 
         def deliver(data: Any, final: bool) -> None:
@@ -667,11 +665,8 @@ class WorkerProcess:
             except WorkerDied:
                 pass
 
-        if refusal is not None:
-            deliver(bridge.error_data(InvalidArgument(refusal)), True)
-            return
         request = shm.unpack_request(message.request, self.segment_token)
-        job = self._link.stream(message.model, message.version, request, deliver, message.timeout_us)
+        job = self._link.stream(message.model, message.version, request, deliver, message.timeout_us, self._chain())
         if job is not None and not job.finished:
             self._outgoing[call_id] = job
             if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
