@@ -551,7 +551,7 @@ class WorkerProcess:
             self._queue_call(message)
             return
         try:
-            bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
+            self._link.custom_metrics.apply(message.family, message.labels, message.op, message.value)
         except Exception as exc:
             log.warning("%s: custom metric: %s", self.label, exc)
 
@@ -632,7 +632,7 @@ class WorkerProcess:
                 self._link.unload_model(message.name, message.unload_dependents)
                 reply = msg.Reply(call_id, None, None)
             elif kind is msg.MetricUpdate:
-                value = bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
+                value = self._link.custom_metrics.apply(message.family, message.labels, message.op, message.value)
                 reply = msg.Reply(call_id, value, None)
             else:
                 reply = msg.Reply(call_id, None, f"unknown call {kind.__name__}")
