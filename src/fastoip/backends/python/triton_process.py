@@ -84,6 +84,21 @@ LOOP_CHECK_S = 0.5
 RELEASE_TIMEOUT_S = 2.0
 
 
+#: Starts a worker process on the child's end of the socket pair, with the result ring's descriptors and the
+#: environment: :func:`spawn_worker`, or a unit test's fake worker.
+Spawn = Callable[[socket.socket, list[int], dict[str, str]], subprocess.Popen]
+
+
+def spawn_worker(child: socket.socket, ring_fds: list[int], env: dict[str, str]) -> subprocess.Popen:
+    """``python -m fastoip.pyworker FD [RING_FD]`` on ``child`` (the worker: :mod:`fastoip.pyworker.worker`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
+        pass_fds=[child.fileno(), *ring_fds],
+        env=env,
+        close_fds=True,
+    )
+
+
 class WorkerDied(Exception):
     """The worker process is gone; ``cause`` says how (``exited with code 3``, ``was killed by SIGSEGV``)."""
 
@@ -117,6 +132,7 @@ class WorkerProcess:
         on_result: Callable[[int, Any, Any], None] | None = None,
         model: str = "",
         chain_of: Callable[[], CallChain] | None = None,
+        spawn: Spawn = spawn_worker,
     ) -> None:
         self.label = label
         self.model = model
@@ -193,12 +209,7 @@ class WorkerProcess:
         package = sys.modules[__name__.partition(".")[0]].__file__ or ""
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, ring_fds)],
-            pass_fds=[child.fileno(), *ring_fds],
-            env=env,
-            close_fds=True,
-        )
+        self.process = spawn(child, ring_fds, env)
         child.close()
         self.pid = self.process.pid
         self._socket = parent
