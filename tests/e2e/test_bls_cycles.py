@@ -20,6 +20,7 @@ from serverproc import ServerProcess
 #: its OUT + 1 (an error of the call fails the request with the callee's words).
 HOP = """
     import json
+    import time
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
@@ -27,6 +28,7 @@ HOP = """
         def initialize(self, args):
             config = json.loads(args["model_config"])
             self.next = config["parameters"]["next"]["string_value"]
+            self.delay_s = float(config["parameters"].get("delay_s", {}).get("string_value", "0"))
 
         def execute(self, requests):
             out = []
@@ -34,6 +36,7 @@ HOP = """
                 steps = int(pb_utils.get_input_tensor_by_name(request, "STEPS").as_numpy()[0])
                 value = 0
                 if steps > 0:
+                    time.sleep(self.delay_s)
                     bls = pb_utils.InferenceRequest(
                         model_name=self.next, requested_output_names=["OUT"],
                         inputs=[pb_utils.Tensor("STEPS", np.array([steps - 1], np.int32))])
@@ -46,8 +49,9 @@ HOP = """
 """
 
 
-def _config(next_model: str, count: int, hosting: str) -> str:
+def _config(next_model: str, count: int, hosting: str, delay_s: float = 0.0) -> str:
     hosted = f'parameters {{ key: "hosting" value: {{ string_value: "{hosting}" }} }}' if hosting else ""
+    hosted += f' parameters {{ key: "delay_s" value: {{ string_value: "{delay_s}" }} }}'
     return f"""
         backend: "python"
         input [ {{ name: "STEPS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
@@ -58,8 +62,8 @@ def _config(next_model: str, count: int, hosting: str) -> str:
     """
 
 
-#: name -> (the model it calls, instances, hosting ("" for a worker process))
-MODELS = {
+#: name -> (the model it calls, instances, hosting ("" for a worker process)[, seconds before it calls])
+MODELS: dict[str, tuple] = {
     "a": ("b", 1, ""),
     "b": ("a", 1, ""),
     "c1": ("c2", 1, ""),
@@ -70,16 +74,20 @@ MODELS = {
     "pair": ("pair", 2, ""),  # calls itself, with two instances
     "in_a": ("in_b", 1, "in_process"),
     "in_b": ("in_a", 1, "in_process"),
+    "p": ("q", 1, "", 1.0),  # each sleeps a second before its call: two requests enter the cycle at once
+    "q": ("p", 1, "", 1.0),
+    "in_p": ("in_q", 1, "in_process", 1.0),
+    "in_q": ("in_p", 1, "in_process", 1.0),
 }
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root: Path = tmp_path_factory.mktemp("cycles")
-    for name, (next_model, count, hosting) in MODELS.items():
+    for name, spec in MODELS.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(textwrap.dedent(HOP))
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(_config(next_model, count, hosting)))
+        (root / name / "config.pbtxt").write_text(textwrap.dedent(_config(*spec)))
     with ServerProcess(root) as proc:
         yield proc
 
@@ -126,10 +134,36 @@ def test_a_cycle_through_a_model_with_a_free_instance_runs(server: ServerProcess
     assert _hop(server.grpc_url, "pair", 1) == 1
 
 
+@pytest.mark.parametrize(("first", "second"), [("p", "q"), ("in_p", "in_q")], ids=["worker-processes", "in-process"])
+def test_two_requests_entering_one_cycle_from_both_ends_are_not_wedged(
+    server: ServerProcess, first: str, second: str
+) -> None:
+    """p -> q beside q -> p, each with one instance, at once: neither request's chain holds the other's instance,
+    but each instance's call waits for the other; the second call is refused (the first then runs), where both
+    would wait for good (Triton: until the clients' deadlines)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(model: str) -> object:
+        try:
+            return _hop(server.grpc_url, model, 1)
+        except InferenceServerException as exc:
+            return exc.message()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(one, (first, second)))
+    assert time.monotonic() - started < 15
+    refused = [a for a in answers if isinstance(a, str)]
+    assert len(refused) == 1 and answers.count(1) == 1, answers
+    # (in worker processes the second call may also find the first's request in line behind the caller's own
+    # batch: then the caller's chain holds the other instance, and the cycle is named)
+    assert "refused" in refused[0] and "a deadlock" in refused[0], refused[0]
+    assert _hop(server.grpc_url, first, 1) == 1 and _hop(server.grpc_url, second, 1) == 1  # each alone runs
+
+
 def test_cycles_refused_while_other_clients_are_served(server: ServerProcess) -> None:
     """Cycles refused (in worker processes and in-process) while other clients' chains run: every answer is
-    right, none waits.  (Two clients entering one cycle from different models at once, a -> b beside b -> a,
-    still wait for each other, as in Triton: neither request's chain holds the other's instance.)"""
+    right, none waits."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> object:
