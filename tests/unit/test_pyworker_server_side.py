@@ -1,4 +1,4 @@
-"""The server's side of a Python worker's channel (``triton_process.WorkerProcess``) driven by a fake worker, without
+"""The server's side of a Python worker's channel (``WorkerProcess``) driven by a fake worker, without
 a server (issue 36): the fake writes with the real channel encoder (or writes what the encoder never would) on
 the child's end of the socket pair the server side made, and reads what the server side answers.  The process the
 server side watches is a real one (``sleep``: its exit is noticed by its pidfd); nothing else runs.
