@@ -198,14 +198,25 @@ class _HandingOver:
         pass
 
 
-@pytest.mark.parametrize("caller_runs", [True, False], ids=["blocking-caller", "line"])
-def test_a_bls_request_never_runs_on_an_instance_on_its_call_chain(caller_runs: bool) -> None:
+class _HandingOverAtOnce(_HandingOver):
+    """One the scheduler may hand a request to on the enqueuing thread (``takes_without_waiting``)."""
+
+    def takes_without_waiting(self, job: Job) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("caller_runs", "kind"),
+    [(True, _HandingOver), (False, _HandingOver), (False, _HandingOverAtOnce)],
+    ids=["blocking-caller", "line", "handed-over"],
+)
+def test_a_bls_request_never_runs_on_an_instance_on_its_call_chain(caller_runs: bool, kind: type) -> None:
     """Instance 0 runs the request waiting for this one (its chain): the request runs on instance 1, though
     instance 0 is free to the scheduler (a worker would run it after the request that waits for it: a wedge)."""
     ran: list[int] = []
     with ThreadPoolExecutor(2) as pool:
         context = make_batcher(Clock(), GatedModel([])).context
-        scheduler = DirectScheduler(context, [_HandingOver(0, ran), _HandingOver(1, ran)], pool)
+        scheduler = DirectScheduler(context, [kind(0, ran), kind(1, ran)], pool)
         for _ in range(6):
             bls = job(1)
             bls.chain = (("caller", "1", 0), ("rows", "1", 0))

@@ -129,8 +129,10 @@ class DirectScheduler:
         except queue.Empty:
             return False
         try:
-            if job.chain or not backend.takes_without_waiting(job):  # type: ignore[attr-defined]
-                return False  # (a BLS request with a call chain: _run picks its instance)
+            if job.chain and not off_chain(getattr(backend, "chain_entry", None), job.chain):
+                return False  # (a BLS request: this instance waits for its answer; _run picks another)
+            if not backend.takes_without_waiting(job):  # type: ignore[attr-defined]
+                return False
             run_jobs(self.context, backend, (job,))
             return True
         finally:
