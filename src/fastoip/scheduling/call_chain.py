@@ -104,19 +104,19 @@ class WaitGraph:
         """The instances that wait for a request with ``chain`` (the lock is held): those on the chain, and each
         with a call in flight to a model whose every instance waits for it, until no more are found."""
         waiting = set(chain)
-        found = True
-        while found:
-            found = False
-            for instance, models in self._calls.items():
-                if instance in waiting:
-                    continue
-                for name, version in models:
-                    count = self._counts.get((name, version), 0)
-                    if count and all((name, version, index) in waiting for index in range(count)):
-                        waiting.add(instance)
-                        found = True
-                        break
-        return frozenset(waiting)
+        while True:
+            indexes: dict[tuple[str, str], set[int]] = {}
+            for name, version, index in waiting:
+                indexes.setdefault((name, version), set()).add(index)
+            # the models that cannot answer before this request does (a call to one waits for it)
+            stuck = {key for key, held in indexes.items() if 0 < self._counts.get(key, 0) <= len(held)}
+            if not stuck:
+                return frozenset(waiting)
+            found = [caller for caller, models in self._calls.items()
+                     if caller not in waiting and not stuck.isdisjoint(models)]
+            if not found:
+                return frozenset(waiting)
+            waiting.update(found)
 
 
 def off_chain(entry: object, chain: CallChain) -> bool:
