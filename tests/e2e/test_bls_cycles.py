@@ -1,7 +1,8 @@
 """BLS cycles are refused, not wedged (issue 36): a request that would re-enter a model every instance of which
 waits for its answer (a -> b -> a, a -> b -> c -> a, in worker processes and in-process) gets a clear error in
 the calling model's response at once, and so is the second of two requests entering one cycle from both ends at
-once; a cycle through a model with a free instance runs; the server serves other clients after.  Triton has no such check (its requests wait for good): COMPATIBILITY.md."""
+once; a cycle through a model with a free instance runs; the server serves other clients after.  Triton has no
+such check (its requests wait for good): COMPATIBILITY.md."""
 
 from __future__ import annotations
 
