@@ -159,7 +159,7 @@ debug: venv  ## build the bounds-checked extensions into build/debug and run the
 # (FASTOIP_PURE_PYTHON=1) into build/pure and runs the Python-model tests and the codec's against it, so a
 # construct that works in one build and not the other (mypyc's closures of generators did) is caught either way.
 PURE_DIR := build/pure
-PURE_TESTS := tests/e2e/test_triton_python_backend.py tests/e2e/test_python_models.py \
+PURE_TESTS := tests/e2e/test_triton_python_backend.py tests/e2e/test_python_models.py tests/e2e/test_bls_cycles.py \
 	$(wildcard tests/e2e/test_pyworker_*.py) $(wildcard tests/unit/test_pyworker_*.py) \
 	tests/unit/test_codec.py tests/unit/test_codec_fuzz.py
 test-pure: venv  ## build the interpreted twin (no mypyc) into build/pure and run the Python-model and codec tests on it

@@ -20,6 +20,9 @@ Layers, lowest first; a module may import its own layer and the layers below it:
 3. core: ``core/`` and ``testing`` (an in-process client on the Core);
 4. top: frontends (``server/``), ``bench/``, the CLI and its Triton flags, the demo repository, ``embed``.
 
+The Core does not import ``backends/`` (a backend registers what the Core must reach with the Core's link,
+``fastoip.core_link``: the seam both import), though it sits above them.
+
 One more rule for the frontends (``server/grpc/``, ``server/http/``: the translators): they reach the models
 only through the Core.  They import the Core, the wire layer and the ground floor, never ``repository/``,
 ``scheduling/`` (the scheduler's ``Job``), ``backends/`` or the models layer's other modules.  ``server/app.py``
@@ -57,6 +60,7 @@ LAYERS: dict[str, int] = {
     "tracing": 0,
     "model_config": 0,  # config.pbtxt in every form and the precomputed ModelSpec (backends and repository read it)
     "model_settings": 0,  # MLServer's model-settings.json, validated (model_config reads it)
+    "core_link": 0,  # the seam between a Core and its backends (both import it; the Core never imports backends/)
     "pyworker": 1,  # a Python model's worker process: standard library, numpy and the codec's C (its small tensors)
     "_codec": 1,
     "wire": 1,
@@ -87,6 +91,9 @@ LAYER_NAMES = ("ground", "wire", "models", "core", "top")
 #: Module prefixes (after ``fastoip.``) that are frontends: they may not import the models layer at all.
 FRONTENDS = ("server.grpc", "server.http")
 MODELS = LAYER_NAMES.index("models")
+#: (importer prefix, imported prefix) pairs that are refused whatever their layers: the Core reaches the backends
+#: only through what they register with its link (``core_link``).
+FORBIDDEN: tuple[tuple[str, str], ...] = (("core", "backends"),)
 
 
 def module_name(path: Path) -> str:
@@ -198,6 +205,22 @@ def past_the_core(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     )
 
 
+def under(module: str, prefix: str) -> bool:
+    rest = module[len(PACKAGE) + 1 :]
+    return rest == prefix or rest.startswith(prefix + ".")
+
+
+def forbidden(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports :data:`FORBIDDEN` names (the Core importing a backend)."""
+    return sorted(
+        (a, b)
+        for a, targets in graph.items()
+        for b in targets
+        for importer, imported in FORBIDDEN
+        if under(a, importer) and under(b, imported)
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--show", action="store_true", help="print every module with its layer and imports")
@@ -219,6 +242,9 @@ def main() -> int:
     for source, target in past_the_core(graph):
         problems += 1
         print(f"frontend past the Core: {source} imports {target} (models); go through fastoip.core")
+    for source, target in forbidden(graph):
+        problems += 1
+        print(f"forbidden import: {source} imports {target}; the Core reaches backends through fastoip.core_link")
     edges = sum(len(t) for t in graph.values())
     print(f"import_graph: {len(graph)} modules, {edges} imports, {problems} problem(s)")
     return 1 if problems else 0

@@ -1,4 +1,4 @@
-"""Server-wide options that several layers read (the ground floor: imports nothing of fastoip).
+"""Server-wide options that several layers read (the ground floor: imports nothing of fastoip but a type name).
 
 Rules:
 - Plain dataclasses with defaults; the CLI and ``server/app.py`` fill them in,
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core_link import CoreLink
 
 
 @dataclass
@@ -29,9 +32,10 @@ class RepositoryOptions:
     default_batching: dict[str, Any] | None = None
     #: Loads requested through the API may run code a client brings (uploaded .py files, Python models of them).
     allow_code_loads: bool = False
-    #: What this repository's Triton Python models call into (BLS, readiness, model control): the Core that owns
-    #: the repository sets its own ``server_bridge.ServerLink`` here (a copy of the options per Core).
-    server_link: Any = None
+    #: What this repository's backends reach in the Core that owns it (a Triton Python model's BLS, readiness,
+    #: model control) and leave with it: the Core sets its own :class:`~fastoip.core_link.CoreLink` here (a copy
+    #: of the options per Core); None outside a Core.
+    server_link: CoreLink | None = None
     #: Triton's --model-load-thread-count (default 4): models of one load operation (start-up, a poll) load on
     #: this many threads, and a model's versions load side by side on up to this many.
     load_threads: int = 4

@@ -335,3 +335,4 @@ def test_sigterm_ends_within_the_exit_timeout_whatever_the_models_do(tmp_path: P
     assert took < 3 + 12, f"exited {took:.1f} s after SIGTERM"
     assert code == 0
     assert "past --exit-timeout" in server.output()
+    assert "ended 3 Python worker process(es)" in server.output()  # each registered with its Core's link

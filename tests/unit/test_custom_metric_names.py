@@ -8,9 +8,9 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastoip.backends.python.server_bridge import CustomMetrics
 from fastoip.metric_names import label_names_error, metric_name_error, safe_label_name
 from fastoip.metrics import exposition_text
+from fastoip.metrics.custom import CustomMetrics, MetricError
 from fastoip.pyworker import utils as pb
 
 FORGING_KEY = 'a="1"} 1\nnv_inference_request_success{model="victim",version="1"} 999999\n# x{b'
@@ -20,13 +20,13 @@ COUNTER = {"name": "my_requests", "description": "d", "kind": pb.MetricFamily.CO
 @pytest.mark.parametrize("name", ["bad-name", "1starts_with_digit", "", "a b", "x{y}", "ok\nnv_forged 1", 7])
 def test_a_bad_family_name_is_refused_by_the_server(name: object) -> None:
     metrics = CustomMetrics()
-    with pytest.raises(pb.TritonModelException, match="invalid metric name"):
+    with pytest.raises(MetricError, match="invalid metric name"):
         metrics.apply({**COUNTER, "name": name}, {}, "increment", 1.0)
     assert metrics.text() == ""  # nothing kept, nothing exported
 
 
 def test_a_family_may_not_take_a_name_the_server_exports() -> None:
-    with pytest.raises(pb.TritonModelException, match="the server exports a family of that name"):
+    with pytest.raises(MetricError, match="the server exports a family of that name"):
         CustomMetrics().apply({**COUNTER, "name": "nv_inference_request_success"}, {}, "increment", 1.0)
 
 
@@ -40,7 +40,7 @@ def test_a_family_may_not_take_a_name_the_server_exports() -> None:
     ],
 )
 def test_bad_labels_are_refused_by_the_server(labels: dict, says: str) -> None:
-    with pytest.raises(pb.TritonModelException, match=says):
+    with pytest.raises(MetricError, match=says):
         CustomMetrics().apply(COUNTER, labels, "increment", 1.0)
 
 
@@ -77,3 +77,31 @@ def test_the_worker_refuses_bad_names_when_the_model_makes_them() -> None:
     family = pb.MetricFamily("good_name", "d", pb.MetricFamily.COUNTER)
     with pytest.raises(pb.TritonModelException, match="invalid label name"):
         family.Metric(labels={FORGING_KEY: "v"})
+
+
+def test_a_family_of_an_unknown_kind_is_refused_not_a_broken_scrape() -> None:
+    """A lying worker's kind 7 would have failed every later scrape (no exposition type for it)."""
+    metrics = CustomMetrics()
+    with pytest.raises(MetricError, match="unknown metric kind 7"):
+        metrics.apply({**COUNTER, "kind": 7}, {}, "increment", 1.0)
+    metrics.apply(COUNTER, {"a": "b"}, "increment", 2.0)
+    assert [f.name for f in text_string_to_metric_families(metrics.text())] == ["my_requests"]
+
+
+def test_each_core_exports_its_own_models_families(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Custom metrics live with the Core (its link), not in one process-wide registry: two servers in one
+    process export only their own models' families."""
+    from fastoip.backends.python.server_bridge import InProcessBridge, link_of
+    from fastoip.core import Core
+
+    first, second = Core(tmp_path), Core(tmp_path)
+    try:
+        bridge = InProcessBridge(link_of(first.repository.options))
+        bridge.metric(COUNTER, {"model": "m"}, "increment", 3.0)
+        with pytest.raises(pb.TritonModelException, match="invalid metric name"):  # said to the model as Triton's
+            bridge.metric({**COUNTER, "name": "bad-name"}, {}, "increment", 1.0)
+        assert 'my_requests{model="m"} 3.0' in first.prometheus_metrics()
+        assert "my_requests" not in second.prometheus_metrics()
+    finally:
+        first.close()
+        second.close()

@@ -18,6 +18,8 @@ from fastoip.errors import Cancelled, InferenceError
 from fastoip.scheduling import direct
 from fastoip.scheduling.direct import DirectScheduler
 from fastoip.scheduling.execute import TensorBackend
+from fastoip.scheduling.job import Job
+from fastoip.types import InferResponse
 
 WAIT_S = 10
 
@@ -173,3 +175,57 @@ def test_a_job_after_the_pool_shut_down_fails_with_a_clear_error() -> None:
     scheduler.enqueue(retry)
     with pytest.raises(InferenceError, match="shutdown"):
         retry.wait()
+
+
+class _HandingOver:
+    """An instance that only hands its jobs over (as a Python worker process's does): free again at once."""
+
+    def __init__(self, index: int, ran: list[int]) -> None:
+        self.chain_entry = ("rows", "1", index)
+        self.ran = ran
+
+    def execute(self, jobs: Sequence[Job]) -> tuple[list[object], list[object]]:
+        self.ran.append(self.chain_entry[2])
+        return [InferResponse("rows", "1", "", {}, []) for _ in jobs], []
+
+    def is_ready(self) -> bool:
+        return True
+
+    def is_alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class _HandingOverAtOnce(_HandingOver):
+    """One the scheduler may hand a request to on the enqueuing thread (``takes_without_waiting``)."""
+
+    def takes_without_waiting(self, job: Job) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("caller_runs", "kind"),
+    [(True, _HandingOver), (False, _HandingOver), (False, _HandingOverAtOnce)],
+    ids=["blocking-caller", "line", "handed-over"],
+)
+def test_a_bls_request_never_runs_on_an_instance_on_its_call_chain(caller_runs: bool, kind: type) -> None:
+    """Instance 0 runs the request waiting for this one (its chain): the request runs on instance 1, though
+    instance 0 is free to the scheduler (a worker would run it after the request that waits for it: a wedge)."""
+    ran: list[int] = []
+    with ThreadPoolExecutor(2) as pool:
+        context = make_batcher(Clock(), GatedModel([])).context
+        scheduler = DirectScheduler(context, [kind(0, ran), kind(1, ran)], pool)
+        for _ in range(6):
+            bls = job(1)
+            bls.chain = (("caller", "1", 0), ("rows", "1", 0))
+            bls.caller_runs = caller_runs
+            scheduler.enqueue(bls)
+            bls.wait()
+        plain = [job(1) for _ in range(4)]
+        for j in plain:
+            j.caller_runs = True
+            scheduler.enqueue(j)
+    assert ran[:6] == [1] * 6
+    assert sorted(ran[6:]) == [0, 0, 1, 1]  # the others take whichever is free

@@ -26,6 +26,9 @@ Rules:
   the frontend has them, unread (:data:`fastoip.tracing.TraceHeaders`): the
   Core reads the caller's W3C ``traceparent`` / ``tracestate`` from them only
   while tracing is on.  Frontends never write traces themselves.
+- ``chain``: a Python model's BLS request carries its call chain
+  (:mod:`fastoip.scheduling.call_chain`); one whose model has every instance
+  on it would wait for itself and is refused before it starts.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import ParamSpec, Protocol, cast
 
 from ..errors import InferenceError
 from ..scheduling import wakeups
+from ..scheduling.call_chain import CallChain
 from ..tracing import FrontendTrace, TraceHeaders
 from ..types import InferRequest, InferResponse
 
@@ -51,7 +55,8 @@ class CallContext:
     """The caller's side of one call: a deadline, an on-cancel registration, the headers tracing reads."""
 
     __slots__ = (
-        "caller_runs", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers", "trace_parent"
+        "caller_runs", "chain", "deadline_ns", "frontend_trace", "on_cancel", "time_remaining", "trace_headers",
+        "trace_parent",
     )
 
     def __init__(
@@ -63,6 +68,7 @@ class CallContext:
         caller_runs: bool = False,
         frontend_trace: FrontendTrace | None = None,
         trace_parent: tuple[int, dict[str, str]] | None = None,
+        chain: CallChain = (),
     ) -> None:
         #: Absolute ``time.monotonic_ns()`` after which the request must not start, or 0 for none.
         self.deadline_ns = deadline_ns
@@ -76,6 +82,9 @@ class CallContext:
         #: ``(trace id, W3C context)`` of the request that made this one (a Python model's BLS request with
         #: ``trace=request.trace()``): it is traced as that trace's child, as Triton's child traces.
         self.trace_parent = trace_parent
+        #: A BLS request's call chain (``scheduling.call_chain``: the model instances waiting for its answer,
+        #: the caller's last): a request that would need one of them to run is refused (a deadlock otherwise).
+        self.chain = chain
 
     def queued_deadline_ns(self) -> int:
         """The deadline of a request about to wait in a queue: ``deadline_ns``, else from ``time_remaining``."""

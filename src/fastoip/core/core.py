@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .._proto import model_config_pb2 as mc
-from ..backends.python.server_bridge import CUSTOM_METRICS, ServerLink
+from ..core_link import CoreLink
 from ..errors import InferenceError
 from ..metrics import MetricsConfig, exposition_text, prometheus_text
 from ..metrics.gateway import gateway_families
@@ -56,9 +56,9 @@ class Core:
         metrics_config: MetricsConfig | None = None,
     ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=worker_threads, thread_name_prefix="fastoip-worker")
-        # Triton Python models' BLS calls come back through this Core (its own link, in its own options copy).
-        link = ServerLink()
-        #: What this Core's Python models reach in it (and their worker processes, which shutdown may end).
+        # What the backends reach in this Core (a Triton Python model's BLS calls) and leave with it (their worker
+        # processes, which shutdown may end; their models' metric families): its own link, in its own options copy.
+        link = CoreLink()
         self.server_link = link
         options = dataclasses.replace(options or RepositoryOptions(), server_link=link)
         try:
@@ -241,7 +241,7 @@ class Core:
         )
         in_flight = {(m.name, m.version_str): m.in_flight for m in models}
         text += exposition_text(gateway_families(pending, in_flight))  # the inference gateway's names
-        return text + CUSTOM_METRICS.text()  # pb_utils.MetricFamily families of Triton Python models
+        return text + self.server_link.custom_metrics.text()  # the models' own families (pb_utils.MetricFamily)
 
     # -- shared memory and settings ---------------------------------------------------------
     def shared_memory_status(self, name: str = "", kind: str = SYSTEM) -> list[RegionStatus]:

@@ -54,6 +54,7 @@ from ..repository import ModelRepository
 from ..repository.loaded import LoadedModel
 from ..repository.runner import RequestRunner
 from ..response_cache import TAKE_OVER, ResponseCache, request_key
+from ..scheduling.call_chain import WaitGraph
 from ..scheduling.job import Job
 from ..settings import LogSettings
 from ..shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, check_intact, uses_region, write_output
@@ -107,6 +108,8 @@ class DataPlane:
         self.log_settings_store = LogSettings()
         #: Trace settings and sampling (``--trace-config``, the trace settings API).
         self.tracer = TraceManager(trace_config)
+        #: The BLS calls in flight (a cycle's request is refused, not wedged: scheduling/call_chain.py).
+        self.waits = WaitGraph()
 
     # -- health -----------------------------------------------------------
     def server_live(self) -> bool:
@@ -280,6 +283,13 @@ class DataPlane:
             self._stream(model, job, on_response)
         elif blocking or (call is not None and call.caller_runs):
             job.caller_runs = True
+        # a BLS request: refused when every instance of its model waits for it (before the cache's lookup: a
+        # refused request leads no cache entry); nothing below raises
+        if call is not None and call.chain:
+            refusal = self.waits.enter(model.name, model.version_str, len(model.instances), call.chain)
+            if refusal is not None:
+                raise InvalidArgument(refusal)
+            job.chain = call.chain  # (in flight until _complete)
         waits = model.queued
         if self.response_cache is not None and model.uses_response_cache:
             self._look_up(model, job)
@@ -347,6 +357,8 @@ class DataPlane:
             for waiter, answer, error in answers:
                 waiter(answer, error)
         self.runner.complete(model, job, _shared_memory_outputs if job.regions or job.destinations else None)
+        if job.chain:
+            self.waits.leave(model.name, model.version_str, job.chain)
         if job.trace is not None:
             self._finish_trace(job.trace, job, time.monotonic_ns())
 

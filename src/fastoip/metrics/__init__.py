@@ -3,7 +3,8 @@
 - :mod:`.config`: Triton's ``--metrics-config`` (a value each server hands its Core; no process state);
 - :mod:`.counters`: what one model version accumulates (:class:`VersionCounters`);
 - :mod:`.prometheus`: the Prometheus text, under Triton's names;
-- :mod:`.gateway`: queue and token metrics under the names the inference gateway's endpoint picker reads.
+- :mod:`.gateway`: queue and token metrics under the names the inference gateway's endpoint picker reads;
+- :mod:`.custom`: the metric families a model defines (``pb_utils.MetricFamily``), one registry per Core.
 """
 
 from .config import MetricsConfig

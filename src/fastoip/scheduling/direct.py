@@ -21,6 +21,8 @@ Rules:
 - Jobs in line run in arrival order (a job handed over at once may pass them).
   A job that waits is armed (cancel and deadline apply while it waits:
   ``run_jobs`` skips finished and expired jobs).
+- A BLS request with a call chain runs on an instance off its chain
+  (``call_chain``): an instance on it waits for the request's answer.
 - Once the executor is shut down, jobs still in line are run by the runner that
   holds them (as the executor runs its queued tasks); a job that no runner can
   take fails.
@@ -31,15 +33,19 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
+from .call_chain import CallChain, off_chain
 from .contract import Backend, ExecutionContext
 from .execute import run_jobs
 from .job import Job
 
 #: Jobs a runner runs before it yields its executor thread to the pool's queue (when jobs still wait).
 RUNNER_TURN = 16
+#: How long a BLS request waits before it looks again for a free instance off its call chain.
+CHAIN_RETRY_S = 0.001
 
 
 class DirectScheduler:
@@ -123,6 +129,8 @@ class DirectScheduler:
         except queue.Empty:
             return False
         try:
+            if job.chain and not off_chain(getattr(backend, "chain_entry", None), job.chain):
+                return False  # (a BLS request: this instance waits for its answer; _run picks another)
             if not backend.takes_without_waiting(job):  # type: ignore[attr-defined]
                 return False
             run_jobs(self.context, backend, (job,))
@@ -132,11 +140,22 @@ class DirectScheduler:
 
     def _run(self, job: Job) -> None:
         """Run ``job`` on this thread (blocking until an instance is free)."""
-        backend = self._instances.get()
+        backend = self._instances.get() if not job.chain else self._take_off_chain(job.chain)
         try:
             run_jobs(self.context, backend, (job,))
         finally:
             self._instances.put(backend)
+
+    def _take_off_chain(self, chain: CallChain) -> Backend:
+        """A free instance that is not on ``chain`` (a BLS request's: those wait for its answer, and a worker
+        process runs what it is handed after the request it runs now).  The Core refused the request when every
+        instance is on it; while the others are taken, wait for one to come back."""
+        while True:
+            backend = self._instances.get()
+            if off_chain(getattr(backend, "chain_entry", None), chain):
+                return backend
+            self._instances.put(backend)
+            time.sleep(CHAIN_RETRY_S)  # (rare: a cycle's request while the model's other instances are taken)
 
     def pending(self) -> int:
         return 0

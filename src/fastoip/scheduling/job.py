@@ -40,6 +40,7 @@ import numpy as np
 from .._codec import request_without_data
 from ..errors import Cancelled, DeadlineExceeded, InferenceError, InternalError
 from ..types import InferRequest, InferResponse
+from .call_chain import CallChain
 
 #: A job's inputs are let go of when its execution ends once one of them is this large (see ``release_inputs``).
 RELEASE_MIN_BYTES: Final = 64 * 1024
@@ -78,6 +79,7 @@ class Job:
         "cache_lookup_ns",
         "trace",
         "frontend_trace",
+        "chain",
         "_done",
         "_claim",
         "_on_done",
@@ -133,6 +135,9 @@ class Job:
         self.trace: Trace | None = None
         #: The frontend's timestamps of a traced request (tracing.FrontendTrace), or None.
         self.frontend_trace: FrontendTrace | None = None
+        #: A BLS request's call chain (empty for a client's request): its scheduler runs it on an instance not
+        #: on the chain (those wait for its answer), and the Core refused it when every instance is on it.
+        self.chain: CallChain = ()
         self._done: Lock | None = None
         self._claim: list[bool] | None = None
         self._on_done: Callable[[Job], None] | None = None

@@ -408,7 +408,7 @@ class ServerApp:
         closing.join(max(deadline - time.monotonic(), MIN_CLOSE_S))
         if not closing.is_alive():
             return
-        ended = self.core.server_link.end_workers()
+        ended = self.core.server_link.end_backends()
         log.warning("shutting down: models still busy past --exit-timeout (%.0f s): ended %d Python worker "
                     "process(es)", self.options.exit_timeout, ended)
         closing.join(AFTER_KILL_S)

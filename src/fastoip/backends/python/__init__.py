@@ -40,7 +40,8 @@ Triton's ``TritonPythonModel`` (a model.py that defines it) is served by the
 ``triton_*`` modules: ``triton_kind`` (config, auto-complete, instances),
 ``triton_host`` (instances as scheduler backends: worker processes or
 in-process), ``triton_process`` (the server's handle on one worker process)
-and ``server_bridge`` (BLS, model control and custom metrics for model code);
+and ``server_bridge`` (BLS, model control and custom metrics for model code, through the Core's
+``core_link``);
 what runs inside a worker is :mod:`fastoip.pyworker`.
 
 Modules, one job each: ``event_loop`` (the loop async model code runs on),

@@ -1,7 +1,8 @@
 """What Triton Python models reach in the server: BLS calls through the Core, model control, logs, custom metrics.
 
 Rules:
-- Each Core has its own :class:`ServerLink` (it rides in its repository's
+- Each Core has its own :class:`ServerLink` (kept by the Core's
+  :class:`~fastoip.core_link.CoreLink`, which rides in its repository's
   options to the models it loads), so with several Cores in one process (embedded
   servers) a model's BLS calls go to the Core that loaded it.  BLS requests go
   through ``Core.infer`` / ``Core.start`` (the batcher, statistics and
@@ -9,20 +10,20 @@ Rules:
   the Python backend is in this module.
 - Errors of a BLS call come back inside the response (a ``TritonError`` with
   Triton's code), as Triton's ``exec()`` returns them.
-- Custom metric families (``pb_utils.MetricFamily``) live in :data:`CUSTOM_METRICS`
-  and are exported on ``/metrics`` after the server's own families.
+- Custom metric families (``pb_utils.MetricFamily``) live in the Core's
+  :class:`~fastoip.metrics.custom.CustomMetrics` (``ServerLink.custom_metrics``),
+  exported on ``/metrics`` after the server's own families.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.utils import floatToGoString
-
+from ...core_link import CoreAccess, CoreLink
 from ...errors import (
     AlreadyExists,
     Cancelled,
@@ -34,9 +35,9 @@ from ...errors import (
     UnknownError,
     Unsupported,
 )
-from ...metric_names import label_names_error, metric_name_error
-from ...metrics import EXPORTED_NAMES, exposition_text
+from ...metrics.custom import MetricError
 from ...pyworker import utils as pb
+from ...scheduling.call_chain import CallChain
 from ...types import InferInput, InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("fastoip.python.model")
@@ -45,37 +46,22 @@ log = logging.getLogger("fastoip.python.model")
 ResponseData = tuple[list, "tuple[int, str] | None", dict]
 
 
-class CoreLike(Protocol):
-    def infer(self, request: InferRequest, call: Any = None) -> InferResponse: ...
-
-    def start(
-        self,
-        request: InferRequest,
-        call: Any,
-        on_done: Callable[[Any], object],
-        on_response: Callable[[Any, InferResponse], object] | None = None,
-    ) -> Any: ...
-
-    def model_ready(self, name: str, version: str = "") -> bool: ...
-
-    def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None: ...
-
-    def unload_model(self, name: str) -> None: ...
-
-
 class ServerLink:
-    """The Core that one repository's Triton Python models reach: BLS, readiness, model control.
+    """What one Core's Triton Python models reach in it: BLS, readiness, model control, custom metrics.
 
-    Made before its Core (the repository's options carry it to the models), attached when the Core is built."""
+    One per Core (:func:`link_of`: the Core's :class:`~fastoip.core_link.CoreLink` keeps it); it registers
+    :meth:`end_workers` with the Core's link, which runs it when the shutdown ran past ``--exit-timeout``."""
 
-    def __init__(self) -> None:
-        self.core: CoreLike | None = None
-        self._call_type: Callable[..., Any] | None = None
+    def __init__(self, core_link: CoreLink) -> None:
+        self.core_link = core_link
         #: The worker processes of this Core's models, for :meth:`end_workers`: each adds itself when it starts
         #: and leaves when it died (a plain set: the compiled WorkerProcess takes no weak references).
         self.workers: set[Any] = set()
         #: Set by :meth:`end_workers`: a worker that dies now is not restarted.
         self.stopping = False
+        #: The metric families this Core's models define (exported by the Core).
+        self.custom_metrics = core_link.custom_metrics
+        core_link.on_end(self.end_workers)
 
     def end_workers(self) -> int:
         """Kill every worker process of this Core's models (the server's shutdown ran past ``--exit-timeout``):
@@ -88,29 +74,30 @@ class ServerLink:
                 ended += 1
         return ended
 
-    def attach(self, core: CoreLike, call_type: Callable[..., Any]) -> None:
-        """``call_type``: the Core's ``CallContext`` (the backends never import the Core)."""
-        self.core = core
-        self._call_type = call_type
-
-    def call_of(self, data: Any) -> Any:
-        """The call context of a BLS request: its trace parent (``trace=request.trace()``) when it has one."""
+    def call_of(self, data: Any, chain: CallChain = ()) -> Any:
+        """The call context of a BLS request: its call chain (the instances waiting for it) and its trace parent
+        (``trace=request.trace()``) when it has one."""
         trace = data[6]
-        if trace is None or self._call_type is None:
+        call_type = self.core_link.call_type
+        if (trace is None and not chain) or call_type is None:
             return None
-        return self._call_type(trace_parent=(int(trace[0]), dict(trace[1] or {})))
+        parent = (int(trace[0]), dict(trace[1] or {})) if trace is not None else None
+        return call_type(trace_parent=parent, chain=chain)
 
-    def _core(self) -> CoreLike:
-        core = self.core
+    def _core(self) -> CoreAccess:
+        core = self.core_link.core
         if core is None:
             raise InternalError("BLS: this model's repository has no server core")
         return core
 
-    def infer(self, model_name: str, model_version: Any, data: Any, timeout_us: int = 0) -> ResponseData:
-        """One BLS request through the Core; its error inside the result."""
+    def infer(
+        self, model_name: str, model_version: Any, data: Any, timeout_us: int = 0, chain: CallChain = ()
+    ) -> ResponseData:
+        """One BLS request through the Core (``chain``: the instances waiting for it); its error inside the
+        result."""
         try:
             request = infer_request(model_name, model_version, data, timeout_us)
-            return response_data(self._core().infer(request, self.call_of(data)))
+            return response_data(self._core().infer(request, self.call_of(data, chain)))
         except InferenceError as exc:
             return error_data(exc)
 
@@ -121,6 +108,7 @@ class ServerLink:
         data: Any,
         deliver: Callable[[ResponseData | None, bool], None],
         timeout_us: int = 0,
+        chain: CallChain = (),
     ) -> Any:
         """A BLS request whose responses (a decoupled model's stream) go to ``deliver(response, final)``; the
         request's job (``cancel()`` cancels it), or None when it failed before it started."""
@@ -140,7 +128,7 @@ class ServerLink:
                 else:  # the final flag came with the last response, already delivered
                     deliver(None, True)
 
-            return self._core().start(request, self.call_of(data), on_done, on_response)
+            return self._core().start(request, self.call_of(data, chain), on_done, on_response)
         except InferenceError as exc:
             deliver(error_data(exc), True)
             return None
@@ -169,14 +157,17 @@ class ServerLink:
             raise pb.TritonModelException(str(exc)) from None
 
 
-#: The link of models loaded without one (a repository built outside a Core): their calls fail clearly.
-UNLINKED: ServerLink = ServerLink()
-
-
 def link_of(options: Any) -> ServerLink:
-    """The server link a repository's options carry (see ``RepositoryOptions.server_link``)."""
-    link = getattr(options, "server_link", None)
-    return link if isinstance(link, ServerLink) else UNLINKED
+    """The Python models' link to the Core whose repository options these are (``RepositoryOptions.server_link``);
+    models loaded without a Core get one whose calls fail clearly."""
+    core_link = getattr(options, "server_link", None)
+    if not isinstance(core_link, CoreLink):
+        return UNLINKED
+    return core_link.state("python", lambda: ServerLink(core_link))
+
+
+#: The link of models loaded without a Core (a repository built outside one): their calls fail clearly.
+UNLINKED: ServerLink = ServerLink(CoreLink())
 
 
 _CODES: list[tuple[type[InferenceError], int]] = [
@@ -242,17 +233,41 @@ def error_data(error: BaseException) -> ResponseData:
     return [], (code_of(error), str(error)), {}
 
 
+class _RunningChain(threading.local):
+    """The call chain of the in-process instance running on this thread (``()`` elsewhere: the model's own
+    threads hold no instance)."""
+
+    chain: CallChain = ()
+
+
+#: Set by an in-process instance while it runs a batch (:meth:`InProcessBridge.running`).
+_RUNNING = _RunningChain()
+
+
 class InProcessBridge:
     """pb_utils' bridge when the model runs in the server process (its calls go to ``link``'s Core)."""
 
     def __init__(self, link: ServerLink) -> None:
         self.link = link
 
+    @staticmethod
+    @contextlib.contextmanager
+    def running(chain: CallChain) -> Iterator[None]:
+        """``chain``: the call chain of BLS calls made on this thread while the block runs (an instance's batch)."""
+        previous = _RUNNING.chain
+        _RUNNING.chain = chain
+        try:
+            yield
+        finally:
+            _RUNNING.chain = previous
+
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
         from ...pyworker.runner import request_data, response_of
 
         return response_of(
-            self.link.infer(request.model_name, request.model_version, request_data(request), request.timeout())
+            self.link.infer(
+                request.model_name, request.model_version, request_data(request), request.timeout(), _RUNNING.chain
+            )
         )
 
     def infer_stream(self, request: pb.InferenceRequest) -> Any:
@@ -267,6 +282,7 @@ class InProcessBridge:
             request_data(request),
             lambda data, final: answers.put((data, final)),
             request.timeout(),
+            _RUNNING.chain,
         )
 
         def responses() -> Any:
@@ -292,98 +308,7 @@ class InProcessBridge:
         log.log(level, message)
 
     def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
-        return CUSTOM_METRICS.apply(family, labels, op, value)
-
-
-# -- custom metrics ------------------------------------------------------------------------------------------
-_KIND_NAMES = {
-    pb.MetricFamily.COUNTER: "counter",
-    pb.MetricFamily.GAUGE: "gauge",
-    pb.MetricFamily.HISTOGRAM: "histogram",
-}
-
-
-class _Series:
-    __slots__ = ("value", "buckets", "counts", "total", "count")
-
-    def __init__(self, buckets: list[float] | None) -> None:
-        self.value = 0.0
-        self.buckets = buckets or []
-        self.counts = [0] * len(self.buckets)
-        self.total = 0.0
-        self.count = 0
-
-
-class CustomMetrics:
-    """Model-defined metric families, by name; each series by its labels."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._families: dict[str, tuple[int, str, dict[tuple, _Series]]] = {}
-
-    def apply(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
-        name, kind = str(family["name"]), int(family["kind"])
-        # (the worker checked them; a worker may lie, and one bad name would fail the whole scrape)
-        problem = metric_name_error(family["name"], EXPORTED_NAMES) or label_names_error(labels, kind == 2)
-        if problem is not None:
-            raise pb.TritonModelException(problem)
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            known = self._families.get(name)
-            if known is None:
-                known = (kind, str(family.get("description", "")), {})
-                self._families[name] = known
-            elif known[0] != kind:
-                raise pb.TritonModelException(f"metric family '{name}' already exists with another kind")
-            series = known[2].get(key)
-            if series is None:
-                series = _Series(family.get("buckets"))
-                known[2][key] = series
-            if op == "increment":
-                series.value += value
-            elif op == "set":
-                series.value = value
-            elif op == "observe":
-                series.total += value
-                series.count += 1
-                for i, bound in enumerate(series.buckets):
-                    if value <= bound:
-                        series.counts[i] += 1
-            if op == "value" and kind == pb.MetricFamily.HISTOGRAM:
-                return float(series.count)
-            return series.value
-
-    def families(self) -> list[Metric]:
-        out = []
-        with self._lock:
-            for name, (kind, description, series_by_labels) in sorted(self._families.items()):
-                family = Metric(name, description, _KIND_NAMES[kind])
-                family.name = name  # as the model named it (no "_total" appended)
-                for key, series in series_by_labels.items():
-                    labels = dict(key)
-                    if kind == pb.MetricFamily.HISTOGRAM:
-                        for bound, cumulative in zip(series.buckets, _cumulative(series.counts), strict=True):
-                            family.add_sample(f"{name}_bucket", {**labels, "le": _bound(bound)}, cumulative)
-                        family.add_sample(f"{name}_bucket", {**labels, "le": "+Inf"}, series.count)
-                        family.add_sample(f"{name}_sum", labels, series.total)
-                        family.add_sample(f"{name}_count", labels, series.count)
-                    else:
-                        family.add_sample(name, labels, series.value)
-                out.append(family)
-        return out
-
-    def text(self) -> str:
-        families = self.families()
-        return exposition_text(families) if families else ""
-
-
-def _cumulative(counts: list[int]) -> list[int]:
-    # observe() counts each value in every bucket whose bound it is under: already cumulative.
-    return counts
-
-
-def _bound(value: float) -> str:
-    return floatToGoString(value)
-
-
-CUSTOM_METRICS = CustomMetrics()
+        try:
+            return self.link.custom_metrics.apply(family, labels, op, value)
+        except MetricError as exc:
+            raise pb.TritonModelException(str(exc)) from None

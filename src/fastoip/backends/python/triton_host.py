@@ -38,6 +38,7 @@ from ...errors import InferenceError, InternalError, ResourceExhausted, Unavaila
 from ...pyworker import transport as shm
 from ...pyworker import utils as pb
 from ...pyworker.channel import Initialize, RequestData
+from ...scheduling.call_chain import CallChain, ChainEntry, chain_of_call
 from ...scheduling.contract import RESPONDS_LATER, Execution, Results
 from ...types import InferResponse
 from . import server_bridge as bridge
@@ -209,6 +210,8 @@ class _Base:
         self.version_str = version_str
         self.index = index
         self.where = f"'{name}' instance {index}"
+        #: This instance on a BLS request's call chain (``scheduling.call_chain``; the direct scheduler reads it).
+        self.chain_entry: ChainEntry = (name, version_str, index)
         self.decoupled = decoupled
         self.streams = _Streams(name, version_str, respond)
         #: ``_busy`` is a Condition on this lock; the hot paths take the lock itself (a C context manager).
@@ -299,7 +302,8 @@ class InProcessInstance(_Base):
                 self.streams.open(call, jobs)
             self._batches[call] = jobs
             try:
-                with pb.BRIDGE.using(self.bridge):
+                chain = chain_of_call(self.chain_entry, [job.chain for job in jobs])
+                with pb.BRIDGE.using(self.bridge), bridge.InProcessBridge.running(chain):
                     responses = self.runner.execute(
                         [job_data(job) for job in jobs],
                         (lambda index, data, final: self.streams.deliver(call, index, data, final))
@@ -459,6 +463,7 @@ class ProcessInstance(_Base):
             self._link,
             self._on_result,
             model=self.name,
+            chain_of=self.call_chain,
         )
         started.append(worker)
         try:
@@ -468,6 +473,13 @@ class ProcessInstance(_Base):
             worker.kill()
             raise
         return worker
+
+    def call_chain(self) -> CallChain:
+        """The call chain of a BLS call the worker makes now: the chains of the batches it holds (it runs them in
+        order: the ones behind the running one wait for it too), then this instance."""
+        with self._flow_lock:
+            held = [job.chain for batch in self._pending.values() for job in batch.jobs]
+        return chain_of_call(self.chain_entry, held)
 
     def _on_send(self, call: int, index: int, data: Any, final: bool) -> None:
         response = shm.unpack_response(data, self.worker.segments)

@@ -31,9 +31,11 @@ Rules:
   jobs), decoupled responses to ``on_send``.
 - The worker's own calls (BLS, readiness, model control, metrics) run on this
   worker's own few threads (:data:`CALL_THREADS`): a model that keeps many BLS
-  calls waiting queues behind its own, never another model's.  A BLS call to
-  the calling model itself is refused with an error in its response (its one
-  instance runs the request waiting for the answer: a deadlock).
+  calls waiting queues behind its own, never another model's.  A BLS call
+  carries its call chain (:mod:`fastoip.scheduling.call_chain`), built here
+  from what the server knows the worker holds: one that would wait for itself
+  (to the calling model with one instance, or round a cycle) is refused by the
+  Core with an error in its response.
 - The worker's death is noticed by its process exiting (:mod:`.exits`: a
   pidfd), not only its socket closing (a child it forked may hold the socket):
   the process is reaped and :class:`WorkerDied` (with the cause: exit code or
@@ -62,6 +64,7 @@ from ...pyworker import transport as shm
 from ...pyworker._ring import ResultRing, RingCorrupt
 from ...pyworker.framing import FramedSocket, FrameTooLarge
 from ...pyworker.segments import HANDOVER_ENV, ServerSegments
+from ...scheduling.call_chain import CallChain
 from . import exits
 from . import server_bridge as bridge
 
@@ -80,6 +83,23 @@ FINALIZE_TIMEOUT_S = 30.0
 LOOP_CHECK_S = 0.5
 #: How long taking the socket back from a running loop may wait for the loop to let go.
 RELEASE_TIMEOUT_S = 2.0
+
+
+#: Starts a worker process on the child's end of the socket pair, with the result ring's descriptors and the
+#: environment: :func:`spawn_worker`, or a unit test's fake worker.
+Spawn = Callable[[socket.socket, list[int], dict[str, str]], subprocess.Popen]
+
+
+def spawn_worker(child: socket.socket, fds: list[int], env: dict[str, str]) -> subprocess.Popen:
+    """``python -m fastoip.pyworker FD READY_FD [RING_FD]`` on ``child`` (the worker: :mod:`fastoip.pyworker.worker`),
+    ``fds`` being READY_FD [RING_FD]; the segments' handover socket is the descriptor ``env`` names."""
+    handover = [int(env[HANDOVER_ENV])] if env.get(HANDOVER_ENV, "").isdigit() else []
+    return subprocess.Popen(
+        [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), *map(str, fds)],
+        pass_fds=[child.fileno(), *fds, *handover],
+        env=env,
+        close_fds=True,
+    )
 
 
 class WorkerDied(Exception):
@@ -114,10 +134,14 @@ class WorkerProcess:
         link: bridge.ServerLink = bridge.UNLINKED,
         on_result: Callable[[int, Any, Any, list], None] | None = None,
         model: str = "",
+        chain_of: Callable[[], CallChain] | None = None,
+        spawn: Spawn = spawn_worker,
     ) -> None:
         self.label = label
-        #: The model this worker runs (its BLS calls to itself are refused).
         self.model = model
+        #: The call chain of a BLS call this worker makes now (``scheduling.call_chain``: its instance and the
+        #: chains of the requests it holds), from what the server knows it holds; a cycle is refused by the Core.
+        self._chain_of = chain_of
         #: The Core this worker's calls (BLS, readiness, model control) go to: the one that loaded its model.
         self._link = link
         self._is_cancelled = is_cancelled
@@ -201,13 +225,7 @@ class WorkerProcess:
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(package)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "fastoip.pyworker", str(child.fileno()), str(ready_child.fileno()),
-                 *map(str, ring_fds)],
-                pass_fds=[child.fileno(), ready_child.fileno(), handover_child.fileno(), *ring_fds],
-                env=env,
-                close_fds=True,
-            )
+            self.process = spawn(child, [ready_child.fileno(), *ring_fds], env)
         except BaseException:
             self.segments.close()
             ready_parent.close()
@@ -592,7 +610,7 @@ class WorkerProcess:
             self._queue_call(message)
             return
         try:
-            bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
+            self._link.custom_metrics.apply(message.family, message.labels, message.op, message.value)
         except Exception as exc:
             log.warning("%s: custom metric: %s", self.label, exc)
 
@@ -646,13 +664,9 @@ class WorkerProcess:
             self.segments.close()
 
     # -- the worker's calls into the server (on this worker's call threads) ----------------------------------------
-    def _self_call(self, model: str) -> str | None:
-        if self.model and model == self.model:
-            return (
-                f"model '{model}' sent a BLS request to itself: refused (the instance that would run it is "
-                "running the request waiting for its answer); call another model"
-            )
-        return None
+    def _chain(self) -> CallChain:
+        chain_of = self._chain_of
+        return chain_of() if chain_of is not None else ()
 
     def _serve_call(self, message: Any) -> None:
         call_id = message.call_id
@@ -660,15 +674,11 @@ class WorkerProcess:
         try:
             kind = type(message)
             if kind is msg.InferCall:
-                refusal = self._self_call(message.model)
                 if message.stream:
-                    self._serve_stream(message, refusal)
+                    self._serve_stream(message)
                     return
-                if refusal is not None:
-                    answer: Any = bridge.error_data(InvalidArgument(refusal))
-                else:
-                    request = shm.unpack_request(message.request, self.segments)
-                    answer = self._link.infer(message.model, message.version, request, message.timeout_us)
+                request = shm.unpack_request(message.request, self.segments)
+                answer = self._link.infer(message.model, message.version, request, message.timeout_us, self._chain())
                 reply = msg.Reply(call_id, shm.pack_response(answer, self.segments), None)
             elif kind is msg.CancelledQuery:
                 asked = self._is_cancelled
@@ -685,7 +695,7 @@ class WorkerProcess:
             elif kind is msg.SegmentWanted:
                 reply = msg.Reply(call_id, self.segments.grant(message.nbytes), None)
             elif kind is msg.MetricUpdate:
-                value = bridge.CUSTOM_METRICS.apply(message.family, message.labels, message.op, message.value)
+                value = self._link.custom_metrics.apply(message.family, message.labels, message.op, message.value)
                 reply = msg.Reply(call_id, value, None)
             else:
                 reply = msg.Reply(call_id, None, f"unknown call {kind.__name__}")
@@ -699,7 +709,7 @@ class WorkerProcess:
         except WorkerDied:
             pass
 
-    def _serve_stream(self, message: Any, refusal: str | None) -> None:
+    def _serve_stream(self, message: Any) -> None:
         call_id = message.call_id
 
         def deliver(data: Any, final: bool) -> None:
@@ -718,11 +728,8 @@ class WorkerProcess:
             except WorkerDied:
                 pass
 
-        if refusal is not None:
-            deliver(bridge.error_data(InvalidArgument(refusal)), True)
-            return
         request = shm.unpack_request(message.request, self.segments)
-        job = self._link.stream(message.model, message.version, request, deliver, message.timeout_us)
+        job = self._link.stream(message.model, message.version, request, deliver, message.timeout_us, self._chain())
         if job is not None and not job.finished:
             self._outgoing[call_id] = job
             if job.finished:  # it ended meanwhile: deliver() may have run before the entry existed
