@@ -41,10 +41,11 @@ class FakeWorker:
         self.ring: ResultRing | None = None
         self.process: subprocess.Popen | None = None
 
-    def spawn(self, child: socket.socket, ring_fds: list[int], env: dict[str, str]) -> subprocess.Popen:
+    def spawn(self, child: socket.socket, fds: list[int], env: dict[str, str]) -> subprocess.Popen:
+        """``fds``: the readiness socket's end, then the result ring's descriptor if there is one."""
         self.end = FramedSocket(socket.socket(fileno=os.dup(child.fileno())))
-        if ring_fds:
-            self.ring = ResultRing(os.dup(ring_fds[0]))
+        if len(fds) > 1:
+            self.ring = ResultRing(os.dup(fds[1]))
         self.process = subprocess.Popen(["sleep", "600"])
         return self.process
 
@@ -126,7 +127,7 @@ def _ended(worker: WorkerProcess, deaths: Deaths, says: str) -> None:
 def test_a_well_behaved_fake_is_answered_and_its_results_dispatched(channel) -> None:  # type: ignore[no-untyped-def]
     worker, fake, deaths, results = channel
     _control_round_trip(worker, fake)
-    fake.send(msg.Result(7, None, "the model's own error"))
+    fake.send(msg.Result(7, None, "the model's own error", []))
     fake.send(msg.Send(8, 0, None, True))
     fake.send(msg.Log(30, "hello"))
     _control_round_trip(worker, fake)  # (answered after the records before it were dispatched)
@@ -141,7 +142,7 @@ def test_a_well_behaved_fake_is_answered_and_its_results_dispatched(channel) -> 
         (msgpack.packb([99, 1, 2]), "unknown or misdirected record tag 99"),
         (msg.encode(msg.Execute(1, [])), "unknown or misdirected record tag"),  # only the server sends batches
         (msgpack.packb([msg._TAGS[msg.Send], 1, "0", None, True]), "a Send field is a str"),
-        (msgpack.packb([msg._TAGS[msg.Result], 1, None]), "a Result has 3 fields, not 2"),
+        (msgpack.packb([msg._TAGS[msg.Result], 1, None]), "a Result has 4 fields, not 2"),
         (b"", "a frame that is not a record"),
     ],
     ids=["pickle", "unknown-tag", "misdirected", "wrong-field-type", "wrong-arity", "empty"],
