@@ -91,7 +91,7 @@ def channel(core: Core) -> Iterator[tuple[WorkerProcess, FakeWorker, Deaths, lis
     worker = WorkerProcess(
         "model 'fake' instance 0", lambda *sent: results.append(("send", *sent)), deaths,
         lambda exec_id, index: False, link,
-        lambda exec_id, responses, error: results.append(("result", exec_id, responses, error)),
+        lambda exec_id, responses, error, rescheduled: results.append(("result", exec_id, responses, error)),
         model="fake", spawn=fake.spawn,
     )
     assert fake.end is not None
