@@ -20,7 +20,9 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -721,46 +723,85 @@ class Logger:
 
 
 # -- custom metrics ---------------------------------------------------------------------------------------------
+#: Triton's words for a metric whose family object is gone (python_backend's metric.cc).
+FAMILY_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' object "
+    "should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+)
+
+
+def histogram_buckets_error(buckets: object) -> str | None:
+    """Why ``buckets`` cannot bound a histogram (Triton: a list, strictly ascending; empty is allowed), or None."""
+    if not isinstance(buckets, list):
+        return "Buckets must be a list."
+    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in buckets):
+        return "Buckets must be finite numbers."
+    if any(b >= after for b, after in zip(buckets, buckets[1:], strict=False)):
+        return "Bucket boundaries must be strictly ascending (no duplicates)."
+    return None
+
+
 class Metric:
-    """One labelled series of a :class:`MetricFamily` (kept and exported by the server)."""
+    """One labelled series of a :class:`MetricFamily` (kept and exported by the server). As Triton's, it lives
+    only as long as its family object: once that is deleted, every operation raises (it holds no reference that
+    would keep the family alive)."""
 
     def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: Sequence[float] | None) -> None:
-        self._family = family
+        self._cleared = False
+        self._kind = family.kind
         problem = label_names_error(labels or {}, family.kind == MetricFamily.HISTOGRAM)
         if problem is not None:  # (the server checks again, and escapes what it writes)
             raise TritonModelException(f"metric family '{family.name}': {problem}")
         self._labels = {str(k): str(v) for k, v in (labels or {}).items()}
         spec = family._spec()
         if family.kind == MetricFamily.HISTOGRAM:
-            if not buckets:
-                raise TritonModelException("a histogram metric needs buckets")
+            if buckets is None:
+                raise TritonModelException("Failed to create metric. Missing required buckets.")
+            problem = histogram_buckets_error(buckets)
+            if problem is not None:
+                raise TritonModelException(f"Failed to create metric. {problem}")
             spec["buckets"] = [float(b) for b in buckets]
+        elif buckets is not None:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
         self._spec = spec
         BRIDGE.current.metric(spec, self._labels, "create", 0.0)
+        family._metrics.add(self)
+
+    def _check(self, what: str) -> None:
+        if self._cleared:
+            raise TritonModelException(f"Failed to {what}: {FAMILY_DELETED}")
 
     def increment(self, value: float) -> None:
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
+        self._check("increment metric value")
+        if self._kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("a counter cannot be incremented by a negative value")
-        if self._family.kind == MetricFamily.HISTOGRAM:
+        if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("increment() is not for histograms: use observe()")
         BRIDGE.current.metric(self._spec, self._labels, "increment", float(value))
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
+        self._check("set metric value")
+        if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("set() is only for gauges")
         BRIDGE.current.metric(self._spec, self._labels, "set", float(value))
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
+        self._check("observe metric value")
+        if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("observe() is only for histograms")
         BRIDGE.current.metric(self._spec, self._labels, "observe", float(value))
 
     def value(self) -> float:
+        self._check("get metric value")
+        if self._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("value() is not for histograms (read them on /metrics)")
         return BRIDGE.current.metric(self._spec, self._labels, "value", 0.0)
 
 
 class MetricFamily:
-    """A custom metric family exported on ``/metrics`` beside the server's own."""
+    """A custom metric family exported on ``/metrics`` beside the server's own. Made at once in the server (as
+    Triton's): a second family of the same name shares the first one's series and description, and one of another
+    kind is refused. Deleting the object ends its :class:`Metric` objects (Triton's lifetime rule)."""
 
     COUNTER = 0
     GAUGE = 1
@@ -775,11 +816,19 @@ class MetricFamily:
         self.name = name
         self.description = description
         self.kind = kind
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
+        BRIDGE.current.metric(self._spec(), {}, "family", 0.0)
+
+    def __del__(self) -> None:
+        for metric in list(getattr(self, "_metrics", ())):
+            metric._cleared = True
 
     def _spec(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "kind": self.kind}
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: Sequence[float] | None = None) -> Metric:  # noqa: N802
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
         return Metric(self, labels or {}, buckets)
 
 

@@ -241,7 +241,7 @@ class _WorkerBridge:
         self.channel.send(msg.Log(int(level), str(message)))
 
     def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
-        if op == "value":
+        if op in ("value", "family"):  # (a family of another kind is refused at once, as Triton's)
             return float(self.ask(msg.MetricUpdate, family, labels, op, float(value)))
         self.channel.send(msg.MetricUpdate(0, family, labels, op, float(value)))
         return 0.0

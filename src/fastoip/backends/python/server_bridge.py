@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.utils import floatToGoString
 
 from ...errors import (
     AlreadyExists,
@@ -319,17 +318,28 @@ class CustomMetrics:
         problem = metric_name_error(family["name"], EXPORTED_NAMES) or label_names_error(labels, kind == 2)
         if problem is not None:
             raise pb.TritonModelException(problem)
+        if kind not in _KIND_NAMES:
+            raise pb.TritonModelException(f"unknown metric kind {kind!r}")
+        buckets = family.get("buckets")
+        if kind == pb.MetricFamily.HISTOGRAM and op != "family":
+            problem = pb.histogram_buckets_error(buckets)
+            if problem is not None:
+                raise pb.TritonModelException(problem)
         key = tuple(sorted(labels.items()))
         with self._lock:
             known = self._families.get(name)
             if known is None:
+                # The first family of a name keeps its description (Triton's registry does).
                 known = (kind, str(family.get("description", "")), {})
                 self._families[name] = known
             elif known[0] != kind:
-                raise pb.TritonModelException(f"metric family '{name}' already exists with another kind")
+                raise pb.TritonModelException(
+                    f"Error when creating MetricFamily: metric family '{name}' already exists with another kind")
+            if op == "family":
+                return 0.0
             series = known[2].get(key)
             if series is None:
-                series = _Series(family.get("buckets"))
+                series = _Series(buckets)
                 known[2][key] = series
             if op == "increment":
                 series.value += value
@@ -375,7 +385,8 @@ def _cumulative(counts: list[int]) -> list[int]:
 
 
 def _bound(value: float) -> str:
-    return floatToGoString(value)
+    # As Triton's prometheus-cpp writes a bound: 1 as "1", 0.1 as "0.1" (its tests read le="1").
+    return format(value, ".16g")
 
 
 CUSTOM_METRICS = CustomMetrics()
