@@ -168,6 +168,18 @@ class RealTriton:
                           if "pytriton" in str(lib) or "nvidia" in str(lib)})
         return ":".join([*folders, *filter(None, [os.environ.get("LD_LIBRARY_PATH", "")])])
 
+    @staticmethod
+    def set_aside_onnx(aside: Path) -> str:
+        """Shim lines that move the ONNX models out of the repository: the wheel ships no onnxruntime backend, and a
+        model that cannot load stops Triton at start (its default --exit-on-error); the cases that use them fail."""
+        return (
+            'if [ -n "$repo" ]; then for d in "$repo"/*/; do d="${d%/}"\n'
+            '  if grep -qs onnxruntime "$d/config.pbtxt" || ls "$d"/*/model.onnx >/dev/null 2>&1; then\n'
+            f'    mkdir -p {aside}; rm -rf "{aside}/$(basename "$d")"\n'
+            f'    mv "$d" {aside}/ && echo "triton-qa: model $(basename "$d") needs ONNX Runtime: not served" >&2\n'
+            '  fi; done; fi\n'
+        )
+
     def command(self, clean_pythonpath: str) -> str:
         """The shim's exec line: the stub embeds the venv's Python (its bin first on PATH, as serve_repo.sh does);
         the models see the suites' PYTHONPATH without fastoip's sources. The flags newer than the wheel's 2.51
@@ -207,7 +219,7 @@ def make_shims(triton_dir: Path, python_backend: Path | None, triton: RealTriton
         '  if [ -f "$f" ] && grep -qE "^[[:space:]]*(import torch|from torch)" "$f"; then\n'
         f'    d=$(dirname "$(dirname "$f")"); mkdir -p {aside}; rm -rf "{aside}/$(basename "$d")"\n'
         f'    mv "$d" {aside}/ && echo "triton-qa: model $(basename "$d") needs PyTorch: not served" >&2\n'
-        '  fi; done; fi\n' + server,
+        '  fi; done; fi\n' + (triton.set_aside_onnx(aside) if triton is not None else "") + server,
     )
     tools = triton_dir / "shims"
     tools.mkdir()

@@ -349,6 +349,25 @@ BLS_PHASE = _BlsPhase()
 _NOT_GIVEN: Any = object()
 
 
+def checked_parameters(parameters: object) -> dict[str, Any]:
+    """A model's request or response parameters, by python_backend's rules (``PyParametersToJSON``): a dict of str
+    keys and bool, int or str values; anything else raises with Triton's words. (fastoip also takes the dict as a
+    JSON string, as ``parameters()`` returns it.)"""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters) if parameters else {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return dict(parameters)
+
+
 class InferenceResponse:
     """One response: output tensors, or an error."""
 
@@ -369,9 +388,7 @@ class InferenceResponse:
                 raise TritonModelException(f"an output tensor is a {type(tensor).__name__}, not a pb_utils.Tensor")
         self._outputs = list(output_tensors)
         self._error = error
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters: dict[str, Any] = dict(parameters or {})
+        self._parameters: dict[str, Any] = checked_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -528,9 +545,7 @@ class InferenceRequest:
         self._request_id = request_id
         self._flags = flags
         self._timeout = timeout
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters: dict[str, Any] = dict(parameters or {})
+        self._parameters: dict[str, Any] = checked_parameters(parameters)
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Any = None
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
