@@ -196,7 +196,7 @@ def make_shims(triton_dir: Path, python_backend: Path | None, triton: RealTriton
     """``triton_dir`` made a TRITON_DIR whose ``bin/tritonserver`` is fastoip, or real tritonserver given
     ``triton`` (its ``qa/`` is the scratch copy: the init_args model expects its repository at TRITON_DIR/qa/...);
     a bin directory of tool shims for PATH."""
-    for folder in ("bin", "backends", "shims", "needs-pytorch"):
+    for folder in ("bin", "backends", "shims", "set-aside"):
         if (triton_dir / folder).exists():
             shutil.rmtree(triton_dir / folder)
     (triton_dir / "bin").mkdir(parents=True)
@@ -205,7 +205,7 @@ def make_shims(triton_dir: Path, python_backend: Path | None, triton: RealTriton
     # Models whose model.py imports torch are moved out of the repository first (no PyTorch here: Triton would not
     # start without them either); the cases that use them fail and are listed.  --exit-on-error=true first:
     # Triton's default, which fastoip's deliberately is not (COMPATIBILITY.md); the suites' own flags win.
-    aside = triton_dir / "needs-pytorch"
+    aside = triton_dir / "set-aside"
     if triton is not None:
         triton.install_backend(triton_dir / "backends")
         server = triton.command(clean_pythonpath)

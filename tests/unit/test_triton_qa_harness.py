@@ -89,3 +89,33 @@ def test_the_real_triton_shim_leaves_out_flags_newer_than_the_reference(qa: Modu
     out = subprocess.run([str(shim), "--model-repository=/m", "--allow-client-shm=true", "--log-verbose=1"],
                          check=True, capture_output=True, text=True).stdout.split()
     assert out == ["--model-repository=/m", "--log-verbose=1"]
+
+
+def test_the_real_triton_shim_sets_aside_what_the_wheel_cannot_serve(qa: ModuleType, tmp_path: Path) -> None:
+    """ONNX models (no onnxruntime backend in the pytriton wheel) and models importing torch leave the repository
+    before real Triton starts; the Python models stay."""
+    venv = tmp_path / "venv-triton"
+    server = venv / "lib" / "python3.11" / "site-packages" / "pytriton" / "tritonserver"
+    (server / "bin").mkdir(parents=True)
+    (server / "bin" / "tritonserver").write_text('#!/bin/bash\nexit 0\n')
+    (server / "bin" / "tritonserver").chmod(0o755)
+    (server / "backends" / "python").mkdir(parents=True)
+    (server / "python_backend_stubs" / "3.11").mkdir(parents=True)
+    (server / "python_backend_stubs" / "3.11" / "triton_python_backend_stub").write_text("")
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    repo = tmp_path / "models"
+    for name, files in {"onnx_seq": {"config.pbtxt": 'platform: "onnxruntime_onnx"'},
+                        "onnx_bare": {"1/model.onnx": ""},
+                        "torchy": {"1/model.py": "import torch\n"},
+                        "plain": {"1/model.py": "import numpy\n", "config.pbtxt": 'backend: "python"'}}.items():
+        for relative, text in files.items():
+            (repo / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name / relative).write_text(text)
+    work = tmp_path / "work"
+    qa.make_shims(work, None, qa.RealTriton(venv), "/x")
+    subprocess.run([str(work / "bin" / "tritonserver"), f"--model-repository={repo}"], check=True,
+                   capture_output=True)
+    assert sorted(p.name for p in repo.iterdir()) == ["plain"]
+    assert sorted(p.name for p in (work / "set-aside").iterdir()) == ["onnx_bare", "onnx_seq", "torchy"]
+    assert (work / "backends" / "python" / "triton_python_backend_stub").is_file()
