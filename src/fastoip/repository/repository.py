@@ -290,8 +290,9 @@ class ModelRepository:
             code = sorted(path for path in files if path.endswith(".py"))
             if code:
                 raise InvalidArgument(
-                    f"load '{name}': model file 'file:{code[0]}' is Python code, and this server does not load "
-                    "code through the API (the operator can allow it with --model-control-allow-code)"
+                    # (Triton's "failed to load" first: its model_control test reads it for a refused upload)
+                    f"failed to load '{name}': model file 'file:{code[0]}' is Python code, and this server does not "
+                    "load code through the API (the operator can allow it with --model-control-allow-code)"
                 )
         with self._load_lock:
             uploaded = _write_uploaded_files(name, files) if files else None
