@@ -252,26 +252,6 @@ def make_shims(triton_dir: Path, python_backend: Path | None, triton: RealTriton
     return tools
 
 
-#: Packages the suites' models import that Triton's QA container has and the pytriton venv lacks (custom_metrics'
-#: model reads /metrics with requests), with what they import: lent to real Triton's models from this interpreter.
-BORROWED = ("requests", "urllib3", "idna", "certifi", "charset_normalizer")
-
-
-def borrowed_packages(work: Path) -> Path:
-    """A folder of links to :data:`BORROWED` in this interpreter's site-packages (pure Python, or built for the
-    same Python version as the stub's), for real Triton's models' PYTHONPATH."""
-    import importlib.util
-
-    folder = work / "borrowed"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for name in BORROWED:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin is not None:
-            (folder / name).symlink_to(Path(spec.origin).parent)
-    return folder
-
-
 def make_data(qa: Path, data: Path) -> None:
     """The part of Triton's QA data set (DATADIR) the selection reads that fastoip can serve: the ONNX implicit-state
     sequence models (bls), made by Triton's own generator.  (Its libtorch models need PyTorch: not made.)"""
@@ -467,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     triton_dir = work
     # Real Triton's models see the suites' PYTHONPATH less fastoip's sources (fastoip's own pb_utils must not stand
     # in for the stub's).
-    model_pythonpath = os.pathsep.join([str(qa / "common"), str(work / "shims"), str(borrowed_packages(work))])
+    model_pythonpath = os.pathsep.join([str(qa / "common"), str(work / "shims")])
     triton = RealTriton(args.triton_venv) if args.server == "triton" else None
     tools = make_shims(triton_dir, backend, triton, model_pythonpath)
     make_data(qa, work / "data")
