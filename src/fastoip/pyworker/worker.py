@@ -212,7 +212,8 @@ class _WorkerBridge:
         try:
             packed = shm.pack_request(request_data(request))
         except (OSError, shm.SharedMemoryFull) as exc:  # no room in shared memory: an error response, as python_backend
-            return _no_room(exc)
+            words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))
         answer = self.ask(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), False
         )
@@ -222,7 +223,8 @@ class _WorkerBridge:
         try:
             packed = shm.pack_request(request_data(request))
         except (OSError, shm.SharedMemoryFull) as exc:  # as infer: the stream is that one error response
-            return iter([_no_room(exc)])
+            words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return iter([pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))])
         call_id, answers = self.channel.call(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), True
         )
@@ -247,13 +249,6 @@ class _WorkerBridge:
             return float(self.ask(msg.MetricUpdate, family, labels, op, float(value)))
         self.channel.send(msg.MetricUpdate(0, family, labels, op, float(value)))
         return 0.0
-
-
-def _no_room(exc: BaseException) -> pb.InferenceResponse:
-    """A BLS request whose inputs found no room in shared memory: python_backend's error response (its stub
-    answers "Failed to increase the shared memory pool size" as the call's response, not an exception)."""
-    words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))
 
 
 def _describe(exc: BaseException) -> str:
