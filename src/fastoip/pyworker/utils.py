@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import json
 import logging
-import math
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..metric_names import label_names_error, metric_name_error
+from ..metric_names import histogram_buckets_error, label_names_error, metric_name_error
 
 # -- flags (Triton's TRITONSERVER_* values) ----------------------------------------------------------------
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -743,17 +742,6 @@ FAMILY_DELETED = (
     "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' object "
     "should be deleted AFTER its corresponding 'Metric' objects have been deleted."
 )
-
-
-def histogram_buckets_error(buckets: object) -> str | None:
-    """Why ``buckets`` cannot bound a histogram (Triton: a list, strictly ascending; empty is allowed), or None."""
-    if not isinstance(buckets, list):
-        return "Buckets must be a list."
-    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in buckets):
-        return "Buckets must be finite numbers."
-    if any(b >= after for b, after in zip(buckets, buckets[1:], strict=False)):
-        return "Bucket boundaries must be strictly ascending (no duplicates)."
-    return None
 
 
 class Metric:

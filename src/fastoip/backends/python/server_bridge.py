@@ -33,7 +33,7 @@ from ...errors import (
     UnknownError,
     Unsupported,
 )
-from ...metric_names import label_names_error, metric_name_error
+from ...metric_names import histogram_buckets_error, label_names_error, metric_name_error
 from ...metrics import EXPORTED_NAMES, exposition_text
 from ...pyworker import utils as pb
 from ...types import InferInput, InferRequest, InferResponse, RequestedOutput
@@ -322,7 +322,7 @@ class CustomMetrics:
             raise pb.TritonModelException(f"unknown metric kind {kind!r}")
         buckets = family.get("buckets")
         if kind == pb.MetricFamily.HISTOGRAM and op != "family":
-            problem = pb.histogram_buckets_error(buckets)
+            problem = histogram_buckets_error(buckets)
             if problem is not None:
                 raise pb.TritonModelException(problem)
         key = tuple(sorted(labels.items()))
