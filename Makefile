@@ -17,7 +17,7 @@ ARGS ?=
 # make test's parallel workers: most end-to-end time is waiting on server processes, so more workers than cores
 TEST_WORKERS ?= 6
 
-.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve test-triton-openai bench build proto clean check debug test-pure gpu-check triton-qa
+.PHONY: browser dist venv serve-venv serve test test-unit test-e2e test-compat test-kserve test-triton-openai bench build proto clean check debug test-pure gpu-check triton-qa triton-qa-compare
 
 SERVE_VENV ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.fastoip-installed
@@ -190,10 +190,14 @@ clean:
 # Triton's own Python-backend QA (qa/L0_backend_python's CPU sub-suites), unchanged, against fastoip (issue 41).
 # SNAPSHOT: triton-inference-server/server (a tree with qa/ or a bare git dir); PYTHON_BACKEND: python_backend, for the
 # sub-suites that copy its examples. Not part of `make test`: it needs the snapshot and Triton's fixed ports 8000-8002.
-triton-qa: venv  ## Triton's qa/L0_backend_python against fastoip: make triton-qa SNAPSHOT=<server> [PYTHON_BACKEND=<dir>]
+triton-qa: venv  ## Triton's qa/L0_backend_python: make triton-qa SNAPSHOT=<server> [PYTHON_BACKEND=<dir>] [SERVER=triton]
 	@test -n "$(SNAPSHOT)" || { echo "usage: make triton-qa SNAPSHOT=<triton server tree or bare git dir>"; exit 2; }
 	PYTHONPATH=$(CURDIR)/src $(BIN)/python scripts/triton_qa.py --snapshot $(SNAPSHOT) \
-		$(if $(PYTHON_BACKEND),--python-backend $(PYTHON_BACKEND)) $(ARGS)
+		$(if $(PYTHON_BACKEND),--python-backend $(PYTHON_BACKEND)) $(if $(SERVER),--server $(SERVER)) $(ARGS)
+
+# Compare two runs' per-case results (their --json files): make triton-qa-compare FASTOIP=a.json TRITON=b.json
+triton-qa-compare:
+	$(BIN)/python scripts/triton_qa.py --compare $(FASTOIP) $(TRITON)
 
 # The GPU path (issue 26): fetch what the GPU machine lacks into .gpu/ (split to the device tool's per-command
 # limit; prints the device commands), then run the check here: without a GPU it says "no GPU" and what it would run;

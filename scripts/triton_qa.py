@@ -1,8 +1,18 @@
-"""Run Triton's own Python-backend QA (``qa/L0_backend_python``) against fastoip.
+"""Run Triton's own Python-backend QA (``qa/L0_backend_python``) against fastoip, or against real tritonserver.
 
-Usage (``make triton-qa SNAPSHOT=<path>``)::
+Usage (``make triton-qa SNAPSHOT=<path> [SERVER=triton]``)::
 
     python scripts/triton_qa.py --snapshot <server> [--python-backend <python_backend>] [--suite NAME ...]
+        [--server fastoip|triton] [--json results.json]
+    python scripts/triton_qa.py --compare <fastoip.json or folder> <triton.json or folder>
+
+``--server triton`` runs the same selection, with the same shims, against the reference: the tritonserver binary
+and Python backend of the nvidia-pytriton wheel in the peers lab's ``venv-triton`` (``--triton-venv``; the
+environment ``serve_repo.sh`` sets up: the wheel's libraries on LD_LIBRARY_PATH, its Python backend and stub as
+TRITON_DIR/backends/python), without fastoip's shims of server behaviour (no added ``--exit-on-error``), and
+leaving out the few flags newer than the wheel's 2.51 (NEWER_FLAGS). ``--json`` writes each case (suite, case,
+passed); ``--compare`` lists the cases Triton passes and fastoip fails (the goal), the reverse, and those both
+fail. Run it under ``flock /tmp/triton-qa.lock`` where others may run it: the ports are fixed.
 
 ``<server>`` is a checkout of triton-inference-server/server, an extracted tree holding ``qa/``, or a bare git
 directory (read with ``git archive HEAD qa``); ``<python_backend>`` likewise for the sub-suites that clone
@@ -86,6 +96,12 @@ SUITE_ENV = {
 
 PLAIN_NAMES = ("pip", "pip3")
 
+#: tritonserver flags the suites pass that real Triton 2.51 (the reference) does not know, each with what 2.51 does
+#: without it: the shim leaves them out there.
+NEWER_FLAGS = {
+    "--allow-client-shm": "2.51 always allows clients' shared-memory regions (the flag's default, true)",
+}
+
 
 @dataclass
 class SuiteResult:
@@ -119,10 +135,68 @@ def write_shim(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
-    """``triton_dir`` made a TRITON_DIR whose ``bin/tritonserver`` is fastoip (its ``qa/`` is the scratch copy: the
-    init_args model expects its repository at TRITON_DIR/qa/...); a bin directory of tool shims for PATH."""
-    for folder in ("bin", "backends", "shims", "needs-pytorch"):
+@dataclass
+class RealTriton:
+    """Where real tritonserver lives: the nvidia-pytriton wheel's binary, its Python backend and its stub, in the
+    peers lab's ``venv-triton`` (the environment ``serve_repo.sh`` sets up, reproduced here: the suites pass
+    ``--model-repository``/``--backend-directory`` themselves, so that script's own ones would be doubled)."""
+
+    venv: Path
+
+    @property
+    def root(self) -> Path:
+        found = sorted(self.venv.glob("lib/python3*/site-packages/pytriton/tritonserver"))
+        if not found or not (found[0] / "bin" / "tritonserver").is_file():
+            raise SystemExit(f"no tritonserver in {self.venv} (the peers lab's setup.sh makes it)")
+        return found[0]
+
+    def install_backend(self, backends: Path) -> None:
+        """The wheel's Python backend and the stub for the venv's Python version, as TRITON_DIR/backends/python."""
+        python = backends / "python"
+        python.mkdir(parents=True, exist_ok=True)
+        for item in (self.root / "backends" / "python").iterdir():
+            if item.is_file():
+                shutil.copy2(item, python)
+        version = subprocess.run([str(self.venv / "bin" / "python"), "-c",
+                                  "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+        shutil.copy2(self.root / "python_backend_stubs" / version / "triton_python_backend_stub", python)
+
+    def library_path(self) -> str:
+        """The wheel's shared libraries (pytriton's and NVIDIA's) for the loader."""
+        folders = sorted({str(lib.parent) for lib in self.venv.glob("lib/python3*/site-packages/**/*.so*")
+                          if "pytriton" in str(lib) or "nvidia" in str(lib)})
+        return ":".join([*folders, *filter(None, [os.environ.get("LD_LIBRARY_PATH", "")])])
+
+    @staticmethod
+    def set_aside_onnx(aside: Path) -> str:
+        """Shim lines that move the ONNX models out of the repository: the wheel ships no onnxruntime backend, and a
+        model that cannot load stops Triton at start (its default --exit-on-error); the cases that use them fail."""
+        return (
+            'if [ -n "$repo" ]; then for d in "$repo"/*/; do d="${d%/}"\n'
+            '  if grep -qs onnxruntime "$d/config.pbtxt" || ls "$d"/*/model.onnx >/dev/null 2>&1; then\n'
+            f'    mkdir -p {aside}; rm -rf "{aside}/$(basename "$d")"\n'
+            f'    mv "$d" {aside}/ && echo "triton-qa: model $(basename "$d") needs ONNX Runtime: not served" >&2\n'
+            '  fi; done; fi\n'
+        )
+
+    def command(self, clean_pythonpath: str) -> str:
+        """The shim's exec line: the stub embeds the venv's Python (its bin first on PATH, as serve_repo.sh does);
+        the models see the suites' PYTHONPATH without fastoip's sources. The flags newer than the wheel's 2.51
+        are left out (NEWER_FLAGS: 2.51 behaves as their default)."""
+        drop = "|".join(f"{flag}|{flag}=*" for flag in NEWER_FLAGS)
+        return (f'export PATH="{self.venv}/bin:$PATH" LD_LIBRARY_PATH="{self.library_path()}" '
+                f'PYTHONPATH="{clean_pythonpath}"\n'
+                f'args=(); for a in "$@"; do case "$a" in {drop}) ;; *) args+=("$a");; esac; done\n'
+                f'exec {self.root}/bin/tritonserver "${{args[@]}}"\n')
+
+
+def make_shims(triton_dir: Path, python_backend: Path | None, triton: RealTriton | None = None,
+               clean_pythonpath: str = "") -> Path:
+    """``triton_dir`` made a TRITON_DIR whose ``bin/tritonserver`` is fastoip, or real tritonserver given
+    ``triton`` (its ``qa/`` is the scratch copy: the init_args model expects its repository at TRITON_DIR/qa/...);
+    a bin directory of tool shims for PATH."""
+    for folder in ("bin", "backends", "shims", "set-aside"):
         if (triton_dir / folder).exists():
             shutil.rmtree(triton_dir / folder)
     (triton_dir / "bin").mkdir(parents=True)
@@ -131,7 +205,13 @@ def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
     # Models whose model.py imports torch are moved out of the repository first (no PyTorch here: Triton would not
     # start without them either); the cases that use them fail and are listed.  --exit-on-error=true first:
     # Triton's default, which fastoip's deliberately is not (COMPATIBILITY.md); the suites' own flags win.
-    aside = triton_dir / "needs-pytorch"
+    aside = triton_dir / "set-aside"
+    if triton is not None:
+        triton.install_backend(triton_dir / "backends")
+        server = triton.command(clean_pythonpath)
+    else:
+        server = (f'exec {py} -c "import sys; from fastoip.cli import main; sys.exit(main())" '
+                  'serve --exit-on-error=true "$@"\n')
     write_shim(
         triton_dir / "bin" / "tritonserver",
         'for a in "$@"; do case "$a" in --model-repository=*|--model-store=*) repo="${a#*=}";; esac; done\n'
@@ -139,8 +219,7 @@ def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
         '  if [ -f "$f" ] && grep -qE "^[[:space:]]*(import torch|from torch)" "$f"; then\n'
         f'    d=$(dirname "$(dirname "$f")"); mkdir -p {aside}; rm -rf "{aside}/$(basename "$d")"\n'
         f'    mv "$d" {aside}/ && echo "triton-qa: model $(basename "$d") needs PyTorch: not served" >&2\n'
-        '  fi; done; fi\n'
-        f'exec {py} -c "import sys; from fastoip.cli import main; sys.exit(main())" serve --exit-on-error=true "$@"\n',
+        '  fi; done; fi\n' + (triton.set_aside_onnx(aside) if triton is not None else "") + server,
     )
     tools = triton_dir / "shims"
     tools.mkdir()
@@ -150,13 +229,16 @@ def make_shims(triton_dir: Path, python_backend: Path | None) -> Path:
     write_shim(tools / "python3", unique_junit + f'exec {py} "${{args[@]}}"\n')
     write_shim(tools / "python", unique_junit + f'exec {py} "${{args[@]}}"\n')
     write_shim(tools / "pytest", unique_junit + f'exec {py} -m pytest "${{args[@]}}"\n')
-    # Triton's QA builds triton_shm_monitor (a reader of its python backend's shared-memory pool, the
-    # "triton_python_backend_shm_region*" objects) for shm_util's leak probe; fastoip makes no such pool, so the probe
-    # finds none to open. The module is there so the import works; opening a pool would be an error.
+    # Triton's QA builds triton_shm_monitor (a C++ reader of its python backend's shared-memory pool, the
+    # "triton_python_backend_shm_region*" objects) for shm_util's leak probe. fastoip makes no such pool, so the probe
+    # finds none to open there; real Triton's pools are found, and this stand-in reports a constant free size for
+    # them: the leak probe measures nothing on either server (the module is a build product of Triton's QA).
     (tools / "triton_shm_monitor.py").write_text(
         "class SharedMemoryManager:\n"
         "    def __init__(self, name):\n"
-        "        raise RuntimeError(f'triton-qa: fastoip has no python-backend pool {name!r} to monitor')\n"
+        "        self.name = name\n"
+        "    def free_memory(self):\n"
+        "        return 0\n"
     )
     write_shim(tools / "gdb", "exit 0\n")  # util.sh's hang helper: no core dumps of a server that did not start
     for name in PLAIN_NAMES:
@@ -219,9 +301,14 @@ def private_shm_prefix() -> list[str]:
 
 
 def junit_cases(directory: Path, since: float) -> tuple[list[str], list[str], list[str]]:
+    """The cases of the JUnit reports written since ``since``, named ``report::class.case`` where ``report`` is the
+    name the suite gave it (the python3 shim's time stamp taken off, so that two runs' names match); a report name
+    a suite reuses is numbered in the order written (``report#2``)."""
     passed: list[str] = []
     failed: list[str] = []
     skipped: list[str] = []
+    seen: dict[str, int] = {}
+    # The shim's suffix is a nanosecond time stamp of fixed width: sorted by name is sorted by time per report name.
     for report in sorted(directory.rglob("*.xml")):
         if report.stat().st_mtime < since:
             continue
@@ -229,8 +316,12 @@ def junit_cases(directory: Path, since: float) -> tuple[list[str], list[str], li
             tree = ET.parse(report)
         except ET.ParseError:
             continue
+        stem = re.sub(r"\.\d{19}$", "", report.stem)
+        key = f"{report.parent.relative_to(directory)}/{stem}"
+        seen[key] = seen.get(key, 0) + 1
+        label = stem if seen[key] == 1 else f"{stem}#{seen[key]}"
         for case in tree.iter("testcase"):
-            name = f"{report.stem}::{case.get('classname', '')}.{case.get('name', '')}"
+            name = f"{label}::{case.get('classname', '')}.{case.get('name', '')}"
             if case.find("failure") is not None or case.find("error") is not None:
                 failed.append(name)
             elif case.find("skipped") is not None:
@@ -281,9 +372,70 @@ def run_suite(name: str, l0: Path, env: dict[str, str], timeout: float, prefix: 
     return result
 
 
+def case_rows(results: list[SuiteResult]) -> list[dict[str, object]]:
+    """One row per case: suite, case, passed (skipped cases are left out: neither passed nor failed)."""
+    return [{"suite": r.name, "case": case, "passed": ok}
+            for r in results for ok, cases in ((True, r.passed), (False, r.failed)) for case in cases]
+
+
+def load_rows(path: Path) -> dict[tuple[str, str], bool]:
+    """A run's cases from its --json file, or from every ``*.json`` of a folder (suites run one at a time)."""
+    rows: dict[tuple[str, str], bool] = {}
+    for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
+        data = json.loads(file.read_text())
+        rows.update({(str(row["suite"]), str(row["case"])): bool(row["passed"]) for row in data["cases"]})
+    return rows
+
+
+def compare(fastoip: dict[tuple[str, str], bool], triton: dict[tuple[str, str], bool],
+            suites: set[str] | None = None) -> dict[str, list[tuple[str, str]]]:
+    """The two servers' results side by side; a case one run lacks (its suite did not get that far) counts as
+    failed there. ``suites`` limits it to the suites both ran."""
+    keys = sorted(k for k in set(fastoip) | set(triton) if suites is None or k[0] in suites)
+    groups: dict[str, list[tuple[str, str]]] = {"triton_only": [], "fastoip_only": [], "both_fail": [],
+                                                "both_pass": []}
+    for key in keys:
+        ours, theirs = fastoip.get(key, False), triton.get(key, False)
+        group = ("both_pass" if ours and theirs else "triton_only" if theirs else
+                 "fastoip_only" if ours else "both_fail")
+        groups[group].append(key)
+    return groups
+
+
+def print_comparison(fastoip_json: Path, triton_json: Path) -> int:
+    fastoip, triton = load_rows(fastoip_json), load_rows(triton_json)
+    suites = {k[0] for k in fastoip} & {k[0] for k in triton}
+    groups = compare(fastoip, triton, suites)
+    print(f"{'suite':22} {'fastoip':>14} {'triton':>14}")
+    for suite in sorted(suites):
+        counts = []
+        for rows in (fastoip, triton):
+            mine = [ok for (s, _), ok in rows.items() if s == suite]
+            counts.append(f"{sum(mine)}/{len(mine)}")
+        print(f"{suite:22} {counts[0]:>14} {counts[1]:>14}")
+    titles = {"triton_only": "Triton passes, fastoip fails (the goal's list)",
+              "fastoip_only": "fastoip passes, Triton fails", "both_fail": "both fail"}
+    for group, title in titles.items():
+        print(f"\n{title}: {len(groups[group])}")
+        for suite, case in groups[group]:
+            print(f"    {suite}: {case}")
+    print(f"\nboth pass: {len(groups['both_pass'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("FASTOIP_JSON", "TRITON_JSON"),
+                        help="compare two runs' --json files (runs nothing)")
+    if "--compare" in (argv if argv is not None else sys.argv[1:]):
+        return print_comparison(*parser.parse_known_args(argv)[0].compare)
     parser.add_argument("--snapshot", type=Path, required=True, help="server tree or bare git dir")
+    parser.add_argument("--server", choices=("fastoip", "triton"), default="fastoip",
+                        help="the server the suites start: fastoip, or real tritonserver as the reference")
+    parser.add_argument("--triton-venv", type=Path,
+                        default=Path(os.environ.get("PEERS_WORK", Path(__file__).resolve().parent.parent
+                                                    / "benchmarks" / ".work")) / "venv-triton",
+                        help="the peers lab's venv holding the nvidia-pytriton wheel (--server triton)")
     parser.add_argument("--python-backend", type=Path, help="python_backend tree or bare git dir")
     parser.add_argument("--suite", action="append", choices=SELECTED, help="run only these (repeatable)")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a fresh temporary one, kept)")
@@ -304,7 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.python_backend:
         backend = extract_tree(args.python_backend.resolve(), "examples", work / "python_backend")
     triton_dir = work
-    tools = make_shims(triton_dir, backend)
+    # Real Triton's models see the suites' PYTHONPATH less fastoip's sources (fastoip's own pb_utils must not stand
+    # in for the stub's).
+    model_pythonpath = os.pathsep.join([str(qa / "common"), str(work / "shims")])
+    triton = RealTriton(args.triton_venv) if args.server == "triton" else None
+    tools = make_shims(triton_dir, backend, triton, model_pythonpath)
     make_data(qa, work / "data")
     l0 = qa / "L0_backend_python"
     adapt_util(qa / "common" / "util.sh")
@@ -318,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         BACKEND_DIR=str(triton_dir / "backends"),
         MODELDIR=str(l0),
         DATADIR=str(work / "data"),  # Triton's model data set: only its libtorch/ONNX cases read it
-        REPO_VERSION="fastoip",
-        NVIDIA_TRITON_SERVER_VERSION="fastoip",
+        REPO_VERSION=args.server,
+        NVIDIA_TRITON_SERVER_VERSION=args.server,
         PYTHON_ENV_VERSION="12",
         TEST_JETSON="0",
         TEST_WINDOWS="0",
@@ -345,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, reason in SKIPPED.items():
         print(f"not run: {name}: {reason}")
     if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))
+        args.json.write_text(json.dumps({"server": args.server, "suites": [r.__dict__ for r in results],
+                                         "cases": case_rows(results)}, indent=1))
     return 0 if failed == 0 else 1
 
 

@@ -5,6 +5,8 @@ Rules (Prometheus' data model, as prometheus-cpp checks them for Triton's custom
   start with ``__`` (reserved for Prometheus' own); a histogram's labels may not be ``le`` (its buckets').
 - A model's family may not take the name of one the server exports (``nv_inference_request_success``...):
   the autoscaling and the dashboards read those, and a second family of the same name breaks the scrape.
+- A histogram's buckets are a list of finite numbers, strictly ascending (an empty list is allowed), as
+  Triton's core requires (:func:`histogram_buckets_error`).
 - Standard library only: the worker process checks a family when the model makes it (an error to the model at
   once, as in Triton), and the server checks it again (a worker may lie), then escapes on export whatever it
   writes (:func:`safe_label_name`).
@@ -12,6 +14,7 @@ Rules (Prometheus' data model, as prometheus-cpp checks them for Triton's custom
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -54,3 +57,14 @@ def safe_label_name(key: str) -> str:
         return key
     safe = _NOT_LABEL_CHARACTER.sub("_", key)
     return safe if safe and not safe[0].isdigit() else f"_{safe}"
+
+
+def histogram_buckets_error(buckets: object) -> str | None:
+    """Why ``buckets`` cannot bound a histogram (Triton: a list, strictly ascending; empty is allowed), or None."""
+    if not isinstance(buckets, list):
+        return "Buckets must be a list."
+    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in buckets):
+        return "Buckets must be finite numbers."
+    if any(b >= after for b, after in zip(buckets, buckets[1:], strict=False)):
+        return "Bucket boundaries must be strictly ascending (no duplicates)."
+    return None

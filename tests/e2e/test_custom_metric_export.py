@@ -36,8 +36,13 @@ class TritonPythonModel:
                 said.append("accepted")
             except pb_utils.TritonModelException as exc:
                 said.append(exc.message())
-        good = pb_utils.MetricFamily("good_total", "d", pb_utils.MetricFamily.COUNTER).Metric(labels={"k": "v"})
-        good.increment(1)
+        family = pb_utils.MetricFamily("good_total", "d", pb_utils.MetricFamily.COUNTER)
+        family.Metric(labels={"k": "v"}).increment(1)
+        try:  # the server refuses it at once, through the worker's call (as Triton's MetricFamily does)
+            pb_utils.MetricFamily("good_total", "d", pb_utils.MetricFamily.GAUGE)
+            said.append("accepted")
+        except pb_utils.TritonModelException as exc:
+            said.append(exc.message())
         out = np.array([s.encode() for s in said], dtype=object)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("SAID", out)]) for _ in requests]
 '''
@@ -46,7 +51,7 @@ CONFIG = """
 backend: "python"
 max_batch_size: 0
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "SAID" data_type: TYPE_STRING dims: [ 2 ] } ]
+output [ { name: "SAID" data_type: TYPE_STRING dims: [ 3 ] } ]
 """
 
 
@@ -61,6 +66,7 @@ def test_bad_metric_names_are_refused_to_the_model_and_the_scrape_stays_whole(tm
         said = [s.decode() for s in client.infer("metered", [x]).as_numpy("SAID")]
         assert "invalid metric name 'bad-name'" in said[0]
         assert "invalid label name" in said[1]
+        assert "already exists with another kind" in said[2]
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}  # the whole scrape parses
         assert "good" in families or "good_total" in families

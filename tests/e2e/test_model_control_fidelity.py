@@ -93,3 +93,54 @@ def test_several_model_repositories_are_served_together(tmp_path: Path) -> None:
         assert client.get_model_metadata("a").versions == ["1"]
         names = {m.name for m in client.get_model_repository_index().models}
         assert names == {"a", "b"}
+
+
+PY_IDENTITY = """import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def _raw_load(port: int, name: str, files: bool) -> tuple[int, str]:
+    """POST a load with the name unencoded in the path, as Triton's model_control test does with curl."""
+    import base64
+    import http.client
+    import json
+
+    config = {"name": name, "backend": "python", "max_batch_size": 4,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
+    parameters = {"config": json.dumps(config)}
+    if files:
+        parameters["file:/1/model.py"] = base64.b64encode(PY_IDENTITY.encode()).decode()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.putrequest("POST", f"/v2/repository/models/{name}/load", skip_accept_encoding=True)
+        body = json.dumps({"parameters": parameters}).encode()
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("files", [True, False])
+def test_a_python_model_name_python_backend_cannot_launch_is_refused_with_tritons_words(tmp_path: Path,
+                                                                                        files: bool) -> None:
+    """python_backend refuses a stub name with a shell character (pb_utils.h INVALID_CHARS): Triton's
+    model_control test reads "Invalid stub name: contains invalid characters" (before: fastoip's upload refusal or
+    its path-separator words answered first). With or without uploaded code, before the code guard."""
+    with ServerProcess(tmp_path, "--model-control-mode=explicit", http=True) as server:
+        for name in ("model;test", "model|test", "model&test", "model$test", "model`test`", "model(test)",
+                     "model\\test", 'model"test"', "model'test'", "model*test", "model~test", "model!test"):
+            status, text = _raw_load(server.http_port, name, files)
+            assert status == 400, (name, status, text)
+            assert "Invalid stub name: contains invalid characters" in text, (name, text)
+        # a plain name goes on to the other rules: the code guard for uploaded code, the repository otherwise
+        status, text = _raw_load(server.http_port, "model-with-hyphens", files)
+        assert "Invalid stub name" not in text and status != 200

@@ -215,6 +215,7 @@ def test_code_a_client_brings_does_not_load_through_the_api_by_default(server: S
     error = _load_error(client, "uploaded_code", config=json.dumps(PYTHON_CONFIG), files=files)
     assert error.status() == _refused(protocol), error
     assert "--model-control-allow-code" in error.message(), error
+    assert "failed to load 'uploaded_code'" in error.message(), error  # Triton's words first (its model_control QA)
     # Code under another name, made the model's file by the load's config: refused as python_backend refuses a
     # model file that is not a .py file (and as uploaded code without the flag).
     renamed = {"file:1/model.txt": PYTHON_SOURCE.encode()}

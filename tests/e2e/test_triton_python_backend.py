@@ -485,14 +485,16 @@ METRICS = """
 
     class TritonPythonModel:
         def initialize(self, args):
-            self.requests = pb_utils.MetricFamily(
-                "my_model_requests", "Requests seen by the model", pb_utils.MetricFamily.COUNTER
-            ).Metric(labels={"model": args["model_name"], "version": args["model_version"]})
-            self.last = pb_utils.MetricFamily(
-                "my_model_last_value", "Last value seen", pb_utils.MetricFamily.GAUGE).Metric(labels={"kind": "x"})
-            self.sizes = pb_utils.MetricFamily(
-                "my_model_value", "Values seen", pb_utils.MetricFamily.HISTOGRAM
-            ).Metric(labels={"kind": "x"}, buckets=[1.0, 10.0])
+            # (the families are kept: a Metric lives only as long as its family object, as on Triton)
+            self.families = [
+                pb_utils.MetricFamily("my_model_requests", "Requests seen by the model", pb_utils.MetricFamily.COUNTER),
+                pb_utils.MetricFamily("my_model_last_value", "Last value seen", pb_utils.MetricFamily.GAUGE),
+                pb_utils.MetricFamily("my_model_value", "Values seen", pb_utils.MetricFamily.HISTOGRAM),
+            ]
+            self.requests = self.families[0].Metric(
+                labels={"model": args["model_name"], "version": args["model_version"]})
+            self.last = self.families[1].Metric(labels={"kind": "x"})
+            self.sizes = self.families[2].Metric(labels={"kind": "x"}, buckets=[1.0, 10.0])
 
         def execute(self, requests):
             out = []
@@ -878,8 +880,8 @@ def test_custom_metrics_on_metrics_endpoint(server: ServerProcess) -> None:
     assert counter.labels == {"model": "metrics", "version": "1"} and counter.value == 3.0
     assert families["my_model_last_value"].samples[0].value == 50.0
     histogram = {(s.name, s.labels.get("le")): s.value for s in families["my_model_value"].samples}
-    assert histogram[("my_model_value_bucket", "1.0")] == 1
-    assert histogram[("my_model_value_bucket", "10.0")] == 2
+    assert histogram[("my_model_value_bucket", "1")] == 1  # bounds written as Triton writes them (le="1")
+    assert histogram[("my_model_value_bucket", "10")] == 2
     assert histogram[("my_model_value_bucket", "+Inf")] == 3
     assert histogram[("my_model_value_count", None)] == 3
 

@@ -4,6 +4,8 @@ export.  Before: an invalid family name failed Prometheus' whole scrape, and a l
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,6 +14,17 @@ from fastoip.metric_names import label_names_error, metric_name_error, safe_labe
 from fastoip.metrics import exposition_text
 from fastoip.metrics.custom import CustomMetrics, MetricError
 from fastoip.pyworker import utils as pb
+
+
+class _Registry:
+    """The server's half of a worker's metric calls, in this process."""
+
+    def __init__(self, metrics: CustomMetrics) -> None:
+        self.metrics = metrics
+
+    def metric(self, family: dict, labels: dict, op: str, value: float) -> float:
+        return self.metrics.apply(family, labels, op, value)
+
 
 FORGING_KEY = 'a="1"} 1\nnv_inference_request_success{model="victim",version="1"} 999999\n# x{b'
 COUNTER = {"name": "my_requests", "description": "d", "kind": pb.MetricFamily.COUNTER}
@@ -74,9 +87,12 @@ def test_the_worker_refuses_bad_names_when_the_model_makes_them() -> None:
     sent to the server."""
     with pytest.raises(pb.TritonModelException, match="invalid metric name 'bad-name'"):
         pb.MetricFamily("bad-name", "d", pb.MetricFamily.COUNTER)
-    family = pb.MetricFamily("good_name", "d", pb.MetricFamily.COUNTER)
-    with pytest.raises(pb.TritonModelException, match="invalid label name"):
-        family.Metric(labels={FORGING_KEY: "v"})
+    metrics = CustomMetrics()
+    with pb.BRIDGE.using(cast(pb.Bridge, _Registry(metrics))):  # (a family is made in the server at once)
+        family = pb.MetricFamily("good_name", "d", pb.MetricFamily.COUNTER)
+        with pytest.raises(pb.TritonModelException, match="invalid label name"):
+            family.Metric(labels={FORGING_KEY: "v"})
+        assert "invalid" not in metrics.text()
 
 
 def test_a_family_of_an_unknown_kind_is_refused_not_a_broken_scrape() -> None:

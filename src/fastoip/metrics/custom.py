@@ -15,9 +15,8 @@ import threading
 from typing import Any
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.utils import floatToGoString
 
-from ..metric_names import label_names_error, metric_name_error
+from ..metric_names import histogram_buckets_error, label_names_error, metric_name_error
 from .prometheus import EXPORTED_NAMES, exposition_text
 
 COUNTER = 0
@@ -57,17 +56,26 @@ class CustomMetrics:
             raise MetricError(problem)
         if kind not in _KIND_NAMES:
             raise MetricError(f"unknown metric kind {kind}")
+        buckets = family.get("buckets")
+        if kind == HISTOGRAM and op != "family":
+            problem = histogram_buckets_error(buckets)
+            if problem is not None:
+                raise MetricError(problem)
         key = tuple(sorted(labels.items()))
         with self._lock:
             known = self._families.get(name)
             if known is None:
+                # The first family of a name keeps its description (Triton's registry does).
                 known = (kind, str(family.get("description", "")), {})
                 self._families[name] = known
             elif known[0] != kind:
-                raise MetricError(f"metric family '{name}' already exists with another kind")
+                raise MetricError(
+                    f"Error when creating MetricFamily: metric family '{name}' already exists with another kind")
+            if op == "family":  # (the family made when the model makes it: its kind is checked at once)
+                return 0.0
             series = known[2].get(key)
             if series is None:
-                series = _Series(family.get("buckets"))
+                series = _Series(buckets)
                 known[2][key] = series
             if op == "increment":
                 series.value += value
@@ -94,7 +102,7 @@ class CustomMetrics:
                     if kind == HISTOGRAM:
                         # observe() counts each value in every bucket whose bound it is under: already cumulative
                         for bound, cumulative in zip(series.buckets, series.counts, strict=True):
-                            family.add_sample(f"{name}_bucket", {**labels, "le": floatToGoString(bound)}, cumulative)
+                            family.add_sample(f"{name}_bucket", {**labels, "le": _bound(bound)}, cumulative)
                         family.add_sample(f"{name}_bucket", {**labels, "le": "+Inf"}, series.count)
                         family.add_sample(f"{name}_sum", labels, series.total)
                         family.add_sample(f"{name}_count", labels, series.count)
@@ -106,3 +114,8 @@ class CustomMetrics:
     def text(self) -> str:
         families = self.families()
         return exposition_text(families) if families else ""
+
+
+def _bound(value: float) -> str:
+    # As Triton's prometheus-cpp writes a bound: 1 as "1", 0.1 as "0.1" (its tests read le="1").
+    return format(value, ".16g")

@@ -76,7 +76,9 @@ def response_of(data: ResponseData) -> pb.InferenceResponse:
     outputs, error, parameters = data
     tensors = [pb.Tensor._of(name, datatype, array) for name, datatype, array in outputs]
     err = pb.TritonError(error[1], error[0]) if error is not None else None
-    return pb.InferenceResponse(tensors, err, parameters)
+    response = pb.InferenceResponse(tensors, err)
+    response._parameters = dict(parameters or {})  # (as the called model or server gave them: not a model's own)
+    return response
 
 
 def request_data(request: pb.InferenceRequest) -> RequestData:

@@ -21,12 +21,13 @@ import itertools
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..metric_names import label_names_error, metric_name_error
+from ..metric_names import histogram_buckets_error, label_names_error, metric_name_error
 
 # -- flags (Triton's TRITONSERVER_* values) ----------------------------------------------------------------
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -347,6 +348,25 @@ BLS_PHASE = _BlsPhase()
 _NOT_GIVEN: Any = object()
 
 
+def checked_parameters(parameters: object) -> dict[str, Any]:
+    """A model's request or response parameters, by python_backend's rules (``PyParametersToJSON``): a dict of str
+    keys and bool, int or str values; anything else raises with Triton's words. (fastoip also takes the dict as a
+    JSON string, as ``parameters()`` returns it.)"""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters) if parameters else {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return dict(parameters)
+
+
 class InferenceResponse:
     """One response: output tensors, or an error."""
 
@@ -367,9 +387,7 @@ class InferenceResponse:
                 raise TritonModelException(f"an output tensor is a {type(tensor).__name__}, not a pb_utils.Tensor")
         self._outputs = list(output_tensors)
         self._error = error
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters: dict[str, Any] = dict(parameters or {})
+        self._parameters: dict[str, Any] = checked_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -526,9 +544,7 @@ class InferenceRequest:
         self._request_id = request_id
         self._flags = flags
         self._timeout = timeout
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters: dict[str, Any] = dict(parameters or {})
+        self._parameters: dict[str, Any] = checked_parameters(parameters)
         self._sender: InferenceResponseSender | None = None
         self._cancelled: Any = None
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
@@ -731,46 +747,74 @@ class Logger:
 
 
 # -- custom metrics ---------------------------------------------------------------------------------------------
+#: Triton's words for a metric whose family object is gone (python_backend's metric.cc).
+FAMILY_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' object "
+    "should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+)
+
+
 class Metric:
-    """One labelled series of a :class:`MetricFamily` (kept and exported by the server)."""
+    """One labelled series of a :class:`MetricFamily` (kept and exported by the server). As Triton's, it lives
+    only as long as its family object: once that is deleted, every operation raises (it holds no reference that
+    would keep the family alive)."""
 
     def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: Sequence[float] | None) -> None:
-        self._family = family
+        self._cleared = False
+        self._kind = family.kind
         problem = label_names_error(labels or {}, family.kind == MetricFamily.HISTOGRAM)
         if problem is not None:  # (the server checks again, and escapes what it writes)
             raise TritonModelException(f"metric family '{family.name}': {problem}")
         self._labels = {str(k): str(v) for k, v in (labels or {}).items()}
         spec = family._spec()
         if family.kind == MetricFamily.HISTOGRAM:
-            if not buckets:
-                raise TritonModelException("a histogram metric needs buckets")
+            if buckets is None:
+                raise TritonModelException("Failed to create metric. Missing required buckets.")
+            problem = histogram_buckets_error(buckets)
+            if problem is not None:
+                raise TritonModelException(f"Failed to create metric. {problem}")
             spec["buckets"] = [float(b) for b in buckets]
+        elif buckets is not None:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
         self._spec = spec
         BRIDGE.current.metric(spec, self._labels, "create", 0.0)
+        family._metrics.add(self)
+
+    def _check(self, what: str) -> None:
+        if self._cleared:
+            raise TritonModelException(f"Failed to {what}: {FAMILY_DELETED}")
 
     def increment(self, value: float) -> None:
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
+        self._check("increment metric value")
+        if self._kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("a counter cannot be incremented by a negative value")
-        if self._family.kind == MetricFamily.HISTOGRAM:
+        if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("increment() is not for histograms: use observe()")
         BRIDGE.current.metric(self._spec, self._labels, "increment", float(value))
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
+        self._check("set metric value")
+        if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("set() is only for gauges")
         BRIDGE.current.metric(self._spec, self._labels, "set", float(value))
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
+        self._check("observe metric value")
+        if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("observe() is only for histograms")
         BRIDGE.current.metric(self._spec, self._labels, "observe", float(value))
 
     def value(self) -> float:
+        self._check("get metric value")
+        if self._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("value() is not for histograms (read them on /metrics)")
         return BRIDGE.current.metric(self._spec, self._labels, "value", 0.0)
 
 
 class MetricFamily:
-    """A custom metric family exported on ``/metrics`` beside the server's own."""
+    """A custom metric family exported on ``/metrics`` beside the server's own. Made at once in the server (as
+    Triton's): a second family of the same name shares the first one's series and description, and one of another
+    kind is refused. Deleting the object ends its :class:`Metric` objects (Triton's lifetime rule)."""
 
     COUNTER = 0
     GAUGE = 1
@@ -785,11 +829,19 @@ class MetricFamily:
         self.name = name
         self.description = description
         self.kind = kind
+        self._metrics: weakref.WeakSet[Metric] = weakref.WeakSet()
+        BRIDGE.current.metric(self._spec(), {}, "family", 0.0)
+
+    def __del__(self) -> None:
+        for metric in list(getattr(self, "_metrics", ())):
+            metric._cleared = True
 
     def _spec(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "kind": self.kind}
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: Sequence[float] | None = None) -> Metric:  # noqa: N802
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
         return Metric(self, labels or {}, buckets)
 
 

@@ -200,6 +200,12 @@ class _StreamAnswers:
         raise StopIteration
 
 
+def _no_room(exc: OSError | SharedMemoryFull) -> pb.InferenceResponse:
+    """The error response for a BLS request whose tensors found no room in shared memory."""
+    words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))
+
+
 class _WorkerBridge:
     """pb_utils' way to the server from the worker process."""
 
@@ -217,15 +223,17 @@ class _WorkerBridge:
         try:
             packed = shm.pack_request(request_data(request), self.channel.segments)
         except (OSError, SharedMemoryFull) as exc:  # no room in shared memory: an error response, as python_backend
-            words = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return pb.InferenceResponse(error=pb.TritonError(words, pb.TritonError.INTERNAL))
+            return _no_room(exc)
         answer = self.ask(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), False
         )
         return response_of(shm.unpack_response(answer, self.channel.segments))
 
     def infer_stream(self, request: pb.InferenceRequest) -> Iterator[pb.InferenceResponse]:
-        packed = shm.pack_request(request_data(request), self.channel.segments)
+        try:
+            packed = shm.pack_request(request_data(request), self.channel.segments)
+        except (OSError, SharedMemoryFull) as exc:  # as infer: the stream is that one error response
+            return iter([_no_room(exc)])
         call_id, answers = self.channel.call(
             msg.InferCall, request.model_name, request.model_version, packed, request.timeout(), True
         )
@@ -258,7 +266,7 @@ class _WorkerBridge:
         self.channel.send(msg.Log(int(level), str(message)))
 
     def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
-        if op == "value":
+        if op in ("value", "family"):  # (a family of another kind is refused at once, as Triton's)
             return float(self.ask(msg.MetricUpdate, family, labels, op, float(value)))
         self.channel.send(msg.MetricUpdate(0, family, labels, op, float(value)))
         return 0.0

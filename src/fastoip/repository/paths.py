@@ -38,6 +38,18 @@ def _name_problem(name: str) -> str:
     return ""
 
 
+#: The characters python_backend refuses in a stub's name (its model's or instance's name: pb_utils.h INVALID_CHARS;
+#: the stub's command line is run by a shell).
+PYTHON_STUB_INVALID_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
+
+
+def check_python_model_name(name: str) -> None:
+    """Refuse, with Triton's words, a Python model whose name python_backend would not launch a stub for."""
+    if not name or any(char in PYTHON_STUB_INVALID_CHARS for char in name):
+        raise InvalidArgument(f"failed to load '{name}': Invalid stub name: contains invalid characters "
+                              f"(a Python model's name may not contain any of {PYTHON_STUB_INVALID_CHARS})")
+
+
 def check_model_name(name: str) -> None:
     """Refuse a model name that is not a plain directory name."""
     problem = _name_problem(name)

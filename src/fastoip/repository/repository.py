@@ -69,7 +69,7 @@ from .defaults import fill_batching_defaults, fill_defaults
 from .ensemble import ENSEMBLE_KIND, ComposingModel, EnsembleModel, composing_model_of, is_ensemble, plan_ensemble
 from .layout import missing_version_hint
 from .loaded import LoadedModel
-from .paths import check_file_name, check_inside, check_model_name, upload_parts
+from .paths import check_file_name, check_inside, check_model_name, check_python_model_name, upload_parts
 from .runner import RequestRunner
 from .sections import log_ignored_hints, log_ignored_model_settings, refuse_unbuilt_sections
 from .validation import validate_config
@@ -290,13 +290,16 @@ class ModelRepository:
         stops at its next step (waiting for the load lock, between instances, between
         warmup runs), CANCELLED, and what was serving stays as it was.
         """
+        if config_override is not None and config_override.backend == "python":
+            check_python_model_name(name)  # (before the other checks: Triton's answer)
         model_dir = self._model_dir(name)
         if from_client and not self.options.allow_code_loads and files:
             code = sorted(path for path in files if path.endswith(".py"))
             if code:
                 raise InvalidArgument(
-                    f"load '{name}': model file 'file:{code[0]}' is Python code, and this server does not load "
-                    "code through the API (the operator can allow it with --model-control-allow-code)"
+                    # (Triton's "failed to load" first: its model_control test reads it for a refused upload)
+                    f"failed to load '{name}': model file 'file:{code[0]}' is Python code, and this server does not "
+                    "load code through the API (the operator can allow it with --model-control-allow-code)"
                 )
         with self._load_lock:
             self._client_gone = client_gone
@@ -537,6 +540,8 @@ class ModelRepository:
             # the fix first: Triton's sentence (kept, clients match on it) points at renaming the model
             raise UndeterminedBackend(f"{hint}. ({exc.message})" if hint else exc.message) from None
         refuse_unbuilt_sections(base, name, kind.name)
+        if kind.name == "python":
+            check_python_model_name(name)
         if kind.name == "python" and base.default_model_filename and not base.default_model_filename.endswith(".py"):
             raise InvalidArgument(  # python_backend's stub imports only a .py file
                 f"failed to load '{name}': Model name must end with '.py'. Model name is "

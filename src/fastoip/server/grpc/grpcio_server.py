@@ -161,7 +161,8 @@ class GrpcioFrontend:
 
         A reader thread takes requests off the stream and starts them; this
         handler's thread encodes and yields each finished job.  An error on one
-        request becomes that response's ``error_message``; the stream goes on.
+        request becomes that response's ``error_message``; the stream goes on, unless the client sent
+        ``triton_grpc_error: true`` (Triton's mode): then the first error ends the stream with its status.
         When the call ends (client cancelled, stream stopped) queued requests
         are cancelled.
         """
@@ -181,6 +182,8 @@ class GrpcioFrontend:
                 job.cancel()
 
         context.add_callback(cancel_all)
+        errors_end_stream = any(key == "triton_grpc_error" and value == "true"
+                                for key, value in context.invocation_metadata() or ())
 
         def partial(job: FinishedCall, response: InferResponse) -> None:  # a decoupled model's thread
             finished.put(_MLServerMessage(response) if job.request in mlserver else response)
@@ -216,7 +219,8 @@ class GrpcioFrontend:
                         if frontend is not None:
                             traces.pop(request, None)
                             frontend.done()
-                        if request in mlserver:  # MLServer's servicer: an error ends the stream with its status
+                        # MLServer's servicer, and Triton's triton_grpc_error mode: an error ends the stream
+                        if request in mlserver or errors_end_stream:
                             finished.put(exc)
                             break
                         finished.put(_codec.encode_stream_response(error_echo(request), exc.message))
@@ -262,6 +266,11 @@ class GrpcioFrontend:
                 continue
             in_flight.discard(item)
             frontend = traces.pop(item.request, None) if traces else None
+            if errors_end_stream and item.error is not None:
+                if frontend is not None:
+                    frontend.done()
+                cancel_all()
+                abort(context, item.error)
             if frontend is not None:
                 frontend.stamp("GRPC_SEND_START")
             last: bytes | None

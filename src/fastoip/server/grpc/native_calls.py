@@ -260,12 +260,18 @@ class InferCall(Call):
             self.frontend.done()
 
 
+#: The request header that asks for Triton's stream error mode (its grpc frontend's ``triton_grpc_error``).
+GRPC_ERROR_HEADER = b"triton_grpc_error"
+
+
 class StreamInferCall(Call):
     """ModelStreamInfer: every request starts as it arrives, every response goes out as it finishes.
 
     An error on one request is that response's ``error_message``; the stream
     ends (OK) once the client half-closed and every request was answered.  A
     decoupled model's responses go out as they are produced (see :mod:`.service`).
+    With the header ``triton_grpc_error: true`` (Triton's stream mode) the first
+    error ends the stream with its gRPC status instead, and cancels the rest.
     """
 
     __slots__ = ("core", "jobs", "started", "answered", "half_closed", "partial_sink", "empty_final", "held",
@@ -333,7 +339,8 @@ class StreamInferCall(Call):
             )
         except InferenceError as exc:
             self.core.budget.give(size)
-            if mlserver:  # MLServer's servicer: an error ends the stream with its status
+            # MLServer's servicer, and Triton's triton_grpc_error mode: an error ends the stream with its status
+            if mlserver or self.errors_end_stream():
                 self.drop_jobs()
                 self.fail(wire.status_code(exc.grpc_code), exc.message)
                 return
@@ -351,6 +358,11 @@ class StreamInferCall(Call):
 
     def working(self) -> bool:
         return bool(self.jobs)
+
+    def errors_end_stream(self) -> bool:
+        """Whether the client asked for Triton's ``triton_grpc_error`` mode (read on an error only)."""
+        headers = self.headers
+        return headers is not None and headers.get(GRPC_ERROR_HEADER) == b"true"
 
     def release(self, job: Ticket) -> None:
         size = self.held.pop(job, 0)
@@ -373,9 +385,13 @@ class StreamInferCall(Call):
             if frontend is not None:
                 frontend.stamp("GRPC_SEND_START")
             response = job.response
+            error = job.error
             if self.mlserver_jobs and job in self.mlserver_jobs:
                 self.mlserver_jobs.discard(job)
                 self.done_as_mlserver(job)
+            elif error is not None and self.errors_end_stream():  # Triton's mode: the stream ends with it
+                self.drop_jobs()
+                self.fail(wire.status_code(error.grpc_code), error.message)
             elif response is None:  # an error, or a decoupled request's final flag
                 self.answer(encode_final(job, job in self.empty_final))
                 self.empty_final.discard(job)
