@@ -58,8 +58,8 @@ Modules, one job each: ``event_loop`` (the loop async model code runs on),
 from __future__ import annotations
 
 from .event_loop import EVENT_LOOP, call
-from .host import PythonInstance
 from .kind import KIND, PythonKind
-from .payloads import SCHEDULER_PARAMETERS
+from .native.host import PythonInstance
+from .native.payloads import SCHEDULER_PARAMETERS
 
 __all__ = ["EVENT_LOOP", "KIND", "SCHEDULER_PARAMETERS", "PythonInstance", "PythonKind", "call"]

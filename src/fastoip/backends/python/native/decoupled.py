@@ -17,7 +17,7 @@ import inspect
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
-from .event_loop import EVENT_LOOP
+from ..event_loop import EVENT_LOOP
 
 #: What an async generator's next step gives when it is exhausted.
 _EXHAUSTED = object()

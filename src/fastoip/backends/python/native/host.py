@@ -10,21 +10,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._proto import model_config_pb2 as mc
-from ...content_types import ModelContentTypes
-from ...errors import InferenceError, InternalError, InvalidArgument, Unavailable
-from ...lifecycle import SHUTDOWN, STARTUP, hook_names
-from ...model import Model
-from ...model_config import ModelSpec, version_name
-from ...scheduling.contract import END_OF_STREAM, Execution, Results
-from ...types import InferResponse
+from ...._proto import model_config_pb2 as mc
+from ....content_types import ModelContentTypes
+from ....errors import InferenceError, InternalError, InvalidArgument, Unavailable
+from ....lifecycle import SHUTDOWN, STARTUP, hook_names
+from ....model import Model
+from ....model_config import ModelSpec, version_name
+from ....scheduling.contract import END_OF_STREAM, Execution, Results
+from ....types import InferResponse
+from ..describe import describe as _describe
+from ..event_loop import call
 from .decoupled import close, values_of
-from .describe import describe as _describe
-from .event_loop import call
 from .payloads import PayloadCodec, batch_key
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 log = logging.getLogger("fastoip.python")
 

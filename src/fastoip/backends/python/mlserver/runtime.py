@@ -47,14 +47,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ... import metrics
-from ...content_types import ModelContentTypes
-from ...datatypes import NUMPY_DTYPES
-from ...errors import InternalError, InvalidArgument
-from ...model import Model
-from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
-from ...pyworker.loop import EVENT_LOOP
-from ...pyworker.mlserver_runner import (
+from .... import metrics
+from ....content_types import ModelContentTypes
+from ....datatypes import NUMPY_DTYPES
+from ....errors import InternalError, InvalidArgument
+from ....model import Model
+from ....model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
+from ....pyworker.loop import EVENT_LOOP
+from ....pyworker.mlserver_runner import (
     OutputError,
     give_request_id,
     inference_request,
@@ -64,12 +64,12 @@ from ...pyworker.mlserver_runner import (
     stream_predictions,
     tensor_values,
 )
-from ...scheduling.execute import check_rows, merge_inputs, row_slices
-from ...types import InferOutput, InferResponse, text_inputs
-from .payloads import PayloadCodec
+from ....scheduling.execute import check_rows, merge_inputs, row_slices
+from ....types import InferOutput, InferResponse, text_inputs
+from ..native.payloads import PayloadCodec
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 #: What to install for MLServer runtimes.
 EXTRA = "pip install 'fastoip[mlserver]'"

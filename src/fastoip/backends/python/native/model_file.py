@@ -11,14 +11,14 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from ..._proto import model_config_pb2 as mc
-from ...errors import InvalidArgument
-from ...model import Model
-from ...model_config import parameter
-from ...pyworker.source_import import import_source
-from .describe import describe as _describe
-from .mlserver_runtime import adapter as mlserver_adapter
-from .mlserver_runtime import is_mlmodel, missing_extra_hint
+from ...._proto import model_config_pb2 as mc
+from ....errors import InvalidArgument
+from ....model import Model
+from ....model_config import parameter
+from ....pyworker.source_import import import_source
+from ..describe import describe as _describe
+from ..mlserver.runtime import adapter as mlserver_adapter
+from ..mlserver.runtime import is_mlmodel, missing_extra_hint
 
 _import_lock = threading.RLock()
 _modules: dict[str, tuple[tuple[int, int], ModuleType]] = {}

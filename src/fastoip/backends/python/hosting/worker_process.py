@@ -58,14 +58,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...errors import InvalidArgument
-from ...pyworker import channel as msg
-from ...pyworker import transport as shm
-from ...pyworker._ring import ResultRing, RingCorrupt
-from ...pyworker.framing import FramedSocket, FrameTooLarge
-from ...scheduling.call_chain import CallChain
+from ....errors import InvalidArgument
+from ....pyworker import channel as msg
+from ....pyworker import transport as shm
+from ....pyworker._ring import ResultRing, RingCorrupt
+from ....pyworker.framing import FramedSocket, FrameTooLarge
+from ....scheduling.call_chain import CallChain
+from ..triton import server_bridge as bridge
 from . import exits
-from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
 

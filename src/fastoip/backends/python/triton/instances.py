@@ -32,21 +32,21 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._codec import new_output, new_response
-from ...datatypes import to_bytes_elements
-from ...errors import InferenceError, InternalError, ResourceExhausted, Unavailable
-from ...pyworker import transport as shm
-from ...pyworker import utils as pb
-from ...pyworker.channel import RequestData
-from ...scheduling.call_chain import CallChain, ChainEntry, chain_of_call
-from ...scheduling.contract import RESPONDS_LATER, Execution, Results
-from ...types import InferResponse
+from ...._codec import new_output, new_response
+from ....datatypes import to_bytes_elements
+from ....errors import InferenceError, InternalError, ResourceExhausted, Unavailable
+from ....pyworker import transport as shm
+from ....pyworker import utils as pb
+from ....pyworker.channel import RequestData
+from ....scheduling.call_chain import CallChain, ChainEntry, chain_of_call
+from ....scheduling.contract import RESPONDS_LATER, Execution, Results
+from ....types import InferResponse
+from ..hosting.worker_process import WorkerDied, WorkerError, WorkerProcess
 from . import server_bridge as bridge
-from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
 if TYPE_CHECKING:
-    from ...pyworker.runner import TritonRunner
-    from ...scheduling.job import Job
+    from ....pyworker.runner import TritonRunner
+    from ....scheduling.job import Job
 
 log = logging.getLogger("fastoip.python")
 

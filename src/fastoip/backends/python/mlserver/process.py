@@ -28,19 +28,19 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import metrics
-from ..._proto import model_config_pb2 as mc
-from ...errors import InferenceError, InvalidArgument
-from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
-from ...pyworker.channel import LoadMLServer, RequestData
-from ...pyworker.mlserver_runner import give_request_id
-from ...types import InferOutput, InferResponse, text_inputs
-from . import server_bridge as bridge
-from .triton_host import ProcessInstance
-from .triton_process import WorkerDied, WorkerError
+from .... import metrics
+from ...._proto import model_config_pb2 as mc
+from ....errors import InferenceError, InvalidArgument
+from ....model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
+from ....pyworker.channel import LoadMLServer, RequestData
+from ....pyworker.mlserver_runner import give_request_id
+from ....types import InferOutput, InferResponse, text_inputs
+from ..hosting.worker_process import WorkerDied, WorkerError
+from ..triton import server_bridge as bridge
+from ..triton.instances import ProcessInstance
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 #: model-settings.json ``parameters`` key choosing where the runtime runs.
 HOSTING_PARAMETER = "fastoip_hosting"
