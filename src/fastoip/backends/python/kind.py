@@ -78,7 +78,7 @@ class PythonKind:
             parameters, [t.name for t in spec.inputs], [t.name for t in spec.outputs]
         )
         defaults.check(model_name)
-        runtime_class = getattr(cls, "runtime_class", None)  # an MLServer runtime (mlserver_runtime.adapter)
+        runtime_class = getattr(cls, "runtime_class", None)  # an MLServer runtime (mlserver.runtime.adapter)
         if runtime_class is not None:
             document = json.loads(parameters.get(MODEL_SETTINGS_PARAMETER) or "{}")
             if hosting_of(document, model_name) == "process":

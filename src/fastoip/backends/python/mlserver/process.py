@@ -3,8 +3,8 @@
 Rules:
 - Chosen per model with model-settings.json ``"parameters": {"fastoip_hosting": "process"}``; ``"in_process"``
   (the default, :data:`HOSTING_DEFAULT`, measured faster: benchmarks/RESULTS.md, mlserver3) keeps the runtime in
-  the server process (``mlserver_runtime``).
-- Each worker is a :class:`~.triton_host.ProcessInstance` (the hosting Triton's Python models use) whose start
+  the server process (:mod:`.runtime`).
+- Each worker is a :class:`~..triton.instances.ProcessInstance` (the hosting Triton's Python models use) whose start
   message is ``LoadMLServer(spec, memory_mb)``: the worker imports the runtime's module and loads it
   (:class:`fastoip.pyworker.mlserver_runner.MLServerRunner`).  A worker that dies fails what it was running with
   INTERNAL naming the model, the instance and the cause, and is started again (up to the crash limit), as

@@ -15,7 +15,7 @@ Rules:
   instance (no hop to another thread per request), or on the backend's shared loop with model-settings
   ``parameters.fastoip_event_loop: "shared"`` (see :class:`MLServerRuntime`).
 - This is the in-process hosting (the default); model-settings ``parameters.fastoip_hosting: "process"`` runs the
-  runtime in worker processes instead (:mod:`.mlserver_process`).  Both build MLServer's request and read its
+  runtime in worker processes instead (:mod:`.process`).  Both build MLServer's request and read its
   response with the same functions (:mod:`fastoip.pyworker.mlserver_runner`).
 - Adaptive batching (MLServer's ``max_batch_size`` > 1 with ``max_batch_time`` > 0) is fastoip's dynamic
   batcher (``max_batch_size``, ``max_queue_delay`` = ``max_batch_time``): the jobs it gathers reach

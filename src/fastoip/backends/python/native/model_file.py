@@ -69,7 +69,7 @@ def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
 def model_class(module: ModuleType | None, path: Path, config: mc.ModelConfig, model_name: str) -> type[Model]:
     """The model's class: ``implementation`` (a class of ``module``, or ``module.Class`` beside ``path``),
     else the one ``fastoip.Model`` subclass ``module`` defines.  An MLServer ``MLModel`` subclass is
-    hosted through its adapter (:mod:`.mlserver_runtime`).  ``module`` is None for a model in MLServer's
+    hosted through its adapter (:mod:`..mlserver.runtime`).  ``module`` is None for a model in MLServer's
     layout (``path`` is its model-settings.json), which must name its ``implementation``."""
     implementation = parameter(config, "implementation")
     if implementation:

@@ -4,7 +4,7 @@ Rules:
 - One backend per instance of ``instance_group { count }``; ``execute(jobs)``
   hands the whole batch to the model's ``execute(requests)`` (a list, as Triton).
 - Process hosting (:class:`ProcessInstance`): the instance is a worker process
-  (:mod:`.triton_process`).  A worker that dies fails what it was running (and
+  (:mod:`..hosting.worker_process`).  A worker that dies fails what it was running (and
   its open decoupled streams) with INTERNAL naming the model, the instance and the
   cause, and is started again; after :data:`MAX_CRASHES` deaths within
   :data:`CRASH_WINDOW_S` it stays down, the instance is not ready (the model is
@@ -357,7 +357,7 @@ class ProcessInstance(_Base):
     (a decoupled model's fail too: their streams were open).
 
     ``start_messages`` load it in a fresh worker (again after a crash); a hosting of another kind of model
-    (an MLServer runtime: ``mlserver_process``) gives its own ``request_data`` (a job as the plain data its
+    (an MLServer runtime: ``mlserver.process``) gives its own ``request_data`` (a job as the plain data its
     worker's runner takes) and ``respond`` (that runner's plain response as the job's response)."""
 
     def __init__(
