@@ -171,7 +171,7 @@ test-pure: venv  ## build the interpreted twin (no mypyc) into build/pure and ru
 		$(PURE_DIR)/src/fastoip/pyworker/_ring.c
 	cd $(PURE_DIR) && FASTOIP_PURE_PYTHON=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
 	PYTHONPATH=$(PURE_DIR)/src $(BIN)/python -c "import sys, importlib; \
-		names = ['fastoip.pyworker.worker', 'fastoip.backends.python.triton_process', 'fastoip.core.core']; \
+		names = ['fastoip.pyworker.worker', 'fastoip.backends.python.hosting.worker_process', 'fastoip.core.core']; \
 		wrong = [m.__file__ for m in map(importlib.import_module, names) if not m.__file__.endswith('.py') \
 			or '$(PURE_DIR)/' not in m.__file__]; \
 		sys.exit('not the interpreted build: ' + ', '.join(wrong) if wrong else None)"

@@ -143,8 +143,8 @@ COMPILED_PY = [
     "src/fastoip/scheduling/buffers.py",
     "src/fastoip/metrics/counters.py",
     # Python models in worker processes: the server's side of each request and the worker's
-    "src/fastoip/backends/python/triton_host.py",
-    "src/fastoip/backends/python/triton_process.py",
+    "src/fastoip/backends/python/triton/instances.py",
+    "src/fastoip/backends/python/hosting/worker_process.py",
     "src/fastoip/pyworker/framing.py",
     "src/fastoip/pyworker/transport.py",
     "src/fastoip/pyworker/channel.py",

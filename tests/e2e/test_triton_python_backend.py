@@ -1282,7 +1282,7 @@ def test_in_process_hosting_and_unload_reload(tmp_path: Path) -> None:
 
 def identity_worker(tmp_path: Path, on_result: Any) -> Any:
     """A worker process serving an identity ``TritonPythonModel`` (IN -> OUT), loaded and initialized."""
-    from fastoip.backends.python.triton_process import WorkerProcess
+    from fastoip.backends.python.hosting.worker_process import WorkerProcess
 
     folder = tmp_path / "identity" / "1"
     folder.mkdir(parents=True)

@@ -107,7 +107,7 @@ def test_a_family_of_an_unknown_kind_is_refused_not_a_broken_scrape() -> None:
 def test_each_core_exports_its_own_models_families(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Custom metrics live with the Core (its link), not in one process-wide registry: two servers in one
     process export only their own models' families."""
-    from fastoip.backends.python.server_bridge import InProcessBridge, link_of
+    from fastoip.backends.python.triton.server_bridge import InProcessBridge, link_of
     from fastoip.core import Core
 
     first, second = Core(tmp_path), Core(tmp_path)

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastoip.backends.python.server_bridge import CustomMetrics
+from fastoip.metrics.custom import CustomMetrics, MetricError
 from fastoip.pyworker import utils as pb
 
 
@@ -23,7 +23,10 @@ class _ServerSide:
         self.metrics = CustomMetrics()
 
     def metric(self, family: dict[str, Any], labels: dict[str, str], op: str, value: float) -> float:
-        return self.metrics.apply(family, labels, op, value)
+        try:
+            return self.metrics.apply(family, labels, op, value)
+        except MetricError as exc:  # (as the server's answer reaches the model: pb_utils' exception)
+            raise pb.TritonModelException(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -100,9 +103,9 @@ def test_buckets_on_a_counter_are_refused_and_a_histogram_has_no_value() -> None
 def test_the_server_refuses_buckets_a_lying_worker_sends() -> None:
     family = {"name": "lied", "description": "d", "kind": pb.MetricFamily.HISTOGRAM, "buckets": [5.0, 1.0]}
     metrics = CustomMetrics()
-    with pytest.raises(pb.TritonModelException, match="strictly ascending"):
+    with pytest.raises(MetricError, match="strictly ascending"):
         metrics.apply(family, {}, "create", 0.0)
-    with pytest.raises(pb.TritonModelException, match="must be a list"):
+    with pytest.raises(MetricError, match="must be a list"):
         metrics.apply({**family, "buckets": "1,2"}, {}, "create", 0.0)
     assert metrics.text() == ""
 

@@ -35,10 +35,10 @@ def test_a_core_module_importing_a_backend_is_reported() -> None:
     """The Core sits above the backends (an import down is allowed by layers), but this one is refused."""
     checker = _checker()
     graph = {
-        "fastoip.core.core": {"fastoip.backends.python.server_bridge", "fastoip.scheduling.job"},
-        "fastoip.backends.python.server_bridge": {"fastoip.core_link"},
+        "fastoip.core.core": {"fastoip.backends.python.triton.server_bridge", "fastoip.scheduling.job"},
+        "fastoip.backends.python.triton.server_bridge": {"fastoip.core_link"},
         "fastoip.scheduling.job": set(),
         "fastoip.core_link": set(),
     }
-    assert checker.forbidden(graph) == [("fastoip.core.core", "fastoip.backends.python.server_bridge")]
+    assert checker.forbidden(graph) == [("fastoip.core.core", "fastoip.backends.python.triton.server_bridge")]
     assert checker.upward(graph) == []  # layers alone let it through

@@ -23,8 +23,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from fastoip.backends.python import server_bridge
-from fastoip.backends.python.triton_process import WorkerDied, WorkerProcess
+from fastoip.backends.python.hosting.worker_process import WorkerDied, WorkerProcess
+from fastoip.backends.python.triton import server_bridge
 from fastoip.core import Core
 from fastoip.pyworker import channel as msg
 from fastoip.pyworker._ring import ResultRing

@@ -62,7 +62,7 @@ class Load(NamedTuple):
 
 
 class LoadMLServer(NamedTuple):
-    """Import and load an MLServer runtime (``mlserver_process.runtime_spec``)."""
+    """Import and load an MLServer runtime (``backends.python.mlserver.process.runtime_spec``)."""
 
     spec: dict
     memory_limit_mb: int

@@ -20,7 +20,7 @@ Rules:
   server names (``PROMETHEUS_MULTIPROC_DIR``, set before mlserver is imported, as MLServer's own workers do);
   the server exports that directory on ``/metrics``.
 - :func:`inference_request` and :func:`output_array` are the edge conversions, used on both sides of the
-  process boundary (in-process hosting calls them from ``backends.python.mlserver_runtime``).
+  process boundary (in-process hosting calls them from ``backends.python.mlserver.runtime``).
 
 Standard library and numpy at import; mlserver only when a runtime loads.
 """

@@ -1,6 +1,6 @@
 """The worker process of one ``TritonPythonModel`` instance (``python -m fastoip.pyworker FD``).
 
-The server's side is ``fastoip.backends.python.triton_process``.  Messages are :mod:`.channel`'s typed
+The server's side is ``fastoip.backends.python.hosting.worker_process``.  Messages are :mod:`.channel`'s typed
 records on one socket (:mod:`.framing`: length-prefixed, bounded); tensors cross through shared memory
 (:mod:`.transport`).  This side reads :data:`.channel.TO_WORKER` records (``Load`` / ``LoadMLServer``,
 ``AutoComplete``, ``Initialize``, ``Execute``, ``Reply`` and ``StreamPart`` (answers to its own calls),

@@ -21,7 +21,8 @@ The seams, top to bottom (Triton's ``scheduler.h`` states the same split):
   one place where jobs are merged along dim 0 into pooled buffers and split
   back into per-job responses.
 
-Python worker processes (``backends/python/triton_process.py``, the one place that decides where a worker is read
+Python worker processes (``backends/python/hosting/worker_process.py``, the one place that decides where a worker
+is read
 and written; issue 36):
 
 - An event loop never waits on a worker.  A frontend's loop may hand a small request to a worker itself

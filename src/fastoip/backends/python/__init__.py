@@ -36,30 +36,30 @@ Rules:
   one ``predict`` per request; each value its generator (or async generator)
   yields is encoded and sent at once through the job's response sink.
 
-Triton's ``TritonPythonModel`` (a model.py that defines it) is served by the
-``triton_*`` modules: ``triton_kind`` (config, auto-complete, instances),
-``triton_host`` (instances as scheduler backends: worker processes or
-in-process), ``triton_process`` (the server's handle on one worker process)
-and ``server_bridge`` (BLS, model control and custom metrics for model code, through the Core's
-``core_link``);
-what runs inside a worker is :mod:`fastoip.pyworker`.
+Arranged by API, then by hosting (issue 36).  Here: ``kind`` (the backend kind: which API a model.py
+speaks, its config and instances), ``event_loop`` (the loop async model code runs on) and ``describe``.
 
-Modules, one job each: ``event_loop`` (the loop async model code runs on),
-``model_file`` (importing model.py, finding its class), ``deployment``
-(``@on_deployment`` hooks), ``kind`` (the backend kind: config and instances),
-``host`` (one model object: lifecycle, health, running jobs), ``payloads``
-(requests to ``predict`` arguments, its return value to responses),
-``decoupled`` (a decoupled model's generator stepped into responses) and
-``mlserver_runtime`` (an ``mlserver.MLModel`` subclass wrapped as a ``fastoip.Model``: the class attributes
-``payload_codec``, ``one_request_per_call`` and ``streams_only`` are the hooks ``host``/``kind`` read) and
-``mlserver_process`` (such a runtime in worker processes instead, model-settings ``fastoip_hosting: "process"``).
+- ``native/``: fastoip's own ``fastoip.Model``, in process: ``model_file`` (importing model.py, finding its
+  class), ``deployment`` (``@on_deployment`` hooks), ``host`` (one model object: lifecycle, health, running
+  jobs), ``payloads`` (requests to ``predict`` arguments, its return value to responses), ``decoupled`` (a
+  decoupled model's generator stepped into responses).
+- ``triton/``: Triton's ``TritonPythonModel`` (a model.py that defines it): ``kind`` (config, auto-complete,
+  instances), ``instances`` (instances as scheduler backends: worker processes or in-process),
+  ``server_bridge`` (BLS, model control and custom metrics for model code, through the Core's ``core_link``).
+- ``mlserver/``: MLServer's ``mlserver.MLModel``: ``runtime`` (a runtime wrapped as a ``fastoip.Model``, in
+  process: the class attributes ``payload_codec``, ``one_request_per_call`` and ``streams_only`` are the hooks
+  ``native/host``/``kind`` read), ``process`` (such a runtime in worker processes instead, model-settings
+  ``fastoip_hosting: "process"``).
+- ``hosting/``: a worker process's server side, whatever its API: ``worker_process`` (the server's handle on
+  one worker: its channel) and ``exits`` (its exit, noticed by a pidfd); what runs inside a worker is
+  :mod:`fastoip.pyworker`.
 """
 
 from __future__ import annotations
 
 from .event_loop import EVENT_LOOP, call
-from .host import PythonInstance
 from .kind import KIND, PythonKind
-from .payloads import SCHEDULER_PARAMETERS
+from .native.host import PythonInstance
+from .native.payloads import SCHEDULER_PARAMETERS
 
 __all__ = ["EVENT_LOOP", "KIND", "SCHEDULER_PARAMETERS", "PythonInstance", "PythonKind", "call"]

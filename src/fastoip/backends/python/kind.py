@@ -13,12 +13,12 @@ from ...content_types import ModelContentTypes
 from ...errors import InvalidArgument
 from ...lifecycle import is_batchable
 from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, is_model_settings_config, model_spec
-from .deployment import run_deployment_hooks as _run_deployment_hooks
-from .host import AsyncStreamInstance, PythonInstance, _Host
-from .mlserver_process import hosting_of, start_workers
-from .model_file import import_model_file as _import_model_file
-from .model_file import model_class as _model_class
-from .triton_kind import complete_python_config, is_triton_model_file, load_triton
+from .mlserver.process import hosting_of, start_workers
+from .native.deployment import run_deployment_hooks as _run_deployment_hooks
+from .native.host import AsyncStreamInstance, PythonInstance, _Host
+from .native.model_file import import_model_file as _import_model_file
+from .native.model_file import model_class as _model_class
+from .triton.kind import complete_python_config, is_triton_model_file, load_triton
 
 log = logging.getLogger("fastoip.python")
 
@@ -78,7 +78,7 @@ class PythonKind:
             parameters, [t.name for t in spec.inputs], [t.name for t in spec.outputs]
         )
         defaults.check(model_name)
-        runtime_class = getattr(cls, "runtime_class", None)  # an MLServer runtime (mlserver_runtime.adapter)
+        runtime_class = getattr(cls, "runtime_class", None)  # an MLServer runtime (mlserver.runtime.adapter)
         if runtime_class is not None:
             document = json.loads(parameters.get(MODEL_SETTINGS_PARAMETER) or "{}")
             if hosting_of(document, model_name) == "process":

@@ -4,7 +4,7 @@ Rules:
 - One backend per instance of ``instance_group { count }``; ``execute(jobs)``
   hands the whole batch to the model's ``execute(requests)`` (a list, as Triton).
 - Process hosting (:class:`ProcessInstance`): the instance is a worker process
-  (:mod:`.triton_process`).  A worker that dies fails what it was running (and
+  (:mod:`..hosting.worker_process`).  A worker that dies fails what it was running (and
   its open decoupled streams) with INTERNAL naming the model, the instance and the
   cause, and is started again; after :data:`MAX_CRASHES` deaths within
   :data:`CRASH_WINDOW_S` it stays down, the instance is not ready (the model is
@@ -32,22 +32,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..._codec import new_output, new_response
-from ...datatypes import to_bytes_elements
-from ...errors import InferenceError, InternalError, ResourceExhausted, Unavailable
-from ...pyworker import transport as shm
-from ...pyworker import utils as pb
-from ...pyworker.channel import Initialize, RequestData
-from ...scheduling.call_chain import CallChain, ChainEntry, chain_of_call
-from ...scheduling.contract import RESPONDS_LATER, Execution, Results
-from ...types import InferResponse
+from ...._codec import new_output, new_response
+from ....datatypes import to_bytes_elements
+from ....errors import InferenceError, InternalError, ResourceExhausted, Unavailable
+from ....pyworker import transport as shm
+from ....pyworker import utils as pb
+from ....pyworker.channel import Initialize, RequestData
+from ....scheduling.call_chain import CallChain, ChainEntry, chain_of_call
+from ....scheduling.contract import RESPONDS_LATER, Execution, Results
+from ....types import InferResponse
+from ..hosting.worker_process import WorkerDied, WorkerError, WorkerProcess
 from . import server_bridge as bridge
-from .triton_process import WorkerDied, WorkerError, WorkerProcess
 from .user_readiness import UserReadiness
 
 if TYPE_CHECKING:
-    from ...pyworker.runner import TritonRunner
-    from ...scheduling.job import Job
+    from ....pyworker.runner import TritonRunner
+    from ....scheduling.job import Job
 
 log = logging.getLogger("fastoip.python")
 
@@ -389,7 +389,7 @@ class ProcessInstance(_Base):
     (a decoupled model's fail too: their streams were open).
 
     ``start_messages`` load it in a fresh worker (again after a crash); a hosting of another kind of model
-    (an MLServer runtime: ``mlserver_process``) gives its own ``request_data`` (a job as the plain data its
+    (an MLServer runtime: ``mlserver.process``) gives its own ``request_data`` (a job as the plain data its
     worker's runner takes) and ``respond`` (that runner's plain response as the job's response)."""
 
     def __init__(

@@ -11,21 +11,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._proto import model_config_pb2 as mc
-from ...content_types import ModelContentTypes
-from ...errors import InferenceError, InternalError, InvalidArgument, Unavailable
-from ...lifecycle import SHUTDOWN, STARTUP, hook_names
-from ...model import Model
-from ...model_config import ModelSpec, version_name
-from ...scheduling.contract import END_OF_STREAM, RESPONDS_LATER, Execution, Results
-from ...types import InferResponse
+from ...._proto import model_config_pb2 as mc
+from ....content_types import ModelContentTypes
+from ....errors import InferenceError, InternalError, InvalidArgument, Unavailable
+from ....lifecycle import SHUTDOWN, STARTUP, hook_names
+from ....model import Model
+from ....model_config import ModelSpec, version_name
+from ....scheduling.contract import END_OF_STREAM, RESPONDS_LATER, Execution, Results
+from ....types import InferResponse
+from ..describe import describe as _describe
+from ..event_loop import EVENT_LOOP, call
 from .decoupled import ModelFailed, close, drive, drive_here, is_async, values_of
-from .describe import describe as _describe
-from .event_loop import EVENT_LOOP, call
 from .payloads import PayloadCodec, batch_key
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 log = logging.getLogger("fastoip.python")
 

@@ -58,15 +58,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...errors import InvalidArgument
-from ...pyworker import channel as msg
-from ...pyworker import transport as shm
-from ...pyworker._ring import ResultRing, RingCorrupt
-from ...pyworker.framing import FramedSocket, FrameTooLarge
-from ...pyworker.segments import HANDOVER_ENV, ServerSegments
-from ...scheduling.call_chain import CallChain
+from ....errors import InvalidArgument
+from ....pyworker import channel as msg
+from ....pyworker import transport as shm
+from ....pyworker._ring import ResultRing, RingCorrupt
+from ....pyworker.framing import FramedSocket, FrameTooLarge
+from ....pyworker.segments import HANDOVER_ENV, ServerSegments
+from ....scheduling.call_chain import CallChain
+from ..triton import server_bridge as bridge
 from . import exits
-from . import server_bridge as bridge
 
 log = logging.getLogger("fastoip.python")
 
@@ -254,7 +254,7 @@ class WorkerProcess:
     # -- the model's own readiness ------------------------------------------------------------------------------
     def ask_readiness(self) -> tuple[bool, bool, str | None]:
         """The model's ``is_ready()``: ``(defined, ready, error)``; waits for the worker's answer (callers bound
-        the wait: :mod:`.user_readiness`).  WorkerDied when the worker is gone."""
+        the wait: :mod:`..triton.user_readiness`).  WorkerDied when the worker is gone."""
         with self._readiness_lock:
             if self.cause is not None:
                 raise WorkerDied(self.cause)

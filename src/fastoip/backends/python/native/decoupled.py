@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
-from .event_loop import EVENT_LOOP
+from ..event_loop import EVENT_LOOP
 
 #: How long one async generation runs on the loop before the others get a turn (when it never awaits): a turn a
 #: value cost a pass of the loop per token (measured, ~10 % of a streamed token's CPU); a turn this long holds the

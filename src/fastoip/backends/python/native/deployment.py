@@ -6,10 +6,10 @@ import logging
 import threading
 from pathlib import Path
 
-from ...errors import InvalidArgument
-from ...lifecycle import DEPLOYMENT, hook_names
-from .describe import describe as _describe
-from .event_loop import call
+from ....errors import InvalidArgument
+from ....lifecycle import DEPLOYMENT, hook_names
+from ..describe import describe as _describe
+from ..event_loop import call
 
 log = logging.getLogger("fastoip.python")
 

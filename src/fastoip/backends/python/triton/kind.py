@@ -24,15 +24,15 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from ..._proto import model_config_pb2 as mc
-from ...errors import InvalidArgument
-from ...model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
-from ...pyworker import utils as pb
-from ...pyworker.channel import AutoComplete, Initialize, Load
-from .describe import describe as _describe
+from ...._proto import model_config_pb2 as mc
+from ....errors import InvalidArgument
+from ....model_config import MODEL_SETTINGS, DiscoveredTensor, complete_config
+from ....pyworker import utils as pb
+from ....pyworker.channel import AutoComplete, Initialize, Load
+from ..describe import describe as _describe
+from ..hosting.worker_process import WorkerDied, WorkerError, WorkerProcess
+from .instances import PIPELINE_BATCHED_DEFAULT, PIPELINE_DEFAULT, InProcessInstance, ProcessInstance
 from .server_bridge import link_of
-from .triton_host import PIPELINE_BATCHED_DEFAULT, PIPELINE_DEFAULT, InProcessInstance, ProcessInstance
-from .triton_process import WorkerDied, WorkerError, WorkerProcess
 
 _TRITON_CLASS = re.compile(r"^class\s+TritonPythonModel\b", re.MULTILINE)
 
@@ -80,7 +80,7 @@ def complete_python_config(base: mc.ModelConfig, model_name: str, default_max_ba
 
 def declared_tensors(entries: Sequence[Any], batch: bool, model_name: str, kind: str) -> list[DiscoveredTensor]:
     """A config's inputs or outputs as the tensors a Python model declares (a data_type is required)."""
-    from ...datatypes import CONFIG_TO_V2
+    from ....datatypes import CONFIG_TO_V2
 
     out = []
     for entry in entries:
@@ -127,7 +127,7 @@ def load_triton(
     runner = None
     in_process_bridge: Any = None
     if hosting == "in_process":
-        from ...pyworker.runner import import_runner
+        from ....pyworker.runner import import_runner
         from . import server_bridge
 
         in_process_bridge = server_bridge.InProcessBridge(server_bridge.link_of(options))
@@ -186,7 +186,7 @@ def load_triton(
                     "model_name": model_name,
                 }
                 if runner is not None:
-                    from ...pyworker.runner import import_runner
+                    from ....pyworker.runner import import_runner
 
                     instance_runner = runner if index == 0 else import_runner(path, model_name, version)
                     try:

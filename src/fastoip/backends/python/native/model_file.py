@@ -11,14 +11,14 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from ..._proto import model_config_pb2 as mc
-from ...errors import InvalidArgument
-from ...model import Model
-from ...model_config import parameter
-from ...pyworker.source_import import import_source
-from .describe import describe as _describe
-from .mlserver_runtime import adapter as mlserver_adapter
-from .mlserver_runtime import is_mlmodel, missing_extra_hint
+from ...._proto import model_config_pb2 as mc
+from ....errors import InvalidArgument
+from ....model import Model
+from ....model_config import parameter
+from ....pyworker.source_import import import_source
+from ..describe import describe as _describe
+from ..mlserver.runtime import adapter as mlserver_adapter
+from ..mlserver.runtime import is_mlmodel, missing_extra_hint
 
 _import_lock = threading.RLock()
 _modules: dict[str, tuple[tuple[int, int], ModuleType]] = {}
@@ -69,7 +69,7 @@ def import_model_file(path: Path, model_name: str, version: int) -> ModuleType:
 def model_class(module: ModuleType | None, path: Path, config: mc.ModelConfig, model_name: str) -> type[Model]:
     """The model's class: ``implementation`` (a class of ``module``, or ``module.Class`` beside ``path``),
     else the one ``fastoip.Model`` subclass ``module`` defines.  An MLServer ``MLModel`` subclass is
-    hosted through its adapter (:mod:`.mlserver_runtime`).  ``module`` is None for a model in MLServer's
+    hosted through its adapter (:mod:`..mlserver.runtime`).  ``module`` is None for a model in MLServer's
     layout (``path`` is its model-settings.json), which must name its ``implementation``."""
     implementation = parameter(config, "implementation")
     if implementation:

@@ -12,21 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...content_types import (
+from ....content_types import (
     ModelContentTypes,
     Tensor,
     decode_request,
     encode_output,
     split_response,
 )
-from ...datatypes import NUMPY_DTYPES, bf16_bits_from_float32
-from ...errors import InternalError
-from ...model_config import ModelSpec, TensorSpec
-from ...scheduling.execute import check_rows, merge_inputs, row_slices
-from ...types import InferOutput, InferResponse
+from ....datatypes import NUMPY_DTYPES, bf16_bits_from_float32
+from ....errors import InternalError
+from ....model_config import ModelSpec, TensorSpec
+from ....scheduling.execute import check_rows, merge_inputs, row_slices
+from ....types import InferOutput, InferResponse
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 #: Request parameters that only steer the scheduler: requests that differ only in these batch together.
 SCHEDULER_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end"})

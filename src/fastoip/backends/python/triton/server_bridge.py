@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...core_link import CoreAccess, CoreLink
-from ...errors import (
+from ....core_link import CoreAccess, CoreLink
+from ....errors import (
     AlreadyExists,
     Cancelled,
     InferenceError,
@@ -35,10 +35,10 @@ from ...errors import (
     UnknownError,
     Unsupported,
 )
-from ...metrics.custom import MetricError
-from ...pyworker import utils as pb
-from ...scheduling.call_chain import CallChain
-from ...types import InferInput, InferRequest, InferResponse, RequestedOutput
+from ....metrics.custom import MetricError
+from ....pyworker import utils as pb
+from ....scheduling.call_chain import CallChain
+from ....types import InferInput, InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("fastoip.python.model")
 
@@ -262,7 +262,7 @@ class InProcessBridge:
             _RUNNING.chain = previous
 
     def infer(self, request: pb.InferenceRequest) -> pb.InferenceResponse:
-        from ...pyworker.runner import request_data, response_of
+        from ....pyworker.runner import request_data, response_of
 
         return response_of(
             self.link.infer(
@@ -273,7 +273,7 @@ class InProcessBridge:
     def infer_stream(self, request: pb.InferenceRequest) -> Any:
         import queue
 
-        from ...pyworker.runner import request_data, response_of
+        from ....pyworker.runner import request_data, response_of
 
         answers: queue.SimpleQueue = queue.SimpleQueue()
         job = self.link.stream(

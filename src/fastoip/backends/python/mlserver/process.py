@@ -3,8 +3,8 @@
 Rules:
 - Chosen per model with model-settings.json ``"parameters": {"fastoip_hosting": "process"}``; ``"in_process"``
   (the default, :data:`HOSTING_DEFAULT`, measured faster: benchmarks/RESULTS.md, mlserver3) keeps the runtime in
-  the server process (``mlserver_runtime``).
-- Each worker is a :class:`~.triton_host.ProcessInstance` (the hosting Triton's Python models use) whose start
+  the server process (:mod:`.runtime`).
+- Each worker is a :class:`~..triton.instances.ProcessInstance` (the hosting Triton's Python models use) whose start
   message is ``LoadMLServer(spec, memory_mb)``: the worker imports the runtime's module and loads it
   (:class:`fastoip.pyworker.mlserver_runner.MLServerRunner`).  A worker that dies fails what it was running with
   INTERNAL naming the model, the instance and the cause, and is started again (up to the crash limit), as
@@ -28,19 +28,19 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import metrics
-from ..._proto import model_config_pb2 as mc
-from ...errors import InferenceError, InvalidArgument
-from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
-from ...pyworker.channel import LoadMLServer, RequestData
-from ...pyworker.mlserver_runner import give_request_id
-from ...types import InferOutput, InferResponse, text_inputs
-from . import server_bridge as bridge
-from .triton_host import ProcessInstance
-from .triton_process import WorkerDied, WorkerError
+from .... import metrics
+from ...._proto import model_config_pb2 as mc
+from ....errors import InferenceError, InvalidArgument
+from ....model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, version_name
+from ....pyworker.channel import LoadMLServer, RequestData
+from ....pyworker.mlserver_runner import give_request_id
+from ....types import InferOutput, InferResponse, text_inputs
+from ..hosting.worker_process import WorkerDied, WorkerError
+from ..triton import server_bridge as bridge
+from ..triton.instances import ProcessInstance
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 #: model-settings.json ``parameters`` key choosing where the runtime runs.
 HOSTING_PARAMETER = "fastoip_hosting"

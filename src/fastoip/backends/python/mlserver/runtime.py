@@ -15,7 +15,7 @@ Rules:
   instance (no hop to another thread per request), or on the backend's shared loop with model-settings
   ``parameters.fastoip_event_loop: "shared"`` (see :class:`MLServerRuntime`).
 - This is the in-process hosting (the default); model-settings ``parameters.fastoip_hosting: "process"`` runs the
-  runtime in worker processes instead (:mod:`.mlserver_process`).  Both build MLServer's request and read its
+  runtime in worker processes instead (:mod:`.process`).  Both build MLServer's request and read its
   response with the same functions (:mod:`fastoip.pyworker.mlserver_runner`).
 - Adaptive batching (MLServer's ``max_batch_size`` > 1 with ``max_batch_time`` > 0) is fastoip's dynamic
   batcher (``max_batch_size``, ``max_queue_delay`` = ``max_batch_time``): the jobs it gathers reach
@@ -47,14 +47,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ... import metrics
-from ...content_types import ModelContentTypes
-from ...datatypes import NUMPY_DTYPES
-from ...errors import InternalError, InvalidArgument
-from ...model import Model
-from ...model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
-from ...pyworker.loop import EVENT_LOOP
-from ...pyworker.mlserver_runner import (
+from .... import metrics
+from ....content_types import ModelContentTypes
+from ....datatypes import NUMPY_DTYPES
+from ....errors import InternalError, InvalidArgument
+from ....model import Model
+from ....model_config import MODEL_SETTINGS, MODEL_SETTINGS_PARAMETER, ModelSpec
+from ....pyworker.loop import EVENT_LOOP
+from ....pyworker.mlserver_runner import (
     OutputError,
     give_request_id,
     inference_request,
@@ -64,12 +64,12 @@ from ...pyworker.mlserver_runner import (
     stream_predictions,
     tensor_values,
 )
-from ...scheduling.execute import check_rows, merge_inputs, row_slices
-from ...types import InferOutput, InferResponse, text_inputs
-from .payloads import PayloadCodec
+from ....scheduling.execute import check_rows, merge_inputs, row_slices
+from ....types import InferOutput, InferResponse, text_inputs
+from ..native.payloads import PayloadCodec
 
 if TYPE_CHECKING:
-    from ...scheduling.job import Job
+    from ....scheduling.job import Job
 
 #: What to install for MLServer runtimes.
 EXTRA = "pip install 'fastoip[mlserver]'"

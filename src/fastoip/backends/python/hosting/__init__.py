@@ -1,0 +1,1 @@
+"""Worker processes' server side: the handle on one worker (its channel), its exit watch."""

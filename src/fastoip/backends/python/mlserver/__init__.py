@@ -1,0 +1,1 @@
+"""MLServer runtimes (``mlserver.MLModel``): in process, or in worker processes."""

@@ -1,0 +1,1 @@
+"""fastoip's own Python models (``fastoip.Model``): in process, on instance threads."""

@@ -1,0 +1,1 @@
+"""Triton's ``TritonPythonModel``: config, instances (in a worker process or in process), the server bridge."""
