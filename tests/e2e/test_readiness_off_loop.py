@@ -38,8 +38,25 @@ SLOW_READY = """
             time.sleep({sleep})
             return True
 """
+#: is_ready() waits while the file HOLD exists (at most 60 s): a hung check, for the flood.
+HUNG_READY = """
+    import os
+    import time
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                    for r in requests]
+
+        def is_ready(self):
+            end = time.monotonic() + 60
+            while os.path.exists({hold!r}) and time.monotonic() < end:
+                time.sleep(0.05)
+            return True
+"""
 CONFIG = """
-    name: "slow_ready"
+    name: "{name}"
     backend: "python"
     max_batch_size: 0
     input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
@@ -59,10 +76,15 @@ def slow_ready_server(demo_repo: Path, grpc_frontend: str, tmp_path_factory: pyt
     (root / "slow_ready" / "1").mkdir(parents=True)
     source = textwrap.dedent(SLOW_READY).format(started=str(started), sleep=SLEEP_S)
     (root / "slow_ready" / "1" / "model.py").write_text(source)
-    (root / "slow_ready" / "config.pbtxt").write_text(textwrap.dedent(CONFIG))
+    (root / "slow_ready" / "config.pbtxt").write_text(textwrap.dedent(CONFIG).replace("{name}", "slow_ready"))
+    (root / "hung_ready" / "1").mkdir(parents=True)
+    hold = root / "hold"
+    (root / "hung_ready" / "1" / "model.py").write_text(textwrap.dedent(HUNG_READY).format(hold=str(hold)))
+    (root / "hung_ready" / "config.pbtxt").write_text(textwrap.dedent(CONFIG).replace("{name}", "hung_ready"))
     # the default --strict-readiness: the server's readiness asks every model, slow_ready too
     with ServerProcess(root, http=True, grpc_frontend=grpc_frontend) as proc:
         proc.started_notes = started  # type: ignore[attr-defined]
+        proc.hold = hold  # type: ignore[attr-defined]
         yield proc
 
 
@@ -144,3 +166,53 @@ def test_a_model_without_is_ready_is_answered_on_the_loop(slow_ready_server: Ser
         assert time.monotonic() - began < PROMPT_S * 2
     finally:
         waiting.join(30)
+
+
+def test_a_flood_of_readiness_requests_for_a_hung_is_ready_is_bounded(slow_ready_server: ServerProcess) -> None:
+    """Who: any client of ModelReady.  What it holds: a place among core/readiness_pool.py's MAX_WAITING (64) and
+    one of its threads.  Full: refused at once (RESOURCE_EXHAUSTED; HTTP 503 with Retry-After), the rest of the
+    server unaffected; when the model answers, every waiting request gets its answer."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    if slow_ready_server.grpc_frontend != "native":
+        pytest.skip("grpcio answers ModelReady on its own bounded thread pool, not the readiness pool")
+    hold = slow_ready_server.hold  # type: ignore[attr-defined]
+    hold.touch()
+    channel = grpc.insecure_channel(slow_ready_server.grpc_url)
+    try:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        flood = [stub.ModelReady.future(service_pb2.ModelReadyRequest(name="hung_ready"), timeout=120)
+                 for _ in range(80)]
+        # 64 wait (python_backend's 5 s bound frees the first places only after 5 s), the rest are refused
+        assert wait_until(lambda: sum(f.done() for f in flood) >= 80 - 64, timeout=30)
+        refused = [f for f in flood if f.done() and f.exception() is not None]
+        assert len(refused) >= 80 - 64 - 4
+        for answer in refused:
+            assert answer.exception() is not None
+            assert answer.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[union-attr]
+            assert "readiness requests are waiting" in answer.exception().details()  # type: ignore[union-attr]
+        # HTTP's answer while full: 503 with Retry-After
+        url = f"http://{slow_ready_server.http_url}/v2/models/hung_ready/ready"
+        try:
+            urllib.request.urlopen(url, timeout=30)
+            raise AssertionError("a readiness request past the bound was not refused")
+        except urllib.error.HTTPError as full:
+            assert full.code == 503 and full.headers["Retry-After"] == "1"
+        # the rest of the server: inference, liveness, a readiness that cannot wait
+        client = grpcclient.InferenceServerClient(slow_ready_server.grpc_url)
+        began = time.monotonic()
+        _simple_infer(client)
+        assert client.is_model_ready("simple")
+        assert _http_status(f"http://{slow_ready_server.http_url}/v2/health/live") == 200
+        assert time.monotonic() - began < PROMPT_S * 2
+        # the model answers: every request that waited gets its answer (past python_backend's 5 s bound some are
+        # "not ready" for the request that timed out; none is lost)
+        hold.unlink()
+        waited = [f for f in flood if f not in refused]
+        for answer in waited:
+            assert answer.exception(timeout=90) is None
+        assert client.is_model_ready("hung_ready")
+    finally:
+        hold.unlink(missing_ok=True)
+        channel.close()

@@ -36,9 +36,8 @@ from .answers import ModelMetadata, ModelStatistics, RegionStatus, RepositoryInd
 from .call import CallContext, OnDone, OnResponse, Ticket
 from .control import ModelControl
 from .dataplane import DataPlane
+from .readiness_pool import ReadinessPool
 
-#: Threads that ask a readiness which may wait on model code (python_backend bounds each wait at 5 s).
-READINESS_THREADS = 4
 
 class Core:
     """Owns the repository, the worker threads, the data plane and model control."""
@@ -77,9 +76,8 @@ class Core:
             self.executor.shutdown(wait=False)
             raise
         #: Where the frontends ask a readiness that may wait on model code (:meth:`readiness_waits`): its own
-        #: few threads, so a flood of such requests holds these (each at most the models' readiness timeout,
-        #: a check in flight shared by its askers), never the workers, the loads, or an event loop.
-        self.readiness_pool = ThreadPoolExecutor(max_workers=READINESS_THREADS, thread_name_prefix="fastoip-ready")
+        #: few threads, bounded, never the workers, the loads, or an event loop.
+        self.readiness_pool = ReadinessPool()
         self.data = DataPlane(
             self.repository, self.control.extensions, strict_readiness=strict_readiness,
             cache_size_bytes=cache_size_bytes, trace_config=trace_config,
