@@ -522,8 +522,8 @@ class UnaryCall(Call):
             except RuntimeError:  # the control pool is shut down: the server is stopping
                 self.fail(wire.UNAVAILABLE, "the server is shutting down")
                 return
-            except InferenceError as exc:  # the readiness pool is full (core/readiness_pool.py)
-                self.fail(wire.status_code(exc.grpc_code), exc.message)
+            except InferenceError as full:  # the readiness pool is full (core/readiness_pool.py)
+                self.fail(wire.status_code(full.grpc_code), full.message)
                 return
             future.add_done_callback(lambda f: self.complete(*f.result()))
 
