@@ -36,6 +36,7 @@ from .answers import ModelMetadata, ModelStatistics, RegionStatus, RepositoryInd
 from .call import CallContext, OnDone, OnResponse, Ticket
 from .control import ModelControl
 from .dataplane import DataPlane
+from .readiness_pool import ReadinessPool
 
 
 class Core:
@@ -74,6 +75,9 @@ class Core:
         except BaseException:
             self.executor.shutdown(wait=False)
             raise
+        #: Where the frontends ask a readiness that may wait on model code (:meth:`readiness_waits`): its own
+        #: few threads, bounded, never the workers, the loads, or an event loop.
+        self.readiness_pool = ReadinessPool()
         self.data = DataPlane(
             self.repository, self.control.extensions, strict_readiness=strict_readiness,
             cache_size_bytes=cache_size_bytes, trace_config=trace_config,
@@ -150,6 +154,11 @@ class Core:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.data.model_ready(name, version)
+
+    def readiness_waits(self, name: str | None = None, version: str = "") -> bool:
+        """Whether the readiness of model ``name`` (None: the server's) may wait on model code: a frontend then
+        asks it on :attr:`readiness_pool`, never on its event loop (the common case stays on the loop)."""
+        return self.data.readiness_waits(name, version)
 
     def model_known(self, name: str) -> bool:
         return self.data.model_known(name)
@@ -297,4 +306,5 @@ class Core:
         self.control.stop_polling()
         self.repository.close()
         self.executor.shutdown(wait=True, cancel_futures=False)
+        self.readiness_pool.shutdown(wait=False, cancel_futures=True)
         self.data.tracer.close()  # after the workers: the last traces are written, queued spans exported

@@ -135,6 +135,22 @@ class DataPlane:
             return False
         return not (self.draining or self.shutting_down) and model.is_ready()
 
+    def readiness_waits(self, name: str | None = None, version: str = "") -> bool:
+        """Whether asking the readiness of model ``name`` (None: the server's) may wait on model code (a Python
+        model's own ``is_ready``): a frontend asks it off its event loop then, and on the loop otherwise."""
+        if self.init_error or self.draining or self.shutting_down:
+            return False  # not ready, without asking any model
+        if name is None:
+            if not self.strict_readiness:
+                return False
+            return any(
+                m.readiness_waits() for r in list(self.repository.records()) for m in list(r.versions.values())
+            )
+        try:
+            return self.repository.get(name, version).readiness_waits()
+        except InferenceError:
+            return False
+
     def model_known(self, name: str) -> bool:
         """True when the repository has a record of ``name`` (loaded or not)."""
         return self.repository.record(name) is not None

@@ -322,3 +322,12 @@ class EnsembleModel(LoadedModel):
             except InferenceError:
                 return False
         return True
+
+    def readiness_waits(self) -> bool:
+        for name in self.plan.composing_models:
+            try:
+                if self._resolve(name, "").readiness_waits():
+                    return True
+            except InferenceError:
+                pass
+        return False

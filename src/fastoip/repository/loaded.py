@@ -271,6 +271,15 @@ class LoadedModel:
     def is_ready(self) -> bool:
         return all(b.is_ready() for b in self.instances)
 
+    def readiness_waits(self) -> bool:
+        """Whether :meth:`is_ready` may wait on model code (an instance's ``readiness_waits()``; an instance
+        without one answers at once): the frontends then ask it off their event loops."""
+        for instance in self.instances:
+            waits = getattr(instance, "readiness_waits", None)
+            if waits is not None and waits():
+                return True
+        return False
+
     def is_alive(self) -> bool:
         return all(b.is_alive() for b in self.instances)
 

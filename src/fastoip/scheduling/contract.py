@@ -36,6 +36,10 @@ and written; issue 36):
   threads (``CALL_THREADS``), never on a loop, never on another model's share.
 - Model code runs only in the worker (or, for in-process hosting, on instance threads and the model loop): never
   on a frontend's event loop.
+- Readiness: an instance whose ``is_ready`` may wait on model code (a Python model's own ``is_ready``, or one not
+  asked yet) says so with ``readiness_waits() -> True``; the frontends then ask it on the Core's readiness pool
+  (``core/readiness_pool.py``, bounded), and on their loop otherwise (an instance without the method answers at
+  once).
 """
 
 from __future__ import annotations

@@ -190,6 +190,9 @@ class TensorBackend:
     def is_ready(self) -> bool:
         return self.model.is_ready()
 
+    def readiness_waits(self) -> bool:
+        return False  # a tensor model's readiness is its session's state
+
     def is_alive(self) -> bool:
         return self.model.is_alive()
 

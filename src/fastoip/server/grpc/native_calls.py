@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from threading import get_ident
-from typing import Final, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from google.protobuf.message import DecodeError, Message
 
@@ -62,11 +62,25 @@ log = logging.getLogger("fastoip.grpc")
 #: (``_codec.encode_infer_response_parts``); smaller ones are copied, cheaper than a part of their own.
 LARGE_OUTPUT: Final = 64 * 1024
 
-#: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).
+#: RPCs cheap enough to answer on the loop (no I/O, no model load, bounded work).  The readiness RPCs
+#: (:data:`READINESS_RPCS`) are, unless a model's own ``is_ready`` may make them wait: those go to the Core's
+#: readiness pool (``Core.readiness_waits``).
 INLINE_RPCS = frozenset({
     "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
     "ModelStatistics", "RepositoryIndex", "Check",
 })
+
+
+#: Readiness RPC -> (model, version) its request asks about (model None: the server's readiness).
+READINESS_RPCS: Final[dict[str, Callable[[Any], tuple[str | None, str]]]] = {
+    "ServerReady": lambda request: (None, ""),
+    "ModelReady": lambda request: (request.name, request.version),
+}
+
+
+def health_asks(request: Any) -> tuple[str | None, str]:
+    """grpc.health.v1 Check: the server's readiness, or a model's (its service name)."""
+    return (request.service or None) if request.service != SERVICE else None, ""
 
 
 class CoreCalls:
@@ -471,7 +485,7 @@ class StreamInferCall(Call):
 class UnaryCall(Call):
     """Any other unary RPC: protobuf in, the service's translation, protobuf out."""
 
-    __slots__ = ("method", "request_type", "inline", "executor", "loop", "gone")
+    __slots__ = ("method", "request_type", "inline", "executor", "loop", "gone", "readiness")
 
     def __init__(
         self,
@@ -484,9 +498,11 @@ class UnaryCall(Call):
         executor: Executor,
         loop: asyncio.AbstractEventLoop,
         gone: threading.Event | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         """``gone``: set when the call is cancelled (reset, connection lost, deadline), for a method that stops
-        then (``CANCELLABLE_RPCS``)."""
+        then (``CANCELLABLE_RPCS``).  ``readiness`` (a readiness RPC): what it asks, and the pool for a readiness
+        that may wait on model code."""
         super().__init__(stream_id, out, deadline_ns)
         self.method = method
         self.request_type = request_type
@@ -494,6 +510,7 @@ class UnaryCall(Call):
         self.executor = executor
         self.loop = loop
         self.gone = gone
+        self.readiness = readiness
 
     def cancel(self) -> None:
         self.finished = True
@@ -506,13 +523,23 @@ class UnaryCall(Call):
         except DecodeError as exc:
             self.fail(wire.INVALID_ARGUMENT, f"malformed {self.request_type.DESCRIPTOR.name}: {exc}")
             return
-        if self.inline:
+        executor = self.executor
+        inline = self.inline
+        readiness = self.readiness
+        if readiness is not None:  # issue 36: a model's own is_ready never holds the loop
+            model, version = readiness.asks(request)
+            if readiness.core.readiness_waits(model, version):
+                inline, executor = False, readiness.core.readiness_pool
+        if inline:
             self.complete(*self.invoke(request))
         else:
             try:
-                future = self.loop.run_in_executor(self.executor, self.invoke, request)
+                future = self.loop.run_in_executor(executor, self.invoke, request)
             except RuntimeError:  # the control pool is shut down: the server is stopping
                 self.fail(wire.UNAVAILABLE, "the server is shutting down")
+                return
+            except InferenceError as full:  # the readiness pool is full (core/readiness_pool.py)
+                self.fail(wire.status_code(full.grpc_code), full.message)
                 return
             future.add_done_callback(lambda f: self.complete(*f.result()))
 
@@ -533,6 +560,16 @@ class UnaryCall(Call):
         else:
             assert isinstance(result, str)
             self.fail(code, result)
+
+
+class Readiness:
+    """What a readiness RPC asks about (``asks(request)`` -> (model or None, version)), and the Core it asks."""
+
+    __slots__ = ("asks", "core")
+
+    def __init__(self, asks: Callable[[Any], tuple[str | None, str]], core: Core) -> None:
+        self.asks = asks
+        self.core = core
 
 
 class Dispatcher:
@@ -571,6 +608,12 @@ class Dispatcher:
         for name, (request_type, _) in HEALTH_UNARY.items():
             check = cast("Callable[[Message], Message]", service.HealthCheck)
             self.unary[f"/{HEALTH_SERVICE}/{name}".encode()] = (check, request_type, True)
+        #: Readiness RPCs' paths -> what each asks (answered off the loop when a model's is_ready may wait).
+        self.readiness: dict[bytes, Readiness] = {
+            f"/{SERVICE}/{name}".encode(): Readiness(asks, core) for name, asks in READINESS_RPCS.items()
+        }
+        for name in HEALTH_UNARY:
+            self.readiness[f"/{HEALTH_SERVICE}/{name}".encode()] = Readiness(health_asks, core)
         self.infer_path = f"/{SERVICE}/ModelInfer".encode()
         self.stream_path = f"/{SERVICE}/ModelStreamInfer".encode()
 
@@ -593,7 +636,10 @@ class Dispatcher:
             gone = threading.Event()
             event = gone
             method = lambda request: cancellable(request, client_gone=event)  # noqa: E731
-        return UnaryCall(stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop, gone)
+        return UnaryCall(
+            stream_id, out, deadline_ns, method, request_type, inline, self.executor, self.loop, gone,
+            self.readiness.get(path),
+        )
 
 
 def deadline_from(timeout_ns: int | None) -> int:

@@ -36,6 +36,7 @@ from ...tracing import FrontendTrace
 from ...wire import http as http_codec
 from ...wire.http import json_excerpt
 from ..forward_headers import HeaderForwarder
+from ..readiness import asked
 from . import docs_assets, openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, response_encoding
 from .generate import GenerateEndpoints
@@ -148,12 +149,11 @@ class HttpFrontend(Router):
         return error_response(400, "the server is not live")
 
     async def server_ready(self, request: Request) -> Response:
-        if self.core.server_ready():
-            return READY
-        return error_response(400, self.core.not_ready_reason())
+        reason = await asked(self.core, None, "", self.core.not_ready_reason)
+        return error_response(400, reason) if reason else READY
 
     async def model_ready(self, request: Request, model: str, version: str) -> Response:
-        reason = self.core.model_not_ready_reason(model, version)
+        reason = await asked(self.core, model, version, lambda: self.core.model_not_ready_reason(model, version))
         return error_response(400, reason) if reason else EMPTY_OK
 
     async def server_metadata(self, request: Request) -> Response:

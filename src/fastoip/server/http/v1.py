@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ...core import CallContext, Core
 from ...wire import v1 as wire
+from ..readiness import asked
 from .intake import BodyIntake
 from .json_docs import check_json_object
 from .router import Request, Response, error_response, json_response
@@ -39,11 +40,11 @@ class V1Endpoints:
         return json_response({"models": sorted({entry.name for entry in self.core.repository_index()})})
 
     async def v1_model_ready(self, request: Request, model: str) -> Response:
-        refusal = self._refusal(model)
+        refusal = await self._refusal(model)
         return refusal or json_response({"name": model, "ready": True})
 
     async def v1_predict(self, request: Request, model: str) -> Response:
-        refusal = self._refusal(model)
+        refusal = await self._refusal(model)
         if refusal is not None:
             return refusal
         body = await self.intake.body(request)
@@ -53,16 +54,16 @@ class V1Endpoints:
         return Response(200, [(b"content-type", JSON)], wire.encode_predictions(response, rows_added))
 
     async def v1_explain(self, request: Request, model: str) -> Response:
-        refusal = self._refusal(model)
+        refusal = await self._refusal(model)
         if refusal is not None:
             return refusal
         body = await self.intake.body(request)
         await self.intake.parse(body, check_json_object, body, "V1 explain request")
         return error_response(501, NO_EXPLAINER)
 
-    def _refusal(self, model: str) -> Response | None:
+    async def _refusal(self, model: str) -> Response | None:
         """KServe's answer for a model that cannot serve (404 unknown, 503 not ready), else None."""
-        if self.core.model_ready(model):
+        if await asked(self.core, model, "", lambda: self.core.model_ready(model)):
             return None
         if not self.core.model_known(model):
             return error_response(404, f"Model with name {model} does not exist.")

@@ -266,10 +266,9 @@ class WorkerProcess:
             except (FrameTooLarge, msg.ProtocolError) as bad:
                 self._refuse("a readiness answer that is not one", bad)
                 # its death is handled before the answer (a request that follows starts a new worker, it is not
-                # handed to this one as it dies): the reader thread takes the socket back from an event loop (which
-                # may be the one waiting for this answer) and reads the end
+                # handed to this one as it dies); an event loop that holds the socket reads the end itself (no loop
+                # waits here: readiness that may wait is asked off the loops, server/readiness.py)
                 if threading.current_thread() is not self._reader:
-                    self._release_loop()
                     self._reader.join(RELEASE_TIMEOUT_S * 5)
                 raise WorkerDied(f"broke the channel's protocol ({bad})") from None
             defined, ready, error = answer  # (a Readiness: decode checked its fields' types)

@@ -367,6 +367,11 @@ class PythonInstance:
     def is_ready(self) -> bool:
         return self.host.healthy("is_ready")
 
+    def readiness_waits(self) -> bool:
+        """The model's own ``is_ready`` (one that overrides ``Model``'s) may wait (an awaitable, up to
+        :data:`HEALTH_TIMEOUT_S`)."""
+        return type(self.host.model).is_ready is not Model.is_ready
+
     def is_alive(self) -> bool:
         return self.host.healthy("is_alive")
 

@@ -342,6 +342,9 @@ class InProcessInstance(_Base):
     def is_ready(self) -> bool:
         return not self._closed and not self.readiness.reason()
 
+    def readiness_waits(self) -> bool:
+        return self.readiness.may_wait()
+
     def is_alive(self) -> bool:
         return True
 
@@ -688,6 +691,9 @@ class ProcessInstance(_Base):
                         self.version_str, self.instance_name)
             return False
         return not self.readiness.reason()
+
+    def readiness_waits(self) -> bool:
+        return self.readiness.may_wait()
 
     def is_alive(self) -> bool:
         return True

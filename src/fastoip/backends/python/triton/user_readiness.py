@@ -44,6 +44,10 @@ class UserReadiness:
         #: The last check's reason for not ready ("" when ready).
         self._last = ""
 
+    def may_wait(self) -> bool:
+        """Whether :meth:`reason` may wait on the model: until its first answer says it has no ``is_ready``."""
+        return self._defined is not False
+
     def reason(self) -> str:
         """"" when the model says it is ready (or has no ``is_ready``), else why not (logged)."""
         with self._cond:

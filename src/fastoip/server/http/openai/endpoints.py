@@ -34,6 +34,7 @@ from ....wire.openai import embeddings, requests
 from ....wire.openai.answers import Envelope
 from ....wire.openai.errors import error_of
 from ... import restricted
+from ...readiness import asked
 from ..bodies import read_body
 from ..json_pool import JsonPool
 from ..router import PatternRoute, Request, Response, Router, StreamingResponse, json_response
@@ -93,9 +94,9 @@ class OpenAIEndpoints:
             return await self.json_pool.run(len(body), parse, bytes(body))
         return parse(bytes(body))
 
-    def _ready(self, model: str) -> None:
+    async def _ready(self, model: str) -> None:
         """404 in OpenAI's words unless ``model`` is ready to serve."""
-        if not self.core.model_ready(model):
+        if not await asked(self.core, model, "", lambda: self.core.model_ready(model)):
             raise NotFound(f"The model '{model}' does not exist or is not ready")
 
     def model_json(self, model: str) -> dict[str, Any]:
@@ -110,7 +111,7 @@ class OpenAIEndpoints:
 
     @openai_errors
     async def openai_retrieve_model(self, request: Request, model: str) -> Response:
-        self._ready(model)
+        await self._ready(model)
         return json_response(self.model_json(model))
 
     def _check_explicit(self) -> None:
@@ -121,7 +122,7 @@ class OpenAIEndpoints:
     async def openai_load_model(self, request: Request, model: str) -> Response:
         self._check_explicit()
         async with self.control_lock:
-            if self.core.model_ready(model):
+            if await asked(self.core, model, "", lambda: self.core.model_ready(model)):
                 raise InvalidArgument(f"Model '{model}' is already loaded")
             await self._control(f"Failed to load model '{model}'", self.core.load_model, model, None)
         return json_response(self.model_json(model))
@@ -130,7 +131,7 @@ class OpenAIEndpoints:
     async def openai_unload_model(self, request: Request, model: str) -> Response:
         self._check_explicit()
         async with self.control_lock:
-            if not self.core.model_ready(model):
+            if not await asked(self.core, model, "", lambda: self.core.model_ready(model)):
                 raise InvalidArgument(f"Unknown model: {model}")
             await self._control(f"Failed to unload model '{model}'", self.core.unload_model, model, False)
         return json_response({"status": "success", "model": model})
@@ -148,7 +149,7 @@ class OpenAIEndpoints:
     @openai_errors
     async def openai_embeddings(self, request: Request) -> Response:
         parsed: requests.EmbeddingRequest = await self._parse(request, requests.parse_embedding)
-        self._ready(parsed.model)
+        await self._ready(parsed.model)
         metadata = self.core.model_metadata(parsed.model)
         spec = embeddings.embedding_model(
             parsed.model,
@@ -169,7 +170,7 @@ class OpenAIEndpoints:
     @openai_errors
     async def openai_completions(self, request: Request) -> Response | StreamingResponse:
         parsed: requests.CompletionRequest = await self._parse(request, requests.parse_completion)
-        self._ready(parsed.model)
+        await self._ready(parsed.model)
         parameters = _parameters(self.core, parsed.model)
         tokenizer = await self.tokenizers.get(self.core.model_directory(parsed.model), parameters.get("tokenizer"))
         plan = generation.plan_completion(self.core, parsed, tokenizer, parameters.get("fim_template"))
@@ -178,7 +179,7 @@ class OpenAIEndpoints:
     @openai_errors
     async def openai_chat_completions(self, request: Request) -> Response | StreamingResponse:
         parsed: requests.ChatRequest = await self._parse(request, requests.parse_chat)
-        self._ready(parsed.model)
+        await self._ready(parsed.model)
         directory = self.core.model_directory(parsed.model)
         template = await self.templates.get(directory)
         render = (parsed.model, parsed.messages, parsed.tools, parsed.tool_choice_name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ....core import Core
 from ....wire.openai.errors import error_body
 from ... import restricted
+from ...readiness import asked
 from ..errors import Forbidden
 from ..json_pool import JsonPool
 from ..router import Request, Response, Router
@@ -46,9 +47,8 @@ class OpenAIFrontend(Router):
         return Response(status, [(b"content-type", b"application/json")], error_body(status, message))
 
     async def health_ready(self, request: Request) -> Response:
-        if self.core.server_ready():
-            return Response(200, [], b"")
-        return self.error_answer(503, self.core.not_ready_reason())
+        reason = await asked(self.core, None, "", self.core.not_ready_reason)
+        return self.error_answer(503, reason) if reason else Response(200, [], b"")
 
     async def metrics(self, request: Request) -> Response:
         return Response(200, [(b"content-type", TEXT)], self.core.prometheus_metrics().encode())
