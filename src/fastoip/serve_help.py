@@ -37,7 +37,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--exit-timeout-secs", "--exit-timeout",
     )),
     ("limits", "what one request or connection may cost", (
-        "--http-max-input-size", "--grpc-max-message-size", "--max-inflated-request-bytes",
+        "--http-max-input-size", "--http-max-binary-input-size", "--http-max-body-bytes-in-flight",
+        "--grpc-max-message-size", "--max-inflated-request-bytes",
         "--max-bytes-elements", "--max-bytes-memory",
         "--http-max-header-size",
         "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
