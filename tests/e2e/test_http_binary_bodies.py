@@ -158,3 +158,19 @@ def test_bodies_past_the_budget_in_flight_are_503_and_the_server_serves_after(sm
         time.sleep(0.2)
     assert status == 200, payload
     infer_with_tritonclient(port, size)
+
+
+def test_a_large_body_whose_json_is_parsed_in_a_worker_holds_its_copies(tmp_path: Path) -> None:
+    """A JSON part of 2 MiB or more is parsed in a worker process, the whole body copied there and back: such a
+    body holds three times its size of the budget, so those copies are bounded too."""
+    root = write_identity(tmp_path)
+    with ServerProcess(root, "--http-max-input-size", str(3 * MIB), "--http-max-body-bytes-in-flight",
+                       str(16 * MIB), http=True) as server:
+        padding = 2 * MIB + 1024
+        status, _, payload = post_binary(server.http_port, 2 * MIB, json_padding=padding)  # 3 x 4 MiB fits
+        assert status == 200, payload
+        status, _, payload = post_binary(server.http_port, 4 * MIB, json_padding=padding)  # 3 x 6 MiB does not
+        assert status == 413 and "--http-max-body-bytes-in-flight" in error_of(payload)
+        status, _, payload = post_binary(server.http_port, 8 * MIB)  # the same data with a small JSON part
+        assert status == 200, payload
+        infer_with_tritonclient(server.http_port, 1024)

@@ -27,9 +27,7 @@ class BodyBudget:
         self._lock = threading.Lock()
 
     def take(self, size: int) -> None:
-        """Hold ``size`` more bytes: 413 when no body could ever fit, 503 (Retry-After) while others hold it."""
-        if size > self.total:
-            raise too_large(f"the request body needs more than {self.total} bytes", BUDGET_FLAG)
+        """Hold ``size`` more bytes: 503 (Retry-After) while others hold too much."""
         with self._lock:
             if self.held + size > self.total:
                 raise ResourceExhausted(
@@ -52,6 +50,10 @@ class BodyHold:
         self.size = 0
 
     def grow_to(self, size: int) -> None:
+        """Hold ``size`` bytes in all: 413 when that is more than the whole budget (retrying cannot help)."""
+        if size > self.budget.total:
+            raise too_large(f"the request body needs {size} bytes, more than all {self.budget.total} bytes that "
+                            "large bodies may hold", BUDGET_FLAG)
         if size > self.size:
             self.budget.take(size - self.size)
             self.size = size

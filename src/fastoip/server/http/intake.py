@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from .bodies import read_body, read_infer_body
+from .bodies import inference_header_length, read_body, read_infer_body
 from .body_budget import BodyBudget, BodyHold
 from .json_docs import optional_json_object
 from .json_pool import JsonPool
@@ -37,6 +37,9 @@ from .router import Request
 MAX_BINARY_INPUT_BYTES = 2**31 - 1
 #: Default of --http-max-body-bytes-in-flight when none is given: 2 GiB (cli.py picks a share of the machine's memory).
 BODY_BYTES_IN_FLIGHT = 2 * 1024**3
+
+#: A body parsed in a JSON worker is there three times: pickled for the worker, in it, and its tensors sent back.
+WORKER_COPIES = 3
 
 #: Bytes a control document may have, compressed or inflated (Triton's are a few hundred bytes).
 CONTROL_BODY_BYTES = 64 * 1024
@@ -60,7 +63,12 @@ class BodyIntake:
         budget), held of the budget until the request is answered (the tensors are views of it)."""
         hold = BodyHold(self.budget)
         try:
-            yield await read_infer_body(request, self.max_body_size, self.max_binary_size, hold)
+            body = await read_infer_body(request, self.max_body_size, self.max_binary_size, hold)
+            if hold.size and self.json_pool.off_loop(inference_header_length(request.headers, len(body)) or 0):
+                # its JSON part is parsed in a worker process: the whole body is copied there and its tensors
+                # back, so it holds its copies of the budget too (413 / 503 as for the body itself)
+                hold.grow_to(WORKER_COPIES * len(body))
+            yield body
         finally:
             hold.release()
 
