@@ -27,6 +27,16 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"FASTOIP_{name}", default)
 
 
+def _default_body_bytes_in_flight() -> int:
+    """A quarter of the machine's memory, at most 2 GiB: Triton's QA sends 1 GiB binary bodies, which then pass on
+    a machine of 4 GiB or more, while large bodies together can never take most of the memory."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 2 * 1024**3
+    return min(2 * 1024**3, physical // 4)
+
+
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .shared_memory import REGION_LIMIT, REGION_LIMIT_CEILING, REGION_LIMIT_PER_CLIENT
 
@@ -71,7 +81,16 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="Triton's metrics settings (repeatable): summary_latencies=true, histogram_latencies=true, "
                         "counter_latencies=false, summary_quantiles=0.5:0.05,0.99:0.001")
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
-                   help="largest HTTP request body in bytes (default 64 MB, like Triton)")
+                   help="largest HTTP request body in bytes (default 64 MB, like Triton); with the binary "
+                        "extension (Inference-Header-Content-Length) the JSON part's, as Triton")
+    p.add_argument("--http-max-binary-input-size", type=int, default=2**31 - 1, metavar="BYTES",
+                   help="largest binary tensor data after an HTTP infer request's JSON part (default 2 GiB, "
+                        "gRPC's message limit; Triton has no bound)")
+    p.add_argument("--http-max-body-bytes-in-flight", type=int, default=_default_body_bytes_in_flight(),
+                   metavar="BYTES",
+                   help="bytes all HTTP bodies larger than --http-max-input-size may hold at once, server-wide; "
+                        "past it such a body is answered 503 with Retry-After (default: a quarter of the "
+                        "machine's memory, at most 2 GiB)")
     p.add_argument("--http-thread-count", type=int, default=2, metavar="N",
                    help="processes that decode JSON inference requests of 2 MiB and more, off the HTTP event loop "
                         "(Triton's flag: its HTTP threads; fastoip's HTTP is one event loop; default 2; "
@@ -288,6 +307,8 @@ def _serve_options(args: argparse.Namespace) -> ServeOptions:
         grpc_native=_native_grpc_options(args, triton),
         grpc_enabled=triton.allow_grpc,
         http_max_body_size=args.http_max_input_size,
+        http_max_binary_size=_positive(args.http_max_binary_input_size, "--http-max-binary-input-size"),
+        http_body_bytes_in_flight=_positive(args.http_max_body_bytes_in_flight, "--http-max-body-bytes-in-flight"),
         http_json_workers=max(0, args.http_thread_count),
         http_limits=_http_limits(args),
         http_tls=_http_tls(args),
@@ -380,6 +401,12 @@ def _region_limits(args: argparse.Namespace) -> tuple[int, int]:
             "--shared-memory-max-regions-per-client must be between 1 and --shared-memory-max-regions"
         )
     return total, per_client
+
+
+def _positive(value: int, flag: str) -> int:
+    if value <= 0:
+        raise triton_flags.FlagError(f"{flag} must be greater than 0")
+    return value
 
 
 def _http_limits(args: argparse.Namespace) -> HttpLimits:

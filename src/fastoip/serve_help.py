@@ -37,7 +37,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--exit-timeout-secs", "--exit-timeout",
     )),
     ("limits", "what one request or connection may cost", (
-        "--http-max-input-size", "--grpc-max-message-size", "--max-inflated-request-bytes",
+        "--http-max-input-size", "--http-max-binary-input-size", "--http-max-body-bytes-in-flight",
+        "--grpc-max-message-size", "--max-inflated-request-bytes",
         "--max-bytes-elements", "--max-bytes-memory",
         "--http-max-header-size",
         "--http-max-header-count", "--http-header-timeout", "--http-body-timeout", "--http-body-min-rate",
@@ -47,7 +48,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "--grpc-max-stream-request-bytes", "--grpc-max-queued-request-bytes", "--http-max-connections",
         "--python-shm-pool", "--python-shm-pool-total", "--shared-memory-max-regions",
         "--shared-memory-max-regions-per-client",
-        "--http-max-connections-per-peer",
+        "--http-max-connections-per-peer", "--onnx-max-tensor-bytes", "--onnx-max-tensor-bytes-for",
     )),
     ("security", "TLS, restricted APIs, code loading", (
         "--model-control-allow-code", "--http-ssl-certfile", "--http-ssl-keyfile", "--http-ssl-ca-certs",

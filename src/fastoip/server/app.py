@@ -69,6 +69,10 @@ class ServeOptions:
     #: -1 turns HTTP off; 0 picks a free port.
     http_port: int = 8000
     http_max_body_size: int = 64 * 1024 * 1024
+    #: An infer body's binary tensor data (after Inference-Header-Content-Length's JSON part), as Triton reads it.
+    http_max_binary_size: int = 2**31 - 1
+    #: Bytes all HTTP bodies larger than http_max_body_size may hold at once (503 with Retry-After past it).
+    http_body_bytes_in_flight: int = 2 * 1024**3
     #: OpenAI's API alone on a port of its own (as Triton's OpenAI frontend); -1: off (it is always on the HTTP
     #: port too, under /v1 and /openai/v1); 0 picks a free port.
     openai_port: int = -1
@@ -280,6 +284,8 @@ class ServerApp:
                 http_host,
                 options.http_port,
                 max_body_size=options.http_max_body_size,
+                max_binary_size=options.http_max_binary_size,
+                body_bytes_in_flight=options.http_body_bytes_in_flight,
                 limits=options.http_limits,
                 tls=options.http_tls,
                 restricted=options.http_restricted,

@@ -2,6 +2,7 @@
 
 Rules:
 - Request bodies are read incrementally and never beyond ``max_body_size``
+  (an infer body's binary tensor data has its own, larger bound and the server's budget: ``read_infer_body``)
   (413, also when Content-Length says so up front); a compressed body
   (Content-Encoding gzip/deflate) is never inflated beyond it either, the loop
   inflates at most 64 KiB of it and data after the compressed stream is a 400
@@ -23,6 +24,7 @@ from typing import Any
 
 from ...errors import InvalidArgument, ResourceExhausted
 from ..inflate import InflateError, inflate
+from .body_budget import BodyHold
 from .errors import PayloadTooLarge, too_large
 from .router import Request
 
@@ -58,16 +60,75 @@ async def read_body(request: Request, limit: int, limit_name: str = "--http-max-
     return body
 
 
+async def read_infer_body(
+    request: Request, json_limit: int, binary_limit: int, hold: BodyHold
+) -> bytes | bytearray:
+    """An infer body: with the binary extension (Inference-Header-Content-Length > 0, not compressed) its JSON
+    part within ``json_limit`` and its binary part within ``binary_limit``, every byte past ``json_limit`` held
+    in ``hold`` (the server's budget); any other body as :func:`read_body` reads it (Triton bounds a raw body,
+    header length 0, and an inflated one by --http-max-input-size too)."""
+    headers = request.headers
+    encoding = headers.get(b"content-encoding")
+    compressed = encoding is not None and encoding.strip().lower() not in (b"", b"identity")
+    value = headers.get(b"inference-header-content-length")
+    json_length = _header_length(value) if value is not None else 0
+    if compressed or json_length == 0:
+        return await read_body(request, json_limit)
+    if json_length > json_limit:
+        raise too_large(f"the request's JSON part (Inference-Header-Content-Length) is {json_length} bytes")
+    limit = json_length + binary_limit
+    declared_text = headers.get(b"content-length")
+    declared = int(declared_text) if declared_text is not None and declared_text.isdigit() else None
+    if declared is not None:
+        if declared > limit:
+            raise too_large(f"the request's binary data is {declared - json_length} bytes",
+                            "--http-max-binary-input-size")
+        if declared > json_limit:
+            hold.grow_to(declared)  # before a byte is read: 503 at once when the budget cannot hold it
+    # A declared size is read into one buffer (a list of chunks joined would hold the body twice).
+    buffer = bytearray(declared) if declared is not None and declared > json_limit else None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidArgument("the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        if chunk:
+            end = size + len(chunk)
+            if end > limit:
+                raise too_large(f"the request's binary data is more than {binary_limit} bytes",
+                                "--http-max-binary-input-size")
+            if end > json_limit:
+                hold.grow_to(end)  # a chunked body (or one longer than it said) draws as it grows
+            if buffer is not None and end <= len(buffer):
+                buffer[size:end] = chunk
+            else:
+                if buffer is not None:  # more than Content-Length said (the HTTP parser refuses it first)
+                    chunks.append(bytes(buffer[:size]))
+                    buffer = None
+                chunks.append(chunk)
+            size = end
+        if not message.get("more_body", False):
+            break
+    if buffer is not None:
+        return buffer if size == len(buffer) else buffer[:size]
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _header_length(value: bytes) -> int:
+    text = value.decode("latin-1").strip()
+    if not text.isdigit():
+        raise InvalidArgument(f"Inference-Header-Content-Length must be a non-negative integer, got '{text}'")
+    return int(text)
+
 
 def inference_header_length(headers: dict[bytes, bytes], body_length: int) -> int | None:
     """The parsed Inference-Header-Content-Length (None when absent); 400 when it is not usable."""
     value = headers.get(b"inference-header-content-length")
     if value is None:
         return None
-    text = value.decode("latin-1").strip()
-    if not text.isdigit():
-        raise InvalidArgument(f"Inference-Header-Content-Length must be a non-negative integer, got '{text}'")
-    length = int(text)
+    length = _header_length(value)
     if length > body_length:
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {length}, but the request body has only {body_length} bytes"

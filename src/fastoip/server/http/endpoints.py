@@ -39,8 +39,9 @@ from ..forward_headers import HeaderForwarder
 from ..readiness import asked
 from . import docs_assets, openapi
 from .bodies import compress, inference_header_length, off_loop_if_large, response_encoding
+from .body_budget import BodyBudget
 from .generate import GenerateEndpoints
-from .intake import CONTROL_BODY_BYTES, BodyIntake
+from .intake import CONTROL_BODY_BYTES, MAX_BINARY_INPUT_BYTES, BodyIntake
 from .json_docs import (
     base64_value,
     integer_field,
@@ -80,7 +81,8 @@ def index_ready(body: bytes | bytearray) -> Any:
 class HttpFrontend(Router):
     """The ASGI application: the router's tables filled with one handler per endpoint."""
 
-    def __init__(self, core: Core, max_body_size: int, json_pool: JsonPool | None = None) -> None:
+    def __init__(self, core: Core, max_body_size: int, json_pool: JsonPool | None = None,
+                 max_binary_size: int = MAX_BINARY_INPUT_BYTES, body_budget: BodyBudget | None = None) -> None:
         super().__init__()
         self.core = core
         self.max_body_size = max_body_size
@@ -89,7 +91,7 @@ class HttpFrontend(Router):
         #: issue 27: large JSON requests are decoded in worker processes, off the loop (json_pool.py)
         self.json_pool = json_pool or JsonPool()
         #: issue 37: every body comes in through it (read, inflated, parsed off the loop, bounded)
-        self.intake = BodyIntake(max_body_size, self.json_pool)
+        self.intake = BodyIntake(max_body_size, self.json_pool, max_binary_size, body_budget)
         self.fixed_paths = {
             "/v2": {"GET": self.server_metadata},
             "/v2/health/live": {"GET": self.server_live},
@@ -326,7 +328,11 @@ class HttpFrontend(Router):
             frontend.done()
 
     async def _infer(self, request: Request, model: str, version: str, frontend: FrontendTrace | None) -> Response:
-        body = await self.intake.body(request)
+        async with self.intake.infer_body(request) as body:  # held of the body budget until answered
+            return await self._infer_body(request, body, model, version, frontend)
+
+    async def _infer_body(self, request: Request, body: bytes | bytearray, model: str, version: str,
+                          frontend: FrontendTrace | None) -> Response:
         if frontend is not None:
             frontend.stamp("HTTP_RECV_END")
         header_length = inference_header_length(request.headers, len(body))

@@ -5,6 +5,9 @@ Rules:
 - A body is read up to its endpoint's limit (413 before more is read when Content-Length says so, or as soon as
   it passes), then inflated when compressed by the server's inflation pool (``server.inflate``: the loop does
   at most 64 KiB, the rest takes turns in the pool against one server-wide budget).
+- An infer body with the binary extension (Inference-Header-Content-Length) has its JSON part bounded by
+  --http-max-input-size and its binary tensor data by --http-max-binary-input-size, as Triton; what it holds
+  past --http-max-input-size comes from one server-wide budget (``body_budget``), 503 with Retry-After past it.
 - Control documents (trace and log settings, repository index, unload, shared-memory registration) are small:
   their bodies are limited to ``CONTROL_BODY_BYTES``, compressed or inflated, so one cannot cost more than a
   fraction of a millisecond of parsing on the loop.
@@ -20,13 +23,23 @@ their own module-level decoder with ``await intake.parse(request_body, decoder, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from .bodies import read_body
+from .bodies import inference_header_length, read_body, read_infer_body
+from .body_budget import BodyBudget, BodyHold
 from .json_docs import optional_json_object
 from .json_pool import JsonPool
 from .router import Request
+
+#: Default of --http-max-binary-input-size: the binary tensor data of one infer body (gRPC's message limit).
+MAX_BINARY_INPUT_BYTES = 2**31 - 1
+#: Default of --http-max-body-bytes-in-flight when none is given: 2 GiB (cli.py picks a share of the machine's memory).
+BODY_BYTES_IN_FLIGHT = 2 * 1024**3
+
+#: A body parsed in a JSON worker is there three times: pickled for the worker, in it, and its tensors sent back.
+WORKER_COPIES = 3
 
 #: Bytes a control document may have, compressed or inflated (Triton's are a few hundred bytes).
 CONTROL_BODY_BYTES = 64 * 1024
@@ -35,11 +48,29 @@ T = TypeVar("T")
 
 
 class BodyIntake:
-    """One HTTP server's way in for request bodies: its body limit and its JSON pool."""
+    """One HTTP server's way in for request bodies: its body limits, its large-body budget and its JSON pool."""
 
-    def __init__(self, max_body_size: int, json_pool: JsonPool) -> None:
+    def __init__(self, max_body_size: int, json_pool: JsonPool, max_binary_size: int = MAX_BINARY_INPUT_BYTES,
+                 budget: BodyBudget | None = None) -> None:
         self.max_body_size = max_body_size
         self.json_pool = json_pool
+        self.max_binary_size = max_binary_size
+        self.budget = budget or BodyBudget(BODY_BYTES_IN_FLIGHT)
+
+    @asynccontextmanager
+    async def infer_body(self, request: Request) -> AsyncIterator[bytes | bytearray]:
+        """An infer body (binary tensor data past --http-max-input-size allowed, drawn from the server's
+        budget), held of the budget until the request is answered (the tensors are views of it)."""
+        hold = BodyHold(self.budget)
+        try:
+            body = await read_infer_body(request, self.max_body_size, self.max_binary_size, hold)
+            if hold.size and self.json_pool.off_loop(inference_header_length(request.headers, len(body)) or 0):
+                # its JSON part is parsed in a worker process: the whole body is copied there and its tensors
+                # back, so it holds its copies of the budget too (413 / 503 as for the body itself)
+                hold.grow_to(WORKER_COPIES * len(body))
+            yield body
+        finally:
+            hold.release()
 
     async def body(self, request: Request, limit: int | None = None) -> bytes | bytearray:
         """The whole body, inflated when compressed; 413 past ``limit`` (default: --http-max-input-size)."""

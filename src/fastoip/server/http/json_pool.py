@@ -98,7 +98,7 @@ class JsonPool:
     async def run(self, size: int, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` (a module-level function: it is pickled), in a worker process when ``size`` (the
         JSON's bytes) is large; RESOURCE_EXHAUSTED / 503 at once when the pool holds its maximum."""
-        if size < OFF_LOOP_JSON_BYTES or not self.workers:
+        if not self.off_loop(size):
             return function(*args)
         if self.jobs and (self.jobs >= self.max_jobs or self.held + size > self.max_held_bytes):
             self.refused += 1
@@ -168,6 +168,10 @@ class JsonPool:
                     self._small = None
             pool.shutdown(wait=False, cancel_futures=True)
             raise InternalError("the process that parses large JSON requests failed (out of memory?)") from None
+
+    def off_loop(self, size: int) -> bool:
+        """Whether a body of ``size`` JSON bytes is parsed in a worker process (copied there), not on the loop."""
+        return size >= OFF_LOOP_JSON_BYTES and self.workers > 0
 
     async def decode(self, model: str, version: str, body: bytes | bytearray, header_length: int | None,
                      loose_bytes: bool = False) -> tuple[InferRequest, OutputFormat]:

@@ -22,7 +22,9 @@ import uvicorn
 from ...core import Core
 from ..forward_headers import forwarder
 from ..restricted import RestrictedFeatures
+from .body_budget import BodyBudget
 from .endpoints import HttpFrontend
+from .intake import BODY_BYTES_IN_FLIGHT, MAX_BINARY_INPUT_BYTES
 from .json_pool import DEFAULT_WORKERS, JsonPool
 from .openai.frontend import OpenAIFrontend
 from .protocol import HttpLimits, protocol_with
@@ -67,6 +69,8 @@ class HttpServer:
         port: int,
         *,
         max_body_size: int = 64 * 1024 * 1024,
+        max_binary_size: int = MAX_BINARY_INPUT_BYTES,
+        body_bytes_in_flight: int = BODY_BYTES_IN_FLIGHT,
         limits: HttpLimits | None = None,
         tls: HttpTls | None = None,
         restricted: RestrictedFeatures | None = None,
@@ -78,6 +82,8 @@ class HttpServer:
         self.host = host
         self.port = port
         self.max_body_size = max_body_size
+        self.max_binary_size = max_binary_size
+        self.body_budget = BodyBudget(body_bytes_in_flight)
         self.limits = limits or HttpLimits()
         self.tls = tls
         self.restricted = restricted
@@ -97,7 +103,7 @@ class HttpServer:
         if self.openai_only:
             app = OpenAIFrontend(self.core, self.max_body_size, self.json_pool)
         else:
-            app = HttpFrontend(self.core, self.max_body_size, self.json_pool)
+            app = HttpFrontend(self.core, self.max_body_size, self.json_pool, self.max_binary_size, self.body_budget)
             app.forward_headers = forwarder(self.forward_header_pattern)
         if self.restricted:
             app.restrict(self.restricted)
