@@ -132,8 +132,9 @@ def test_a_port_in_use_fails_before_any_model_loads(tmp_path: Path, model_bytes:
     assert f"--http-port {port}: cannot bind 127.0.0.1:{port}" in done.stderr
     assert "pick another port with --http-port" in done.stderr
     assert "model repository" not in done.stderr  # nothing was loaded
-    # the interpreter's start and imports dominate; on a shared 2-core machine allow some slack
-    assert elapsed < 5.0, elapsed
+    # the interpreter's start and imports dominate (about 1 s quiet); the stderr check above is what shows nothing
+    # loaded: this bound only catches a wait, with room for make test's 6 workers on a 2-core machine (5.5 s seen)
+    assert elapsed < 10.0, elapsed
 
 
 def test_ctrl_c_on_an_idle_server_exits_without_the_grace_period(tmp_path: Path, model_bytes: bytes) -> None:
