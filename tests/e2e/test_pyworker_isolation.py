@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from models import identity_model_bytes, write_model
 from python_models import write_python_model
-from serverproc import ServerProcess
+from serverproc import ServerProcess, wait_until
 
 HOW_CONFIG = """
     backend: "python"
@@ -226,7 +226,9 @@ def test_a_worker_that_lies_on_its_channel_is_killed_logged_and_restarted(
     assert time.monotonic() - started < 15  # ended at once, not when the model's sleep ends
     assert err.value.status() == "StatusCode.INTERNAL"
     assert model in err.value.message() and "broke the channel's protocol" in err.value.message()
-    assert f"model '{model}'" in server.output() and logged in server.output() and "killing it" in server.output()
+    # (the client's answer can come before the server's log line reaches its stderr pipe)
+    assert wait_until(lambda: f"model '{model}'" in server.output() and logged in server.output()
+                      and "killing it" in server.output()), server.output()
     assert not (repo / model / "1" / "pwned").exists()  # the pickle ran nothing in the server
     assert _how(server.grpc_url, 0, model) != before  # its replacement answers; the server is up
 
