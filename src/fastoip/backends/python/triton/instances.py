@@ -226,6 +226,17 @@ class _Base:
         self._later: dict[tuple[int, int], Job] = {}
         self._answer_lock = threading.Lock()
 
+    def _end_decoupled(self, call: int, jobs: Sequence[Job], error: str | None, rescheduled: set[int]) -> None:
+        """Decoupled batch ``call`` returned: its streams failed with ``error`` if any, and each rescheduled
+        request's job detached from its stream and handed back to be run again."""
+        self._batches.pop(call, None)
+        if error is not None:
+            self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
+        for index in rescheduled:
+            rejob = self.streams.detach(call, index)
+            if rejob is not None:
+                _reschedule(rejob, self.name)
+
     def answer(self, call: int, index: int, data: Any) -> None:
         """Request ``index`` of non-decoupled batch ``call`` answered through its response sender: finished now."""
         with self._answer_lock:
@@ -317,13 +328,7 @@ class InProcessInstance(_Base):
                                           f"{type(exc).__name__}: {exc}")
             rescheduled = set(self.runner.rescheduled) if error is None else set()
             if self.decoupled:
-                self._batches.pop(call, None)
-                if error is not None:
-                    self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
-                for index in rescheduled:
-                    rejob = self.streams.detach(call, index)
-                    if rejob is not None:
-                        _reschedule(rejob, self.name)
+                self._end_decoupled(call, jobs, error, rescheduled)
                 return [RESPONDS_LATER for _ in jobs], self._execution(jobs, started)
             results = _results_of(jobs, self.version_str, responses, error, self.where)
             for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
@@ -574,13 +579,7 @@ class ProcessInstance(_Base):
                 return
             again = {i for i in rescheduled if type(i) is int and 0 <= i < len(jobs)} if error is None else set()
             if self.decoupled:
-                self._batches.pop(call, None)
-                if error is not None:
-                    self.streams.fail_all(_results_of(jobs, "", None, error, self.where)[0], call)  # type: ignore[arg-type]
-                for index in again:
-                    rejob = self.streams.detach(call, index)
-                    if rejob is not None:
-                        _reschedule(rejob, self.name)
+                self._end_decoupled(call, jobs, error, again)
             else:
                 try:
                     if responses is not None:
